@@ -1,0 +1,1 @@
+"""ejk: a kernel framework for JAX."""

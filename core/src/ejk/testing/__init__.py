@@ -1,0 +1,18 @@
+"""Plain reference implementations and conformance helpers for every ejk operation.
+
+Every platform plugin checks its kernels against these references (materialised logits,
+float32 math). They are deliberately simple and slow.
+"""
+
+from __future__ import annotations
+
+from ejk.testing._reference_attention import reference_flash_attention
+from ejk.testing._reference_matmul import reference_grouped_matmul, reference_matmul
+from ejk.testing._reference_paged import reference_ragged_paged_attention
+
+__all__ = [
+    "reference_flash_attention",
+    "reference_grouped_matmul",
+    "reference_matmul",
+    "reference_ragged_paged_attention",
+]

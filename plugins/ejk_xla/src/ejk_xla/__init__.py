@@ -1,0 +1,1 @@
+"""ejk-xla: XLA kernels for every ejk operation."""

@@ -1,0 +1,148 @@
+"""Autotuning: time each candidate config's *compiled executable* on representative inputs.
+
+Never times tracing or compilation: each candidate is lowered and compiled first, run for
+warm-up, then timed over several repetitions; the median wins. A candidate that fails to
+compile or run, or produces non-finite values, is skipped and the reason kept.
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+import attrs
+import jax
+import numpy as np
+
+from ejk import environment
+
+if TYPE_CHECKING:
+    from ejk.execution.kernel import Invocation, Kernel
+
+__all__ = ["AutotunePolicy", "Trial", "TuneResult", "autotune"]
+
+Cfg = TypeVar("Cfg")
+
+
+@attrs.frozen(kw_only=True)
+class AutotunePolicy:
+    """When and how to autotune.
+
+    Attributes:
+        autotune: ``True``/``False``; ``None`` follows ``EJK_AUTOTUNE`` (default off).
+        warmup: Untimed runs of each compiled candidate.
+        repeats: Timed runs; the median counts.
+        max_candidates: Try at most this many candidates (in the kernel's order).
+        persist: Write the winner to the persistent cache.
+        progress: Show a progress bar; ``None`` shows one on a terminal for 4+ candidates.
+        check_finite: Reject candidates whose output has NaN or infinity.
+    """
+
+    autotune: bool | None = None
+    warmup: int = attrs.field(default=1, validator=attrs.validators.ge(0))
+    repeats: int = attrs.field(default=5, validator=attrs.validators.ge(1))
+    max_candidates: int | None = None
+    persist: bool = True
+    progress: bool | None = None
+    check_finite: bool = True
+
+    def enabled(self) -> bool:
+        return environment.autotune_enabled() if self.autotune is None else self.autotune
+
+
+@attrs.frozen(kw_only=True)
+class Trial(Generic[Cfg]):
+    """One candidate's outcome: median seconds, or the error that disqualified it."""
+
+    cfg: Cfg = attrs.field(eq=False)
+    seconds: float | None = None
+    times: tuple[float, ...] = ()
+    compile_seconds: float | None = None
+    error: str | None = None
+
+
+@attrs.frozen(kw_only=True)
+class TuneResult(Generic[Cfg]):
+    """Every trial and the fastest working config (``None`` if none worked)."""
+
+    best: Cfg | None = attrs.field(eq=False)
+    trials: tuple[Trial[Cfg], ...] = ()
+
+    def summary(self, describe: Callable[[Any], str] = repr) -> list[dict[str, Any]]:
+        """JSON-able list of trials (kept as provenance in the persistent cache)."""
+        return [{"cfg": describe(t.cfg), "median_s": t.seconds, "error": t.error} for t in self.trials]
+
+
+def _error_text(stage: str, exc: BaseException) -> str:
+    text = "".join(traceback.format_exception_only(type(exc), exc)).strip().splitlines()
+    return f"{stage} failed: {text[-1] if text else type(exc).__name__}"[:500]
+
+
+def _all_finite(out: Any) -> bool:
+    for leaf in jax.tree.leaves(out):
+        arr = np.asarray(leaf)
+        if arr.dtype.kind in "fc" or arr.dtype.name == "bfloat16":
+            if not np.isfinite(arr.astype(np.float32)).all():
+                return False
+    return True
+
+
+def _time_candidate(kernel: Kernel[Cfg, Any], inv: Invocation[Cfg], cfg: Cfg, args: tuple[Any, ...],
+                    policy: AutotunePolicy) -> Trial[Cfg]:
+    kwargs = dict(inv.kwargs)
+
+    def run(*a: Any) -> Any:
+        return kernel.run(*a, cfg=cfg, **kwargs)
+
+    start = time.perf_counter()
+    try:
+        compiled = jax.jit(run).lower(*args).compile()
+    except Exception as exc:  # noqa: BLE001 - a candidate may legitimately fail to compile
+        return Trial(cfg=cfg, error=_error_text("compile", exc))
+    compile_s = time.perf_counter() - start
+    try:
+        out = None
+        for _ in range(policy.warmup):
+            out = jax.block_until_ready(compiled(*args))
+        times = []
+        for _ in range(policy.repeats):
+            t0 = time.perf_counter()
+            out = jax.block_until_ready(compiled(*args))
+            times.append(time.perf_counter() - t0)
+    except Exception as exc:  # noqa: BLE001
+        return Trial(cfg=cfg, compile_seconds=compile_s, error=_error_text("run", exc))
+    if policy.check_finite and not _all_finite(out):
+        return Trial(cfg=cfg, compile_seconds=compile_s, error="produced NaN or infinite values")
+    return Trial(cfg=cfg, seconds=statistics.median(times), times=tuple(times), compile_seconds=compile_s)
+
+
+def autotune(kernel: Kernel[Cfg, Any], inv: Invocation[Cfg], candidates: Sequence[Cfg],
+             policy: AutotunePolicy | None = None) -> TuneResult[Cfg]:
+    """Time every candidate on ``kernel.tuning_args(inv)`` and return the fastest.
+
+    Safe to call while an outer function is being traced by ``jax.jit``: inputs are made
+    and executables run eagerly, outside the trace.
+    """
+    policy = policy or AutotunePolicy()
+    todo = list(candidates)[: policy.max_candidates] if policy.max_candidates else list(candidates)
+    show = policy.progress if policy.progress is not None else (sys.stderr.isatty() and len(todo) >= 4)
+    trials: list[Trial[Cfg]] = []
+    with jax.ensure_compile_time_eval():
+        args = kernel.tuning_args(inv)
+        if show:
+            from rich.progress import Progress
+
+            with Progress(transient=True) as progress:
+                task = progress.add_task(f"autotuning {inv.op_id_v}", total=len(todo))
+                for cfg in todo:
+                    trials.append(_time_candidate(kernel, inv, cfg, args, policy))
+                    progress.advance(task)
+        else:
+            trials = [_time_candidate(kernel, inv, cfg, args, policy) for cfg in todo]
+    working = [t for t in trials if t.seconds is not None]
+    best = min(working, key=lambda t: t.seconds or 0.0).cfg if working else None
+    return TuneResult(best=best, trials=tuple(trials))

@@ -1,0 +1,31 @@
+"""Exceptions raised by ejk. Every message names the thing at fault and how to fix it."""
+
+from __future__ import annotations
+
+__all__ = [
+    "ConfigSelectionError",
+    "DuplicateKernelError",
+    "EjkError",
+    "KernelNotFoundError",
+    "PluginError",
+]
+
+
+class EjkError(Exception):
+    """Base class of every ejk error."""
+
+
+class KernelNotFoundError(EjkError, ValueError):
+    """No registered implementation matches an (algorithm, platform, backend) query."""
+
+
+class DuplicateKernelError(EjkError, ValueError):
+    """The same plugin registered one (algorithm, platform, backend) twice."""
+
+
+class ConfigSelectionError(EjkError, RuntimeError):
+    """No tier of the config selection chain produced a config."""
+
+
+class PluginError(EjkError, RuntimeError):
+    """A plugin could not be loaded or one of its hooks failed."""

@@ -1,0 +1,188 @@
+"""The Executor: prepare → Invocation → choose config → (custom VJP) → stamp → run → record.
+
+Config selection happens when the call is traced, so under ``jax.jit`` it costs nothing
+at run time. Eager calls run a jitted function cached per (kernel, config, static args).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
+
+import jax
+
+from ejk import environment
+from ejk.execution.device import device_fingerprint
+from ejk.execution.kernel import Invocation, Kernel, make_call_key, static_key
+from ejk.invocations import record_invocation
+
+__all__ = ["ConfigChooser", "Executor"]
+
+Cfg = TypeVar("Cfg")
+Out = TypeVar("Out")
+_BOUND_CACHE_SIZE = 512
+
+
+@runtime_checkable
+class ConfigChooser(Protocol[Cfg]):
+    """Anything that picks a config for an invocation (e.g. :class:`~ejk.ConfigSelectorChain`)."""
+
+    def choose(self, inv: Invocation[Cfg], kernel: Kernel[Cfg, Any]) -> Cfg: ...
+
+
+def _signature(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """A cheap hashable signature used to memoise call keys (``None`` if unhashable)."""
+    leaves, treedef = jax.tree.flatten(args, is_leaf=lambda x: x is None)
+    parts = tuple((tuple(x.shape), str(x.dtype)) if hasattr(x, "shape") and hasattr(x, "dtype")
+                  else (type(x), x) for x in leaves)
+    try:
+        sig = (treedef, parts, tuple(sorted(kwargs.items())))
+        hash(sig)
+    except TypeError:
+        return None
+    return sig
+
+
+def _cfg_key(cfg: Any) -> Any:
+    try:
+        hash(cfg)
+        return cfg
+    except TypeError:
+        return json.dumps(static_key(cfg, where="cfg"), sort_keys=True)
+
+
+class Executor(Generic[Cfg, Out]):
+    """Runs kernels with chosen configs.
+
+    Args:
+        chooser: Picks configs (typically a :class:`~ejk.ConfigSelectorChain`).
+        stamp_prefix: Prefix of the profiler names given to kernel calls.
+        device: Device whose fingerprint keys the caches (default: JAX's first device).
+        jit: Run eager calls through a cached ``jax.jit`` of the bound kernel.
+    """
+
+    def __init__(self, chooser: ConfigChooser[Cfg], stamp_prefix: str = "ejk_ops", *, device: Any = None,
+                 jit: bool = True) -> None:
+        self.chooser = chooser
+        self.stamp_prefix = stamp_prefix
+        self.device = device
+        self.jit = jit
+        self._keys: dict[Any, str] = {}
+        self._bound: OrderedDict[Any, Callable[..., Any]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    # -- building blocks -----------------------------------------------------------------------
+
+    def invocation(self, kernel: Kernel[Cfg, Out], args: tuple[Any, ...], kwargs: dict[str, Any],
+                   cfg: Cfg | None = None, batch_axes: Any = None) -> Invocation[Cfg]:
+        """The :class:`Invocation` of already-prepared arguments."""
+        op_id_v = f"{kernel.op_id}@{kernel.version}"
+        sig = _signature(args, kwargs)
+        memo = (op_id_v, sig, batch_axes) if sig is not None else None
+        call_key = self._keys.get(memo) if memo is not None else None
+        if call_key is None:
+            call_key = make_call_key(op_id_v, args, kwargs, batch_axes)
+            if memo is not None:
+                self._keys[memo] = call_key
+        return Invocation(op_id=kernel.op_id, version=kernel.version, args=args, kwargs=kwargs,
+                          call_key=call_key, device=device_fingerprint(self.device), override_cfg=cfg,
+                          batch_axes=batch_axes)
+
+    def _stamp(self, inv: Invocation[Cfg], mode: str) -> str | None:
+        if mode == "none":
+            return None
+        if mode == "json":
+            payload = {"op": inv.op_id_v, "call_key": inv.call_key,
+                       "kwargs": static_key(dict(inv.kwargs), where="keyword argument")}
+            return f"{self.stamp_prefix}#{json.dumps(payload, sort_keys=True, separators=(',', ':'))}"
+        return f"{self.stamp_prefix}#{inv.op_id}#{inv.call_key[:16]}"
+
+    def bind(self, kernel: Kernel[Cfg, Out], cfg: Cfg, kwargs: dict[str, Any],
+             stamp: str | None = None) -> Callable[..., Out]:
+        """``f(*args)`` running ``kernel`` with ``cfg`` — with its custom VJP when it defines one."""
+        key = (id(kernel), _cfg_key(cfg), tuple(sorted((k, _cfg_key(v)) for k, v in kwargs.items())), stamp)
+        with self._lock:
+            fn = self._bound.get(key)
+            if fn is not None:
+                self._bound.move_to_end(key)
+                return fn
+        fn = self._build(kernel, cfg, kwargs, stamp)
+        with self._lock:
+            self._bound[key] = fn
+            while len(self._bound) > _BOUND_CACHE_SIZE:
+                self._bound.popitem(last=False)
+        return fn
+
+    def _build(self, kernel: Kernel[Cfg, Out], cfg: Cfg, kwargs: dict[str, Any],
+               stamp: str | None) -> Callable[..., Out]:
+        def run(*args: Any) -> Out:
+            return kernel.run(*args, cfg=cfg, **kwargs)
+
+        body: Callable[..., Out] = run
+        if kernel.has_custom_vjp:
+            with_vjp = jax.custom_vjp(run)
+
+            def fwd(*args: Any) -> tuple[Out, Any]:
+                return kernel.fwd(*args, cfg=cfg, **kwargs)
+
+            def bwd(residuals: Any, cotangent: Any) -> tuple[Any, ...]:
+                return tuple(kernel.bwd(residuals, cotangent, cfg=cfg, **kwargs))
+
+            with_vjp.defvjp(fwd, bwd)
+            body = with_vjp
+
+        def stamped(*args: Any) -> Out:
+            if stamp is None:
+                return body(*args)
+            with jax.named_scope(stamp):
+                return body(*args)
+
+        stamped.__name__ = f"{kernel.op_id}"
+        return jax.jit(stamped) if self.jit else stamped
+
+    # -- public API -----------------------------------------------------------------------------
+
+    def choose_config(self, kernel: Kernel[Cfg, Out], *args: Any, cfg: Cfg | None = None, **kwargs: Any) -> Cfg:
+        """The config a call with these arguments would use (without running it)."""
+        args, kwargs = kernel.prepare(*args, **kwargs)
+        if cfg is not None:
+            return cfg
+        return self.chooser.choose(self.invocation(kernel, args, kwargs), kernel)
+
+    def __call__(self, kernel: Kernel[Cfg, Out], *args: Any, cfg: Cfg | None = None, **kwargs: Any) -> Out:
+        """Run ``kernel``: an explicit ``cfg`` always wins; otherwise the chooser decides."""
+        args, kwargs = kernel.prepare(*args, **kwargs)
+        inv = self.invocation(kernel, args, kwargs, cfg)
+        chosen = cfg if cfg is not None else self.chooser.choose(inv, kernel)
+        if environment.record_enabled():
+            record_invocation(inv.device, inv.op_id_v, inv.call_key, kernel, args, kwargs)
+        return self.bind(kernel, chosen, kwargs, self._stamp(inv, environment.stamp_mode()))(*args)
+
+    def compile(self, kernel: Kernel[Cfg, Out], *example_args: Any, cfg: Cfg | None = None,
+                **example_kwargs: Any) -> Callable[..., Out]:
+        """Choose a config for the example arguments and compile the kernel with it.
+
+        Returns a function taking the same arguments as the example (same shapes and
+        dtypes, same static keyword arguments) that runs the compiled executable.
+        """
+        args, kwargs = kernel.prepare(*example_args, **example_kwargs)
+        inv = self.invocation(kernel, args, kwargs, cfg)
+        chosen = cfg if cfg is not None else self.chooser.choose(inv, kernel)
+        fn = self.bind(kernel, chosen, kwargs, self._stamp(inv, environment.stamp_mode()))
+        compiled = (fn if self.jit else jax.jit(fn)).lower(*args).compile()  # type: ignore[attr-defined]
+
+        def call(*call_args: Any, **call_kwargs: Any) -> Out:
+            new_args, new_kwargs = kernel.prepare(*call_args, **call_kwargs)
+            if static_key(new_kwargs, where="keyword argument") != static_key(kwargs, where="keyword argument"):
+                raise ValueError(
+                    f"{kernel.op_id}: compiled for keyword arguments {kwargs!r} but called with {new_kwargs!r}; "
+                    "compile again for other static arguments"
+                )
+            return compiled(*new_args)  # type: ignore[no-any-return]
+
+        call.config = chosen  # type: ignore[attr-defined]
+        call.compiled = compiled  # type: ignore[attr-defined]
+        return call

@@ -1,0 +1,82 @@
+"""The ``ejk`` hook specifications. Plugins implement them with ``@ejk.hookimpl``.
+
+Every hook is called in isolation per plugin: an exception in one plugin's hook is reported
+(``ejk plugins``) and the other plugins' answers are still used. Hook implementations may
+accept any subset of the documented arguments, as in pluggy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import pluggy
+
+if TYPE_CHECKING:
+    from ejk.execution.kernel import Invocation, Kernel
+    from ejk.plugins import PlatformStatus
+
+__all__ = ["hookimpl", "hookspec"]
+
+hookspec = pluggy.HookspecMarker("ejk")
+hookimpl = pluggy.HookimplMarker("ejk")
+
+
+@hookspec
+def ejk_register_kernels(register: Callable[..., Callable[[Any], Any]]) -> None:
+    """Register this plugin's kernel implementations.
+
+    Called once per plugin when the registry is first queried. ``register`` has the
+    signature of :meth:`ejk.KernelRegistry.register` (``register(algorithm, platform,
+    backend, priority=0, *, cfg_type=None)``) and returns a decorator; every implementation
+    registered through it records this plugin as its owner.
+    """
+
+
+@hookspec
+def ejk_config_space(algorithm: str, platform: str, invocation: Invocation) -> Sequence[Any] | None:
+    """Autotuning candidates for ``algorithm`` on ``platform`` and this invocation.
+
+    Called by the config chooser before autotuning. Return a list of configs for the
+    implementation(s) you registered on ``platform``, or ``None`` for any other platform.
+    The lists of all plugins are concatenated. ``invocation.args`` holds abstract
+    ``jax.ShapeDtypeStruct`` leaves (never concrete data).
+    """
+
+
+@hookspec(firstresult=True)
+def ejk_heuristic_config(algorithm: str, platform: str, invocation: Invocation) -> Any | None:
+    """A good default config for ``algorithm`` on ``platform`` without measuring (first result wins).
+
+    Used when autotuning is off or every candidate failed. Return ``None`` for platforms
+    you do not serve. Heuristic configs are never persisted as tuned.
+    """
+
+
+@hookspec(firstresult=True)
+def ejk_choose_config(invocation: Invocation, kernel: Kernel[Any, Any]) -> Any | None:
+    """Override config choice (first result wins).
+
+    Called for every invocation without an explicit ``cfg=``, before the caches and the
+    autotuner. Return a config to use it (it is neither cached nor persisted), or ``None``
+    to let the normal selection chain decide. For the public operations the config is an
+    :class:`ejk.ops.ImplChoice`.
+    """
+
+
+@hookspec
+def ejk_platform_status() -> PlatformStatus | Sequence[PlatformStatus] | None:
+    """Report whether the platform(s) this plugin serves can run here, and why not.
+
+    Called once after loading. An unavailable platform stays listed (``ejk plugins``,
+    ``ejk kernels``) but ``platform="auto"`` never picks it.
+    """
+
+
+@hookspec
+def ejk_device_fingerprint(device: Any) -> dict[str, str] | None:
+    """Extra facts about ``device`` (a ``jax.Device``) that distinguish cached configs.
+
+    For example SM count or driver version. The dicts of all plugins are merged into the
+    device fingerprint that keys every config cache.
+    """

@@ -1,0 +1,77 @@
+"""``ejk.flash_attention``: fused softmax attention, forward and backward, GQA/MQA."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+
+from ejk.ops._base import ImplChoice, OpKernel, run_op
+from ejk.ops._check_attention import check_flash_attention_args
+
+__all__ = ["FlashAttentionKernel", "flash_attention"]
+
+
+class FlashAttentionKernel(OpKernel):
+    """Dispatches ``flash_attention`` to the registered implementations."""
+
+    op_id = "flash_attention"
+    version = "1"
+    array_names = ("q", "k", "v", "q_segment_ids", "kv_segment_ids", "bias")
+    positional = 3
+
+
+_KERNEL = FlashAttentionKernel()
+
+
+def flash_attention(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    *,
+    causal: bool = False,
+    softmax_scale: float | None = None,
+    sliding_window: int | tuple[int, int] | None = None,
+    logits_soft_cap: float | None = None,
+    q_segment_ids: jax.Array | None = None,
+    kv_segment_ids: jax.Array | None = None,
+    bias: jax.Array | None = None,
+    platform: str = "auto",
+    cfg: ImplChoice | Any | None = None,
+) -> jax.Array:
+    """Softmax attention ``softmax(scale · q kᵀ [soft cap] + bias, masked) v`` without materialising it.
+
+    Layout ``[batch, seq, heads, head_dim]`` as in ``jax.nn.dot_product_attention``.
+
+    Args:
+        q: ``[B, Sq, Hq, D]``.
+        k: ``[B, Sk, Hkv, D]``; ``Hq`` must be a multiple of ``Hkv`` (q head h uses kv head
+            ``h // (Hq // Hkv)``).
+        v: ``[B, Sk, Hkv, Dv]``.
+        causal: Key j is visible to query i iff ``j <= i + Sk - Sq`` (bottom-right aligned).
+        softmax_scale: Logit scale, default ``1/sqrt(D)``.
+        sliding_window: ``(left, right)`` or ``w`` for ``(w, w)``: key j visible iff
+            ``-left <= j - (i + Sk - Sq) <= right``.
+        logits_soft_cap: Applies ``cap * tanh(logits / cap)`` before the bias.
+        q_segment_ids: ``[B, Sq]`` int; with ``kv_segment_ids`` ``[B, Sk]``: attend only
+            within equal ids.
+        bias: Broadcastable to ``[B, Hq, Sq, Sk]``, added to the logits after the soft cap.
+        platform: ``"auto"`` (the chooser picks among every available implementation) or a
+            platform name to force, e.g. ``"xla"``.
+        cfg: Explicit config (an :class:`~ejk.ops.ImplChoice` or an implementation's own
+            config); it always wins and is never persisted as tuned.
+
+    Returns:
+        ``[B, Sq, Hq, Dv]`` in ``q.dtype``. Query rows that see no key are zeros.
+    """
+    scale, window = check_flash_attention_args(
+        q, k, v, causal=causal, softmax_scale=softmax_scale, sliding_window=sliding_window,
+        logits_soft_cap=logits_soft_cap, q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids, bias=bias,
+    )
+    static = {
+        "causal": bool(causal),
+        "softmax_scale": float(scale),
+        "sliding_window": window,
+        "logits_soft_cap": None if logits_soft_cap is None else float(logits_soft_cap),
+    }
+    return run_op(_KERNEL, (q, k, v, q_segment_ids, kv_segment_ids, bias), static, platform, cfg)  # type: ignore[no-any-return]

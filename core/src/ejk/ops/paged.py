@@ -1,0 +1,93 @@
+"""``ejk.ragged_paged_attention``: serving-time attention over a paged KV cache."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import numpy as np
+
+from ejk.execution.kernel import Invocation
+from ejk.ops._base import ImplChoice, OpKernel, run_op
+from ejk.ops._check_grouped import check_ragged_paged_attention_args
+
+__all__ = ["RaggedPagedAttentionKernel", "ragged_paged_attention"]
+
+
+class RaggedPagedAttentionKernel(OpKernel):
+    """Dispatches ``ragged_paged_attention``; tunes on realistic lengths and page tables."""
+
+    op_id = "ragged_paged_attention"
+    version = "1"
+    array_names = ("q", "k_pages", "v_pages", "kv_lens", "page_indices", "cu_q_lens", "num_seqs")
+    positional = 7
+
+    def tuning_args(self, inv: Invocation[ImplChoice], seed: int = 0) -> tuple[Any, ...]:
+        q, k_pages, v_pages, kv_lens, page_indices, cu_q_lens, num_seqs = super().tuning_args(inv, seed)
+        rng = np.random.default_rng(seed)
+        tokens, (num_pages, page_size) = q.shape[0], k_pages.shape[:2]
+        seqs, pages_per_seq = page_indices.shape
+        capacity = pages_per_seq * page_size
+        # Spread the tokens over the sequences, and give each a long, ragged context.
+        q_lens = np.full(seqs, tokens // max(seqs, 1), dtype=np.int64)
+        q_lens[: tokens - int(q_lens.sum())] += 1
+        lens = np.maximum(q_lens, rng.integers(capacity // 2, capacity + 1, size=seqs))
+        lens = np.minimum(lens, capacity)
+        table = rng.permutation(max(num_pages, seqs * pages_per_seq))[: seqs * pages_per_seq] % max(num_pages, 1)
+        cu = np.concatenate([[0], np.cumsum(q_lens)])
+        jnp = jax.numpy
+        return (q, k_pages, v_pages, jnp.asarray(lens, kv_lens.dtype),
+                jnp.asarray(table.reshape(seqs, pages_per_seq), page_indices.dtype),
+                jnp.asarray(cu, cu_q_lens.dtype), jnp.asarray(seqs, num_seqs.dtype))
+
+
+_KERNEL = RaggedPagedAttentionKernel()
+
+
+def ragged_paged_attention(
+    q: jax.Array,
+    k_pages: jax.Array,
+    v_pages: jax.Array,
+    kv_lens: jax.Array,
+    page_indices: jax.Array,
+    cu_q_lens: jax.Array,
+    num_seqs: jax.Array | int,
+    *,
+    softmax_scale: float | None = None,
+    sliding_window: int | tuple[int, int] | None = None,
+    logits_soft_cap: float | None = None,
+    platform: str = "auto",
+    cfg: ImplChoice | Any | None = None,
+) -> jax.Array:
+    """Attention of ragged query chunks over a paged KV cache (decode and chunked prefill).
+
+    Args:
+        q: ``[T, Hq, D]`` query tokens of all sequences, concatenated.
+        k_pages: ``[P, page, Hkv, D]``.
+        v_pages: ``[P, page, Hkv, Dv]``.
+        kv_lens: ``[S]`` int32: context length of each sequence.
+        page_indices: ``[S, pages_per_seq]`` int32: the pages of each sequence, in order.
+        cu_q_lens: ``[S+1]`` int32: sequence s owns query rows ``cu_q_lens[s]:cu_q_lens[s+1]``,
+            the last positions of its context (causal, bottom-right aligned).
+        num_seqs: How many leading sequences are live; the rest are ignored.
+        softmax_scale: Default ``1/sqrt(D)``.
+        sliding_window: ``(left, right)`` or ``w``; attention is causal, so right is 0.
+        logits_soft_cap: ``cap * tanh(logits / cap)``.
+        platform: ``"auto"`` or a platform name to force.
+        cfg: Explicit config; always wins.
+
+    Returns:
+        ``[T, Hq, Dv]`` in ``q.dtype``; rows owned by no live sequence are zeros.
+    """
+    num_seqs = jax.numpy.asarray(num_seqs, dtype=jax.numpy.int32)
+    scale, window = check_ragged_paged_attention_args(
+        q, k_pages, v_pages, kv_lens, page_indices, cu_q_lens, num_seqs,
+        softmax_scale=softmax_scale, sliding_window=sliding_window, logits_soft_cap=logits_soft_cap,
+    )
+    static = {
+        "softmax_scale": float(scale),
+        "sliding_window": window,
+        "logits_soft_cap": None if logits_soft_cap is None else float(logits_soft_cap),
+    }
+    arrays = (q, k_pages, v_pages, kv_lens, page_indices, cu_q_lens, num_seqs)
+    return run_op(_KERNEL, arrays, static, platform, cfg)  # type: ignore[no-any-return]

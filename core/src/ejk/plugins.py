@@ -1,0 +1,331 @@
+"""Plugin loading and isolated hook calls.
+
+Plugins are modules (or objects) with ``@ejk.hookimpl`` functions, published through the
+``ejk`` entry-point group. Loading is isolated: a plugin that fails to import, has a bad
+hook signature, or raises in a hook is reported — name, distribution, error and fix — and
+every other plugin still loads. ``EJK_PLUGINS`` (allow-list) and ``EJK_DISABLE_PLUGINS``
+(block-list) select which entry points are loaded.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import threading
+import traceback
+import warnings
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+import attrs
+import pluggy
+
+from ejk import environment, hookspecs
+from ejk.registry import KernelRegistry, PluginRef, _current_plugin, kernel_registry, normalize_platform
+
+__all__ = [
+    "ENTRY_POINT_GROUP",
+    "probe_platform",
+    "PlatformStatus",
+    "PluginHost",
+    "PluginInfo",
+    "get_plugin_host",
+    "reset_plugin_host",
+]
+
+ENTRY_POINT_GROUP = "ejk"
+
+
+def _freeze_versions(value: Mapping[str, str] | None) -> tuple[tuple[str, str], ...]:
+    return tuple(sorted((str(k), str(v)) for k, v in (value or {}).items()))
+
+
+@attrs.frozen(kw_only=True)
+class PlatformStatus:
+    """Whether a platform can run here (returned by ``ejk_platform_status``).
+
+    Attributes:
+        platform: Platform name, e.g. ``"triton"``.
+        available: ``True`` when its kernels can run on this machine.
+        reason: Why not, when unavailable.
+        fix: What to do about it (e.g. ``pip install triton``).
+        versions: Toolkit versions found, e.g. ``{"triton": "3.6.0"}``.
+    """
+
+    platform: str = attrs.field(converter=lambda p: str(normalize_platform(p)))
+    available: bool
+    reason: str | None = None
+    fix: str | None = None
+    versions: tuple[tuple[str, str], ...] = attrs.field(default=(), converter=_freeze_versions)
+
+
+@attrs.define
+class PluginInfo:
+    """What the loader knows about one plugin (shown by ``ejk plugins``)."""
+
+    name: str
+    distribution: str | None = None
+    version: str | None = None
+    status: str = "loaded"  # loaded | failed | disabled
+    error: str | None = None
+    fix: str | None = None
+    platforms: list[PlatformStatus] = attrs.Factory(list)
+    hook_errors: list[str] = attrs.Factory(list)
+
+    @property
+    def ref(self) -> PluginRef:
+        return PluginRef(name=self.name, distribution=self.distribution, version=self.version)
+
+
+def probe_platform(
+    platform: str,
+    *,
+    requires: Mapping[str, str] | None = None,
+    backends: Iterable[str] = ("gpu", "tpu", "cpu"),
+    fix: str | None = None,
+) -> PlatformStatus:
+    """Status of a platform from what is installed, without importing the toolkits.
+
+    Args:
+        platform: Platform name.
+        requires: ``{import name: distribution name}`` that must be importable, e.g.
+            ``{"triton": "triton", "jax_triton": "jax-triton"}``.
+        backends: JAX backends the platform runs on (``jax.default_backend()`` must be one).
+        fix: What to do when it is unavailable (default: ``pip install`` what is missing, or
+            the backends it needs).
+    """
+    import importlib.util
+
+    from ejk._versions import installed_version
+
+    requires = dict(requires or {})
+    versions = {dist: v for dist in requires.values() if (v := installed_version(dist))}
+    missing = [dist for module, dist in requires.items() if importlib.util.find_spec(module) is None]
+    if missing:
+        return PlatformStatus(platform=platform, available=False, versions=versions,
+                              reason=f"{', '.join(missing)} not installed",
+                              fix=fix or f"pip install {' '.join(missing)}")
+    import jax
+
+    backend = jax.default_backend()
+    backend = "gpu" if backend in ("cuda", "rocm") else backend
+    allowed = tuple(backends)
+    if backend not in allowed:
+        return PlatformStatus(platform=platform, available=False, versions=versions,
+                              reason=f"runs on {'/'.join(allowed)}, but JAX's default backend is {backend}",
+                              fix=fix or f"run on a machine with a {' or '.join(b.upper() for b in allowed)}")
+    return PlatformStatus(platform=platform, available=True, versions=versions)
+
+
+def _describe(exc: BaseException) -> str:
+    return "".join(traceback.format_exception_only(type(exc), exc)).strip()
+
+
+class PluginHost:
+    """A pluggy plugin manager plus the report of what loaded, bound to one registry.
+
+    Args:
+        registry: Registry that ``ejk_register_kernels`` fills.
+        load_entry_points: Discover and load the ``ejk`` entry points now.
+    """
+
+    def __init__(self, registry: KernelRegistry | None = None, *, load_entry_points: bool = True) -> None:
+        self.registry = registry if registry is not None else KernelRegistry()
+        self.pm = pluggy.PluginManager(ENTRY_POINT_GROUP)
+        self.pm.add_hookspecs(hookspecs)
+        self.plugins: dict[str, PluginInfo] = {}
+        self._device_facts: dict[Any, dict[str, str]] = {}
+        self.registry.set_diagnostics(self._availability, self._explain)
+        if load_entry_points:
+            self.load_entry_points()
+
+    # -- loading ---------------------------------------------------------------------------
+
+    def load_entry_points(self, entry_points: Iterable[importlib.metadata.EntryPoint] | None = None) -> None:
+        """Load every ``ejk`` entry point (or the given ones), isolating failures."""
+        eps = entry_points if entry_points is not None else importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)
+        allow = environment.name_list(environment.EJK_PLUGINS)
+        block = environment.name_list(environment.EJK_DISABLE_PLUGINS) or frozenset()
+        for ep in sorted(eps, key=lambda e: e.name):
+            dist = getattr(ep, "dist", None)
+            info = PluginInfo(
+                name=ep.name.lower(),
+                distribution=dist.name if dist is not None else None,
+                version=dist.version if dist is not None else None,
+            )
+            if info.name in self.plugins:
+                other = self.plugins[info.name]
+                info.status, info.error = "failed", (
+                    f"entry-point name {info.name!r} is already used by {other.distribution or other.name}"
+                )
+                info.fix = f"uninstall one of {info.distribution} and {other.distribution}"
+                self.plugins[f"{info.name}@{info.distribution}"] = info
+                continue
+            self.plugins[info.name] = info
+            if info.name in block or (allow is not None and info.name not in allow):
+                info.status = "disabled"
+                info.error = (
+                    f"disabled by {environment.EJK_DISABLE_PLUGINS}" if info.name in block
+                    else f"not in {environment.EJK_PLUGINS}"
+                )
+                continue
+            token = _current_plugin.set(info.ref)
+            try:
+                module = ep.load()
+            except Exception as exc:  # noqa: BLE001 - isolation is the point
+                self._fail(info, f"import of {ep.value} failed: {_describe(exc)}",
+                           f"reinstall {info.distribution or info.name} and its dependencies, "
+                           f"or skip it with {environment.EJK_DISABLE_PLUGINS}={info.name}")
+                continue
+            finally:
+                _current_plugin.reset(token)
+            self._activate(module, info)
+
+    def register_plugin(self, plugin: object, name: str, *, distribution: str | None = None,
+                        version: str | None = None) -> PluginInfo:
+        """Register an in-process plugin object (a module or an instance with hookimpls)."""
+        info = PluginInfo(name=name.lower(), distribution=distribution, version=version)
+        if info.name in self.plugins:
+            raise ValueError(f"a plugin named {info.name!r} is already registered; choose another name")
+        self.plugins[info.name] = info
+        self._activate(plugin, info)
+        return info
+
+    def _activate(self, plugin: object, info: PluginInfo) -> None:
+        try:
+            self.pm.register(plugin, name=info.name)
+        except Exception as exc:  # noqa: BLE001 - pluggy.PluginValidationError and friends
+            self._fail(info, f"invalid hooks: {_describe(exc)}",
+                       "fix the hook implementation to match ejk.hookspecs (names and arguments)")
+            return
+        hook = self.pm.subset_hook_caller("ejk_register_kernels", remove_plugins=[
+            p for p in self.pm.get_plugins() if p is not plugin
+        ])
+        token = _current_plugin.set(info.ref)
+        try:
+            hook(register=self.registry.register)
+        except Exception as exc:  # noqa: BLE001
+            removed = self.registry.unregister_plugin(info.name)
+            self.pm.unregister(plugin)
+            self._fail(info, f"ejk_register_kernels raised {_describe(exc)} "
+                             f"({removed} partial registration(s) rolled back)",
+                       f"report it to the maintainers of {info.distribution or info.name}, "
+                       f"or skip it with {environment.EJK_DISABLE_PLUGINS}={info.name}")
+            return
+        finally:
+            _current_plugin.reset(token)
+        for status in self._call_one(plugin, info, "ejk_platform_status", {}) or ():
+            info.platforms.extend([status] if isinstance(status, PlatformStatus) else list(status))
+
+    def _fail(self, info: PluginInfo, error: str, fix: str) -> None:
+        info.status, info.error, info.fix = "failed", error, fix
+        warnings.warn(f"ejk plugin {info.name!r} ({info.distribution or 'no distribution'}) was skipped: "
+                      f"{error}. Fix: {fix}", RuntimeWarning, stacklevel=3)
+
+    # -- isolated hook calls -----------------------------------------------------------------
+
+    def _call_one(self, plugin: object, info: PluginInfo, hook_name: str, kwargs: dict[str, Any]) -> list[Any]:
+        impls = [i for i in getattr(self.pm.hook, hook_name).get_hookimpls() if i.plugin is plugin]
+        return [r for r in (self._invoke(i, info, hook_name, kwargs) for i in impls) if r is not None]
+
+    def _invoke(self, impl: pluggy.HookImpl, info: PluginInfo, hook_name: str, kwargs: dict[str, Any]) -> Any:
+        try:
+            return impl.function(**{name: kwargs[name] for name in impl.argnames})
+        except Exception as exc:  # noqa: BLE001
+            message = f"{hook_name} raised {_describe(exc)}"
+            if message not in info.hook_errors:
+                info.hook_errors.append(message)
+                warnings.warn(f"ejk plugin {info.name!r}: {message}; its answer is ignored",
+                              RuntimeWarning, stacklevel=3)
+            return None
+
+    def call(self, hook_name: str, *, firstresult: bool = False, **kwargs: Any) -> Any:
+        """Call a hook plugin by plugin in pluggy's order, isolating exceptions.
+
+        Returns the list of non-``None`` results, or the first one when ``firstresult``.
+        """
+        results = []
+        for impl in reversed(getattr(self.pm.hook, hook_name).get_hookimpls()):
+            name = self.pm.get_name(impl.plugin) or "?"
+            info = self.plugins.get(name) or PluginInfo(name=name)
+            result = self._invoke(impl, info, hook_name, kwargs)
+            if result is None:
+                continue
+            if firstresult:
+                return result
+            results.append(result)
+        return None if firstresult else results
+
+    def config_space(self, algorithm: str, platform: str, invocation: Any) -> list[Any]:
+        """All plugins' autotuning candidates for ``algorithm`` on ``platform``."""
+        space: list[Any] = []
+        for result in self.call("ejk_config_space", algorithm=algorithm, platform=platform, invocation=invocation):
+            space.extend(result)
+        return space
+
+    def heuristic_config(self, algorithm: str, platform: str, invocation: Any) -> Any | None:
+        return self.call("ejk_heuristic_config", firstresult=True, algorithm=algorithm,
+                         platform=platform, invocation=invocation)
+
+    def choose_config(self, invocation: Any, kernel: Any) -> Any | None:
+        return self.call("ejk_choose_config", firstresult=True, invocation=invocation, kernel=kernel)
+
+    def device_facts(self, device: Any) -> dict[str, str]:
+        """Merged ``ejk_device_fingerprint`` facts for ``device`` (computed once per device)."""
+        if device not in self._device_facts:
+            facts: dict[str, str] = {}
+            for result in reversed(self.call("ejk_device_fingerprint", device=device)):
+                facts.update({str(k): str(v) for k, v in result.items()})
+            self._device_facts[device] = facts
+        return self._device_facts[device]
+
+    # -- reporting ------------------------------------------------------------------------
+
+    def platform_statuses(self) -> dict[str, PlatformStatus]:
+        """The last reported status of every platform, keyed by name."""
+        statuses: dict[str, PlatformStatus] = {}
+        for info in self.plugins.values():
+            for status in info.platforms:
+                if status.platform not in statuses or status.available:
+                    statuses[status.platform] = status
+        return statuses
+
+    def _availability(self, platform: str) -> tuple[bool, str | None]:
+        status = self.platform_statuses().get(str(platform))
+        if status is None:
+            return True, None
+        return status.available, status.reason
+
+    def _explain(self) -> list[str]:
+        lines = []
+        for info in self.plugins.values():
+            if info.status != "loaded":
+                lines.append(f"Plugin {info.name} ({info.distribution or 'no distribution'}) was {info.status}: "
+                             f"{info.error}" + (f" Fix: {info.fix}" if info.fix else ""))
+        if not self.plugins:
+            lines.append("No ejk plugin is installed.")
+        return lines
+
+
+_host: PluginHost | None = None
+_host_lock = threading.RLock()
+
+
+def get_plugin_host(registry: KernelRegistry | None = None) -> PluginHost:
+    """The process-wide :class:`PluginHost`, created (and entry points loaded) on first use."""
+    global _host
+    with _host_lock:
+        if _host is None:
+            _host = PluginHost(registry if registry is not None else kernel_registry, load_entry_points=False)
+            _host.load_entry_points()
+        return _host
+
+
+def reset_plugin_host() -> None:
+    """Forget the process-wide host and empty the global registry (for tests and reloading)."""
+    global _host
+    with _host_lock:
+        _host = None
+        kernel_registry._registry.clear()
+        kernel_registry._loaded = False
+
+

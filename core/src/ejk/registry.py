@@ -1,0 +1,449 @@
+"""Kernel registry: which implementations exist for which (algorithm, platform, backend).
+
+Plugins register implementations through the ``ejk_register_kernels`` hook (or the
+:meth:`KernelRegistry.register` decorator); the Executor and the public operations look
+them up here. The process-wide :data:`kernel_registry` loads the installed plugins lazily,
+once, on its first query — never at ``import ejk``.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import enum
+import inspect
+import threading
+import warnings
+from collections.abc import Callable, Iterator
+from typing import Any, Literal, TypeVar
+
+import attrs
+
+from ejk.errors import DuplicateKernelError, KernelNotFoundError
+
+__all__ = [
+    "Backend",
+    "KernelRegistry",
+    "KernelSpec",
+    "Platform",
+    "kernel_registry",
+]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class Platform(enum.StrEnum):
+    """Frameworks kernels are written in. Third-party plugins may use other lowercase names."""
+
+    TRITON = "triton"
+    PALLAS = "pallas"
+    CUDA = "cuda"
+    CUTE = "cute"
+    XLA = "xla"
+
+
+class Backend(enum.StrEnum):
+    """Hardware a kernel targets. ``ANY`` matches every backend query."""
+
+    GPU = "gpu"
+    TPU = "tpu"
+    CPU = "cpu"
+    ANY = "any"
+
+
+PlatformLike = Platform | str
+BackendLike = Backend | Literal["gpu", "tpu", "cpu", "any"] | str
+
+#: Which distribution provides each known platform (for "what to install" hints).
+PLATFORM_DISTRIBUTIONS: dict[str, str] = {
+    "xla": "ejk-xla",
+    "pallas": "ejk-pallas",
+    "triton": "ejk-triton",
+    "cute": "ejk-cute",
+}
+
+
+@attrs.frozen(kw_only=True)
+class PluginRef:
+    """Who registered a kernel: the plugin (entry-point) name and its distribution version."""
+
+    name: str
+    distribution: str | None = None
+    version: str | None = None
+
+    def __str__(self) -> str:
+        dist = self.distribution or self.name
+        return f"{self.name} ({dist} {self.version})" if self.version else self.name
+
+
+_current_plugin: contextvars.ContextVar[PluginRef | None] = contextvars.ContextVar(
+    "ejk_current_plugin", default=None
+)
+
+
+@attrs.frozen(kw_only=True)
+class KernelSpec:
+    """One registered implementation (immutable, hashable).
+
+    Attributes:
+        algorithm: Canonical lower-case algorithm name, e.g. ``"flash_attention"``.
+        platform: Framework the kernel is written in (a :class:`Platform` or a plugin's own name).
+        backend: Hardware it targets; ``Backend.ANY`` matches every backend.
+        implementation: The callable, ``impl(*arrays, **static, cfg=...)``.
+        priority: Higher wins when several implementations match.
+        plugin: The plugin that registered it (``None`` when registered outside any plugin).
+        cfg_type: The implementation's config class, used to rebuild cached configs.
+    """
+
+    algorithm: str
+    platform: str
+    backend: Backend
+    implementation: Callable[..., Any] = attrs.field(eq=False)
+    priority: int = 0
+    plugin: PluginRef | None = None
+    cfg_type: type | None = attrs.field(default=None, eq=False)
+
+    @property
+    def label(self) -> str:
+        """``platform/backend`` — how errors and the CLI name this implementation."""
+        return f"{self.platform}/{self.backend}"
+
+
+def normalize_platform(platform: PlatformLike) -> str:
+    """Lower-case a platform name, returning the enum member when it is a known one."""
+    name = str(platform).strip().lower()
+    if not name or not name.replace("_", "").replace("-", "").isalnum():
+        raise ValueError(f"platform {platform!r} is not a valid platform name; use e.g. 'xla' or 'triton'")
+    try:
+        return Platform(name)
+    except ValueError:
+        return name
+
+
+def normalize_backend(backend: BackendLike) -> Backend:
+    """Turn a backend name (case-insensitive; ``cuda``/``rocm`` mean ``gpu``) into a :class:`Backend`."""
+    name = str(backend).strip().lower()
+    if name in ("cuda", "rocm"):
+        name = "gpu"
+    try:
+        return Backend(name)
+    except ValueError:
+        valid = ", ".join(b.value for b in Backend)
+        raise ValueError(f"backend {backend!r} is not known; use one of: {valid}") from None
+
+
+def default_backend() -> Backend:
+    """The backend of JAX's default device, as a :class:`Backend`."""
+    import jax
+
+    return normalize_backend(jax.default_backend())
+
+
+def _qualname(fn: Callable[..., Any]) -> str:
+    return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
+
+
+class KernelRegistry:
+    """Registry of kernel implementations with priority-aware, fallback-aware lookup.
+
+    Args:
+        loader: Called once, on the first query, to fill the registry (the global
+            registry loads the installed plugins this way).
+    """
+
+    def __init__(self, loader: Callable[[KernelRegistry], None] | None = None) -> None:
+        self._registry: dict[str, list[KernelSpec]] = {}
+        self._lock = threading.RLock()
+        self._loader = loader
+        self._loaded = loader is None
+        self._loading = False
+        self._availability: Callable[[str], tuple[bool, str | None]] | None = None
+        self._explain: Callable[[], list[str]] | None = None
+
+    # -- loading ---------------------------------------------------------------------------
+
+    def _ensure_loaded(self) -> None:
+        if self._loaded:
+            return
+        with self._lock:
+            if self._loaded or self._loading:  # re-entrant query from a plugin: serve what is there
+                return
+            self._loading = True
+            try:
+                assert self._loader is not None
+                self._loader(self)
+            finally:
+                self._loading = False
+                self._loaded = True
+
+    def set_diagnostics(
+        self,
+        availability: Callable[[str], tuple[bool, str | None]] | None,
+        explain: Callable[[], list[str]] | None,
+    ) -> None:
+        """Install the callbacks (from the plugin loader) that say whether a platform is usable
+        and describe skipped plugins in :class:`KernelNotFoundError` messages."""
+        self._availability = availability
+        self._explain = explain
+
+    def platform_available(self, platform: PlatformLike) -> tuple[bool, str | None]:
+        """``(available, reason)`` for a platform, as reported by its plugin's status hook."""
+        self._ensure_loaded()
+        if self._availability is None:
+            return True, None
+        return self._availability(normalize_platform(platform))
+
+    # -- registration ----------------------------------------------------------------------
+
+    def register(
+        self,
+        algorithm: str,
+        platform: PlatformLike,
+        backend: BackendLike,
+        priority: int = 0,
+        *,
+        cfg_type: type | None = None,
+    ) -> Callable[[F], F]:
+        """Decorator registering an implementation; returns the function unchanged.
+
+        Raises:
+            DuplicateKernelError: if the same plugin already registered this
+                (algorithm, platform, backend).
+        """
+        algo = algorithm.strip().lower()
+        if not algo:
+            raise ValueError("algorithm must be a non-empty name such as 'flash_attention'")
+        plat = normalize_platform(platform)
+        back = normalize_backend(backend)
+        if not isinstance(priority, int) or isinstance(priority, bool):
+            raise ValueError(f"priority must be an int, got {priority!r}")
+
+        def decorator(fn: F) -> F:
+            if not callable(fn):
+                raise TypeError(f"register({algo!r}, ...) must decorate a callable, got {fn!r}")
+            spec = KernelSpec(
+                algorithm=algo,
+                platform=plat,
+                backend=back,
+                implementation=fn,
+                priority=priority,
+                plugin=_current_plugin.get(),
+                cfg_type=cfg_type,
+            )
+            self._add(spec)
+            return fn
+
+        return decorator
+
+    def _add(self, spec: KernelSpec) -> None:
+        with self._lock:
+            specs = self._registry.setdefault(spec.algorithm, [])
+            owner = spec.plugin.name if spec.plugin else None
+            for existing in specs:
+                same_owner = (existing.plugin.name if existing.plugin else None) == owner
+                if same_owner and (existing.platform, existing.backend) == (spec.platform, spec.backend):
+                    raise DuplicateKernelError(
+                        f"{spec.algorithm} {spec.label} is registered twice by plugin "
+                        f"{owner or '<none>'}: first {_qualname(existing.implementation)}, then "
+                        f"{_qualname(spec.implementation)}. Register each (algorithm, platform, "
+                        f"backend) once per plugin, or use a different priority in another plugin."
+                    )
+            specs.append(spec)
+            specs.sort(key=lambda s: -s.priority)  # stable: equal priorities keep registration order
+
+    def unregister_plugin(self, name: str) -> int:
+        """Remove every implementation registered by plugin ``name``; returns how many."""
+        removed = 0
+        with self._lock:
+            for algo in list(self._registry):
+                keep = [s for s in self._registry[algo] if not (s.plugin and s.plugin.name == name)]
+                removed += len(self._registry[algo]) - len(keep)
+                if keep:
+                    self._registry[algo] = keep
+                else:
+                    del self._registry[algo]
+        return removed
+
+    # -- lookup ----------------------------------------------------------------------------
+
+    def list_algorithms(self) -> list[str]:
+        """Sorted lower-case names of every registered algorithm."""
+        self._ensure_loaded()
+        return sorted(self._registry)
+
+    def list_implementations(self, algorithm: str) -> list[KernelSpec]:
+        """Every implementation of ``algorithm``, highest priority first (a copy; empty if unknown)."""
+        self._ensure_loaded()
+        return list(self._registry.get(algorithm.strip().lower(), ()))
+
+    def __iter__(self) -> Iterator[KernelSpec]:
+        self._ensure_loaded()
+        for algo in sorted(self._registry):
+            yield from self._registry[algo]
+
+    def get(
+        self,
+        algorithm: str,
+        platform: PlatformLike | Literal["auto"] | None = None,
+        backend: BackendLike | None = None,
+    ) -> Callable[..., Any]:
+        """The best matching implementation callable (see :meth:`get_spec`)."""
+        return self.get_spec(algorithm, platform, backend).implementation
+
+    def get_spec(
+        self,
+        algorithm: str,
+        platform: PlatformLike | Literal["auto"] | None = None,
+        backend: BackendLike | None = None,
+    ) -> KernelSpec:
+        """The highest-priority :class:`KernelSpec` matching the query.
+
+        Matching: ``None`` platform or backend matches anything; ``Backend.ANY``
+        implementations match every backend. ``platform="auto"`` means any platform whose
+        plugin reports itself available, on ``backend`` or else JAX's default backend.
+        When nothing matches, ``platform=xla`` retries with ``Backend.ANY`` and
+        ``backend=any`` retries with JAX's default backend — each query is tried once.
+
+        Raises:
+            KernelNotFoundError: listing what is registered, skipped plugins and what to install.
+        """
+        self._ensure_loaded()
+        algo = algorithm.strip().lower()
+        auto = platform is not None and str(platform).strip().lower() == "auto"
+        plat = None if platform is None or auto else normalize_platform(platform)
+        back = None if backend is None else normalize_backend(backend)
+        if auto and back is None:
+            back = default_backend()
+
+        for query_platform, query_backend in self._attempts(plat, back):
+            for spec in self._registry.get(algo, ()):
+                if query_platform is not None and spec.platform != query_platform:
+                    continue
+                if query_backend is not None and spec.backend not in (Backend.ANY, query_backend):
+                    continue
+                if auto and not self.platform_available(spec.platform)[0]:
+                    continue
+                return spec
+        raise KernelNotFoundError(self._not_found_message(algo, plat, back, auto))
+
+    @staticmethod
+    def _attempts(platform: str | None, backend: Backend | None) -> list[tuple[str | None, Backend | None]]:
+        attempts: list[tuple[str | None, Backend | None]] = [(platform, backend)]
+        if platform == Platform.XLA and backend not in (None, Backend.ANY):
+            attempts.append((platform, Backend.ANY))
+        if backend == Backend.ANY:
+            attempts.append((platform, default_backend()))
+        unique: list[tuple[str | None, Backend | None]] = []
+        for attempt in attempts:  # a fixed, finite list: no recursion, each query once
+            if attempt not in unique:
+                unique.append(attempt)
+        return unique
+
+    def _not_found_message(self, algo: str, platform: str | None, backend: Backend | None, auto: bool) -> str:
+        query = f"platform={'auto' if auto else platform!s}, backend={backend!s}"
+        lines = [f"No implementation of {algo!r} for {query}."]
+        specs = self._registry.get(algo, [])
+        if specs:
+            registered = ", ".join(
+                f"{s.label} (priority {s.priority}, plugin {s.plugin or '<none>'})" for s in specs
+            )
+            lines.append(f"Registered implementations of {algo!r}: {registered}.")
+            if auto:
+                for plat in sorted({s.platform for s in specs}):
+                    ok, reason = self.platform_available(plat)
+                    if not ok:
+                        lines.append(f"Platform {plat!r} is unavailable: {reason}")
+        else:
+            known = ", ".join(sorted(self._registry)) or "none"
+            lines.append(f"No plugin registered {algo!r}. Registered algorithms: {known}.")
+        if self._explain is not None:
+            lines.extend(self._explain())
+        wanted = PLATFORM_DISTRIBUTIONS.get(str(platform)) if platform else None
+        if wanted and not any(s.platform == platform for s in specs):
+            lines.append(f"To add the {platform} platform: pip install {wanted}")
+        elif not specs:
+            lines.append("The portable default runs everywhere: pip install ejk-xla")
+        return "\n".join(lines)
+
+    # -- signature validation ----------------------------------------------------------------
+
+    def validate_signatures(self, algorithm: str | None = None, verbose: bool = False) -> bool | None:
+        """Check that every implementation of an algorithm has the same signature.
+
+        Compares each implementation with the highest-priority one, parameter by parameter:
+        name, kind, default and annotation (the ``cfg`` parameter's annotation is
+        platform-specific and not compared). Each mismatch emits a ``UserWarning``.
+
+        Returns:
+            ``True``/``False`` for one algorithm; ``None`` when ``algorithm`` is ``None``
+            (every algorithm is validated).
+
+        Raises:
+            ValueError: if ``algorithm`` is not registered.
+        """
+        self._ensure_loaded()
+        if algorithm is None:
+            for algo in self.list_algorithms():
+                self.validate_signatures(algo, verbose=verbose)
+            return None
+        specs = self.list_implementations(algorithm)
+        if not specs:
+            known = ", ".join(self.list_algorithms()) or "none"
+            raise ValueError(f"algorithm {algorithm!r} is not registered; registered: {known}")
+        reference = specs[0]
+        ref_params = list(inspect.signature(reference.implementation).parameters.values())
+        if verbose:
+            for spec in specs:
+                print(f"{spec.algorithm} {spec.label} {_qualname(spec.implementation)}"
+                      f"{inspect.signature(spec.implementation)}")
+        ok = True
+        for spec in specs[1:]:
+            params = list(inspect.signature(spec.implementation).parameters.values())
+            for problem in _compare_parameters(ref_params, params):
+                ok = False
+                warnings.warn(
+                    f"{reference.algorithm}: {spec.label} ({_qualname(spec.implementation)}) differs from "
+                    f"{reference.label} ({_qualname(reference.implementation)}): {problem}",
+                    UserWarning,
+                    stacklevel=2,
+                )
+        return ok
+
+
+def _normalize_annotation(annotation: Any) -> str:
+    if annotation is inspect.Parameter.empty:
+        return ""
+    text = annotation if isinstance(annotation, str) else getattr(annotation, "__name__", repr(annotation))
+    return text.replace("typing.", "").replace("Optional[", "None | ").replace(" ", "")
+
+
+def _compare_parameters(reference: list[inspect.Parameter], other: list[inspect.Parameter]) -> list[str]:
+    problems = []
+    if len(reference) != len(other):
+        problems.append(
+            f"{len(other)} parameters instead of {len(reference)} "
+            f"({[p.name for p in other]} vs {[p.name for p in reference]})"
+        )
+    for ref, par in zip(reference, other, strict=False):
+        if ref.name != par.name:
+            problems.append(f"parameter {par.name!r} where {ref.name!r} is expected")
+            continue
+        if ref.kind != par.kind:
+            problems.append(f"parameter {par.name!r} is {par.kind.description}, expected {ref.kind.description}")
+        if ref.default is not par.default and ref.default != par.default:
+            problems.append(f"parameter {par.name!r} defaults to {par.default!r}, expected {ref.default!r}")
+        if par.name != "cfg" and _normalize_annotation(ref.annotation) != _normalize_annotation(par.annotation):
+            problems.append(
+                f"parameter {par.name!r} is annotated {_normalize_annotation(par.annotation) or 'nothing'}, "
+                f"expected {_normalize_annotation(ref.annotation) or 'nothing'}"
+            )
+    return problems
+
+
+def _load_installed_plugins(registry: KernelRegistry) -> None:
+    from ejk import plugins
+
+    plugins.get_plugin_host(registry=registry)
+
+
+#: The process-wide registry; installed plugins are loaded on its first query.
+kernel_registry = KernelRegistry(loader=_load_installed_plugins)

@@ -1,0 +1,321 @@
+"""The ``ejk`` command line: plugins, kernels, cache, doctor and demo."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import warnings
+from collections.abc import Sequence
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+__all__ = ["main"]
+
+
+def _console() -> Console:
+    return Console(highlight=False, width=None if sys.stdout.isatty() else 160)
+
+
+def _host() -> Any:
+    from ejk.plugins import get_plugin_host
+
+    with warnings.catch_warnings():  # problems are shown in the tables instead
+        warnings.simplefilter("ignore")
+        return get_plugin_host()
+
+
+def _print_json(data: Any) -> None:
+    print(json.dumps(data, indent=2, sort_keys=True, default=str))
+
+
+# -- plugins / kernels -----------------------------------------------------------------------------
+
+
+def cmd_plugins(args: argparse.Namespace) -> int:
+    host = _host()
+    rows = []
+    for info in sorted(host.plugins.values(), key=lambda i: i.name):
+        rows.append({
+            "name": info.name, "distribution": info.distribution, "version": info.version, "status": info.status,
+            "platforms": [{"platform": p.platform, "available": p.available, "reason": p.reason, "fix": p.fix,
+                           "versions": dict(p.versions)} for p in info.platforms],
+            "error": info.error, "fix": info.fix, "hook_errors": list(info.hook_errors),
+        })
+    if args.json:
+        _print_json(rows)
+        return 0
+    console = _console()
+    if not rows:
+        console.print("No ejk plugin is installed. The portable default: [bold]pip install ejk-xla[/bold]")
+        return 0
+    table = Table(title="ejk plugins")
+    for column in ("plugin", "distribution", "status", "platform", "why / fix"):
+        table.add_column(column)
+    for row in rows:
+        dist = f"{row['distribution'] or '-'} {row['version'] or ''}".strip()
+        if row["status"] != "loaded":
+            table.add_row(row["name"], dist, f"[red]{row['status']}[/red]", "-", f"{row['error']}\nfix: {row['fix']}")
+            continue
+        for p in row["platforms"] or [{"platform": "-", "available": True, "reason": None, "fix": None}]:
+            state = "[green]available[/green]" if p["available"] else "[yellow]unavailable[/yellow]"
+            why = "" if p["available"] else f"{p['reason']}" + (f"\nfix: {p['fix']}" if p["fix"] else "")
+            table.add_row(row["name"], dist, state, p["platform"], why)
+        for error in row["hook_errors"]:
+            table.add_row(row["name"], dist, "[red]hook error[/red]", "-", error)
+    console.print(table)
+    return 0
+
+
+def cmd_kernels(args: argparse.Namespace) -> int:
+    host = _host()
+    registry = host.registry
+    rows = [{
+        "algorithm": s.algorithm, "platform": str(s.platform), "backend": str(s.backend), "priority": s.priority,
+        "plugin": str(s.plugin) if s.plugin else "-", "available": registry.platform_available(s.platform)[0],
+        "config": s.cfg_type.__name__ if s.cfg_type else "-",
+    } for s in registry if args.algorithm is None or s.algorithm == args.algorithm.lower()]
+    if args.json:
+        _print_json(rows)
+        return 0
+    table = Table(title="ejk kernels")
+    for column in ("algorithm", "platform", "backend", "priority", "plugin", "config", "available here"):
+        table.add_column(column)
+    for r in rows:
+        table.add_row(r["algorithm"], r["platform"], r["backend"], str(r["priority"]), r["plugin"], r["config"],
+                      "yes" if r["available"] else "no")
+    _console().print(table if rows else "No kernels are registered (see `ejk plugins`).")
+    return 0
+
+
+# -- cache ---------------------------------------------------------------------------------------
+
+
+def _cache_dir(args: argparse.Namespace) -> str:
+    from ejk import environment
+
+    return os.path.expanduser(args.dir) if args.dir else environment.cache_dir()
+
+
+def _cache_files(directory: str, ops: Sequence[str] | None = None) -> dict[str, str]:
+    if not os.path.isdir(directory):
+        return {}
+    names = sorted(f[:-5] for f in os.listdir(directory) if f.endswith(".json"))
+    return {name: os.path.join(directory, f"{name}.json") for name in names if not ops or name in ops}
+
+
+def _entries(path: str, name: str) -> list[Any]:
+    from ejk.config.persistent import PersistentCache
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        return list(PersistentCache(name, path).entries())
+
+
+def cmd_cache_ls(args: argparse.Namespace) -> int:
+    directory = _cache_dir(args)
+    files = _cache_files(directory)
+    if args.json:
+        _print_json({name: {"path": path, "entries": len(_entries(path, name))} for name, path in files.items()})
+        return 0
+    console = _console()
+    console.print(f"cache directory: {directory}")
+    if not files:
+        console.print("(no cache files)")
+        return 0
+    table = Table()
+    for column in ("op", "entries", "file"):
+        table.add_column(column)
+    for name, path in files.items():
+        table.add_row(name, str(len(_entries(path, name))), path)
+    console.print(table)
+    return 0
+
+
+def cmd_cache_show(args: argparse.Namespace) -> int:
+    files = _cache_files(_cache_dir(args), args.op or None)
+    rows = []
+    for name, path in files.items():
+        for e in _entries(path, name):
+            rows.append({"file": name, "device": e.device, "op_id": e.op_id, "call_key": e.call_key, "cfg": e.cfg,
+                         "source": e.source, "created": e.provenance.get("created"),
+                         "stale": e.stale_reason(), "versions": e.provenance.get("versions", {})})
+    if args.json:
+        _print_json(rows)
+        return 0
+    table = Table(title=f"cached configs in {_cache_dir(args)}")
+    for column in ("op", "device", "call key", "config", "source", "created", "stale?"):
+        table.add_column(column)
+    for r in rows:
+        table.add_row(r["op_id"], r["device"], r["call_key"][:12], json.dumps(r["cfg"], sort_keys=True), r["source"],
+                      str(r["created"]), r["stale"] or "no")
+    _console().print(table if rows else "(no cached configs)")
+    return 0
+
+
+def cmd_cache_clear(args: argparse.Namespace) -> int:
+    from ejk.config.persistent import PersistentCache
+
+    files = _cache_files(_cache_dir(args), args.op or None)
+    if not files:
+        _console().print("nothing to clear")
+        return 0
+    if not args.yes and sys.stdin.isatty():
+        answer = input(f"remove every entry of {', '.join(files)}? [y/N] ")
+        if answer.strip().lower() not in ("y", "yes"):
+            return 1
+    for name, path in files.items():
+        PersistentCache(name, path).clear()
+        _console().print(f"cleared {path}")
+    return 0
+
+
+EXPORT_FORMAT = "ejk-cache-export"
+
+
+def cmd_cache_export(args: argparse.Namespace) -> int:
+    files = _cache_files(_cache_dir(args), args.op or None)
+    payload = {"format": EXPORT_FORMAT, "schema": 1, "ops": {
+        name: [{"device": e.device, "op_id": e.op_id, "call_key": e.call_key, **e.to_json()}
+               for e in _entries(path, name)]
+        for name, path in files.items()
+    }}
+    text = json.dumps(payload, indent=1, sort_keys=True)
+    if args.file == "-":
+        print(text)
+    else:
+        with open(args.file, "w", encoding="utf-8") as f:
+            f.write(text)
+        count = sum(len(v) for v in payload["ops"].values())
+        _console().print(f"exported {count} entries of {len(files)} op(s) to {args.file}")
+    return 0
+
+
+def cmd_cache_import(args: argparse.Namespace) -> int:
+    from ejk.config.persistent import CacheEntry, PersistentCache
+
+    with open(args.file, encoding="utf-8") if args.file != "-" else sys.stdin as f:
+        payload = json.load(f)
+    if not isinstance(payload, dict) or payload.get("format") != EXPORT_FORMAT:
+        _console().print(f"[red]{args.file} is not an `ejk cache export` file[/red]")
+        return 2
+    directory = _cache_dir(args)
+    total = 0
+    for name, items in payload["ops"].items():
+        entries = [CacheEntry(device=i["device"], op_id=i["op_id"], call_key=i["call_key"], cfg=i["cfg"],
+                              schema=int(i.get("schema", 0)), source=str(i.get("source", "import")),
+                              provenance=dict(i.get("provenance", {}))) for i in items]
+        cache = PersistentCache(name, os.path.join(directory, f"{name}.json"))
+        cache.put_entries(entries)
+        if cache.memory_only:
+            _console().print(f"[red]could not write {cache.path}[/red]")
+            return 1
+        total += len(entries)
+    _console().print(f"imported {total} entries into {directory} (merged with what was there)")
+    return 0
+
+
+# -- doctor --------------------------------------------------------------------------------------
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    import platform as py_platform
+    import tempfile
+
+    import jax
+
+    from ejk import environment
+    from ejk._versions import installed_version
+
+    console = _console()
+    host = _host()
+    problems: list[str] = []
+    console.print(f"python {py_platform.python_version()}  jax {installed_version('jax')}  "
+                  f"jaxlib {installed_version('jaxlib')}  ejk-core {installed_version('ejk-core')}")
+    console.print(f"default backend: {jax.default_backend()}  devices: {', '.join(str(d) for d in jax.devices())}")
+    from ejk.execution.device import device_fingerprint
+
+    console.print(f"device fingerprint: {device_fingerprint()}")
+    for info in host.plugins.values():
+        if info.status == "failed":
+            problems.append(f"plugin {info.name}: {info.error} (fix: {info.fix})")
+        problems.extend(f"plugin {info.name}: {e}" for e in info.hook_errors)
+    usable = [p for p, s in host.platform_statuses().items() if s.available]
+    console.print(f"usable platforms here: {', '.join(sorted(usable)) or 'none'}")
+    if not host.registry.list_algorithms():
+        problems.append("no kernels are registered: pip install ejk-xla")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        host.registry.validate_signatures()
+    problems.extend(f"signature: {w.message}" for w in caught)
+    directory = environment.cache_dir()
+    try:
+        os.makedirs(directory, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=directory):
+            pass
+        console.print(f"cache directory: {directory} (writable)")
+    except OSError as exc:
+        problems.append(f"cache directory {directory} is not writable ({exc}); set {environment.EJK_CACHE_DIR}")
+    for problem in problems:
+        console.print(f"[red]problem:[/red] {problem}")
+    console.print("[green]all good[/green]" if not problems else f"{len(problems)} problem(s)")
+    return 1 if problems else 0
+
+
+# -- entry point ---------------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="ejk", description="ejk: kernels for JAX, chosen and tuned automatically.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("plugins", help="installed plugins, versions, and why a platform is unavailable")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_plugins)
+
+    p = sub.add_parser("kernels", help="registered kernels: algorithm × platform × backend × priority × plugin")
+    p.add_argument("algorithm", nargs="?")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_kernels)
+
+    cache = sub.add_parser("cache", help="inspect and manage the persistent config cache")
+    cache_sub = cache.add_subparsers(dest="cache_command", required=True)
+    for name, func, helptext in (
+        ("ls", cmd_cache_ls, "cache files and entry counts"),
+        ("show", cmd_cache_show, "cached configs with provenance"),
+        ("clear", cmd_cache_clear, "remove cached configs"),
+        ("export", cmd_cache_export, "write cached configs to a file"),
+        ("import", cmd_cache_import, "merge an exported file into the cache"),
+    ):
+        p = cache_sub.add_parser(name, help=helptext)
+        p.add_argument("--dir", help="cache directory (default: EJK_CACHE_DIR or the user cache dir)")
+        if name in ("export", "import"):
+            p.add_argument("file", help="file to write/read ('-' for stdout/stdin)")
+        if name in ("show", "clear", "export"):
+            p.add_argument("--op", action="append", help="only this op (repeatable)")
+        if name in ("ls", "show"):
+            p.add_argument("--json", action="store_true")
+        if name == "clear":
+            p.add_argument("--yes", "-y", action="store_true", help="do not ask")
+        p.set_defaults(func=func)
+
+    p = sub.add_parser("doctor", help="check the installation, plugins, signatures and cache directory")
+    p.set_defaults(func=cmd_doctor)
+
+    from ejk import _demo
+
+    _demo.add_parser(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the ``ejk`` command; returns the exit status."""
+    args = build_parser().parse_args(argv)
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,176 @@
+"""Validation and normalisation of ``flash_attention`` arguments.
+
+Only shapes, dtypes and static Python values are inspected, so the checks run on tracers
+and ``jax.ShapeDtypeStruct`` alike. Every problem is a ``ValueError`` that names the
+argument, what it got and what it needs.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from typing import Any, NoReturn
+
+import numpy as np
+
+__all__ = ["check_flash_attention_args"]
+
+_OP = "flash_attention"
+_FLOAT_DTYPES = ("bfloat16", "float16", "float32")
+
+
+def _fail(message: str) -> NoReturn:
+    raise ValueError(f"{_OP}: {message}")
+
+
+def _shape_of(name: str, x: Any) -> tuple[int, ...]:
+    shape = getattr(x, "shape", None)
+    if shape is None or not hasattr(x, "dtype"):
+        _fail(f"{name} must be an array with .shape and .dtype, got {type(x).__name__}")
+    return tuple(int(d) for d in shape)
+
+
+def _dtype_name(x: Any) -> str:
+    return str(np.dtype(x.dtype).name)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _is_real(value: Any) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def _check_qkv(q: Any, k: Any, v: Any) -> None:
+    """Ranks, batch / head / head-dim agreement, GQA divisibility and float dtypes."""
+    qs, ks, vs = _shape_of("q", q), _shape_of("k", k), _shape_of("v", v)
+    if len(qs) != 4:
+        _fail(f"q has shape {qs} but needs rank 4 [batch, seq_q, q_heads, head_dim]")
+    batch, _, q_heads, head_dim = qs
+    k_needs = f"[batch={batch}, seq_k, kv_heads, head_dim={head_dim}]"
+    if len(ks) != 4:
+        _fail(f"k has shape {ks} but needs rank 4 {k_needs}")
+    if ks[0] != batch or ks[3] != head_dim:
+        _fail(f"k has shape {ks} but needs {k_needs} (batch and head_dim of q {qs})")
+    if ks[2] == 0 or q_heads % ks[2] != 0:
+        _fail(
+            f"k has shape {ks} but needs {k_needs}; q heads ({q_heads}) must be a multiple "
+            f"of kv heads ({ks[2]})"
+        )
+    v_needs = f"[batch={batch}, seq_k={ks[1]}, kv_heads={ks[2]}, v_head_dim]"
+    if len(vs) != 4:
+        _fail(f"v has shape {vs} but needs rank 4 {v_needs}")
+    if vs[:3] != ks[:3]:
+        _fail(f"v has shape {vs} but needs {v_needs} (batch, seq and heads of k {ks})")
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if _dtype_name(x) not in _FLOAT_DTYPES:
+            _fail(f"{name} has dtype {_dtype_name(x)} but needs one of {', '.join(_FLOAT_DTYPES)}")
+    dtypes = (_dtype_name(q), _dtype_name(k), _dtype_name(v))
+    if len(set(dtypes)) != 1:
+        _fail(f"q, k, v have dtypes {dtypes} but need one common dtype (cast k and v to q.dtype)")
+
+
+def _check_segment_ids(q_segment_ids: Any, kv_segment_ids: Any, batch: int, q_len: int, kv_len: int) -> None:
+    if (q_segment_ids is None) != (kv_segment_ids is None):
+        given = "q_segment_ids" if q_segment_ids is not None else "kv_segment_ids"
+        _fail(f"{given} was given alone; pass both q_segment_ids and kv_segment_ids or neither")
+    if q_segment_ids is None:
+        return
+    for name, ids, needs in (
+        ("q_segment_ids", q_segment_ids, (batch, q_len)),
+        ("kv_segment_ids", kv_segment_ids, (batch, kv_len)),
+    ):
+        shape = _shape_of(name, ids)
+        if shape != needs:
+            _fail(f"{name} has shape {shape} but needs [batch, seq] = {needs}")
+        if not np.issubdtype(np.dtype(ids.dtype), np.integer):
+            _fail(f"{name} has dtype {_dtype_name(ids)} but needs an integer dtype (int32)")
+
+
+def _check_bias(bias: Any, full: tuple[int, int, int, int]) -> None:
+    if bias is None:
+        return
+    shape = _shape_of("bias", bias)
+    needs = f"rank 4, broadcastable to [batch, q_heads, seq_q, seq_k] = {full} (each dim 1 or full)"
+    if len(shape) != 4 or any(d not in (1, f) for d, f in zip(shape, full, strict=True)):
+        _fail(f"bias has shape {shape} but needs {needs}")
+    if not np.issubdtype(np.dtype(bias.dtype), np.floating):
+        _fail(f"bias has dtype {_dtype_name(bias)} but needs a floating dtype")
+
+
+def _normalize_window(sliding_window: Any, *, causal: bool) -> tuple[int, int] | None:
+    """``None``, ``w`` or ``(left, right)`` → ``(left, right)``; with causal the right side is 0."""
+    if sliding_window is None:
+        return None
+    if _is_int(sliding_window):
+        pair: tuple[Any, ...] = (sliding_window, sliding_window)
+    elif isinstance(sliding_window, tuple | list) and len(sliding_window) == 2:
+        pair = tuple(sliding_window)
+    else:
+        _fail(f"sliding_window is {sliding_window!r} but needs None, an int w or a (left, right) pair of ints")
+    if not all(_is_int(x) and x >= 0 for x in pair):
+        _fail(f"sliding_window is {sliding_window!r} but needs non-negative ints (left, right)")
+    left, right = int(pair[0]), int(pair[1])
+    return (left, 0 if causal else right)
+
+
+def _resolve_scale(softmax_scale: Any, head_dim: int) -> float:
+    if softmax_scale is None:
+        return 1.0 / math.sqrt(head_dim) if head_dim > 0 else 1.0
+    if not _is_real(softmax_scale) or not math.isfinite(float(softmax_scale)):
+        _fail(f"softmax_scale is {softmax_scale!r} but needs a finite real number or None (1/sqrt(head_dim))")
+    return float(softmax_scale)
+
+
+def _check_soft_cap(logits_soft_cap: Any) -> None:
+    if logits_soft_cap is None:
+        return
+    if not _is_real(logits_soft_cap) or not (0 < float(logits_soft_cap) < math.inf):
+        _fail(f"logits_soft_cap is {logits_soft_cap!r} but needs a finite number > 0 or None")
+
+
+def check_flash_attention_args(
+    q: Any,
+    k: Any,
+    v: Any,
+    *,
+    causal: bool,
+    softmax_scale: float | None,
+    sliding_window: int | tuple[int, int] | None,
+    logits_soft_cap: float | None,
+    q_segment_ids: Any,
+    kv_segment_ids: Any,
+    bias: Any,
+) -> tuple[float, tuple[int, int] | None]:
+    """Validates user-level ``flash_attention`` arguments and normalises the static ones.
+
+    Args:
+        q: ``[B, Sq, Hq, D]`` (bfloat16, float16 or float32).
+        k: ``[B, Sk, Hkv, D]`` with ``Hq % Hkv == 0``, same dtype as ``q``.
+        v: ``[B, Sk, Hkv, Dv]``, same dtype as ``q``.
+        causal: Must be a bool.
+        softmax_scale: ``None`` or a finite number.
+        sliding_window: ``None``, an int ``w`` or ``(left, right)``; non-negative ints.
+        logits_soft_cap: ``None`` or a finite number > 0.
+        q_segment_ids: ``None`` or ``[B, Sq]`` integers; given together with ``kv_segment_ids``.
+        kv_segment_ids: ``None`` or ``[B, Sk]`` integers.
+        bias: ``None`` or a rank-4 float array broadcastable to ``[B, Hq, Sq, Sk]``.
+
+    Returns:
+        ``(softmax_scale, sliding_window)``: the scale resolved (``1/sqrt(D)`` for ``None``)
+        and the window as ``(left, right)`` (right is 0 when causal) or ``None``.
+
+    Raises:
+        ValueError: Naming the argument, the shape / dtype / value it got and what it needs.
+    """
+    _check_qkv(q, k, v)
+    batch, q_len, q_heads, head_dim = (int(d) for d in q.shape)
+    kv_len = int(k.shape[1])
+    if not isinstance(causal, bool | np.bool_):
+        _fail(f"causal is {causal!r} but needs a bool")
+    _check_segment_ids(q_segment_ids, kv_segment_ids, batch, q_len, kv_len)
+    _check_bias(bias, (batch, q_heads, q_len, kv_len))
+    _check_soft_cap(logits_soft_cap)
+    window = _normalize_window(sliding_window, causal=bool(causal))
+    return _resolve_scale(softmax_scale, head_dim), window

@@ -1,0 +1,45 @@
+"""Conformance checks a plugin's own test-suite runs against itself."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+
+from ejk.plugins import ENTRY_POINT_GROUP, PluginHost, PluginInfo
+from ejk.registry import KernelRegistry
+
+__all__ = ["check_plugin", "expected_plugins"]
+
+
+def expected_plugins() -> set[str] | None:
+    """The plugin names the test session says are installed (``EJK_EXPECT_PLUGINS``), if set."""
+    raw = os.environ.get("EJK_EXPECT_PLUGINS")
+    if raw is None:
+        return set() if os.environ.get("EJK_EXPECT_NO_PLUGINS") == "1" else None
+    return {name.strip() for name in raw.split(",") if name.strip()}
+
+
+def check_plugin(name: str) -> tuple[PluginInfo, KernelRegistry]:
+    """Load the installed plugin ``name`` into a fresh registry and check it behaves.
+
+    Checks: its entry point exists in group ``ejk`` and loads, its hooks validate, it
+    reports a status for at least one platform, no hook raised, and every kernel it
+    registered names it as owner with a sensible priority.
+
+    Returns:
+        The plugin's report and the registry it filled.
+    """
+    eps = [ep for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP) if ep.name == name]
+    assert eps, f"no entry point {name!r} in group {ENTRY_POINT_GROUP!r}: is the distribution installed?"
+    registry = KernelRegistry()
+    host = PluginHost(registry, load_entry_points=False)
+    host.load_entry_points(eps)
+    info = host.plugins[name]
+    assert info.status == "loaded", f"plugin {name} did not load: {info.error} (fix: {info.fix})"
+    assert not info.hook_errors, f"plugin {name} hooks raised: {info.hook_errors}"
+    assert info.platforms, f"plugin {name} reports no platform status (implement ejk_platform_status)"
+    for status in info.platforms:
+        assert status.available or status.reason, f"{name}: unavailable platform {status.platform} gives no reason"
+    for spec in registry:
+        assert spec.plugin is not None and spec.plugin.name == name, f"{spec} is not attributed to {name}"
+    return info, registry

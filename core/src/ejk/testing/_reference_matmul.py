@@ -1,0 +1,57 @@
+"""Plain references for ``matmul`` and ``grouped_matmul`` (float32 math, easy to read).
+
+They are test oracles, not kernels: the grouped reference gathers a weight matrix per row
+(an ``[m, k, n]`` intermediate), which a real implementation must never do.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+__all__ = ["reference_grouped_matmul", "reference_matmul"]
+
+_HIGHEST = jax.lax.Precision.HIGHEST
+
+
+def reference_matmul(a: jax.Array, b: jax.Array) -> jax.Array:
+    """``a @ b`` computed in float32.
+
+    Args:
+        a: ``[..., m, k]``.
+        b: ``[k, n]``.
+
+    Returns:
+        ``[..., m, n]`` in ``result_type(a, b)``.
+    """
+    out_dtype = jnp.result_type(a, b)
+    out = jnp.matmul(a.astype(jnp.float32), b.astype(jnp.float32), precision=_HIGHEST)
+    return out.astype(out_dtype)
+
+
+def reference_grouped_matmul(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array) -> jax.Array:
+    """Row-grouped matmul computed in float32 through a per-row gather of ``rhs``.
+
+    Rows ``[start_i, start_i + group_sizes[i])`` (consecutive groups) are multiplied by
+    ``rhs[i]``; rows past ``sum(group_sizes)`` are zeros. Differentiable in ``lhs`` and
+    ``rhs`` through plain autodiff.
+
+    Args:
+        lhs: ``[m, k]``.
+        rhs: ``[g, k, n]``.
+        group_sizes: ``[g]`` non-negative integers with a sum ``<= m``.
+
+    Returns:
+        ``[m, n]`` in ``lhs.dtype``.
+    """
+    m = lhs.shape[0]
+    groups, _, n = rhs.shape
+    if groups == 0:
+        return jnp.zeros((m, n), lhs.dtype)
+    ends = jnp.cumsum(jnp.asarray(group_sizes, jnp.int32))
+    rows = jnp.arange(m, dtype=jnp.int32)
+    group_of_row = jnp.searchsorted(ends, rows, side="right")  # first group whose end is past the row
+    in_some_group = rows < ends[-1]
+    per_row_rhs = rhs.astype(jnp.float32)[jnp.minimum(group_of_row, groups - 1)]  # [m, k, n]
+    out = jnp.einsum("mk,mkn->mn", lhs.astype(jnp.float32), per_row_rhs, precision=_HIGHEST)
+    return jnp.where(in_some_group[:, None], out, 0.0).astype(lhs.dtype)

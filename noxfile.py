@@ -1,0 +1,101 @@
+"""Sessions of the ejk monorepo. `nox` runs the default ones: lint, typecheck, tests, build.
+
+Each test session installs only what it tests, from the checkout (no editable installs), so
+the packaging is tested too. The `gpu` and `bench` sessions are not run by default.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import zipfile
+
+import nox
+
+nox.options.default_venv_backend = "uv|virtualenv"
+nox.options.reuse_existing_virtualenvs = False
+nox.options.sessions = ["lint", "typecheck", "tests_core", "tests_plugin", "integration", "build"]
+
+PYTHON = "3.11"
+ROOT = pathlib.Path(__file__).parent
+PLUGINS = ["xla", "pallas", "triton", "cute"]
+TEST_DEPS = ["pytest>=8", "pydantic>=2", "hypothesis>=6", "pip", "hatchling>=1.18", "editables"]
+
+
+def _pytest(session: nox.Session, *paths: str, env: dict[str, str] | None = None) -> None:
+    args = [*paths, *session.posargs] if session.posargs else list(paths)
+    session.run("python", "-m", "pytest", "-q", *args, env={"JAX_PLATFORMS": "cpu", **(env or {})})
+
+
+@nox.session(python=PYTHON)
+def lint(session: nox.Session) -> None:
+    """Ruff over every distribution, the tests and the benchmarks."""
+    session.install("ruff>=0.6")
+    session.run("ruff", "check", ".")
+
+
+@nox.session(python=PYTHON)
+def typecheck(session: nox.Session) -> None:
+    """mypy (strict) over ejk-core."""
+    session.install("mypy>=1.10", "./core")
+    session.run("mypy")
+
+
+@nox.session(python=PYTHON)
+def tests_core(session: nox.Session) -> None:
+    """ejk-core alone: its tests, asserting that no plugin is discovered."""
+    session.install(*TEST_DEPS, "./core")
+    _pytest(session, "core/tests", env={"EJK_EXPECT_NO_PLUGINS": "1"})
+
+
+@nox.session(python=PYTHON)
+@nox.parametrize("plugin", PLUGINS)
+def tests_plugin(session: nox.Session, plugin: str) -> None:
+    """ejk-core plus one plugin: that plugin's tests."""
+    session.install(*TEST_DEPS, "./core", f"./plugins/ejk_{plugin}")
+    _pytest(session, f"plugins/ejk_{plugin}/tests", env={"EJK_EXPECT_PLUGINS": plugin})
+
+
+@nox.session(python=PYTHON)
+def integration(session: nox.Session) -> None:
+    """Every distribution installed together: cross-distribution tests, ops end to end, the CLI."""
+    session.install(*TEST_DEPS, "./core", *(f"./plugins/ejk_{p}" for p in PLUGINS))
+    _pytest(session, "tests", env={"EJK_EXPECT_PLUGINS": ",".join(PLUGINS)})
+    session.run("ejk", "demo", "--size", "tiny", "--cache-dir", str(pathlib.Path(session.create_tmp()) / "cache"))
+
+
+@nox.session(python=False)
+def gpu(session: nox.Session) -> None:
+    """GPU tests (marker `gpu`) in the current environment, on a machine with an NVIDIA GPU."""
+    session.run("python", "-m", "pytest", "-q", "-m", "gpu", "core/tests", "tests",
+                *(f"plugins/ejk_{p}/tests" for p in PLUGINS), *session.posargs)
+
+
+@nox.session(python=PYTHON)
+def bench(session: nox.Session) -> None:
+    """CPU benchmarks of the core (import time, plugin loading, Executor overhead, cache hits)."""
+    session.install("./core", *(f"./plugins/ejk_{p}" for p in PLUGINS))
+    session.run("python", "benchmarks/bench_core.py", *session.posargs)
+
+
+@nox.session(python=PYTHON)
+def build(session: nox.Session) -> None:
+    """Wheels and sdists of every distribution; each plugin wheel must declare its `ejk` entry point."""
+    session.install("build>=1", "uv")
+    out = pathlib.Path(session.create_tmp()) / "dist"
+    for path in ["core", *(f"plugins/ejk_{p}" for p in PLUGINS)]:
+        session.run("uv", "build", "--out-dir", str(out), path)
+    wheels = sorted(out.glob("*.whl"))
+    session.log("built: " + ", ".join(w.name for w in wheels))
+    for plugin in PLUGINS:
+        (wheel,) = [w for w in wheels if w.name.startswith(f"ejk_{plugin}-")]
+        with zipfile.ZipFile(wheel) as zf:
+            name = next(n for n in zf.namelist() if n.endswith(".dist-info/entry_points.txt"))
+            text = zf.read(name).decode()
+        expected = f"{plugin} = ejk_{plugin}.plugin"
+        if "[ejk]" not in text or expected not in text:
+            session.error(f"{wheel.name} lacks the entry point `[ejk] {expected}`:\n{text}")
+        if not any(n.endswith("py.typed") for n in zipfile.ZipFile(wheel).namelist()):
+            session.error(f"{wheel.name} lacks py.typed")
+    if os.environ.get("EJK_KEEP_DIST"):
+        session.log(f"wheels kept in {out}")

@@ -12,8 +12,9 @@ import os
 import time
 from typing import Any
 
-from rich.console import Console
 from rich.table import Table
+
+from ejk._console import console as make_console
 
 SIZES = {  # batch, q/kv length, q heads, kv heads, head dim
     "tiny": (1, 128, 4, 2, 32),
@@ -59,10 +60,12 @@ def run(args: argparse.Namespace) -> int:
 
     import ejk
     from ejk import environment
+    from ejk.ops._base import resolve_platform
     from ejk.ops.attention import _KERNEL as flash_kernel
+    from ejk.ops.attention import flash_attention_call
     from ejk.testing import reference_flash_attention
 
-    console = Console(highlight=False, soft_wrap=True)
+    console = make_console()
     cache_dir = os.path.expanduser(args.cache_dir) if args.cache_dir else environment.cache_dir()
     host = ejk.get_plugin_host()
     usable = sorted(p for p, s in host.platform_statuses().items() if s.available)
@@ -85,9 +88,8 @@ def run(args: argparse.Namespace) -> int:
     first_events: list[Any] = []
     first = executor(first_events)
     if args.fresh:
-        static = {"causal": True, "softmax_scale": float(dim) ** -0.5, "sliding_window": None,
-                  "logits_soft_cap": None, "platform": args.platform}
-        inv = first.invocation(flash_kernel, (q, k, v, None, None, None), static)
+        arrays, static = flash_attention_call(q, k, v, causal=True)
+        inv = first.invocation(flash_kernel, arrays, {**static, "platform": resolve_platform(args.platform)})
         cache = first.chooser.persistent_cache(flash_kernel)  # type: ignore[attr-defined]
         if cache is not None and cache.remove(*inv.cache_key):
             console.print("--fresh: removed the cached choice for this call")

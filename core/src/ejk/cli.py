@@ -10,14 +10,11 @@ import warnings
 from collections.abc import Sequence
 from typing import Any
 
-from rich.console import Console
 from rich.table import Table
 
+from ejk._console import console as _console
+
 __all__ = ["main"]
-
-
-def _console() -> Console:
-    return Console(highlight=False, width=None if sys.stdout.isatty() else 160)
 
 
 def _host() -> Any:

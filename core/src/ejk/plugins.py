@@ -197,6 +197,16 @@ class PluginHost:
             self._fail(info, f"invalid hooks: {_describe(exc)}",
                        "fix the hook implementation to match ejk.hookspecs (names and arguments)")
             return
+        unknown = sorted(caller.name for caller in self.pm.get_hookcallers(plugin) or ()
+                         if caller.spec is None and not all(i.optionalhook for i in caller.get_hookimpls()
+                                                            if i.plugin is plugin))
+        if unknown:  # a misspelt hook would otherwise be silently never called
+            self.pm.unregister(plugin)
+            known = ", ".join(name for name in sorted(vars(hookspecs)) if name.startswith("ejk_"))
+            self._fail(info, f"unknown hook(s) {', '.join(unknown)}",
+                       f"rename them to hooks of ejk.hookspecs ({known}), or mark hooks of a newer ejk "
+                       "with @ejk.hookimpl(optionalhook=True)")
+            return
         hook = self.pm.subset_hook_caller("ejk_register_kernels", remove_plugins=[
             p for p in self.pm.get_plugins() if p is not plugin
         ])
@@ -293,6 +303,8 @@ class PluginHost:
         status = self.platform_statuses().get(str(platform))
         if status is None:
             return True, None
+        if status.fix and not status.available:  # say what to install, not only what is missing
+            return False, f"{status.reason or 'unavailable'}. Fix: {status.fix}"
         return status.available, status.reason
 
     def _explain(self) -> list[str]:

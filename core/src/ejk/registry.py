@@ -330,7 +330,7 @@ class KernelRegistry:
         attempts: list[tuple[str | None, Backend | None]] = [(platform, backend)]
         if platform == Platform.XLA and backend not in (None, Backend.ANY):
             attempts.append((platform, Backend.ANY))
-        if backend == Backend.ANY:
+        if attempts[-1][1] == Backend.ANY:  # also after the XLA retry: xla/gpu -> xla/any -> xla/<default>
             attempts.append((platform, default_backend()))
         unique: list[tuple[str | None, Backend | None]] = []
         for attempt in attempts:  # a fixed, finite list: no recursion, each query once
@@ -351,7 +351,7 @@ class KernelRegistry:
                 for plat in sorted({s.platform for s in specs}):
                     ok, reason = self.platform_available(plat)
                     if not ok:
-                        lines.append(f"Platform {plat!r} is unavailable: {reason}")
+                        lines.append(f"Platform {str(plat)!r} is unavailable: {reason}")
         else:
             known = ", ".join(sorted(self._registry)) or "none"
             lines.append(f"No plugin registered {algo!r}. Registered algorithms: {known}.")

@@ -10,7 +10,6 @@ from __future__ import annotations
 import statistics
 import sys
 import time
-import traceback
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
@@ -78,8 +77,12 @@ class TuneResult(Generic[Cfg]):
 
 
 def _error_text(stage: str, exc: BaseException) -> str:
-    text = "".join(traceback.format_exception_only(type(exc), exc)).strip().splitlines()
-    return f"{stage} failed: {text[-1] if text else type(exc).__name__}"[:500]
+    # The message itself, not the last line of format_exception_only: that is often a note
+    # JAX appends ("JAX has removed its internal frames ..."), which hides the real reason.
+    lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
+    message = lines[0] if len(lines) < 2 else f"{lines[0]} ... {lines[-1]}"  # XLA puts the cause last
+    text = f"{type(exc).__name__}: {message}" if lines else type(exc).__name__
+    return f"{stage} failed: {text}"[:500]
 
 
 def _all_finite(out: Any) -> bool:

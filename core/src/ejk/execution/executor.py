@@ -15,6 +15,7 @@ from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
 import jax
 
 from ejk import environment
+from ejk.config.selection import ConfigSelectorChain
 from ejk.execution.device import device_fingerprint
 from ejk.execution.kernel import Invocation, Kernel, make_call_key, static_key
 from ejk.invocations import record_invocation
@@ -38,12 +39,18 @@ def _signature(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     leaves, treedef = jax.tree.flatten(args, is_leaf=lambda x: x is None)
     parts = tuple((tuple(x.shape), str(x.dtype)) if hasattr(x, "shape") and hasattr(x, "dtype")
                   else (type(x), x) for x in leaves)
-    try:
-        sig = (treedef, parts, tuple(sorted(kwargs.items())))
+    try:  # values with their types: 1, 1.0 and True are equal and hash alike, but key differently
+        sig = (treedef, parts, tuple(sorted((k, _typed(v)) for k, v in kwargs.items())))
         hash(sig)
     except TypeError:
         return None
     return sig
+
+
+def _typed(value: Any) -> Any:
+    if isinstance(value, (tuple, list)):
+        return (type(value), tuple(_typed(v) for v in value))
+    return (type(value), value)
 
 
 def _cfg_key(cfg: Any) -> Any:
@@ -145,18 +152,23 @@ class Executor(Generic[Cfg, Out]):
 
     # -- public API -----------------------------------------------------------------------------
 
+    def _choose(self, inv: Invocation[Cfg], kernel: Kernel[Cfg, Out], cfg: Cfg | None) -> Cfg:
+        if cfg is None:
+            return self.chooser.choose(inv, kernel)
+        if isinstance(self.chooser, ConfigSelectorChain):
+            self.chooser.choose(inv, kernel)  # reports the override as an event
+        return cfg  # an explicit cfg always wins, whatever the chooser does
+
     def choose_config(self, kernel: Kernel[Cfg, Out], *args: Any, cfg: Cfg | None = None, **kwargs: Any) -> Cfg:
         """The config a call with these arguments would use (without running it)."""
         args, kwargs = kernel.prepare(*args, **kwargs)
-        if cfg is not None:
-            return cfg
-        return self.chooser.choose(self.invocation(kernel, args, kwargs), kernel)
+        return self._choose(self.invocation(kernel, args, kwargs, cfg), kernel, cfg)
 
     def __call__(self, kernel: Kernel[Cfg, Out], *args: Any, cfg: Cfg | None = None, **kwargs: Any) -> Out:
         """Run ``kernel``: an explicit ``cfg`` always wins; otherwise the chooser decides."""
         args, kwargs = kernel.prepare(*args, **kwargs)
         inv = self.invocation(kernel, args, kwargs, cfg)
-        chosen = cfg if cfg is not None else self.chooser.choose(inv, kernel)
+        chosen = self._choose(inv, kernel, cfg)
         if environment.record_enabled():
             record_invocation(inv.device, inv.op_id_v, inv.call_key, kernel, args, kwargs)
         return self.bind(kernel, chosen, kwargs, self._stamp(inv, environment.stamp_mode()))(*args)
@@ -170,7 +182,7 @@ class Executor(Generic[Cfg, Out]):
         """
         args, kwargs = kernel.prepare(*example_args, **example_kwargs)
         inv = self.invocation(kernel, args, kwargs, cfg)
-        chosen = cfg if cfg is not None else self.chooser.choose(inv, kernel)
+        chosen = self._choose(inv, kernel, cfg)
         fn = self.bind(kernel, chosen, kwargs, self._stamp(inv, environment.stamp_mode()))
         compiled = (fn if self.jit else jax.jit(fn)).lower(*args).compile()  # type: ignore[attr-defined]
 

@@ -9,7 +9,7 @@ import jax
 from ejk.ops._base import ImplChoice, OpKernel, run_op
 from ejk.ops._check_attention import check_flash_attention_args
 
-__all__ = ["FlashAttentionKernel", "flash_attention"]
+__all__ = ["FlashAttentionKernel", "flash_attention", "flash_attention_call"]
 
 
 class FlashAttentionKernel(OpKernel):
@@ -64,6 +64,27 @@ def flash_attention(
     Returns:
         ``[B, Sq, Hq, Dv]`` in ``q.dtype``. Query rows that see no key are zeros.
     """
+    arrays, static = flash_attention_call(
+        q, k, v, causal=causal, softmax_scale=softmax_scale, sliding_window=sliding_window,
+        logits_soft_cap=logits_soft_cap, q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids, bias=bias,
+    )
+    return run_op(_KERNEL, arrays, static, platform, cfg)  # type: ignore[no-any-return]
+
+
+def flash_attention_call(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    *,
+    causal: bool = False,
+    softmax_scale: float | None = None,
+    sliding_window: int | tuple[int, int] | None = None,
+    logits_soft_cap: float | None = None,
+    q_segment_ids: jax.Array | None = None,
+    kv_segment_ids: jax.Array | None = None,
+    bias: jax.Array | None = None,
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """Validate ``flash_attention``'s arguments; return the kernel's (arrays, static kwargs)."""
     scale, window = check_flash_attention_args(
         q, k, v, causal=causal, softmax_scale=softmax_scale, sliding_window=sliding_window,
         logits_soft_cap=logits_soft_cap, q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids, bias=bias,
@@ -74,4 +95,4 @@ def flash_attention(
         "sliding_window": window,
         "logits_soft_cap": None if logits_soft_cap is None else float(logits_soft_cap),
     }
-    return run_op(_KERNEL, (q, k, v, q_segment_ids, kv_segment_ids, bias), static, platform, cfg)  # type: ignore[no-any-return]
+    return (q, k, v, q_segment_ids, kv_segment_ids, bias), static

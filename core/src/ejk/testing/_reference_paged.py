@@ -1,7 +1,8 @@
 """Plain reference for ``ragged_paged_attention``: one sequence at a time, full logits.
 
-It reads the lengths and page tables as concrete values (a Python loop over sequences),
-so it cannot run under ``jax.jit``; it is a test oracle, not a kernel.
+It reads the lengths and page tables as concrete values and does the math in NumPy
+float32 (a Python loop over sequences, no compilation per shape), so it cannot run under
+``jax.jit``; it is a test oracle, not a kernel.
 """
 
 from __future__ import annotations
@@ -15,9 +16,6 @@ import numpy as np
 
 __all__ = ["reference_ragged_paged_attention"]
 
-_HIGHEST = jax.lax.Precision.HIGHEST
-
-
 def _window_left(sliding_window: int | Sequence[int] | None) -> int | None:
     """How far back a query sees: ``w`` and ``(w, right)`` give ``w`` (causal: right is 0)."""
     if sliding_window is None:
@@ -28,20 +26,20 @@ def _window_left(sliding_window: int | Sequence[int] | None) -> int | None:
 
 
 def _sequence_attention(
-    q: jax.Array,
-    k: jax.Array,
-    v: jax.Array,
+    q: np.ndarray,
+    k: np.ndarray,
+    v: np.ndarray,
     *,
     scale: float,
     left: int | None,
     cap: float | None,
-) -> jax.Array:
+) -> np.ndarray:
     """Causal, bottom-right aligned attention of one sequence's queries over its whole context.
 
     Args:
-        q: ``[q_len, Hq, D]``.
-        k: ``[kv_len, Hkv, D]``.
-        v: ``[kv_len, Hkv, Dv]``.
+        q: ``[q_len, Hq, D]`` float32.
+        k: ``[kv_len, Hkv, D]`` float32.
+        v: ``[kv_len, Hkv, Dv]`` float32.
         scale: Multiplies the logits.
         left: Sliding-window reach to the left, or ``None``.
         cap: Logits soft cap, or ``None``.
@@ -51,23 +49,22 @@ def _sequence_attention(
     """
     q_len, hq, _ = q.shape
     kv_len, hkv, _ = k.shape
-    heads_per_kv = hq // hkv
-    k = jnp.repeat(k.astype(jnp.float32), heads_per_kv, axis=1)  # [kv_len, Hq, D]
-    v = jnp.repeat(v.astype(jnp.float32), heads_per_kv, axis=1)
-    logits = scale * jnp.einsum("qhd,khd->hqk", q.astype(jnp.float32), k, precision=_HIGHEST)
+    k = np.repeat(k, hq // hkv, axis=1)  # GQA: q head h reads kv head h // (Hq // Hkv)
+    v = np.repeat(v, hq // hkv, axis=1)
+    logits = np.float32(scale) * np.einsum("qhd,khd->hqk", q, k)
     if cap is not None:
-        logits = cap * jnp.tanh(logits / cap)
-    position = jnp.arange(q_len)[:, None] + (kv_len - q_len)  # of each query
-    key = jnp.arange(kv_len)[None, :]
+        logits = np.float32(cap) * np.tanh(logits / np.float32(cap))
+    position = np.arange(q_len)[:, None] + (kv_len - q_len)  # of each query
+    key = np.arange(kv_len)[None, :]
     visible = key <= position
     if left is not None:
         visible &= key >= position - left
-    logits = jnp.where(visible[None], logits, -jnp.inf)
-    row_max = jnp.max(logits, axis=-1, keepdims=True)
-    weights = jnp.exp(logits - jnp.where(jnp.isfinite(row_max), row_max, 0.0))
-    total = jnp.sum(weights, axis=-1, keepdims=True)
-    probs = jnp.where(total > 0, weights / jnp.where(total > 0, total, 1.0), 0.0)
-    return jnp.einsum("hqk,khd->qhd", probs, v, precision=_HIGHEST)
+    logits = np.where(visible[None], logits, -np.inf)
+    row_max = logits.max(axis=-1, keepdims=True)
+    weights = np.exp(logits - np.where(np.isfinite(row_max), row_max, 0.0)).astype(np.float32)
+    total = weights.sum(axis=-1, keepdims=True)
+    probs = np.where(total > 0, weights / np.where(total > 0, total, 1.0), 0.0).astype(np.float32)
+    return np.einsum("hqk,khd->qhd", probs, v)
 
 
 def reference_ragged_paged_attention(
@@ -111,14 +108,14 @@ def reference_ragged_paged_attention(
     scale = 1.0 / math.sqrt(d) if softmax_scale is None else float(softmax_scale)
     left = _window_left(sliding_window)
     lens, table, cu = (np.asarray(x) for x in (kv_lens, page_indices, cu_q_lens))
-    out = jnp.zeros((tokens, hq, v_pages.shape[-1]), jnp.float32)
+    q32, k32, v32 = (np.asarray(x).astype(np.float32) for x in (q, k_pages, v_pages))
+    out = np.zeros((tokens, hq, v_pages.shape[-1]), np.float32)
     for s in range(int(np.asarray(num_seqs).reshape(()))):
         kv_len, start, stop = int(lens[s]), int(cu[s]), int(cu[s + 1])
         if stop <= start or kv_len == 0:  # no queries, or nothing to see: rows stay zero
             continue
         pages = table[s, : -(-kv_len // page)]
-        k = k_pages[pages].reshape(-1, *k_pages.shape[2:])[:kv_len]
-        v = v_pages[pages].reshape(-1, *v_pages.shape[2:])[:kv_len]
-        seq_out = _sequence_attention(q[start:stop], k, v, scale=scale, left=left, cap=logits_soft_cap)
-        out = out.at[start:stop].set(seq_out)
-    return out.astype(q.dtype)
+        k = k32[pages].reshape(-1, *k32.shape[2:])[:kv_len]
+        v = v32[pages].reshape(-1, *v32.shape[2:])[:kv_len]
+        out[start:stop] = _sequence_attention(q32[start:stop], k, v, scale=scale, left=left, cap=logits_soft_cap)
+    return jnp.asarray(out, q.dtype)

@@ -310,7 +310,7 @@ def _forward(
         i, q_blk, q_seg_blk = xs
 
         def k_step(j: jax.Array, carry: tuple[jax.Array, ...]) -> tuple[jax.Array, ...]:
-            m, l, acc = carry
+            m, total, acc = carry
             v_blk = vb[j]
             s, _ = _scores(st, q_blk, kb[j], _bias_block(bias5, i, j, st))
             mask = _block_mask(st, lens, i, j, q_seg_blk, None if kv_segb is None else kv_segb[j])
@@ -326,7 +326,7 @@ def _forward(
                 preferred_element_type=jnp.float32,
                 precision=_precision(v_blk.dtype),
             )
-            return m_new, alpha * l + jnp.sum(p, axis=-1), alpha[..., None] * acc + pv
+            return m_new, alpha * total + jnp.sum(p, axis=-1), alpha[..., None] * acc + pv
 
         init = (
             jnp.full(row_shape, -jnp.inf, jnp.float32),
@@ -334,10 +334,11 @@ def _forward(
             jnp.zeros((*row_shape, v.shape[3]), jnp.float32),
         )
         first, last = _kv_block_range(st, lens, i)
-        m, l, acc = lax.fori_loop(first, last, k_step, init)
-        seen = l > 0
-        out = acc / jnp.where(seen, l, 1.0)[..., None]
-        lse = jnp.where(seen, _finite_or_zero(m) + jnp.log(jnp.where(seen, l, 1.0)), jnp.inf)
+        m, total, acc = lax.fori_loop(first, last, k_step, init)
+        seen = total > 0
+        safe_total = jnp.where(seen, total, 1.0)
+        out = acc / safe_total[..., None]
+        lse = jnp.where(seen, _finite_or_zero(m) + jnp.log(safe_total), jnp.inf)
         return None, (out.astype(q.dtype), lse)
 
     xs = (jnp.arange(qb.shape[0]), qb, q_segb)
@@ -393,7 +394,7 @@ def _backward(
                 "bhgqk,bhkd->bhgqd", ds, k_blk, preferred_element_type=jnp.float32,
                 precision=_precision(q.dtype),
             )
-            dq_buf = dq_buf.at[i].add(dq_i)
+            dq_buf = lax.dynamic_update_index_in_dim(dq_buf, dq_buf[i] + dq_i, i, axis=0)
             dk = dk + jnp.einsum(
                 "bhgqk,bhgqd->bhkd", ds, q_blk, preferred_element_type=jnp.float32,
                 precision=_precision(q.dtype),
@@ -420,7 +421,7 @@ def _backward(
     dk = _from_kv_blocks(dkb, lens[1])
     dv = _from_kv_blocks(dvb, lens[1])
     dbias = None
-    if bias is not None:
+    if bias is not None and dbias_buf is not None:
         dbias = dbias_buf[:, :, :, : bias.shape[2], : bias.shape[3]].reshape(bias.shape).astype(bias.dtype)
     return dq, dk, dv, None, None, dbias
 
@@ -490,7 +491,8 @@ def flash_attention(
     )
     if q_segment_ids is None or kv_segment_ids is None:
         q_segment_ids = kv_segment_ids = None
-    return _flash(st, q, k, v, q_segment_ids, kv_segment_ids, bias)  # type: ignore[no-any-return]
+    out: jax.Array = _flash(st, q, k, v, q_segment_ids, kv_segment_ids, bias)
+    return out
 
 
 # ----------------------------------------------------------------------------------------------

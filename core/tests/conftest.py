@@ -1,0 +1,57 @@
+"""Shared fixtures of the ejk-core test suite.
+
+Every test runs with warnings as errors, a private process-wide plugin host (no installed
+entry point is loaded in this process), a temporary ``EJK_CACHE_DIR`` and none of the
+``EJK_*`` / ``EJKERNEL_OPS_*`` variables of the caller's shell.
+"""
+
+from __future__ import annotations
+
+import sys
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import ejk.plugins
+import pytest
+from ejk.invocations import clear_invocations
+from ejk.registry import KernelRegistry
+
+_ENV = ("EJK_CACHE_DIR", "EJK_PLUGINS", "EJK_DISABLE_PLUGINS", "EJK_AUTOTUNE", "EJKERNEL_OPS_RECORD",
+        "EJKERNEL_OPS_STAMP")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # Warnings are errors in every test of this directory (the workspace pyproject may say so too).
+    config.addinivalue_line("filterwarnings", "error")
+
+
+@pytest.fixture(autouse=True)
+def _isolated_ejk(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    for name in _ENV:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("EJK_CACHE_DIR", str(tmp_path / "ejk-cache"))
+    # The Executor asks the process-wide host for device facts: give it an empty, private one.
+    monkeypatch.setattr(ejk.plugins, "_host", ejk.plugins.PluginHost(KernelRegistry(), load_entry_points=False))
+    clear_invocations()
+    yield
+    clear_invocations()
+
+
+@pytest.fixture
+def make_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[str], str]]:
+    """Write a uniquely named importable module; returns its name (removed afterwards)."""
+    root = tmp_path / "modules"
+    root.mkdir()
+    monkeypatch.syspath_prepend(str(root))
+    names: list[str] = []
+
+    def make(source: str) -> str:
+        name = f"ejk_test_mod_{uuid.uuid4().hex[:12]}"
+        (root / f"{name}.py").write_text(source, encoding="utf-8")
+        names.append(name)
+        return name
+
+    yield make
+    for name in names:
+        sys.modules.pop(name, None)

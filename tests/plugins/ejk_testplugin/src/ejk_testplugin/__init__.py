@@ -1,0 +1,1 @@
+"""A third-party ejk plugin for tests (see the README)."""

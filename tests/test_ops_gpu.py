@@ -1,0 +1,75 @@
+"""The public operations on an NVIDIA GPU (marker `gpu`; run by `nox -s gpu` on the GPU host)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import ejk
+from ejk.testing import (
+    reference_flash_attention,
+    reference_grouped_matmul,
+    reference_ragged_paged_attention,
+)
+
+pytestmark = pytest.mark.gpu
+
+TOLERANCE = {jnp.float32: 2e-3, jnp.bfloat16: 3e-2, jnp.float16: 5e-3}
+
+
+def _close(got: Any, want: Any, dtype: Any) -> None:
+    tol = TOLERANCE[dtype]
+    np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want, np.float32), atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16, jnp.float32])
+@pytest.mark.parametrize("causal", [False, True])
+def test_flash_attention_forward_and_grads_on_gpu(dtype: Any, causal: bool) -> None:
+    keys = jax.random.split(jax.random.key(0), 4)
+    q = jax.random.normal(keys[0], (2, 384, 8, 128), dtype)
+    k = jax.random.normal(keys[1], (2, 512, 2, 128), dtype)
+    v = jax.random.normal(keys[2], (2, 512, 2, 128), dtype)
+    do = jax.random.normal(keys[3], (2, 384, 8, 128), dtype)
+    out, vjp = jax.vjp(lambda q, k, v: ejk.flash_attention(q, k, v, causal=causal, platform="xla"), q, k, v)
+    ref, ref_vjp = jax.vjp(lambda q, k, v: reference_flash_attention(q, k, v, causal=causal), q, k, v)
+    _close(out, ref, dtype)
+    for got, want in zip(vjp(do), ref_vjp(do), strict=True):
+        scale = float(jnp.max(jnp.abs(want.astype(jnp.float32)))) or 1.0
+        _close(got.astype(jnp.float32) / scale, want.astype(jnp.float32) / scale, dtype)
+
+
+def test_autotuning_on_gpu_persists(tmp_path: Path) -> None:
+    events: list[ejk.SelectionEvent] = []
+    chain = ejk.ConfigSelectorChain(policy=ejk.AutotunePolicy(autotune=True), on_event=events.append,
+                                    persistent_dir=tmp_path)
+    q = jax.random.normal(jax.random.key(1), (1, 2048, 8, 128), jnp.bfloat16)
+    with ejk.use_executor(ejk.Executor(chain)):
+        out = ejk.flash_attention(q, q, q, causal=True)
+    _close(out, reference_flash_attention(q, q, q, causal=True), jnp.bfloat16)
+    (event,) = events
+    assert event.tier == "autotune" and event.device.startswith("gpu|")
+    assert event.tune is not None and sum(t.error is None for t in event.tune.trials) >= 2
+    assert (tmp_path / "flash_attention.json").exists()
+
+
+def test_grouped_matmul_and_paged_attention_on_gpu() -> None:
+    rng = np.random.default_rng(0)
+    lhs = jnp.asarray(rng.standard_normal((1000, 256)), jnp.bfloat16)
+    rhs = jnp.asarray(rng.standard_normal((8, 256, 128)), jnp.bfloat16)
+    sizes = jnp.array([100, 0, 300, 50, 250, 0, 200, 60], jnp.int32)
+    _close(ejk.grouped_matmul(lhs, rhs, sizes), reference_grouped_matmul(lhs, rhs, sizes), jnp.bfloat16)
+
+    pages, page, kv_heads, dim = 64, 16, 2, 128
+    k_pages = jnp.asarray(rng.standard_normal((pages, page, kv_heads, dim)), jnp.bfloat16)
+    v_pages = jnp.asarray(rng.standard_normal((pages, page, kv_heads, dim)), jnp.bfloat16)
+    kv_lens = jnp.array([100, 37, 256, 1], jnp.int32)
+    page_indices = jnp.asarray(rng.permutation(pages).reshape(4, 16), jnp.int32)
+    cu_q_lens = jnp.array([0, 1, 9, 10, 11], jnp.int32)
+    q = jnp.asarray(rng.standard_normal((11, 8, dim)), jnp.bfloat16)
+    args = (q, k_pages, v_pages, kv_lens, page_indices, cu_q_lens, 4)
+    _close(ejk.ragged_paged_attention(*args), reference_ragged_paged_attention(*args), jnp.bfloat16)

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import attrs
 import pytest
-
 from ejk import cli
 from ejk.config.persistent import PersistentCache
 

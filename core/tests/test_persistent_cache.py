@@ -35,6 +35,17 @@ class DataCfg:
     num_warps: int = 4
 
 
+@attrs.frozen(kw_only=True)
+class TupleCfg:
+    blocks: tuple[int, int] = (64, 32)
+    stages: tuple[tuple[int, int], ...] = ((1, 2), (3, 4))
+
+
+@dataclasses.dataclass(frozen=True)
+class TupleData:
+    window: tuple[int, int] | None = (128, 0)
+
+
 class PydCfg(pydantic.BaseModel):
     model_config = pydantic.ConfigDict(frozen=True)
     block: int
@@ -78,6 +89,14 @@ def test_round_trip_through_the_file(tmp_path: Path, cfg: Any, options: dict[str
     raw = json.loads(path.read_text())
     assert raw["format"] == "ejk-config-cache"
     assert raw["entries"][DEV][OP]["k"]["schema"] == SCHEMA_VERSION
+
+
+@pytest.mark.parametrize("cfg", [TupleCfg(), TupleCfg(blocks=(1, 2), stages=()), TupleData(), TupleData(None)])
+def test_tuple_fields_come_back_as_tuples(tmp_path: Path, cfg: Any) -> None:
+    PersistentCache("op", tmp_path / "op.json").put(DEV, OP, "k", cfg)
+    loaded = PersistentCache("op", tmp_path / "op.json", cfg_type=type(cfg)).get(DEV, OP, "k")
+    assert loaded == cfg
+    assert hash(loaded) == hash(cfg)  # still usable as a cache / jit key
 
 
 def test_without_cfg_type_the_raw_json_comes_back(tmp_path: Path) -> None:

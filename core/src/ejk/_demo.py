@@ -60,9 +60,9 @@ def run(args: argparse.Namespace) -> int:
 
     import ejk
     from ejk import environment
+    from ejk.ops._attention import _KERNEL as FLASH_KERNEL
+    from ejk.ops._attention import flash_attention_call
     from ejk.ops._base import resolve_platform
-    from ejk.ops.attention import _KERNEL as flash_kernel
-    from ejk.ops.attention import flash_attention_call
     from ejk.testing import reference_flash_attention
 
     console = make_console()
@@ -81,16 +81,18 @@ def run(args: argparse.Namespace) -> int:
                   f"{heads // kv_heads}:1")
 
     def executor(events: list[Any]) -> ejk.Executor[Any, Any]:
-        chain = ejk.ConfigSelectorChain(policy=ejk.AutotunePolicy(autotune=True, repeats=5),
-                                        on_event=events.append, persistent_dir=cache_dir)
+        policy = ejk.AutotunePolicy(autotune=True, repeats=5)
+        chain: ejk.ConfigSelectorChain[Any] = ejk.ConfigSelectorChain(
+            policy=policy, on_event=events.append, persistent_dir=cache_dir
+        )
         return ejk.Executor(chain)
 
     first_events: list[Any] = []
     first = executor(first_events)
     if args.fresh:
         arrays, static = flash_attention_call(q, k, v, causal=True)
-        inv = first.invocation(flash_kernel, arrays, {**static, "platform": resolve_platform(args.platform)})
-        cache = first.chooser.persistent_cache(flash_kernel)  # type: ignore[attr-defined]
+        inv = first.invocation(FLASH_KERNEL, arrays, {**static, "platform": resolve_platform(args.platform)})
+        cache = first.chooser.persistent_cache(FLASH_KERNEL)  # type: ignore[attr-defined]
         if cache is not None and cache.remove(*inv.cache_key):
             console.print("--fresh: removed the cached choice for this call")
 

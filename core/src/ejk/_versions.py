@@ -10,7 +10,7 @@ __all__ = ["core_versions", "installed_version"]
 CORE_DISTRIBUTIONS = ("ejk-core", "jax", "jaxlib")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def installed_version(distribution: str) -> str | None:
     """The installed version of ``distribution``, or ``None`` when it is not installed."""
     try:

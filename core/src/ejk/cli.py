@@ -175,18 +175,19 @@ EXPORT_FORMAT = "ejk-cache-export"
 
 def cmd_cache_export(args: argparse.Namespace) -> int:
     files = _cache_files(_cache_dir(args), args.op or None)
-    payload = {"format": EXPORT_FORMAT, "schema": 1, "ops": {
+    ops = {
         name: [{"device": e.device, "op_id": e.op_id, "call_key": e.call_key, **e.to_json()}
                for e in _entries(path, name)]
         for name, path in files.items()
-    }}
+    }
+    payload = {"format": EXPORT_FORMAT, "schema": 1, "ops": ops}
     text = json.dumps(payload, indent=1, sort_keys=True)
     if args.file == "-":
         print(text)
     else:
         with open(args.file, "w", encoding="utf-8") as f:
             f.write(text)
-        count = sum(len(v) for v in payload["ops"].values())
+        count = sum(len(v) for v in ops.values())
         _console().print(f"exported {count} entries of {len(files)} op(s) to {args.file}")
     return 0
 
@@ -205,7 +206,7 @@ def cmd_cache_import(args: argparse.Namespace) -> int:
         entries = [CacheEntry(device=i["device"], op_id=i["op_id"], call_key=i["call_key"], cfg=i["cfg"],
                               schema=int(i.get("schema", 0)), source=str(i.get("source", "import")),
                               provenance=dict(i.get("provenance", {}))) for i in items]
-        cache = PersistentCache(name, os.path.join(directory, f"{name}.json"))
+        cache: PersistentCache[Any] = PersistentCache(name, os.path.join(directory, f"{name}.json"))
         cache.put_entries(entries)
         if cache.memory_only:
             _console().print(f"[red]could not write {cache.path}[/red]")

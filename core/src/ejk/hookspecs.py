@@ -34,7 +34,7 @@ def ejk_register_kernels(register: Callable[..., Callable[[Any], Any]]) -> None:
 
 
 @hookspec
-def ejk_config_space(algorithm: str, platform: str, invocation: Invocation) -> Sequence[Any] | None:
+def ejk_config_space(algorithm: str, platform: str, invocation: Invocation[Any]) -> Sequence[Any] | None:
     """Autotuning candidates for ``algorithm`` on ``platform`` and this invocation.
 
     Called by the config chooser before autotuning. Return a list of configs for the
@@ -45,7 +45,7 @@ def ejk_config_space(algorithm: str, platform: str, invocation: Invocation) -> S
 
 
 @hookspec(firstresult=True)
-def ejk_heuristic_config(algorithm: str, platform: str, invocation: Invocation) -> Any | None:
+def ejk_heuristic_config(algorithm: str, platform: str, invocation: Invocation[Any]) -> Any | None:
     """A good default config for ``algorithm`` on ``platform`` without measuring (first result wins).
 
     Used when autotuning is off or every candidate failed. Return ``None`` for platforms
@@ -54,7 +54,7 @@ def ejk_heuristic_config(algorithm: str, platform: str, invocation: Invocation) 
 
 
 @hookspec(firstresult=True)
-def ejk_choose_config(invocation: Invocation, kernel: Kernel[Any, Any]) -> Any | None:
+def ejk_choose_config(invocation: Invocation[Any], kernel: Kernel[Any, Any]) -> Any | None:
     """Override config choice (first result wins).
 
     Called for every invocation without an explicit ``cfg=``, before the caches and the

@@ -13,14 +13,14 @@ import importlib.metadata
 import threading
 import traceback
 import warnings
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import attrs
 import pluggy
 
 from ejk import environment, hookspecs
-from ejk.registry import KernelRegistry, PluginRef, _current_plugin, kernel_registry, normalize_platform
+from ejk.registry import KernelRegistry, PluginRef, _current_plugin, kernel_registry, platform_name
 
 __all__ = [
     "ENTRY_POINT_GROUP",
@@ -51,7 +51,7 @@ class PlatformStatus:
         versions: Toolkit versions found, e.g. ``{"triton": "3.6.0"}``.
     """
 
-    platform: str = attrs.field(converter=lambda p: str(normalize_platform(p)))
+    platform: str = attrs.field(converter=platform_name)
     available: bool
     reason: str | None = None
     fix: str | None = None
@@ -171,7 +171,7 @@ class PluginHost:
             token = _current_plugin.set(info.ref)
             try:
                 module = ep.load()
-            except Exception as exc:  # noqa: BLE001 - isolation is the point
+            except Exception as exc:
                 self._fail(info, f"import of {ep.value} failed: {_describe(exc)}",
                            f"reinstall {info.distribution or info.name} and its dependencies, "
                            f"or skip it with {environment.EJK_DISABLE_PLUGINS}={info.name}")
@@ -193,7 +193,7 @@ class PluginHost:
     def _activate(self, plugin: object, info: PluginInfo) -> None:
         try:
             self.pm.register(plugin, name=info.name)
-        except Exception as exc:  # noqa: BLE001 - pluggy.PluginValidationError and friends
+        except Exception as exc:
             self._fail(info, f"invalid hooks: {_describe(exc)}",
                        "fix the hook implementation to match ejk.hookspecs (names and arguments)")
             return
@@ -213,7 +213,7 @@ class PluginHost:
         token = _current_plugin.set(info.ref)
         try:
             hook(register=self.registry.register)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             removed = self.registry.unregister_plugin(info.name)
             self.pm.unregister(plugin)
             self._fail(info, f"ejk_register_kernels raised {_describe(exc)} "
@@ -240,7 +240,7 @@ class PluginHost:
     def _invoke(self, impl: pluggy.HookImpl, info: PluginInfo, hook_name: str, kwargs: dict[str, Any]) -> Any:
         try:
             return impl.function(**{name: kwargs[name] for name in impl.argnames})
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             message = f"{hook_name} raised {_describe(exc)}"
             if message not in info.hook_errors:
                 info.hook_errors.append(message)

@@ -119,6 +119,11 @@ def normalize_platform(platform: PlatformLike) -> str:
         return name
 
 
+def platform_name(platform: PlatformLike) -> str:
+    """:func:`normalize_platform` as a plain string (attrs converter for config fields)."""
+    return str(normalize_platform(platform))
+
+
 def normalize_backend(backend: BackendLike) -> Backend:
     """Turn a backend name (case-insensitive; ``cuda``/``rocm`` mean ``gpu``) into a :class:`Backend`."""
     name = str(backend).strip().lower()

@@ -8,7 +8,6 @@ import sys
 
 import jax
 import pytest
-
 from ejk.testing import check_plugin, expected_plugins
 
 
@@ -33,6 +32,9 @@ def test_expected_plugins_discovered() -> None:
 
 
 def test_plugin_module_imports_without_its_toolkit() -> None:
-    code = "import sys, ejk_pallas.plugin; print(sorted(m for m in sys.modules if m.split('.')[0] in ('triton', 'cutlass', 'jax_triton')))"
+    code = (
+        "import sys, ejk_pallas.plugin; "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('triton', 'cutlass', 'jax_triton')))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"

@@ -145,6 +145,7 @@ def assert_close(got: jax.Array, want: jax.Array, tol: tuple[float, float], what
 
 
 def check_case(case: Case, *, grads: bool = True, seed: int = 0) -> None:
+    """Kernel vs reference on random inputs: output, and (``grads``) dq, dk, dv, dbias."""
     inputs = make_inputs(case, seed)
     out_tol, grad_tol = TOLERANCES[case.dtype]
     if not grads:
@@ -271,7 +272,7 @@ def test_kernel_matches_reference(case: Case) -> None:
     check_case(case, grads=True)
 
 
-def _random_cases(n: int, seed: int) -> list[Case]:
+def _random_cases(n: int, seed: int, dims: tuple[int, ...] = (8, 16, 32)) -> list[Case]:
     rng = np.random.default_rng(seed)
     heads = [(1, 1), (2, 1), (2, 2), (4, 2), (8, 1), (8, 8)]
     windows = [None, None, 3, (0, 6), (9, 1), (0, 0)]
@@ -286,7 +287,7 @@ def _random_cases(n: int, seed: int) -> list[Case]:
                 sk=int(rng.choice([1, 7, 16, 33, 48])),
                 hq=hq,
                 hkv=hkv,
-                d=int(rng.choice([8, 16, 32])),
+                d=int(rng.choice(dims)),
                 causal=bool(rng.integers(2)),
                 window=windows[rng.integers(len(windows))],
                 cap=[None, 2.0][rng.integers(2)],
@@ -302,6 +303,11 @@ def _random_cases(n: int, seed: int) -> list[Case]:
 @pytest.mark.parametrize("case", _random_cases(16, seed=2024), ids=str)
 def test_kernel_matches_reference_random(case: Case) -> None:
     check_case(case, grads=True)
+
+
+@pytest.mark.parametrize("case", _random_cases(12, seed=7, dims=(16, 32, 64, 128)), ids=str)
+def test_kernel_forward_random(case: Case) -> None:
+    check_case(case, grads=False)
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])

@@ -10,7 +10,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-
 from ejk.ops._check_grouped import check_grouped_matmul_args
 from ejk.testing import reference_grouped_matmul as _plain_reference
 from ejk_xla._grouped_matmul import GroupedMatmulConfig, config_space, grouped_matmul, heuristic_config
@@ -317,6 +316,8 @@ def test_check_value_errors() -> None:
         check_grouped_matmul_args(lhs, rhs, jnp.asarray([3, 4, 4], jnp.int32))
     with pytest.raises(ValueError, match="group_sizes sums to 11"):
         check_grouped_matmul_args(lhs, rhs, np.asarray([3, 4, 4]))  # NumPy values are concrete too
+    with pytest.raises(ValueError, match="group_sizes sums to 12"):
+        check_grouped_matmul_args(lhs, rhs, [4, 4, 4])  # and so are Python lists
     check_grouped_matmul_args(lhs, rhs, jnp.asarray([3, 0, 7], jnp.int32))
     check_grouped_matmul_args(lhs, rhs, jnp.asarray([0, 0, 0], jnp.int32))
 

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import attrs
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-
 from ejk.ops._check_grouped import check_matmul_args
 from ejk.testing import reference_matmul
 from ejk_xla._matmul import MatmulConfig, config_space, heuristic_config, matmul
@@ -97,7 +98,7 @@ def test_gradients_match_reference(rng: np.random.Generator) -> None:
     a, b = _random(rng, (2, 7, 9), jnp.float32), _random(rng, (9, 4), jnp.float32)
     cot = _random(rng, (2, 7, 4), jnp.float32)
 
-    def loss(fn):  # noqa: ANN001, ANN202 - tiny local adaptor
+    def loss(fn: Callable[[jax.Array, jax.Array], jax.Array]) -> Callable[[jax.Array, jax.Array], jax.Array]:
         return lambda x, y: jnp.sum(fn(x, y) * cot)
 
     got = jax.grad(loss(matmul), argnums=(0, 1))(a, b)

@@ -9,7 +9,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-
 from ejk.ops._check_grouped import check_ragged_paged_attention_args
 from ejk.testing import reference_ragged_paged_attention
 from ejk_xla._paged_attention import PagedAttentionConfig, config_space, heuristic_config, ragged_paged_attention
@@ -65,7 +64,9 @@ def make_batch(
     }
 
 
-def run_both(batch: dict[str, Any], cfg: PagedAttentionConfig | None = None, **options: Any) -> tuple[jax.Array, jax.Array]:
+def run_both(
+    batch: dict[str, Any], cfg: PagedAttentionConfig | None = None, **options: Any
+) -> tuple[jax.Array, jax.Array]:
     """The implementation (with checked, normalised options) and the reference (user options)."""
     arrays = [batch[name] for name in ARRAYS]
     user = {name: options.get(name) for name in OPTIONS}

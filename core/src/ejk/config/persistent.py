@@ -105,8 +105,17 @@ def from_jsonable(data: Any, loader: Callable[[Any], Any] | None = None, cfg_typ
     if hasattr(cfg_type, "model_validate"):
         return cfg_type.model_validate(data)
     if isinstance(data, Mapping) and (attrs.has(cfg_type) or dataclasses.is_dataclass(cfg_type)):
-        return cfg_type(**data)
+        return cfg_type(**{key: _as_tuples(value) for key, value in data.items()})
     return cfg_type(data)
+
+
+def _as_tuples(value: Any) -> Any:
+    """JSON has no tuples: arrays come back as tuples, as immutable (hashable) configs hold them."""
+    if isinstance(value, list):
+        return tuple(_as_tuples(v) for v in value)
+    if isinstance(value, dict):
+        return {k: _as_tuples(v) for k, v in value.items()}
+    return value
 
 
 class PersistentCache(Generic[Cfg]):
@@ -165,7 +174,7 @@ class PersistentCache(Generic[Cfg]):
             return None
         try:
             return from_jsonable(entry.cfg, self.loader, self.cfg_type)  # type: ignore[no-any-return]
-        except Exception as exc:  # noqa: BLE001 - a config that no longer loads is stale
+        except Exception as exc:
             self._report_stale(entry, f"cannot be rebuilt: {type(exc).__name__}: {exc}")
             return None
 
@@ -299,7 +308,7 @@ class PersistentCache(Generic[Cfg]):
         """Delete every entry (the file is rewritten empty under the lock)."""
         with self._lock:
             self._unsaved.clear()
-            self._rewrite(lambda data: data.clear() or True)
+            self._rewrite(_clear_all)
 
     def _flush(self) -> None:
         if not self._unsaved:
@@ -336,6 +345,11 @@ class PersistentCache(Generic[Cfg]):
                     stacklevel=5,
                 )
             return False
+
+
+def _clear_all(data: dict[tuple[str, str, str], CacheEntry]) -> bool:
+    data.clear()
+    return True
 
 
 def _stat_stamp(path: str) -> tuple[int, int] | None:

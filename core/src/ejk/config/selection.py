@@ -44,7 +44,7 @@ class SelectionEvent:
     device: str
     cfg: Any = attrs.field(eq=False)
     detail: str = ""
-    tune: TuneResult | None = attrs.field(default=None, eq=False)
+    tune: TuneResult[Any] | None = attrs.field(default=None, eq=False)
 
 
 class ConfigSelectorChain(Generic[Cfg]):
@@ -111,7 +111,7 @@ class ConfigSelectorChain(Generic[Cfg]):
         return self._plugin_host  # type: ignore[return-value]
 
     def _emit(self, tier: str, inv: Invocation[Cfg], kernel: Kernel[Cfg, Any], cfg: Any, detail: str = "",
-              tune: TuneResult | None = None) -> None:
+              tune: TuneResult[Any] | None = None) -> None:
         event = SelectionEvent(tier=tier, op_id=inv.op_id_v, call_key=inv.call_key, device=inv.device,
                                cfg=cfg, detail=detail, tune=tune)
         logger.debug("%s %s: %s from %s %s", inv.op_id_v, inv.call_key[:12], kernel.describe_cfg(cfg), tier, detail)
@@ -158,18 +158,19 @@ class ConfigSelectorChain(Generic[Cfg]):
                 return result.best
             if result is not None:
                 failures = "; ".join(f"{kernel.describe_cfg(t.cfg)}: {t.error}" for t in result.trials)
-        value = self._heuristics.get(key)
-        if value is None:
-            value = kernel.heuristic_cfg(inv)
-            if value is not None:
-                self._heuristics[key] = value
-        if value is not None:
-            self._emit("heuristic", inv, kernel, value)
-            return value
+        heuristic = self._heuristics.get(key)
+        if heuristic is None:
+            heuristic = kernel.heuristic_cfg(inv)
+            if heuristic is not None:
+                self._heuristics[key] = heuristic
+        if heuristic is not None:
+            self._emit("heuristic", inv, kernel, heuristic)
+            return heuristic
+        tuning = f"autotuning found no working candidate ({failures})" if failures else "no autotuning"
         raise ConfigSelectionError(
             f"no config for {inv.op_id_v} (call {inv.call_key[:12]} on {inv.device}): no override, overlay or "
-            f"cached entry, {'autotuning found no working candidate (' + failures + ')' if failures else 'no autotuning'}"
-            f", and {type(kernel).__name__}.heuristic_cfg returned None. Pass cfg= explicitly, enable autotuning "
+            f"cached entry, {tuning}, and {type(kernel).__name__}.heuristic_cfg returned None. "
+            "Pass cfg= explicitly, enable autotuning "
             f"({environment.EJK_AUTOTUNE}=1), or implement heuristic_cfg."
         )
 

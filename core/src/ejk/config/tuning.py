@@ -88,9 +88,9 @@ def _error_text(stage: str, exc: BaseException) -> str:
 def _all_finite(out: Any) -> bool:
     for leaf in jax.tree.leaves(out):
         arr = np.asarray(leaf)
-        if arr.dtype.kind in "fc" or arr.dtype.name == "bfloat16":
-            if not np.isfinite(arr.astype(np.float32)).all():
-                return False
+        floating = arr.dtype.kind in "fc" or arr.dtype.name == "bfloat16"
+        if floating and not np.isfinite(arr.astype(np.complex64 if arr.dtype.kind == "c" else np.float32)).all():
+            return False
     return True
 
 
@@ -104,7 +104,7 @@ def _time_candidate(kernel: Kernel[Cfg, Any], inv: Invocation[Cfg], cfg: Cfg, ar
     start = time.perf_counter()
     try:
         compiled = jax.jit(run).lower(*args).compile()
-    except Exception as exc:  # noqa: BLE001 - a candidate may legitimately fail to compile
+    except Exception as exc:
         return Trial(cfg=cfg, error=_error_text("compile", exc))
     compile_s = time.perf_counter() - start
     try:
@@ -116,7 +116,7 @@ def _time_candidate(kernel: Kernel[Cfg, Any], inv: Invocation[Cfg], cfg: Cfg, ar
             t0 = time.perf_counter()
             out = jax.block_until_ready(compiled(*args))
             times.append(time.perf_counter() - t0)
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         return Trial(cfg=cfg, compile_seconds=compile_s, error=_error_text("run", exc))
     if policy.check_finite and not _all_finite(out):
         return Trial(cfg=cfg, compile_seconds=compile_s, error="produced NaN or infinite values")

@@ -184,7 +184,7 @@ class Executor(Generic[Cfg, Out]):
         inv = self.invocation(kernel, args, kwargs, cfg)
         chosen = self._choose(inv, kernel, cfg)
         fn = self.bind(kernel, chosen, kwargs, self._stamp(inv, environment.stamp_mode()))
-        compiled = (fn if self.jit else jax.jit(fn)).lower(*args).compile()  # type: ignore[attr-defined]
+        compiled = jax.jit(fn).lower(*args).compile()  # jit of a jitted function adds nothing
 
         def call(*call_args: Any, **call_kwargs: Any) -> Out:
             new_args, new_kwargs = kernel.prepare(*call_args, **call_kwargs)

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+from ejk.ops._attention import FlashAttentionKernel, flash_attention
 from ejk.ops._base import ImplChoice, OpKernel, get_default_executor, set_default_executor, use_executor
-from ejk.ops.attention import FlashAttentionKernel, flash_attention
-from ejk.ops.matmul import GroupedMatmulKernel, MatmulKernel, grouped_matmul, matmul
-from ejk.ops.paged import RaggedPagedAttentionKernel, ragged_paged_attention
+from ejk.ops._matmul import GroupedMatmulKernel, MatmulKernel, grouped_matmul, matmul
+from ejk.ops._paged import RaggedPagedAttentionKernel, ragged_paged_attention
 
 __all__ = [
     "FlashAttentionKernel",

@@ -19,7 +19,16 @@ from ejk.config.persistent import from_jsonable, to_jsonable
 from ejk.config.selection import ConfigSelectorChain
 from ejk.execution.executor import Executor
 from ejk.execution.kernel import Invocation, Kernel
-from ejk.registry import Backend, KernelRegistry, KernelSpec, default_backend, kernel_registry, normalize_platform
+from ejk.registry import (
+    Backend,
+    KernelRegistry,
+    KernelSpec,
+    default_backend,
+    kernel_registry,
+    normalize_backend,
+    normalize_platform,
+    platform_name,
+)
 
 __all__ = [
     "ImplChoice",
@@ -28,6 +37,10 @@ __all__ = [
     "set_default_executor",
     "use_executor",
 ]
+
+
+def _backend_name(backend: str) -> str:
+    return str(normalize_backend(backend))
 
 
 @attrs.frozen(kw_only=True)
@@ -40,8 +53,8 @@ class ImplChoice:
         cfg: The implementation's config (``None``: its defaults).
     """
 
-    platform: str = attrs.field(converter=lambda p: str(normalize_platform(p)))
-    backend: str = attrs.field(converter=lambda b: str(Backend(str(b).lower())))
+    platform: str = attrs.field(converter=platform_name)
+    backend: str = attrs.field(converter=_backend_name)
     cfg: Any = None
 
     def __str__(self) -> str:

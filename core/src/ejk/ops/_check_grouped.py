@@ -36,12 +36,12 @@ def _shape(x: Any) -> tuple[int, ...]:
 
 def _dtype(x: Any) -> np.dtype[Any]:
     dtype = getattr(x, "dtype", None)
-    return np.dtype(dtype) if dtype is not None else np.result_type(x)
+    return np.dtype(dtype) if dtype is not None else np.asarray(x).dtype
 
 
 def _concrete(x: Any) -> np.ndarray[Any, Any] | None:
     """The value of ``x`` as a NumPy array, or ``None`` when it is traced or abstract."""
-    if isinstance(x, jax.core.Tracer) or isinstance(x, jax.ShapeDtypeStruct):
+    if isinstance(x, (jax.core.Tracer, jax.ShapeDtypeStruct)):
         return None
     if isinstance(x, (jax.Array, np.ndarray, np.generic, numbers.Number, list, tuple)):
         return np.asarray(x)

@@ -64,7 +64,8 @@ def _sequence_attention(
     weights = np.exp(logits - np.where(np.isfinite(row_max), row_max, 0.0)).astype(np.float32)
     total = weights.sum(axis=-1, keepdims=True)
     probs = np.where(total > 0, weights / np.where(total > 0, total, 1.0), 0.0).astype(np.float32)
-    return np.einsum("hqk,khd->qhd", probs, v)
+    out: np.ndarray = np.einsum("hqk,khd->qhd", probs, v)
+    return out
 
 
 def reference_ragged_paged_attention(

@@ -528,7 +528,10 @@ def config_space(q: Any, k: Any, v: Any, *_: Any) -> list[FlashAttentionConfig]:
 
 
 def heuristic_config(q: Any, k: Any, v: Any, *_: Any) -> FlashAttentionConfig:
-    """A default by shape: large key blocks, query blocks sized so one block's logits stay moderate.
+    """A default by shape and backend, clamped to the sequence lengths.
+
+    On the CPU, 256 x 256 blocks keep a block's logits cache-sized (measured fastest for the
+    backward pass); on accelerators, 512 x 512 blocks give larger matmuls and fewer loop steps.
 
     Args:
         q: ``[B, Sq, Hq, D]`` (anything with ``.shape``).
@@ -541,7 +544,5 @@ def heuristic_config(q: Any, k: Any, v: Any, *_: Any) -> FlashAttentionConfig:
     """
     del v
     q_len, kv_len = _lengths(q, k)
-    block_k = min(512, kv_len)
-    block_q = min(256 if q_len <= 2048 else 512, q_len)
-    return FlashAttentionConfig(block_q=max(1, block_q), block_k=max(1, block_k))
-
+    block = 256 if jax.default_backend() == "cpu" else 512
+    return FlashAttentionConfig(block_q=max(1, min(block, q_len)), block_k=max(1, min(block, kv_len)))

@@ -194,7 +194,8 @@ def grouped_matmul(
     groups, _, n = rhs.shape
     if m == 0 or n == 0 or groups == 0:
         return jnp.zeros((m, n), lhs.dtype)
-    return _grouped_matmul_jit(lhs, rhs, jnp.asarray(group_sizes, jnp.int32), min(cfg.block_m, m))
+    out: jax.Array = _grouped_matmul_jit(lhs, rhs, jnp.asarray(group_sizes, jnp.int32), min(cfg.block_m, m))
+    return out
 
 
 def _next_power_of_two(x: int) -> int:

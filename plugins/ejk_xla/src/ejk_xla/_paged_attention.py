@@ -20,6 +20,7 @@ from typing import Any, NamedTuple
 import attrs
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 __all__ = ["PagedAttentionConfig", "config_space", "heuristic_config", "ragged_paged_attention"]
@@ -28,6 +29,7 @@ _HIGHEST = lax.Precision.HIGHEST
 _TARGET_BLOCK_TOKENS = 512  # kv positions per block the heuristic aims for
 _BLOCK_BYTES_BUDGET = 64 * 2**20  # float32 k and v of one block, for all tokens
 _MAX_PAGES_PER_BLOCK = 64
+_INT32_MAX = int(np.iinfo(np.int32).max)
 
 
 def _positive_int(instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
@@ -63,7 +65,7 @@ def _token_layout(kv_lens: jax.Array, cu_q_lens: jax.Array, num_seqs: jax.Array,
     cu = cu_q_lens.astype(jnp.int32)
     # Ends of dead sequences move past every token, so only live ones can own rows and
     # garbage in the padding cannot break the sorted search.
-    ends = jnp.where(jnp.arange(1, seqs + 1) <= live, cu[1:], jnp.iinfo(jnp.int32).max)
+    ends = jnp.where(jnp.arange(1, seqs + 1) <= live, cu[1:], _INT32_MAX)
     t = jnp.arange(tokens, dtype=jnp.int32)
     seq = jnp.searchsorted(ends, t, side="right").astype(jnp.int32)  # first sequence ending past t
     clipped = jnp.minimum(seq, seqs - 1)
@@ -84,7 +86,7 @@ def _block_range(tok: _Tokens, block_len: int, left: int | None) -> tuple[jax.Ar
     hi = -(-jnp.max(reach) // block_len)
     if left is None:
         return jnp.zeros_like(hi), hi
-    first = jnp.where(reach > 0, jnp.maximum(tok.pos - left, 0), jnp.iinfo(jnp.int32).max)
+    first = jnp.where(reach > 0, jnp.maximum(tok.pos - left, 0), _INT32_MAX)
     return jnp.minimum(jnp.min(first) // block_len, hi), hi
 
 
@@ -132,7 +134,7 @@ def _paged_attention(
     tokens, hq, d = q.shape
     num_pages, page, hkv, _ = k_pages.shape
     dv = v_pages.shape[-1]
-    seqs, pages_per_seq = page_indices.shape
+    pages_per_seq = page_indices.shape[1]
     block_len = pages_per_block * page
     num_blocks = -(-pages_per_seq // pages_per_block)
     table = jnp.pad(page_indices.astype(jnp.int32), ((0, 0), (0, num_blocks * pages_per_block - pages_per_seq)))
@@ -206,20 +208,21 @@ def ragged_paged_attention(
     seqs, pages_per_seq = page_indices.shape
     if min(tokens, hq, seqs, pages_per_seq) == 0:
         return jnp.zeros((tokens, hq, v_pages.shape[-1]), q.dtype)
-    return _paged_attention(
+    out: jax.Array = _paged_attention(
         q, k_pages, v_pages, kv_lens, page_indices, cu_q_lens, jnp.asarray(num_seqs),
         scale=float(softmax_scale),
         left=None if sliding_window is None else int(sliding_window[0]),
         cap=None if logits_soft_cap is None else float(logits_soft_cap),
         pages_per_block=min(cfg.pages_per_block, pages_per_seq),
     )
+    return out
 
 
 def _block_bytes(q: Any, k_pages: Any, v_pages: Any, pages_per_block: int) -> int:
     """Float32 bytes of one block of gathered keys and values for all tokens."""
     tokens = q.shape[0]
     _, page, hkv, d = k_pages.shape
-    return 4 * tokens * pages_per_block * page * hkv * (d + v_pages.shape[-1])
+    return int(4 * tokens * pages_per_block * page * hkv * (d + v_pages.shape[-1]))
 
 
 def config_space(

@@ -1,0 +1,236 @@
+"""Attention throughput on one GPU: ejk's XLA flash attention next to ``jax.nn.dot_product_attention``.
+
+Lines (same process, same inputs):
+
+- ``ejk xla flash``: ``ejk_xla._flash_attention.flash_attention`` with a few block configs; the
+  best one is reported (and named),
+- ``jax.nn xla``: ``jax.nn.dot_product_attention(implementation="xla")`` (materialised logits),
+- ``jax.nn cudnn``: ``jax.nn.dot_product_attention(implementation="cudnn")`` (skipped off GPU).
+
+Each in ``fwd`` (the output) and ``fwd+bwd`` (output plus dq, dk, dv in one jitted call).
+FLOPs: ``4·B·H·Sq·Sk·D`` for the forward (halved when causal), ``3.5x`` that for fwd+bwd.
+Timing: compile, two warm-up calls, then the median of ``--reps`` calls, each ended by
+``block_until_ready``. A failure (unsupported, out of memory, …) is reported on its line.
+
+Usage:
+    python benchmarks/bench_attention_gpu.py            # full shapes (GPU)
+    python benchmarks/bench_attention_gpu.py --smoke    # tiny shapes, runs on the CPU
+
+The markdown table goes to ``$OUT/attention_gpu.md`` when ``OUT`` is set, else to
+``benchmarks/results/attention_gpu.md`` (``--out`` overrides both; a smoke run writes
+``attention_gpu_smoke.md`` instead).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import math
+import os
+import platform
+import statistics
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import attrs
+import jax
+import jax.numpy as jnp
+import numpy as np
+from ejk_xla._flash_attention import FlashAttentionConfig, flash_attention
+
+MODES = ("fwd", "fwd+bwd")
+BWD_FACTOR = 3.5
+
+
+@attrs.frozen(kw_only=True)
+class Shape:
+    batch: int
+    seq: int
+    heads: int
+    dim: int
+    causal: bool
+
+    def __str__(self) -> str:
+        kind = "causal" if self.causal else "full"
+        return f"[{self.batch},{self.seq},{self.heads},{self.dim}] {kind}"
+
+    def fwd_flops(self) -> float:
+        flops = 4.0 * self.batch * self.heads * self.seq * self.seq * self.dim
+        return flops / 2 if self.causal else flops
+
+
+FULL_SHAPES = (
+    Shape(batch=4, seq=4096, heads=16, dim=128, causal=False),
+    Shape(batch=4, seq=4096, heads=16, dim=128, causal=True),
+    Shape(batch=2, seq=8192, heads=16, dim=128, causal=True),
+)
+SMOKE_SHAPES = (
+    Shape(batch=1, seq=128, heads=2, dim=64, causal=False),
+    Shape(batch=1, seq=128, heads=2, dim=64, causal=True),
+)
+FULL_CONFIGS = ((512, 512), (1024, 512), (1024, 1024), (256, 512))
+SMOKE_CONFIGS = ((64, 64), (128, 64))
+
+
+def ejk_attention(shape: Shape, cfg: FlashAttentionConfig) -> Callable[..., jax.Array]:
+    def fn(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
+        return flash_attention(
+            q, k, v, causal=shape.causal, softmax_scale=1 / math.sqrt(shape.dim), sliding_window=None,
+            logits_soft_cap=None, q_segment_ids=None, kv_segment_ids=None, bias=None, cfg=cfg,
+        )
+
+    return fn
+
+
+def jax_nn_attention(shape: Shape, implementation: str) -> Callable[..., jax.Array]:
+    def fn(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
+        return jax.nn.dot_product_attention(q, k, v, is_causal=shape.causal, implementation=implementation)
+
+    return fn
+
+
+def with_backward(attention: Callable[..., jax.Array]) -> Callable[..., Any]:
+    """Output and (dq, dk, dv) for the cotangent ``do`` in one function."""
+
+    def fn(q: jax.Array, k: jax.Array, v: jax.Array, do: jax.Array) -> Any:
+        out, vjp = jax.vjp(attention, q, k, v)
+        return out, vjp(do)
+
+    return fn
+
+
+def time_ms(fn: Callable[..., Any], args: tuple[jax.Array, ...], reps: int) -> float:
+    compiled = jax.jit(fn).lower(*args).compile()
+    for _ in range(2):
+        jax.block_until_ready(compiled(*args))
+    samples = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        jax.block_until_ready(compiled(*args))
+        samples.append(time.perf_counter() - start)
+    return statistics.median(samples) * 1e3
+
+
+def make_inputs(shape: Shape, dtype: Any) -> tuple[jax.Array, ...]:
+    rng = np.random.default_rng(0)
+    dims = (shape.batch, shape.seq, shape.heads, shape.dim)
+    return tuple(jnp.asarray(rng.standard_normal(dims, dtype=np.float32)).astype(dtype) for _ in range(4))
+
+
+def _error_text(exc: BaseException) -> str:
+    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    return f"{type(exc).__name__}: {first[:140]}"
+
+
+def measure(attention: Callable[..., jax.Array], mode: str, inputs: tuple[jax.Array, ...], reps: int) -> float:
+    if mode == "fwd":
+        return time_ms(attention, inputs[:3], reps)
+    return time_ms(with_backward(attention), inputs, reps)
+
+
+def bench_line(
+    name: str, candidates: dict[str, Callable[..., jax.Array]], shape: Shape, mode: str,
+    inputs: tuple[jax.Array, ...], reps: int,
+) -> str:
+    """One table row: the best of ``candidates`` (label → attention fn), or why none ran."""
+    flops = shape.fwd_flops() * (1.0 if mode == "fwd" else BWD_FACTOR)
+    results: dict[str, float] = {}
+    errors: list[str] = []
+    for label, attention in candidates.items():
+        try:
+            results[label] = measure(attention, mode, inputs, reps)
+        except Exception as exc:  # report per line, keep going
+            errors.append(f"{label}: {_error_text(exc)}" if label else _error_text(exc))
+            if os.environ.get("EJK_BENCH_TRACEBACK"):
+                traceback.print_exc()
+    if not results:
+        return f"| {shape} | {mode} | {name} | failed | | {'; '.join(errors)} |"
+    label, ms = min(results.items(), key=lambda kv: kv[1])
+    note = label + (f" (failed: {'; '.join(errors)})" if errors else "")
+    tflops = flops / ms / 1e9
+    rate = f"{tflops:,.1f}" if tflops >= 1 else f"{tflops:.4f}"
+    return f"| {shape} | {mode} | {name} | {ms:,.2f} | {rate} | {note} |"
+
+
+def max_abs_diff(ours: Callable[..., jax.Array], inputs: tuple[jax.Array, ...], shape: Shape) -> str:
+    """A correctness sanity check of our forward against ``jax.nn`` (xla) on the benchmark inputs."""
+    try:
+        got = jax.jit(ours)(*inputs[:3]).astype(jnp.float32)
+        want = jax.jit(jax_nn_attention(shape, "xla"))(*inputs[:3]).astype(jnp.float32)
+        return f"max abs diff of ejk vs jax.nn xla output: {float(jnp.max(jnp.abs(got - want))):.3g}"
+    except Exception as exc:
+        return f"output check failed: {_error_text(exc)}"
+
+
+def header(args: argparse.Namespace) -> list[str]:
+    device = jax.devices()[0]
+    return [
+        "# Attention throughput: ejk XLA flash attention vs jax.nn.dot_product_attention",
+        "",
+        f"- date: {datetime.datetime.now(datetime.UTC).strftime('%Y-%m-%d %H:%M UTC')}",
+        f"- device: {getattr(device, 'device_kind', device.platform)} ({jax.default_backend()}), "
+        f"host {platform.node() or '?'}, python {platform.python_version()}, jax {jax.__version__}",
+        f"- dtype {args.dtype}; FLOPs 4·B·H·Sq·Sk·D (halved when causal), fwd+bwd = {BWD_FACTOR}x fwd; "
+        f"median of {args.reps} after 2 warm-ups" + ("; SMOKE RUN (tiny shapes)" if args.smoke else ""),
+        "",
+        "| shape [B,S,H,D] | mode | implementation | ms | TFLOP/s | note |",
+        "| --- | --- | --- | ---: | ---: | --- |",
+    ]
+
+
+def output_path(args: argparse.Namespace) -> Path:
+    if args.out is not None:
+        return Path(args.out)
+    name = "attention_gpu_smoke.md" if args.smoke else "attention_gpu.md"
+    if os.environ.get("OUT"):
+        return Path(os.environ["OUT"]) / name
+    return Path(__file__).parent / "results" / name
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--smoke", action="store_true", help="tiny shapes and configs (CPU is fine)")
+    parser.add_argument("--reps", type=int, default=None, help="timed calls per line (default 10, smoke 2)")
+    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args()
+    args.reps = args.reps or (2 if args.smoke else 10)
+    shapes = SMOKE_SHAPES if args.smoke else FULL_SHAPES
+    configs = SMOKE_CONFIGS if args.smoke else FULL_CONFIGS
+    on_gpu = jax.default_backend() == "gpu"
+    lines = header(args)
+    checks: list[str] = []
+    print("\n".join(lines), flush=True)
+    for shape in shapes:
+        inputs = make_inputs(shape, jnp.dtype(args.dtype))
+        ours = {
+            f"block {bq}x{bk}": ejk_attention(shape, FlashAttentionConfig(block_q=bq, block_k=bk)) for bq, bk in configs
+        }
+        checks.append(f"- {shape}: {max_abs_diff(next(iter(ours.values())), inputs, shape)}")
+        for mode in MODES:
+            rows = [
+                bench_line("ejk xla flash", ours, shape, mode, inputs, args.reps),
+                bench_line("jax.nn xla", {"": jax_nn_attention(shape, "xla")}, shape, mode, inputs, args.reps),
+            ]
+            if on_gpu:
+                cudnn = {"": jax_nn_attention(shape, "cudnn")}
+                rows.append(bench_line("jax.nn cudnn", cudnn, shape, mode, inputs, args.reps))
+            else:
+                rows.append(f"| {shape} | {mode} | jax.nn cudnn | skipped | | needs a GPU |")
+            for row in rows:
+                print(row, flush=True)
+            lines += rows
+        del inputs
+    lines += ["", f"Forward outputs ({args.dtype} inputs), ejk's first block config against jax.nn xla:", *checks]
+    print("\n".join(lines[-len(checks) - 2 :]), flush=True)
+    path = output_path(args)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(lines) + "\n")
+    print(f"\nwritten to {path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -40,6 +40,22 @@ def _median_us(fn: Callable[[], object], repeats: int = 2000, rounds: int = 5) -
     return statistics.median(samples)
 
 
+def _paired_us(first: Callable[[], object], second: Callable[[], object], repeats: int = 1000,
+               rounds: int = 9) -> tuple[float, float]:
+    """Median µs per call of two functions measured in alternating rounds (fair under load)."""
+    for fn in (first, second):
+        for _ in range(min(repeats, 100)):
+            fn()
+    samples: tuple[list[float], list[float]] = ([], [])
+    for _ in range(rounds):
+        for fn, out in ((first, samples[0]), (second, samples[1])):
+            start = time.perf_counter()
+            for _ in range(repeats):
+                fn()
+            out.append((time.perf_counter() - start) / repeats * 1e6)
+    return statistics.median(samples[0]), statistics.median(samples[1])
+
+
 def _subprocess_seconds(code: str, runs: int = 7) -> float:
     times = []
     for _ in range(runs):
@@ -47,6 +63,17 @@ def _subprocess_seconds(code: str, runs: int = 7) -> float:
                               "print(time.perf_counter()-t)"], capture_output=True, text=True, check=True)
         times.append(float(out.stdout.strip().splitlines()[-1]))
     return statistics.median(times)
+
+
+def _ops(hlo: str) -> list[str]:
+    """The HLO instructions' opcodes, without names and metadata (to compare two programs)."""
+    ops = []
+    for line in hlo.splitlines():
+        if " = " in line and "(" in line:
+            rhs = line.split(" = ", 1)[1].split("(", 1)[0].split()
+            if rhs:
+                ops.append(rhs[-1])
+    return sorted(ops)
 
 
 @attrs.frozen
@@ -88,8 +115,7 @@ def main() -> None:
     executor(kernel, x)
     direct = jax.jit(lambda x: kernel.run(x, cfg=Cfg()))
     direct(x)
-    t_direct = _median_us(lambda: direct(x))
-    t_exec = _median_us(lambda: executor(kernel, x))
+    t_direct, t_exec = _paired_us(lambda: direct(x), lambda: executor(kernel, x), repeats=2000)
     rows.append(("eager call: jitted kernel called directly", f"{t_direct:.1f} µs", "baseline"))
     rows.append(("eager call through the Executor (memory-cache hit)", f"{t_exec:.1f} µs",
                  f"+{t_exec - t_direct:.1f} µs ({t_exec / t_direct:.2f}×)"))
@@ -99,10 +125,9 @@ def main() -> None:
     bare = jax.jit(lambda x: kernel.run(x, cfg=Cfg()) + 1)
     with_exec(big).block_until_ready()
     bare(big).block_until_ready()
-    t_in_jit = _median_us(lambda: with_exec(big).block_until_ready(), repeats=500)
-    t_bare = _median_us(lambda: bare(big).block_until_ready(), repeats=500)
-    same_hlo = with_exec.lower(big).compile().as_text().count("multiply") == bare.lower(big).compile().as_text().count(
-        "multiply")
+    t_bare, t_in_jit = _paired_us(lambda: bare(big).block_until_ready(),
+                                  lambda: with_exec(big).block_until_ready(), repeats=300)
+    same_hlo = _ops(with_exec.lower(big).compile().as_text()) == _ops(bare.lower(big).compile().as_text())
     rows.append(("inside jit: bare kernel (1024² elementwise)", f"{t_bare:.1f} µs", "baseline"))
     rows.append(("inside jit: through the Executor", f"{t_in_jit:.1f} µs",
                  f"{t_in_jit / t_bare:.2f}× (same compiled ops: {same_hlo})"))

@@ -114,7 +114,9 @@ class ConfigSelectorChain(Generic[Cfg]):
               tune: TuneResult[Any] | None = None) -> None:
         event = SelectionEvent(tier=tier, op_id=inv.op_id_v, call_key=inv.call_key, device=inv.device,
                                cfg=cfg, detail=detail, tune=tune)
-        logger.debug("%s %s: %s from %s %s", inv.op_id_v, inv.call_key[:12], kernel.describe_cfg(cfg), tier, detail)
+        if logger.isEnabledFor(logging.DEBUG):
+            logger.debug("%s %s: %s from %s %s", inv.op_id_v, inv.call_key[:12], kernel.describe_cfg(cfg), tier,
+                         detail)
         if self.on_event is not None:
             self.on_event(event)
 

@@ -25,6 +25,7 @@ __all__ = ["ConfigChooser", "Executor"]
 Cfg = TypeVar("Cfg")
 Out = TypeVar("Out")
 _BOUND_CACHE_SIZE = 512
+_CALL_KEY_MEMO_SIZE = 4096
 
 
 @runtime_checkable
@@ -37,8 +38,8 @@ class ConfigChooser(Protocol[Cfg]):
 def _signature(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """A cheap hashable signature used to memoise call keys (``None`` if unhashable)."""
     leaves, treedef = jax.tree.flatten(args, is_leaf=lambda x: x is None)
-    parts = tuple((tuple(x.shape), str(x.dtype)) if hasattr(x, "shape") and hasattr(x, "dtype")
-                  else (type(x), x) for x in leaves)
+    parts = tuple((x.shape, x.dtype) if hasattr(x, "dtype") and hasattr(x, "shape") else (type(x), x)
+                  for x in leaves)
     try:  # values with their types: 1, 1.0 and True are equal and hash alike, but key differently
         sig = (treedef, parts, tuple(sorted((k, _typed(v)) for k, v in kwargs.items())))
         hash(sig)
@@ -78,6 +79,7 @@ class Executor(Generic[Cfg, Out]):
         self.device = device
         self.jit = jit
         self._keys: dict[Any, str] = {}
+        self._device_fingerprint: str | None = None
         self._bound: OrderedDict[Any, Callable[..., Any]] = OrderedDict()
         self._lock = threading.Lock()
 
@@ -93,10 +95,18 @@ class Executor(Generic[Cfg, Out]):
         if call_key is None:
             call_key = make_call_key(op_id_v, args, kwargs, batch_axes)
             if memo is not None:
+                if len(self._keys) >= _CALL_KEY_MEMO_SIZE:
+                    self._keys.clear()  # a bounded memo: rebuilding a key is cheap
                 self._keys[memo] = call_key
         return Invocation(op_id=kernel.op_id, version=kernel.version, args=args, kwargs=kwargs,
-                          call_key=call_key, device=device_fingerprint(self.device), override_cfg=cfg,
+                          call_key=call_key, device=self.device_fingerprint(), override_cfg=cfg,
                           batch_axes=batch_axes)
+
+    def device_fingerprint(self) -> str:
+        """The fingerprint keying this Executor's configs (computed once)."""
+        if self._device_fingerprint is None:
+            self._device_fingerprint = device_fingerprint(self.device)
+        return self._device_fingerprint
 
     def _stamp(self, inv: Invocation[Cfg], mode: str) -> str | None:
         if mode == "none":

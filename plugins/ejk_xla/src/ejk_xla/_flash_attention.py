@@ -249,22 +249,17 @@ def _q_block_range(st: _Static, lens: tuple[int, int], j: jax.Array) -> tuple[An
 # ----------------------------------------------------------------------------------------------
 
 
-def _precision(dtype: Any) -> lax.Precision | None:
-    return lax.Precision.HIGHEST if jnp.dtype(dtype) == jnp.float32 else None
+def _dot(spec: str, a: jax.Array, b: jax.Array) -> jax.Array:
+    """``einsum`` with float32 accumulation (full float32 precision for float32 inputs)."""
+    precision = lax.Precision.HIGHEST if a.dtype == jnp.float32 else None
+    return jnp.einsum(spec, a, b, preferred_element_type=jnp.float32, precision=precision)
 
 
 def _scores(
     st: _Static, q_blk: jax.Array, k_blk: jax.Array, bias_blk: jax.Array | None
 ) -> tuple[jax.Array, jax.Array | None]:
     """Float32 logits of one block ``[B, Hkv, G, bq, bk]`` and ``tanh`` of the soft cap (for the VJP)."""
-    s = jnp.einsum(
-        "bhgqd,bhkd->bhgqk",
-        q_blk,
-        k_blk,
-        preferred_element_type=jnp.float32,
-        precision=_precision(q_blk.dtype),
-    )
-    s = s * st.scale
+    s = _dot("bhgqd,bhkd->bhgqk", q_blk, k_blk) * st.scale
     tanh = None
     if st.cap is not None:
         tanh = jnp.tanh(s / st.cap)
@@ -285,6 +280,23 @@ def _finite_or_zero(x: jax.Array) -> jax.Array:
 # ----------------------------------------------------------------------------------------------
 # Forward
 # ----------------------------------------------------------------------------------------------
+
+
+def _online_softmax_step(
+    carry: tuple[jax.Array, ...], s: jax.Array, v_blk: jax.Array
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Folds one block of masked logits ``s`` into (running max, running sum, accumulator).
+
+    Masked entries are ``-inf``; a row that has seen only ``-inf`` keeps max ``-inf`` and sum 0,
+    and the max is replaced by 0 where it is ``-inf`` so no ``inf - inf`` is ever formed.
+    """
+    m, total, acc = carry
+    m_new = jnp.maximum(m, jnp.max(s, axis=-1))
+    m_safe = _finite_or_zero(m_new)
+    p = jnp.exp(s - m_safe[..., None])
+    alpha = jnp.exp(m - m_safe)
+    pv = _dot("bhgqk,bhkd->bhgqd", p.astype(v_blk.dtype), v_blk)
+    return m_new, alpha * total + jnp.sum(p, axis=-1), alpha[..., None] * acc + pv
 
 
 def _forward(
@@ -310,23 +322,9 @@ def _forward(
         i, q_blk, q_seg_blk = xs
 
         def k_step(j: jax.Array, carry: tuple[jax.Array, ...]) -> tuple[jax.Array, ...]:
-            m, total, acc = carry
-            v_blk = vb[j]
             s, _ = _scores(st, q_blk, kb[j], _bias_block(bias5, i, j, st))
             mask = _block_mask(st, lens, i, j, q_seg_blk, None if kv_segb is None else kv_segb[j])
-            s = _apply_mask(s, mask)
-            m_new = jnp.maximum(m, jnp.max(s, axis=-1))
-            m_safe = _finite_or_zero(m_new)
-            p = jnp.exp(s - m_safe[..., None])
-            alpha = jnp.exp(m - m_safe)
-            pv = jnp.einsum(
-                "bhgqk,bhkd->bhgqd",
-                p.astype(v_blk.dtype),
-                v_blk,
-                preferred_element_type=jnp.float32,
-                precision=_precision(v_blk.dtype),
-            )
-            return m_new, alpha * total + jnp.sum(p, axis=-1), alpha[..., None] * acc + pv
+            return _online_softmax_step(carry, _apply_mask(s, mask), vb[j])
 
         init = (
             jnp.full(row_shape, -jnp.inf, jnp.float32),
@@ -351,6 +349,40 @@ def _forward(
 # ----------------------------------------------------------------------------------------------
 
 
+def _block_grads(
+    st: _Static,
+    blocks: tuple[jax.Array, jax.Array, jax.Array, jax.Array],
+    rows: tuple[jax.Array, jax.Array],
+    bias_blk: jax.Array | None,
+    mask: jax.Array | None,
+) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+    """Gradient pieces of one ``(q block, k block)`` pair, recomputing its probabilities.
+
+    Args:
+        st: Static parameters.
+        blocks: ``(q, k, v, d_out)`` blocks.
+        rows: ``(lse, delta)`` of the q block's rows (``delta = rowsum(d_out * out)``).
+        bias_blk: The bias block (float32) or ``None``.
+        mask: Visibility of the block or ``None``.
+
+    Returns:
+        ``(d_logits, dq, dk, dv)``: the gradient w.r.t. the final logits (which is the bias
+        gradient) and this block's float32 contributions to ``dq``, ``dk``, ``dv``.
+    """
+    q_blk, k_blk, v_blk, do_blk = blocks
+    lse, delta = rows
+    s, tanh = _scores(st, q_blk, k_blk, bias_blk)
+    p = jnp.exp(_apply_mask(s, mask) - lse[..., None])  # 0 where masked; lse = +inf for empty rows
+    dv = _dot("bhgqk,bhgqd->bhkd", p.astype(do_blk.dtype), do_blk)
+    dp = _dot("bhgqd,bhkd->bhgqk", do_blk, v_blk)
+    d_logits = p * (dp - delta[..., None])
+    d_raw = d_logits if tanh is None else d_logits * (1.0 - tanh * tanh)
+    d_raw = (d_raw * st.scale).astype(q_blk.dtype)
+    dq = _dot("bhgqk,bhkd->bhgqd", d_raw, k_blk)
+    dk = _dot("bhgqk,bhgqd->bhkd", d_raw, q_blk)
+    return d_logits, dq, dk, dv
+
+
 def _backward(
     st: _Static,
     residuals: tuple[Any, ...],
@@ -372,34 +404,14 @@ def _backward(
 
         def q_step(i: jax.Array, inner: tuple[Any, ...]) -> tuple[Any, ...]:
             dk, dv, dq_buf, dbias_buf = inner
-            q_blk, do_blk = qb[i], dob[i]
-            s, tanh = _scores(st, q_blk, k_blk, _bias_block(bias5, i, j, st))
             mask = _block_mask(st, lens, i, j, None if q_segb is None else q_segb[i], kv_seg_blk)
-            p = jnp.exp(_apply_mask(s, mask) - lse[i][..., None])
-            dv = dv + jnp.einsum(
-                "bhgqk,bhgqd->bhkd", p.astype(do_blk.dtype), do_blk, preferred_element_type=jnp.float32,
-                precision=_precision(do_blk.dtype),
+            ds, dq_i, dk_i, dv_i = _block_grads(
+                st, (qb[i], k_blk, v_blk, dob[i]), (lse[i], deltab[i]), _bias_block(bias5, i, j, st), mask
             )
-            dp = jnp.einsum(
-                "bhgqd,bhkd->bhgqk", do_blk, v_blk, preferred_element_type=jnp.float32,
-                precision=_precision(v_blk.dtype),
-            )
-            ds = p * (dp - deltab[i][..., None])  # d loss / d (final logits)
             if dbias_buf is not None:
                 dbias_buf = _add_bias_grad(dbias_buf, ds, i, j, st)
-            if tanh is not None:
-                ds = ds * (1.0 - tanh * tanh)
-            ds = (ds * st.scale).astype(q.dtype)
-            dq_i = jnp.einsum(
-                "bhgqk,bhkd->bhgqd", ds, k_blk, preferred_element_type=jnp.float32,
-                precision=_precision(q.dtype),
-            )
             dq_buf = lax.dynamic_update_index_in_dim(dq_buf, dq_buf[i] + dq_i, i, axis=0)
-            dk = dk + jnp.einsum(
-                "bhgqk,bhgqd->bhkd", ds, q_blk, preferred_element_type=jnp.float32,
-                precision=_precision(q.dtype),
-            )
-            return dk, dv, dq_buf, dbias_buf
+            return dk + dk_i, dv + dv_i, dq_buf, dbias_buf
 
         dq_buf, dbias_buf = carry
         init = (

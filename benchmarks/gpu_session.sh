@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# One GPU-host session: install the ejk wheels carried in .whl/ (no registry there), then run the
+# GPU tests, the XLA plugin's suite on the GPU, and the GPU benchmarks. Results go to $OUT.
+# Prepare here first:  bash benchmarks/prepare_gpu_wheels.sh
+set -uo pipefail
+OUT=${OUT:-/tmp/ejk-out}; mkdir -p "$OUT"
+python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
+export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 EJK_CACHE_DIR=/tmp/ejk-cache
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/device.txt"
+python3 -c "import jax, ejk; print('jax', jax.__version__, 'ejk', ejk.__version__, jax.devices())" | tee -a "$OUT/device.txt"
+python3 -m ejk.cli plugins | tee "$OUT/plugins.txt"
+stage=${1:-all}
+if [[ $stage == all || $stage == tests ]]; then
+  timeout 420 python3 -m pytest -q -m gpu -p no:cacheprovider tests 2>&1 | tee "$OUT/gpu_tests.log" | tail -15
+  timeout 300 python3 -m pytest -q -x -p no:cacheprovider plugins/ejk_xla/tests/test_flash_attention.py \
+    plugins/ejk_xla/tests/test_ops.py 2>&1 | tee "$OUT/xla_suite_on_gpu.log" | tail -8
+fi
+if [[ $stage == all || $stage == bench ]]; then
+  timeout 500 python3 benchmarks/bench_attention_gpu.py 2>&1 | tee "$OUT/bench_attention_gpu.log" | tail -30
+  timeout 120 python3 benchmarks/bench_core.py --out "$OUT/core_gpu.md" 2>&1 | tail -20
+fi

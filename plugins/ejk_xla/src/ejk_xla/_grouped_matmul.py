@@ -23,6 +23,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from ejk_xla._vma import varying_like
+
 __all__ = ["GroupedMatmulConfig", "config_space", "grouped_matmul", "heuristic_config"]
 
 _HIGHEST = lax.Precision.HIGHEST
@@ -114,7 +116,7 @@ def _grouped_product(x: jax.Array, w: jax.Array, group_sizes: jax.Array, block: 
         return lax.dynamic_update_slice_in_dim(acc, tile + product, item.tile_start, 0), None
 
     items = _work_list(group_sizes, m, block, w.shape[0])
-    out, _ = lax.scan(step, jnp.zeros((m, n_out), jnp.float32), items)
+    out, _ = lax.scan(step, varying_like(jnp.zeros((m, n_out), jnp.float32), x, w, items), items)
     return out
 
 
@@ -145,7 +147,7 @@ def _grouped_outer(x: jax.Array, dy: jax.Array, group_sizes: jax.Array, block: i
         return lax.dynamic_update_index_in_dim(acc, current + update, item.group, 0), None
 
     items = _work_list(group_sizes, m, block, groups)
-    out, _ = lax.scan(step, jnp.zeros((groups, k, dy.shape[1]), jnp.float32), items)
+    out, _ = lax.scan(step, varying_like(jnp.zeros((groups, k, dy.shape[1]), jnp.float32), x, dy, items), items)
     return out
 
 

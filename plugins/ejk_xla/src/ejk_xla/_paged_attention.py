@@ -23,6 +23,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from ejk_xla._vma import varying_like
+
 __all__ = ["PagedAttentionConfig", "config_space", "heuristic_config", "ragged_paged_attention"]
 
 _HIGHEST = lax.Precision.HIGHEST
@@ -156,11 +158,11 @@ def _paged_attention(
         return _fold_block(state, logits, visible, values)
 
     lo, hi = _block_range(tok, block_len, left)
-    init = _Softmax(
+    init = varying_like(_Softmax(
         row_max=jnp.full((tokens, hkv, hq // hkv), -jnp.inf, jnp.float32),
         row_sum=jnp.zeros((tokens, hkv, hq // hkv), jnp.float32),
         acc=jnp.zeros((tokens, hkv, hq // hkv, dv), jnp.float32),
-    )
+    ), q, k_pages, v_pages, tok)
     state = lax.fori_loop(lo, hi, step, init)
     seen = state.row_sum > 0
     out = jnp.where(seen[..., None], state.acc / jnp.where(seen, state.row_sum, 1.0)[..., None], 0.0)

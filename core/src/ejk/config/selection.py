@@ -44,7 +44,7 @@ class SelectionEvent:
     device: str
     cfg: Any = attrs.field(eq=False)
     detail: str = ""
-    tune: TuneResult[Any] | None = attrs.field(default=None, eq=False)
+    tune: TuneResult[Any] | None = attrs.field(default=None, eq=False, repr=False)
 
 
 class ConfigSelectorChain(Generic[Cfg]):

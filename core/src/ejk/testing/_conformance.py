@@ -3,12 +3,19 @@
 from __future__ import annotations
 
 import importlib.metadata
+import json
 import os
+import subprocess
+import sys
+from collections.abc import Iterable
 
 from ejk.plugins import ENTRY_POINT_GROUP, PluginHost, PluginInfo
 from ejk.registry import KernelRegistry
 
-__all__ = ["check_plugin", "expected_plugins"]
+__all__ = ["check_discovered_plugins", "check_imports_lazily", "check_plugin", "expected_plugins"]
+
+#: Toolkits a plugin module must not import at load time (so it loads and reports without them).
+HEAVY_TOOLKITS = ("triton", "jax_triton", "cutlass", "torch")
 
 
 def expected_plugins() -> set[str] | None:
@@ -43,3 +50,31 @@ def check_plugin(name: str) -> tuple[PluginInfo, KernelRegistry]:
     for spec in registry:
         assert spec.plugin is not None and spec.plugin.name == name, f"{spec} is not attributed to {name}"
     return info, registry
+
+
+def check_discovered_plugins() -> bool:
+    """Assert the installed ``ejk`` entry points are exactly those the session expects.
+
+    Returns:
+        ``False`` (nothing checked) when no expectation is set (``EJK_EXPECT_PLUGINS`` /
+        ``EJK_EXPECT_NO_PLUGINS``, set by the nox sessions).
+    """
+    expected = expected_plugins()
+    if expected is None:
+        return False
+    found = {ep.name for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)}
+    assert found == expected, f"ejk entry points: {sorted(found)}; expected {sorted(expected)}"
+    return True
+
+
+def check_imports_lazily(module: str, toolkits: Iterable[str] = HEAVY_TOOLKITS) -> None:
+    """Assert that importing ``module`` in a fresh interpreter imports none of ``toolkits``."""
+    names = sorted(toolkits)
+    code = (
+        f"import sys, json, {module}; "
+        f"print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in {names!r})))"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, f"import {module} failed:\n{result.stderr}"
+    loaded = json.loads(result.stdout.strip().splitlines()[-1])
+    assert not loaded, f"import {module} imported {loaded}: import toolkits lazily, inside the functions that need them"

@@ -1,0 +1,35 @@
+"""The ejk-xla distribution: entry point, hooks, registrations and platform status."""
+
+from __future__ import annotations
+
+import pytest
+
+from ejk.registry import Backend, Platform
+from ejk.testing import check_discovered_plugins, check_imports_lazily, check_plugin
+from ejk_xla import FlashAttentionConfig, GroupedMatmulConfig, MatmulConfig, PagedAttentionConfig
+
+
+def test_plugin_conforms_and_registers_every_op() -> None:
+    info, registry = check_plugin("xla")
+    assert info.distribution == "ejk-xla"
+    (status,) = info.platforms
+    assert status.available and dict(status.versions)["jax"]
+    expected = {
+        "flash_attention": FlashAttentionConfig,
+        "matmul": MatmulConfig,
+        "grouped_matmul": GroupedMatmulConfig,
+        "ragged_paged_attention": PagedAttentionConfig,
+    }
+    assert registry.list_algorithms() == sorted(expected)
+    for algorithm, cfg_type in expected.items():
+        (spec,) = registry.list_implementations(algorithm)
+        assert (spec.platform, spec.backend, spec.cfg_type) == (Platform.XLA, Backend.ANY, cfg_type)
+
+
+def test_expected_plugins_discovered() -> None:
+    if not check_discovered_plugins():
+        pytest.skip("EJK_EXPECT_PLUGINS is not set (the nox sessions set it)")
+
+
+def test_plugin_module_imports_without_heavy_toolkits() -> None:
+    check_imports_lazily("ejk_xla.plugin")

@@ -39,6 +39,7 @@ import attrs
 import jax
 import jax.numpy as jnp
 import numpy as np
+
 from ejk_xla._flash_attention import FlashAttentionConfig, flash_attention
 
 MODES = ("fwd", "fwd+bwd")

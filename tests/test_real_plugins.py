@@ -11,6 +11,7 @@ import importlib.util
 
 import jax
 import pytest
+
 from ejk.plugins import PlatformStatus, PluginHost
 from ejk.registry import KernelRegistry
 

@@ -12,8 +12,9 @@ import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-import ejk.plugins
 import pytest
+
+import ejk.plugins
 from ejk.invocations import clear_invocations
 from ejk.registry import KernelRegistry
 

@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+
 from ejk import Invocation
 from ejk.execution.kernel import abstract_args, make_call_key, static_key
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import attrs
 import pytest
+
 from ejk import cli
 from ejk.config.persistent import PersistentCache
 

@@ -7,6 +7,7 @@ import threading
 from typing import Any
 
 import pytest
+
 from ejk import ConfigCache, overlay_cache
 from ejk.config.cache import overlay_lookup
 

@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+
 from ejk import AutotunePolicy, ConfigChooser, ConfigSelectorChain, Executor, Invocation, Kernel
 
 

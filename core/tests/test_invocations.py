@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+
 from ejk import ConfigSelectorChain, Executor, Kernel, get_invocations, record_invocation
 from ejk.config.tuning import AutotunePolicy
 from ejk.execution.device import device_fingerprint

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-import ejk
 import jax.numpy as jnp
 import pytest
+
+import ejk
 from ejk.ops import MatmulKernel
 from ejk.registry import KernelRegistry
 from ejk.testing import check_discovered_plugins

@@ -15,6 +15,7 @@ from typing import Any
 import attrs
 import pydantic
 import pytest
+
 from ejk import PersistentCache, StaleCacheWarning
 from ejk._versions import installed_version
 from ejk.config.persistent import SCHEMA_VERSION

@@ -11,10 +11,11 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-import ejk
-import ejk.plugins
 import jax
 import pytest
+
+import ejk
+import ejk.plugins
 from ejk import Invocation, KernelRegistry
 from ejk.execution.device import device_fingerprint
 from ejk.plugins import PlatformStatus, PluginHost, get_plugin_host, probe_platform, reset_plugin_host

@@ -6,9 +6,10 @@ import warnings
 from typing import Any
 
 import attrs
-import ejk
 import jax
 import pytest
+
+import ejk
 from ejk import Backend, KernelRegistry, KernelSpec, Platform
 from ejk.errors import DuplicateKernelError, EjkError, KernelNotFoundError
 from ejk.plugins import PlatformStatus, PluginHost

@@ -7,11 +7,12 @@ from pathlib import Path
 from typing import Any
 
 import attrs
-import ejk
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+
+import ejk
 from ejk import (
     AutotunePolicy,
     ConfigCache,

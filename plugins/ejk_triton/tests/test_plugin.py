@@ -6,6 +6,7 @@ import re
 
 import jax
 import pytest
+
 from ejk.testing import check_discovered_plugins, check_imports_lazily, check_plugin
 
 

@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+
 from ejk.ops._check_grouped import check_matmul_args
 from ejk.testing import reference_matmul
 from ejk_xla._matmul import MatmulConfig, config_space, heuristic_config, matmul

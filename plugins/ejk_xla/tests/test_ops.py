@@ -5,11 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import ejk
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+
+import ejk
 from ejk.testing import (
     reference_flash_attention,
     reference_grouped_matmul,

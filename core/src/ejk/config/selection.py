@@ -62,6 +62,9 @@ class ConfigSelectorChain(Generic[Cfg]):
             user cache dir). ``persist=False`` turns persistence off.
     """
 
+    #: The Executor also passes calls with an explicit ``cfg=`` (reported as ``override`` events).
+    reports_overrides = True
+
     def __init__(
         self,
         cache: ConfigCache[Cfg] | None = None,
@@ -195,7 +198,8 @@ class ConfigSelectorChain(Generic[Cfg]):
             persistent = self.persistent_cache(kernel) if self.policy.persist else None
             if persistent is not None:
                 persistent.put(*key, result.best, source="autotune", versions=kernel.cfg_versions(result.best),
-                               details={"tuning": result.summary(kernel.describe_cfg)})
+                               details={"objective": self.policy.objective,
+                                        "tuning": result.summary(kernel.describe_cfg)})
             self._emit("autotune", inv, kernel, result.best, detail, tune=result)
             return result
 

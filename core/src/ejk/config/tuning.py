@@ -18,6 +18,7 @@ import jax
 import numpy as np
 
 from ejk import environment
+from ejk.execution.kernel import bind_kernel
 
 if TYPE_CHECKING:
     from ejk.execution.kernel import Invocation, Kernel
@@ -25,6 +26,7 @@ if TYPE_CHECKING:
 __all__ = ["AutotunePolicy", "Trial", "TuneResult", "autotune"]
 
 Cfg = TypeVar("Cfg")
+OBJECTIVES = ("forward", "forward_backward")
 
 
 @attrs.frozen(kw_only=True)
@@ -39,6 +41,9 @@ class AutotunePolicy:
         persist: Write the winner to the persistent cache.
         progress: Show a progress bar; ``None`` shows one on a terminal for 4+ candidates.
         check_finite: Reject candidates whose output has NaN or infinity.
+        objective: ``"forward"`` times the output alone; ``"forward_backward"`` times the output
+            plus its VJP with respect to every floating-point input (for training, where the
+            backward pass dominates). The objective is recorded with each persisted config.
     """
 
     autotune: bool | None = None
@@ -48,6 +53,7 @@ class AutotunePolicy:
     persist: bool = True
     progress: bool | None = None
     check_finite: bool = True
+    objective: str = attrs.field(default="forward", validator=attrs.validators.in_(OBJECTIVES))
 
     def enabled(self) -> bool:
         return environment.autotune_enabled() if self.autotune is None else self.autotune
@@ -94,13 +100,35 @@ def _all_finite(out: Any) -> bool:
     return True
 
 
+def _is_float(leaf: Any) -> bool:
+    dtype = getattr(leaf, "dtype", None)
+    return dtype is not None and jax.numpy.issubdtype(dtype, jax.numpy.floating)
+
+
+def _with_backward(run: Callable[..., Any]) -> Callable[..., Any]:
+    """``f(*args) -> (out, grads)``: the output and its VJP (cotangent ones) w.r.t. float inputs."""
+
+    def forward_backward(*args: Any) -> Any:
+        leaves, treedef = jax.tree.flatten(args)
+        where = [i for i, leaf in enumerate(leaves) if _is_float(leaf)]
+
+        def of_floats(*floats: Any) -> Any:
+            merged = list(leaves)
+            for i, value in zip(where, floats, strict=True):
+                merged[i] = value
+            return run(*jax.tree.unflatten(treedef, merged))
+
+        out, vjp = jax.vjp(of_floats, *(leaves[i] for i in where))
+        return out, vjp(jax.tree.map(jax.numpy.ones_like, out))
+
+    return forward_backward
+
+
 def _time_candidate(kernel: Kernel[Cfg, Any], inv: Invocation[Cfg], cfg: Cfg, args: tuple[Any, ...],
                     policy: AutotunePolicy) -> Trial[Cfg]:
-    kwargs = dict(inv.kwargs)
-
-    def run(*a: Any) -> Any:
-        return kernel.run(*a, cfg=cfg, **kwargs)
-
+    run = bind_kernel(kernel, cfg, inv.kwargs)
+    if policy.objective == "forward_backward":
+        run = _with_backward(run)
     start = time.perf_counter()
     try:
         compiled = jax.jit(run).lower(*args).compile()

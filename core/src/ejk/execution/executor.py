@@ -15,9 +15,8 @@ from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
 import jax
 
 from ejk import environment
-from ejk.config.selection import ConfigSelectorChain
 from ejk.execution.device import device_fingerprint
-from ejk.execution.kernel import Invocation, Kernel, make_call_key, static_key
+from ejk.execution.kernel import Invocation, Kernel, bind_kernel, make_call_key, static_key
 from ejk.invocations import record_invocation
 
 __all__ = ["ConfigChooser", "Executor"]
@@ -30,7 +29,11 @@ _CALL_KEY_MEMO_SIZE = 4096
 
 @runtime_checkable
 class ConfigChooser(Protocol[Cfg]):
-    """Anything that picks a config for an invocation (e.g. :class:`~ejk.ConfigSelectorChain`)."""
+    """Anything that picks a config for an invocation (e.g. :class:`~ejk.ConfigSelectorChain`).
+
+    The Executor only asks it when the call has no explicit ``cfg=``, unless the chooser sets
+    ``reports_overrides = True`` (it then sees every call and must return the override).
+    """
 
     def choose(self, inv: Invocation[Cfg], kernel: Kernel[Cfg, Any]) -> Cfg: ...
 
@@ -54,12 +57,14 @@ def _typed(value: Any) -> Any:
     return (type(value), value)
 
 
-def _cfg_key(cfg: Any) -> Any:
+def _token(value: Any) -> Any:
+    """A hashable, type-aware stand-in for a config or static argument (bound-function cache key)."""
+    typed = _typed(value)
     try:
-        hash(cfg)
-        return cfg
+        hash(typed)
+        return typed
     except TypeError:
-        return json.dumps(static_key(cfg, where="cfg"), sort_keys=True)
+        return json.dumps(static_key(value, where="cfg"), sort_keys=True)
 
 
 class Executor(Generic[Cfg, Out]):
@@ -120,7 +125,7 @@ class Executor(Generic[Cfg, Out]):
     def bind(self, kernel: Kernel[Cfg, Out], cfg: Cfg, kwargs: dict[str, Any],
              stamp: str | None = None) -> Callable[..., Out]:
         """``f(*args)`` running ``kernel`` with ``cfg`` — with its custom VJP when it defines one."""
-        key = (id(kernel), _cfg_key(cfg), tuple(sorted((k, _cfg_key(v)) for k, v in kwargs.items())), stamp)
+        key = (id(kernel), _token(cfg), tuple(sorted((k, _token(v)) for k, v in kwargs.items())), stamp)
         with self._lock:
             fn = self._bound.get(key)
             if fn is not None:
@@ -135,21 +140,7 @@ class Executor(Generic[Cfg, Out]):
 
     def _build(self, kernel: Kernel[Cfg, Out], cfg: Cfg, kwargs: dict[str, Any],
                stamp: str | None) -> Callable[..., Out]:
-        def run(*args: Any) -> Out:
-            return kernel.run(*args, cfg=cfg, **kwargs)
-
-        body: Callable[..., Out] = run
-        if kernel.has_custom_vjp:
-            with_vjp = jax.custom_vjp(run)
-
-            def fwd(*args: Any) -> tuple[Out, Any]:
-                return kernel.fwd(*args, cfg=cfg, **kwargs)
-
-            def bwd(residuals: Any, cotangent: Any) -> tuple[Any, ...]:
-                return tuple(kernel.bwd(residuals, cotangent, cfg=cfg, **kwargs))
-
-            with_vjp.defvjp(fwd, bwd)
-            body = with_vjp
+        body = bind_kernel(kernel, cfg, kwargs)
 
         def stamped(*args: Any) -> Out:
             if stamp is None:
@@ -165,8 +156,8 @@ class Executor(Generic[Cfg, Out]):
     def _choose(self, inv: Invocation[Cfg], kernel: Kernel[Cfg, Out], cfg: Cfg | None) -> Cfg:
         if cfg is None:
             return self.chooser.choose(inv, kernel)
-        if isinstance(self.chooser, ConfigSelectorChain):
-            self.chooser.choose(inv, kernel)  # reports the override as an event
+        if getattr(self.chooser, "reports_overrides", False):
+            self.chooser.choose(inv, kernel)  # lets the chooser record the override (an event)
         return cfg  # an explicit cfg always wins, whatever the chooser does
 
     def choose_config(self, kernel: Kernel[Cfg, Out], *args: Any, cfg: Cfg | None = None, **kwargs: Any) -> Cfg:

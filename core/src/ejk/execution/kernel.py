@@ -13,7 +13,7 @@ import enum
 import hashlib
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Generic, TypeVar
 
 import attrs
@@ -22,7 +22,7 @@ import numpy as np
 
 from ejk.config.persistent import from_jsonable, to_jsonable
 
-__all__ = ["Invocation", "Kernel", "abstract_args", "make_call_key", "static_key"]
+__all__ = ["Invocation", "Kernel", "abstract_args", "bind_kernel", "make_call_key", "static_key"]
 
 Cfg = TypeVar("Cfg")
 Out = TypeVar("Out")
@@ -232,3 +232,24 @@ class Kernel(Generic[Cfg, Out]):
     def describe_cfg(self, cfg: Cfg) -> str:
         """A short human-readable form of ``cfg`` for events and the CLI."""
         return repr(cfg)
+
+
+def bind_kernel(kernel: Kernel[Cfg, Out], cfg: Cfg, kwargs: Mapping[str, Any]) -> Callable[..., Out]:
+    """``f(*args) = kernel.run(*args, cfg=cfg, **kwargs)``, with the kernel's custom VJP if it has one."""
+    static = dict(kwargs)
+
+    def run(*args: Any) -> Out:
+        return kernel.run(*args, cfg=cfg, **static)
+
+    if not kernel.has_custom_vjp:
+        return run
+    with_vjp = jax.custom_vjp(run)
+
+    def fwd(*args: Any) -> tuple[Out, Any]:
+        return kernel.fwd(*args, cfg=cfg, **static)
+
+    def bwd(residuals: Any, cotangent: Any) -> tuple[Any, ...]:
+        return tuple(kernel.bwd(residuals, cotangent, cfg=cfg, **static))
+
+    with_vjp.defvjp(fwd, bwd)
+    return with_vjp  # type: ignore[no-any-return]

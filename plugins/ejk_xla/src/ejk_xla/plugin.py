@@ -6,7 +6,6 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import ejk
-
 from ejk_xla import _flash_attention, _grouped_matmul, _matmul, _paged_attention
 
 _MODULES = {

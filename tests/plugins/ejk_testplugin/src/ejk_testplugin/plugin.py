@@ -6,6 +6,7 @@ from collections.abc import Callable
 from typing import Any
 
 import attrs
+
 import ejk
 
 PLATFORM = "testplat"

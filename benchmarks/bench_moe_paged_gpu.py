@@ -173,6 +173,7 @@ def dirichlet_sizes(rng: np.random.Generator, tokens: int, experts: int) -> np.n
     sizes = np.floor(share).astype(np.int64)
     remainder = np.argsort(sizes - share)[: tokens - int(sizes.sum())]  # largest fractional parts
     sizes[remainder] += 1
+    assert sizes.sum() == tokens and sizes.min() >= 0
     return sizes.astype(np.int32)
 
 

@@ -18,6 +18,7 @@ from ejk.testing import (
     reference_ragged_paged_attention,
 )
 from ejk_xla import FlashAttentionConfig, GroupedMatmulConfig, PagedAttentionConfig
+from ejk_xla._flash_attention import config_space as flash_config_space
 
 
 @pytest.fixture
@@ -44,7 +45,8 @@ def test_flash_attention_autotunes_then_reuses(events: list[ejk.SelectionEvent],
     assert tuned.tier == "autotune" and tuned.tune is not None
     assert isinstance(tuned.cfg, ejk.ImplChoice) and tuned.cfg.platform == "xla"
     assert isinstance(tuned.cfg.cfg, FlashAttentionConfig)
-    assert len(tuned.tune.trials) > 1 and all(t.error is None for t in tuned.tune.trials)
+    space = flash_config_space(q, k, v)  # every candidate of the xla space was compiled and timed
+    assert [t.cfg.cfg for t in tuned.tune.trials] == space and all(t.error is None for t in tuned.tune.trials)
     assert (tmp_path / "flash_attention.json").exists()
     ejk.flash_attention(q, k, v, causal=True)
     assert events[-1].tier == "memory"

@@ -24,21 +24,18 @@ The markdown table goes to ``$OUT/attention_gpu.md`` when ``OUT`` is set, else t
 from __future__ import annotations
 
 import argparse
-import datetime
 import math
 import os
-import platform
-import statistics
-import time
 import traceback
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
+import _harness
 import attrs
 import jax
 import jax.numpy as jnp
 import numpy as np
+from _harness import error_text, time_ms
 
 from ejk_xla._flash_attention import FlashAttentionConfig, flash_attention
 
@@ -103,27 +100,10 @@ def with_backward(attention: Callable[..., jax.Array]) -> Callable[..., Any]:
     return fn
 
 
-def time_ms(fn: Callable[..., Any], args: tuple[jax.Array, ...], reps: int) -> float:
-    compiled = jax.jit(fn).lower(*args).compile()
-    for _ in range(2):
-        jax.block_until_ready(compiled(*args))
-    samples = []
-    for _ in range(reps):
-        start = time.perf_counter()
-        jax.block_until_ready(compiled(*args))
-        samples.append(time.perf_counter() - start)
-    return statistics.median(samples) * 1e3
-
-
 def make_inputs(shape: Shape, dtype: Any) -> tuple[jax.Array, ...]:
     rng = np.random.default_rng(0)
     dims = (shape.batch, shape.seq, shape.heads, shape.dim)
     return tuple(jnp.asarray(rng.standard_normal(dims, dtype=np.float32)).astype(dtype) for _ in range(4))
-
-
-def _error_text(exc: BaseException) -> str:
-    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-    return f"{type(exc).__name__}: {first[:140]}"
 
 
 def measure(attention: Callable[..., jax.Array], mode: str, inputs: tuple[jax.Array, ...], reps: int) -> float:
@@ -144,7 +124,7 @@ def bench_line(
         try:
             results[label] = measure(attention, mode, inputs, reps)
         except Exception as exc:  # report per line, keep going
-            errors.append(f"{label}: {_error_text(exc)}" if label else _error_text(exc))
+            errors.append(f"{label}: {error_text(exc)}" if label else error_text(exc))
             if os.environ.get("EJK_BENCH_TRACEBACK"):
                 traceback.print_exc()
     if not results:
@@ -163,42 +143,21 @@ def max_abs_diff(ours: Callable[..., jax.Array], inputs: tuple[jax.Array, ...], 
         want = jax.jit(jax_nn_attention(shape, "xla"))(*inputs[:3]).astype(jnp.float32)
         return f"max abs diff of ejk vs jax.nn xla output: {float(jnp.max(jnp.abs(got - want))):.3g}"
     except Exception as exc:
-        return f"output check failed: {_error_text(exc)}"
+        return f"output check failed: {error_text(exc)}"
 
 
 def header(args: argparse.Namespace) -> list[str]:
-    device = jax.devices()[0]
-    return [
-        "# Attention throughput: ejk XLA flash attention vs jax.nn.dot_product_attention",
-        "",
-        f"- date: {datetime.datetime.now(datetime.UTC).strftime('%Y-%m-%d %H:%M UTC')}",
-        f"- device: {getattr(device, 'device_kind', device.platform)} ({jax.default_backend()}), "
-        f"host {platform.node() or '?'}, python {platform.python_version()}, jax {jax.__version__}",
-        f"- dtype {args.dtype}; FLOPs 4·B·H·Sq·Sk·D (halved when causal), fwd+bwd = {BWD_FACTOR}x fwd; "
-        f"median of {args.reps} after 2 warm-ups" + ("; SMOKE RUN (tiny shapes)" if args.smoke else ""),
-        "",
-        "| shape [B,S,H,D] | mode | implementation | ms | TFLOP/s | note |",
-        "| --- | --- | --- | ---: | ---: | --- |",
-    ]
-
-
-def output_path(args: argparse.Namespace) -> Path:
-    if args.out is not None:
-        return Path(args.out)
-    name = "attention_gpu_smoke.md" if args.smoke else "attention_gpu.md"
-    if os.environ.get("OUT"):
-        return Path(os.environ["OUT"]) / name
-    return Path(__file__).parent / "results" / name
+    return _harness.header(
+        "Attention throughput: ejk XLA flash attention vs jax.nn.dot_product_attention", args,
+        f"dtype {args.dtype}; FLOPs 4·B·H·Sq·Sk·D (halved when causal), fwd+bwd = {BWD_FACTOR}x fwd",
+        case="shape [B,S,H,D]", rate="TFLOP/s",
+    )
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--smoke", action="store_true", help="tiny shapes and configs (CPU is fine)")
-    parser.add_argument("--reps", type=int, default=None, help="timed calls per line (default 10, smoke 2)")
+    parser = _harness.parser(__doc__)
     parser.add_argument("--dtype", default="bfloat16")
-    parser.add_argument("--out", default=None)
-    args = parser.parse_args()
-    args.reps = args.reps or (2 if args.smoke else 10)
+    args = _harness.parse(parser)
     shapes = SMOKE_SHAPES if args.smoke else FULL_SHAPES
     configs = SMOKE_CONFIGS if args.smoke else FULL_CONFIGS
     on_gpu = jax.default_backend() == "gpu"
@@ -227,10 +186,7 @@ def main() -> None:
         del inputs
     lines += ["", f"Forward outputs ({args.dtype} inputs), ejk's first block config against jax.nn xla:", *checks]
     print("\n".join(lines[-len(checks) - 2 :]), flush=True)
-    path = output_path(args)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("\n".join(lines) + "\n")
-    print(f"\nwritten to {path}")
+    _harness.write(lines, args, "attention_gpu.md")
 
 
 if __name__ == "__main__":

@@ -33,22 +33,18 @@ The markdown goes to ``$OUT/moe_paged_gpu.md`` when ``OUT`` is set, else to
 from __future__ import annotations
 
 import argparse
-import datetime
-import importlib.metadata
 import math
 import os
-import platform
-import statistics
-import time
 import traceback
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
+import _harness
 import attrs
 import jax
 import jax.numpy as jnp
 import numpy as np
+from _harness import error_text, time_ms
 
 from ejk_xla._grouped_matmul import GroupedMatmulConfig, grouped_matmul
 from ejk_xla._paged_attention import PagedAttentionConfig, ragged_paged_attention
@@ -106,23 +102,6 @@ SMOKE_PAGED = (
 )
 
 
-def time_ms(fn: Callable[..., Any], args: tuple[Any, ...], reps: int) -> float:
-    compiled = jax.jit(fn).lower(*args).compile()
-    for _ in range(2):
-        jax.block_until_ready(compiled(*args))
-    samples = []
-    for _ in range(reps):
-        start = time.perf_counter()
-        jax.block_until_ready(compiled(*args))
-        samples.append(time.perf_counter() - start)
-    return statistics.median(samples) * 1e3
-
-
-def _error_text(exc: BaseException) -> str:
-    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-    return f"{type(exc).__name__}: {first[:140]}"
-
-
 def bench_line(
     case: str, mode: str, name: str, candidates: dict[str, Callable[..., Any]], args: tuple[Any, ...],
     reps: int, work: float, unit: str,
@@ -137,7 +116,7 @@ def bench_line(
         try:
             results[label] = time_ms(fn, args, reps)
         except Exception as exc:  # report per line, keep going
-            errors.append(f"{label}: {_error_text(exc)}" if label else _error_text(exc))
+            errors.append(f"{label}: {error_text(exc)}" if label else error_text(exc))
             if os.environ.get("EJK_BENCH_TRACEBACK"):
                 traceback.print_exc()
     if not results:
@@ -161,7 +140,7 @@ def max_abs_diff(ours: Callable[..., Any], base: Callable[..., Any], args: tuple
         ]
         return ", ".join(diffs)
     except Exception as exc:
-        return f"check failed: {_error_text(exc)}"
+        return f"check failed: {error_text(exc)}"
 
 
 # ---- grouped matmul -------------------------------------------------------------------------
@@ -300,52 +279,20 @@ def bench_paged(shape: PagedShape, blocks: tuple[int, ...], reps: int) -> tuple[
 # ---- driver ---------------------------------------------------------------------------------
 
 
-def _version(*dists: str) -> str:
-    for dist in dists:
-        try:
-            return importlib.metadata.version(dist)
-        except importlib.metadata.PackageNotFoundError:
-            pass
-    return "?"
-
-
 def header(args: argparse.Namespace) -> list[str]:
-    device = jax.devices()[0]
-    return [
-        "# MoE grouped matmul and ragged paged attention: ejk XLA kernels vs baselines",
-        "",
-        f"- date: {datetime.datetime.now(datetime.UTC).strftime('%Y-%m-%d %H:%M UTC')}",
-        f"- device: {getattr(device, 'device_kind', device.platform)} ({jax.default_backend()}), "
-        f"host {platform.node() or '?'}, python {platform.python_version()}, jax {jax.__version__}, "
-        f"jaxlib {_version('jaxlib')}, ejk {_version('ejk-core', 'ejk')}, ejk-xla {_version('ejk-xla', 'ejk_xla')}",
-        f"- bfloat16; median of {args.reps} after 2 warm-ups" + ("; SMOKE RUN (tiny shapes)" if args.smoke else ""),
-        f"- grouped matmul: group sizes a Dirichlet(alpha={DIRICHLET_ALPHA}) split of m (seed 0); "
+    return _harness.header(
+        "MoE grouped matmul and ragged paged attention: ejk XLA kernels vs baselines", args,
+        "bfloat16",
+        f"grouped matmul: group sizes a Dirichlet(alpha={DIRICHLET_ALPHA}) split of m (seed 0); "
         "FLOPs 2·m·k·n, fwd+bwd 3x; dense equal-groups is an upper bound (equal groups, same FLOPs)",
-        "- paged attention: decode GB/s of KV read = 2·S·ctx·Hkv·D·2 bytes; prefill TFLOP/s = "
+        "paged attention: decode GB/s of KV read = 2·S·ctx·Hkv·D·2 bytes; prefill TFLOP/s = "
         "4·Hq·D·Σ_seq Σ_i (ctx − q + i + 1) (exact bottom-right causal count); random page table; "
         "the dense reference's page gather is timed with it",
-        "",
-        "| case | mode | implementation | ms | rate | note |",
-        "| --- | --- | --- | ---: | ---: | --- |",
-    ]
-
-
-def output_path(args: argparse.Namespace) -> Path:
-    if args.out is not None:
-        return Path(args.out)
-    name = "moe_paged_gpu_smoke.md" if args.smoke else "moe_paged_gpu.md"
-    if os.environ.get("OUT"):
-        return Path(os.environ["OUT"]) / name
-    return Path(__file__).parent / "results" / name
+    )
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--smoke", action="store_true", help="tiny shapes and configs (CPU is fine)")
-    parser.add_argument("--reps", type=int, default=None, help="timed calls per line (default 10, smoke 2)")
-    parser.add_argument("--out", default=None)
-    args = parser.parse_args()
-    args.reps = args.reps or (2 if args.smoke else 10)
+    args = _harness.parse(_harness.parser(__doc__))
     lines = header(args)
     checks: list[str] = []
     print("\n".join(lines), flush=True)
@@ -360,10 +307,7 @@ def main() -> None:
     lines += ["", "Numerics: max abs diff of each ejk line (its first config) against its baseline, bf16 outputs:",
               *checks]
     print("\n".join(lines[-len(checks) - 2 :]), flush=True)
-    path = output_path(args)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("\n".join(lines) + "\n")
-    print(f"\nwritten to {path}")
+    _harness.write(lines, args, "moe_paged_gpu.md")
 
 
 if __name__ == "__main__":

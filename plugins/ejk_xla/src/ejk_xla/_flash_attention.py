@@ -29,14 +29,10 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from ejk_xla._validators import positive_int
 from ejk_xla._vma import varying_like
 
 __all__ = ["FlashAttentionConfig", "config_space", "flash_attention", "heuristic_config"]
-
-
-def _positive_int(_instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"FlashAttentionConfig.{attribute.name} must be a positive int, got {value!r}")
 
 
 @attrs.frozen(kw_only=True)
@@ -48,8 +44,8 @@ class FlashAttentionConfig:
         block_k: Key rows per block (clamped to ``Sk``).
     """
 
-    block_q: int = attrs.field(validator=_positive_int)
-    block_k: int = attrs.field(validator=_positive_int)
+    block_q: int = attrs.field(validator=positive_int)
+    block_k: int = attrs.field(validator=positive_int)
 
 
 @attrs.frozen

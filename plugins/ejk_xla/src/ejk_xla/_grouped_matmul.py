@@ -23,17 +23,13 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from ejk_xla._validators import positive_int
 from ejk_xla._vma import varying_like
 
 __all__ = ["GroupedMatmulConfig", "config_space", "grouped_matmul", "heuristic_config"]
 
 _HIGHEST = lax.Precision.HIGHEST
 _BLOCK_CHOICES = (8, 16, 32, 64, 128, 256, 512)
-
-
-def _positive_int(instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{type(instance).__name__}.{attribute.name} is {value!r} but needs a positive int")
 
 
 @attrs.frozen(kw_only=True)
@@ -46,7 +42,7 @@ class GroupedMatmulConfig:
             ``(m + (g - 1) * block_m) * k * n`` multiply-adds.
     """
 
-    block_m: int = attrs.field(default=128, validator=_positive_int)
+    block_m: int = attrs.field(default=128, validator=positive_int)
 
 
 class _WorkList(NamedTuple):

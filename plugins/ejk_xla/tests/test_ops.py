@@ -12,6 +12,10 @@ import pytest
 
 import ejk
 from ejk.testing import (
+    check_flash_attention,
+    check_grouped_matmul,
+    check_matmul,
+    check_ragged_paged_attention,
     reference_flash_attention,
     reference_grouped_matmul,
     reference_matmul,
@@ -161,3 +165,11 @@ def test_bad_input_names_the_argument(call: Any, match: str) -> None:
 def test_signatures_of_registered_implementations_agree() -> None:
     for algorithm in ejk.kernel_registry.list_algorithms():
         assert ejk.kernel_registry.validate_signatures(algorithm) is True
+
+
+@pytest.mark.parametrize(
+    "check", [check_flash_attention, check_matmul, check_grouped_matmul, check_ragged_paged_attention]
+)
+def test_platform_conformance_suite(check: Any) -> None:
+    """The conformance checks every platform runs (ejk.testing), here for xla."""
+    assert check("xla") > 0

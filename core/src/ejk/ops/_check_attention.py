@@ -11,6 +11,7 @@ import math
 import numbers
 from typing import Any, NoReturn
 
+import jax.numpy as jnp
 import numpy as np
 
 __all__ = ["check_flash_attention_args"]
@@ -95,7 +96,7 @@ def _check_bias(bias: Any, full: tuple[int, int, int, int]) -> None:
     needs = f"rank 4, broadcastable to [batch, q_heads, seq_q, seq_k] = {full} (each dim 1 or full)"
     if len(shape) != 4 or any(d not in (1, f) for d, f in zip(shape, full, strict=True)):
         _fail(f"bias has shape {shape} but needs {needs}")
-    if not np.issubdtype(np.dtype(bias.dtype), np.floating):
+    if not jnp.issubdtype(bias.dtype, jnp.floating):  # numpy alone does not know bfloat16
         _fail(f"bias has dtype {_dtype_name(bias)} but needs a floating dtype")
 
 

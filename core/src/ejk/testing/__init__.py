@@ -7,11 +7,27 @@ float32 math). They are deliberately simple and slow.
 from __future__ import annotations
 
 from ejk.testing._conformance import check_discovered_plugins, check_imports_lazily, check_plugin, expected_plugins
+from ejk.testing._op_checks import (
+    FLASH_ATTENTION_CASES,
+    TOLERANCES,
+    assert_close,
+    check_flash_attention,
+    check_grouped_matmul,
+    check_matmul,
+    check_ragged_paged_attention,
+)
 from ejk.testing._reference_attention import reference_flash_attention
 from ejk.testing._reference_matmul import reference_grouped_matmul, reference_matmul
 from ejk.testing._reference_paged import reference_ragged_paged_attention
 
 __all__ = [
+    "FLASH_ATTENTION_CASES",
+    "TOLERANCES",
+    "assert_close",
+    "check_flash_attention",
+    "check_grouped_matmul",
+    "check_matmul",
+    "check_ragged_paged_attention",
     "check_discovered_plugins",
     "check_imports_lazily",
     "check_plugin",

@@ -1,0 +1,189 @@
+"""Conformance of a platform's operations: run the public ops on one platform against the references.
+
+A plugin's test-suite calls, for example, ``check_flash_attention("pallas")`` to compare its
+implementation with :func:`reference_flash_attention` over the edge cases every platform must
+get right (Sq ≠ Sk, length 1, GQA ratios, masks, soft cap, bias, segments, fully masked rows),
+forward values and gradients, with tolerances that fit the dtype.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ejk.testing._reference_attention import reference_flash_attention
+from ejk.testing._reference_matmul import reference_grouped_matmul, reference_matmul
+from ejk.testing._reference_paged import reference_ragged_paged_attention
+
+__all__ = [
+    "FLASH_ATTENTION_CASES",
+    "TOLERANCES",
+    "assert_close",
+    "check_flash_attention",
+    "check_grouped_matmul",
+    "check_matmul",
+    "check_ragged_paged_attention",
+]
+
+#: (absolute, relative) tolerance per dtype, for outputs scaled to about 1.
+TOLERANCES: dict[str, tuple[float, float]] = {
+    "float32": (2e-5, 2e-5),
+    "bfloat16": (3e-2, 3e-2),
+    "float16": (5e-3, 5e-3),
+}
+
+#: Edge cases of flash attention: shapes [B, Sq, Hq, Sk, Hkv, D] and options.
+FLASH_ATTENTION_CASES: tuple[dict[str, Any], ...] = (
+    {"shape": (2, 16, 4, 16, 4, 16)},
+    {"shape": (1, 24, 8, 40, 2, 16), "causal": True},
+    {"shape": (1, 1, 4, 33, 1, 32), "causal": True},  # decode-like: Sq = 1, MQA
+    {"shape": (1, 9, 2, 1, 2, 8)},  # Sk = 1
+    {"shape": (2, 20, 4, 20, 2, 16), "sliding_window": (3, 2)},
+    {"shape": (1, 32, 4, 32, 2, 16), "causal": True, "sliding_window": 5, "logits_soft_cap": 5.0},
+    {"shape": (2, 12, 2, 14, 1, 8), "bias": True},
+    {"shape": (2, 16, 4, 16, 2, 16), "segments": True},  # with rows that see no key
+    {"shape": (1, 20, 2, 8, 2, 16), "causal": True},  # Sq > Sk: leading rows see nothing
+)
+
+
+def assert_close(got: Any, want: Any, dtype: Any, *, what: str = "output") -> None:
+    """Compare in float32, scaled by the reference's magnitude, with the dtype's tolerance."""
+    got32 = np.asarray(jnp.asarray(got, jnp.float32))
+    want32 = np.asarray(jnp.asarray(want, jnp.float32))
+    scale = max(float(np.max(np.abs(want32), initial=0.0)), 1.0)
+    atol, rtol = TOLERANCES[jnp.dtype(dtype).name]
+    np.testing.assert_allclose(got32 / scale, want32 / scale, atol=atol, rtol=rtol, err_msg=what)
+
+
+def _flash_inputs(case: dict[str, Any], dtype: Any, seed: int) -> tuple[tuple[jax.Array, ...], dict[str, Any]]:
+    b, sq, hq, sk, hkv, d = case["shape"]
+    keys = jax.random.split(jax.random.key(seed), 4)
+    q = jax.random.normal(keys[0], (b, sq, hq, d), dtype)
+    k = jax.random.normal(keys[1], (b, sk, hkv, d), dtype)
+    v = jax.random.normal(keys[2], (b, sk, hkv, d), dtype)
+    options: dict[str, Any] = {name: case[name] for name in ("causal", "sliding_window", "logits_soft_cap")
+                               if name in case}
+    if case.get("bias"):
+        options["bias"] = jax.random.normal(keys[3], (b, 1, sq, sk), dtype)
+    if case.get("segments"):
+        options["q_segment_ids"] = jnp.asarray(np.arange(sq)[None].repeat(b, 0) // 5, jnp.int32)
+        options["kv_segment_ids"] = jnp.asarray(np.arange(sk)[None].repeat(b, 0) // 3 + 1, jnp.int32)
+    return (q, k, v), options
+
+
+def check_flash_attention(
+    platform: str,
+    *,
+    dtypes: Sequence[Any] = (jnp.float32, jnp.bfloat16),
+    cases: Sequence[dict[str, Any]] = FLASH_ATTENTION_CASES,
+    grads: bool = True,
+    cfg: Any = None,
+) -> int:
+    """``ejk.flash_attention(..., platform=platform)`` against the reference; returns the cases run.
+
+    Gradients of q, k, v (and bias) are compared with ``jax.vjp`` of the reference when
+    ``grads`` is set.
+    """
+    import ejk
+
+    for dtype in dtypes:
+        for seed, case in enumerate(cases):
+            (q, k, v), options = _flash_inputs(case, dtype, seed)
+            bias = options.pop("bias", None)
+
+            def ours(q: jax.Array, k: jax.Array, v: jax.Array, bias: Any, options: dict[str, Any] = options) -> Any:
+                return ejk.flash_attention(q, k, v, bias=bias, platform=platform, cfg=cfg, **options)
+
+            def ref(q: jax.Array, k: jax.Array, v: jax.Array, bias: Any, options: dict[str, Any] = options) -> Any:
+                return reference_flash_attention(q, k, v, bias=bias, **options)
+
+            label = f"flash_attention[{platform}] {case} {jnp.dtype(dtype).name}"
+            _compare(ours, ref, (q, k, v, bias), dtype, label, grads)
+    return len(dtypes) * len(cases)
+
+
+def _compare(ours: Callable[..., Any], ref: Callable[..., Any], args: tuple[Any, ...], dtype: Any, label: str,
+             grads: bool) -> None:
+    if not grads:
+        assert_close(ours(*args), ref(*args), dtype, what=label)
+        return
+    out, ours_vjp = jax.vjp(ours, *args)
+    want, ref_vjp = jax.vjp(ref, *args)
+    assert_close(out, want, dtype, what=label)
+    cotangent = jax.random.normal(jax.random.key(7), out.shape, out.dtype)
+    names = ("d" + str(i) for i in range(len(args)))
+    for name, got_g, want_g in zip(names, ours_vjp(cotangent), ref_vjp(cotangent), strict=True):
+        if want_g is not None and got_g is not None:
+            assert_close(got_g, want_g, dtype, what=f"{label} gradient {name}")
+
+
+def check_matmul(platform: str, *, dtypes: Sequence[Any] = (jnp.float32, jnp.bfloat16), cfg: Any = None) -> int:
+    """``ejk.matmul`` on ``platform`` against the reference, with gradients; returns the cases run."""
+    import ejk
+
+    shapes = (((8, 16), (16, 4)), ((2, 3, 5, 7), (7, 9)), ((1, 1), (1, 1)))
+    for dtype in dtypes:
+        for seed, (sa, sb) in enumerate(shapes):
+            keys = jax.random.split(jax.random.key(seed), 2)
+            args = (jax.random.normal(keys[0], sa, dtype), jax.random.normal(keys[1], sb, dtype))
+            _compare(lambda a, b: ejk.matmul(a, b, platform=platform, cfg=cfg), reference_matmul, args, dtype,
+                     f"matmul[{platform}] {sa}x{sb} {jnp.dtype(dtype).name}", grads=True)
+    return len(dtypes) * len(shapes)
+
+
+def check_grouped_matmul(platform: str, *, dtypes: Sequence[Any] = (jnp.float32, jnp.bfloat16),
+                         cfg: Any = None) -> int:
+    """``ejk.grouped_matmul`` on ``platform``: uneven, empty and trailing-row groups, with gradients."""
+    import ejk
+
+    cases = ((40, 16, 8, [10, 0, 25, 3]), (7, 4, 3, [7]), (33, 8, 5, [0, 0, 33, 0]), (1, 4, 2, [0, 1]),
+             (12, 8, 8, [0, 0, 0]))
+    for dtype in dtypes:
+        for seed, (m, k, n, sizes) in enumerate(cases):
+            keys = jax.random.split(jax.random.key(seed), 2)
+            lhs = jax.random.normal(keys[0], (m, k), dtype)
+            rhs = jax.random.normal(keys[1], (len(sizes), k, n), dtype)
+            group_sizes = jnp.asarray(sizes, jnp.int32)
+
+            def ours(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array = group_sizes) -> jax.Array:
+                return ejk.grouped_matmul(lhs, rhs, group_sizes, platform=platform, cfg=cfg)
+
+            def ref(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array = group_sizes) -> jax.Array:
+                return reference_grouped_matmul(lhs, rhs, group_sizes)
+
+            _compare(ours, ref, (lhs, rhs), dtype,
+                     f"grouped_matmul[{platform}] m={m} sizes={sizes} {jnp.dtype(dtype).name}", grads=True)
+    return len(dtypes) * len(cases)
+
+
+def check_ragged_paged_attention(platform: str, *, dtypes: Sequence[Any] = (jnp.float32, jnp.bfloat16),
+                                 cfg: Any = None) -> int:
+    """``ejk.ragged_paged_attention`` on ``platform``: decode, chunked prefill, a padded batch."""
+    import ejk
+
+    rng = np.random.default_rng(0)
+    pages, page, hq, hkv, d = 16, 4, 8, 2, 16
+    cases: tuple[tuple[list[int], list[int], int, dict[str, Any]], ...] = (  # kv_lens, q_lens, num_seqs, options
+        ([9, 5, 16, 1], [1, 1, 1, 1], 4, {}),  # decode
+        ([12, 7], [5, 7], 2, {"sliding_window": 4}),  # chunked prefill, a whole prompt
+        ([10, 6, 3], [2, 3, 1], 2, {"logits_soft_cap": 10.0}),  # the third sequence is padding
+    )
+    for dtype in dtypes:
+        for kv_lens, q_lens, num_seqs, options in cases:
+            seqs = len(kv_lens)
+            table = rng.permutation(pages)[: seqs * 4].reshape(seqs, 4)
+            args = (
+                jnp.asarray(rng.standard_normal((sum(q_lens), hq, d)), dtype),
+                jnp.asarray(rng.standard_normal((pages, page, hkv, d)), dtype),
+                jnp.asarray(rng.standard_normal((pages, page, hkv, d)), dtype),
+                jnp.asarray(kv_lens, jnp.int32), jnp.asarray(table, jnp.int32),
+                jnp.asarray(np.concatenate([[0], np.cumsum(q_lens)]), jnp.int32), num_seqs,
+            )
+            got = ejk.ragged_paged_attention(*args, platform=platform, cfg=cfg, **options)
+            assert_close(got, reference_ragged_paged_attention(*args, **options), dtype,
+                         what=f"ragged_paged_attention[{platform}] kv={kv_lens} q={q_lens} {jnp.dtype(dtype).name}")
+    return len(dtypes) * len(cases)

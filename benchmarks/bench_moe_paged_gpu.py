@@ -92,13 +92,21 @@ class PagedShape:
 FULL_MOE = (MoeShape(experts=64, k=2048, n=1536, tokens=32768), MoeShape(experts=8, k=4096, n=14336, tokens=8192))
 SMOKE_MOE = (MoeShape(experts=4, k=64, n=32, tokens=256),)
 FULL_BLOCK_M, SMOKE_BLOCK_M = (128, 256, 512), (16, 32)
+def _configs(per_token: tuple[int, ...], tiled: tuple[tuple[int, int], ...]) -> tuple[PagedAttentionConfig, ...]:
+    """Per-token configs (pages per block) and sequence-tiled ones ((q_block, pages per block))."""
+    return (*(PagedAttentionConfig(pages_per_block=b) for b in per_token),
+            *(PagedAttentionConfig(pages_per_block=b, q_block=q) for q, b in tiled))
+
+
 FULL_PAGED = (
-    (PagedShape(seqs=16, ctx=4096, q_len=1, hq=32, hkv=8, dim=128, page=64), (4, 8, 16, 32)),
-    (PagedShape(seqs=4, ctx=2048, q_len=256, hq=32, hkv=8, dim=128, page=64), (2, 4, 8, 16)),
+    (PagedShape(seqs=16, ctx=4096, q_len=1, hq=32, hkv=8, dim=128, page=64),
+     _configs((4, 8, 16, 32), ((1, 8), (1, 32)))),
+    (PagedShape(seqs=4, ctx=2048, q_len=256, hq=32, hkv=8, dim=128, page=64),
+     _configs((4, 8), ((64, 8), (128, 8), (256, 4), (256, 8), (256, 16)))),
 )
 SMOKE_PAGED = (
-    (PagedShape(seqs=2, ctx=256, q_len=1, hq=4, hkv=2, dim=32, page=16), (2, 4)),
-    (PagedShape(seqs=2, ctx=128, q_len=32, hq=4, hkv=2, dim=32, page=16), (2, 4)),
+    (PagedShape(seqs=2, ctx=256, q_len=1, hq=4, hkv=2, dim=32, page=16), _configs((2, 4), ((1, 4),))),
+    (PagedShape(seqs=2, ctx=128, q_len=32, hq=4, hkv=2, dim=32, page=16), _configs((2,), ((16, 2), (32, 4)))),
 )
 
 
@@ -228,11 +236,10 @@ def paged_inputs(shape: PagedShape) -> tuple[jax.Array, ...]:
     return q, k_pages, v_pages, kv_lens, page_indices, cu_q_lens, jnp.int32(shape.seqs)
 
 
-def ejk_paged(shape: PagedShape, pages_per_block: int) -> Callable[..., jax.Array]:
+def ejk_paged(shape: PagedShape, cfg: PagedAttentionConfig) -> Callable[..., jax.Array]:
     def fn(*args: jax.Array) -> jax.Array:
         return ragged_paged_attention(
-            *args, softmax_scale=1 / math.sqrt(shape.dim), sliding_window=None, logits_soft_cap=None,
-            cfg=PagedAttentionConfig(pages_per_block=pages_per_block),
+            *args, softmax_scale=1 / math.sqrt(shape.dim), sliding_window=None, logits_soft_cap=None, cfg=cfg,
         )
 
     return fn
@@ -262,18 +269,24 @@ def dense_paged(shape: PagedShape) -> Callable[..., jax.Array]:
     return fn
 
 
-def bench_paged(shape: PagedShape, blocks: tuple[int, ...], reps: int) -> tuple[list[str], list[str]]:
+def _label(cfg: PagedAttentionConfig) -> str:
+    if cfg.q_block is None:
+        return f"per-token, pages_per_block {cfg.pages_per_block}"
+    return f"tiled q_block {cfg.q_block}, pages_per_block {cfg.pages_per_block}"
+
+
+def bench_paged(shape: PagedShape, blocks: tuple[PagedAttentionConfig, ...], reps: int) -> tuple[list[str], list[str]]:
     args = paged_inputs(shape)
     decode = shape.q_len == 1
     mode, work, unit = ("decode", shape.kv_bytes(), "GB/s") if decode else ("prefill", shape.causal_flops(), "TFLOP/s")
-    ours = {f"pages_per_block {b}": ejk_paged(shape, b) for b in blocks}
+    ours = {_label(b): ejk_paged(shape, b) for b in blocks}
     impls = (("ejk xla paged", ours), ("dense gather + jax.nn xla", {"": dense_paged(shape)}))
     rows = []
     for name, cands in impls:
         rows.append(bench_line(str(shape), mode, name, cands, args, reps, work, unit))
         print(rows[-1], flush=True)
     diff = max_abs_diff(ejk_paged(shape, blocks[0]), dense_paged(shape), args)
-    return rows, [f"- {shape}, ejk pages_per_block {blocks[0]} vs dense gather + jax.nn xla: {diff}"]
+    return rows, [f"- {shape}, ejk {_label(blocks[0])} vs dense gather + jax.nn xla: {diff}"]
 
 
 # ---- driver ---------------------------------------------------------------------------------

@@ -65,17 +65,23 @@ def make_batch(
     }
 
 
+def run_impl(batch: dict[str, Any], cfg: PagedAttentionConfig | None = None, **options: Any) -> jax.Array:
+    """The implementation, with checked and normalised options."""
+    arrays = [batch[name] for name in ARRAYS]
+    user: dict[str, Any] = {name: options.get(name) for name in OPTIONS}
+    scale, window = check_ragged_paged_attention_args(*arrays, **user)
+    return ragged_paged_attention(
+        *arrays, softmax_scale=scale, sliding_window=window, logits_soft_cap=user["logits_soft_cap"], cfg=cfg
+    )
+
+
 def run_both(
     batch: dict[str, Any], cfg: PagedAttentionConfig | None = None, **options: Any
 ) -> tuple[jax.Array, jax.Array]:
     """The implementation (with checked, normalised options) and the reference (user options)."""
     arrays = [batch[name] for name in ARRAYS]
-    user = {name: options.get(name) for name in OPTIONS}
-    scale, window = check_ragged_paged_attention_args(*arrays, **user)
-    out = ragged_paged_attention(
-        *arrays, softmax_scale=scale, sliding_window=window, logits_soft_cap=user["logits_soft_cap"], cfg=cfg
-    )
-    return out, reference_ragged_paged_attention(*arrays, **user)
+    user: dict[str, Any] = {name: options.get(name) for name in OPTIONS}
+    return run_impl(batch, cfg, **options), reference_ragged_paged_attention(*arrays, **user)
 
 
 def assert_close(out: jax.Array, ref: jax.Array, dtype: Any = jnp.float32) -> None:
@@ -98,10 +104,24 @@ def rng() -> np.random.Generator:
     return np.random.default_rng(7)
 
 
+PATHS = {
+    "per_token": PagedAttentionConfig(pages_per_block=2),
+    # Tiles of 3 rows: several tiles per sequence, and end-of-T slices moved back over other rows.
+    "tiled": PagedAttentionConfig(pages_per_block=2, q_block=3),
+    "one_tile": PagedAttentionConfig(pages_per_block=2, q_block=64),  # more rows than any sequence (and T)
+}
+
+
+@pytest.fixture(params=list(PATHS))
+def cfg(request: pytest.FixtureRequest) -> PagedAttentionConfig:
+    """Each algorithm: per token, and sequence tiled with small and large tiles."""
+    return PATHS[request.param]
+
+
 # -- values ---------------------------------------------------------------------------------------
 
 
-SCENARIOS = {
+SCENARIOS: dict[str, dict[str, Any]] = {
     "decode": {"q_lens": [1, 1, 1, 1, 1], "kv_lens": [9, 1, 16, 4, 23]},
     "chunked_prefill": {"q_lens": [5, 3, 8], "kv_lens": [13, 3, 20]},
     "mixed": {"q_lens": [1, 6, 1, 4], "kv_lens": [17, 6, 2, 11]},
@@ -113,10 +133,11 @@ SCENARIOS = {
 }
 
 
+@pytest.mark.parametrize("path", [*PATHS, "heuristic"])
 @pytest.mark.parametrize("scenario", list(SCENARIOS))
-def test_scenarios(rng: np.random.Generator, scenario: str) -> None:
+def test_scenarios(rng: np.random.Generator, scenario: str, path: str) -> None:
     batch = make_batch(rng, **SCENARIOS[scenario])
-    out, ref = run_both(batch)
+    out, ref = run_both(batch, PATHS.get(path))
     assert_close(out, ref)
     assert not np.any(np.asarray(out)[~owned_rows(batch)]), "rows of no live sequence must be zeros"
     assert np.all(np.isfinite(np.asarray(out)))
@@ -127,31 +148,33 @@ def test_scenarios(rng: np.random.Generator, scenario: str) -> None:
     [((3, 0), None, None), (5, None, 0.5), (None, 1.5, None), ((4, 7), 2.0, 0.9), (0, None, None)],
     ids=["window", "int_window", "soft_cap", "window_right_ignored_cap", "window_0"],
 )
-def test_window_soft_cap_scale(rng: np.random.Generator, window: Any, cap: Any, scale: Any) -> None:
+def test_window_soft_cap_scale(
+    rng: np.random.Generator, cfg: PagedAttentionConfig, window: Any, cap: Any, scale: Any
+) -> None:
     batch = make_batch(rng, q_lens=[1, 6, 3], kv_lens=[19, 14, 3], spare_tokens=2)
-    for pages_per_block in (1, 2, 8):
-        out, ref = run_both(batch, PagedAttentionConfig(pages_per_block=pages_per_block),
-                            sliding_window=window, logits_soft_cap=cap, softmax_scale=scale)
-        assert_close(out, ref)
+    options = {"sliding_window": window, "logits_soft_cap": cap, "softmax_scale": scale}
+    ref = reference_ragged_paged_attention(*[batch[name] for name in ARRAYS], **options)
+    for pages_per_block in (1, 4):  # one page per block; several pages and a padded table
+        assert_close(run_impl(batch, attrs.evolve(cfg, pages_per_block=pages_per_block), **options), ref)
 
 
 @pytest.mark.parametrize(("hq", "hkv"), [(2, 2), (4, 2), (8, 1), (16, 2)], ids=["mha", "gqa2", "mqa8", "gqa8"])
-def test_gqa(rng: np.random.Generator, hq: int, hkv: int) -> None:
+def test_gqa(rng: np.random.Generator, cfg: PagedAttentionConfig, hq: int, hkv: int) -> None:
     batch = make_batch(rng, q_lens=[1, 4, 2], kv_lens=[10, 7, 12], hq=hq, hkv=hkv, d=8)
-    assert_close(*run_both(batch))
+    assert_close(*run_both(batch, cfg))
 
 
-def test_value_head_dim_differs(rng: np.random.Generator) -> None:
+def test_value_head_dim_differs(rng: np.random.Generator, cfg: PagedAttentionConfig) -> None:
     batch = make_batch(rng, q_lens=[2, 1], kv_lens=[6, 9], d=8, dv=12)
-    out, ref = run_both(batch)
+    out, ref = run_both(batch, cfg)
     assert out.shape == (3, 4, 12)
     assert_close(out, ref)
 
 
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.float16, jnp.bfloat16], ids=["f32", "f16", "bf16"])
-def test_dtypes(rng: np.random.Generator, dtype: Any) -> None:
+def test_dtypes(rng: np.random.Generator, cfg: PagedAttentionConfig, dtype: Any) -> None:
     batch = make_batch(rng, q_lens=[1, 5, 2], kv_lens=[11, 8, 17], dtype=dtype, spare_tokens=1)
-    out, ref = run_both(batch, logits_soft_cap=3.0)
+    out, ref = run_both(batch, cfg, logits_soft_cap=3.0)
     assert out.dtype == dtype
     assert_close(out, ref, dtype)
 
@@ -163,11 +186,12 @@ def test_random_batches(rng: np.random.Generator) -> None:
         q_lens = [int(rng.integers(0, n + 1)) for n in kv_lens]
         batch = make_batch(rng, q_lens=q_lens, kv_lens=kv_lens, page=int(rng.integers(1, 6)),
                            num_seqs=int(rng.integers(0, seqs + 1)), spare_tokens=int(rng.integers(0, 3)))
-        cfg = PagedAttentionConfig(pages_per_block=int(rng.integers(1, 5)))
+        q_block = [None, int(rng.integers(1, 7))][int(rng.integers(0, 2))]
+        cfg = PagedAttentionConfig(pages_per_block=int(rng.integers(1, 5)), q_block=q_block)
         assert_close(*run_both(batch, cfg, sliding_window=int(rng.integers(0, 12))))
 
 
-def test_unused_slots_cannot_leak(rng: np.random.Generator) -> None:
+def test_unused_slots_cannot_leak(rng: np.random.Generator, cfg: PagedAttentionConfig) -> None:
     """NaN in unused pages and in the unused tail of a partly filled page stays out."""
     batch = make_batch(rng, q_lens=[2, 1], kv_lens=[5, 6], page=4, spare_pages=2)
     table, lens = np.asarray(batch["page_indices"]), np.asarray(batch["kv_lens"])
@@ -177,17 +201,18 @@ def test_unused_slots_cannot_leak(rng: np.random.Generator) -> None:
         poisoned = tuple(x.at[page].set(jnp.nan) for x in poisoned)
     last = int(table[0, 1])  # sequence 0 uses slot 0 of its second page only
     poisoned = tuple(x.at[last, 1:].set(jnp.nan) for x in poisoned)
-    clean_out, _ = run_both(batch)
-    out, _ = run_both({**batch, "k_pages": poisoned[0], "v_pages": poisoned[1]})
+    clean_out, _ = run_both(batch, cfg)
+    out, _ = run_both({**batch, "k_pages": poisoned[0], "v_pages": poisoned[1]}, cfg)
     assert np.all(np.isfinite(np.asarray(out)))
     assert_close(out, clean_out)
 
 
-def test_rows_that_see_no_key_are_zeros(rng: np.random.Generator) -> None:
+def test_rows_that_see_no_key_are_zeros(rng: np.random.Generator, cfg: PagedAttentionConfig) -> None:
     """Called directly (bypassing the checks): q_len > kv_len puts early queries before the context."""
     batch = make_batch(rng, q_lens=[4, 1], kv_lens=[2, 3])
     arrays = [batch[name] for name in ARRAYS]
-    out = np.asarray(ragged_paged_attention(*arrays, softmax_scale=0.25, sliding_window=None, logits_soft_cap=None))
+    out = np.asarray(ragged_paged_attention(*arrays, softmax_scale=0.25, sliding_window=None, logits_soft_cap=None,
+                                            cfg=cfg))
     assert not np.any(out[:2]), "queries at negative positions see nothing"
     assert np.all(np.abs(out[2:]).sum(axis=(1, 2)) > 0)
     assert_close(jnp.asarray(out), reference_ragged_paged_attention(*arrays, softmax_scale=0.25))
@@ -196,16 +221,16 @@ def test_rows_that_see_no_key_are_zeros(rng: np.random.Generator) -> None:
 # -- composition ----------------------------------------------------------------------------------
 
 
-def test_jit_with_traced_lengths_and_num_seqs(rng: np.random.Generator) -> None:
+def test_jit_with_traced_lengths_and_num_seqs(rng: np.random.Generator, cfg: PagedAttentionConfig) -> None:
     traces = []
 
     @jax.jit
     def run(*arrays: jax.Array) -> jax.Array:
         traces.append(1)
         return ragged_paged_attention(*arrays, softmax_scale=0.3, sliding_window=(6, 0), logits_soft_cap=None,
-                                      cfg=PagedAttentionConfig(pages_per_block=2))
+                                      cfg=cfg)
 
-    shape = {"page": 4, "num_pages": 12}  # same shapes for all three: one trace
+    shape: dict[str, Any] = {"page": 4, "num_pages": 12}  # same shapes for all three: one trace
     batches = [
         make_batch(rng, q_lens=[1, 3, 2], kv_lens=[9, 3, 14], **shape),
         make_batch(rng, q_lens=[2, 2, 2], kv_lens=[12, 5, 14], num_seqs=2, **shape),
@@ -218,7 +243,7 @@ def test_jit_with_traced_lengths_and_num_seqs(rng: np.random.Generator) -> None:
     assert len(traces) == 1
 
 
-def test_vmap_over_layers(rng: np.random.Generator) -> None:
+def test_vmap_over_layers(cfg: PagedAttentionConfig) -> None:
     layers = [make_batch(np.random.default_rng(seed), q_lens=[1, 3], kv_lens=[7, 10]) for seed in range(3)]
     shared = layers[0]  # one page table and one set of lengths for every layer
     stacked = {name: jnp.stack([layer[name] for layer in layers]) for name in ("q", "k_pages", "v_pages")}
@@ -226,12 +251,54 @@ def test_vmap_over_layers(rng: np.random.Generator) -> None:
     def attend(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array) -> jax.Array:
         rest = [shared[name] for name in ARRAYS[3:]]
         return ragged_paged_attention(q, k_pages, v_pages, *rest, softmax_scale=0.25, sliding_window=None,
-                                      logits_soft_cap=2.0, cfg=PagedAttentionConfig(pages_per_block=2))
+                                      logits_soft_cap=2.0, cfg=cfg)
 
     out = jax.jit(jax.vmap(attend))(stacked["q"], stacked["k_pages"], stacked["v_pages"])
     for i, layer in enumerate(layers):
         arrays = [layer[name] for name in ARRAYS[:3]] + [shared[name] for name in ARRAYS[3:]]
         assert_close(out[i], reference_ragged_paged_attention(*arrays, softmax_scale=0.25, logits_soft_cap=2.0))
+
+
+def test_vmap_over_whole_problems(cfg: PagedAttentionConfig) -> None:
+    """Lengths, tables and num_seqs batched too: the loops run to the longest problem's bounds."""
+    shape: dict[str, Any] = {"page": 4, "num_pages": 12}
+    problems = [
+        make_batch(np.random.default_rng(1), q_lens=[1, 5], kv_lens=[7, 10], **shape),
+        make_batch(np.random.default_rng(2), q_lens=[4, 2], kv_lens=[12, 5], num_seqs=1, **shape),
+    ]
+    stacked = [jnp.stack([problem[name] for problem in problems]) for name in ARRAYS]
+
+    def attend(*arrays: jax.Array) -> jax.Array:
+        return ragged_paged_attention(*arrays, softmax_scale=0.25, sliding_window=(5, 0), logits_soft_cap=None,
+                                      cfg=cfg)
+
+    out = jax.jit(jax.vmap(attend))(*stacked)
+    for i, problem in enumerate(problems):
+        arrays = [problem[name] for name in ARRAYS]
+        assert_close(out[i], reference_ragged_paged_attention(*arrays, softmax_scale=0.25, sliding_window=5))
+
+
+def test_shard_map_over_heads(rng: np.random.Generator, cfg: PagedAttentionConfig) -> None:
+    """Inside ``shard_map`` the loop carries must vary along the mesh axis like the heads do."""
+    batch = make_batch(rng, q_lens=[2, 5], kv_lens=[9, 11], spare_tokens=1)
+    arrays = [batch[name] for name in ARRAYS]
+    mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]), ("heads",))
+    heads, pages, whole = jax.P(None, "heads", None), jax.P(None, None, "heads", None), jax.P()
+
+    def local(*arrays: jax.Array) -> jax.Array:
+        return ragged_paged_attention(*arrays, softmax_scale=0.25, sliding_window=None, logits_soft_cap=None,
+                                      cfg=cfg)
+
+    sharded = jax.shard_map(local, mesh=mesh, in_specs=(heads, pages, pages) + (whole,) * 4, out_specs=heads)
+    assert_close(jax.jit(sharded)(*arrays), reference_ragged_paged_attention(*arrays, softmax_scale=0.25))
+
+
+def test_tile_slice_moved_back_leaves_other_rows(rng: np.random.Generator) -> None:
+    """A tile at the end of ``T`` reads an earlier slice; rows of other sequences keep their values."""
+    batch = make_batch(rng, q_lens=[5, 1], kv_lens=[9, 4], spare_tokens=0)
+    for q_block in (2, 4, 6):
+        out, ref = run_both(batch, PagedAttentionConfig(pages_per_block=1, q_block=q_block))
+        assert_close(out, ref)
 
 
 # -- config ---------------------------------------------------------------------------------------
@@ -241,40 +308,85 @@ def test_config_validation() -> None:
     for bad in (0, -1, 2.0, False, None):
         with pytest.raises(ValueError, match="pages_per_block"):
             PagedAttentionConfig(pages_per_block=bad)  # type: ignore[arg-type]
-    cfg = PagedAttentionConfig(pages_per_block=4)
+    bad_blocks: tuple[Any, ...] = (0, -3, 4.0, True, "8")
+    for bad in bad_blocks:
+        with pytest.raises(ValueError, match=r"q_block is .* but needs None or a positive int"):
+            PagedAttentionConfig(q_block=bad)
+    assert PagedAttentionConfig() == PagedAttentionConfig(pages_per_block=8, q_block=None)
+    cfg = PagedAttentionConfig(pages_per_block=4, q_block=16)
     with pytest.raises(attrs.exceptions.FrozenInstanceError):
         cfg.pages_per_block = 2  # type: ignore[misc]
-    assert hash(cfg) == hash(PagedAttentionConfig(pages_per_block=4))
+    with pytest.raises(attrs.exceptions.FrozenInstanceError):
+        cfg.q_block = 2  # type: ignore[misc]
+    assert hash(cfg) == hash(PagedAttentionConfig(pages_per_block=4, q_block=16))
+    assert cfg != PagedAttentionConfig(pages_per_block=4)
 
 
-def _abstract_args(tokens: int, pages_per_seq: int, page: int = 16, hkv: int = 8, d: int = 128) -> tuple[Any, ...]:
+def _abstract_args(
+    tokens: int, pages_per_seq: int, page: int = 16, hkv: int = 8, d: int = 128, seqs: int = 8
+) -> tuple[Any, ...]:
     sds = jax.ShapeDtypeStruct
     return (sds((tokens, 4 * hkv, d), jnp.bfloat16), sds((1024, page, hkv, d), jnp.bfloat16),
-            sds((1024, page, hkv, d), jnp.bfloat16), sds((8,), jnp.int32), sds((8, pages_per_seq), jnp.int32),
-            sds((9,), jnp.int32), sds((), jnp.int32))
+            sds((1024, page, hkv, d), jnp.bfloat16), sds((seqs,), jnp.int32), sds((seqs, pages_per_seq), jnp.int32),
+            sds((seqs + 1,), jnp.int32), sds((), jnp.int32))
 
 
-@pytest.mark.parametrize(("tokens", "pages_per_seq"), [(8, 1), (8, 3), (64, 128), (8192, 128)])
-def test_config_space_and_heuristic(tokens: int, pages_per_seq: int) -> None:
-    args = _abstract_args(tokens, pages_per_seq)
+def _step_floats(cfg: PagedAttentionConfig, tokens: int, page: int = 16, hkv: int = 8, d: int = 128) -> int:
+    """Floats live per loop step, as the config docstring states."""
+    kv = cfg.pages_per_block * page * hkv * 2 * d
+    if cfg.q_block is None:
+        return tokens * kv
+    return cfg.q_block * 4 * hkv * cfg.pages_per_block * page + kv
+
+
+@pytest.mark.parametrize(
+    ("tokens", "pages_per_seq", "seqs"),
+    [(8, 1, 8), (8, 3, 8), (64, 128, 8), (8192, 128, 8), (1024, 32, 4), (4096, 64, 4096), (100, 8, 1)],
+)
+def test_config_space_and_heuristic(tokens: int, pages_per_seq: int, seqs: int) -> None:
+    args = _abstract_args(tokens, pages_per_seq, seqs=seqs)
     space = config_space(*args)
-    assert 1 <= len(space) <= 8
+    assert 2 <= len(space) <= 10
     assert len(set(space)) == len(space)
     assert all(1 <= c.pages_per_block <= pages_per_seq for c in space)
+    assert {c.q_block is None for c in space} == {True, False}, "both algorithms are candidates"
+    assert all(c.q_block is None or 1 <= c.q_block <= tokens for c in space)
+    smallest = {c.q_block: min(d.pages_per_block for d in space if d.q_block == c.q_block) for c in space}
+    for c in space:  # within the budget, or the smallest block of its kind
+        assert 4 * _step_floats(c, tokens) <= 64 * 2**20 or c.pages_per_block == smallest[c.q_block]
     assert heuristic_config(*args) in space
 
 
-def test_heuristic_shrinks_blocks_for_many_tokens() -> None:
-    few, many = heuristic_config(*_abstract_args(8, 128)), heuristic_config(*_abstract_args(8192, 128))
-    assert few.pages_per_block * 16 <= 512
-    assert many.pages_per_block < few.pages_per_block
+@pytest.mark.parametrize(
+    ("tokens", "seqs", "q_block"),
+    [(8, 8, None), (32, 8, None), (33, 8, 8), (64, 8, 8), (1024, 4, 256), (8192, 8, 256), (100, 1, 100),
+     (4096, 64, 64), (4096, 48, 128)],
+)
+def test_heuristic_path_and_tile(tokens: int, seqs: int, q_block: int | None) -> None:
+    """Per token up to 4 queries per sequence on average; else the next power of two (<= 256, <= T)."""
+    assert heuristic_config(*_abstract_args(tokens, 64, seqs=seqs)).q_block == q_block
 
 
-def test_every_config_in_space_is_correct(rng: np.random.Generator) -> None:
-    batch = make_batch(rng, q_lens=[1, 4], kv_lens=[23, 9], page=2)
+def test_heuristic_blocks() -> None:
+    """About 512 kv positions per block; per token, fewer when many tokens gather at once."""
+    decode_few = heuristic_config(*_abstract_args(8, 128))
+    decode_many = heuristic_config(*_abstract_args(8192, 128, seqs=4096))
+    prefill = heuristic_config(*_abstract_args(1024, 128, seqs=4))
+    assert decode_few == PagedAttentionConfig(pages_per_block=32)
+    assert decode_many.q_block is None
+    assert decode_many.pages_per_block < decode_few.pages_per_block
+    assert prefill == PagedAttentionConfig(pages_per_block=32, q_block=256)
+
+
+@pytest.mark.parametrize(
+    ("q_lens", "kv_lens"), [([1, 4], [23, 9]), ([7, 12], [20, 12])], ids=["decode_like", "prefill_like"]
+)
+def test_every_config_in_space_is_correct(rng: np.random.Generator, q_lens: list[int], kv_lens: list[int]) -> None:
+    batch = make_batch(rng, q_lens=q_lens, kv_lens=kv_lens, page=2)
     arrays = [batch[name] for name in ARRAYS]
     space = config_space(*arrays)
-    assert len(space) >= 3
+    assert len(space) >= 5
+    assert heuristic_config(*arrays) in space
     for cfg in space:
         assert_close(*run_both(batch, cfg))
 
@@ -292,7 +404,9 @@ def _check(**overrides: Any) -> tuple[float, tuple[int, int] | None]:
 
 
 def test_check_resolves_scale_and_window() -> None:
-    assert _check() == (pytest.approx(1 / 4), None)  # D = 16
+    scale, window = _check()
+    assert scale == pytest.approx(1 / 4)  # D = 16
+    assert window is None
     assert _check(softmax_scale=0.5, sliding_window=3) == (0.5, (3, 0))
     assert _check(sliding_window=(7, 2))[1] == (7, 0)
     assert _check(sliding_window=[0, 0])[1] == (0, 0)

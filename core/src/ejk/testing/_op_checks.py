@@ -47,6 +47,7 @@ FLASH_ATTENTION_CASES: tuple[dict[str, Any], ...] = (
     {"shape": (2, 12, 2, 14, 1, 8), "bias": True},
     {"shape": (2, 16, 4, 16, 2, 16), "segments": True},  # with rows that see no key
     {"shape": (1, 20, 2, 8, 2, 16), "causal": True},  # Sq > Sk: leading rows see nothing
+    {"shape": (1, 8, 2, 12, 1, 256), "causal": True},  # head dim 256
 )
 
 

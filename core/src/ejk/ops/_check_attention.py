@@ -8,11 +8,12 @@ argument, what it got and what it needs.
 from __future__ import annotations
 
 import math
-import numbers
 from typing import Any, NoReturn
 
 import jax.numpy as jnp
 import numpy as np
+
+from ejk.ops._check_common import is_real, normalize_window, optional_positive
 
 __all__ = ["check_flash_attention_args"]
 
@@ -33,14 +34,6 @@ def _shape_of(name: str, x: Any) -> tuple[int, ...]:
 
 def _dtype_name(x: Any) -> str:
     return str(np.dtype(x.dtype).name)
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
-
-
-def _is_real(value: Any) -> bool:
-    return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
 def _check_qkv(q: Any, k: Any, v: Any) -> None:
@@ -100,35 +93,12 @@ def _check_bias(bias: Any, full: tuple[int, int, int, int]) -> None:
         _fail(f"bias has dtype {_dtype_name(bias)} but needs a floating dtype")
 
 
-def _normalize_window(sliding_window: Any, *, causal: bool) -> tuple[int, int] | None:
-    """``None``, ``w`` or ``(left, right)`` → ``(left, right)``; with causal the right side is 0."""
-    if sliding_window is None:
-        return None
-    if _is_int(sliding_window):
-        pair: tuple[Any, ...] = (sliding_window, sliding_window)
-    elif isinstance(sliding_window, tuple | list) and len(sliding_window) == 2:
-        pair = tuple(sliding_window)
-    else:
-        _fail(f"sliding_window is {sliding_window!r} but needs None, an int w or a (left, right) pair of ints")
-    if not all(_is_int(x) and x >= 0 for x in pair):
-        _fail(f"sliding_window is {sliding_window!r} but needs non-negative ints (left, right)")
-    left, right = int(pair[0]), int(pair[1])
-    return (left, 0 if causal else right)
-
-
 def _resolve_scale(softmax_scale: Any, head_dim: int) -> float:
     if softmax_scale is None:
         return 1.0 / math.sqrt(head_dim) if head_dim > 0 else 1.0
-    if not _is_real(softmax_scale) or not math.isfinite(float(softmax_scale)):
+    if not is_real(softmax_scale) or not math.isfinite(float(softmax_scale)):
         _fail(f"softmax_scale is {softmax_scale!r} but needs a finite real number or None (1/sqrt(head_dim))")
     return float(softmax_scale)
-
-
-def _check_soft_cap(logits_soft_cap: Any) -> None:
-    if logits_soft_cap is None:
-        return
-    if not _is_real(logits_soft_cap) or not (0 < float(logits_soft_cap) < math.inf):
-        _fail(f"logits_soft_cap is {logits_soft_cap!r} but needs a finite number > 0 or None")
 
 
 def check_flash_attention_args(
@@ -172,6 +142,6 @@ def check_flash_attention_args(
         _fail(f"causal is {causal!r} but needs a bool")
     _check_segment_ids(q_segment_ids, kv_segment_ids, batch, q_len, kv_len)
     _check_bias(bias, (batch, q_heads, q_len, kv_len))
-    _check_soft_cap(logits_soft_cap)
-    window = _normalize_window(sliding_window, causal=bool(causal))
+    optional_positive(_OP, "logits_soft_cap", logits_soft_cap)
+    window = normalize_window(_OP, "sliding_window", sliding_window, causal=bool(causal))
     return _resolve_scale(softmax_scale, head_dim), window

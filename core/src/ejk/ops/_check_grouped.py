@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Sequence
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from ejk.ops._check_common import normalize_window, optional_positive
 
 __all__ = ["check_grouped_matmul_args", "check_matmul_args", "check_ragged_paged_attention_args"]
 
@@ -158,38 +159,6 @@ def check_grouped_matmul_args(lhs: Any, rhs: Any, group_sizes: Any) -> None:
 
 
 # -- ragged paged attention -------------------------------------------------------------------
-
-
-def _check_positive_float(name: str, value: Any) -> float | None:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise ValueError(f"ragged_paged_attention: {name} is {value!r} but needs None or a positive number")
-    if not (math.isfinite(float(value)) and float(value) > 0):
-        raise ValueError(f"ragged_paged_attention: {name} is {value!r} but needs a finite positive number")
-    return float(value)
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
-
-
-def _normalize_window(window: Any) -> tuple[int, int] | None:
-    """``None``, ``w`` or ``(left, right)`` -> ``(left, 0)`` (causal: nothing to the right)."""
-    if window is None:
-        return None
-    needs = "None, a non-negative int w, or a (left, right) pair of non-negative ints"
-    if _is_int(window):
-        left = int(window)
-    elif isinstance(window, Sequence) and len(window) == 2 and all(_is_int(w) for w in window):
-        left, right = (int(w) for w in window)
-        if right < 0:
-            raise ValueError(f"ragged_paged_attention: sliding_window is {window!r} but needs {needs}")
-    else:
-        raise ValueError(f"ragged_paged_attention: sliding_window is {window!r} but needs {needs}")
-    if left < 0:
-        raise ValueError(f"ragged_paged_attention: sliding_window is {window!r} but needs {needs}")
-    return (left, 0)
 
 
 def _check_paged_shapes(
@@ -366,9 +335,10 @@ def check_ragged_paged_attention_args(
         ValueError: naming the argument, what it got, and what it needs.
     """
     _check_paged_shapes(q, k_pages, v_pages, kv_lens, page_indices, cu_q_lens, num_seqs)
-    scale = _check_positive_float("softmax_scale", softmax_scale)
-    _check_positive_float("logits_soft_cap", logits_soft_cap)
-    window = _normalize_window(sliding_window)
+    op = "ragged_paged_attention"
+    scale = optional_positive(op, "softmax_scale", softmax_scale)
+    optional_positive(op, "logits_soft_cap", logits_soft_cap)
+    window = normalize_window(op, "sliding_window", sliding_window, causal=True)
     tokens, _, d = _shape(q)
     pages, page = _shape(k_pages)[:2]
     _check_paged_values(tokens, pages, page, kv_lens, page_indices, cu_q_lens, num_seqs)

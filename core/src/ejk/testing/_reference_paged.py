@@ -8,22 +8,14 @@ float32 (a Python loop over sequences, no compilation per shape), so it cannot r
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ejk.testing._reference_attention import normalize_window
+
 __all__ = ["reference_ragged_paged_attention"]
-
-def _window_left(sliding_window: int | Sequence[int] | None) -> int | None:
-    """How far back a query sees: ``w`` and ``(w, right)`` give ``w`` (causal: right is 0)."""
-    if sliding_window is None:
-        return None
-    if isinstance(sliding_window, int):
-        return sliding_window
-    return int(sliding_window[0])
-
 
 def _sequence_attention(
     q: np.ndarray,
@@ -107,7 +99,8 @@ def reference_ragged_paged_attention(
     tokens, hq, d = q.shape
     page = k_pages.shape[1]
     scale = 1.0 / math.sqrt(d) if softmax_scale is None else float(softmax_scale)
-    left = _window_left(sliding_window)
+    window = normalize_window(sliding_window, causal=True)
+    left = None if window is None else window[0]
     lens, table, cu = (np.asarray(x) for x in (kv_lens, page_indices, cu_q_lens))
     q32, k32, v32 = (np.asarray(x).astype(np.float32) for x in (q, k_pages, v_pages))
     out = np.zeros((tokens, hq, v_pages.shape[-1]), np.float32)

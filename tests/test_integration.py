@@ -28,9 +28,9 @@ with warnings.catch_warnings(record=True) as caught:
                     for s in registry.list_implementations(algo)] for algo in algorithms}
     auto = {algo: str(registry.get_spec(algo, platform="auto").platform) for algo in algorithms}
     args = (jax.ShapeDtypeStruct((64, 32), jnp.float32), jax.ShapeDtypeStruct((32, 16), jnp.float32))
-    inv = ejk.Invocation(op_id="matmul", version="1", call_key="k", device="cpu|cpu", args=args)
-    space = host.config_space("matmul", "xla", inv)
-    heuristic = host.heuristic_config("matmul", "xla", inv)
+    matmul_spec = registry.get_spec("matmul", platform="xla")
+    space = matmul_spec.config_space(a=args[0], b=args[1])
+    heuristic = matmul_spec.heuristic(a=args[0], b=args[1])
     validated = registry.validate_signatures()
 print(json.dumps({
     "plugins": {n: [i.status, i.error, i.distribution] for n, i in host.plugins.items()},

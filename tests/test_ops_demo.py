@@ -24,7 +24,7 @@ def test_demo_tunes_persists_and_reuses(tmp_path: Path) -> None:
     first = _demo(tmp_path)
     assert "autotune" in first and "autotuning: median time of each compiled candidate" in first
     assert "persistent" in first  # run 2 of the same process reads the file
-    assert "chosen: xla/any FlashAttentionConfig" in first
+    assert "chosen: xla/any:chunked FlashAttentionConfig" in first
     assert (tmp_path / "flash_attention.json").exists()
     second = _demo(tmp_path)  # a new process: the first decision already comes from disk
     assert "tuned by an earlier run" in second and "autotuning: median" not in second

@@ -21,14 +21,21 @@ from ejk.config.cache import ConfigCache, overlay_cache
 from ejk.config.persistent import PersistentCache, StaleCacheWarning
 from ejk.config.selection import ConfigSelectorChain, SelectionEvent
 from ejk.config.tuning import AutotunePolicy, TuneResult, autotune
-from ejk.errors import ConfigSelectionError, DuplicateKernelError, EjkError, KernelNotFoundError, PluginError
+from ejk.errors import (
+    ConfigSelectionError,
+    DuplicateKernelError,
+    EjkError,
+    FrozenConfigMissError,
+    KernelNotFoundError,
+    PluginError,
+)
 from ejk.execution.device import device_fingerprint
 from ejk.execution.executor import ConfigChooser, Executor
 from ejk.execution.kernel import Invocation, Kernel
 from ejk.hookspecs import hookimpl
 from ejk.invocations import get_invocations, record_invocation
 from ejk.plugins import PlatformStatus, get_plugin_host
-from ejk.registry import Backend, KernelRegistry, KernelSpec, Platform, kernel_registry
+from ejk.registry import VJP, Backend, KernelRegistry, KernelSpec, Platform, kernel_registry
 
 if TYPE_CHECKING:
     from ejk.ops import (
@@ -65,6 +72,7 @@ __all__ = [
     "DuplicateKernelError",
     "EjkError",
     "Executor",
+    "FrozenConfigMissError",
     "ImplChoice",
     "Invocation",
     "Kernel",
@@ -78,6 +86,7 @@ __all__ = [
     "SelectionEvent",
     "StaleCacheWarning",
     "TuneResult",
+    "VJP",
     "__version__",
     "autotune",
     "device_fingerprint",

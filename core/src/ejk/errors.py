@@ -6,6 +6,7 @@ __all__ = [
     "ConfigSelectionError",
     "DuplicateKernelError",
     "EjkError",
+    "FrozenConfigMissError",
     "KernelNotFoundError",
     "PluginError",
 ]
@@ -25,6 +26,10 @@ class DuplicateKernelError(EjkError, ValueError):
 
 class ConfigSelectionError(EjkError, RuntimeError):
     """No tier of the config selection chain produced a config."""
+
+
+class FrozenConfigMissError(ConfigSelectionError):
+    """Under the ``frozen`` policy, a call had no explicit, overlaid or cached config."""
 
 
 class PluginError(EjkError, RuntimeError):

@@ -34,22 +34,29 @@ def ejk_register_kernels(register: Callable[..., Callable[[Any], Any]]) -> None:
 
 
 @hookspec
-def ejk_config_space(algorithm: str, platform: str, invocation: Invocation[Any]) -> Sequence[Any] | None:
-    """Autotuning candidates for ``algorithm`` on ``platform`` and this invocation.
+def ejk_config_space(
+    algorithm: str, platform: str, implementation: str, invocation: Invocation[Any]
+) -> Sequence[Any] | None:
+    """Extra autotuning candidates for one implementation of ``algorithm``.
 
-    Called by the config chooser before autotuning. Return a list of configs for the
-    implementation(s) you registered on ``platform``, or ``None`` for any other platform.
-    The lists of all plugins are concatenated. ``invocation.args`` holds abstract
+    An implementation's own candidates come with its registration (``config_space=``); this hook
+    lets any plugin (a team's tuning plugin, say) add more. It is asked once per implementation
+    (``platform`` and ``implementation`` name it); return ``None`` for the others. Candidates that
+    are not instances of the implementation's config class are ignored with a warning. The
+    lists of all plugins are concatenated. ``invocation.args`` holds abstract
     ``jax.ShapeDtypeStruct`` leaves (never concrete data).
     """
 
 
-@hookspec(firstresult=True)
-def ejk_heuristic_config(algorithm: str, platform: str, invocation: Invocation[Any]) -> Any | None:
-    """A good default config for ``algorithm`` on ``platform`` without measuring (first result wins).
+@hookspec
+def ejk_heuristic_config(
+    algorithm: str, platform: str, implementation: str, invocation: Invocation[Any]
+) -> Any | None:
+    """A default config for one implementation of ``algorithm``, without measuring.
 
-    Used when autotuning is off or every candidate failed. Return ``None`` for platforms
-    you do not serve. Heuristic configs are never persisted as tuned.
+    Used when the implementation was registered without ``heuristic=``. Return ``None`` for
+    implementations you do not serve; the first result of the implementation's config class
+    is used. Heuristic configs are never persisted as tuned.
     """
 
 

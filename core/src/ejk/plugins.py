@@ -265,16 +265,20 @@ class PluginHost:
             results.append(result)
         return None if firstresult else results
 
-    def config_space(self, algorithm: str, platform: str, invocation: Any) -> list[Any]:
-        """All plugins' autotuning candidates for ``algorithm`` on ``platform``."""
+    def config_space(self, algorithm: str, platform: str, invocation: Any,
+                     implementation: str | None = None) -> list[Any]:
+        """All plugins' ``ejk_config_space`` candidates for an implementation of ``algorithm``."""
         space: list[Any] = []
-        for result in self.call("ejk_config_space", algorithm=algorithm, platform=platform, invocation=invocation):
+        for result in self.call("ejk_config_space", algorithm=algorithm, platform=platform,
+                                implementation=implementation or platform, invocation=invocation):
             space.extend(result)
         return space
 
-    def heuristic_config(self, algorithm: str, platform: str, invocation: Any) -> Any | None:
-        return self.call("ejk_heuristic_config", firstresult=True, algorithm=algorithm,
-                         platform=platform, invocation=invocation)
+    def heuristic_config(self, algorithm: str, platform: str, invocation: Any,
+                         implementation: str | None = None) -> Any | None:
+        """The first plugin's ``ejk_heuristic_config`` for an implementation of ``algorithm``."""
+        return self.call("ejk_heuristic_config", firstresult=True, algorithm=algorithm, platform=platform,
+                         implementation=implementation or platform, invocation=invocation)
 
     def choose_config(self, invocation: Any, kernel: Any) -> Any | None:
         return self.call("ejk_choose_config", firstresult=True, invocation=invocation, kernel=kernel)
@@ -287,6 +291,21 @@ class PluginHost:
                 facts.update({str(k): str(v) for k, v in result.items()})
             self._device_facts[device] = facts
         return self._device_facts[device]
+
+    def platform_device_facts(self, device: Any, platform: str) -> dict[str, str]:
+        """The ``ejk_device_fingerprint`` facts of the plugins that serve ``platform``.
+
+        Cached configs of an implementation are keyed by its own platform's facts, so a plugin
+        adding a fact for its platform leaves every other platform's entries valid.
+        """
+        facts: dict[str, str] = {}
+        for info in self.plugins.values():
+            plugin = self.pm.get_plugin(info.name)
+            if plugin is None or not any(status.platform == platform for status in info.platforms):
+                continue
+            for result in self._call_one(plugin, info, "ejk_device_fingerprint", {"device": device}):
+                facts.update({str(k): str(v) for k, v in result.items()})
+        return facts
 
     # -- reporting ------------------------------------------------------------------------
 

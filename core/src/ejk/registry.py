@@ -13,7 +13,7 @@ import enum
 import inspect
 import threading
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Literal, TypeVar
 
 import attrs
@@ -21,6 +21,7 @@ import attrs
 from ejk.errors import DuplicateKernelError, KernelNotFoundError
 
 __all__ = [
+    "VJP",
     "Backend",
     "KernelRegistry",
     "KernelSpec",
@@ -81,31 +82,78 @@ _current_plugin: contextvars.ContextVar[PluginRef | None] = contextvars.ContextV
 
 
 @attrs.frozen(kw_only=True)
+class VJP:
+    """A forward/backward pair from which the Executor builds an implementation's custom VJP.
+
+    Attributes:
+        fwd: ``fwd(*arrays, **static, cfg=cfg) -> (out, residuals)``, called like the implementation.
+        bwd: ``bwd(residuals, cotangent, *, cfg, **static) -> tuple`` with one cotangent per array
+            argument of the op, in the op's layout (``None`` for a non-differentiable one).
+        residuals: Names the residual format. The backward of any implementation with the same
+            ``residuals`` tag may be paired with this forward (see :class:`ejk.ops.ImplChoice`).
+    """
+
+    fwd: Callable[..., Any]
+    bwd: Callable[..., Any]
+    residuals: str = attrs.field(validator=attrs.validators.min_len(1))
+
+
+@attrs.frozen(kw_only=True)
 class KernelSpec:
     """One registered implementation (immutable, hashable).
+
+    Everything the core needs to know about an implementation is here: how to run it, how to
+    differentiate it, which configs it takes and which calls it can run.
 
     Attributes:
         algorithm: Canonical lower-case algorithm name, e.g. ``"flash_attention"``.
         platform: Framework the kernel is written in (a :class:`Platform` or a plugin's own name).
         backend: Hardware it targets; ``Backend.ANY`` matches every backend.
-        implementation: The callable, ``impl(*arrays, **static, cfg=...)``.
-        priority: Higher wins when several implementations match.
+        name: Short implementation name, unique per (algorithm, platform, backend) and plugin,
+            e.g. ``"chunked"`` or ``"cudnn"`` (default: the platform name).
+        implementation: The forward callable, ``impl(*arrays, **static, cfg=...)``.
+        priority: Higher wins when several implementations match a lookup.
         plugin: The plugin that registered it (``None`` when registered outside any plugin).
-        cfg_type: The implementation's config class, used to rebuild cached configs.
+        cfg_type: The implementation's config class: cached and explicit configs must be instances.
+        config_space: ``config_space(**call) -> [cfg, ...]``: autotuning candidates for one call.
+        heuristic: ``heuristic(**call) -> cfg``: a config chosen without measuring.
+        capability: ``capability(**call) -> str | None``: why the implementation cannot run a call
+            (``"soft cap not supported"``), or ``None`` when it can.
+        rank: ``rank(**call) -> int``: preference in the heuristics tier for one call (default:
+            ``priority``); lets a plugin prefer an implementation by device and shape class.
+        vjp: Optional forward/backward pair; without one, JAX differentiates the forward.
+
+    ``call`` is the implementation's own keyword view of an invocation: array arguments as
+    ``jax.ShapeDtypeStruct`` (or ``None``) and static arguments as values, without ``cfg``.
     """
 
     algorithm: str
     platform: str
     backend: Backend
+    name: str
     implementation: Callable[..., Any] = attrs.field(eq=False)
     priority: int = 0
     plugin: PluginRef | None = None
     cfg_type: type | None = attrs.field(default=None, eq=False)
+    config_space: Callable[..., Sequence[Any]] | None = attrs.field(default=None, eq=False)
+    heuristic: Callable[..., Any] | None = attrs.field(default=None, eq=False)
+    capability: Callable[..., str | None] | None = attrs.field(default=None, eq=False)
+    rank: Callable[..., int] | None = attrs.field(default=None, eq=False)
+    vjp: VJP | None = attrs.field(default=None, eq=False)
 
     @property
     def label(self) -> str:
-        """``platform/backend`` — how errors and the CLI name this implementation."""
-        return f"{self.platform}/{self.backend}"
+        """``platform/backend:name`` (without ``:name`` when the name is the platform's), e.g.
+        ``xla/gpu:cudnn`` — how errors, events and the CLI name this implementation."""
+        base = f"{self.platform}/{self.backend}"
+        return base if self.name == self.platform else f"{base}:{self.name}"
+
+
+def _implementation_name(name: str) -> str:
+    text = str(name).strip().lower()
+    if not text or not text.replace("_", "").replace("-", "").isalnum():
+        raise ValueError(f"implementation name {name!r} is not valid; use a short name such as 'chunked'")
+    return text
 
 
 def normalize_platform(platform: PlatformLike) -> str:
@@ -206,21 +254,36 @@ class KernelRegistry:
         backend: BackendLike,
         priority: int = 0,
         *,
+        name: str | None = None,
         cfg_type: type | None = None,
+        config_space: Callable[..., Sequence[Any]] | None = None,
+        heuristic: Callable[..., Any] | None = None,
+        capability: Callable[..., str | None] | None = None,
+        rank: Callable[..., int] | None = None,
+        vjp: VJP | None = None,
     ) -> Callable[[F], F]:
         """Decorator registering an implementation; returns the function unchanged.
 
+        The keyword arguments are the :class:`KernelSpec` fields of the same names.
+
         Raises:
             DuplicateKernelError: if the same plugin already registered this
-                (algorithm, platform, backend).
+                (algorithm, platform, backend, name).
         """
         algo = algorithm.strip().lower()
         if not algo:
             raise ValueError("algorithm must be a non-empty name such as 'flash_attention'")
         plat = normalize_platform(platform)
         back = normalize_backend(backend)
+        impl_name = _implementation_name(plat if name is None else name)
         if not isinstance(priority, int) or isinstance(priority, bool):
             raise ValueError(f"priority must be an int, got {priority!r}")
+        for field, value in (("config_space", config_space), ("heuristic", heuristic),
+                             ("capability", capability), ("rank", rank)):
+            if value is not None and not callable(value):
+                raise TypeError(f"register({algo!r}, ...): {field} must be callable, got {value!r}")
+        if vjp is not None and not isinstance(vjp, VJP):
+            raise TypeError(f"register({algo!r}, ...): vjp must be an ejk.VJP, got {type(vjp).__name__}")
 
         def decorator(fn: F) -> F:
             if not callable(fn):
@@ -229,10 +292,16 @@ class KernelRegistry:
                 algorithm=algo,
                 platform=plat,
                 backend=back,
+                name=impl_name,
                 implementation=fn,
                 priority=priority,
                 plugin=_current_plugin.get(),
                 cfg_type=cfg_type,
+                config_space=config_space,
+                heuristic=heuristic,
+                capability=capability,
+                rank=rank,
+                vjp=vjp,
             )
             self._add(spec)
             return fn
@@ -245,12 +314,14 @@ class KernelRegistry:
             owner = spec.plugin.name if spec.plugin else None
             for existing in specs:
                 same_owner = (existing.plugin.name if existing.plugin else None) == owner
-                if same_owner and (existing.platform, existing.backend) == (spec.platform, spec.backend):
+                same_impl = (existing.platform, existing.backend, existing.name) == (spec.platform, spec.backend,
+                                                                                     spec.name)
+                if same_owner and same_impl:
                     raise DuplicateKernelError(
                         f"{spec.algorithm} {spec.label} is registered twice by plugin "
                         f"{owner or '<none>'}: first {_qualname(existing.implementation)}, then "
                         f"{_qualname(spec.implementation)}. Register each (algorithm, platform, "
-                        f"backend) once per plugin, or use a different priority in another plugin."
+                        f"backend, name) once per plugin; give a second implementation its own name=."
                     )
             specs.append(spec)
             specs.sort(key=lambda s: -s.priority)  # stable: equal priorities keep registration order
@@ -299,10 +370,11 @@ class KernelRegistry:
         algorithm: str,
         platform: PlatformLike | Literal["auto"] | None = None,
         backend: BackendLike | None = None,
+        name: str | None = None,
     ) -> KernelSpec:
         """The highest-priority :class:`KernelSpec` matching the query.
 
-        Matching: ``None`` platform or backend matches anything; ``Backend.ANY``
+        Matching: ``None`` platform, backend or implementation ``name`` matches anything; ``Backend.ANY``
         implementations match every backend. ``platform="auto"`` means any platform whose
         plugin reports itself available, on ``backend`` or else JAX's default backend.
         When nothing matches, ``platform=xla`` retries with ``Backend.ANY`` and
@@ -318,17 +390,20 @@ class KernelRegistry:
         back = None if backend is None else normalize_backend(backend)
         if auto and back is None:
             back = default_backend()
+        impl_name = None if name is None else _implementation_name(name)
 
         for query_platform, query_backend in self._attempts(plat, back):
             for spec in self._registry.get(algo, ()):
                 if query_platform is not None and spec.platform != query_platform:
+                    continue
+                if impl_name is not None and spec.name != impl_name:
                     continue
                 if query_backend is not None and spec.backend not in (Backend.ANY, query_backend):
                     continue
                 if auto and not self.platform_available(spec.platform)[0]:
                     continue
                 return spec
-        raise KernelNotFoundError(self._not_found_message(algo, plat, back, auto))
+        raise KernelNotFoundError(self._not_found_message(algo, plat, back, auto, impl_name))
 
     @staticmethod
     def _attempts(platform: str | None, backend: Backend | None) -> list[tuple[str | None, Backend | None]]:
@@ -343,8 +418,11 @@ class KernelRegistry:
                 unique.append(attempt)
         return unique
 
-    def _not_found_message(self, algo: str, platform: str | None, backend: Backend | None, auto: bool) -> str:
+    def _not_found_message(self, algo: str, platform: str | None, backend: Backend | None, auto: bool,
+                           name: str | None = None) -> str:
         query = f"platform={'auto' if auto else platform!s}, backend={backend!s}"
+        if name is not None:
+            query += f", implementation={name}"
         lines = [f"No implementation of {algo!r} for {query}."]
         specs = self._registry.get(algo, [])
         if specs:

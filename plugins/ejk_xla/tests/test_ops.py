@@ -66,7 +66,7 @@ def test_explicit_cfg_wins_and_is_not_persisted(events: list[ejk.SelectionEvent]
     cfg = FlashAttentionConfig(block_q=16, block_k=32)
     out = ejk.flash_attention(q, k, v, cfg=cfg)
     assert [e.tier for e in events] == ["override"]
-    assert events[0].cfg == ejk.ImplChoice(platform="xla", backend="any", cfg=cfg)
+    assert events[0].cfg == ejk.ImplChoice(platform="xla", backend="any", implementation="chunked", cfg=cfg)
     assert not (tmp_path / "flash_attention.json").exists()
     np.testing.assert_allclose(out, reference_flash_attention(q, k, v), atol=2e-5, rtol=2e-5)
 

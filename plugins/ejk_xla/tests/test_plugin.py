@@ -21,9 +21,15 @@ def test_plugin_conforms_and_registers_every_op() -> None:
         "ragged_paged_attention": PagedAttentionConfig,
     }
     assert registry.list_algorithms() == sorted(expected)
+    names = {"flash_attention": "chunked", "matmul": "dot", "grouped_matmul": "tiled",
+             "ragged_paged_attention": "paged"}
     for algorithm, cfg_type in expected.items():
-        (spec,) = registry.list_implementations(algorithm)
+        (spec,) = [s for s in registry.list_implementations(algorithm) if s.backend == Backend.ANY]
         assert (spec.platform, spec.backend, spec.cfg_type) == (Platform.XLA, Backend.ANY, cfg_type)
+        assert spec.name == names[algorithm] and spec.config_space is not None and spec.heuristic is not None
+    (cudnn,) = [s for s in registry.list_implementations("flash_attention") if s.backend == Backend.GPU]
+    assert (cudnn.platform, cudnn.name, cudnn.cfg_type) == (Platform.XLA, "cudnn", None)
+    assert cudnn.capability is not None and cudnn.priority > 0
 
 
 def test_expected_plugins_discovered() -> None:

@@ -19,7 +19,7 @@ from ejk import environment
 from ejk.config.cache import ConfigCache, overlay_lookup
 from ejk.config.persistent import PersistentCache
 from ejk.config.tuning import AutotunePolicy, TuneResult, autotune
-from ejk.errors import ConfigSelectionError
+from ejk.errors import ConfigSelectionError, FrozenConfigMissError
 
 if TYPE_CHECKING:
     from ejk.execution.kernel import Invocation, Kernel
@@ -45,6 +45,16 @@ class SelectionEvent:
     cfg: Any = attrs.field(eq=False)
     detail: str = ""
     tune: TuneResult[Any] | None = attrs.field(default=None, eq=False, repr=False)
+
+
+def best_by_label(kernel: Kernel[Any, Any], result: TuneResult[Any]) -> dict[str, float]:
+    """The fastest median time of each implementation in a tuning result (by ``kernel.cfg_label``)."""
+    best: dict[str, float] = {}
+    for trial in result.trials:
+        label = kernel.cfg_label(trial.cfg)
+        if label is not None and trial.seconds is not None:
+            best[label] = min(best.get(label, trial.seconds), trial.seconds)
+    return best
 
 
 class ConfigSelectorChain(Generic[Cfg]):
@@ -125,51 +135,81 @@ class ConfigSelectorChain(Generic[Cfg]):
 
     # -- the chain ---------------------------------------------------------------------------
 
+    def _usable(self, inv: Invocation[Cfg], kernel: Kernel[Cfg, Any], tier: str, cfg: Any,
+                skipped: list[str]) -> bool:
+        reason = kernel.unusable_reason(inv, cfg)
+        if reason is None:
+            return True
+        skipped.append(f"{tier} {kernel.describe_cfg(cfg)} not used: {reason}")
+        logger.debug("%s %s: %s", inv.op_id_v, inv.call_key[:12], skipped[-1])
+        return False
+
+    def _lookup(self, inv: Invocation[Cfg], kernel: Kernel[Cfg, Any],
+                skipped: list[str]) -> tuple[str, Cfg, str] | None:
+        """The first usable config of the plugin, overlay, memory and persistent tiers."""
+        key = inv.cache_key
+        host = self._host()
+        if host is not None:
+            chosen = host.choose_config(inv, kernel)
+            if chosen is not None and self._usable(inv, kernel, "plugin", chosen, skipped):
+                return "plugin", chosen, "ejk_choose_config hook"
+        found, value = overlay_lookup(*key)
+        if found and self._usable(inv, kernel, "overlay", value, skipped):
+            return "overlay", value, ""
+        value = self.cache.get_own(*key)
+        if value is not None and self._usable(inv, kernel, "memory", value, skipped):
+            return "memory", value, ""
+        persistent = self.persistent_cache(kernel)
+        if persistent is not None:
+            value = persistent.get(*key)
+            if value is not None and self._usable(inv, kernel, "persistent", value, skipped):
+                return "persistent", value, persistent.path
+        return None
+
     def choose(self, inv: Invocation[Cfg], kernel: Kernel[Cfg, Any]) -> Cfg:
-        """Walk the tiers and return the first config found.
+        """Walk the tiers and return the first usable config found.
 
         Raises:
+            ValueError: when an explicit ``cfg=`` cannot run the call (the kernel says why).
+            FrozenConfigMissError: under the ``frozen`` policy, when no tier before autotuning
+                has a config.
             ConfigSelectionError: when no tier produced a config.
         """
         key = inv.cache_key
         if inv.override_cfg is not None:
+            reason = kernel.unusable_reason(inv, inv.override_cfg)
+            if reason is not None:
+                raise ValueError(f"{inv.op_id}: cfg={kernel.describe_cfg(inv.override_cfg)} cannot run "
+                                 f"{inv.describe()}: {reason}")
             self._emit("override", inv, kernel, inv.override_cfg, "explicit cfg=")
             return inv.override_cfg
-        host = self._host()
-        if host is not None:
-            chosen = host.choose_config(inv, kernel)
-            if chosen is not None:
-                self._emit("plugin", inv, kernel, chosen, "ejk_choose_config hook")
-                return chosen  # type: ignore[no-any-return]
-        found, value = overlay_lookup(*key)
-        if found:
-            self._emit("overlay", inv, kernel, value)
-            return value  # type: ignore[no-any-return]
-        value = self.cache.get_own(*key)
-        if value is not None:
-            self._emit("memory", inv, kernel, value)
-            return value
-        persistent = self.persistent_cache(kernel)
-        if persistent is not None:
-            value = persistent.get(*key)
-            if value is not None:
+        skipped: list[str] = []
+        hit = self._lookup(inv, kernel, skipped)
+        if hit is not None:
+            tier, value, detail = hit
+            if tier == "persistent":
                 self.cache.put(*key, value)
-                self._emit("persistent", inv, kernel, value, persistent.path)
-                return value
+            self._emit(tier, inv, kernel, value, "; ".join([detail, *skipped]).strip("; "))
+            return value
+        mode = self.policy.effective_mode()
+        if mode == "frozen":
+            raise FrozenConfigMissError(
+                f"frozen policy: no tuned config for {inv.describe()} on {inv.device} (call key "
+                f"{inv.call_key[:12]})" + (f"; {'; '.join(skipped)}" if skipped else "") + ". Tune it offline: "
+                f"run the workload once with {environment.EJK_AUTOTUNE}=autotune and the same "
+                f"{environment.EJK_CACHE_DIR}, then ship that cache directory (or `ejk cache export` / "
+                "`ejk cache import` it), or pass cfg= explicitly."
+            )
         failures = ""
-        if self.policy.enabled():
+        if mode == "autotune":
             result = self._autotune(inv, kernel)
             if result is not None and result.best is not None:
                 return result.best
             if result is not None:
                 failures = "; ".join(f"{kernel.describe_cfg(t.cfg)}: {t.error}" for t in result.trials)
-        heuristic = self._heuristics.get(key)
-        if heuristic is None:
-            heuristic = kernel.heuristic_cfg(inv)
-            if heuristic is not None:
-                self._heuristics[key] = heuristic
+        heuristic = self._heuristic(inv, kernel)
         if heuristic is not None:
-            self._emit("heuristic", inv, kernel, heuristic)
+            self._emit("heuristic", inv, kernel, heuristic, "; ".join(skipped))
             return heuristic
         tuning = f"autotuning found no working candidate ({failures})" if failures else "no autotuning"
         raise ConfigSelectionError(
@@ -178,6 +218,43 @@ class ConfigSelectorChain(Generic[Cfg]):
             "Pass cfg= explicitly, enable autotuning "
             f"({environment.EJK_AUTOTUNE}=1), or implement heuristic_cfg."
         )
+
+    def _heuristic(self, inv: Invocation[Cfg], kernel: Kernel[Cfg, Any]) -> Cfg | None:
+        key = inv.cache_key
+        heuristic = self._heuristics.get(key)
+        if heuristic is None:
+            heuristic = kernel.heuristic_cfg(inv)
+            if heuristic is not None:
+                self._heuristics[key] = heuristic
+        return heuristic
+
+    def peek(self, inv: Invocation[Cfg], kernel: Kernel[Cfg, Any]) -> SelectionEvent:
+        """What :meth:`choose` would decide for ``inv``, without tuning or caching anything.
+
+        For a miss under the ``autotune`` policy the event's tier is ``"autotune"`` and its
+        config is the heuristic one (what runs should tuning find nothing better); under
+        ``frozen`` the tier is ``"frozen"`` and the config ``None`` (the call would raise).
+        """
+        def event(tier: str, cfg: Any, detail: str = "") -> SelectionEvent:
+            return SelectionEvent(tier=tier, op_id=inv.op_id_v, call_key=inv.call_key, device=inv.device,
+                                  cfg=cfg, detail=detail)
+
+        if inv.override_cfg is not None:
+            reason = kernel.unusable_reason(inv, inv.override_cfg)
+            return event("override", inv.override_cfg, f"cannot run: {reason}" if reason else "explicit cfg=")
+        skipped: list[str] = []
+        hit = self._lookup(inv, kernel, skipped)
+        if hit is not None:
+            tier, value, detail = hit
+            return event(tier, value, "; ".join([detail, *skipped]).strip("; "))
+        mode = self.policy.effective_mode()
+        if mode == "frozen":
+            return event("frozen", None, "; ".join(["a miss: the call would raise", *skipped]))
+        heuristic = self._heuristics.get(inv.cache_key) or kernel.heuristic_cfg(inv)
+        if mode == "autotune":
+            count = len(kernel.candidate_cfgs(inv))
+            return event("autotune", heuristic, "; ".join([f"would time {count} candidates", *skipped]))
+        return event("heuristic", heuristic, "; ".join(skipped))
 
     def _autotune(self, inv: Invocation[Cfg], kernel: Kernel[Cfg, Any]) -> TuneResult[Cfg] | None:
         candidates = list(kernel.candidate_cfgs(inv))
@@ -199,9 +276,19 @@ class ConfigSelectorChain(Generic[Cfg]):
             if persistent is not None:
                 persistent.put(*key, result.best, source="autotune", versions=kernel.cfg_versions(result.best),
                                details={"objective": self.policy.objective,
-                                        "tuning": result.summary(kernel.describe_cfg)})
+                                        "tuning": result.summary(kernel.describe_cfg),
+                                        "by_implementation": best_by_label(kernel, result)})
             self._emit("autotune", inv, kernel, result.best, detail, tune=result)
             return result
+
+    def tuning_details(self, inv: Invocation[Cfg], kernel: Kernel[Cfg, Any]) -> dict[str, Any] | None:
+        """The tuning provenance persisted with ``inv``'s entry (``None`` when it was not tuned)."""
+        persistent = self.persistent_cache(kernel)
+        entry = None if persistent is None else persistent.get_entry(*inv.cache_key)
+        if entry is None:
+            return None
+        details = entry.provenance.get("details")
+        return dict(details) if isinstance(details, dict) else None
 
     def clear_memory(self) -> None:
         """Forget in-memory configs and memoised heuristics (persistent files stay)."""

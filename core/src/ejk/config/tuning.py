@@ -55,8 +55,18 @@ class AutotunePolicy:
     check_finite: bool = True
     objective: str = attrs.field(default="forward", validator=attrs.validators.in_(OBJECTIVES))
 
+    mode: str | None = attrs.field(default=None, validator=attrs.validators.optional(
+        attrs.validators.in_(("autotune", "heuristics", "frozen"))))
+
+    def effective_mode(self) -> str:
+        if self.mode is not None:
+            return self.mode
+        if self.autotune is not None:
+            return "autotune" if self.autotune else "heuristics"
+        return "autotune" if environment.autotune_enabled() else "heuristics"
+
     def enabled(self) -> bool:
-        return environment.autotune_enabled() if self.autotune is None else self.autotune
+        return self.effective_mode() == "autotune"
 
 
 @attrs.frozen(kw_only=True)

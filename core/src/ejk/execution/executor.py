@@ -108,9 +108,11 @@ class Executor(Generic[Cfg, Out]):
                           batch_axes=batch_axes)
 
     def device_fingerprint(self) -> str:
-        """The fingerprint keying this Executor's configs (computed once)."""
+        """The fingerprint keying this Executor's configs (computed once): the kind of device,
+        without plugins' facts — a kernel that dispatches to implementations keys each cached
+        entry by the facts of its own platform (see :meth:`ejk.ops.OpKernel.cfg_from_json`)."""
         if self._device_fingerprint is None:
-            self._device_fingerprint = device_fingerprint(self.device)
+            self._device_fingerprint = device_fingerprint(self.device, plugin_facts=False)
         return self._device_fingerprint
 
     def _stamp(self, inv: Invocation[Cfg], mode: str) -> str | None:

@@ -147,6 +147,17 @@ class Invocation(Generic[Cfg]):
         """The positional arguments with array leaves as ``jax.ShapeDtypeStruct``."""
         return abstract_args(self.args)  # type: ignore[no-any-return]
 
+    def describe(self) -> str:
+        """``op@v(4x4096x16x128:bfloat16, ..., causal=True)`` — the call, for messages."""
+        def leaf(x: Any) -> str:
+            if _is_array(x):
+                return f"{'x'.join(map(str, x.shape)) or 'scalar'}:{np.dtype(x.dtype).name}"
+            return repr(x)
+
+        parts = [leaf(x) for x in jax.tree.leaves(self.args, is_leaf=lambda x: x is None) if x is not None]
+        parts += [f"{k}={v!r}" for k, v in sorted(self.kwargs.items())]
+        return f"{self.op_id_v}({', '.join(parts)})"
+
 
 class Kernel(Generic[Cfg, Out]):
     """A kernel the :class:`~ejk.Executor` can configure, run and differentiate.
@@ -196,6 +207,23 @@ class Kernel(Generic[Cfg, Out]):
         cls = type(self)
         return cls.fwd is not Kernel.fwd and cls.bwd is not Kernel.bwd
 
+    def uses_custom_vjp(self, cfg: Cfg) -> bool:
+        """Whether running with ``cfg`` goes through :meth:`fwd` / :meth:`bwd` (default:
+        :attr:`has_custom_vjp`; kernels that dispatch to implementations decide per config)."""
+        return self.has_custom_vjp
+
+    def unusable_reason(self, inv: Invocation[Cfg], cfg: Cfg) -> str | None:
+        """Why ``cfg`` cannot run ``inv`` here, or ``None`` when it can.
+
+        The selection chain skips cached, overlaid and hook-provided configs with a reason, and
+        rejects an explicit ``cfg=`` with one (``ValueError``). Default: every config can.
+        """
+        return None
+
+    def cfg_label(self, cfg: Cfg) -> str | None:
+        """Which implementation ``cfg`` selects, for grouping tuning results (``None``: one)."""
+        return None
+
     def tuning_args(self, inv: Invocation[Cfg], seed: int = 0) -> tuple[Any, ...]:
         """Representative random inputs with the invocation's shapes, for autotuning.
 
@@ -241,7 +269,7 @@ def bind_kernel(kernel: Kernel[Cfg, Out], cfg: Cfg, kwargs: Mapping[str, Any]) -
     def run(*args: Any) -> Out:
         return kernel.run(*args, cfg=cfg, **static)
 
-    if not kernel.has_custom_vjp:
+    if not kernel.uses_custom_vjp(cfg):
         return run
     with_vjp = jax.custom_vjp(run)
 

@@ -1,22 +1,27 @@
-"""Shared machinery of the public operations: cross-platform configs and the op kernel.
+"""Shared machinery of the public operations: implementation choices and the op kernel.
 
 An operation's config is an :class:`ImplChoice` — *which* registered implementation
-(platform, backend) and *its* config — so one autotuning run compares platforms
-(XLA vs Pallas vs Triton vs CuTe), not just block sizes.
+(platform, backend, implementation name) and *its* config — so one autotuning run compares
+implementations (XLA chunked vs cuDNN vs Pallas vs Triton vs CuTe), not just block sizes.
+Every implementation declares which calls it can run (its capability gate); every tier of
+the selection chain skips implementations that refuse a call, and keeps their reasons.
 """
 
 from __future__ import annotations
 
 import contextlib
 import contextvars
+import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import attrs
+import jax
 
 from ejk._versions import installed_version
 from ejk.config.persistent import from_jsonable, to_jsonable
 from ejk.config.selection import ConfigSelectorChain
+from ejk.errors import KernelNotFoundError
 from ejk.execution.executor import Executor
 from ejk.execution.kernel import Invocation, Kernel
 from ejk.registry import (
@@ -31,6 +36,7 @@ from ejk.registry import (
 )
 
 __all__ = [
+    "Candidate",
     "ImplChoice",
     "OpKernel",
     "get_default_executor",
@@ -43,6 +49,10 @@ def _backend_name(backend: str) -> str:
     return str(normalize_backend(backend))
 
 
+def _optional_name(name: str | None) -> str | None:
+    return None if name is None else str(name).strip().lower()
+
+
 @attrs.frozen(kw_only=True)
 class ImplChoice:
     """The config of a public operation: an implementation and its own config.
@@ -50,15 +60,54 @@ class ImplChoice:
     Attributes:
         platform: Platform of the implementation, e.g. ``"xla"``.
         backend: Backend it was registered for (``"any"`` for portable ones).
+        implementation: The implementation's name, e.g. ``"chunked"`` or ``"cudnn"``
+            (``None``: the highest-priority one of that platform and backend, resolved once
+            when the choice is made).
         cfg: The implementation's config (``None``: its defaults).
+        backward: Another implementation whose backward pass consumes this one's residuals
+            (both must declare the same :attr:`ejk.VJP.residuals`); ``None``: its own.
     """
 
     platform: str = attrs.field(converter=platform_name)
     backend: str = attrs.field(converter=_backend_name)
+    implementation: str | None = attrs.field(default=None, converter=_optional_name)
     cfg: Any = None
+    backward: ImplChoice | None = None
 
     def __str__(self) -> str:
-        return f"{self.platform}/{self.backend} {self.cfg!r}"
+        name = "" if self.implementation in (None, self.platform) else f":{self.implementation}"
+        text = f"{self.platform}/{self.backend}{name} {self.cfg!r}"
+        return text if self.backward is None else f"{text} + backward {self.backward}"
+
+
+@attrs.frozen(kw_only=True)
+class Candidate:
+    """One registered implementation as seen by one call: usable, or why not.
+
+    Attributes:
+        spec: The implementation.
+        reason: ``None`` when it can run the call; otherwise why it cannot (unavailable
+            platform and its fix, other backend, or its capability gate's reason).
+        requested: ``False`` when a forced ``platform=`` excludes it.
+    """
+
+    spec: KernelSpec
+    reason: str | None = None
+    requested: bool = True
+
+    @property
+    def usable(self) -> bool:
+        return self.requested and self.reason is None
+
+
+def _describe_call(call: Mapping[str, Any]) -> str:
+    parts = []
+    for name, value in call.items():
+        if hasattr(value, "shape") and hasattr(value, "dtype"):
+            parts.append(f"{name}={'x'.join(map(str, value.shape)) or 'scalar'}:{jax.numpy.dtype(value.dtype).name}")
+        elif value is not None:
+            parts.append(f"{name}={value!r}")
+    return ", ".join(parts)
 
 
 class OpKernel(Kernel[ImplChoice, Any]):
@@ -75,93 +124,302 @@ class OpKernel(Kernel[ImplChoice, Any]):
     def __init__(self, registry: KernelRegistry | None = None) -> None:
         self.registry = registry if registry is not None else kernel_registry
 
-    # -- implementations ------------------------------------------------------------------------
+    # -- the implementations' view of a call ------------------------------------------------------
 
     def _host(self) -> Any:
         from ejk.plugins import get_plugin_host
 
         return get_plugin_host()
 
-    def spec_for(self, choice: ImplChoice) -> KernelSpec:
-        """The registered implementation a choice names (highest priority for that pair)."""
-        return self.registry.get_spec(self.op_id, platform=choice.platform, backend=choice.backend)
+    def call_view(self, inv: Invocation[ImplChoice]) -> dict[str, Any]:
+        """The keyword view of a call every implementation callback receives: abstract arrays by
+        name, then the static arguments (without ``platform``)."""
+        view = dict(zip(self.array_names, inv.abstract_args, strict=True))
+        view.update((k, v) for k, v in inv.kwargs.items() if k != "platform")
+        return view
 
-    def available_specs(self, platform: str) -> list[KernelSpec]:
-        """Implementations usable on this machine: best one per platform (or only ``platform``)."""
+    def _gate(self, spec: KernelSpec, call: Mapping[str, Any]) -> str | None:
+        if spec.capability is None:
+            return None
+        try:
+            reason = spec.capability(**call)
+        except Exception as exc:  # a broken gate refuses; it never takes the op down
+            return f"capability check raised {type(exc).__name__}: {exc}"
+        return None if reason is None else str(reason)
+
+    def candidates(self, inv: Invocation[ImplChoice]) -> list[Candidate]:
+        """Every registered implementation of this op, each with why it cannot run ``inv`` (if so).
+
+        One entry per (platform, backend, name): a lower-priority registration of the same
+        implementation by another plugin is shadowed.
+        """
+        platform = str(inv.kwargs.get("platform", "auto"))
         backend = default_backend()
-        if platform != "auto":
-            return [self.registry.get_spec(self.op_id, platform=platform, backend=backend)]
-        best: dict[str, KernelSpec] = {}
+        call = self.call_view(inv)
+        seen: set[tuple[str, str, str]] = set()
+        found: list[Candidate] = []
         for spec in self.registry.list_implementations(self.op_id):
-            if spec.backend not in (Backend.ANY, backend) or spec.platform in best:
+            ident = (str(spec.platform), str(spec.backend), spec.name)
+            if ident in seen:
                 continue
-            if self.registry.platform_available(spec.platform)[0]:
-                best[spec.platform] = spec
-        if not best:  # raises KernelNotFoundError with the full diagnosis
-            self.registry.get_spec(self.op_id, platform="auto", backend=backend)
-        return sorted(best.values(), key=lambda s: -s.priority)
+            seen.add(ident)
+            requested = platform == "auto" or spec.platform == platform
+            reason: str | None = None
+            if spec.backend not in (Backend.ANY, backend):
+                reason = f"targets {spec.backend}, but JAX's default backend is {backend}"
+            else:
+                available, why = self.registry.platform_available(spec.platform)
+                if not available:
+                    reason = f"platform {spec.platform} is unavailable: {why}"
+                elif requested:
+                    reason = self._gate(spec, call)
+            found.append(Candidate(spec=spec, reason=reason, requested=requested))
+        return found
+
+    def usable_specs(self, inv: Invocation[ImplChoice]) -> list[KernelSpec]:
+        """Implementations that can run ``inv``, highest priority first.
+
+        Raises:
+            KernelNotFoundError: when no implementation of the requested platform is registered.
+            ValueError: when implementations exist but every one refuses the call; the message
+                names each reason and, for a forced platform, the implementations that can.
+        """
+        found = self.candidates(inv)
+        usable = [c.spec for c in found if c.usable]
+        if usable:
+            return usable
+        platform = str(inv.kwargs.get("platform", "auto"))
+        requested = [c for c in found if c.requested and c.spec.backend in (Backend.ANY, default_backend())]
+        if not requested:  # nothing registered for this platform here: the registry's full diagnosis
+            self.registry.get_spec(self.op_id, platform=platform, backend=default_backend())
+            raise KernelNotFoundError(f"no implementation of {self.op_id!r} for platform={platform}")
+        reasons = "; ".join(f"{c.spec.label}: {c.reason}" for c in requested)
+        call = self.call_view(inv)  # a forced platform left the others ungated: gate them to say which can
+        can = [c.spec.label for c in found if not c.requested and c.reason is None and self._gate(c.spec, call) is None]
+        hint = (f" Implementations that can: {', '.join(can)} (use platform='auto' or one of their platforms)."
+                if can else "")
+        raise ValueError(
+            f"{self.op_id}: no implementation for platform={platform} can run this call "
+            f"({_describe_call(call)}): {reasons}.{hint}"
+        )
+
+    def _ranked(self, specs: Sequence[KernelSpec], call: Mapping[str, Any]) -> list[KernelSpec]:
+        def rank(spec: KernelSpec) -> int:
+            if spec.rank is None:
+                return spec.priority
+            try:
+                return int(spec.rank(**call))
+            except Exception as exc:
+                warnings.warn(f"{self.op_id} {spec.label}: rank raised {type(exc).__name__}: {exc}; "
+                              "using its priority", RuntimeWarning, stacklevel=3)
+                return spec.priority
+
+        return sorted(specs, key=rank, reverse=True)  # stable: equal ranks keep priority order
+
+    # -- configs per implementation ---------------------------------------------------------------
+
+    def _typed(self, spec: KernelSpec, configs: Sequence[Any], source: str) -> list[Any]:
+        if spec.cfg_type is None:
+            return list(configs)
+        kept = [cfg for cfg in configs if cfg is None or isinstance(cfg, spec.cfg_type)]
+        if len(kept) != len(configs):
+            wrong = sorted({type(cfg).__name__ for cfg in configs if cfg not in kept})
+            warnings.warn(f"{self.op_id} {spec.label}: {source} returned {', '.join(wrong)} where "
+                          f"{spec.cfg_type.__name__} is expected; ignored", RuntimeWarning, stacklevel=3)
+        return kept
+
+    def _hook_kwargs(self, spec: KernelSpec, inv: Invocation[ImplChoice]) -> dict[str, Any]:
+        return {"algorithm": self.op_id, "platform": str(spec.platform), "implementation": spec.name,
+                "invocation": inv}
+
+    def config_space_of(self, spec: KernelSpec, inv: Invocation[ImplChoice]) -> list[Any]:
+        """Autotuning configs of one implementation: its own space plus what plugins' hooks add."""
+        space: list[Any] = []
+        if spec.config_space is not None:
+            space.extend(self._typed(spec, list(spec.config_space(**self.call_view(inv))), "config_space"))
+        for extra in self._host().call("ejk_config_space", **self._hook_kwargs(spec, inv)):
+            space.extend(self._typed(spec, list(extra), "ejk_config_space"))
+        return space
+
+    def heuristic_of(self, spec: KernelSpec, inv: Invocation[ImplChoice]) -> Any:
+        """One implementation's config chosen without measuring (``None``: its defaults)."""
+        if spec.heuristic is not None:
+            found = self._typed(spec, [spec.heuristic(**self.call_view(inv))], "heuristic")
+            if found:
+                return found[0]
+        hooked = self._host().call("ejk_heuristic_config", **self._hook_kwargs(spec, inv))
+        typed = self._typed(spec, [h for h in hooked if h is not None], "ejk_heuristic_config")
+        return typed[0] if typed else None
+
+    @staticmethod
+    def _choice(spec: KernelSpec, cfg: Any) -> ImplChoice:
+        return ImplChoice(platform=spec.platform, backend=spec.backend, implementation=spec.name, cfg=cfg)
+
+    # -- resolving choices -------------------------------------------------------------------------
+
+    def spec_for(self, choice: ImplChoice) -> KernelSpec:
+        """The registered implementation a choice names (highest priority for that name)."""
+        return self.registry.get_spec(self.op_id, platform=choice.platform, backend=choice.backend,
+                                      name=choice.implementation)
+
+    def resolve(self, choice: ImplChoice) -> ImplChoice:
+        """``choice`` with its implementation (and its backward's) named explicitly."""
+        backward = None if choice.backward is None else self.resolve(choice.backward)
+        if choice.implementation is not None and backward is choice.backward:
+            return choice
+        spec = self.spec_for(choice)
+        return attrs.evolve(choice, implementation=spec.name, backward=backward)
 
     def choice_for(self, cfg: Any, platform: str) -> ImplChoice:
-        """Turn a user's ``cfg=`` (an :class:`ImplChoice` or an implementation config) into a choice."""
+        """Turn a user's ``cfg=`` (an :class:`ImplChoice` or an implementation config) into a choice.
+
+        Raises:
+            ValueError: when the config's type belongs to no registered implementation.
+        """
         if isinstance(cfg, ImplChoice):
-            return cfg
-        specs = self.available_specs(platform)
+            return self.resolve(cfg)
+        backend = default_backend()
+        specs = [s for s in self.registry.list_implementations(self.op_id)
+                 if s.backend in (Backend.ANY, backend) and (platform == "auto" or s.platform == platform)]
         for spec in specs:
             if spec.cfg_type is not None and isinstance(cfg, spec.cfg_type):
-                return ImplChoice(platform=spec.platform, backend=spec.backend, cfg=cfg)
-        if platform != "auto":
-            return ImplChoice(platform=specs[0].platform, backend=specs[0].backend, cfg=cfg)
+                return self._choice(spec, cfg)
+        if not specs:
+            self.registry.get_spec(self.op_id, platform=platform, backend=backend)  # raises the diagnosis
         names = ", ".join(f"{s.label} ({s.cfg_type.__name__ if s.cfg_type else 'no config class'})" for s in specs)
         raise ValueError(
             f"{self.op_id}: cfg of type {type(cfg).__name__} matches no available implementation ({names}); "
-            "pass platform= to say which implementation it is for, or pass an ejk.ops.ImplChoice"
+            "pass the config class of the implementation you want, or an ejk.ops.ImplChoice naming it"
         )
+
+    def unusable_reason(self, inv: Invocation[ImplChoice], cfg: ImplChoice) -> str | None:
+        """Why ``cfg`` cannot run ``inv`` here (``None`` when it can)."""
+        if not isinstance(cfg, ImplChoice):
+            return f"{type(cfg).__name__} is not an ejk.ops.ImplChoice"
+        platform = str(inv.kwargs.get("platform", "auto"))
+        if platform != "auto" and cfg.platform != platform:
+            return f"it names platform {cfg.platform}, but platform={platform} was requested"
+        try:
+            spec = self.spec_for(cfg)
+        except KernelNotFoundError:
+            return f"{cfg.platform}/{cfg.backend}:{cfg.implementation} is not registered"
+        if spec.cfg_type is not None and cfg.cfg is not None and not isinstance(cfg.cfg, spec.cfg_type):
+            return (f"{spec.label} takes {spec.cfg_type.__name__}, not {type(cfg.cfg).__name__}")
+        if spec.backend not in (Backend.ANY, default_backend()):
+            return f"{spec.label} targets {spec.backend}, but JAX's default backend is {default_backend()}"
+        available, why = self.registry.platform_available(spec.platform)
+        if not available:
+            return f"platform {spec.platform} is unavailable: {why}"
+        reason = self._gate(spec, self.call_view(inv))
+        if reason is not None:
+            return f"{spec.label}: {reason}"
+        if cfg.backward is not None:
+            return self._backward_reason(spec, cfg.backward, inv)
+        return None
+
+    def _backward_reason(self, spec: KernelSpec, backward: ImplChoice, inv: Invocation[ImplChoice]) -> str | None:
+        try:
+            other = self.spec_for(backward)
+        except KernelNotFoundError:
+            return f"backward {backward.platform}/{backward.backend}:{backward.implementation} is not registered"
+        if spec.vjp is None or other.vjp is None:
+            missing = spec.label if spec.vjp is None else other.label
+            return f"{missing} has no forward/backward pair to combine"
+        if spec.vjp.residuals != other.vjp.residuals:
+            return (f"backward {other.label} consumes residuals {other.vjp.residuals!r}, but {spec.label} "
+                    f"saves {spec.vjp.residuals!r}")
+        reason = self._gate(other, self.call_view(inv))
+        return None if reason is None else f"backward {other.label}: {reason}"
+
+    def cfg_label(self, cfg: ImplChoice) -> str:
+        """The label of the implementation a choice names (groups tuning results)."""
+        return f"{cfg.platform}/{cfg.backend}" + ("" if cfg.implementation in (None, cfg.platform)
+                                                  else f":{cfg.implementation}")
 
     # -- Kernel interface --------------------------------------------------------------------------
 
-    def run(self, *arrays: Any, cfg: ImplChoice, platform: str = "auto", **static: Any) -> Any:
-        spec = self.spec_for(cfg)
-        pos = arrays[: self.positional]
+    def _split(self, arrays: tuple[Any, ...]) -> tuple[tuple[Any, ...], dict[str, Any]]:
         named = dict(zip(self.array_names[self.positional:], arrays[self.positional:], strict=True))
-        return spec.implementation(*pos, **named, **static, cfg=cfg.cfg)
+        return arrays[: self.positional], named
+
+    def run(self, *arrays: Any, cfg: ImplChoice, platform: str = "auto", **static: Any) -> Any:
+        pos, named = self._split(arrays)
+        return self.spec_for(cfg).implementation(*pos, **named, **static, cfg=cfg.cfg)
+
+    def uses_custom_vjp(self, cfg: ImplChoice) -> bool:
+        return self.spec_for(cfg).vjp is not None
+
+    def fwd(self, *arrays: Any, cfg: ImplChoice, platform: str = "auto", **static: Any) -> tuple[Any, Any]:
+        vjp = self.spec_for(cfg).vjp
+        assert vjp is not None
+        pos, named = self._split(arrays)
+        return vjp.fwd(*pos, **named, **static, cfg=cfg.cfg)  # type: ignore[no-any-return]
+
+    def bwd(self, residuals: Any, cotangent: Any, *, cfg: ImplChoice, platform: str = "auto",
+            **static: Any) -> tuple[Any, ...]:
+        backward = cfg if cfg.backward is None else cfg.backward
+        vjp = self.spec_for(backward).vjp
+        assert vjp is not None
+        grads = tuple(vjp.bwd(residuals, cotangent, cfg=backward.cfg, **static))
+        if len(grads) != len(self.array_names):
+            raise ValueError(f"{self.op_id} {self.spec_for(backward).label}: backward returned {len(grads)} "
+                             f"cotangents; it must return one per array argument {self.array_names}")
+        return grads
 
     def heuristic_cfg(self, inv: Invocation[ImplChoice]) -> ImplChoice:
-        spec = self.available_specs(inv.kwargs.get("platform", "auto"))[0]
-        cfg = self._host().heuristic_config(self.op_id, spec.platform, inv)
-        return ImplChoice(platform=spec.platform, backend=spec.backend, cfg=cfg)
+        """The best-ranked usable implementation for this call with its heuristic config."""
+        spec = self._ranked(self.usable_specs(inv), self.call_view(inv))[0]
+        return self._choice(spec, self.heuristic_of(spec, inv))
 
     def candidate_cfgs(self, inv: Invocation[ImplChoice]) -> Sequence[ImplChoice]:
-        host = self._host()
-        choices: list[ImplChoice] = []
-        for spec in self.available_specs(inv.kwargs.get("platform", "auto")):
-            space = list(host.config_space(self.op_id, spec.platform, inv))
-            if not space:
-                space = [host.heuristic_config(self.op_id, spec.platform, inv)]
+        """Every usable implementation's configs; the heuristic choice comes first."""
+        choices: list[ImplChoice] = [self.heuristic_cfg(inv)]
+        for spec in self.usable_specs(inv):
+            space = self.config_space_of(spec, inv) or [self.heuristic_of(spec, inv)]
             for cfg in space:
-                choice = ImplChoice(platform=spec.platform, backend=spec.backend, cfg=cfg)
+                choice = self._choice(spec, cfg)
                 if choice not in choices:
                     choices.append(choice)
         return choices
 
     def cfg_to_json(self, cfg: ImplChoice) -> Any:
-        return {"platform": cfg.platform, "backend": cfg.backend,
-                "cfg": None if cfg.cfg is None else to_jsonable(cfg.cfg)}
+        data = {"platform": cfg.platform, "backend": cfg.backend, "implementation": cfg.implementation,
+                "cfg": None if cfg.cfg is None else to_jsonable(cfg.cfg),
+                "device_facts": self._platform_facts(cfg.platform)}
+        if cfg.backward is not None:
+            data["backward"] = self.cfg_to_json(cfg.backward)
+        return data
 
     def cfg_from_json(self, data: Any) -> ImplChoice:
-        choice = ImplChoice(platform=data["platform"], backend=data["backend"])
-        spec = self.spec_for(choice)  # raises if the implementation is gone: the entry is then stale
+        """Rebuild a persisted choice; raises (the entry is then stale) when its implementation is
+        gone, its config no longer fits, or its platform's device facts changed."""
+        if "implementation" not in data:
+            raise ValueError("written before implementations had names")
+        choice = ImplChoice(platform=data["platform"], backend=data["backend"], implementation=data["implementation"])
+        spec = self.spec_for(choice)
+        recorded = data.get("device_facts") or {}
+        current = self._platform_facts(spec.platform)
+        if recorded != current:
+            raise ValueError(f"device facts of platform {spec.platform} changed: {recorded} -> {current}")
         cfg = None if data.get("cfg") is None else from_jsonable(data["cfg"], cfg_type=spec.cfg_type)
-        return attrs.evolve(choice, cfg=cfg)
+        backward = None if data.get("backward") is None else self.cfg_from_json(data["backward"])
+        return attrs.evolve(choice, cfg=cfg, backward=backward)
+
+    def _platform_facts(self, platform: str) -> dict[str, str]:
+        return dict(self._host().platform_device_facts(jax.devices()[0], platform))
 
     def cfg_versions(self, cfg: ImplChoice) -> Mapping[str, str]:
-        spec = self.spec_for(cfg)
         versions: dict[str, str] = {}
-        dist = spec.plugin.distribution if spec.plugin else None
-        if dist and (version := installed_version(dist)):
-            versions[dist] = version
-        status = self._host().platform_statuses().get(spec.platform)
-        if status is not None:
-            versions.update(dict(status.versions))
+        for choice in (cfg, cfg.backward):
+            if choice is None:
+                continue
+            spec = self.spec_for(choice)
+            dist = spec.plugin.distribution if spec.plugin else None
+            if dist and (version := installed_version(dist)):
+                versions[dist] = version
+            status = self._host().platform_statuses().get(spec.platform)
+            if status is not None:
+                versions.update(dict(status.versions))
         return versions
 
     def describe_cfg(self, cfg: ImplChoice) -> str:

@@ -524,7 +524,7 @@ def _lengths(q: Any, k: Any) -> tuple[int, int]:
     return int(q.shape[1]), int(k.shape[1])
 
 
-def config_space(q: Any, k: Any, v: Any, *_: Any) -> list[FlashAttentionConfig]:
+def config_space(q: Any, k: Any, v: Any, *_: Any, **__: Any) -> list[FlashAttentionConfig]:
     """Autotuning candidates: a few ``(block_q, block_k)`` pairs clamped to the lengths.
 
     Args:
@@ -545,7 +545,7 @@ def config_space(q: Any, k: Any, v: Any, *_: Any) -> list[FlashAttentionConfig]:
     return list(seen)
 
 
-def heuristic_config(q: Any, k: Any, v: Any, *_: Any) -> FlashAttentionConfig:
+def heuristic_config(q: Any, k: Any, v: Any, *_: Any, **__: Any) -> FlashAttentionConfig:
     """A default by shape and backend, clamped to the sequence lengths.
 
     On the CPU, 256 x 256 blocks keep a block's logits cache-sized (measured fastest for the

@@ -200,7 +200,7 @@ def _next_power_of_two(x: int) -> int:
     return 1 << max(int(x) - 1, 0).bit_length()
 
 
-def config_space(lhs: Any, rhs: Any, group_sizes: Any) -> list[GroupedMatmulConfig]:
+def config_space(lhs: Any, rhs: Any, group_sizes: Any, **_: Any) -> list[GroupedMatmulConfig]:
     """Autotuning candidates: row-tile sizes from 8 up to the first power of two ``>= m``.
 
     Args:
@@ -216,7 +216,7 @@ def config_space(lhs: Any, rhs: Any, group_sizes: Any) -> list[GroupedMatmulConf
     return [GroupedMatmulConfig(block_m=b) for b in _BLOCK_CHOICES if b <= limit]
 
 
-def heuristic_config(lhs: Any, rhs: Any, group_sizes: Any) -> GroupedMatmulConfig:
+def heuristic_config(lhs: Any, rhs: Any, group_sizes: Any, **_: Any) -> GroupedMatmulConfig:
     """A tile about the size of an average group (8 to 256 rows, at most ``m`` rounded up).
 
     Tiles near the average group size keep the work list near ``2 g`` items while the

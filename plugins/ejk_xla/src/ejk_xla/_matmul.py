@@ -61,7 +61,7 @@ def matmul(a: jax.Array, b: jax.Array, *, cfg: MatmulConfig | None = None) -> ja
     return out.astype(out_dtype)
 
 
-def config_space(a: Any, b: Any) -> list[MatmulConfig]:
+def config_space(a: Any, b: Any, **_: Any) -> list[MatmulConfig]:
     """The autotuning candidates: only the default (precision is not a tuning knob).
 
     Args:
@@ -75,7 +75,7 @@ def config_space(a: Any, b: Any) -> list[MatmulConfig]:
     return [MatmulConfig()]
 
 
-def heuristic_config(a: Any, b: Any) -> MatmulConfig:
+def heuristic_config(a: Any, b: Any, **_: Any) -> MatmulConfig:
     """The config used without tuning: full precision.
 
     Args:

@@ -501,7 +501,8 @@ def _tiled_space(q: Any, k_pages: Any, v_pages: Any, page_indices: Any) -> list[
 
 
 def config_space(
-    q: Any, k_pages: Any, v_pages: Any, kv_lens: Any, page_indices: Any, cu_q_lens: Any, num_seqs: Any
+    q: Any, k_pages: Any, v_pages: Any, kv_lens: Any, page_indices: Any, cu_q_lens: Any, num_seqs: Any,
+    **_: Any
 ) -> list[PagedAttentionConfig]:
     """Autotuning candidates of both algorithms, powers of two pages per block (at most 64).
 
@@ -522,7 +523,8 @@ def config_space(
 
 
 def heuristic_config(
-    q: Any, k_pages: Any, v_pages: Any, kv_lens: Any, page_indices: Any, cu_q_lens: Any, num_seqs: Any
+    q: Any, k_pages: Any, v_pages: Any, kv_lens: Any, page_indices: Any, cu_q_lens: Any, num_seqs: Any,
+    **_: Any
 ) -> PagedAttentionConfig:
     """Per token for decode-like shapes, else tiles of about the average query length.
 

@@ -1,45 +1,34 @@
-"""The ``xla`` entry point: registers the XLA implementations, their config spaces and heuristics."""
+"""The ``xla`` entry point: registers the XLA implementations with their configs and gates."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import ejk
-from ejk_xla import _flash_attention, _grouped_matmul, _matmul, _paged_attention
+from ejk_xla import _cudnn_attention, _flash_attention, _grouped_matmul, _matmul, _paged_attention
 
-_MODULES = {
-    "flash_attention": _flash_attention,
-    "matmul": _matmul,
-    "grouped_matmul": _grouped_matmul,
-    "ragged_paged_attention": _paged_attention,
-}
-_IMPLEMENTATIONS = {
-    "flash_attention": (_flash_attention.flash_attention, _flash_attention.FlashAttentionConfig),
-    "matmul": (_matmul.matmul, _matmul.MatmulConfig),
-    "grouped_matmul": (_grouped_matmul.grouped_matmul, _grouped_matmul.GroupedMatmulConfig),
-    "ragged_paged_attention": (_paged_attention.ragged_paged_attention, _paged_attention.PagedAttentionConfig),
-}
+#: Preference of cuDNN attention in the heuristics tier: above the chunked kernel (which it
+#: beats 4–9× on an H100, benchmarks/results/attention_gpu_h100.md) wherever its gate allows.
+CUDNN_PRIORITY = 10
 
 
 @ejk.hookimpl
 def ejk_register_kernels(register: Callable[..., Callable[[Any], Any]]) -> None:
-    for algorithm, (implementation, cfg_type) in _IMPLEMENTATIONS.items():
-        register(algorithm, ejk.Platform.XLA, ejk.Backend.ANY, priority=0, cfg_type=cfg_type)(implementation)
-
-
-@ejk.hookimpl
-def ejk_config_space(algorithm: str, platform: str, invocation: ejk.Invocation[Any]) -> Sequence[Any] | None:
-    if platform != ejk.Platform.XLA or algorithm not in _MODULES:
-        return None
-    return _MODULES[algorithm].config_space(*invocation.abstract_args)  # type: ignore[no-any-return]
-
-
-@ejk.hookimpl
-def ejk_heuristic_config(algorithm: str, platform: str, invocation: ejk.Invocation[Any]) -> Any | None:
-    if platform != ejk.Platform.XLA or algorithm not in _MODULES:
-        return None
-    return _MODULES[algorithm].heuristic_config(*invocation.abstract_args)
+    portable = (ejk.Platform.XLA, ejk.Backend.ANY)
+    register("flash_attention", *portable, name="chunked", cfg_type=_flash_attention.FlashAttentionConfig,
+             config_space=_flash_attention.config_space, heuristic=_flash_attention.heuristic_config,
+             )(_flash_attention.flash_attention)
+    register("flash_attention", ejk.Platform.XLA, ejk.Backend.GPU, priority=CUDNN_PRIORITY, name="cudnn",
+             capability=_cudnn_attention.capability)(_cudnn_attention.cudnn_attention)
+    register("matmul", *portable, name="dot", cfg_type=_matmul.MatmulConfig,
+             config_space=_matmul.config_space, heuristic=_matmul.heuristic_config)(_matmul.matmul)
+    register("grouped_matmul", *portable, name="tiled", cfg_type=_grouped_matmul.GroupedMatmulConfig,
+             config_space=_grouped_matmul.config_space,
+             heuristic=_grouped_matmul.heuristic_config)(_grouped_matmul.grouped_matmul)
+    register("ragged_paged_attention", *portable, name="paged", cfg_type=_paged_attention.PagedAttentionConfig,
+             config_space=_paged_attention.config_space,
+             heuristic=_paged_attention.heuristic_config)(_paged_attention.ragged_paged_attention)
 
 
 @ejk.hookimpl

@@ -1,0 +1,150 @@
+"""Flash attention through XLA's fused cuDNN attention (``jax.nn.dot_product_attention``, cudnn).
+
+cuDNN's fused kernel is the fastest attention JAX ships on NVIDIA GPUs, but it runs only a
+subset of ejk's contract. :func:`capability` states that subset exactly (checked against
+jax 0.10.2–0.11.2 on an H100, see ../../../benchmarks/results/cudnn_gate_h100.md); every call
+outside it goes to the other implementations:
+
+- dtypes: bfloat16 and float16 (not float32);
+- head dims: a multiple of 8, at most 256 on Hopper and newer (128 before), ``Dv == D``;
+- causal and sliding windows only when ``Sq == Sk``: jax's causal mask is top-left aligned,
+  ejk's is bottom-right aligned, and the two agree only for equal lengths; windows only
+  with an effective right reach of 0 (causal, or ``(left, 0)``), as cuDNN has no right window;
+- no logits soft cap, no segment ids (cuDNN takes padding lengths, not segment ids);
+- bias of shape ``[1 | B, 1 | Hq, Sq, Sk]`` with even ``Sq`` and ``Sk`` (cuDNN's backward
+  with bias needs even lengths);
+- no empty arrays, and ``Sq`` of at least :data:`MIN_Q_LEN` (cuDNN rejects single-row queries).
+
+Within the subset no query row is fully masked (``Sq == Sk`` with a causal or left window
+always keeps the diagonal), so the contract's "rows that see no key are zeros" holds.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+__all__ = ["MIN_Q_LEN", "capability", "cudnn_attention", "device_problem"]
+
+#: Shortest query length sent to cuDNN (it rejects ``Sq = 1``: "Unsupported sequence length").
+MIN_Q_LEN = 2
+_DTYPES = ("bfloat16", "float16")
+
+
+def device_problem() -> str | None:
+    """Why this process cannot run cuDNN attention (``None`` when its first device can).
+
+    Needs an NVIDIA GPU of compute capability 8.0 or newer (Ampere, Hopper, Blackwell).
+    """
+    device = jax.devices()[0]
+    if device.platform != "gpu" or "cuda" not in getattr(device.client, "platform_version", "").lower():
+        return "needs an NVIDIA GPU (cuDNN)"
+    capability = getattr(device, "compute_capability", None)
+    if capability is None:
+        return "the GPU reports no compute capability"
+    if float(capability) < 8.0:
+        return f"needs compute capability 8.0 or newer, this GPU has {capability}"
+    return None
+
+
+def _max_head_dim() -> int:
+    capability = getattr(jax.devices()[0], "compute_capability", "0")
+    return 256 if float(capability or 0) >= 9.0 else 128
+
+
+def shape_problem(
+    q: Any,
+    k: Any,
+    v: Any,
+    *,
+    causal: bool,
+    sliding_window: tuple[int, int] | None,
+    logits_soft_cap: float | None,
+    q_segment_ids: Any,
+    kv_segment_ids: Any,
+    bias: Any,
+    max_head_dim: int = 256,
+    **_: Any,
+) -> str | None:
+    """The device-independent part of :func:`capability` (testable on any machine)."""
+    dtype = np.dtype(q.dtype).name
+    if dtype not in _DTYPES:
+        return f"{dtype} not supported (cuDNN attention takes bfloat16 or float16)"
+    batch, q_len, _, head_dim = q.shape
+    kv_len, v_dim = k.shape[1], v.shape[3]
+    if min(batch, q_len, kv_len, q.shape[2], head_dim) == 0:
+        return "empty arrays"
+    if head_dim != v_dim:
+        return f"v head dim {v_dim} differs from q/k head dim {head_dim}"
+    if head_dim % 8 or head_dim > max_head_dim:
+        return f"head_dim {head_dim} not supported (a multiple of 8, at most {max_head_dim})"
+    if q_len < MIN_Q_LEN:
+        return f"query length {q_len} < {MIN_Q_LEN} (cuDNN rejects single-row queries)"
+    if logits_soft_cap is not None:
+        return "soft cap not supported"
+    if q_segment_ids is not None or kv_segment_ids is not None:
+        return "segment ids not supported"
+    if (causal or sliding_window is not None) and q_len != kv_len:
+        return (f"causal or windowed attention with Sq={q_len} != Sk={kv_len} (jax's cuDNN causal mask is "
+                "top-left aligned, ejk's bottom-right)")
+    if sliding_window is not None and not causal and sliding_window[1] != 0:
+        return f"sliding window {tuple(sliding_window)} has a right reach (cuDNN supports only (left, 0))"
+    if bias is not None:
+        bb, bh, bq, bk = bias.shape
+        if (bq, bk) != (q_len, kv_len):
+            return f"bias of shape {tuple(bias.shape)} broadcasts over a sequence axis (cuDNN needs [.., Sq, Sk])"
+        if q_len % 2 or kv_len % 2:
+            return f"bias with odd lengths Sq={q_len}, Sk={kv_len} (cuDNN's backward needs even lengths)"
+    return None
+
+
+def capability(q: Any, k: Any, v: Any, **call: Any) -> str | None:
+    """Why cuDNN attention cannot run this call here, or ``None`` when it can (see the module doc)."""
+    problem = device_problem()
+    if problem is not None:
+        return problem
+    return shape_problem(q, k, v, max_head_dim=_max_head_dim(), **call)
+
+
+def cudnn_arguments(
+    *, causal: bool, softmax_scale: float, sliding_window: tuple[int, int] | None
+) -> dict[str, Any]:
+    """The ``jax.nn.dot_product_attention`` keyword arguments for an (already gated) call."""
+    window = None
+    if sliding_window is not None:
+        window = (int(sliding_window[0]), 0)  # gated: causal, or a right reach of 0
+    return {
+        "scale": float(softmax_scale),
+        "is_causal": bool(causal or sliding_window is not None),
+        "local_window_size": window,
+        "implementation": "cudnn",
+    }
+
+
+def cudnn_attention(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    *,
+    causal: bool,
+    softmax_scale: float,
+    sliding_window: tuple[int, int] | None,
+    logits_soft_cap: float | None,
+    q_segment_ids: jax.Array | None,
+    kv_segment_ids: jax.Array | None,
+    bias: jax.Array | None,
+    cfg: None = None,
+) -> jax.Array:
+    """Fused cuDNN attention for calls :func:`capability` accepts (arguments already normalised).
+
+    cuDNN differentiates itself (its own fused backward); it takes no config.
+    """
+    del logits_soft_cap, q_segment_ids, kv_segment_ids, cfg  # gated out
+    if bias is not None:
+        bias = bias.astype(q.dtype)
+    kwargs = cudnn_arguments(causal=causal, softmax_scale=softmax_scale, sliding_window=sliding_window)
+    out: jax.Array = jax.nn.dot_product_attention(q, k, v, bias=bias, **kwargs)
+    return out.astype(jnp.dtype(q.dtype))

@@ -5,7 +5,11 @@ Lines (same process, same inputs):
 - ``ejk xla flash``: ``ejk_xla._flash_attention.flash_attention`` with a few block configs; the
   best one is reported (and named),
 - ``jax.nn xla``: ``jax.nn.dot_product_attention(implementation="xla")`` (materialised logits),
-- ``jax.nn cudnn``: ``jax.nn.dot_product_attention(implementation="cudnn")`` (skipped off GPU).
+- ``jax.nn cudnn``: ``jax.nn.dot_product_attention(implementation="cudnn")`` (skipped off GPU),
+- ``ejk auto heuristics`` / ``ejk auto tuned``: the public ``ejk.flash_attention`` with
+  ``platform="auto"``, its choice made by the heuristics tier, or by autotuning every usable
+  implementation (objective = the line's mode; the tuning time is in the note). The ratios of
+  these to cuDNN close the report.
 
 Each in ``fwd`` (the output) and ``fwd+bwd`` (output plus dq, dk, dv in one jitted call).
 FLOPs: ``4·B·H·Sq·Sk·D`` for the forward (halved when causal), ``3.5x`` that for fwd+bwd.
@@ -26,6 +30,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import time
 import traceback
 from collections.abc import Callable
 from typing import Any
@@ -37,6 +42,7 @@ import jax.numpy as jnp
 import numpy as np
 from _harness import error_text, time_ms
 
+import ejk
 from ejk_xla._flash_attention import FlashAttentionConfig, flash_attention
 
 MODES = ("fwd", "fwd+bwd")
@@ -69,7 +75,7 @@ SMOKE_SHAPES = (
     Shape(batch=1, seq=128, heads=2, dim=64, causal=False),
     Shape(batch=1, seq=128, heads=2, dim=64, causal=True),
 )
-FULL_CONFIGS = ((512, 512), (1024, 512), (1024, 1024), (256, 512))
+FULL_CONFIGS = ((1024, 1024), (512, 512))
 SMOKE_CONFIGS = ((64, 64), (128, 64))
 
 
@@ -88,6 +94,22 @@ def jax_nn_attention(shape: Shape, implementation: str) -> Callable[..., jax.Arr
         return jax.nn.dot_product_attention(q, k, v, is_causal=shape.causal, implementation=implementation)
 
     return fn
+
+
+def ejk_auto(shape: Shape, executor: ejk.Executor[Any, Any]) -> Callable[..., jax.Array]:
+    def fn(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
+        with ejk.use_executor(executor):
+            return ejk.flash_attention(q, k, v, causal=shape.causal)
+
+    return fn
+
+
+def auto_executor(mode: str, objective: str) -> ejk.Executor[Any, Any]:
+    policy = ejk.AutotunePolicy(mode=mode, objective=objective, persist=False)
+    return ejk.Executor(ejk.ConfigSelectorChain(policy=policy, persist=False, on_event=EVENTS.append))
+
+
+EVENTS: list[Any] = []
 
 
 def with_backward(attention: Callable[..., jax.Array]) -> Callable[..., Any]:
@@ -114,7 +136,7 @@ def measure(attention: Callable[..., jax.Array], mode: str, inputs: tuple[jax.Ar
 
 def bench_line(
     name: str, candidates: dict[str, Callable[..., jax.Array]], shape: Shape, mode: str,
-    inputs: tuple[jax.Array, ...], reps: int,
+    inputs: tuple[jax.Array, ...], reps: int, times: dict[str, float] | None = None,
 ) -> str:
     """One table row: the best of ``candidates`` (label → attention fn), or why none ran."""
     flops = shape.fwd_flops() * (1.0 if mode == "fwd" else BWD_FACTOR)
@@ -130,6 +152,8 @@ def bench_line(
     if not results:
         return f"| {shape} | {mode} | {name} | failed | | {'; '.join(errors)} |"
     label, ms = min(results.items(), key=lambda kv: kv[1])
+    if times is not None:
+        times[name] = ms
     note = label + (f" (failed: {'; '.join(errors)})" if errors else "")
     tflops = flops / ms / 1e9
     rate = f"{tflops:,.1f}" if tflops >= 1 else f"{tflops:.4f}"
@@ -157,33 +181,53 @@ def header(args: argparse.Namespace) -> list[str]:
 def main() -> None:
     parser = _harness.parser(__doc__)
     parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--only-auto", action="store_true", help="only cuDNN and ejk's public op (the ratio check)")
     args = _harness.parse(parser)
     shapes = SMOKE_SHAPES if args.smoke else FULL_SHAPES
     configs = SMOKE_CONFIGS if args.smoke else FULL_CONFIGS
     on_gpu = jax.default_backend() == "gpu"
     lines = header(args)
     checks: list[str] = []
+    ratios: list[str] = ["", "Throughput of ejk's public op relative to cuDNN (higher is better; >= 0.98 is the bar):",
+                         "", "| shape | mode | ejk | ratio to cuDNN |", "| --- | --- | --- | ---: |"]
     print("\n".join(lines), flush=True)
     for shape in shapes:
         inputs = make_inputs(shape, jnp.dtype(args.dtype))
         ours = {
             f"block {bq}x{bk}": ejk_attention(shape, FlashAttentionConfig(block_q=bq, block_k=bk)) for bq, bk in configs
         }
-        checks.append(f"- {shape}: {max_abs_diff(next(iter(ours.values())), inputs, shape)}")
+        if not args.only_auto:
+            checks.append(f"- {shape}: {max_abs_diff(next(iter(ours.values())), inputs, shape)}")
         for mode in MODES:
-            rows = [
+            times: dict[str, float] = {}
+            rows = [] if args.only_auto else [
                 bench_line("ejk xla flash", ours, shape, mode, inputs, args.reps),
                 bench_line("jax.nn xla", {"": jax_nn_attention(shape, "xla")}, shape, mode, inputs, args.reps),
             ]
             if on_gpu:
                 cudnn = {"": jax_nn_attention(shape, "cudnn")}
-                rows.append(bench_line("jax.nn cudnn", cudnn, shape, mode, inputs, args.reps))
+                rows.append(bench_line("jax.nn cudnn", cudnn, shape, mode, inputs, args.reps, times))
             else:
                 rows.append(f"| {shape} | {mode} | jax.nn cudnn | skipped | | needs a GPU |")
+            objective = "forward" if mode == "fwd" else "forward_backward"
+            for policy in ("heuristics", "autotune"):
+                fn = ejk_auto(shape, auto_executor(policy, objective))
+                del EVENTS[:]
+                start = time.perf_counter()
+                jax.jit(fn).lower(*inputs[:3])  # the choice (and tuning) happens while tracing
+                chose = f"{time.perf_counter() - start:.1f}s to choose: " + "; ".join(
+                    f"{e.tier} {e.cfg}" + (f" ({e.detail})" if e.detail else "") for e in EVENTS)
+                name = f"ejk auto {'tuned' if policy == 'autotune' else policy}"
+                rows.append(bench_line(name, {chose: fn}, shape, mode, inputs, args.reps, times))
             for row in rows:
                 print(row, flush=True)
             lines += rows
+            if "jax.nn cudnn" in times:
+                for name in ("ejk auto heuristics", "ejk auto tuned"):
+                    if name in times:
+                        ratios.append(f"| {shape} | {mode} | {name} | {times['jax.nn cudnn'] / times[name]:.3f} |")
         del inputs
+    lines += ratios
     lines += ["", f"Forward outputs ({args.dtype} inputs), ejk's first block config against jax.nn xla:", *checks]
     print("\n".join(lines[-len(checks) - 2 :]), flush=True)
     _harness.write(lines, args, "attention_gpu.md")

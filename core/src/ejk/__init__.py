@@ -40,6 +40,7 @@ from ejk.registry import VJP, Backend, KernelRegistry, KernelSpec, Platform, ker
 if TYPE_CHECKING:
     from ejk.ops import (
         ImplChoice,
+        explain,
         flash_attention,
         get_default_executor,
         grouped_matmul,
@@ -53,6 +54,7 @@ __version__ = installed_version("ejk-core") or "0+unknown"
 
 _LAZY_OPS = {
     "ImplChoice",
+    "explain",
     "flash_attention",
     "get_default_executor",
     "grouped_matmul",
@@ -90,6 +92,7 @@ __all__ = [
     "__version__",
     "autotune",
     "device_fingerprint",
+    "explain",
     "flash_attention",
     "get_default_executor",
     "get_invocations",

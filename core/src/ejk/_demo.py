@@ -60,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
 
     import ejk
     from ejk import environment
-    from ejk.ops._attention import _KERNEL as FLASH_KERNEL
+    from ejk.ops._attention import KERNEL as FLASH_KERNEL
     from ejk.ops._attention import flash_attention_call
     from ejk.ops._base import resolve_platform
     from ejk.testing import reference_flash_attention

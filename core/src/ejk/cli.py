@@ -71,7 +71,8 @@ def cmd_kernels(args: argparse.Namespace) -> int:
     host = _host()
     registry = host.registry
     rows = [{
-        "algorithm": s.algorithm, "platform": str(s.platform), "backend": str(s.backend), "priority": s.priority,
+        "algorithm": s.algorithm, "platform": str(s.platform), "backend": str(s.backend), "name": s.name,
+        "priority": s.priority, "gated": s.capability is not None, "custom_vjp": s.vjp is not None,
         "plugin": str(s.plugin) if s.plugin else "-", "available": registry.platform_available(s.platform)[0],
         "config": s.cfg_type.__name__ if s.cfg_type else "-",
     } for s in registry if args.algorithm is None or s.algorithm == args.algorithm.lower()]
@@ -79,11 +80,12 @@ def cmd_kernels(args: argparse.Namespace) -> int:
         _print_json(rows)
         return 0
     table = Table(title="ejk kernels")
-    for column in ("algorithm", "platform", "backend", "priority", "plugin", "config", "available here"):
+    for column in ("algorithm", "platform", "backend", "implementation", "priority", "plugin", "config",
+                   "available here"):
         table.add_column(column)
     for r in rows:
-        table.add_row(r["algorithm"], r["platform"], r["backend"], str(r["priority"]), r["plugin"], r["config"],
-                      "yes" if r["available"] else "no")
+        table.add_row(r["algorithm"], r["platform"], r["backend"], r["name"], str(r["priority"]), r["plugin"],
+                      r["config"], "yes" if r["available"] else "no")
     _console().print(table if rows else "No kernels are registered (see `ejk plugins`).")
     return 0
 
@@ -303,9 +305,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("doctor", help="check the installation, plugins, signatures and cache directory")
     p.set_defaults(func=cmd_doctor)
 
-    from ejk import _demo
+    from ejk import _demo, _explain_cli
 
     _demo.add_parser(sub)
+    _explain_cli.add_parser(sub)
     return parser
 
 

@@ -20,8 +20,11 @@ class FlashAttentionKernel(OpKernel):
     array_names = ("q", "k", "v", "q_segment_ids", "kv_segment_ids", "bias")
     positional = 3
 
+    def normalize(self, *args: Any, **kwargs: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        return flash_attention_call(*args, **kwargs)
 
-_KERNEL = FlashAttentionKernel()
+
+KERNEL = FlashAttentionKernel()
 
 
 def flash_attention(
@@ -68,7 +71,7 @@ def flash_attention(
         q, k, v, causal=causal, softmax_scale=softmax_scale, sliding_window=sliding_window,
         logits_soft_cap=logits_soft_cap, q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids, bias=bias,
     )
-    return run_op(_KERNEL, arrays, static, platform, cfg)  # type: ignore[no-any-return]
+    return run_op(KERNEL, arrays, static, platform, cfg)  # type: ignore[no-any-return]
 
 
 def flash_attention_call(

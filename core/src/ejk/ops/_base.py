@@ -124,6 +124,12 @@ class OpKernel(Kernel[ImplChoice, Any]):
     def __init__(self, registry: KernelRegistry | None = None) -> None:
         self.registry = registry if registry is not None else kernel_registry
 
+    def normalize(self, *args: Any, **kwargs: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """Validate the public function's arguments (without ``platform`` / ``cfg``) and return
+        the implementations' ``(arrays, static keyword arguments)``; arrays may be abstract
+        (``jax.ShapeDtypeStruct``), as :func:`ejk.explain` passes them."""
+        raise NotImplementedError(f"{type(self).__name__}.normalize is not implemented")
+
     # -- the implementations' view of a call ------------------------------------------------------
 
     def _host(self) -> Any:

@@ -22,6 +22,10 @@ class MatmulKernel(OpKernel):
     array_names = ("a", "b")
     positional = 2
 
+    def normalize(self, a: Any, b: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        check_matmul_args(a, b)
+        return (a, b), {}
+
 
 class GroupedMatmulKernel(OpKernel):
     """Dispatches ``grouped_matmul``; tunes on realistic uneven group sizes."""
@@ -30,6 +34,10 @@ class GroupedMatmulKernel(OpKernel):
     version = "1"
     array_names = ("lhs", "rhs", "group_sizes")
     positional = 3
+
+    def normalize(self, lhs: Any, rhs: Any, group_sizes: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        check_grouped_matmul_args(lhs, rhs, group_sizes)
+        return (lhs, rhs, group_sizes), {}
 
     def tuning_args(self, inv: Invocation[ImplChoice], seed: int = 0) -> tuple[Any, ...]:
         lhs, rhs, group_sizes = super().tuning_args(inv, seed)
@@ -42,8 +50,8 @@ class GroupedMatmulKernel(OpKernel):
         return lhs, rhs, jax.numpy.asarray(sizes, dtype=group_sizes.dtype)
 
 
-_MATMUL = MatmulKernel()
-_GROUPED = GroupedMatmulKernel()
+MATMUL = MatmulKernel()
+GROUPED = GroupedMatmulKernel()
 
 
 def matmul(a: jax.Array, b: jax.Array, *, platform: str = "auto", cfg: ImplChoice | Any | None = None) -> jax.Array:
@@ -58,8 +66,7 @@ def matmul(a: jax.Array, b: jax.Array, *, platform: str = "auto", cfg: ImplChoic
     Returns:
         ``[..., m, n]`` in ``result_type(a, b)``.
     """
-    check_matmul_args(a, b)
-    return run_op(_MATMUL, (a, b), {}, platform, cfg)  # type: ignore[no-any-return]
+    return run_op(MATMUL, *MATMUL.normalize(a, b), platform, cfg)  # type: ignore[no-any-return]
 
 
 def grouped_matmul(
@@ -85,5 +92,4 @@ def grouped_matmul(
     Returns:
         ``[m, n]`` in ``lhs.dtype``.
     """
-    check_grouped_matmul_args(lhs, rhs, group_sizes)
-    return run_op(_GROUPED, (lhs, rhs, group_sizes), {}, platform, cfg)  # type: ignore[no-any-return]
+    return run_op(GROUPED, *GROUPED.normalize(lhs, rhs, group_sizes), platform, cfg)  # type: ignore[no-any-return]

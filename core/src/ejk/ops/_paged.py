@@ -22,6 +22,23 @@ class RaggedPagedAttentionKernel(OpKernel):
     array_names = ("q", "k_pages", "v_pages", "kv_lens", "page_indices", "cu_q_lens", "num_seqs")
     positional = 7
 
+    def normalize(self, q: Any, k_pages: Any, v_pages: Any, kv_lens: Any, page_indices: Any, cu_q_lens: Any,
+                  num_seqs: Any, *, softmax_scale: float | None = None,
+                  sliding_window: int | tuple[int, int] | None = None,
+                  logits_soft_cap: float | None = None) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        if not isinstance(num_seqs, jax.ShapeDtypeStruct):
+            num_seqs = jax.numpy.asarray(num_seqs, dtype=jax.numpy.int32)
+        scale, window = check_ragged_paged_attention_args(
+            q, k_pages, v_pages, kv_lens, page_indices, cu_q_lens, num_seqs,
+            softmax_scale=softmax_scale, sliding_window=sliding_window, logits_soft_cap=logits_soft_cap,
+        )
+        static = {
+            "softmax_scale": float(scale),
+            "sliding_window": window,
+            "logits_soft_cap": None if logits_soft_cap is None else float(logits_soft_cap),
+        }
+        return (q, k_pages, v_pages, kv_lens, page_indices, cu_q_lens, num_seqs), static
+
     def tuning_args(self, inv: Invocation[ImplChoice], seed: int = 0) -> tuple[Any, ...]:
         q, k_pages, v_pages, kv_lens, page_indices, cu_q_lens, num_seqs = super().tuning_args(inv, seed)
         rng = np.random.default_rng(seed)
@@ -41,7 +58,7 @@ class RaggedPagedAttentionKernel(OpKernel):
                 jnp.asarray(cu, cu_q_lens.dtype), jnp.asarray(seqs, num_seqs.dtype))
 
 
-_KERNEL = RaggedPagedAttentionKernel()
+KERNEL = RaggedPagedAttentionKernel()
 
 
 def ragged_paged_attention(
@@ -79,15 +96,7 @@ def ragged_paged_attention(
     Returns:
         ``[T, Hq, Dv]`` in ``q.dtype``; rows owned by no live sequence are zeros.
     """
-    num_seqs = jax.numpy.asarray(num_seqs, dtype=jax.numpy.int32)
-    scale, window = check_ragged_paged_attention_args(
+    return run_op(KERNEL, *KERNEL.normalize(
         q, k_pages, v_pages, kv_lens, page_indices, cu_q_lens, num_seqs,
         softmax_scale=softmax_scale, sliding_window=sliding_window, logits_soft_cap=logits_soft_cap,
-    )
-    static = {
-        "softmax_scale": float(scale),
-        "sliding_window": window,
-        "logits_soft_cap": None if logits_soft_cap is None else float(logits_soft_cap),
-    }
-    arrays = (q, k_pages, v_pages, kv_lens, page_indices, cu_q_lens, num_seqs)
-    return run_op(_KERNEL, arrays, static, platform, cfg)  # type: ignore[no-any-return]
+    ), platform, cfg)

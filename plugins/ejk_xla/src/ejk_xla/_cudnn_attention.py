@@ -2,7 +2,8 @@
 
 cuDNN's fused kernel is the fastest attention JAX ships on NVIDIA GPUs, but it runs only a
 subset of ejk's contract. :func:`capability` states that subset exactly (checked against
-jax 0.10.2–0.11.2 on an H100, see ../../../benchmarks/results/cudnn_gate_h100.md); every call
+jax 0.11.2 on an H100 by benchmarks/probe_cudnn_gate_gpu.py, recorded in
+benchmarks/results/cudnn_gate_h100.md); every call
 outside it goes to the other implementations:
 
 - dtypes: bfloat16 and float16 (not float32);
@@ -11,9 +12,9 @@ outside it goes to the other implementations:
   ejk's is bottom-right aligned, and the two agree only for equal lengths; windows only
   with an effective right reach of 0 (causal, or ``(left, 0)``), as cuDNN has no right window;
 - no logits soft cap, no segment ids (cuDNN takes padding lengths, not segment ids);
-- bias of shape ``[1 | B, 1 | Hq, Sq, Sk]`` with even ``Sq`` and ``Sk`` (cuDNN's backward
-  with bias needs even lengths);
-- no empty arrays, and ``Sq`` of at least :data:`MIN_Q_LEN` (cuDNN rejects single-row queries).
+- bias of shape ``[1 | B, 1 | Hq, Sq, Sk]`` (no broadcasting over a sequence axis);
+- even ``Sq`` and ``Sk``, none empty: jax 0.11.2's cuDNN backward rejects odd lengths ("Unsupported
+  sequence length Q 255, KV 255"), and the gate cannot know whether a gradient will be taken.
 
 Within the subset no query row is fully masked (``Sq == Sk`` with a causal or left window
 always keeps the diagonal), so the contract's "rows that see no key are zeros" holds.
@@ -27,10 +28,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["MIN_Q_LEN", "capability", "cudnn_attention", "device_problem"]
+__all__ = ["capability", "cudnn_arguments", "cudnn_attention", "device_problem", "shape_problem"]
 
-#: Shortest query length sent to cuDNN (it rejects ``Sq = 1``: "Unsupported sequence length").
-MIN_Q_LEN = 2
 _DTYPES = ("bfloat16", "float16")
 
 
@@ -81,8 +80,8 @@ def shape_problem(
         return f"v head dim {v_dim} differs from q/k head dim {head_dim}"
     if head_dim % 8 or head_dim > max_head_dim:
         return f"head_dim {head_dim} not supported (a multiple of 8, at most {max_head_dim})"
-    if q_len < MIN_Q_LEN:
-        return f"query length {q_len} < {MIN_Q_LEN} (cuDNN rejects single-row queries)"
+    if q_len % 2 or kv_len % 2:
+        return f"odd length Sq={q_len} or Sk={kv_len} (cuDNN's backward needs even lengths)"
     if logits_soft_cap is not None:
         return "soft cap not supported"
     if q_segment_ids is not None or kv_segment_ids is not None:
@@ -96,8 +95,6 @@ def shape_problem(
         bb, bh, bq, bk = bias.shape
         if (bq, bk) != (q_len, kv_len):
             return f"bias of shape {tuple(bias.shape)} broadcasts over a sequence axis (cuDNN needs [.., Sq, Sk])"
-        if q_len % 2 or kv_len % 2:
-            return f"bias with odd lengths Sq={q_len}, Sk={kv_len} (cuDNN's backward needs even lengths)"
     return None
 
 

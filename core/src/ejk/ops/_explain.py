@@ -1,0 +1,127 @@
+"""``ejk.explain``: which implementation and config a call would use, and why not the others."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+
+from ejk.execution.executor import Executor
+from ejk.ops._base import ImplChoice, OpKernel, get_default_executor, resolve_platform
+
+__all__ = ["Explanation", "ImplementationReport", "explain"]
+
+
+@attrs.frozen(kw_only=True)
+class ImplementationReport:
+    """One implementation's part in a decision.
+
+    Attributes:
+        label: ``platform/backend:name``.
+        plugin: The plugin that registered it.
+        status: ``chosen``, ``usable`` (could run, not chosen), ``refused`` (its gate or backend
+            says no), ``unavailable`` (its platform cannot run here) or ``not requested`` (a
+            forced ``platform=`` excludes it).
+        reason: Why it is not chosen (a gate's reason, the platform's problem and fix).
+        slowdown: Its best tuned time over the chosen one's, when tuning data exists.
+    """
+
+    label: str
+    plugin: str | None
+    status: str
+    reason: str | None = None
+    slowdown: float | None = None
+
+
+@attrs.frozen(kw_only=True)
+class Explanation:
+    """What :func:`explain` found.
+
+    Attributes:
+        call: The call, e.g. ``flash_attention@1(4x4096x16x128:bfloat16, ...)``.
+        tier: The tier that decides: ``override``, ``plugin``, ``overlay``, ``memory``,
+            ``persistent``, ``autotune`` (a miss that would be tuned), ``heuristic`` or
+            ``frozen`` (a miss that would raise).
+        chosen: The choice that would run (for ``autotune``: the heuristic fallback).
+        detail: The tier's own detail (cache path, skipped entries, candidates to time).
+        implementations: Every registered implementation, the chosen one first.
+    """
+
+    call: str
+    tier: str
+    chosen: ImplChoice | None
+    detail: str
+    implementations: tuple[ImplementationReport, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "call": self.call, "tier": self.tier, "chosen": None if self.chosen is None else str(self.chosen),
+            "detail": self.detail, "implementations": [attrs.asdict(r) for r in self.implementations],
+        }
+
+
+def _status(usable: bool, requested: bool, reason: str | None) -> str:
+    if not requested:
+        return "not requested"
+    if usable:
+        return "usable"
+    return "unavailable" if reason is not None and reason.startswith("platform ") else "refused"
+
+
+def explain(op: str | OpKernel, *args: Any, platform: str = "auto", cfg: Any = None,
+            executor: Executor[Any, Any] | None = None, **kwargs: Any) -> Explanation:
+    """Explain the choice for a call of a public operation, without running or tuning anything.
+
+    Takes the operation (its name, e.g. ``"flash_attention"``) and the same arguments as the
+    operation; arrays may be ``jax.ShapeDtypeStruct`` (only shapes and dtypes matter).
+
+    Returns:
+        An :class:`Explanation`: the tier and choice, and for every other implementation why it
+        was not chosen — its capability gate's reason, its platform's problem and fix, or how
+        much slower it measured when tuning data exists.
+    """
+    from ejk.ops import OPS
+
+    if isinstance(op, str):
+        if op not in OPS:
+            raise ValueError(f"explain: unknown operation {op!r}; known: {', '.join(sorted(OPS))}")
+        kernel = OPS[op]
+    else:
+        kernel = op
+    executor = executor or get_default_executor()
+    plat = resolve_platform(platform)
+    arrays, static = kernel.normalize(*args, **kwargs)
+    choice = None if cfg is None else kernel.choice_for(cfg, plat)
+    inv = executor.invocation(kernel, arrays, {**static, "platform": plat}, choice)
+    peek = getattr(executor.chooser, "peek", None)
+    if peek is None:
+        raise TypeError(f"explain needs a chooser with peek() (a ConfigSelectorChain), not "
+                        f"{type(executor.chooser).__name__}")
+    event = peek(inv, kernel)
+    chosen: ImplChoice | None = event.cfg
+    chosen_label = None if chosen is None else kernel.cfg_label(chosen)
+    details_of = getattr(executor.chooser, "tuning_details", None)
+    details = details_of(inv, kernel) if details_of is not None else None
+    timings: dict[str, float] = dict((details or {}).get("by_implementation") or {})
+    chosen_time = timings.get(chosen_label or "")
+    reports = []
+    for candidate in kernel.candidates(inv):
+        spec = candidate.spec
+        slowdown = None
+        if chosen_time and spec.label in timings:
+            slowdown = timings[spec.label] / chosen_time
+        if spec.label == chosen_label:
+            status, reason = "chosen", None
+        else:
+            status = _status(candidate.usable, candidate.requested, candidate.reason)
+            reason = candidate.reason
+            if status == "not requested":
+                reason = f"platform={plat} was requested"
+            elif status == "usable":
+                reason = (f"{slowdown:.2f}x the chosen one's time" if slowdown is not None
+                          else f"not chosen by the {event.tier} tier")
+        reports.append(ImplementationReport(label=spec.label, plugin=str(spec.plugin) if spec.plugin else None,
+                                            status=status, reason=reason, slowdown=slowdown))
+    reports.sort(key=lambda r: r.status != "chosen")
+    return Explanation(call=inv.describe(), tier=event.tier, chosen=chosen, detail=event.detail,
+                       implementations=tuple(reports))

@@ -395,15 +395,33 @@ def _objective_fn(kernel: Kernel[Cfg, Any], inv: Invocation[Cfg], cfg: Cfg,
     return _with_backward(run) if policy.objective == "forward_backward" else run
 
 
-def _compile(fn: Callable[..., Any], args: tuple[Any, ...]) -> _Built:
+@attrs.frozen(kw_only=True)
+class _Lowered:
+    """A candidate lowered in the calling thread, ready to compile in any thread."""
+
+    lowered: Any
+    seconds: float
+
+
+def _lower(fn: Callable[..., Any], args: tuple[Any, ...]) -> _Lowered | _Built:
+    """Trace and lower ``fn`` (in the calling thread: its JAX config contexts and contextvars apply)."""
     start = _clock()
     try:
         lowered = jax.jit(fn).lower(*args)
-        out_info = getattr(lowered, "out_info", None)
-        compiled = lowered.compile()
     except Exception as exc:
         return _Built(error=_error_text("compile", exc))
-    return _Built(compiled=compiled, out_info=out_info, seconds=_clock() - start)
+    return _Lowered(lowered=lowered, seconds=_clock() - start)
+
+
+def _compile(lowered: _Lowered) -> _Built:
+    """Compile a lowered candidate (XLA releases the GIL while it compiles)."""
+    start = _clock()
+    try:
+        compiled = lowered.lowered.compile()
+    except Exception as exc:
+        return _Built(error=_error_text("compile", exc))
+    return _Built(compiled=compiled, out_info=getattr(lowered.lowered, "out_info", None),
+                  seconds=lowered.seconds + _clock() - start)
 
 
 class _Budget:
@@ -422,23 +440,33 @@ class _Budget:
 
 def _compile_all(fns: dict[int, Callable[..., Any]], order: list[int], args: tuple[Any, ...], workers: int,
                  budget: _Budget, advance: Callable[[], None]) -> dict[int, _Built]:
-    """Compile ``fns`` in ``order`` (the first is the baseline, always compiled) on ``workers`` threads."""
+    """Build ``fns`` in ``order``; the first is the baseline, always built, the others while the budget lasts.
 
-    def build(i: int) -> _Built:
-        if i != order[0] and budget.spent():
+    Tracing and lowering happen here, one candidate after another (they hold the GIL anyway,
+    and thread-local JAX settings and context variables must apply); compiling happens on
+    ``workers`` threads while the next candidates are lowered.
+    """
+    baseline = order[0]
+
+    def build(i: int, lowered: _Lowered | _Built) -> _Built:
+        if isinstance(lowered, _Built):
+            return lowered
+        if i != baseline and budget.spent():
             return _Built(over_budget=True)
-        return _compile(fns[i], args)
+        return _compile(lowered)
 
+    def lower(i: int) -> _Lowered | _Built:
+        return _Built(over_budget=True) if i != baseline and budget.spent() else _lower(fns[i], args)
+
+    results: dict[int, _Built] = {}
     if workers <= 1 or len(order) <= 1:
-        built = {}
         for i in order:
-            built[i] = build(i)
+            results[i] = build(i, lower(i))
             advance()
-        return built
+        return results
     with concurrent.futures.ThreadPoolExecutor(max_workers=min(workers, len(order)),
                                                thread_name_prefix="ejk-compile") as pool:
-        futures = {pool.submit(build, i): i for i in order}  # the pool starts them in this order
-        results = {}
+        futures = {pool.submit(build, i, lower(i)): i for i in order}  # started in this order
         for future in concurrent.futures.as_completed(futures):
             results[futures[future]] = future.result()
             advance()

@@ -316,3 +316,16 @@ def test_mode_defaults_to_heuristics_and_rejects_unknown_values(monkeypatch: pyt
     monkeypatch.setenv("EJK_AUTOTUNE", "sometimes")
     with pytest.raises(ValueError, match=r"EJK_AUTOTUNE='sometimes'.*autotune.*heuristics.*frozen"):
         AutotunePolicy().effective_mode()
+
+
+def test_output_checks_work_when_tuning_inside_jit() -> None:
+    kernel = Scaled((Work(0, kind="off"), FAST, Work(0, kind="transposed")), heuristic=FAST)
+    events: list[ejk.SelectionEvent] = []
+    chain = ejk.ConfigSelectorChain(policy=AutotunePolicy(mode="autotune", **QUICK), on_event=events.append,
+                                    persist=False, plugin_host=False)
+    executor = ejk.Executor(chain)
+    out = jax.jit(lambda x: executor(kernel, x) + 1.0)(X)
+    np.testing.assert_allclose(out, 2.0 * np.asarray(X) + 1.0, rtol=1e-6)
+    (event,) = events
+    assert event.tier == "autotune" and event.cfg == FAST and event.tune is not None
+    assert [t.status for t in event.tune.trials] == ["failed", "timed", "failed"]

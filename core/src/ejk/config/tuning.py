@@ -255,12 +255,16 @@ def _is_floating_dtype(dtype: np.dtype[Any]) -> bool:
 
 
 def _all_finite(out: Any) -> bool:
+    """Whether every floating leaf of ``out`` is finite (computed on the device)."""
     for leaf in jax.tree.leaves(out):
-        arr = np.asarray(leaf)
-        if _is_floating_dtype(arr.dtype) and not np.isfinite(
-                arr.astype(np.complex64 if arr.dtype.kind == "c" else np.float32)).all():
+        if _is_floating_dtype(np.dtype(leaf.dtype)) and not bool(_finite(leaf)):
             return False
     return True
+
+
+@jax.jit
+def _finite(x: jax.Array) -> jax.Array:
+    return jax.numpy.isfinite(x).all()
 
 
 def _describe_abstract(leaf: Any) -> str:
@@ -299,21 +303,33 @@ def tolerance(dtype: Any) -> tuple[float, float] | None:
     return max(atol, TOLERANCE_FLOOR), max(rtol, TOLERANCE_FLOOR)
 
 
-def _leaf_value_error(got: np.ndarray, want: np.ndarray) -> tuple[float, float] | None:
+@jax.jit
+def _compare(got: jax.Array, want: jax.Array, atol: jax.Array, rtol: jax.Array) -> tuple[jax.Array, ...]:
+    """On the device: (all close, max abs err, scale) with the tolerance relative to ``want``'s magnitude."""
+    wide = jax.numpy.complex64 if jax.numpy.iscomplexobj(want) else jax.numpy.float32
+    got, want = got.astype(wide), want.astype(wide)
+    magnitude = jax.numpy.abs(want)
+    scale = jax.numpy.maximum(jax.numpy.max(jax.numpy.where(jax.numpy.isfinite(magnitude), magnitude, 0.0),
+                                            initial=0.0), 1.0)
+    close = jax.numpy.isclose(got, want, atol=atol * scale, rtol=rtol, equal_nan=True).all()
+    return close, jax.numpy.nanmax(jax.numpy.abs(got - want), initial=0.0), scale
+
+
+@jax.jit
+def _equal(got: jax.Array, want: jax.Array) -> tuple[jax.Array, jax.Array]:
+    diff = jax.numpy.abs(got.astype(jax.numpy.float32) - want.astype(jax.numpy.float32))
+    return (got == want).all(), jax.numpy.max(diff, initial=0.0)
+
+
+def _leaf_value_error(got: jax.Array, want: jax.Array) -> tuple[float, float] | None:
     """``(max abs err, tolerance)`` when ``got`` differs from ``want`` beyond the dtype's tolerance."""
     tol = tolerance(want.dtype)
     if tol is None:
-        if np.array_equal(got, want):
-            return None
-        return float(np.max(np.abs(got.astype(np.float64) - want.astype(np.float64)), initial=0.0)), 0.0
-    kind = np.complex128 if want.dtype.kind == "c" else np.float64
-    got64, want64 = got.astype(kind), want.astype(kind)
-    scale = max(float(np.max(np.abs(np.nan_to_num(want64, posinf=0.0, neginf=0.0)), initial=0.0)), 1.0)
+        same, err = _equal(got, want)
+        return None if bool(same) else (float(err), 0.0)
     atol, rtol = tol
-    if np.isclose(got64, want64, atol=atol * scale, rtol=rtol, equal_nan=True).all():
-        return None
-    err = float(np.nanmax(np.abs(got64 - want64), initial=0.0)) if got64.size else 0.0
-    return err, atol * scale
+    close, err, scale = _compare(got, want, np.float32(atol), np.float32(rtol))
+    return None if bool(close) else (float(err), atol * float(scale))
 
 
 def _value_error(out: Any, reference: Any) -> str | None:
@@ -321,7 +337,7 @@ def _value_error(out: Any, reference: Any) -> str | None:
     got_leaves = jax.tree.leaves(out)
     paths_and_refs = jax.tree_util.tree_flatten_with_path(reference)[0]
     for got, (path, want) in zip(got_leaves, paths_and_refs, strict=True):
-        found = _leaf_value_error(np.asarray(got), np.asarray(want))
+        found = _leaf_value_error(got, want)
         if found is not None:
             where = f" at {jax.tree_util.keystr(path)}" if len(paths_and_refs) > 1 else ""
             err, tol = found
@@ -345,10 +361,12 @@ class _OutputCheck:
                 return problem
         if self.policy.check_finite and not _all_finite(out):
             return "produced NaN or infinite values"
-        if self.reference is None:
-            self.reference = jax.tree.map(np.asarray, out)
+        if not self.policy.check_outputs:
             return None
-        return _value_error(out, self.reference) if self.policy.check_outputs else None
+        if self.reference is None:
+            self.reference = out  # kept on the device; compared there
+            return None
+        return _value_error(out, self.reference)
 
 
 # -- compiling ------------------------------------------------------------------------------------

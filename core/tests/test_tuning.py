@@ -277,12 +277,21 @@ def test_spread_is_reported() -> None:
     assert entry["status"] == "timed" and entry["calls_per_sample"] == 1
 
 
-def test_l2_flush_is_off_on_cpu_and_can_be_forced() -> None:
+def test_l2_flush_is_off_on_cpu_and_can_be_forced(monkeypatch: pytest.MonkeyPatch) -> None:
     assert tuning._make_flusher(AutotunePolicy(), (X,)) is None
+    flushes: list[int] = []
+    real = tuning._L2Flusher.__call__
+
+    def counted(self: Any) -> None:
+        flushes.append(1)
+        real(self)
+
+    monkeypatch.setattr(tuning._L2Flusher, "__call__", counted)
     kernel = Scaled((FAST, Work(2)))
     policy = AutotunePolicy(flush_l2=True, l2_flush_bytes=1 << 20, **QUICK)
     result = autotune(kernel, invocation(X), kernel.candidates, policy)
     assert result.timed == 2
+    assert len(flushes) == 2 * policy.repeats  # once before each sample
 
 
 # -- policy mode ----------------------------------------------------------------------------------

@@ -434,12 +434,12 @@ def _lower(fn: Callable[..., Any], args: tuple[Any, ...]) -> _Lowered | _Built:
 def _compile(lowered: _Lowered) -> _Built:
     """Compile a lowered candidate (XLA releases the GIL while it compiles)."""
     start = _clock()
+    out_info = getattr(lowered.lowered, "out_info", None)
     try:
         compiled = lowered.lowered.compile()
     except Exception as exc:
-        return _Built(error=_error_text("compile", exc))
-    return _Built(compiled=compiled, out_info=getattr(lowered.lowered, "out_info", None),
-                  seconds=lowered.seconds + _clock() - start)
+        return _Built(out_info=out_info, error=_error_text("compile", exc))
+    return _Built(compiled=compiled, out_info=out_info, seconds=lowered.seconds + _clock() - start)
 
 
 class _Budget:

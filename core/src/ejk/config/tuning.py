@@ -230,11 +230,11 @@ class TuneResult(Generic[Cfg]):
     def summary(self, describe: Callable[[Any], str] = repr) -> list[dict[str, Any]]:
         """JSON-able list of trials (kept as provenance in the persistent cache).
 
-        Each entry has the candidate, its status, median / min / max seconds per call, the
-        calls per sample, its compile seconds and its error.
+        Each entry has the candidate, its status, median / min / max / interquartile-range
+        seconds per call, the calls per sample, its compile seconds and its error.
         """
         return [{"cfg": describe(t.cfg), "status": t.status, "median_s": t.seconds, "min_s": t.min_seconds,
-                 "max_s": t.max_seconds, "calls_per_sample": t.calls_per_sample,
+                 "max_s": t.max_seconds, "iqr_s": t.iqr_seconds, "calls_per_sample": t.calls_per_sample,
                  "compile_s": t.compile_seconds, "error": t.error} for t in self.trials]
 
 

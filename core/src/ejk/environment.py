@@ -5,7 +5,7 @@
 | ``EJK_CACHE_DIR`` | directory of the persistent config caches (default: the user cache dir) |
 | ``EJK_PLUGINS`` | comma-separated allow-list of plugin (entry-point) names to load |
 | ``EJK_DISABLE_PLUGINS`` | comma-separated block-list of plugin names never to load |
-| ``EJK_AUTOTUNE`` | ``1`` lets the public ops autotune on a cache miss (default ``0``: heuristics) |
+| ``EJK_AUTOTUNE`` | on a miss: ``autotune`` (or ``1``) tunes, ``heuristics`` (``0``, default), ``frozen`` raises |
 | ``EJKERNEL_OPS_RECORD`` | ``1`` records every invocation (see :func:`ejk.get_invocations`) |
 | ``EJKERNEL_OPS_STAMP`` | ``hash`` (default), ``json`` or ``none``: profiler names of kernel calls |
 
@@ -23,7 +23,9 @@ __all__ = [
     "EJK_PLUGINS",
     "EJKERNEL_OPS_RECORD",
     "EJKERNEL_OPS_STAMP",
+    "AUTOTUNE_MODES",
     "autotune_enabled",
+    "autotune_mode",
     "cache_dir",
     "name_list",
     "record_enabled",
@@ -38,7 +40,10 @@ EJKERNEL_OPS_RECORD = "EJKERNEL_OPS_RECORD"
 EJKERNEL_OPS_STAMP = "EJKERNEL_OPS_STAMP"
 
 _TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
 _STAMP_MODES = ("hash", "json", "none")
+#: The config policies on a cache miss (see :meth:`ejk.AutotunePolicy.effective_mode`).
+AUTOTUNE_MODES = ("autotune", "heuristics", "frozen")
 
 
 def name_list(variable: str) -> frozenset[str] | None:
@@ -59,9 +64,30 @@ def cache_dir() -> str:
     return platformdirs.user_cache_dir("ejk", appauthor=False)
 
 
+def autotune_mode() -> str:
+    """The config policy ``EJK_AUTOTUNE`` asks for on a cache miss: one of :data:`AUTOTUNE_MODES`.
+
+    ``1``, ``true``, ``yes``, ``on`` and ``autotune`` mean ``"autotune"``; ``0``, ``false``, ``no``,
+    ``off``, ``heuristics`` and an unset or empty variable mean ``"heuristics"``; ``frozen`` means
+    ``"frozen"`` (a miss raises). Case and surrounding spaces are ignored.
+
+    Raises:
+        ValueError: for any other value, naming the variable and the valid values.
+    """
+    value = os.environ.get(EJK_AUTOTUNE, "").strip().lower()
+    if value in _TRUE or value == "autotune":
+        return "autotune"
+    if not value or value in _FALSE or value == "heuristics":
+        return "heuristics"
+    if value == "frozen":
+        return "frozen"
+    valid = ", ".join([*sorted(_TRUE), "autotune", *sorted(_FALSE), "heuristics", "frozen"])
+    raise ValueError(f"{EJK_AUTOTUNE}={value!r} is not supported; use one of {valid}")
+
+
 def autotune_enabled() -> bool:
     """Whether ``EJK_AUTOTUNE`` asks the default chooser to autotune on a cache miss."""
-    return os.environ.get(EJK_AUTOTUNE, "0").strip().lower() in _TRUE
+    return autotune_mode() == "autotune"
 
 
 def record_enabled() -> bool:

@@ -193,6 +193,14 @@ class Kernel(Generic[Cfg, Out]):
         """Configs the autotuner may compare (empty: no autotuning)."""
         return ()
 
+    def prune_reason(self, inv: Invocation[Cfg], cfg: Cfg) -> str | None:
+        """Why candidate ``cfg`` is unfit for ``inv``, decided before compiling it (``None``: fit).
+
+        The autotuner never compiles a candidate with a reason (for example "block_q 256 >
+        sequence length 64" or "needs 300 KiB of shared memory"); it reports it as pruned.
+        """
+        return None
+
     def fwd(self, *args: Any, cfg: Cfg, **kwargs: Any) -> tuple[Out, Any]:
         """Forward pass of a custom VJP: ``(out, residuals)``. Optional."""
         raise NotImplementedError

@@ -9,7 +9,6 @@ from __future__ import annotations
 import logging
 import os
 import threading
-import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
@@ -266,12 +265,11 @@ class ConfigSelectorChain(Generic[Cfg]):
             if value is not None:
                 self._emit("memory", inv, kernel, value)
                 return TuneResult(best=value, trials=())
-            start = time.perf_counter()
             result = autotune(kernel, inv, candidates, self.policy)
             if result.best is None:
                 return result
             self.cache.put(*key, result.best)
-            detail = f"{len(result.trials)} candidates in {time.perf_counter() - start:.2f}s"
+            detail = result.describe()
             persistent = self.persistent_cache(kernel) if self.policy.persist else None
             if persistent is not None:
                 persistent.put(*key, result.best, source="autotune", versions=kernel.cfg_versions(result.best),

@@ -337,6 +337,10 @@ class OpKernel(Kernel[ImplChoice, Any]):
         reason = self._gate(other, self.call_view(inv))
         return None if reason is None else f"backward {other.label}: {reason}"
 
+    def prune_reason(self, inv: Invocation[ImplChoice], cfg: ImplChoice) -> str | None:
+        """A candidate whose implementation cannot run the call is never compiled."""
+        return self.unusable_reason(inv, cfg)
+
     def cfg_label(self, cfg: ImplChoice) -> str:
         """The label of the implementation a choice names (groups tuning results)."""
         return f"{cfg.platform}/{cfg.backend}" + ("" if cfg.implementation in (None, cfg.platform)

@@ -96,7 +96,8 @@ def ragged_paged_attention(
     Returns:
         ``[T, Hq, Dv]`` in ``q.dtype``; rows owned by no live sequence are zeros.
     """
-    return run_op(KERNEL, *KERNEL.normalize(
+    arrays, static = KERNEL.normalize(
         q, k_pages, v_pages, kv_lens, page_indices, cu_q_lens, num_seqs,
         softmax_scale=softmax_scale, sliding_window=sliding_window, logits_soft_cap=logits_soft_cap,
-    ), platform, cfg)
+    )
+    return run_op(KERNEL, arrays, static, platform, cfg)  # type: ignore[no-any-return]

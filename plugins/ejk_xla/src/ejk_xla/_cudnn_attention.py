@@ -92,7 +92,7 @@ def shape_problem(
     if sliding_window is not None and not causal and sliding_window[1] != 0:
         return f"sliding window {tuple(sliding_window)} has a right reach (cuDNN supports only (left, 0))"
     if bias is not None:
-        bb, bh, bq, bk = bias.shape
+        bq, bk = bias.shape[2:]
         if (bq, bk) != (q_len, kv_len):
             return f"bias of shape {tuple(bias.shape)} broadcasts over a sequence axis (cuDNN needs [.., Sq, Sk])"
     return None

@@ -10,7 +10,6 @@ every other plugin still loads. ``EJK_PLUGINS`` (allow-list) and ``EJK_DISABLE_P
 from __future__ import annotations
 
 import importlib.metadata
-import threading
 import traceback
 import warnings
 from collections.abc import Iterable, Mapping
@@ -20,7 +19,7 @@ import attrs
 import pluggy
 
 from ejk import environment, hookspecs
-from ejk.registry import KernelRegistry, PluginRef, _current_plugin, kernel_registry, platform_name
+from ejk.registry import LOAD_LOCK, KernelRegistry, PluginRef, _current_plugin, kernel_registry, platform_name
 
 __all__ = [
     "ENTRY_POINT_GROUP",
@@ -319,7 +318,7 @@ class PluginHost:
 
 
 _host: PluginHost | None = None
-_host_lock = threading.RLock()
+_host_lock = LOAD_LOCK  # one lock with the registry's lazy load: no lock-order deadlock
 
 
 def get_plugin_host(registry: KernelRegistry | None = None) -> PluginHost:

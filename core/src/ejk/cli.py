@@ -236,7 +236,10 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     console.print(f"default backend: {jax.default_backend()}  devices: {', '.join(str(d) for d in jax.devices())}")
     from ejk.execution.device import device_fingerprint
 
-    console.print(f"device fingerprint: {device_fingerprint()}")
+    with warnings.catch_warnings():  # a plugin's bad answer is listed below as a problem
+        warnings.simplefilter("ignore")
+        fingerprint = device_fingerprint()
+    console.print(f"device fingerprint: {fingerprint}")
     for info in host.plugins.values():
         if info.status == "failed":
             problems.append(f"plugin {info.name}: {info.error} (fix: {info.fix})")

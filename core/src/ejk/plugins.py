@@ -12,7 +12,7 @@ from __future__ import annotations
 import importlib.metadata
 import traceback
 import warnings
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -225,6 +225,16 @@ class PluginHost:
         for status in self._call_one(plugin, info, "ejk_platform_status", {}) or ():
             info.platforms.extend([status] if isinstance(status, PlatformStatus) else list(status))
 
+    def _reject(self, info: PluginInfo, hook_name: str, result: Any, expected: str) -> None:
+        """Record (once) and warn that a hook returned the wrong kind of value; it is ignored."""
+        shown = repr(result)
+        shown = shown if len(shown) <= 80 else shown[:77] + "..."
+        message = f"{hook_name} returned {type(result).__name__} {shown} but must return {expected}"
+        if message not in info.hook_errors:
+            info.hook_errors.append(message)
+            warnings.warn(f"ejk plugin {info.name!r}: {message}; its answer is ignored",
+                          RuntimeWarning, stacklevel=4)
+
     def _fail(self, info: PluginInfo, error: str, fix: str) -> None:
         info.status, info.error, info.fix = "failed", error, fix
         warnings.warn(f"ejk plugin {info.name!r} ({info.distribution or 'no distribution'}) was skipped: "
@@ -234,7 +244,16 @@ class PluginHost:
 
     def _call_one(self, plugin: object, info: PluginInfo, hook_name: str, kwargs: dict[str, Any]) -> list[Any]:
         impls = [i for i in getattr(self.pm.hook, hook_name).get_hookimpls() if i.plugin is plugin]
-        return [r for r in (self._invoke(i, info, hook_name, kwargs) for i in impls) if r is not None]
+        results = [r for r in (self._invoke(i, info, hook_name, kwargs) for i in impls) if r is not None]
+        return [r for r in results if self._valid(info, hook_name, r)]
+
+    def _valid(self, info: PluginInfo, hook_name: str, result: Any, check: _Check | None = None) -> bool:
+        """Whether a hook's (non-``None``) result has the documented type; reports it when not."""
+        check = check or _CHECKS.get(hook_name)
+        expected = check(result) if check is not None else None
+        if expected is not None:
+            self._reject(info, hook_name, result, expected)
+        return expected is None
 
     def _invoke(self, impl: pluggy.HookImpl, info: PluginInfo, hook_name: str, kwargs: dict[str, Any]) -> Any:
         try:
@@ -247,36 +266,78 @@ class PluginHost:
                               RuntimeWarning, stacklevel=3)
             return None
 
-    def call(self, hook_name: str, *, firstresult: bool = False, **kwargs: Any) -> Any:
-        """Call a hook plugin by plugin in pluggy's order, isolating exceptions.
+    def call(self, hook_name: str, *, firstresult: bool = False, check: _Check | None = None, **kwargs: Any) -> Any:
+        """Call a hook plugin by plugin in pluggy's order, isolating exceptions and bad results.
 
-        Returns the list of non-``None`` results, or the first one when ``firstresult``.
+        A result of the wrong type (see ``check``, by default the hook's documented type) is
+        reported against that plugin and hook in :attr:`PluginInfo.hook_errors` and ignored.
+
+        Args:
+            hook_name: An ``ejk_*`` hook.
+            firstresult: Return the first valid non-``None`` result instead of the list.
+            check: ``check(result)`` → ``None`` when valid, else what was expected.
+            **kwargs: The hook's arguments.
+
+        Returns the list of valid non-``None`` results, or the first one when ``firstresult``.
         """
         results = []
         for impl in reversed(getattr(self.pm.hook, hook_name).get_hookimpls()):
             name = self.pm.get_name(impl.plugin) or "?"
             info = self.plugins.get(name) or PluginInfo(name=name)
             result = self._invoke(impl, info, hook_name, kwargs)
-            if result is None:
+            if result is None or not self._valid(info, hook_name, result, check):
                 continue
             if firstresult:
                 return result
             results.append(result)
         return None if firstresult else results
 
+    def _cfg_check(self, algorithm: str, platform: str) -> _Check:
+        """Check that a config is an instance of a config class registered for (algorithm, platform)."""
+        try:
+            types = tuple({s.cfg_type for s in self.registry.list_implementations(algorithm)
+                           if s.platform == platform_name(platform) and s.cfg_type is not None})
+        except Exception:  # an unknown platform name: nothing to check against
+            types = ()
+
+        def check(cfg: Any) -> str | None:
+            if not types or isinstance(cfg, types):
+                return None
+            return f"a config of {algorithm} on {platform}: {' or '.join(t.__name__ for t in types)}"
+
+        return check
+
     def config_space(self, algorithm: str, platform: str, invocation: Any) -> list[Any]:
-        """All plugins' autotuning candidates for ``algorithm`` on ``platform``."""
+        """All plugins' autotuning candidates for ``algorithm`` on ``platform`` (of the right config type)."""
+        check = self._cfg_check(algorithm, platform)
         space: list[Any] = []
-        for result in self.call("ejk_config_space", algorithm=algorithm, platform=platform, invocation=invocation):
-            space.extend(result)
+        for name, result in self._named_results("ejk_config_space", algorithm=algorithm, platform=platform,
+                                                invocation=invocation):
+            info = self.plugins.get(name) or PluginInfo(name=name)
+            space.extend(cfg for cfg in result if self._valid(info, "ejk_config_space", cfg, check))
         return space
 
+    def _named_results(self, hook_name: str, **kwargs: Any) -> list[tuple[str, Any]]:
+        """``(plugin name, valid result)`` pairs of a non-firstresult hook."""
+        pairs = []
+        for impl in reversed(getattr(self.pm.hook, hook_name).get_hookimpls()):
+            name = self.pm.get_name(impl.plugin) or "?"
+            info = self.plugins.get(name) or PluginInfo(name=name)
+            result = self._invoke(impl, info, hook_name, kwargs)
+            if result is not None and self._valid(info, hook_name, result):
+                pairs.append((name, result))
+        return pairs
+
     def heuristic_config(self, algorithm: str, platform: str, invocation: Any) -> Any | None:
-        return self.call("ejk_heuristic_config", firstresult=True, algorithm=algorithm,
-                         platform=platform, invocation=invocation)
+        """The first plugin's heuristic config of the right type for ``algorithm`` on ``platform``."""
+        return self.call("ejk_heuristic_config", firstresult=True, check=self._cfg_check(algorithm, platform),
+                         algorithm=algorithm, platform=platform, invocation=invocation)
 
     def choose_config(self, invocation: Any, kernel: Any) -> Any | None:
-        return self.call("ejk_choose_config", firstresult=True, invocation=invocation, kernel=kernel)
+        """The first plugin's config override; for the public ops it must be an ``ImplChoice``
+        naming a registered implementation, with a config of that implementation's type."""
+        return self.call("ejk_choose_config", firstresult=True, check=_choice_check(kernel),
+                         invocation=invocation, kernel=kernel)
 
     def device_facts(self, device: Any) -> dict[str, str]:
         """Merged ``ejk_device_fingerprint`` facts for ``device`` (computed once per device)."""
@@ -315,6 +376,65 @@ class PluginHost:
         if not self.plugins:
             lines.append("No ejk plugin is installed.")
         return lines
+
+
+# -- hook result checks: each returns None when the result is valid, else what was expected ---------
+
+_Check = Callable[[Any], "str | None"]
+
+
+def _check_platform_status(result: Any) -> str | None:
+    if isinstance(result, PlatformStatus):
+        return None
+    if isinstance(result, Sequence) and not isinstance(result, str | bytes) and all(
+        isinstance(s, PlatformStatus) for s in result
+    ):
+        return None
+    return "an ejk.PlatformStatus or a sequence of them"
+
+
+def _check_device_fingerprint(result: Any) -> str | None:
+    scalars = (str, int, float, bool)
+    if isinstance(result, Mapping) and all(
+        isinstance(k, str) and k and isinstance(v, scalars) for k, v in result.items()
+    ):
+        return None
+    return "a dict of str names to str values, e.g. {'sm_count': '132'}"
+
+
+def _check_config_space(result: Any) -> str | None:
+    if isinstance(result, Sequence) and not isinstance(result, str | bytes):
+        return None
+    return "a list of configs (or None)"
+
+
+_CHECKS: dict[str, _Check] = {
+    "ejk_platform_status": _check_platform_status,
+    "ejk_device_fingerprint": _check_device_fingerprint,
+    "ejk_config_space": _check_config_space,
+}
+
+
+def _choice_check(kernel: Any) -> _Check | None:
+    """For a public op's kernel: the override must be an ImplChoice of a registered implementation."""
+    from ejk.ops._base import ImplChoice, OpKernel
+
+    if not isinstance(kernel, OpKernel):
+        return None
+
+    def check(choice: Any) -> str | None:
+        expected = f"None or an ejk.ops.ImplChoice naming an implementation of {kernel.op_id}"
+        if not isinstance(choice, ImplChoice):
+            return expected
+        try:
+            spec = kernel.spec_for(choice)
+        except Exception:
+            return expected + f" (none is registered for {choice.platform}/{choice.backend})"
+        if choice.cfg is not None and spec.cfg_type is not None and not isinstance(choice.cfg, spec.cfg_type):
+            return f"an ImplChoice whose cfg is None or a {spec.cfg_type.__name__} (for {spec.label})"
+        return None
+
+    return check
 
 
 _host: PluginHost | None = None

@@ -122,7 +122,9 @@ def check_flash_attention_args(
         v: ``[B, Sk, Hkv, Dv]``, same dtype as ``q``.
         causal: Must be a bool.
         softmax_scale: ``None`` or a finite number.
-        sliding_window: ``None``, an int ``w`` or ``(left, right)``; non-negative ints.
+        sliding_window: ``None``, an int ``w`` or ``(left, right)``; non-negative ints. With
+            ``causal=True`` the right side is dropped; each side is clamped to the sequence
+            lengths (``left <= Sk - 1``, ``right <= Sq - 1``), which changes nothing visible.
         logits_soft_cap: ``None`` or a finite number > 0.
         q_segment_ids: ``None`` or ``[B, Sq]`` integers; given together with ``kv_segment_ids``.
         kv_segment_ids: ``None`` or ``[B, Sk]`` integers.
@@ -130,7 +132,8 @@ def check_flash_attention_args(
 
     Returns:
         ``(softmax_scale, sliding_window)``: the scale resolved (``1/sqrt(D)`` for ``None``)
-        and the window as ``(left, right)`` (right is 0 when causal) or ``None``.
+        and the window as ``(left, right)`` (right is 0 when causal; both clamped to the
+        sequence lengths) or ``None``.
 
     Raises:
         ValueError: Naming the argument, the shape / dtype / value it got and what it needs.
@@ -143,5 +146,6 @@ def check_flash_attention_args(
     _check_segment_ids(q_segment_ids, kv_segment_ids, batch, q_len, kv_len)
     _check_bias(bias, (batch, q_heads, q_len, kv_len))
     optional_positive(_OP, "logits_soft_cap", logits_soft_cap)
-    window = normalize_window(_OP, "sliding_window", sliding_window, causal=bool(causal))
+    window = normalize_window(_OP, "sliding_window", sliding_window, causal=bool(causal),
+                              max_left=kv_len - 1, max_right=q_len - 1)
     return _resolve_scale(softmax_scale, head_dim), window

@@ -20,8 +20,30 @@ def is_real(value: Any) -> bool:
     return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
-def normalize_window(op: str, name: str, window: Any, *, causal: bool) -> tuple[int, int] | None:
+def normalize_window(
+    op: str,
+    name: str,
+    window: Any,
+    *,
+    causal: bool,
+    max_left: int | None = None,
+    max_right: int | None = None,
+) -> tuple[int, int] | None:
     """``None``, ``w`` or ``(left, right)`` of non-negative ints → ``(left, right)``; causal forces right = 0.
+
+    With ``causal=True`` the right side is dropped (``(3, 7)`` means ``(3, 0)``): nothing to
+    the right of a query is visible anyway. Each side is then clamped to the largest
+    distance that can occur (``max_left`` / ``max_right``, from the sequence lengths), so a
+    window of any size, ``2**31 - 1`` or more included, means the same as the whole
+    sequence and never overflows an int32 index inside a kernel.
+
+    Args:
+        op: Operation name, for the error message.
+        name: Argument name, for the error message.
+        window: The user's value.
+        causal: Whether attention is causal.
+        max_left: Clamp for ``left`` (``Sk - 1`` for flash attention); ``None``: no clamp.
+        max_right: Clamp for ``right`` (``Sq - 1`` for flash attention); ``None``: no clamp.
 
     Raises:
         ValueError: ``"<op>: <name> is <value> but needs non-negative ints …"``.
@@ -38,7 +60,12 @@ def normalize_window(op: str, name: str, window: Any, *, causal: bool) -> tuple[
         raise ValueError(
             f"{op}: {name} is {window!r} but needs non-negative ints: None, an int w, or a (left, right) pair"
         )
-    return (int(pair[0]), 0 if causal else int(pair[1]))
+    left, right = int(pair[0]), 0 if causal else int(pair[1])
+    if max_left is not None:
+        left = min(left, max(int(max_left), 0))
+    if max_right is not None:
+        right = min(right, max(int(max_right), 0))
+    return (left, right)
 
 
 def optional_positive(op: str, name: str, value: Any) -> float | None:

@@ -324,7 +324,8 @@ def check_ragged_paged_attention_args(
         cu_q_lens: ``[S+1]`` integer.
         num_seqs: integer scalar.
         softmax_scale: ``None`` (then ``1/sqrt(D)``) or a finite positive number.
-        sliding_window: ``None``, ``w`` or ``(left, right)``, non-negative ints.
+        sliding_window: ``None``, ``w`` or ``(left, right)``, non-negative ints; ``right`` is
+            dropped (attention is causal) and ``left`` clamped to ``pages_per_seq * page - 1``.
         logits_soft_cap: ``None`` or a finite positive number.
 
     Returns:
@@ -338,8 +339,9 @@ def check_ragged_paged_attention_args(
     op = "ragged_paged_attention"
     scale = optional_positive(op, "softmax_scale", softmax_scale)
     optional_positive(op, "logits_soft_cap", logits_soft_cap)
-    window = normalize_window(op, "sliding_window", sliding_window, causal=True)
     tokens, _, d = _shape(q)
     pages, page = _shape(k_pages)[:2]
+    capacity = _shape(page_indices)[1] * page  # no context is longer: no distance exceeds capacity - 1
+    window = normalize_window(op, "sliding_window", sliding_window, causal=True, max_left=capacity - 1)
     _check_paged_values(tokens, pages, page, kv_lens, page_indices, cu_q_lens, num_seqs)
     return (scale if scale is not None else 1.0 / math.sqrt(d)), window

@@ -71,7 +71,9 @@ def ragged_paged_attention(
             the last positions of its context (causal, bottom-right aligned).
         num_seqs: How many leading sequences are live; the rest are ignored.
         softmax_scale: Default ``1/sqrt(D)``.
-        sliding_window: ``(left, right)`` or ``w``; attention is causal, so right is 0.
+        sliding_window: ``(left, right)`` or ``w``: a query at position i sees keys
+            ``i - left ..= i``. Attention is causal, so the right side is dropped (as for
+            ``flash_attention(causal=True)``); a ``left`` longer than the context means all of it.
         logits_soft_cap: ``cap * tanh(logits / cap)``.
         platform: ``"auto"`` or a platform name to force.
         cfg: Explicit config; always wins.

@@ -5,6 +5,20 @@ Plugins are modules (or objects) with ``@ejk.hookimpl`` functions, published thr
 hook signature, or raises in a hook is reported — name, distribution, error and fix — and
 every other plugin still loads. ``EJK_PLUGINS`` (allow-list) and ``EJK_DISABLE_PLUGINS``
 (block-list) select which entry points are loaded.
+
+Isolation covers every ``BaseException`` a plugin raises while it is imported or its hooks
+run (``sys.exit()`` in a plugin module, ``GeneratorExit``, custom ``BaseException``
+subclasses), except ``KeyboardInterrupt``. A ``KeyboardInterrupt`` raised by plugin code
+cannot be told apart from the user pressing Ctrl-C (Python delivers both the same way), so
+it is reported against the plugin (status ``failed`` or a hook error) and then re-raised:
+the user's interrupt still stops the process. A plugin must not raise it on purpose.
+
+Every hook result is type-checked (``ejk_platform_status``: a :class:`PlatformStatus` or a
+sequence of them; ``ejk_device_fingerprint``: a mapping of str names to str values;
+``ejk_config_space``: a sequence of configs of a class registered for that platform;
+``ejk_heuristic_config`` likewise; ``ejk_choose_config`` for the public ops: an
+``ImplChoice`` of a registered implementation). A wrong type is reported against the plugin
+and hook (:attr:`PluginInfo.hook_errors`, ``ejk plugins``, ``ejk doctor``) and ignored.
 """
 
 from __future__ import annotations
@@ -115,6 +129,12 @@ def probe_platform(
     return PlatformStatus(platform=platform, available=True, versions=versions)
 
 
+def _reraise_interrupt(exc: BaseException) -> None:
+    """Re-raise a ``KeyboardInterrupt`` (after the caller reported it); isolate everything else."""
+    if isinstance(exc, KeyboardInterrupt):
+        raise exc
+
+
 def _describe(exc: BaseException) -> str:
     return "".join(traceback.format_exception_only(type(exc), exc)).strip()
 
@@ -170,10 +190,11 @@ class PluginHost:
             token = _current_plugin.set(info.ref)
             try:
                 module = ep.load()
-            except Exception as exc:
+            except BaseException as exc:  # SystemExit & co. too: see the module docstring
                 self._fail(info, f"import of {ep.value} failed: {_describe(exc)}",
                            f"reinstall {info.distribution or info.name} and its dependencies, "
                            f"or skip it with {environment.EJK_DISABLE_PLUGINS}={info.name}")
+                _reraise_interrupt(exc)
                 continue
             finally:
                 _current_plugin.reset(token)
@@ -212,13 +233,14 @@ class PluginHost:
         token = _current_plugin.set(info.ref)
         try:
             hook(register=self.registry.register)
-        except Exception as exc:
+        except BaseException as exc:
             removed = self.registry.unregister_plugin(info.name)
             self.pm.unregister(plugin)
             self._fail(info, f"ejk_register_kernels raised {_describe(exc)} "
                              f"({removed} partial registration(s) rolled back)",
                        f"report it to the maintainers of {info.distribution or info.name}, "
                        f"or skip it with {environment.EJK_DISABLE_PLUGINS}={info.name}")
+            _reraise_interrupt(exc)
             return
         finally:
             _current_plugin.reset(token)
@@ -258,12 +280,13 @@ class PluginHost:
     def _invoke(self, impl: pluggy.HookImpl, info: PluginInfo, hook_name: str, kwargs: dict[str, Any]) -> Any:
         try:
             return impl.function(**{name: kwargs[name] for name in impl.argnames})
-        except Exception as exc:
+        except BaseException as exc:
             message = f"{hook_name} raised {_describe(exc)}"
             if message not in info.hook_errors:
                 info.hook_errors.append(message)
                 warnings.warn(f"ejk plugin {info.name!r}: {message}; its answer is ignored",
                               RuntimeWarning, stacklevel=3)
+            _reraise_interrupt(exc)
             return None
 
     def call(self, hook_name: str, *, firstresult: bool = False, check: _Check | None = None, **kwargs: Any) -> Any:

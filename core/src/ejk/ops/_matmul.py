@@ -9,6 +9,7 @@ import numpy as np
 
 from ejk.execution.kernel import Invocation
 from ejk.ops._base import ImplChoice, OpKernel, run_op
+from ejk.ops._check_common import as_array
 from ejk.ops._check_grouped import check_grouped_matmul_args, check_matmul_args
 
 __all__ = ["GroupedMatmulKernel", "MatmulKernel", "grouped_matmul", "matmul"]
@@ -50,14 +51,16 @@ def matmul(a: jax.Array, b: jax.Array, *, platform: str = "auto", cfg: ImplChoic
     """``a @ b`` with float32 accumulation.
 
     Args:
-        a: ``[..., m, k]``.
-        b: ``[k, n]``.
+        a: ``[..., m, k]`` bfloat16, float16 or float32 (float64 is rejected: cast to float32,
+            as the result would only have float32 accuracy); lists convert as by ``jnp.asarray``.
+        b: ``[k, n]``, same rules.
         platform: ``"auto"`` or a platform name to force.
         cfg: Explicit config; always wins.
 
     Returns:
         ``[..., m, n]`` in ``result_type(a, b)``.
     """
+    a, b = as_array("matmul", "a", a), as_array("matmul", "b", b)
     check_matmul_args(a, b)
     return run_op(_MATMUL, (a, b), {}, platform, cfg)  # type: ignore[no-any-return]
 
@@ -75,8 +78,8 @@ def grouped_matmul(
     Never materialises a dense ``[g, m, n]``.
 
     Args:
-        lhs: ``[m, k]``.
-        rhs: ``[g, k, n]``.
+        lhs: ``[m, k]`` bfloat16, float16 or float32 (float64 is rejected: cast to float32).
+        rhs: ``[g, k, n]``, same rules.
         group_sizes: ``[g]`` int32, non-negative, ``sum <= m``; rows past the sum give zeros;
             empty groups are fine.
         platform: ``"auto"`` or a platform name to force.
@@ -85,5 +88,7 @@ def grouped_matmul(
     Returns:
         ``[m, n]`` in ``lhs.dtype``.
     """
+    lhs, rhs, group_sizes = (as_array("grouped_matmul", n, x)
+                             for n, x in (("lhs", lhs), ("rhs", rhs), ("group_sizes", group_sizes)))
     check_grouped_matmul_args(lhs, rhs, group_sizes)
     return run_op(_GROUPED, (lhs, rhs, group_sizes), {}, platform, cfg)  # type: ignore[no-any-return]

@@ -9,6 +9,7 @@ import numpy as np
 
 from ejk.execution.kernel import Invocation
 from ejk.ops._base import ImplChoice, OpKernel, run_op
+from ejk.ops._check_common import as_array, scalar_count
 from ejk.ops._check_grouped import check_ragged_paged_attention_args
 
 __all__ = ["RaggedPagedAttentionKernel", "ragged_paged_attention"]
@@ -42,6 +43,7 @@ class RaggedPagedAttentionKernel(OpKernel):
 
 
 _KERNEL = RaggedPagedAttentionKernel()
+_OP = "ragged_paged_attention"
 
 
 def ragged_paged_attention(
@@ -65,12 +67,14 @@ def ragged_paged_attention(
         q: ``[T, Hq, D]`` query tokens of all sequences, concatenated.
         k_pages: ``[P, page, Hkv, D]``.
         v_pages: ``[P, page, Hkv, Dv]``.
-        kv_lens: ``[S]`` int32: context length of each sequence.
+        kv_lens: ``[S]`` int32: context length of each sequence. Python lists and NumPy
+            arrays are converted as by ``jnp.asarray`` (here and for every array argument).
         page_indices: ``[S, pages_per_seq]`` int32: the pages of each sequence, in order.
         cu_q_lens: ``[S+1]`` int32: sequence s owns query rows ``cu_q_lens[s]:cu_q_lens[s+1]``,
             the last positions of its context (causal, bottom-right aligned).
-        num_seqs: How many leading sequences are live; the rest are ignored.
-        softmax_scale: Default ``1/sqrt(D)``.
+        num_seqs: How many leading sequences are live; the rest are ignored. An int or an
+            integer array of shape ``()``; a bool, a float (``1.7``) or a string is an error.
+        softmax_scale: ``None`` (``1/sqrt(D)``) or a finite number > 0, as for every op.
         sliding_window: ``(left, right)`` or ``w``: a query at position i sees keys
             ``i - left ..= i``. Attention is causal, so the right side is dropped (as for
             ``flash_attention(causal=True)``); a ``left`` longer than the context means all of it.
@@ -79,9 +83,14 @@ def ragged_paged_attention(
         cfg: Explicit config; always wins.
 
     Returns:
-        ``[T, Hq, Dv]`` in ``q.dtype``; rows owned by no live sequence are zeros.
+        ``[T, Hq, Dv]`` in ``q.dtype``; rows owned by no live sequence are zeros. NaN in a
+        row's query or in a key or value it sees propagates to that row.
     """
-    num_seqs = jax.numpy.asarray(num_seqs, dtype=jax.numpy.int32)
+    q, k_pages, v_pages, kv_lens, page_indices, cu_q_lens = (
+        as_array(_OP, name, x) for name, x in zip(_KERNEL.array_names, (q, k_pages, v_pages, kv_lens, page_indices,
+                                                                         cu_q_lens), strict=False)
+    )
+    num_seqs = scalar_count(_OP, "num_seqs", num_seqs)
     scale, window = check_ragged_paged_attention_args(
         q, k_pages, v_pages, kv_lens, page_indices, cu_q_lens, num_seqs,
         softmax_scale=softmax_scale, sliding_window=sliding_window, logits_soft_cap=logits_soft_cap,

@@ -241,21 +241,37 @@ def test_concurrent_processes_lose_no_entry(tmp_path: Path) -> None:
 # -- corruption -----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("content", ["{not json", "[1, 2, 3]", '{"format": "something-else"}', "",
-                                     '{"format": "ejk-config-cache", "entries": {"d": {"o": {"k": {}}}}}'])
-def test_corrupt_file_is_moved_aside_on_read(tmp_path: Path, content: str) -> None:
+@pytest.mark.parametrize("content", ["{not json", ""])
+def test_corrupt_file_is_ignored_on_read_and_moved_aside_by_a_write(tmp_path: Path, content: str) -> None:
+    # Issue 14: reading never moves or writes anything (this used to move the file on read).
     path = tmp_path / "op.json"
     path.write_text(content)
     cache: PersistentCache[Any] = PersistentCache("op", path)
-    with pytest.warns(RuntimeWarning, match="is corrupt.*moved to"):
+    with pytest.warns(RuntimeWarning, match="is corrupt.*ignored"):
         assert cache.get(DEV, OP, "k") is None
+    assert path.read_text() == content and not list(tmp_path.glob("op.json.corrupt-*"))
+    with pytest.warns(RuntimeWarning, match="is corrupt.*moved to"):
+        cache.put(DEV, OP, "k", {"b": 1})  # and the cache still works
     aside = list(tmp_path.glob("op.json.corrupt-*"))
     assert len(aside) == 1
     assert aside[0].read_text() == content  # the corrupt copy is kept for inspection
-    assert not path.exists()
-    cache.put(DEV, OP, "k", {"b": 1})  # and the cache still works
     assert cache.get(DEV, OP, "k") == {"b": 1}
     assert PersistentCache("op", path).get(DEV, OP, "k") == {"b": 1}
+
+
+@pytest.mark.parametrize("content", ["[1, 2, 3]", '{"format": "something-else"}', '{"notes": "mine"}'])
+def test_json_that_is_not_ours_is_never_touched(tmp_path: Path, content: str) -> None:
+    path = tmp_path / "op.json"
+    path.write_text(content)
+    cache: PersistentCache[Any] = PersistentCache("op", path)
+    with pytest.warns(RuntimeWarning, match="is not an ejk config cache.*skipped"):
+        assert cache.get(DEV, OP, "k") is None
+    with pytest.warns(RuntimeWarning, match="left alone.*in memory"):
+        cache.put(DEV, OP, "k", {"b": 1})
+    assert cache.get(DEV, OP, "k") == {"b": 1}  # kept in memory
+    assert not cache.clear()
+    assert path.read_text() == content
+    assert sorted(p.name for p in tmp_path.iterdir() if not p.name.endswith(".lock")) == ["op.json"]
 
 
 def test_corrupt_file_is_moved_aside_on_write(tmp_path: Path) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 import warnings
 from collections.abc import Sequence
@@ -100,25 +101,50 @@ def _cache_dir(args: argparse.Namespace) -> str:
 
 
 def _cache_files(directory: str, ops: Sequence[str] | None = None) -> dict[str, str]:
+    """``{op name: path}`` of the ``*.json`` files in ``directory`` (names decoded from file names)."""
+    from ejk.config.persistent import op_id_of_file_name
+
     if not os.path.isdir(directory):
         return {}
-    names = sorted(f[:-5] for f in os.listdir(directory) if f.endswith(".json"))
-    return {name: os.path.join(directory, f"{name}.json") for name in names if not ops or name in ops}
+    files = {}
+    for file_name in sorted(os.listdir(directory)):
+        path = os.path.join(directory, file_name)
+        if not file_name.endswith(".json") or not os.path.isfile(path):
+            continue
+        name = op_id_of_file_name(file_name) or file_name[: -len(".json")]
+        if not ops or name in ops:
+            files[name] = path
+    return files
 
 
-def _entries(path: str, name: str) -> list[Any]:
-    from ejk.config.persistent import PersistentCache
+def _read(path: str) -> tuple[list[Any], str | None]:
+    """A cache file's entries and, for a file that is not (wholly) ours, a note; never writes."""
+    from ejk.config.persistent import read_cache_file
 
-    with warnings.catch_warnings():
-        warnings.simplefilter("always")
-        return list(PersistentCache(name, path).entries())
+    state = read_cache_file(path)
+    return list(state.entries.values()), state.note
+
+
+def _label(name: str) -> str:
+    """A name PersistentCache accepts with an explicit path (it is only recorded in the file)."""
+    return re.sub(r"[^A-Za-z0-9_.@+%-]", "_", name) or "cache"
+
+
+def _note(note: str | None) -> None:
+    if note:
+        print(f"note: {note}", file=sys.stderr)
 
 
 def cmd_cache_ls(args: argparse.Namespace) -> int:
     directory = _cache_dir(args)
     files = _cache_files(directory)
+    listing: dict[str, dict[str, Any]] = {}
+    for name, path in files.items():
+        entries, note = _read(path)
+        listing[name] = {"path": path, "entries": len(entries), **({"note": note} if note else {})}
+        _note(note)
     if args.json:
-        _print_json({name: {"path": path, "entries": len(_entries(path, name))} for name, path in files.items()})
+        _print_json(listing)
         return 0
     console = _console()
     console.print(f"cache directory: {directory}")
@@ -128,8 +154,9 @@ def cmd_cache_ls(args: argparse.Namespace) -> int:
     table = Table()
     for column in ("op", "entries", "file"):
         table.add_column(column)
-    for name, path in files.items():
-        table.add_row(name, str(len(_entries(path, name))), path)
+    for name, item in listing.items():
+        table.add_row(name, str(item["entries"]) if "note" not in item else f"{item['entries']} (see note)",
+                      item["path"])
     console.print(table)
     return 0
 
@@ -138,7 +165,9 @@ def cmd_cache_show(args: argparse.Namespace) -> int:
     files = _cache_files(_cache_dir(args), args.op or None)
     rows = []
     for name, path in files.items():
-        for e in _entries(path, name):
+        entries, note = _read(path)
+        _note(note)
+        for e in entries:
             rows.append({"file": name, "device": e.device, "op_id": e.op_id, "call_key": e.call_key, "cfg": e.cfg,
                          "source": e.source, "created": e.provenance.get("created"),
                          "stale": e.stale_reason(), "versions": e.provenance.get("versions", {})})
@@ -156,20 +185,35 @@ def cmd_cache_show(args: argparse.Namespace) -> int:
 
 
 def cmd_cache_clear(args: argparse.Namespace) -> int:
-    from ejk.config.persistent import PersistentCache
+    from ejk.config.persistent import PersistentCache, read_cache_file
 
     files = _cache_files(_cache_dir(args), args.op or None)
-    if not files:
+    ours = {}
+    for name, path in files.items():
+        state = read_cache_file(path)
+        if state.kind == "ours":
+            ours[name] = path
+        else:  # only files carrying the ejk format marker are ever touched
+            _note(f"{state.note or path}; not cleared")
+    if not ours:
         _console().print("nothing to clear")
         return 0
     if not args.yes and sys.stdin.isatty():
-        answer = input(f"remove every entry of {', '.join(files)}? [y/N] ")
+        answer = input(f"remove every entry of {', '.join(ours)}? [y/N] ")
         if answer.strip().lower() not in ("y", "yes"):
             return 1
-    for name, path in files.items():
-        PersistentCache(name, path).clear()
-        _console().print(f"cleared {path}")
-    return 0
+    failed = 0
+    for name, path in ours.items():
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            ok = PersistentCache(_label(name), path).clear()
+        if ok:
+            _console().print(f"cleared {path}")
+        else:
+            failed += 1
+            why = "; ".join(str(w.message) for w in caught) or "unknown reason"
+            print(f"error: could not clear {path}: {why}", file=sys.stderr)
+    return 1 if failed else 0
 
 
 EXPORT_FORMAT = "ejk-cache-export"
@@ -177,11 +221,13 @@ EXPORT_FORMAT = "ejk-cache-export"
 
 def cmd_cache_export(args: argparse.Namespace) -> int:
     files = _cache_files(_cache_dir(args), args.op or None)
-    ops = {
-        name: [{"device": e.device, "op_id": e.op_id, "call_key": e.call_key, **e.to_json()}
-               for e in _entries(path, name)]
-        for name, path in files.items()
-    }
+    ops = {}
+    for name, path in files.items():
+        entries, note = _read(path)
+        _note(note)
+        if entries:
+            ops[name] = [{"device": e.device, "op_id": e.op_id, "call_key": e.call_key, **e.to_json()}
+                         for e in entries]
     payload = {"format": EXPORT_FORMAT, "schema": 1, "ops": ops}
     text = json.dumps(payload, indent=1, sort_keys=True)
     if args.file == "-":
@@ -190,31 +236,36 @@ def cmd_cache_export(args: argparse.Namespace) -> int:
         with open(args.file, "w", encoding="utf-8") as f:
             f.write(text)
         count = sum(len(v) for v in ops.values())
-        _console().print(f"exported {count} entries of {len(files)} op(s) to {args.file}")
+        _console().print(f"exported {count} entries of {len(ops)} op(s) to {args.file}")
     return 0
 
 
 def cmd_cache_import(args: argparse.Namespace) -> int:
-    from ejk.config.persistent import CacheEntry, PersistentCache
+    from ejk.config._cache_import import ImportProblem, import_entries, parse_export
 
-    with open(args.file, encoding="utf-8") if args.file != "-" else sys.stdin as f:
-        payload = json.load(f)
+    try:
+        with open(args.file, encoding="utf-8") if args.file != "-" else sys.stdin as f:
+            payload = json.load(f)
+    except (OSError, ValueError, RecursionError) as exc:
+        _console().print(f"[red]cannot read {args.file}: {type(exc).__name__}: {exc}[/red]")
+        return 2
     if not isinstance(payload, dict) or payload.get("format") != EXPORT_FORMAT:
         _console().print(f"[red]{args.file} is not an `ejk cache export` file[/red]")
         return 2
     directory = _cache_dir(args)
-    total = 0
-    for name, items in payload["ops"].items():
-        entries = [CacheEntry(device=i["device"], op_id=i["op_id"], call_key=i["call_key"], cfg=i["cfg"],
-                              schema=int(i.get("schema", 0)), source=str(i.get("source", "import")),
-                              provenance=dict(i.get("provenance", {}))) for i in items]
-        cache: PersistentCache[Any] = PersistentCache(name, os.path.join(directory, f"{name}.json"))
-        cache.put_entries(entries)
-        if cache.memory_only:
-            _console().print(f"[red]could not write {cache.path}[/red]")
-            return 1
-        total += len(entries)
-    _console().print(f"imported {total} entries into {directory} (merged with what was there)")
+    try:  # everything is validated before anything is written
+        batches = parse_export(payload, directory)
+    except ImportProblem as exc:
+        _console().print(f"[red]{args.file} was not imported (nothing was written): {exc}[/red]")
+        return 2
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        written, failed = import_entries(batches)
+    if failed:
+        why = "; ".join(str(w.message) for w in caught)
+        _console().print(f"[red]could not write {', '.join(failed)}[/red]" + (f": {why}" if why else ""))
+        return 1
+    _console().print(f"imported {written} entries into {directory} (merged with what was there)")
     return 0
 
 
@@ -238,7 +289,10 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     console.print(f"default backend: {jax.default_backend()}  devices: {', '.join(str(d) for d in jax.devices())}")
     from ejk.execution.device import device_fingerprint
 
-    console.print(f"device fingerprint: {device_fingerprint()}")
+    with warnings.catch_warnings():  # a plugin's bad answer is listed below as a problem
+        warnings.simplefilter("ignore")
+        fingerprint = device_fingerprint()
+    console.print(f"device fingerprint: {fingerprint}")
     for info in host.plugins.values():
         if info.status == "failed":
             problems.append(f"plugin {info.name}: {info.error} (fix: {info.fix})")

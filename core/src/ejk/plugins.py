@@ -5,22 +5,35 @@ Plugins are modules (or objects) with ``@ejk.hookimpl`` functions, published thr
 hook signature, or raises in a hook is reported — name, distribution, error and fix — and
 every other plugin still loads. ``EJK_PLUGINS`` (allow-list) and ``EJK_DISABLE_PLUGINS``
 (block-list) select which entry points are loaded.
+
+Isolation covers every ``BaseException`` a plugin raises while it is imported or its hooks
+run (``sys.exit()`` in a plugin module, ``GeneratorExit``, custom ``BaseException``
+subclasses), except ``KeyboardInterrupt``. A ``KeyboardInterrupt`` raised by plugin code
+cannot be told apart from the user pressing Ctrl-C (Python delivers both the same way), so
+it is reported against the plugin (status ``failed`` or a hook error) and then re-raised:
+the user's interrupt still stops the process. A plugin must not raise it on purpose.
+
+Every hook result is type-checked (``ejk_platform_status``: a :class:`PlatformStatus` or a
+sequence of them; ``ejk_device_fingerprint``: a mapping of str names to str values;
+``ejk_config_space``: a sequence of configs of a class registered for that platform;
+``ejk_heuristic_config`` likewise; ``ejk_choose_config`` for the public ops: an
+``ImplChoice`` of a registered implementation). A wrong type is reported against the plugin
+and hook (:attr:`PluginInfo.hook_errors`, ``ejk plugins``, ``ejk doctor``) and ignored.
 """
 
 from __future__ import annotations
 
 import importlib.metadata
-import threading
 import traceback
 import warnings
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import attrs
 import pluggy
 
 from ejk import environment, hookspecs
-from ejk.registry import KernelRegistry, PluginRef, _current_plugin, kernel_registry, platform_name
+from ejk.registry import LOAD_LOCK, KernelRegistry, PluginRef, _current_plugin, kernel_registry, platform_name
 
 __all__ = [
     "ENTRY_POINT_GROUP",
@@ -116,6 +129,12 @@ def probe_platform(
     return PlatformStatus(platform=platform, available=True, versions=versions)
 
 
+def _reraise_interrupt(exc: BaseException) -> None:
+    """Re-raise a ``KeyboardInterrupt`` (after the caller reported it); isolate everything else."""
+    if isinstance(exc, KeyboardInterrupt):
+        raise exc
+
+
 def _describe(exc: BaseException) -> str:
     return "".join(traceback.format_exception_only(type(exc), exc)).strip()
 
@@ -134,6 +153,7 @@ class PluginHost:
         self.pm.add_hookspecs(hookspecs)
         self.plugins: dict[str, PluginInfo] = {}
         self._device_facts: dict[Any, dict[str, str]] = {}
+        self._platform_facts: dict[tuple[Any, str], dict[str, str]] = {}
         self.registry.set_diagnostics(self._availability, self._explain)
         if load_entry_points:
             self.load_entry_points()
@@ -171,10 +191,11 @@ class PluginHost:
             token = _current_plugin.set(info.ref)
             try:
                 module = ep.load()
-            except Exception as exc:
+            except BaseException as exc:  # SystemExit & co. too: see the module docstring
                 self._fail(info, f"import of {ep.value} failed: {_describe(exc)}",
                            f"reinstall {info.distribution or info.name} and its dependencies, "
                            f"or skip it with {environment.EJK_DISABLE_PLUGINS}={info.name}")
+                _reraise_interrupt(exc)
                 continue
             finally:
                 _current_plugin.reset(token)
@@ -213,18 +234,29 @@ class PluginHost:
         token = _current_plugin.set(info.ref)
         try:
             hook(register=self.registry.register)
-        except Exception as exc:
+        except BaseException as exc:
             removed = self.registry.unregister_plugin(info.name)
             self.pm.unregister(plugin)
             self._fail(info, f"ejk_register_kernels raised {_describe(exc)} "
                              f"({removed} partial registration(s) rolled back)",
                        f"report it to the maintainers of {info.distribution or info.name}, "
                        f"or skip it with {environment.EJK_DISABLE_PLUGINS}={info.name}")
+            _reraise_interrupt(exc)
             return
         finally:
             _current_plugin.reset(token)
         for status in self._call_one(plugin, info, "ejk_platform_status", {}) or ():
             info.platforms.extend([status] if isinstance(status, PlatformStatus) else list(status))
+
+    def _reject(self, info: PluginInfo, hook_name: str, result: Any, expected: str) -> None:
+        """Record (once) and warn that a hook returned the wrong kind of value; it is ignored."""
+        shown = repr(result)
+        shown = shown if len(shown) <= 80 else shown[:77] + "..."
+        message = f"{hook_name} returned {type(result).__name__} {shown} but must return {expected}"
+        if message not in info.hook_errors:
+            info.hook_errors.append(message)
+            warnings.warn(f"ejk plugin {info.name!r}: {message}; its answer is ignored",
+                          RuntimeWarning, stacklevel=4)
 
     def _fail(self, info: PluginInfo, error: str, fix: str) -> None:
         info.status, info.error, info.fix = "failed", error, fix
@@ -235,53 +267,113 @@ class PluginHost:
 
     def _call_one(self, plugin: object, info: PluginInfo, hook_name: str, kwargs: dict[str, Any]) -> list[Any]:
         impls = [i for i in getattr(self.pm.hook, hook_name).get_hookimpls() if i.plugin is plugin]
-        return [r for r in (self._invoke(i, info, hook_name, kwargs) for i in impls) if r is not None]
+        results = [r for r in (self._invoke(i, info, hook_name, kwargs) for i in impls) if r is not None]
+        return [r for r in results if self._valid(info, hook_name, r)]
+
+    def _valid(self, info: PluginInfo, hook_name: str, result: Any, check: _Check | None = None) -> bool:
+        """Whether a hook's (non-``None``) result has the documented type; reports it when not."""
+        check = check or _CHECKS.get(hook_name)
+        expected = check(result) if check is not None else None
+        if expected is not None:
+            self._reject(info, hook_name, result, expected)
+        return expected is None
 
     def _invoke(self, impl: pluggy.HookImpl, info: PluginInfo, hook_name: str, kwargs: dict[str, Any]) -> Any:
         try:
             return impl.function(**{name: kwargs[name] for name in impl.argnames})
-        except Exception as exc:
+        except BaseException as exc:
             message = f"{hook_name} raised {_describe(exc)}"
             if message not in info.hook_errors:
                 info.hook_errors.append(message)
                 warnings.warn(f"ejk plugin {info.name!r}: {message}; its answer is ignored",
                               RuntimeWarning, stacklevel=3)
+            _reraise_interrupt(exc)
             return None
 
-    def call(self, hook_name: str, *, firstresult: bool = False, **kwargs: Any) -> Any:
-        """Call a hook plugin by plugin in pluggy's order, isolating exceptions.
+    def call(self, hook_name: str, *, firstresult: bool = False, check: _Check | None = None, **kwargs: Any) -> Any:
+        """Call a hook plugin by plugin in pluggy's order, isolating exceptions and bad results.
 
-        Returns the list of non-``None`` results, or the first one when ``firstresult``.
+        A result of the wrong type (see ``check``, by default the hook's documented type) is
+        reported against that plugin and hook in :attr:`PluginInfo.hook_errors` and ignored.
+
+        Args:
+            hook_name: An ``ejk_*`` hook.
+            firstresult: Return the first valid non-``None`` result instead of the list.
+            check: ``check(result)`` → ``None`` when valid, else what was expected.
+            **kwargs: The hook's arguments.
+
+        Returns the list of valid non-``None`` results, or the first one when ``firstresult``.
         """
         results = []
         for impl in reversed(getattr(self.pm.hook, hook_name).get_hookimpls()):
             name = self.pm.get_name(impl.plugin) or "?"
             info = self.plugins.get(name) or PluginInfo(name=name)
             result = self._invoke(impl, info, hook_name, kwargs)
-            if result is None:
+            if result is None or not self._valid(info, hook_name, result, check):
                 continue
             if firstresult:
                 return result
             results.append(result)
         return None if firstresult else results
 
-    def config_space(self, algorithm: str, platform: str, invocation: Any,
-                     implementation: str | None = None) -> list[Any]:
-        """All plugins' ``ejk_config_space`` candidates for an implementation of ``algorithm``."""
+    def _cfg_check(self, algorithm: str, platform: str, implementation: str | None,
+                   cfg_type: type | None) -> _Check:
+        """Check that a config is a ``cfg_type`` (default: a config class registered for that
+        implementation, or for any implementation of ``platform`` when it is not named)."""
+        if cfg_type is not None:
+            types: tuple[type, ...] = (cfg_type,)
+        else:
+            try:
+                types = tuple({s.cfg_type for s in self.registry.list_implementations(algorithm)
+                               if s.platform == platform_name(platform) and s.cfg_type is not None
+                               and implementation in (None, s.name)})
+            except Exception:  # an unknown platform name: nothing to check against
+                types = ()
+        where = f"{platform}" + (f":{implementation}" if implementation else "")
+
+        def check(cfg: Any) -> str | None:
+            if not types or isinstance(cfg, types):
+                return None
+            return f"a config of {algorithm} on {where}: {' or '.join(t.__name__ for t in types)}"
+
+        return check
+
+    def config_space(self, algorithm: str, platform: str, invocation: Any, implementation: str | None = None,
+                     cfg_type: type | None = None) -> list[Any]:
+        """All plugins' ``ejk_config_space`` candidates for an implementation of ``algorithm`` (of
+        the right config type; others are reported against their plugin and ignored)."""
+        check = self._cfg_check(algorithm, platform, implementation, cfg_type)
         space: list[Any] = []
-        for result in self.call("ejk_config_space", algorithm=algorithm, platform=platform,
-                                implementation=implementation or platform, invocation=invocation):
-            space.extend(result)
+        for name, result in self._named_results("ejk_config_space", algorithm=algorithm, platform=platform,
+                                                implementation=implementation or platform, invocation=invocation):
+            info = self.plugins.get(name) or PluginInfo(name=name)
+            space.extend(cfg for cfg in result if self._valid(info, "ejk_config_space", cfg, check))
         return space
 
-    def heuristic_config(self, algorithm: str, platform: str, invocation: Any,
-                         implementation: str | None = None) -> Any | None:
-        """The first plugin's ``ejk_heuristic_config`` for an implementation of ``algorithm``."""
-        return self.call("ejk_heuristic_config", firstresult=True, algorithm=algorithm, platform=platform,
-                         implementation=implementation or platform, invocation=invocation)
+    def _named_results(self, hook_name: str, **kwargs: Any) -> list[tuple[str, Any]]:
+        """``(plugin name, valid result)`` pairs of a non-firstresult hook."""
+        pairs = []
+        for impl in reversed(getattr(self.pm.hook, hook_name).get_hookimpls()):
+            name = self.pm.get_name(impl.plugin) or "?"
+            info = self.plugins.get(name) or PluginInfo(name=name)
+            result = self._invoke(impl, info, hook_name, kwargs)
+            if result is not None and self._valid(info, hook_name, result):
+                pairs.append((name, result))
+        return pairs
+
+    def heuristic_config(self, algorithm: str, platform: str, invocation: Any, implementation: str | None = None,
+                         cfg_type: type | None = None) -> Any | None:
+        """The first plugin's ``ejk_heuristic_config`` of the right type for an implementation."""
+        return self.call("ejk_heuristic_config", firstresult=True,
+                         check=self._cfg_check(algorithm, platform, implementation, cfg_type),
+                         algorithm=algorithm, platform=platform, implementation=implementation or platform,
+                         invocation=invocation)
 
     def choose_config(self, invocation: Any, kernel: Any) -> Any | None:
-        return self.call("ejk_choose_config", firstresult=True, invocation=invocation, kernel=kernel)
+        """The first plugin's config override; for the public ops it must be an ``ImplChoice``
+        naming a registered implementation, with a config of that implementation's type."""
+        return self.call("ejk_choose_config", firstresult=True, check=_choice_check(kernel),
+                         invocation=invocation, kernel=kernel)
 
     def device_facts(self, device: Any) -> dict[str, str]:
         """Merged ``ejk_device_fingerprint`` facts for ``device`` (computed once per device)."""
@@ -298,14 +390,15 @@ class PluginHost:
         Cached configs of an implementation are keyed by its own platform's facts, so a plugin
         adding a fact for its platform leaves every other platform's entries valid.
         """
-        facts: dict[str, str] = {}
-        for info in self.plugins.values():
-            plugin = self.pm.get_plugin(info.name)
-            if plugin is None or not any(status.platform == platform for status in info.platforms):
-                continue
-            for result in self._call_one(plugin, info, "ejk_device_fingerprint", {"device": device}):
-                facts.update({str(k): str(v) for k, v in result.items()})
-        return facts
+        key = (device, str(platform))
+        if key not in self._platform_facts:
+            facts: dict[str, str] = {}
+            for name, result in reversed(self._named_results("ejk_device_fingerprint", device=device)):
+                info = self.plugins.get(name)
+                if info is not None and any(status.platform == platform for status in info.platforms):
+                    facts.update({str(k): str(v) for k, v in result.items()})
+            self._platform_facts[key] = facts
+        return self._platform_facts[key]
 
     # -- reporting ------------------------------------------------------------------------
 
@@ -337,8 +430,67 @@ class PluginHost:
         return lines
 
 
+# -- hook result checks: each returns None when the result is valid, else what was expected ---------
+
+_Check = Callable[[Any], "str | None"]
+
+
+def _check_platform_status(result: Any) -> str | None:
+    if isinstance(result, PlatformStatus):
+        return None
+    if isinstance(result, Sequence) and not isinstance(result, str | bytes) and all(
+        isinstance(s, PlatformStatus) for s in result
+    ):
+        return None
+    return "an ejk.PlatformStatus or a sequence of them"
+
+
+def _check_device_fingerprint(result: Any) -> str | None:
+    scalars = (str, int, float, bool)
+    if isinstance(result, Mapping) and all(
+        isinstance(k, str) and k and isinstance(v, scalars) for k, v in result.items()
+    ):
+        return None
+    return "a dict of str names to str values, e.g. {'sm_count': '132'}"
+
+
+def _check_config_space(result: Any) -> str | None:
+    if isinstance(result, Sequence) and not isinstance(result, str | bytes):
+        return None
+    return "a list of configs (or None)"
+
+
+_CHECKS: dict[str, _Check] = {
+    "ejk_platform_status": _check_platform_status,
+    "ejk_device_fingerprint": _check_device_fingerprint,
+    "ejk_config_space": _check_config_space,
+}
+
+
+def _choice_check(kernel: Any) -> _Check | None:
+    """For a public op's kernel: the override must be an ImplChoice of a registered implementation."""
+    from ejk.ops._base import ImplChoice, OpKernel
+
+    if not isinstance(kernel, OpKernel):
+        return None
+
+    def check(choice: Any) -> str | None:
+        expected = f"None or an ejk.ops.ImplChoice naming an implementation of {kernel.op_id}"
+        if not isinstance(choice, ImplChoice):
+            return expected
+        try:
+            spec = kernel.spec_for(choice)
+        except Exception:
+            return expected + f" (none is registered for {choice.platform}/{choice.backend})"
+        if choice.cfg is not None and spec.cfg_type is not None and not isinstance(choice.cfg, spec.cfg_type):
+            return f"an ImplChoice whose cfg is None or a {spec.cfg_type.__name__} (for {spec.label})"
+        return None
+
+    return check
+
+
 _host: PluginHost | None = None
-_host_lock = threading.RLock()
+_host_lock = LOAD_LOCK  # one lock with the registry's lazy load: no lock-order deadlock
 
 
 def get_plugin_host(registry: KernelRegistry | None = None) -> PluginHost:

@@ -76,6 +76,13 @@ class PluginRef:
         return f"{self.name} ({dist} {self.version})" if self.version else self.name
 
 
+#: The one lock of plugin loading, shared by every registry's lazy load and by the plugin host
+#: (``ejk.plugins``). Loading runs the loader (which takes the host) and the host registers
+#: kernels into the registry; with two locks two threads could take them in opposite orders
+#: and deadlock on their first call. Each registry's own ``_lock`` only guards its dict and
+#: is never held while other code runs, so it always comes last.
+LOAD_LOCK = threading.RLock()
+
 _current_plugin: contextvars.ContextVar[PluginRef | None] = contextvars.ContextVar(
     "ejk_current_plugin", default=None
 )
@@ -217,7 +224,7 @@ class KernelRegistry:
     def _ensure_loaded(self) -> None:
         if self._loaded:
             return
-        with self._lock:
+        with LOAD_LOCK:  # not self._lock: see LOAD_LOCK
             if self._loaded or self._loading:  # re-entrant query from a plugin: serve what is there
                 return
             self._loading = True

@@ -1,8 +1,14 @@
 """Persistent config cache: one JSON file per operation, safe under concurrent processes.
 
 Writes take an inter-process file lock, re-read the file, merge the new entry and replace
-the file atomically, so several processes tuning at once lose nothing. A corrupt file is
-moved aside with a warning; an unwritable location degrades to memory with a warning.
+the file atomically, so several processes tuning at once lose nothing. Reading never moves
+or writes anything. Only files carrying the format marker (``"format": "ejk-config-cache"``)
+are ever rewritten: a JSON file that is not ours is skipped with a warning and left alone
+(writes then stay in memory); a file that is not JSON at all is ignored when read and moved
+aside (``*.corrupt-…``, kept for inspection) only by a write. An entry that does not load
+(a broken field, an unreadable provenance) is stale, with a warning. An unwritable location
+degrades to memory with a warning. File names come from the op id by a reversible,
+directory-safe encoding (see :func:`cache_file_name`).
 Every entry records a schema version and its provenance (versions of ejk, jax, jaxlib and
 the kernel's plugin and toolkit); an entry whose schema or recorded versions no longer
 match what is installed is *stale*: ignored, reported, and overwritten by the next tuning.
@@ -26,13 +32,23 @@ import filelock
 
 from ejk import environment
 from ejk._versions import core_versions, installed_version
+from ejk.config._cache_names import cache_file_name, op_id_of_file_name
 
-__all__ = ["SCHEMA_VERSION", "CacheEntry", "PersistentCache", "StaleCacheWarning"]
+__all__ = [
+    "SCHEMA_VERSION",
+    "CacheEntry",
+    "CacheFile",
+    "PersistentCache",
+    "StaleCacheWarning",
+    "cache_file_name",
+    "op_id_of_file_name",
+    "read_cache_file",
+]
 
 Cfg = TypeVar("Cfg")
 SCHEMA_VERSION = 1
 FILE_FORMAT = "ejk-config-cache"
-_SAFE_NAME = re.compile(r"^[A-Za-z0-9_.@+-]+$")
+_SAFE_NAME = re.compile(r"^[A-Za-z0-9_.@+%-]+$")
 LOCK_TIMEOUT_S = 60.0
 
 
@@ -51,22 +67,28 @@ class CacheEntry:
     schema: int = SCHEMA_VERSION
     source: str = "autotune"
     provenance: Mapping[str, Any] = attrs.field(factory=dict, eq=False)
+    problem: str | None = attrs.field(default=None, eq=False)  # why the stored entry does not load
 
     def to_json(self) -> dict[str, Any]:
         return {"cfg": self.cfg, "schema": self.schema, "source": self.source, "provenance": dict(self.provenance)}
 
     def stale_reason(self) -> str | None:
         """Why this entry must not be reused here, or ``None`` when it is current."""
+        if self.problem is not None:
+            return self.problem
         if self.schema != SCHEMA_VERSION:
             return f"schema {self.schema} (this ejk writes schema {SCHEMA_VERSION})"
         recorded = self.provenance.get("versions", {})
         if not isinstance(recorded, Mapping):
             return "provenance without versions"
-        changed = [
-            f"{name} {version} -> {installed_version(name) or 'not installed'}"
-            for name, version in sorted(recorded.items())
-            if installed_version(name) != version
-        ]
+        try:
+            changed = [
+                f"{name} {version} -> {installed_version(name) or 'not installed'}"
+                for name, version in sorted(recorded.items())
+                if installed_version(name) != version
+            ]
+        except Exception as exc:  # e.g. a version recorded under an empty or non-string name
+            return f"its recorded versions cannot be checked ({type(exc).__name__}: {exc})"
         return "recorded under other versions: " + ", ".join(changed) if changed else None
 
 
@@ -122,8 +144,9 @@ class PersistentCache(Generic[Cfg]):
     """A JSON file of configs keyed by ``(device, op_id, call_key)``.
 
     Args:
-        opname: Operation name; the file is ``<EJK_CACHE_DIR or user cache dir>/<opname>.json``.
-            (A path ending in ``.json`` is accepted here too, as in the earlier API.)
+        opname: Operation name (any op id); the file is ``<EJK_CACHE_DIR or user cache
+            dir>/<cache_file_name(opname)>``, e.g. ``flash_attention.json`` or ``team%2Fx.json``.
+            (An absolute path ending in ``.json`` is accepted here too, as in the earlier API.)
         path: Explicit file path, overriding the directory rule.
         loader: Rebuilds a config from its JSON value.
         dumper: Turns a config into a JSON value.
@@ -138,10 +161,12 @@ class PersistentCache(Generic[Cfg]):
         dumper: Callable[[Cfg], Any] | None = None,
         cfg_type: type[Cfg] | None = None,
     ) -> None:
-        if path is None and (opname.endswith(".json") or os.sep in opname):
+        if path is None and os.path.isabs(opname) and opname.endswith(".json"):  # the earlier API
             path, opname = opname, os.path.splitext(os.path.basename(opname))[0]
-        if not _SAFE_NAME.match(opname):
-            raise ValueError(f"opname {opname!r} must use letters, digits and . _ @ + - only")
+        if path is None:
+            self._file_name = cache_file_name(opname)  # any op id: encoded; raises if it cannot be
+        elif not _SAFE_NAME.match(opname):
+            raise ValueError(f"opname {opname!r} must use letters, digits and . _ @ + - % only")
         self.opname = opname
         self._explicit_path = os.fspath(path) if path is not None else None
         self.loader, self.dumper, self.cfg_type = loader, dumper, cfg_type
@@ -151,6 +176,7 @@ class PersistentCache(Generic[Cfg]):
         self._unsaved: dict[tuple[str, str, str], CacheEntry] = {}
         self._memory_only_reason: str | None = None
         self._reported: set[tuple[str, str, str]] = set()
+        self._notes: set[str] = set()
         self.stale: list[tuple[CacheEntry, str]] = []
 
     @property
@@ -158,7 +184,7 @@ class PersistentCache(Generic[Cfg]):
         """The JSON file (resolved when first needed, so ``EJK_CACHE_DIR`` may change before)."""
         if self._explicit_path is not None:
             return self._explicit_path
-        return os.path.join(environment.cache_dir(), f"{self.opname}.json")
+        return os.path.join(environment.cache_dir(), self._file_name)
 
     @property
     def memory_only(self) -> bool:
@@ -212,7 +238,7 @@ class PersistentCache(Generic[Cfg]):
         )
 
     def _refresh(self) -> dict[tuple[str, str, str], CacheEntry]:
-        """Re-read the file when it changed on disk (cheap ``stat`` otherwise)."""
+        """Re-read the file when it changed on disk (cheap ``stat`` otherwise); never writes."""
         try:
             st = os.stat(self.path)
         except OSError:
@@ -220,45 +246,19 @@ class PersistentCache(Generic[Cfg]):
             return self._snapshot
         stamp = (st.st_mtime_ns, st.st_size)
         if stamp != self._stamp:
-            data = self._read_file(move_corrupt=False)
-            if data is None:  # corrupt: move it aside under the lock, so no writer's file is lost
-                data = self._recover_corrupt()
-            self._snapshot, self._stamp = data, stamp
+            state = read_cache_file(self.path)
+            if state.note is not None:
+                self._note(state.note)
+            self._snapshot, self._stamp = dict(state.entries), stamp
         return self._snapshot
 
-    def _recover_corrupt(self) -> dict[tuple[str, str, str], CacheEntry]:
-        try:
-            with filelock.FileLock(self.path + ".lock", timeout=LOCK_TIMEOUT_S):
-                return self._read_file(move_corrupt=True) or {}
-        except (OSError, filelock.Timeout) as exc:
-            warnings.warn(f"config cache {self.path} is corrupt and cannot be locked ({exc}); it is ignored",
-                          RuntimeWarning, stacklevel=5)
-            return {}
-
-    def _read_file(self, *, move_corrupt: bool) -> dict[tuple[str, str, str], CacheEntry] | None:
-        """The file's entries; for a corrupt file ``None``, or ``{}`` after moving it aside."""
-        try:
-            with open(self.path, encoding="utf-8") as f:
-                raw = json.load(f)
-            return _parse(raw)
-        except FileNotFoundError:
-            return {}
-        except (OSError, ValueError, TypeError, KeyError, AttributeError) as exc:
-            if not move_corrupt:
-                return None
-            self._move_aside(exc)
-            return {}
-
-    def _move_aside(self, exc: Exception) -> None:
-        stamp = datetime.datetime.now(datetime.UTC).strftime("%Y%m%dT%H%M%S")
-        target = f"{self.path}.corrupt-{stamp}-{os.getpid()}"
-        try:
-            os.replace(self.path, target)
-            where = f"moved to {target}"
-        except OSError as move_exc:
-            where = f"could not be moved aside ({move_exc}); it is ignored"
-        warnings.warn(f"config cache {self.path} is corrupt ({type(exc).__name__}: {exc}); {where}",
-                      RuntimeWarning, stacklevel=5)
+    def _note(self, note: str) -> None:
+        """Warn once per distinct problem of the file."""
+        with self._lock:
+            if note in self._notes:
+                return
+            self._notes.add(note)
+        warnings.warn(note, RuntimeWarning, stacklevel=5)
 
     # -- writing -----------------------------------------------------------------------------
 
@@ -304,11 +304,16 @@ class PersistentCache(Generic[Cfg]):
             existed = self._unsaved.pop((device, op_id, call_key), None) is not None
             return self._rewrite(lambda data: data.pop((device, op_id, call_key), None) is not None) or existed
 
-    def clear(self) -> None:
-        """Delete every entry (the file is rewritten empty under the lock)."""
+    def clear(self) -> bool:
+        """Delete every entry (the file is rewritten empty under the lock).
+
+        Returns:
+            ``True`` when the file now holds no entry (or does not exist); ``False`` when it
+            could not be rewritten (a warning says why) or is not an ejk cache file.
+        """
         with self._lock:
             self._unsaved.clear()
-            self._rewrite(_clear_all)
+            return self._rewrite(_clear_all) or not os.path.exists(self.path)
 
     def _flush(self) -> None:
         if not self._unsaved:
@@ -329,12 +334,24 @@ class PersistentCache(Generic[Cfg]):
         try:
             os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
             with filelock.FileLock(path + ".lock", timeout=LOCK_TIMEOUT_S):
-                data = self._read_file(move_corrupt=True) or {}
+                state = read_cache_file(path)
+                if state.kind == "foreign":  # not ours: never touched
+                    raise _NotOursError(state.note or path)
+                if state.kind == "corrupt":  # not JSON at all: kept for inspection, out of the way
+                    _move_aside(path, state.note or "")
+                data = dict(state.entries)
                 changed = change(data)
                 if changed:
                     _atomic_write_json(path, _serialise(self.opname, data))
                 self._snapshot, self._stamp = data, _stat_stamp(path)
                 return bool(changed)
+        except _NotOursError as exc:
+            if self._memory_only_reason is None:
+                self._memory_only_reason = str(exc)
+                warnings.warn(f"{exc}; it is left alone and tuned configs are kept in memory for this process "
+                              f"only. Move it away, or set {environment.EJK_CACHE_DIR} to another directory.",
+                              RuntimeWarning, stacklevel=5)
+            return False
         except (OSError, filelock.Timeout) as exc:
             if self._memory_only_reason is None:
                 self._memory_only_reason = str(exc)
@@ -360,19 +377,95 @@ def _stat_stamp(path: str) -> tuple[int, int] | None:
     return (st.st_mtime_ns, st.st_size)
 
 
-def _parse(raw: Any) -> dict[tuple[str, str, str], CacheEntry]:
+class _NotOursError(Exception):
+    """A file at the cache's path that is valid JSON but not an ejk config cache."""
+
+
+@attrs.frozen(kw_only=True)
+class CacheFile:
+    """What :func:`read_cache_file` found (reading never moves or writes anything).
+
+    Attributes:
+        kind: ``"missing"``, ``"ours"`` (carries the format marker), ``"foreign"`` (valid
+            JSON without the marker: never touched) or ``"corrupt"`` (not JSON).
+        entries: The entries of an ejk cache file (broken ones included, as stale entries).
+        note: What is wrong with the file, for a warning or the CLI.
+    """
+
+    kind: str
+    entries: Mapping[tuple[str, str, str], CacheEntry] = attrs.field(factory=dict)
+    note: str | None = None
+
+
+def read_cache_file(path: str) -> CacheFile:
+    """Read a cache file without changing anything on disk; never raises for bad content."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            raw = json.load(f)
+    except FileNotFoundError:
+        return CacheFile(kind="missing")
+    except OSError as exc:
+        return CacheFile(kind="corrupt", note=f"config cache {path} cannot be read ({exc}); it is ignored")
+    except (ValueError, RecursionError) as exc:  # not JSON, not UTF-8, or nested too deeply
+        reason = "nested too deeply" if isinstance(exc, RecursionError) else f"{type(exc).__name__}: {exc}"
+        return CacheFile(kind="corrupt", note=f"config cache {path} is corrupt ({reason}); it is ignored")
     if not isinstance(raw, dict) or raw.get("format") != FILE_FORMAT:
-        raise ValueError(f"not an {FILE_FORMAT} file")
-    result = {}
-    for device, ops in raw["entries"].items():
+        return CacheFile(kind="foreign", note=f"{path} is not an ejk config cache (no \"format\": "
+                                              f"\"{FILE_FORMAT}\" marker); skipped")
+    entries, problems = _parse_entries(raw.get("entries"))
+    note = None
+    if problems:
+        shown = "; ".join(problems[:3]) + (f" and {len(problems) - 3} more" if len(problems) > 3 else "")
+        note = f"config cache {path} has parts that do not load ({shown}); they are ignored"
+    return CacheFile(kind="ours", entries=entries, note=note)
+
+
+def _parse_entries(raw: Any) -> tuple[dict[tuple[str, str, str], CacheEntry], list[str]]:
+    """Entries of the ``entries`` mapping; an entry that does not load is kept as stale."""
+    result: dict[tuple[str, str, str], CacheEntry] = {}
+    problems: list[str] = []
+    if not isinstance(raw, dict):
+        return result, [f"entries is {type(raw).__name__}, not an object"]
+    for device, ops in raw.items():
+        if not isinstance(ops, dict):
+            problems.append(f"entries[{device!r}] is {type(ops).__name__}, not an object")
+            continue
         for op_id, calls in ops.items():
+            if not isinstance(calls, dict):
+                problems.append(f"entries[{device!r}][{op_id!r}] is {type(calls).__name__}, not an object")
+                continue
             for call_key, item in calls.items():
-                result[(device, op_id, call_key)] = CacheEntry(
-                    device=device, op_id=op_id, call_key=call_key, cfg=item["cfg"],
-                    schema=int(item.get("schema", 0)), source=str(item.get("source", "unknown")),
-                    provenance=dict(item.get("provenance", {})),
-                )
-    return result
+                result[(device, op_id, call_key)] = _parse_entry(device, op_id, call_key, item)
+    return result, problems
+
+
+def _parse_entry(device: str, op_id: str, call_key: str, item: Any) -> CacheEntry:
+    try:
+        if not isinstance(item, dict) or "cfg" not in item:
+            raise ValueError("an entry needs an object with a cfg")
+        provenance = item.get("provenance", {})
+        if not isinstance(provenance, dict):
+            raise ValueError(f"provenance is {type(provenance).__name__}, not an object")
+        schema = item.get("schema", 0)
+        if not isinstance(schema, int) or isinstance(schema, bool):
+            raise ValueError(f"schema is {schema!r}, not an int")
+        return CacheEntry(device=device, op_id=op_id, call_key=call_key, cfg=item["cfg"], schema=schema,
+                          source=str(item.get("source", "unknown")), provenance=provenance)
+    except Exception as exc:
+        return CacheEntry(device=device, op_id=op_id, call_key=call_key,
+                          cfg=item.get("cfg") if isinstance(item, dict) else None, source="unknown",
+                          problem=f"the stored entry does not load ({exc})")
+
+
+def _move_aside(path: str, note: str) -> None:
+    stamp = datetime.datetime.now(datetime.UTC).strftime("%Y%m%dT%H%M%S")
+    target = f"{path}.corrupt-{stamp}-{os.getpid()}"
+    try:
+        os.replace(path, target)
+        where = f"moved to {target}"
+    except OSError as move_exc:
+        where = f"could not be moved aside ({move_exc})"
+    warnings.warn(f"{note.removesuffix('; it is ignored')}; {where}", RuntimeWarning, stacklevel=6)
 
 
 def _serialise(opname: str, data: Mapping[tuple[str, str, str], CacheEntry]) -> dict[str, Any]:

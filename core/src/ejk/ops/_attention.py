@@ -52,9 +52,11 @@ def flash_attention(
             ``h // (Hq // Hkv)``).
         v: ``[B, Sk, Hkv, Dv]``.
         causal: Key j is visible to query i iff ``j <= i + Sk - Sq`` (bottom-right aligned).
-        softmax_scale: Logit scale, default ``1/sqrt(D)``.
+        softmax_scale: Logit scale: ``None`` (``1/sqrt(D)``) or a finite number > 0, as for every op.
         sliding_window: ``(left, right)`` or ``w`` for ``(w, w)``: key j visible iff
-            ``-left <= j - (i + Sk - Sq) <= right``.
+            ``-left <= j - (i + Sk - Sq) <= right``. With ``causal=True`` the right side is
+            dropped (``(3, 7)`` means ``(3, 0)``). Any size is allowed: a side longer than the
+            sequences means the whole sequence.
         logits_soft_cap: Applies ``cap * tanh(logits / cap)`` before the bias.
         q_segment_ids: ``[B, Sq]`` int; with ``kv_segment_ids`` ``[B, Sk]``: attend only
             within equal ids.

@@ -234,17 +234,13 @@ class OpKernel(Kernel[ImplChoice, Any]):
                           f"{spec.cfg_type.__name__} is expected; ignored", RuntimeWarning, stacklevel=3)
         return kept
 
-    def _hook_kwargs(self, spec: KernelSpec, inv: Invocation[ImplChoice]) -> dict[str, Any]:
-        return {"algorithm": self.op_id, "platform": str(spec.platform), "implementation": spec.name,
-                "invocation": inv}
-
     def config_space_of(self, spec: KernelSpec, inv: Invocation[ImplChoice]) -> list[Any]:
         """Autotuning configs of one implementation: its own space plus what plugins' hooks add."""
         space: list[Any] = []
         if spec.config_space is not None:
             space.extend(self._typed(spec, list(spec.config_space(**self.call_view(inv))), "config_space"))
-        for extra in self._host().call("ejk_config_space", **self._hook_kwargs(spec, inv)):
-            space.extend(self._typed(spec, list(extra), "ejk_config_space"))
+        space.extend(self._host().config_space(self.op_id, str(spec.platform), inv, implementation=spec.name,
+                                               cfg_type=spec.cfg_type))
         return space
 
     def heuristic_of(self, spec: KernelSpec, inv: Invocation[ImplChoice]) -> Any:
@@ -253,9 +249,8 @@ class OpKernel(Kernel[ImplChoice, Any]):
             found = self._typed(spec, [spec.heuristic(**self.call_view(inv))], "heuristic")
             if found:
                 return found[0]
-        hooked = self._host().call("ejk_heuristic_config", **self._hook_kwargs(spec, inv))
-        typed = self._typed(spec, [h for h in hooked if h is not None], "ejk_heuristic_config")
-        return typed[0] if typed else None
+        return self._host().heuristic_config(self.op_id, str(spec.platform), inv, implementation=spec.name,
+                                             cfg_type=spec.cfg_type)
 
     @staticmethod
     def _choice(spec: KernelSpec, cfg: Any) -> ImplChoice:

@@ -7,18 +7,17 @@ argument, what it got and what it needs.
 
 from __future__ import annotations
 
-import math
 from typing import Any, NoReturn
 
 import jax.numpy as jnp
 import numpy as np
 
-from ejk.ops._check_common import is_real, normalize_window, optional_positive
+from ejk.ops._check_common import float_dtype_problem, normalize_window, optional_positive
+from ejk.ops._check_common import softmax_scale as resolve_scale
 
 __all__ = ["check_flash_attention_args"]
 
 _OP = "flash_attention"
-_FLOAT_DTYPES = ("bfloat16", "float16", "float32")
 
 
 def _fail(message: str) -> NoReturn:
@@ -58,8 +57,9 @@ def _check_qkv(q: Any, k: Any, v: Any) -> None:
     if vs[:3] != ks[:3]:
         _fail(f"v has shape {vs} but needs {v_needs} (batch, seq and heads of k {ks})")
     for name, x in (("q", q), ("k", k), ("v", v)):
-        if _dtype_name(x) not in _FLOAT_DTYPES:
-            _fail(f"{name} has dtype {_dtype_name(x)} but needs one of {', '.join(_FLOAT_DTYPES)}")
+        needs = float_dtype_problem(x.dtype)
+        if needs is not None:
+            _fail(f"{name} has dtype {_dtype_name(x)} but needs {needs}")
     dtypes = (_dtype_name(q), _dtype_name(k), _dtype_name(v))
     if len(set(dtypes)) != 1:
         _fail(f"q, k, v have dtypes {dtypes} but need one common dtype (cast k and v to q.dtype)")
@@ -93,14 +93,6 @@ def _check_bias(bias: Any, full: tuple[int, int, int, int]) -> None:
         _fail(f"bias has dtype {_dtype_name(bias)} but needs a floating dtype")
 
 
-def _resolve_scale(softmax_scale: Any, head_dim: int) -> float:
-    if softmax_scale is None:
-        return 1.0 / math.sqrt(head_dim) if head_dim > 0 else 1.0
-    if not is_real(softmax_scale) or not math.isfinite(float(softmax_scale)):
-        _fail(f"softmax_scale is {softmax_scale!r} but needs a finite real number or None (1/sqrt(head_dim))")
-    return float(softmax_scale)
-
-
 def check_flash_attention_args(
     q: Any,
     k: Any,
@@ -121,8 +113,10 @@ def check_flash_attention_args(
         k: ``[B, Sk, Hkv, D]`` with ``Hq % Hkv == 0``, same dtype as ``q``.
         v: ``[B, Sk, Hkv, Dv]``, same dtype as ``q``.
         causal: Must be a bool.
-        softmax_scale: ``None`` or a finite number.
-        sliding_window: ``None``, an int ``w`` or ``(left, right)``; non-negative ints.
+        softmax_scale: ``None`` or a finite number > 0 (the rule of every op).
+        sliding_window: ``None``, an int ``w`` or ``(left, right)``; non-negative ints. With
+            ``causal=True`` the right side is dropped; each side is clamped to the sequence
+            lengths (``left <= Sk - 1``, ``right <= Sq - 1``), which changes nothing visible.
         logits_soft_cap: ``None`` or a finite number > 0.
         q_segment_ids: ``None`` or ``[B, Sq]`` integers; given together with ``kv_segment_ids``.
         kv_segment_ids: ``None`` or ``[B, Sk]`` integers.
@@ -130,7 +124,8 @@ def check_flash_attention_args(
 
     Returns:
         ``(softmax_scale, sliding_window)``: the scale resolved (``1/sqrt(D)`` for ``None``)
-        and the window as ``(left, right)`` (right is 0 when causal) or ``None``.
+        and the window as ``(left, right)`` (right is 0 when causal; both clamped to the
+        sequence lengths) or ``None``.
 
     Raises:
         ValueError: Naming the argument, the shape / dtype / value it got and what it needs.
@@ -143,5 +138,6 @@ def check_flash_attention_args(
     _check_segment_ids(q_segment_ids, kv_segment_ids, batch, q_len, kv_len)
     _check_bias(bias, (batch, q_heads, q_len, kv_len))
     optional_positive(_OP, "logits_soft_cap", logits_soft_cap)
-    window = normalize_window(_OP, "sliding_window", sliding_window, causal=bool(causal))
-    return _resolve_scale(softmax_scale, head_dim), window
+    window = normalize_window(_OP, "sliding_window", sliding_window, causal=bool(causal),
+                              max_left=kv_len - 1, max_right=q_len - 1)
+    return resolve_scale(_OP, softmax_scale, head_dim), window

@@ -9,7 +9,6 @@ because a traced value cannot be read.
 
 from __future__ import annotations
 
-import math
 import numbers
 from typing import Any
 
@@ -17,11 +16,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ejk.ops._check_common import normalize_window, optional_positive
+from ejk.ops._check_common import float_dtype_problem, normalize_window, optional_positive
+from ejk.ops._check_common import softmax_scale as resolve_scale
 
 __all__ = ["check_grouped_matmul_args", "check_matmul_args", "check_ragged_paged_attention_args"]
 
-_FLOATING = "a floating dtype (bfloat16, float16, float32 or float64)"
 _INTEGER = "an integer dtype (int32)"
 _MAX_LISTED = 4  # offending entries quoted in an error message
 
@@ -64,8 +63,9 @@ def _require_ndim(op: str, name: str, x: Any, ndim: int, needs: str) -> tuple[in
 
 def _require_floating(op: str, name: str, x: Any) -> None:
     dtype = _dtype(x)
-    if not jnp.issubdtype(dtype, jnp.floating):
-        raise ValueError(f"{op}: {name} has dtype {dtype} but needs {_FLOATING}")
+    needs = float_dtype_problem(dtype)
+    if needs is not None:
+        raise ValueError(f"{op}: {name} has dtype {dtype} but needs {needs}")
 
 
 def _require_integer(op: str, name: str, x: Any) -> None:
@@ -324,7 +324,8 @@ def check_ragged_paged_attention_args(
         cu_q_lens: ``[S+1]`` integer.
         num_seqs: integer scalar.
         softmax_scale: ``None`` (then ``1/sqrt(D)``) or a finite positive number.
-        sliding_window: ``None``, ``w`` or ``(left, right)``, non-negative ints.
+        sliding_window: ``None``, ``w`` or ``(left, right)``, non-negative ints; ``right`` is
+            dropped (attention is causal) and ``left`` clamped to ``pages_per_seq * page - 1``.
         logits_soft_cap: ``None`` or a finite positive number.
 
     Returns:
@@ -336,10 +337,10 @@ def check_ragged_paged_attention_args(
     """
     _check_paged_shapes(q, k_pages, v_pages, kv_lens, page_indices, cu_q_lens, num_seqs)
     op = "ragged_paged_attention"
-    scale = optional_positive(op, "softmax_scale", softmax_scale)
     optional_positive(op, "logits_soft_cap", logits_soft_cap)
-    window = normalize_window(op, "sliding_window", sliding_window, causal=True)
     tokens, _, d = _shape(q)
     pages, page = _shape(k_pages)[:2]
+    capacity = _shape(page_indices)[1] * page  # no context is longer: no distance exceeds capacity - 1
+    window = normalize_window(op, "sliding_window", sliding_window, causal=True, max_left=capacity - 1)
     _check_paged_values(tokens, pages, page, kv_lens, page_indices, cu_q_lens, num_seqs)
-    return (scale if scale is not None else 1.0 / math.sqrt(d)), window
+    return resolve_scale(op, softmax_scale, d), window

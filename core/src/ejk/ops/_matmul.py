@@ -9,6 +9,7 @@ import numpy as np
 
 from ejk.execution.kernel import Invocation
 from ejk.ops._base import ImplChoice, OpKernel, run_op
+from ejk.ops._check_common import as_array
 from ejk.ops._check_grouped import check_grouped_matmul_args, check_matmul_args
 
 __all__ = ["GroupedMatmulKernel", "MatmulKernel", "grouped_matmul", "matmul"]
@@ -23,6 +24,7 @@ class MatmulKernel(OpKernel):
     positional = 2
 
     def normalize(self, a: Any, b: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        a, b = as_array("matmul", "a", a), as_array("matmul", "b", b)
         check_matmul_args(a, b)
         return (a, b), {}
 
@@ -36,6 +38,8 @@ class GroupedMatmulKernel(OpKernel):
     positional = 3
 
     def normalize(self, lhs: Any, rhs: Any, group_sizes: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        lhs, rhs, group_sizes = (as_array("grouped_matmul", n, x)
+                                 for n, x in (("lhs", lhs), ("rhs", rhs), ("group_sizes", group_sizes)))
         check_grouped_matmul_args(lhs, rhs, group_sizes)
         return (lhs, rhs, group_sizes), {}
 

@@ -9,6 +9,7 @@ import numpy as np
 
 from ejk.execution.kernel import Invocation
 from ejk.ops._base import ImplChoice, OpKernel, run_op
+from ejk.ops._check_common import as_array, scalar_count
 from ejk.ops._check_grouped import check_ragged_paged_attention_args
 
 __all__ = ["RaggedPagedAttentionKernel", "ragged_paged_attention"]
@@ -26,8 +27,13 @@ class RaggedPagedAttentionKernel(OpKernel):
                   num_seqs: Any, *, softmax_scale: float | None = None,
                   sliding_window: int | tuple[int, int] | None = None,
                   logits_soft_cap: float | None = None) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        op = self.op_id
+        q, k_pages, v_pages, kv_lens, page_indices, cu_q_lens = (
+            as_array(op, name, x) for name, x in zip(self.array_names, (q, k_pages, v_pages, kv_lens, page_indices,
+                                                                         cu_q_lens), strict=False)
+        )
         if not isinstance(num_seqs, jax.ShapeDtypeStruct):
-            num_seqs = jax.numpy.asarray(num_seqs, dtype=jax.numpy.int32)
+            num_seqs = scalar_count(op, "num_seqs", num_seqs)
         scale, window = check_ragged_paged_attention_args(
             q, k_pages, v_pages, kv_lens, page_indices, cu_q_lens, num_seqs,
             softmax_scale=softmax_scale, sliding_window=sliding_window, logits_soft_cap=logits_soft_cap,
@@ -94,7 +100,8 @@ def ragged_paged_attention(
         cfg: Explicit config; always wins.
 
     Returns:
-        ``[T, Hq, Dv]`` in ``q.dtype``; rows owned by no live sequence are zeros.
+        ``[T, Hq, Dv]`` in ``q.dtype``; rows owned by no live sequence are zeros. NaN in a
+        row's query or in a key or value it sees propagates to that row.
     """
     arrays, static = KERNEL.normalize(
         q, k_pages, v_pages, kv_lens, page_indices, cu_q_lens, num_seqs,

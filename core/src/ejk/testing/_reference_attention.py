@@ -155,6 +155,8 @@ def reference_flash_attention(
     if kv_len == 0 or q_len == 0:
         return jnp.zeros((batch, q_len, q_heads, v_dim), q.dtype)
     window = normalize_window(sliding_window, causal=causal)
+    if window is not None:  # as the op's validation does: a window past the sequence is the whole sequence
+        window = (min(window[0], kv_len - 1), min(window[1], q_len - 1))
     logits = _logits(q, k, softmax_scale=softmax_scale, logits_soft_cap=logits_soft_cap, bias=bias)
     mask = attention_mask(
         q_len,

@@ -55,7 +55,8 @@ def _sequence_attention(
     row_max = logits.max(axis=-1, keepdims=True)
     weights = np.exp(logits - np.where(np.isfinite(row_max), row_max, 0.0)).astype(np.float32)
     total = weights.sum(axis=-1, keepdims=True)
-    probs = np.where(total > 0, weights / np.where(total > 0, total, 1.0), 0.0).astype(np.float32)
+    empty = total == 0  # no visible key; a NaN total (NaN in q or a visible key) propagates
+    probs = np.where(empty, 0.0, weights / np.where(empty, 1.0, total)).astype(np.float32)
     out: np.ndarray = np.einsum("hqk,khd->qhd", probs, v)
     return out
 

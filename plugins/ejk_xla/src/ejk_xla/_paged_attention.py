@@ -145,9 +145,13 @@ def _fold(
 
 
 def _finish(state: _Softmax) -> jax.Array:
-    """``[R, Hkv, G, Dv]`` float32 attention output; rows that saw no key are zeros."""
-    seen = state.row_sum > 0
-    return jnp.where(seen[..., None], state.acc / jnp.where(seen, state.row_sum, 1.0)[..., None], 0.0)
+    """``[R, Hkv, G, Dv]`` float32 attention output; rows that saw no key are zeros.
+
+    A NaN in the row's query or in a visible key or value makes ``row_sum`` / ``acc`` NaN and
+    propagates to the output (as in flash attention); only an exact zero sum means "no key".
+    """
+    empty = state.row_sum == 0
+    return jnp.where(empty[..., None], 0.0, state.acc / jnp.where(empty, 1.0, state.row_sum)[..., None])
 
 
 def _page_table(page_indices: jax.Array, num_pages: int, pages_per_block: int) -> jax.Array:

@@ -1,4 +1,4 @@
-# mypy: disable-error-code="no-untyped-def,no-any-return,misc"
+# mypy: disable-error-code="no-untyped-def,no-any-return,misc,untyped-decorator"
 """``@triton.jit`` kernels of flash attention (FlashAttention-2 style), forward and backward.
 
 Imported only when a kernel is launched (this module imports triton; see ``_env.import_triton``).
@@ -52,7 +52,7 @@ def _load(ptrs, first_ok, second_ok, CHECK_FIRST: tl.constexpr, CHECK_SECOND: tl
         else:
             x = tl.load(ptrs, mask=first_ok, other=other)
     else:
-        if CHECK_SECOND:
+        if CHECK_SECOND:  # noqa: SIM108 (static branches of a Triton kernel)
             x = tl.load(ptrs, mask=second_ok, other=other)
         else:
             x = tl.load(ptrs)
@@ -165,8 +165,8 @@ def _fwd_inner(acc, l_i, m_i, q, q_seg, rows, k_base, v_base, kseg_base, bias_ba
                K_STRIDE: tl.constexpr, V_STRIDE: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
                HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr, BIAS_SQ: tl.constexpr, BIAS_SK: tl.constexpr,
                CAUSAL: tl.constexpr, WINDOW: tl.constexpr, WIN_L: tl.constexpr, WIN_R: tl.constexpr,
-               HAS_CAP: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_SEG: tl.constexpr, MASKED: tl.constexpr,
-               BLOCK_N: tl.constexpr):
+               HAS_CAP: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_SEG: tl.constexpr, DOT_PREC: tl.constexpr,
+               MASKED: tl.constexpr, BLOCK_N: tl.constexpr):
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_DIM)
     offs_dv = tl.arange(0, HEAD_DIM_V)
@@ -176,7 +176,7 @@ def _fwd_inner(acc, l_i, m_i, q, q_seg, rows, k_base, v_base, kseg_base, bias_ba
                    MASKED, HEAD_DIM != D, 0.0)
         v = _load(v_base + cols[:, None] * V_STRIDE + offs_dv[None, :], cols[:, None] < SK, offs_dv[None, :] < DV,
                   MASKED, HEAD_DIM_V != DV, 0.0)
-        s, _t = _logits2(tl.dot(q, kt), SCALE, CAP, HAS_CAP)
+        s, _t = _logits2(tl.dot(q, kt, input_precision=DOT_PREC), SCALE, CAP, HAS_CAP)
         if HAS_BIAS:
             bias = _load(bias_base + rows[:, None] * BIAS_SQ + cols[None, :] * BIAS_SK, rows[:, None] < SQ,
                          cols[None, :] < SK, True, MASKED, 0.0)
@@ -196,7 +196,7 @@ def _fwd_inner(acc, l_i, m_i, q, q_seg, rows, k_base, v_base, kseg_base, bias_ba
         alpha = tl.exp2(m_i - m_safe)
         l_i = l_i * alpha + tl.sum(p, 1)
         acc = acc * alpha[:, None]
-        acc = tl.dot(p.to(v.dtype), v, acc)
+        acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PREC)
         m_i = m_new
     return acc, l_i, m_i
 
@@ -208,7 +208,7 @@ def flash_fwd_kernel(Q, K, V, QSeg, KSeg, Bias, Out, Lse,
                      HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr,
                      BIAS_SB: tl.constexpr, BIAS_SH: tl.constexpr, BIAS_SQ: tl.constexpr, BIAS_SK: tl.constexpr,
                      CAUSAL: tl.constexpr, WINDOW: tl.constexpr, WIN_L: tl.constexpr, WIN_R: tl.constexpr,
-                     HAS_CAP: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_SEG: tl.constexpr,
+                     HAS_CAP: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_SEG: tl.constexpr, DOT_PREC: tl.constexpr,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """One program: ``BLOCK_M`` query rows of one (batch, q head). Grid ``(cdiv(Sq, BLOCK_M), B * Hq)``."""
     HKV: tl.constexpr = HQ // GROUP
@@ -243,13 +243,13 @@ def flash_fwd_kernel(Q, K, V, QSeg, KSeg, Bias, Out, Lse,
     lo, mid_lo, mid_hi, hi = _kv_range(start_m, BLOCK_M, BLOCK_N, SQ, SK, CAUSAL, WINDOW, WIN_L, WIN_R)
     acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, q_seg, rows, k_base, v_base, kseg_base, bias_base, lo, mid_lo,
                                SCALE, CAP, SQ, SK, HKV * D, HKV * DV, D, DV, HEAD_DIM, HEAD_DIM_V, BIAS_SQ, BIAS_SK,
-                               CAUSAL, WINDOW, WIN_L, WIN_R, HAS_CAP, HAS_BIAS, HAS_SEG, True, BLOCK_N)
+                               CAUSAL, WINDOW, WIN_L, WIN_R, HAS_CAP, HAS_BIAS, HAS_SEG, DOT_PREC, True, BLOCK_N)
     acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, q_seg, rows, k_base, v_base, kseg_base, bias_base, mid_lo, mid_hi,
                                SCALE, CAP, SQ, SK, HKV * D, HKV * DV, D, DV, HEAD_DIM, HEAD_DIM_V, BIAS_SQ, BIAS_SK,
-                               CAUSAL, WINDOW, WIN_L, WIN_R, HAS_CAP, HAS_BIAS, HAS_SEG, False, BLOCK_N)
+                               CAUSAL, WINDOW, WIN_L, WIN_R, HAS_CAP, HAS_BIAS, HAS_SEG, DOT_PREC, False, BLOCK_N)
     acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, q_seg, rows, k_base, v_base, kseg_base, bias_base, mid_hi, hi,
                                SCALE, CAP, SQ, SK, HKV * D, HKV * DV, D, DV, HEAD_DIM, HEAD_DIM_V, BIAS_SQ, BIAS_SK,
-                               CAUSAL, WINDOW, WIN_L, WIN_R, HAS_CAP, HAS_BIAS, HAS_SEG, True, BLOCK_N)
+                               CAUSAL, WINDOW, WIN_L, WIN_R, HAS_CAP, HAS_BIAS, HAS_SEG, DOT_PREC, True, BLOCK_N)
 
     seen = l_i > 0.0
     l_safe = tl.where(seen, l_i, 1.0)
@@ -287,8 +287,8 @@ def _dkdv_inner(dk, dv, k, v, kseg, cols, q_base, do_base, lse_base, delta_base,
                 Q_STRIDE: tl.constexpr, DO_STRIDE: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
                 HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr, BIAS_SQ: tl.constexpr, BIAS_SK: tl.constexpr,
                 CAUSAL: tl.constexpr, WINDOW: tl.constexpr, WIN_L: tl.constexpr, WIN_R: tl.constexpr,
-                HAS_CAP: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_SEG: tl.constexpr, MASKED: tl.constexpr,
-                BLOCK_M: tl.constexpr):
+                HAS_CAP: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_SEG: tl.constexpr, DOT_PREC: tl.constexpr,
+               MASKED: tl.constexpr, BLOCK_M: tl.constexpr):
     offs_m = tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM)
     offs_dv = tl.arange(0, HEAD_DIM_V)
@@ -304,7 +304,7 @@ def _dkdv_inner(dk, dv, k, v, kseg, cols, q_base, do_base, lse_base, delta_base,
         else:
             lse = tl.load(lse_base + rows)
             delta = tl.load(delta_base + rows)
-        st, tt = _logits2(tl.dot(k, tl.trans(q)), SCALE, CAP, HAS_CAP)  # [BLOCK_N, BLOCK_M]
+        st, tt = _logits2(tl.dot(k, tl.trans(q), input_precision=DOT_PREC), SCALE, CAP, HAS_CAP)  # [BLOCK_N, BLOCK_M]
         if HAS_BIAS:
             bias = _load(bias_base + rows[None, :] * BIAS_SQ + cols[:, None] * BIAS_SK, rows[None, :] < SQ,
                          cols[:, None] < SK, MASKED, MASKED, 0.0)
@@ -319,12 +319,12 @@ def _dkdv_inner(dk, dv, k, v, kseg, cols, q_base, do_base, lse_base, delta_base,
             qseg = tl.load(qseg_base + rows)
             st = tl.where(kseg[:, None] == qseg[None, :], st, _NEG_INF)
         pt = tl.exp2(st - lse[None, :])
-        dv = tl.dot(pt.to(do.dtype), do, dv)
-        dpt = tl.dot(v, tl.trans(do))
+        dv = tl.dot(pt.to(do.dtype), do, dv, input_precision=DOT_PREC)
+        dpt = tl.dot(v, tl.trans(do), input_precision=DOT_PREC)
         dst = pt * (dpt - delta[None, :])
         if HAS_CAP:
             dst = dst * (1.0 - tt * tt)
-        dk = tl.dot(dst.to(q.dtype), q, dk)
+        dk = tl.dot(dst.to(q.dtype), q, dk, input_precision=DOT_PREC)
     return dk, dv
 
 
@@ -336,7 +336,7 @@ def flash_bwd_dkdv_kernel(Q, K, V, QSeg, KSeg, Bias, DOut, Lse, Delta, DK, DVout
                           BIAS_SB: tl.constexpr, BIAS_SH: tl.constexpr, BIAS_SQ: tl.constexpr,
                           BIAS_SK: tl.constexpr,
                           CAUSAL: tl.constexpr, WINDOW: tl.constexpr, WIN_L: tl.constexpr, WIN_R: tl.constexpr,
-                          HAS_CAP: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_SEG: tl.constexpr,
+                          HAS_CAP: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_SEG: tl.constexpr, DOT_PREC: tl.constexpr,
                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """One program: ``BLOCK_N`` keys of one (batch, kv head), over every q head of its group.
 
@@ -375,16 +375,16 @@ def flash_bwd_dkdv_kernel(Q, K, V, QSeg, KSeg, Bias, DOut, Lse, Delta, DK, DVout
             bias_base = Bias + b * BIAS_SB + h * BIAS_SH
         dk, dv = _dkdv_inner(dk, dv, k, v, kseg, cols, q_base, do_base, lse_base, delta_base, qseg_base, bias_base,
                              lo, mid_lo, SCALE, CAP, SQ, SK, HQ * D, HQ * DV, D, DV, HEAD_DIM, HEAD_DIM_V,
-                             BIAS_SQ, BIAS_SK, CAUSAL, WINDOW, WIN_L, WIN_R, HAS_CAP, HAS_BIAS, HAS_SEG, True,
-                             BLOCK_M)
+                             BIAS_SQ, BIAS_SK, CAUSAL, WINDOW, WIN_L, WIN_R, HAS_CAP, HAS_BIAS, HAS_SEG, DOT_PREC,
+                             True, BLOCK_M)
         dk, dv = _dkdv_inner(dk, dv, k, v, kseg, cols, q_base, do_base, lse_base, delta_base, qseg_base, bias_base,
                              mid_lo, mid_hi, SCALE, CAP, SQ, SK, HQ * D, HQ * DV, D, DV, HEAD_DIM, HEAD_DIM_V,
-                             BIAS_SQ, BIAS_SK, CAUSAL, WINDOW, WIN_L, WIN_R, HAS_CAP, HAS_BIAS, HAS_SEG, False,
-                             BLOCK_M)
+                             BIAS_SQ, BIAS_SK, CAUSAL, WINDOW, WIN_L, WIN_R, HAS_CAP, HAS_BIAS, HAS_SEG, DOT_PREC,
+                             False, BLOCK_M)
         dk, dv = _dkdv_inner(dk, dv, k, v, kseg, cols, q_base, do_base, lse_base, delta_base, qseg_base, bias_base,
                              mid_hi, hi, SCALE, CAP, SQ, SK, HQ * D, HQ * DV, D, DV, HEAD_DIM, HEAD_DIM_V,
-                             BIAS_SQ, BIAS_SK, CAUSAL, WINDOW, WIN_L, WIN_R, HAS_CAP, HAS_BIAS, HAS_SEG, True,
-                             BLOCK_M)
+                             BIAS_SQ, BIAS_SK, CAUSAL, WINDOW, WIN_L, WIN_R, HAS_CAP, HAS_BIAS, HAS_SEG, DOT_PREC,
+                             True, BLOCK_M)
     dk = dk * SCALE
     tl.store(DK + k_offs, dk.to(DK.dtype.element_ty), mask=(cols[:, None] < SK) & (offs_d[None, :] < D))
     tl.store(DVout + v_offs, dv.to(DVout.dtype.element_ty), mask=(cols[:, None] < SK) & (offs_dv[None, :] < DV))
@@ -396,8 +396,8 @@ def _dq_inner(dq, q, do, lse, delta, q_seg, rows, k_base, v_base, kseg_base, bia
               K_STRIDE: tl.constexpr, V_STRIDE: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
               HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr, BIAS_SQ: tl.constexpr, BIAS_SK: tl.constexpr,
               CAUSAL: tl.constexpr, WINDOW: tl.constexpr, WIN_L: tl.constexpr, WIN_R: tl.constexpr,
-              HAS_CAP: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_SEG: tl.constexpr, MASKED: tl.constexpr,
-              BLOCK_N: tl.constexpr):
+              HAS_CAP: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_SEG: tl.constexpr, DOT_PREC: tl.constexpr,
+               MASKED: tl.constexpr, BLOCK_N: tl.constexpr):
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_DIM)
     offs_dv = tl.arange(0, HEAD_DIM_V)
@@ -407,7 +407,7 @@ def _dq_inner(dq, q, do, lse, delta, q_seg, rows, k_base, v_base, kseg_base, bia
                    MASKED, HEAD_DIM != D, 0.0)
         vt = _load(v_base + cols[None, :] * V_STRIDE + offs_dv[:, None], cols[None, :] < SK,
                    offs_dv[:, None] < DV, MASKED, HEAD_DIM_V != DV, 0.0)
-        s, t = _logits2(tl.dot(q, kt), SCALE, CAP, HAS_CAP)
+        s, t = _logits2(tl.dot(q, kt, input_precision=DOT_PREC), SCALE, CAP, HAS_CAP)
         if HAS_BIAS:
             bias = _load(bias_base + rows[:, None] * BIAS_SQ + cols[None, :] * BIAS_SK, rows[:, None] < SQ,
                          cols[None, :] < SK, True, MASKED, 0.0)
@@ -422,14 +422,14 @@ def _dq_inner(dq, q, do, lse, delta, q_seg, rows, k_base, v_base, kseg_base, bia
             kseg = tl.load(kseg_base + cols)
             s = tl.where(q_seg[:, None] == kseg[None, :], s, _NEG_INF)
         p = tl.exp2(s - lse[:, None])
-        dp = tl.dot(do, vt)
+        dp = tl.dot(do, vt, input_precision=DOT_PREC)
         ds = p * (dp - delta[:, None])
         if HAS_BIAS:
             tl.store(dbias_base + rows[:, None] * SK + cols[None, :], ds,
                      mask=(rows[:, None] < SQ) & (cols[None, :] < SK))
         if HAS_CAP:
             ds = ds * (1.0 - t * t)
-        dq = tl.dot(ds.to(kt.dtype), tl.trans(kt), dq)
+        dq = tl.dot(ds.to(kt.dtype), tl.trans(kt), dq, input_precision=DOT_PREC)
     return dq
 
 
@@ -440,7 +440,7 @@ def flash_bwd_dq_kernel(Q, K, V, QSeg, KSeg, Bias, DOut, Lse, Delta, DQ, DBias,
                         HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr,
                         BIAS_SB: tl.constexpr, BIAS_SH: tl.constexpr, BIAS_SQ: tl.constexpr, BIAS_SK: tl.constexpr,
                         CAUSAL: tl.constexpr, WINDOW: tl.constexpr, WIN_L: tl.constexpr, WIN_R: tl.constexpr,
-                        HAS_CAP: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_SEG: tl.constexpr,
+                        HAS_CAP: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_SEG: tl.constexpr, DOT_PREC: tl.constexpr,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """One program: ``BLOCK_M`` query rows of one (batch, q head); also the logits gradient for the bias.
 
@@ -484,12 +484,12 @@ def flash_bwd_dq_kernel(Q, K, V, QSeg, KSeg, Bias, DOut, Lse, Delta, DQ, DBias,
     lo, mid_lo, mid_hi, hi = _kv_range(start_m, BLOCK_M, BLOCK_N, SQ, SK, CAUSAL, WINDOW, WIN_L, WIN_R)
     dq = _dq_inner(dq, q, do, lse, delta, q_seg, rows, k_base, v_base, kseg_base, bias_base, dbias_base, lo, mid_lo,
                    SCALE, CAP, SQ, SK, HKV * D, HKV * DV, D, DV, HEAD_DIM, HEAD_DIM_V, BIAS_SQ, BIAS_SK,
-                   CAUSAL, WINDOW, WIN_L, WIN_R, HAS_CAP, HAS_BIAS, HAS_SEG, True, BLOCK_N)
+                   CAUSAL, WINDOW, WIN_L, WIN_R, HAS_CAP, HAS_BIAS, HAS_SEG, DOT_PREC, True, BLOCK_N)
     dq = _dq_inner(dq, q, do, lse, delta, q_seg, rows, k_base, v_base, kseg_base, bias_base, dbias_base, mid_lo,
                    mid_hi, SCALE, CAP, SQ, SK, HKV * D, HKV * DV, D, DV, HEAD_DIM, HEAD_DIM_V, BIAS_SQ, BIAS_SK,
-                   CAUSAL, WINDOW, WIN_L, WIN_R, HAS_CAP, HAS_BIAS, HAS_SEG, False, BLOCK_N)
+                   CAUSAL, WINDOW, WIN_L, WIN_R, HAS_CAP, HAS_BIAS, HAS_SEG, DOT_PREC, False, BLOCK_N)
     dq = _dq_inner(dq, q, do, lse, delta, q_seg, rows, k_base, v_base, kseg_base, bias_base, dbias_base, mid_hi, hi,
                    SCALE, CAP, SQ, SK, HKV * D, HKV * DV, D, DV, HEAD_DIM, HEAD_DIM_V, BIAS_SQ, BIAS_SK,
-                   CAUSAL, WINDOW, WIN_L, WIN_R, HAS_CAP, HAS_BIAS, HAS_SEG, True, BLOCK_N)
+                   CAUSAL, WINDOW, WIN_L, WIN_R, HAS_CAP, HAS_BIAS, HAS_SEG, DOT_PREC, True, BLOCK_N)
     dq = dq * SCALE
     tl.store(DQ + q_offs, dq.to(DQ.dtype.element_ty), mask=(rows[:, None] < SQ) & (offs_d[None, :] < D))

@@ -13,13 +13,14 @@ an NVIDIA GPU, but ``platform="triton"`` runs through the interpreter.
 from __future__ import annotations
 
 import functools
+import importlib
 import importlib.util
 import os
 import sys
 from types import ModuleType
 from typing import Any
 
-__all__ = ["INTERPRET_ENV", "import_triton", "interpret_mode", "nvidia_gpu", "platform_status"]
+__all__ = ["INTERPRET_ENV", "backends", "import_triton", "interpret_mode", "nvidia_gpu", "platform_status"]
 
 #: Environment variable that selects the Triton interpreter (test / debug mode, CPU).
 INTERPRET_ENV = "EJK_TRITON_INTERPRET"
@@ -28,6 +29,15 @@ INTERPRET_ENV = "EJK_TRITON_INTERPRET"
 def interpret_mode() -> bool:
     """``True`` when ``EJK_TRITON_INTERPRET`` asks for the Triton interpreter."""
     return os.environ.get(INTERPRET_ENV, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def backends() -> tuple[str, ...]:
+    """Backends to register the kernels for: ``gpu``, plus ``cpu`` in the interpreter mode.
+
+    The ``cpu`` registration lets ``platform="triton"`` run interpreted on a CPU-only machine;
+    ``platform="auto"`` still skips it because the platform reports itself unavailable there.
+    """
+    return ("gpu", "cpu") if interpret_mode() else ("gpu",)
 
 
 def import_triton() -> ModuleType:
@@ -44,9 +54,7 @@ def import_triton() -> ModuleType:
                 f"set {INTERPRET_ENV}=1 (or TRITON_INTERPRET=1) in the environment before the process starts"
             )
         os.environ["TRITON_INTERPRET"] = "1"
-    import triton
-
-    return triton
+    return importlib.import_module("triton")
 
 
 @functools.cache

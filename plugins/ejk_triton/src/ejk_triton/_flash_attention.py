@@ -135,6 +135,7 @@ def _constexprs(
         BIAS_SB=bias_strides[0], BIAS_SH=bias_strides[1], BIAS_SQ=bias_strides[2], BIAS_SK=bias_strides[3],
         CAUSAL=bool(causal), WINDOW=sliding_window is not None, WIN_L=left, WIN_R=right,
         HAS_CAP=logits_soft_cap is not None, HAS_BIAS=bias is not None, HAS_SEG=has_seg,
+        DOT_PREC="ieee" if jnp.dtype(q.dtype) == jnp.float32 else "tf32",  # 16-bit operands ignore it
     )
 
 
@@ -373,7 +374,8 @@ def flash_attention(
 # Capability gate and configs
 # ----------------------------------------------------------------------------------------------
 
-_DTYPES = ("bfloat16", "float16")
+_DTYPES = ("bfloat16", "float16", "float32")
+_MAX_HEAD_DIM_F32 = 128
 
 
 def capability(
@@ -391,7 +393,8 @@ def capability(
 ) -> str | None:
     """Why this implementation cannot run a call, or ``None`` when it can (abstract arguments suffice).
 
-    Supported: bfloat16 / float16 q, k, v; head dims up to 256 (q/k and v may differ); any
+    Supported: bfloat16 / float16 q, k, v with head dims up to 256 (q/k and v may differ), float32
+    (IEEE float32 dots, slower) up to 128; any
     lengths; GQA / MQA; causal; sliding windows; soft cap; segment ids; a float bias
     broadcastable to ``[B, Hq, Sq, Sk]`` (its gradient goes through a ``[B, Hq, Sq, Sk]``
     float32 buffer). Needs an NVIDIA GPU (compute capability 8.0+), except in the
@@ -401,12 +404,13 @@ def capability(
     dtypes = {jnp.dtype(x.dtype).name for x in (q, k, v)}
     unsupported = sorted(dtypes - set(_DTYPES))
     if unsupported:
-        return f"{', '.join(unsupported)} not supported (bfloat16 and float16 only)"
+        return f"{', '.join(unsupported)} not supported (bfloat16, float16 and float32 only)"
     if len(dtypes) > 1:
         return f"q, k, v must share one dtype (got {', '.join(sorted(dtypes))})"
+    limit = _MAX_HEAD_DIM_F32 if "float32" in dtypes else _MAX_HEAD_DIM
     for name, dim in (("head_dim", int(q.shape[3])), ("v head_dim", int(v.shape[3]))):
-        if dim > _MAX_HEAD_DIM:
-            return f"{name} {dim} not supported (at most {_MAX_HEAD_DIM})"
+        if dim > limit:
+            return f"{name} {dim} not supported{' in float32' if 'float32' in dtypes else ''} (at most {limit})"
     if int(q.shape[0]) * int(q.shape[2]) > _MAX_GRID_Y:
         return f"batch × q heads = {int(q.shape[0]) * int(q.shape[2])} exceeds the grid limit {_MAX_GRID_Y}"
     if bias is not None and not jnp.issubdtype(bias.dtype, jnp.floating):
@@ -448,6 +452,19 @@ _GPU_CANDIDATES: dict[int, tuple[tuple[tuple[int, int, int, int], tuple[int, int
           ((64, 64, 8, 2), (32, 32, 4, 2))),
 }
 
+# float32 tiles take twice the shared memory (and IEEE dots are slower): smaller tiles.
+_GPU_CANDIDATES_F32: dict[int, tuple[tuple[tuple[int, int, int, int], tuple[int, int, int, int]], ...]] = {
+    64: (((64, 64, 4, 2), (32, 64, 4, 2)), ((64, 32, 4, 2), (16, 64, 4, 2)), ((128, 32, 8, 2), (32, 32, 4, 2))),
+    128: (((64, 32, 4, 2), (16, 64, 4, 2)), ((32, 32, 4, 2), (16, 32, 4, 2)), ((64, 64, 8, 2), (32, 64, 8, 1))),
+}
+
+
+def _candidates(q: Any, v: Any) -> tuple[tuple[tuple[int, int, int, int], tuple[int, int, int, int]], ...]:
+    dim = _dim_class(q, v)
+    if jnp.dtype(q.dtype) == jnp.float32:
+        return _GPU_CANDIDATES_F32[min(dim, 128)]
+    return _GPU_CANDIDATES[dim]
+
 
 def _dim_class(q: Any, v: Any) -> int:
     d = max(_head_dim(int(q.shape[3])), _head_dim(int(v.shape[3])))
@@ -476,10 +493,11 @@ def config_space(q: Any, k: Any, v: Any, *_: Any, **__: Any) -> list[FlashAttent
     if _env.interpret_mode() and not _env.nvidia_gpu()[0]:
         return [heuristic_config(q, q, v)]
     d, dv = int(q.shape[3]), int(v.shape[3])
+    itemsize = jnp.dtype(q.dtype).itemsize
     space: dict[FlashAttentionConfig, None] = {}
-    for fwd, bwd in _GPU_CANDIDATES[_dim_class(q, v)]:
+    for fwd, bwd in _candidates(q, v):
         cfg = _make(fwd, bwd)
-        if _smem_bytes(cfg, d, dv) <= _SMEM_LIMIT:
+        if _smem_bytes(cfg, d, dv, itemsize) <= _SMEM_LIMIT:
             space.setdefault(cfg, None)
     return list(space)
 
@@ -489,11 +507,12 @@ def heuristic_config(q: Any, k: Any, v: Any, *_: Any, **__: Any) -> FlashAttenti
 
     D <= 64: 128 x 64 forward tiles, 4 warps, 3 stages; D <= 128: 128 x 64, 8 warps, 3 stages;
     D <= 256: 64 x 64, 4 warps, 2 stages (shared memory). Backward: 32-row x 128-key tiles
-    for dk/dv (128 x 32 for dq), 16 x 64 at D = 256. In the interpreter mode (CPU), 32 x 32
+    for dk/dv (128 x 32 for dq), 16 x 64 at D = 256. float32 uses smaller tiles (64 x 64 at
+    D <= 64, 64 x 32 at D <= 128). In the interpreter mode (CPU), 32 x 32
     tiles keep the number of Python-level steps small on tiny test shapes.
     """
     del k
     if _env.interpret_mode() and not _env.nvidia_gpu()[0]:
         return FlashAttentionConfig(block_m=32, block_n=32, bwd_block_m=16, bwd_block_n=32)
-    fwd, bwd = _GPU_CANDIDATES[_dim_class(q, v)][0]
+    fwd, bwd = _candidates(q, v)[0]
     return _make(fwd, bwd)

@@ -10,6 +10,7 @@ calls, so torch is not needed.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -123,7 +124,11 @@ def _interpret(kernel: Any, grid: Grid, inputs: Sequence[jax.Array], out_shapes:
     def host(*arrays: np.ndarray) -> tuple[np.ndarray, ...]:
         ins = [HostTensor(np.ascontiguousarray(a)) for a in arrays]
         outs = [np.zeros(s.shape, s.dtype) for s in out_shapes]
-        kernel[grid](*ins, *(HostTensor(o) for o in outs), **constexprs)
+        with warnings.catch_warnings():
+            # Triton 3.6's interpreter turns runtime loop bounds (1-element arrays) into ints.
+            warnings.filterwarnings("ignore", message="Conversion of an array with ndim > 0 to a scalar",
+                                    category=DeprecationWarning)
+            kernel[grid](*ins, *(HostTensor(o) for o in outs), **constexprs)
         return tuple(outs)
 
     result = jax.pure_callback(host, tuple(out_shapes), *inputs, vmap_method="sequential")

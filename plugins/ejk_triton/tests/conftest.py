@@ -7,12 +7,13 @@ The interpreter must be chosen before triton is first imported, so the variable 
 from __future__ import annotations
 
 import os
+import sys
 
 import pytest
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    if "EJK_TRITON_INTERPRET" not in os.environ and "triton" not in __import__("sys").modules:
+    if "EJK_TRITON_INTERPRET" not in os.environ and "triton" not in sys.modules:
         import jax
 
         if jax.default_backend() == "cpu":

@@ -235,7 +235,7 @@ def flash_fwd_kernel(Q, K, V, QSeg, KSeg, Bias, Out, Lse,
         kseg_base = KSeg + b * SK
     bias_base = Bias
     if HAS_BIAS:
-        bias_base = Bias + b * BIAS_SB + h * BIAS_SH
+        bias_base = Bias + b * BIAS_SB + h.to(tl.int64) * BIAS_SH
 
     m_i = tl.full([BLOCK_M], _NEG_INF, tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
@@ -372,7 +372,7 @@ def flash_bwd_dkdv_kernel(Q, K, V, QSeg, KSeg, Bias, DOut, Lse, Delta, DK, DVout
             qseg_base = QSeg + b * SQ
         bias_base = Bias
         if HAS_BIAS:
-            bias_base = Bias + b * BIAS_SB + h * BIAS_SH
+            bias_base = Bias + b * BIAS_SB + h.to(tl.int64) * BIAS_SH
         dk, dv = _dkdv_inner(dk, dv, k, v, kseg, cols, q_base, do_base, lse_base, delta_base, qseg_base, bias_base,
                              lo, mid_lo, SCALE, CAP, SQ, SK, HQ * D, HQ * DV, D, DV, HEAD_DIM, HEAD_DIM_V,
                              BIAS_SQ, BIAS_SK, CAUSAL, WINDOW, WIN_L, WIN_R, HAS_CAP, HAS_BIAS, HAS_SEG, DOT_PREC,
@@ -477,7 +477,7 @@ def flash_bwd_dq_kernel(Q, K, V, QSeg, KSeg, Bias, DOut, Lse, Delta, DQ, DBias,
     bias_base = Bias
     dbias_base = DBias
     if HAS_BIAS:
-        bias_base = Bias + b * BIAS_SB + h * BIAS_SH
+        bias_base = Bias + b * BIAS_SB + h.to(tl.int64) * BIAS_SH
         dbias_base = DBias + off_bh.to(tl.int64) * (SQ * SK)
 
     dq = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)

@@ -7,6 +7,7 @@ tests marked ``gpu`` run larger shapes compiled on an NVIDIA GPU.
 from __future__ import annotations
 
 import functools
+import json
 import os
 import subprocess
 import sys
@@ -312,6 +313,39 @@ def test_interpret_mode_after_a_compiled_import_is_an_error() -> None:
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert result.returncode == 0, result.stderr
     assert "refused:" in result.stdout and "before the process starts" in result.stdout
+
+
+_AOT_SCRIPT = """
+import json, jax, jax.numpy as jnp
+from ejk_triton._aot import compile_flash_attention
+from ejk_triton._flash_attention import config_space
+sds = jax.ShapeDtypeStruct
+q, kv = sds((2, 1000, 16, 128), jnp.bfloat16), sds((2, 1500, 4, 128), jnp.bfloat16)
+report = {"plain": compile_flash_attention(q, kv, kv, causal=True)}
+report["all features"] = compile_flash_attention(
+    sds(q.shape, jnp.float16), sds(kv.shape, jnp.float16), sds(kv.shape, jnp.float16), causal=True,
+    sliding_window=(256, 0), logits_soft_cap=30.0, segment_ids=True, bias=sds((1, 16, 1000, 1500), jnp.float32))
+q64 = sds((1, 333, 8, 64), jnp.bfloat16)
+report["d64 space"] = compile_flash_attention(q64, q64, q64, cfg=config_space(q64, q64, q64)[1])
+q256 = sds((1, 200, 4, 256), jnp.bfloat16)
+report["d256"] = compile_flash_attention(q256, q256, q256, causal=True)
+print(json.dumps(report))
+"""
+
+
+def test_kernels_compile_for_sm90_without_a_gpu(tmp_path: Any) -> None:
+    # The interpreter runs the kernels' Python; this compiles them as a GPU would (PTX, then a cubin
+    # with the ptxas Triton ships), in a process without the interpreter, and checks shared memory.
+    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "EJK_TRITON_INTERPRET")}
+    env.update(JAX_PLATFORMS="cpu", TRITON_CACHE_DIR=str(tmp_path / "triton-cache"))
+    result = subprocess.run([sys.executable, "-c", _AOT_SCRIPT], capture_output=True, text=True, env=env,
+                            timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    for variant, kernels in report.items():
+        assert set(kernels) == {"forward", "preprocess", "dkdv", "dq"}, variant
+        for name, info in kernels.items():
+            assert 0 < info["shared"] <= 227 * 1024, f"{variant} {name}: {info}"
 
 
 # ----------------------------------------------------------------------------------------------

@@ -443,21 +443,22 @@ def _smem_bytes(cfg: FlashAttentionConfig, head_dim: int, v_dim: int, itemsize: 
 
 
 # (block_m, block_n, num_warps, num_stages) forward x (bwd_block_m, bwd_block_n, warps, stages) backward.
+# Each line compiles for sm_90 without register spills (ptxas, triton 3.6) and fits the shared memory.
 _GPU_CANDIDATES: dict[int, tuple[tuple[tuple[int, int, int, int], tuple[int, int, int, int]], ...]] = {
-    64: (((128, 64, 4, 3), (32, 128, 4, 3)), ((128, 64, 4, 3), (32, 128, 4, 5)), ((128, 128, 8, 3), (64, 128, 8, 2)),
-         ((128, 64, 8, 3), (32, 64, 4, 3)), ((64, 64, 4, 3), (32, 128, 8, 3)), ((128, 32, 4, 4), (16, 128, 4, 3))),
-    # The backward's dk/dv accumulators ([128, 128] float32 each) want 8 warps at D = 128;
-    # Triton's tutorial runs the same tiles with 4 warps and 5 stages (second line).
-    128: (((128, 64, 8, 3), (32, 128, 8, 3)), ((128, 64, 4, 3), (32, 128, 4, 5)), ((128, 128, 8, 2), (64, 128, 8, 2)),
-          ((128, 128, 8, 3), (32, 64, 4, 3)), ((64, 64, 4, 3), (16, 128, 4, 3)), ((128, 32, 4, 3), (32, 128, 8, 2))),
-    256: (((64, 64, 4, 2), (16, 64, 8, 2)), ((64, 32, 4, 3), (32, 64, 8, 1)), ((128, 32, 8, 2), (16, 64, 4, 2)),
-          ((64, 64, 8, 2), (32, 32, 4, 2))),
+    64: (((128, 64, 4, 3), (32, 128, 4, 3)), ((128, 128, 8, 3), (64, 128, 8, 2)), ((128, 64, 8, 3), (32, 64, 4, 3)),
+         ((64, 64, 4, 3), (32, 128, 8, 3)), ((128, 32, 4, 4), (16, 128, 4, 3)), ((128, 128, 4, 2), (32, 128, 4, 4))),
+    # The backward's dk/dv accumulators ([128, 128] float32 each) need 8 warps at D = 128 to stay in registers.
+    128: (((128, 64, 8, 3), (32, 128, 8, 3)), ((128, 128, 8, 2), (64, 128, 8, 2)), ((128, 128, 8, 3), (32, 64, 4, 3)),
+          ((128, 32, 4, 3), (32, 128, 8, 2)), ((64, 64, 4, 3), (16, 128, 8, 3)), ((128, 64, 8, 2), (64, 64, 8, 2))),
+    256: (((64, 64, 8, 2), (16, 64, 8, 2)), ((64, 32, 4, 3), (16, 64, 8, 2)), ((128, 32, 8, 2), (16, 64, 8, 2)),
+          ((64, 64, 8, 1), (16, 64, 8, 2))),
 }
 
-# float32 tiles take twice the shared memory (and IEEE dots are slower): smaller tiles.
+# float32 tiles take twice the shared memory, and IEEE float32 dots run on FMA units with their
+# operands in registers (they spill at every size tried): small tiles, a correct but slow path.
 _GPU_CANDIDATES_F32: dict[int, tuple[tuple[tuple[int, int, int, int], tuple[int, int, int, int]], ...]] = {
-    64: (((64, 64, 4, 2), (32, 64, 4, 2)), ((64, 32, 4, 2), (16, 64, 4, 2)), ((128, 32, 8, 2), (32, 32, 4, 2))),
-    128: (((64, 32, 4, 2), (16, 64, 4, 2)), ((32, 32, 4, 2), (16, 32, 4, 2)), ((64, 64, 8, 2), (32, 64, 8, 1))),
+    64: (((64, 32, 4, 2), (16, 64, 4, 2)), ((128, 32, 8, 2), (32, 32, 4, 2)), ((64, 64, 4, 2), (32, 64, 4, 2))),
+    128: (((64, 32, 8, 2), (16, 64, 8, 2)), ((32, 32, 4, 2), (16, 32, 4, 2)), ((64, 64, 8, 2), (32, 64, 8, 1))),
 }
 
 
@@ -508,9 +509,9 @@ def heuristic_config(q: Any, k: Any, v: Any, *_: Any, **__: Any) -> FlashAttenti
     """A default by head dim: the FlashAttention-2 tiles usual on H100-class GPUs (not yet timed here).
 
     D <= 64: 128 x 64 forward tiles, 4 warps, 3 stages; D <= 128: 128 x 64, 8 warps, 3 stages;
-    D <= 256: 64 x 64, 4 warps, 2 stages (shared memory). Backward: 32-row x 128-key tiles for
+    D <= 256: 64 x 64, 8 warps, 2 stages (shared memory). Backward: 32-row x 128-key tiles for
     dk/dv (128 x 32 for dq; 8 warps at D = 128 for the float32 accumulators), 16 x 64 at
-    D = 256. float32 uses smaller tiles (64 x 64 at D <= 64, 64 x 32 at D <= 128). In the
+    D = 256. float32 uses 64 x 32 tiles. In the
     interpreter mode (CPU), 32 x 32 tiles keep the number of Python-level steps small.
     """
     del k

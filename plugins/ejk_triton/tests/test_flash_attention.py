@@ -254,17 +254,25 @@ def test_forward_backward_pieces_match_the_custom_vjp() -> None:
 
 @needs_kernels
 def test_jit_grad_vmap_compose() -> None:
-    case = Case(sq=16, sk=16, hq=2, hkv=1, causal=True, dtype="float16")
-    per = [make_inputs(case, seed) for seed in range(2)]
-    qs, ks, vs = (jnp.stack([p[n] for p in per]) for n in ("q", "k", "v"))
+    # vmap folds the mapped axis into the batch (one launch); unmapped segment ids are shared, the
+    # bias is mapped with a broadcast batch dim.
+    case = Case(b=2, sq=16, sk=24, hq=2, hkv=1, causal=True, seg=True, bias="1H1K", dtype="float16")
+    per = [make_inputs(case, seed) for seed in range(3)]
+    qs, ks, vs, biases = (jnp.stack([p[n] for p in per]) for n in ("q", "k", "v", "bias"))
+    seg_q, seg_kv = per[0]["q_segment_ids"], per[0]["kv_segment_ids"]
 
-    def loss(fn: Any, q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
-        return jnp.sum(jnp.sin(jax.vmap(fn)(q, k, v).astype(jnp.float32)))
+    def loss(fn: Any, q: jax.Array, k: jax.Array, v: jax.Array, bias: jax.Array) -> jax.Array:
+        mapped = jax.vmap(lambda q, k, v, b: fn(q, k, v, q_segment_ids=seg_q, kv_segment_ids=seg_kv, bias=b))
+        return jnp.sum(jnp.sin(mapped(q, k, v, bias).astype(jnp.float32)))
 
-    got = fast_jit(jax.grad(functools.partial(loss, kernel_fn(case)), argnums=(0, 1, 2)))(qs, ks, vs)
-    want = fast_jit(jax.grad(functools.partial(loss, reference_fn(case)), argnums=(0, 1, 2)))(qs, ks, vs)
-    for g, w, name in zip(got, want, "qkv", strict=True):
+    got = fast_jit(jax.grad(functools.partial(loss, kernel_fn(case)), argnums=(0, 1, 2, 3)))(qs, ks, vs, biases)
+    want = fast_jit(jax.grad(functools.partial(loss, reference_fn(case)), argnums=(0, 1, 2, 3)))(qs, ks, vs, biases)
+    for g, w, name in zip(got, want, "qkvb", strict=True):
         assert_close(g, w, "float16", what=f"vmap grad d{name}")
+    # vmap over q only (k, v shared), outside jit.
+    out = jax.vmap(kernel_fn(case), in_axes=(0, None, None))(qs, per[0]["k"], per[0]["v"])
+    ref = jax.vmap(reference_fn(case), in_axes=(0, None, None))(qs, per[0]["k"], per[0]["v"])
+    assert_close(out, ref, "float16", what="vmap in_axes None")
 
 
 def test_empty_sequences_give_empty_or_zero_output() -> None:

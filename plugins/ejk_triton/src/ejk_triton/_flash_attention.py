@@ -17,10 +17,13 @@ The pieces the core needs to build the custom VJP itself are :func:`forward`,
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from typing import Any
 
 import attrs
 import jax
+import jax.custom_batching
 import jax.numpy as jnp
 
 from ejk_triton import _env
@@ -157,6 +160,96 @@ def _resolve(cfg: FlashAttentionConfig | None, q: Any, k: Any, v: Any) -> FlashA
 # ----------------------------------------------------------------------------------------------
 
 
+def _forward_kernels(cfg: FlashAttentionConfig, static: dict[str, Any], q: jax.Array, k: jax.Array, v: jax.Array,
+                     q_segment_ids: jax.Array | None, kv_segment_ids: jax.Array | None,
+                     bias: jax.Array | None) -> tuple[jax.Array, jax.Array]:
+    """Launch the forward kernel: ``(out, lse)``."""
+    batch, q_len, q_heads, _ = q.shape
+    has_seg = q_segment_ids is not None and kv_segment_ids is not None
+    q_seg, kv_seg, bias_arg = _optional_inputs(q, q_segment_ids, kv_segment_ids, bias)
+    consts = _constexprs(q, k, v, bias, has_seg, **static)
+    block_m, block_n = _fit(cfg.block_m, q_len), _fit(cfg.block_n, k.shape[1])
+    out, lse = launch(
+        kernels().flash_fwd_kernel,
+        grid=(_cdiv(q_len, block_m), batch * q_heads),
+        inputs=(q, k, v, q_seg, kv_seg, bias_arg),
+        out_shapes=(jax.ShapeDtypeStruct((batch, q_len, q_heads, v.shape[3]), q.dtype),
+                    jax.ShapeDtypeStruct((batch, q_heads, q_len), jnp.float32)),
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, BLOCK_M=block_m, BLOCK_N=block_n, **consts,
+    )
+    return out, lse
+
+
+def _backward_kernels(cfg: FlashAttentionConfig, static: dict[str, Any], q: jax.Array, k: jax.Array,
+                      v: jax.Array, q_segment_ids: jax.Array | None, kv_segment_ids: jax.Array | None,
+                      bias: jax.Array | None, out: jax.Array, lse: jax.Array,
+                      d_out: jax.Array) -> tuple[jax.Array, ...]:
+    """Launch the three backward kernels: ``(dq, dk, dv, d_logits)`` (``d_logits`` ``[1]`` without a bias)."""
+    batch, q_len, q_heads, _ = q.shape
+    kv_len, kv_heads = k.shape[1], k.shape[2]
+    has_seg = q_segment_ids is not None and kv_segment_ids is not None
+    q_seg, kv_seg, bias_arg = _optional_inputs(q, q_segment_ids, kv_segment_ids, bias)
+    consts = _constexprs(q, k, v, bias, has_seg, **static)
+    mod = kernels()
+    pre_m = _fit(64, q_len)
+    (delta,) = launch(
+        mod.flash_bwd_preprocess_kernel, grid=(_cdiv(q_len, pre_m), batch * q_heads), inputs=(out, d_out),
+        out_shapes=(jax.ShapeDtypeStruct((batch, q_heads, q_len), jnp.float32),), num_warps=4, num_stages=1,
+        SQ=q_len, HQ=q_heads, DV=consts["DV"], HEAD_DIM_V=consts["HEAD_DIM_V"], BLOCK_M=pre_m,
+    )
+    common = (q, k, v, q_seg, kv_seg, bias_arg, d_out, lse, delta)
+    warps, stages = cfg.bwd_num_warps, cfg.bwd_num_stages
+    dkdv_m, dkdv_n = _fit(cfg.bwd_block_m, q_len), _fit(cfg.bwd_block_n, kv_len)
+    dk, dv = launch(
+        mod.flash_bwd_dkdv_kernel, grid=(_cdiv(kv_len, dkdv_n), batch * kv_heads), inputs=common,
+        out_shapes=(jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)),
+        num_warps=warps, num_stages=stages, BLOCK_M=dkdv_m, BLOCK_N=dkdv_n, **consts,
+    )
+    dq_m, dq_n = _fit(cfg.bwd_block_n, q_len), _fit(cfg.bwd_block_m, kv_len)
+    dbias_shape = (batch, q_heads, q_len, kv_len) if bias is not None else (1,)
+    dq, ds = launch(
+        mod.flash_bwd_dq_kernel, grid=(_cdiv(q_len, dq_m), batch * q_heads), inputs=common,
+        out_shapes=(jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct(dbias_shape, jnp.float32)),
+        num_warps=warps, num_stages=stages, zeroed_outputs=(1,) if bias is not None else (),
+        BLOCK_M=dq_m, BLOCK_N=dq_n, **consts,
+    )
+    return dq, dk, dv, ds
+
+
+def _fold_vmap(fn: Callable[..., tuple[jax.Array, ...]]) -> Callable[..., tuple[jax.Array, ...]]:
+    """``fn`` (arrays with a leading batch dim, or ``None``) with a vmap rule that folds the mapped axis into the batch.
+
+    jax-triton's call does not batch, and one launch over ``V · B`` sequences beats ``V`` launches.
+    Unmapped arguments are broadcast along the mapped axis, except a bias broadcast over the batch
+    (leading dim 1), which stays broadcast; a mapped bias of batch 1 is broadcast to the batch.
+    Outputs that are not batch-shaped (the ``[1]`` placeholder) are broadcast back.
+    """
+    wrapped = jax.custom_batching.custom_vmap(fn)
+
+    @wrapped.def_vmap
+    def rule(axis_size: int, in_batched: Any, *args: Any) -> tuple[tuple[jax.Array, ...], tuple[bool, ...]]:
+        batch = args[0].shape[1] if in_batched[0] else args[0].shape[0]
+        merged: list[Any] = []
+        for x, mapped in zip(args, in_batched, strict=True):
+            if x is None:
+                merged.append(None)
+                continue
+            if not mapped:
+                if x.shape[0] == 1 and batch != 1:  # broadcast over the batch: valid for the merged batch too
+                    merged.append(x)
+                    continue
+                x = jnp.broadcast_to(x, (axis_size, *x.shape))
+            elif x.shape[1] == 1 and batch != 1:
+                x = jnp.broadcast_to(x, (axis_size, batch, *x.shape[2:]))
+            merged.append(x.reshape(axis_size * x.shape[1], *x.shape[2:]))
+        outs = wrapped(*merged)
+        result = tuple(o.reshape(axis_size, batch, *o.shape[1:]) if o.shape[0] == axis_size * batch
+                       else jnp.broadcast_to(o, (axis_size, *o.shape)) for o in outs)
+        return result, tuple(True for _ in result)
+
+    return wrapped  # type: ignore[no-any-return]
+
+
 def forward_with_residuals(
     q: jax.Array,
     k: jax.Array,
@@ -181,22 +274,11 @@ def forward_with_residuals(
         log-sum-exp ``[B, Hq, Sq]`` float32 (``+inf`` for rows that see no key).
     """
     cfg = _resolve(cfg, q, k, v)
-    batch, q_len, q_heads, _ = q.shape
-    v_dim = v.shape[3]
     has_seg = q_segment_ids is not None and kv_segment_ids is not None
-    q_seg, kv_seg, bias_arg = _optional_inputs(q, q_segment_ids, kv_segment_ids, bias)
-    consts = _constexprs(q, k, v, bias, has_seg, causal=causal, softmax_scale=softmax_scale,
-                         sliding_window=sliding_window, logits_soft_cap=logits_soft_cap)
-    block_m, block_n = _fit(cfg.block_m, q_len), _fit(cfg.block_n, k.shape[1])
-    out, lse = launch(
-        kernels().flash_fwd_kernel,
-        grid=(_cdiv(q_len, block_m), batch * q_heads),
-        inputs=(q, k, v, q_seg, kv_seg, bias_arg),
-        out_shapes=(jax.ShapeDtypeStruct((batch, q_len, q_heads, v_dim), q.dtype),
-                    jax.ShapeDtypeStruct((batch, q_heads, q_len), jnp.float32)),
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages, BLOCK_M=block_m, BLOCK_N=block_n, **consts,
-    )
+    static = dict(causal=causal, softmax_scale=softmax_scale, sliding_window=sliding_window,
+                  logits_soft_cap=logits_soft_cap)
     seg = (q_segment_ids, kv_segment_ids) if has_seg else (None, None)
+    out, lse = _fold_vmap(functools.partial(_forward_kernels, cfg, static))(q, k, v, *seg, bias)
     return out, (q, k, v, *seg, bias, out, lse)
 
 
@@ -241,36 +323,10 @@ def backward(
     """
     q, k, v, q_segment_ids, kv_segment_ids, bias, out, lse = residuals
     cfg = _resolve(cfg, q, k, v)
-    batch, q_len, q_heads, _ = q.shape
-    kv_len, kv_heads = k.shape[1], k.shape[2]
-    has_seg = q_segment_ids is not None and kv_segment_ids is not None
-    q_seg, kv_seg, bias_arg = _optional_inputs(q, q_segment_ids, kv_segment_ids, bias)
-    consts = _constexprs(q, k, v, bias, has_seg, causal=causal, softmax_scale=softmax_scale,
-                         sliding_window=sliding_window, logits_soft_cap=logits_soft_cap)
-    d_out = d_out.astype(q.dtype)
-    mod = kernels()
-    pre_m = _fit(64, q_len)
-    (delta,) = launch(
-        mod.flash_bwd_preprocess_kernel, grid=(_cdiv(q_len, pre_m), batch * q_heads), inputs=(out, d_out),
-        out_shapes=(jax.ShapeDtypeStruct((batch, q_heads, q_len), jnp.float32),), num_warps=4, num_stages=1,
-        SQ=q_len, HQ=q_heads, DV=consts["DV"], HEAD_DIM_V=consts["HEAD_DIM_V"], BLOCK_M=pre_m,
-    )
-    common = (q, k, v, q_seg, kv_seg, bias_arg, d_out, lse, delta)
-    warps, stages = cfg.bwd_num_warps, cfg.bwd_num_stages
-    dkdv_m, dkdv_n = _fit(cfg.bwd_block_m, q_len), _fit(cfg.bwd_block_n, kv_len)
-    dk, dv = launch(
-        mod.flash_bwd_dkdv_kernel, grid=(_cdiv(kv_len, dkdv_n), batch * kv_heads), inputs=common,
-        out_shapes=(jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)),
-        num_warps=warps, num_stages=stages, BLOCK_M=dkdv_m, BLOCK_N=dkdv_n, **consts,
-    )
-    dq_m, dq_n = _fit(cfg.bwd_block_n, q_len), _fit(cfg.bwd_block_m, kv_len)
-    dbias_shape = (batch, q_heads, q_len, kv_len) if bias is not None else (1,)
-    dq, ds = launch(
-        mod.flash_bwd_dq_kernel, grid=(_cdiv(q_len, dq_m), batch * q_heads), inputs=common,
-        out_shapes=(jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct(dbias_shape, jnp.float32)),
-        num_warps=warps, num_stages=stages, zeroed_outputs=(1,) if bias is not None else (),
-        BLOCK_M=dq_m, BLOCK_N=dq_n, **consts,
-    )
+    static = dict(causal=causal, softmax_scale=softmax_scale, sliding_window=sliding_window,
+                  logits_soft_cap=logits_soft_cap)
+    run = _fold_vmap(functools.partial(_backward_kernels, cfg, static))
+    dq, dk, dv, ds = run(q, k, v, q_segment_ids, kv_segment_ids, bias, out, lse, d_out.astype(q.dtype))
     dbias = None
     if bias is not None:
         axes = tuple(a for a in range(4) if bias.shape[a] == 1 and ds.shape[a] != 1)

@@ -171,6 +171,7 @@ def _fwd_inner(acc, l_i, m_i, q, q_seg, rows, k_base, v_base, kseg_base, bias_ba
     offs_d = tl.arange(0, HEAD_DIM)
     offs_dv = tl.arange(0, HEAD_DIM_V)
     for start_n in range(lo, hi, BLOCK_N):
+        start_n = tl.multiple_of(start_n, BLOCK_N)  # loop bounds are block-aligned
         cols = start_n + offs_n
         kt = _load(k_base + cols[None, :] * K_STRIDE + offs_d[:, None], cols[None, :] < SK, offs_d[:, None] < D,
                    MASKED, HEAD_DIM != D, 0.0)
@@ -293,6 +294,7 @@ def _dkdv_inner(dk, dv, k, v, kseg, cols, q_base, do_base, lse_base, delta_base,
     offs_d = tl.arange(0, HEAD_DIM)
     offs_dv = tl.arange(0, HEAD_DIM_V)
     for start_m in range(lo, hi, BLOCK_M):
+        start_m = tl.multiple_of(start_m, BLOCK_M)  # loop bounds are block-aligned
         rows = start_m + offs_m
         q = _load(q_base + rows[:, None] * Q_STRIDE + offs_d[None, :], rows[:, None] < SQ, offs_d[None, :] < D,
                   MASKED, HEAD_DIM != D, 0.0)
@@ -402,6 +404,7 @@ def _dq_inner(dq, q, do, lse, delta, q_seg, rows, k_base, v_base, kseg_base, bia
     offs_d = tl.arange(0, HEAD_DIM)
     offs_dv = tl.arange(0, HEAD_DIM_V)
     for start_n in range(lo, hi, BLOCK_N):
+        start_n = tl.multiple_of(start_n, BLOCK_N)  # loop bounds are block-aligned
         cols = start_n + offs_n
         kt = _load(k_base + cols[None, :] * K_STRIDE + offs_d[:, None], cols[None, :] < SK, offs_d[:, None] < D,
                    MASKED, HEAD_DIM != D, 0.0)

@@ -462,8 +462,9 @@ def test_gpu_config_space_compiles_and_matches() -> None:
 @pytest.mark.gpu
 @pytest.mark.skipif(not ON_GPU, reason="needs an NVIDIA GPU")
 def test_gpu_public_op_conformance() -> None:
-    assert check_flash_attention("triton", dtypes=(jnp.bfloat16, jnp.float16, jnp.float32)) == 3 * len(
-        FLASH_ATTENTION_CASES)
+    assert check_flash_attention("triton", dtypes=(jnp.bfloat16, jnp.float16)) == 2 * len(FLASH_ATTENTION_CASES)
+    f32_cases = [c for c in FLASH_ATTENTION_CASES if c["shape"][-1] <= 128]  # the gate: float32 up to D = 128
+    assert check_flash_attention("triton", dtypes=(jnp.float32,), cases=f32_cases) == len(f32_cases)
+    assert ejk.kernel_registry.platform_available("triton") == (True, None)
     q = jnp.ones((1, 128, 4, 64), jnp.bfloat16)
-    assert ejk.kernel_registry.get_spec("flash_attention", platform="auto").platform == "triton"
-    assert ejk.flash_attention(q, q, q, causal=True).shape == q.shape
+    assert ejk.flash_attention(q, q, q, causal=True, platform="triton").shape == q.shape

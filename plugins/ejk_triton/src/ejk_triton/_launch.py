@@ -160,7 +160,13 @@ def launch(
     """
     if _env.interpret_mode():
         return _interpret(kernel, grid, inputs, out_shapes, constexprs)
-    import jax_triton as jt
+    try:
+        import jax_triton as jt
+    except ImportError as exc:  # the platform reports itself unavailable; a forced platform lands here
+        raise RuntimeError(
+            f"ejk-triton needs jax-triton to launch kernels on a GPU ({exc}); pip install jax-triton "
+            f"(0.3.1 with triton 3.6, 0.4.x with triton >= 3.7), or set {_env.INTERPRET_ENV}=1 for the interpreter"
+        ) from exc
 
     outs = jt.triton_call(
         *inputs, kernel=kernel, out_shape=list(out_shapes), grid=grid, num_warps=num_warps,

@@ -179,6 +179,32 @@ def test_matches_reference(case: Case) -> None:
     check_case(case)
 
 
+def _random_cases(n: int, seed: int) -> list[Case]:
+    """Mixed masks, lengths, GQA ratios and tile sizes (biases whose gradient is not identically zero)."""
+    rng = np.random.default_rng(seed)
+    heads = [(1, 1), (2, 1), (4, 2), (4, 1), (2, 2)]
+    windows = [None, None, 3, (0, 6), (9, 1), (0, 0), (17, 40), (5, 0)]
+    biases = [None, None, "BHQK", "1HQK", "B11K", "B1QK", "11QK"]
+    cases = []
+    for _ in range(n):
+        hq, hkv = heads[rng.integers(len(heads))]
+        cases.append(Case(
+            b=int(rng.integers(1, 3)), sq=int(rng.choice([1, 5, 16, 29, 48, 70])),
+            sk=int(rng.choice([1, 7, 16, 33, 48, 65])), hq=hq, hkv=hkv, d=int(rng.choice([16, 32, 64])),
+            causal=bool(rng.integers(2)), window=windows[rng.integers(len(windows))],
+            cap=[None, 2.0][rng.integers(2)], seg=bool(rng.integers(2)), bias=biases[rng.integers(len(biases))],
+            dtype=str(rng.choice(["float32", "float16", "bfloat16"])),
+            blocks=tuple(int(x) for x in rng.choice([16, 32], 4)),  # type: ignore[arg-type]
+        ))
+    return cases
+
+
+@needs_kernels
+@pytest.mark.parametrize("case", _random_cases(8, seed=2026), ids=str)
+def test_random_cases(case: Case) -> None:
+    check_case(case, seed=3)
+
+
 @needs_kernels
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 def test_fully_masked_rows_are_zero_with_zero_gradients(dtype: str) -> None:

@@ -445,6 +445,23 @@ def test_config_space_and_heuristic_on_gpu_shapes(monkeypatch: pytest.MonkeyPatc
     assert (big.block_m, big.block_n, big.num_warps, big.num_stages) == (128, 64, 8, 3)
 
 
+def test_configs_fit_the_gpu_shared_memory(monkeypatch: pytest.MonkeyPatch) -> None:
+    from ejk_triton import _flash_attention as fa
+
+    monkeypatch.setattr(_env, "interpret_mode", lambda: False)
+    q = _sds((4, 4096, 16, 128))
+    bias = _sds((1, 16, 4096, 4096), jnp.float32)
+    for limit_kib in (227, 163, 99):
+        monkeypatch.setattr(fa, "_smem_limit", lambda limit_kib=limit_kib: limit_kib * 1024)
+        for extra in ((), (None, None, bias)):
+            space = config_space(q, q, q, *extra)
+            assert space and space[0] == heuristic_config(q, q, q, *extra)
+            itemsize = 4 if extra else 0
+            assert all(fa._smem_bytes(c, 128, 128, 2, itemsize) <= limit_kib * 1024 for c in space), (limit_kib, extra)
+    monkeypatch.setattr(fa, "_smem_limit", lambda: 227 * 1024)
+    assert len(config_space(q, q, q, None, None, bias)) < len(config_space(q, q, q))  # bias tiles prune some
+
+
 def test_interpreter_heuristic_uses_small_tiles(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("EJK_TRITON_INTERPRET", "1")
     if ON_GPU:

@@ -40,8 +40,10 @@ __all__ = [
     "heuristic_config",
 ]
 
-#: Shared memory per block on an H100 (bytes); configs whose tiles need more are not proposed.
-_SMEM_LIMIT = 227 * 1024
+#: Shared memory a block may use (KiB) by compute capability (the driver's opt-in maximum);
+#: configs whose tiles need more are not proposed. Others: 99 KiB.
+_SMEM_KIB = {(8, 0): 163, (8, 7): 163, (9, 0): 227, (10, 0): 227, (10, 3): 227}
+_HOPPER_SMEM = 227 * 1024
 _MAX_HEAD_DIM = 256
 _MAX_GRID_Y = 65535
 
@@ -151,8 +153,8 @@ def _optional_inputs(q: jax.Array, q_seg: Any, kv_seg: Any, bias: Any) -> tuple[
     return q_seg, kv_seg, q if bias is None else bias
 
 
-def _resolve(cfg: FlashAttentionConfig | None, q: Any, k: Any, v: Any) -> FlashAttentionConfig:
-    return heuristic_config(q, k, v) if cfg is None else cfg
+def _resolve(cfg: FlashAttentionConfig | None, q: Any, k: Any, v: Any, bias: Any) -> FlashAttentionConfig:
+    return heuristic_config(q, k, v, None, None, bias) if cfg is None else cfg
 
 
 # ----------------------------------------------------------------------------------------------
@@ -273,7 +275,7 @@ def forward_with_residuals(
         ``(q, k, v, q_segment_ids, kv_segment_ids, bias, out, lse)`` with ``lse`` the base-2
         log-sum-exp ``[B, Hq, Sq]`` float32 (``+inf`` for rows that see no key).
     """
-    cfg = _resolve(cfg, q, k, v)
+    cfg = _resolve(cfg, q, k, v, bias)
     has_seg = q_segment_ids is not None and kv_segment_ids is not None
     static = dict(causal=causal, softmax_scale=softmax_scale, sliding_window=sliding_window,
                   logits_soft_cap=logits_soft_cap)
@@ -322,7 +324,7 @@ def backward(
         q, k, v, q_segment_ids, kv_segment_ids, bias (``dbias`` is ``None`` without a bias).
     """
     q, k, v, q_segment_ids, kv_segment_ids, bias, out, lse = residuals
-    cfg = _resolve(cfg, q, k, v)
+    cfg = _resolve(cfg, q, k, v, bias)
     static = dict(causal=causal, softmax_scale=softmax_scale, sliding_window=sliding_window,
                   logits_soft_cap=logits_soft_cap)
     run = _fold_vmap(functools.partial(_backward_kernels, cfg, static))
@@ -418,7 +420,7 @@ def flash_attention(
     st = _Static(
         causal=bool(causal), scale=float(softmax_scale),
         window=None if sliding_window is None else (int(sliding_window[0]), int(sliding_window[1])),
-        cap=None if logits_soft_cap is None else float(logits_soft_cap), cfg=_resolve(cfg, q, k, v),
+        cap=None if logits_soft_cap is None else float(logits_soft_cap), cfg=_resolve(cfg, q, k, v, bias),
     )
     if q_segment_ids is None or kv_segment_ids is None:
         q_segment_ids = kv_segment_ids = None
@@ -489,25 +491,60 @@ def _compute_capability_reason() -> str | None:
     return None if major >= 8 else f"needs an NVIDIA GPU of compute capability 8.0 or newer (found {raw})"
 
 
-def _smem_bytes(cfg: FlashAttentionConfig, head_dim: int, v_dim: int, itemsize: int = 2) -> int:
-    """Largest shared-memory footprint (bytes) of the three main kernels' pipelined tiles."""
+def _smem_limit() -> int:
+    """Shared memory per block (bytes) on this machine's GPU; Hopper's when there is none (AOT, CPU)."""
+    on_gpu, _ = _env.nvidia_gpu()
+    if not on_gpu:
+        return _HOPPER_SMEM
+    raw = str(getattr(jax.devices()[0], "compute_capability", "") or "")
+    try:
+        major, minor = (int(x) for x in raw.split(".")[:2])
+    except ValueError:
+        return _HOPPER_SMEM
+    return _SMEM_KIB.get((major, minor), 99) * 1024
+
+
+def _smem_bytes(cfg: FlashAttentionConfig, head_dim: int, v_dim: int, itemsize: int = 2,
+                bias_itemsize: int = 0) -> int:
+    """Largest shared-memory footprint (bytes) of the three main kernels' pipelined tiles.
+
+    Matches what triton 3.6 reports for sm_90 on the tables below (within 1 KiB; the bias
+    term, ``stages`` bias tiles, over-counts the forward's by one tile).
+    """
     d = _head_dim(head_dim) + _head_dim(v_dim)
     fwd = (cfg.block_m * _head_dim(head_dim) + cfg.num_stages * cfg.block_n * d) * itemsize
-    dkdv = (cfg.bwd_block_n * d + cfg.bwd_num_stages * cfg.bwd_block_m * d) * itemsize
-    dq = (cfg.bwd_block_n * d + cfg.bwd_num_stages * cfg.bwd_block_m * d) * itemsize
-    return max(fwd, dkdv, dq)
+    fwd += cfg.num_stages * cfg.block_m * cfg.block_n * bias_itemsize
+    bwd = (cfg.bwd_block_n * d + cfg.bwd_num_stages * cfg.bwd_block_m * d) * itemsize
+    bwd += cfg.bwd_num_stages * cfg.bwd_block_m * cfg.bwd_block_n * bias_itemsize
+    return max(fwd, bwd)
+
+
+def _fitting(q: Any, v: Any, bias: Any) -> list[FlashAttentionConfig]:
+    """The candidate configs whose tiles fit this GPU's shared memory, in table order."""
+    d, dv = int(q.shape[3]), int(v.shape[3])
+    itemsize = jnp.dtype(q.dtype).itemsize
+    bias_itemsize = 0 if bias is None else jnp.dtype(bias.dtype).itemsize
+    limit = _smem_limit()
+    configs = [_make(fwd, bwd) for fwd, bwd in _candidates(q, v)]
+    fitting = [c for c in configs if _smem_bytes(c, d, dv, itemsize, bias_itemsize) <= limit]
+    if fitting:
+        return list(dict.fromkeys(fitting))
+    return [min(configs, key=lambda c: _smem_bytes(c, d, dv, itemsize, bias_itemsize))]
 
 
 # (block_m, block_n, num_warps, num_stages) forward x (bwd_block_m, bwd_block_n, warps, stages) backward.
-# Each line compiles for sm_90 without register spills (ptxas, triton 3.6) and fits the shared memory.
+# Each line compiles for sm_90 without register spills (ptxas, triton 3.6) and fits the shared memory;
+# the last of each is the small fallback for GPUs with 99 KiB per block (it spills a little at D = 256).
 _GPU_CANDIDATES: dict[int, tuple[tuple[tuple[int, int, int, int], tuple[int, int, int, int]], ...]] = {
     64: (((128, 64, 4, 3), (32, 128, 4, 3)), ((128, 128, 8, 3), (64, 128, 8, 2)), ((128, 64, 8, 3), (32, 64, 4, 3)),
-         ((64, 64, 4, 3), (32, 128, 8, 3)), ((128, 32, 4, 4), (16, 128, 4, 3)), ((128, 128, 4, 2), (32, 128, 4, 4))),
+         ((64, 64, 4, 3), (32, 128, 8, 3)), ((128, 32, 4, 4), (16, 128, 4, 3)), ((128, 128, 4, 2), (32, 128, 4, 4)),
+         ((64, 32, 4, 2), (16, 64, 4, 2))),
     # The backward's dk/dv accumulators ([128, 128] float32 each) need 8 warps at D = 128 to stay in registers.
     128: (((128, 64, 8, 3), (32, 128, 8, 3)), ((128, 128, 8, 2), (64, 128, 8, 2)), ((128, 128, 8, 3), (32, 64, 4, 3)),
-          ((128, 32, 4, 3), (32, 128, 8, 2)), ((64, 64, 4, 3), (16, 128, 8, 3)), ((128, 64, 8, 2), (64, 64, 8, 2))),
+          ((128, 32, 4, 3), (32, 128, 8, 2)), ((64, 64, 4, 3), (16, 128, 8, 3)), ((128, 64, 8, 2), (64, 64, 8, 2)),
+          ((64, 32, 4, 2), (16, 64, 4, 2))),
     256: (((64, 64, 8, 2), (16, 64, 8, 2)), ((64, 32, 4, 3), (16, 64, 8, 2)), ((128, 32, 8, 2), (16, 64, 8, 2)),
-          ((64, 64, 8, 1), (16, 64, 8, 2))),
+          ((64, 64, 8, 1), (16, 64, 8, 2)), ((64, 32, 4, 1), (16, 64, 8, 1))),
 }
 
 # float32 tiles take twice the shared memory, and IEEE float32 dots run on FMA units with their
@@ -535,14 +572,15 @@ def _make(fwd: tuple[int, int, int, int], bwd: tuple[int, int, int, int]) -> Fla
                                 bwd_block_m=bwd[0], bwd_block_n=bwd[1], bwd_num_warps=bwd[2], bwd_num_stages=bwd[3])
 
 
-def config_space(q: Any, k: Any, v: Any, *_: Any, **__: Any) -> list[FlashAttentionConfig]:
-    """Autotuning candidates for Hopper-class GPUs, pruned by a shared-memory estimate.
+def config_space(q: Any, k: Any, v: Any, *rest: Any, **__: Any) -> list[FlashAttentionConfig]:
+    """Autotuning candidates (tables for Hopper-class GPUs), pruned by a shared-memory estimate.
 
     Args:
         q: ``[B, Sq, Hq, D]`` (anything with ``.shape`` and ``.dtype``).
         k: ``[B, Sk, Hkv, D]``.
         v: ``[B, Sk, Hkv, Dv]``.
-        *_: Further abstract arguments of the op (segment ids, bias), ignored.
+        *rest: Further abstract arguments of the op: ``q_segment_ids, kv_segment_ids, bias``
+            (the bias's tiles count against shared memory).
         **__: Static arguments of the op, ignored.
 
     Returns:
@@ -551,27 +589,22 @@ def config_space(q: Any, k: Any, v: Any, *_: Any, **__: Any) -> list[FlashAttent
     del k
     if _env.interpret_mode() and not _env.nvidia_gpu()[0]:
         return [heuristic_config(q, q, v)]
-    d, dv = int(q.shape[3]), int(v.shape[3])
-    itemsize = jnp.dtype(q.dtype).itemsize
-    space: dict[FlashAttentionConfig, None] = {}
-    for fwd, bwd in _candidates(q, v):
-        cfg = _make(fwd, bwd)
-        if _smem_bytes(cfg, d, dv, itemsize) <= _SMEM_LIMIT:
-            space.setdefault(cfg, None)
-    return list(space)
+    return _fitting(q, v, rest[2] if len(rest) > 2 else None)
 
 
-def heuristic_config(q: Any, k: Any, v: Any, *_: Any, **__: Any) -> FlashAttentionConfig:
+def heuristic_config(q: Any, k: Any, v: Any, *rest: Any, **__: Any) -> FlashAttentionConfig:
     """A default by head dim: the FlashAttention-2 tiles usual on H100-class GPUs (not yet timed here).
 
     D <= 64: 128 x 64 forward tiles, 4 warps, 3 stages; D <= 128: 128 x 64, 8 warps, 3 stages;
     D <= 256: 64 x 64, 8 warps, 2 stages (shared memory). Backward: 32-row x 128-key tiles for
     dk/dv (128 x 32 for dq; 8 warps at D = 128 for the float32 accumulators), 16 x 64 at
-    D = 256. float32 uses 64 x 32 tiles. In the
-    interpreter mode (CPU), 32 x 32 tiles keep the number of Python-level steps small.
+    D = 256. float32 uses 64 x 32 tiles. The first of these that fits the GPU's shared memory
+    (with a bias's tiles counted) wins. In the interpreter mode (CPU), 32 x 32 tiles keep the
+    number of Python-level steps small.
+
+    Args: as for :func:`config_space`.
     """
     del k
     if _env.interpret_mode() and not _env.nvidia_gpu()[0]:
         return FlashAttentionConfig(block_m=32, block_n=32, bwd_block_m=16, bwd_block_n=32)
-    fwd, bwd = _candidates(q, v)[0]
-    return _make(fwd, bwd)
+    return _fitting(q, v, rest[2] if len(rest) > 2 else None)[0]

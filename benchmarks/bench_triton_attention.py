@@ -15,6 +15,7 @@ At Sq = Sk the causal masks of both agree (bottom-right = top-left alignment).
 Usage (on the GPU host, with jax-triton importable; see ../shared/gpu/README.md):
     python benchmarks/bench_triton_attention.py                     # three shapes, whole config space
     python benchmarks/bench_triton_attention.py --configs heuristic # one config per shape (faster)
+    python benchmarks/bench_triton_attention.py --d64               # also head_dim 64
     EJK_TRITON_INTERPRET=1 python benchmarks/bench_triton_attention.py --smoke   # CPU, interpreter
 
 Output: ``$OUT/triton_attention.md`` when ``OUT`` is set, else ``benchmarks/results/triton_attention.md``.
@@ -61,6 +62,10 @@ FULL_SHAPES = (
     Shape(batch=4, seq=4096, heads=16, dim=128, causal=False),
     Shape(batch=4, seq=4096, heads=16, dim=128, causal=True),
     Shape(batch=2, seq=8192, heads=16, dim=128, causal=True),
+)
+D64_SHAPES = (  # issue 8 also asks for head_dim 64: same FLOPs as the first two rows
+    Shape(batch=4, seq=4096, heads=32, dim=64, causal=False),
+    Shape(batch=4, seq=4096, heads=32, dim=64, causal=True),
 )
 SMOKE_SHAPES = (Shape(batch=1, seq=64, heads=2, dim=64, causal=False), Shape(batch=1, seq=64, heads=2, dim=64,
                                                                                 causal=True))
@@ -144,9 +149,10 @@ def main() -> None:
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--configs", choices=("all", "heuristic"), default="all",
                         help="the whole config space (best reported) or only the heuristic's config")
+    parser.add_argument("--d64", action="store_true", help="also head_dim 64 ([4,4096,32,64] full and causal)")
     args = _harness.parse(parser)
     on_gpu = jax.default_backend() == "gpu"
-    shapes = SMOKE_SHAPES if args.smoke else FULL_SHAPES
+    shapes = SMOKE_SHAPES if args.smoke else FULL_SHAPES + (D64_SHAPES if args.d64 else ())
     lines = _harness.header(
         "Attention throughput: ejk Triton flash attention vs cuDNN (jax.nn.dot_product_attention)", args,
         f"dtype {args.dtype}; FLOPs 4·B·H·S²·D (halved when causal), fwd+bwd = {BWD_FACTOR}x fwd; "

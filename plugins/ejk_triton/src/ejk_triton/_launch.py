@@ -10,6 +10,7 @@ calls, so torch is not needed.
 
 from __future__ import annotations
 
+import threading
 import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -22,6 +23,7 @@ from ejk_triton import _env
 __all__ = ["HostTensor", "kernels", "launch"]
 
 Grid = tuple[int, ...]
+_INTERPRETER_LOCK = threading.Lock()
 
 
 class _HostStorage:
@@ -124,7 +126,9 @@ def _interpret(kernel: Any, grid: Grid, inputs: Sequence[jax.Array], out_shapes:
     def host(*arrays: np.ndarray) -> tuple[np.ndarray, ...]:
         ins = [HostTensor(np.ascontiguousarray(a)) for a in arrays]
         outs = [np.zeros(s.shape, s.dtype) for s in out_shapes]
-        with warnings.catch_warnings():
+        # The interpreter keeps global state (the grid index) and XLA may run independent callbacks
+        # at once (the dk/dv and dq kernels): one interpreted launch at a time.
+        with _INTERPRETER_LOCK, warnings.catch_warnings():
             # Triton 3.6's interpreter turns runtime loop bounds (1-element arrays) into ints.
             warnings.filterwarnings("ignore", message="Conversion of an array with ndim > 0 to a scalar",
                                     category=DeprecationWarning)

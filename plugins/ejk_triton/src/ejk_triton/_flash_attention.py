@@ -7,7 +7,8 @@ head, looping over the q heads of its group: GQA without repeating k / v, no ato
 (one program per query block and q head; it also writes the logits gradient when there is a
 bias, summed over the bias's broadcast dims afterwards). Causal and sliding-window masks
 bound every loop, so fully masked blocks are never loaded, and only the edge blocks of a loop
-compute position masks. See ``_attention_kernels`` for the kernels.
+compute position masks. See ``_attention_kernels`` for the kernels. Under ``jax.vmap`` the
+mapped axis is folded into the batch (one launch; jax-triton's call itself does not batch).
 
 The pieces the core needs to build the custom VJP itself are :func:`forward`,
 :func:`forward_with_residuals` and :func:`backward`, plus :func:`config_space`,

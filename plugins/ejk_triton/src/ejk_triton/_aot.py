@@ -14,7 +14,7 @@ from typing import Any
 import jax.numpy as jnp
 
 from ejk_triton import _env
-from ejk_triton._flash_attention import FlashAttentionConfig, _constexprs, _fit, heuristic_config
+from ejk_triton._flash_attention import FlashAttentionConfig, _constexprs, _dbias_layout, _fit, heuristic_config
 
 __all__ = ["compile_flash_attention"]
 
@@ -97,6 +97,7 @@ def compile_flash_attention(
                          dict(consts, BLOCK_M=_fit(cfg.bwd_block_m, q_len), BLOCK_N=_fit(cfg.bwd_block_n, kv_len)),
                          cfg.bwd_num_warps, cfg.bwd_num_stages, arch),
         "dq": _compile(kernels.flash_bwd_dq_kernel, [*backward_inputs, _ptr(q.dtype), f32],
-                       dict(consts, BLOCK_M=_fit(cfg.bwd_block_n, q_len), BLOCK_N=_fit(cfg.bwd_block_m, kv_len)),
+                       dict(consts, BLOCK_M=_fit(cfg.bwd_block_n, q_len), BLOCK_N=_fit(cfg.bwd_block_m, kv_len),
+                            **_dbias_layout(q, bias)[1]),
                        cfg.bwd_num_warps, cfg.bwd_num_stages, arch),
     }

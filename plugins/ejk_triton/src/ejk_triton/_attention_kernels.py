@@ -393,10 +393,36 @@ def flash_bwd_dkdv_kernel(Q, K, V, QSeg, KSeg, Bias, DOut, Lse, Delta, DK, DVout
 
 
 @triton.jit
+def _store_dbias(dbias_base, ds, rows, cols, SQ: tl.constexpr, SK: tl.constexpr, DBIAS_SQ: tl.constexpr,
+                 DBIAS_SK: tl.constexpr, ATOMIC: tl.constexpr):
+    """Add the logits gradient of one block into the bias gradient (stride 0 along a broadcast dim).
+
+    Rows / keys the bias broadcasts over are summed in the block first; several programs (heads,
+    query blocks) or loop steps then meet on one element, hence the atomics. ``ds`` is 0 outside
+    the visible range, so the sums need no mask.
+    """
+    if DBIAS_SQ == 0:
+        if DBIAS_SK == 0:
+            tl.atomic_add(dbias_base, tl.sum(tl.sum(ds, 1), 0))
+        else:
+            tl.atomic_add(dbias_base + cols * DBIAS_SK, tl.sum(ds, 0), mask=cols < SK)
+    elif DBIAS_SK == 0:
+        tl.atomic_add(dbias_base + rows * DBIAS_SQ, tl.sum(ds, 1), mask=rows < SQ)
+    else:
+        ptrs = dbias_base + rows[:, None] * DBIAS_SQ + cols[None, :] * DBIAS_SK
+        mask = (rows[:, None] < SQ) & (cols[None, :] < SK)
+        if ATOMIC:
+            tl.atomic_add(ptrs, ds, mask=mask)
+        else:
+            tl.store(ptrs, ds, mask=mask)
+
+
+@triton.jit
 def _dq_inner(dq, q, do, lse, delta, q_seg, rows, k_base, v_base, kseg_base, bias_base, dbias_base, lo, hi,
               SCALE: tl.constexpr, CAP: tl.constexpr, SQ: tl.constexpr, SK: tl.constexpr,
               K_STRIDE: tl.constexpr, V_STRIDE: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
               HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr, BIAS_SQ: tl.constexpr, BIAS_SK: tl.constexpr,
+              DBIAS_SQ: tl.constexpr, DBIAS_SK: tl.constexpr, DBIAS_ATOMIC: tl.constexpr,
               CAUSAL: tl.constexpr, WINDOW: tl.constexpr, WIN_L: tl.constexpr, WIN_R: tl.constexpr,
               HAS_CAP: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_SEG: tl.constexpr, DOT_PREC: tl.constexpr,
                MASKED: tl.constexpr, BLOCK_N: tl.constexpr):
@@ -428,8 +454,7 @@ def _dq_inner(dq, q, do, lse, delta, q_seg, rows, k_base, v_base, kseg_base, bia
         dp = tl.dot(do, vt, input_precision=DOT_PREC)
         ds = p * (dp - delta[:, None])
         if HAS_BIAS:
-            tl.store(dbias_base + rows[:, None] * SK + cols[None, :], ds,
-                     mask=(rows[:, None] < SQ) & (cols[None, :] < SK))
+            _store_dbias(dbias_base, ds, rows, cols, SQ, SK, DBIAS_SQ, DBIAS_SK, DBIAS_ATOMIC)
         if HAS_CAP:
             ds = ds * (1.0 - t * t)
         dq = tl.dot(ds.to(kt.dtype), tl.trans(kt), dq, input_precision=DOT_PREC)
@@ -442,13 +467,16 @@ def flash_bwd_dq_kernel(Q, K, V, QSeg, KSeg, Bias, DOut, Lse, Delta, DQ, DBias,
                         HQ: tl.constexpr, GROUP: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
                         HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr,
                         BIAS_SB: tl.constexpr, BIAS_SH: tl.constexpr, BIAS_SQ: tl.constexpr, BIAS_SK: tl.constexpr,
+                        DBIAS_SB: tl.constexpr, DBIAS_SH: tl.constexpr, DBIAS_SQ: tl.constexpr,
+                        DBIAS_SK: tl.constexpr, DBIAS_ATOMIC: tl.constexpr,
                         CAUSAL: tl.constexpr, WINDOW: tl.constexpr, WIN_L: tl.constexpr, WIN_R: tl.constexpr,
                         HAS_CAP: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_SEG: tl.constexpr, DOT_PREC: tl.constexpr,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """One program: ``BLOCK_M`` query rows of one (batch, q head); also the logits gradient for the bias.
 
-    Grid ``(cdiv(Sq, BLOCK_M), B * Hq)``; ``DBias`` is ``[B, Hq, Sq, Sk]`` float32 (a placeholder
-    without bias), written where a key block is visited and left zero elsewhere.
+    Grid ``(cdiv(Sq, BLOCK_M), B * Hq)``; ``DBias`` is ``[B, Hb, Sqb, Skb]`` float32, zeroed (the
+    bias's own shape with its full batch; a placeholder without bias): heads, rows and keys the bias
+    broadcasts over are summed into it here, its batch by the caller.
     """
     HKV: tl.constexpr = HQ // GROUP
     pid_m = tl.program_id(0)
@@ -481,18 +509,21 @@ def flash_bwd_dq_kernel(Q, K, V, QSeg, KSeg, Bias, DOut, Lse, Delta, DQ, DBias,
     dbias_base = DBias
     if HAS_BIAS:
         bias_base = Bias + b * BIAS_SB + h.to(tl.int64) * BIAS_SH
-        dbias_base = DBias + off_bh.to(tl.int64) * (SQ * SK)
+        dbias_base = DBias + b * DBIAS_SB + h.to(tl.int64) * DBIAS_SH
 
     dq = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
     lo, mid_lo, mid_hi, hi = _kv_range(start_m, BLOCK_M, BLOCK_N, SQ, SK, CAUSAL, WINDOW, WIN_L, WIN_R)
     dq = _dq_inner(dq, q, do, lse, delta, q_seg, rows, k_base, v_base, kseg_base, bias_base, dbias_base, lo, mid_lo,
                    SCALE, CAP, SQ, SK, HKV * D, HKV * DV, D, DV, HEAD_DIM, HEAD_DIM_V, BIAS_SQ, BIAS_SK,
+                   DBIAS_SQ, DBIAS_SK, DBIAS_ATOMIC,
                    CAUSAL, WINDOW, WIN_L, WIN_R, HAS_CAP, HAS_BIAS, HAS_SEG, DOT_PREC, True, BLOCK_N)
     dq = _dq_inner(dq, q, do, lse, delta, q_seg, rows, k_base, v_base, kseg_base, bias_base, dbias_base, mid_lo,
                    mid_hi, SCALE, CAP, SQ, SK, HKV * D, HKV * DV, D, DV, HEAD_DIM, HEAD_DIM_V, BIAS_SQ, BIAS_SK,
+                   DBIAS_SQ, DBIAS_SK, DBIAS_ATOMIC,
                    CAUSAL, WINDOW, WIN_L, WIN_R, HAS_CAP, HAS_BIAS, HAS_SEG, DOT_PREC, False, BLOCK_N)
     dq = _dq_inner(dq, q, do, lse, delta, q_seg, rows, k_base, v_base, kseg_base, bias_base, dbias_base, mid_hi, hi,
                    SCALE, CAP, SQ, SK, HKV * D, HKV * DV, D, DV, HEAD_DIM, HEAD_DIM_V, BIAS_SQ, BIAS_SK,
+                   DBIAS_SQ, DBIAS_SK, DBIAS_ATOMIC,
                    CAUSAL, WINDOW, WIN_L, WIN_R, HAS_CAP, HAS_BIAS, HAS_SEG, DOT_PREC, True, BLOCK_N)
     dq = dq * SCALE
     tl.store(DQ + q_offs, dq.to(DQ.dtype.element_ty), mask=(rows[:, None] < SQ) & (offs_d[None, :] < D))

@@ -4,8 +4,8 @@ The forward kernel keeps an online softmax per block of query rows and saves the
 log-sum-exp; the backward pass runs three kernels that reuse the saved output and
 log-sum-exp: ``delta = rowsum(d_out · out)``, then dk / dv (one program per key block and kv
 head, looping over the q heads of its group: GQA without repeating k / v, no atomics), then dq
-(one program per query block and q head; it also writes the logits gradient when there is a
-bias, summed over the bias's broadcast dims afterwards). Causal and sliding-window masks
+(one program per query block and q head; it also accumulates the bias gradient, summing the
+bias's broadcast heads, rows and keys in the kernel and its broadcast batch afterwards). Causal and sliding-window masks
 bound every loop, so fully masked blocks are never loaded, and only the edge blocks of a loop
 compute position masks. See ``_attention_kernels`` for the kernels. Under ``jax.vmap`` the
 mapped axis is folded into the batch (one launch; jax-triton's call itself does not batch).
@@ -145,6 +145,25 @@ def _constexprs(
     )
 
 
+def _dbias_layout(q: Any, bias: Any) -> tuple[tuple[int, ...], dict[str, Any]]:
+    """Shape and ``constexpr`` strides of the bias-gradient buffer the dq kernel accumulates into.
+
+    The buffer is ``[B, Hb, Sqb, Skb]`` float32: the bias's shape with the full batch. Heads, rows
+    and keys the bias broadcasts over are summed in the kernel (stride 0, atomics where programs
+    meet); the batch is summed by the caller, so a vmap folded into the batch stays per-example.
+    """
+    if bias is None:
+        return (1,), dict(DBIAS_SB=0, DBIAS_SH=0, DBIAS_SQ=0, DBIAS_SK=0, DBIAS_ATOMIC=False)
+    batch, q_heads = int(q.shape[0]), int(q.shape[2])
+    heads, rows, cols = (int(n) for n in bias.shape[1:])
+    strides = dict(
+        DBIAS_SB=heads * rows * cols, DBIAS_SH=rows * cols if heads > 1 else 0,
+        DBIAS_SQ=cols if rows > 1 else 0, DBIAS_SK=1 if cols > 1 else 0,
+        DBIAS_ATOMIC=heads == 1 and q_heads > 1,  # the q heads of one batch row meet on one element
+    )
+    return (batch, heads, rows, cols), strides
+
+
 def _optional_inputs(q: jax.Array, q_seg: Any, kv_seg: Any, bias: Any) -> tuple[jax.Array, jax.Array, jax.Array]:
     """Segment ids as int32 and the bias; ``q`` stands in (never read) for absent ones."""
     if q_seg is None or kv_seg is None:
@@ -187,7 +206,7 @@ def _backward_kernels(cfg: FlashAttentionConfig, static: dict[str, Any], q: jax.
                       v: jax.Array, q_segment_ids: jax.Array | None, kv_segment_ids: jax.Array | None,
                       bias: jax.Array | None, out: jax.Array, lse: jax.Array,
                       d_out: jax.Array) -> tuple[jax.Array, ...]:
-    """Launch the three backward kernels: ``(dq, dk, dv, d_logits)`` (``d_logits`` ``[1]`` without a bias)."""
+    """Launch the three backward kernels: ``(dq, dk, dv, dbias)`` (:func:`_dbias_layout`; ``[1]`` without bias)."""
     batch, q_len, q_heads, _ = q.shape
     kv_len, kv_heads = k.shape[1], k.shape[2]
     has_seg = q_segment_ids is not None and kv_segment_ids is not None
@@ -209,12 +228,12 @@ def _backward_kernels(cfg: FlashAttentionConfig, static: dict[str, Any], q: jax.
         num_warps=warps, num_stages=stages, BLOCK_M=dkdv_m, BLOCK_N=dkdv_n, **consts,
     )
     dq_m, dq_n = _fit(cfg.bwd_block_n, q_len), _fit(cfg.bwd_block_m, kv_len)
-    dbias_shape = (batch, q_heads, q_len, kv_len) if bias is not None else (1,)
+    dbias_shape, dbias_consts = _dbias_layout(q, bias)
     dq, ds = launch(
         mod.flash_bwd_dq_kernel, grid=(_cdiv(q_len, dq_m), batch * q_heads), inputs=common,
         out_shapes=(jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct(dbias_shape, jnp.float32)),
         num_warps=warps, num_stages=stages, zeroed_outputs=(1,) if bias is not None else (),
-        BLOCK_M=dq_m, BLOCK_N=dq_n, **consts,
+        BLOCK_M=dq_m, BLOCK_N=dq_n, **consts, **dbias_consts,
     )
     return dq, dk, dv, ds
 
@@ -453,11 +472,10 @@ def capability(
     """Why this implementation cannot run a call, or ``None`` when it can (abstract arguments suffice).
 
     Supported: bfloat16 / float16 q, k, v with head dims up to 256 (q/k and v may differ), float32
-    (IEEE float32 dots, slower) up to 128; any
-    lengths; GQA / MQA; causal; sliding windows; soft cap; segment ids; a float bias
-    broadcastable to ``[B, Hq, Sq, Sk]`` (its gradient goes through a ``[B, Hq, Sq, Sk]``
-    float32 buffer). Needs an NVIDIA GPU (compute capability 8.0+), except in the
-    interpreter mode (``EJK_TRITON_INTERPRET=1``).
+    (IEEE float32 dots, slower) up to 128; any lengths; GQA / MQA; causal; sliding windows; soft
+    cap; segment ids; a float bias broadcastable to ``[B, Hq, Sq, Sk]`` (its gradient accumulates
+    in a float32 buffer of the bias's shape with the full batch). Needs an NVIDIA GPU (compute
+    capability 8.0+), except in the interpreter mode (``EJK_TRITON_INTERPRET=1``).
     """
     del causal, softmax_scale, sliding_window, logits_soft_cap, q_segment_ids, kv_segment_ids
     dtypes = {jnp.dtype(x.dtype).name for x in (q, k, v)}

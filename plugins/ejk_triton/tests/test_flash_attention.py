@@ -248,6 +248,23 @@ def test_window_that_excludes_everything_and_bias_minus_inf() -> None:
 
 
 @needs_kernels
+@pytest.mark.parametrize("pattern", ["1HQ1", "1111"])
+def test_bias_constant_along_keys_has_a_zero_gradient(pattern: str) -> None:
+    # Softmax ignores a constant added to a row: such a bias's gradient is 0 up to rounding. Exercises
+    # the in-kernel sums over keys (and rows and heads, for a scalar) and their atomics.
+    case = Case(b=2, sq=20, sk=24, hq=4, hkv=2, causal=True, bias=pattern, dtype="float32")
+    inputs = make_inputs(case)
+    cot = cotangent(case)
+    out, grads = values_and_grads(kernel_fn(case), inputs, cot)
+    want, want_grads = values_and_grads(reference_fn(case), inputs, cot)
+    assert_close(out, want, "float32")
+    assert grads["bias"].shape == inputs["bias"].shape
+    assert float(jnp.max(jnp.abs(grads["bias"]))) < 1e-3
+    for name in ("q", "k", "v"):
+        assert_close(grads[name], want_grads[name], "float32", what=f"d{name}")
+
+
+@needs_kernels
 def test_public_op_conformance_subset() -> None:
     # The op conformance suite through ejk.flash_attention(platform="triton"): causal GQA, segments,
     # head dim 256 (the test cases above cover the rest without going through the op layer).

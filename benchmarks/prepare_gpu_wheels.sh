@@ -7,4 +7,7 @@ for d in core plugins/ejk_xla plugins/ejk_pallas plugins/ejk_triton plugins/ejk_
   python3 -m pip wheel -q --no-deps --no-build-isolation -w .whl "./$d"
 done
 python3 -m pip download -q --no-deps --only-binary=:all: -d .whl "platformdirs>=4,<5"
+# ejk-triton launches through jax-triton 0.3.1 (the release that pairs with the host's triton 3.6);
+# absl-py is its one pure-Python dependency the host may lack.
+python3 -m pip download -q --no-deps --only-binary=:all: -d .whl "jax-triton==0.3.1" "absl-py>=1.4"
 ls -la .whl

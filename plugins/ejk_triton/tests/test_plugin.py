@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 
 import jax
@@ -17,8 +18,18 @@ def test_plugin_conforms() -> None:
     assert status.platform == "triton"
     if jax.default_backend() == "cpu":
         assert not status.available
-        assert re.search(r"not installed|default backend is cpu", status.reason or ""), status.reason
-        assert status.fix
+        assert re.match(r"no CUDA GPU \(JAX's default backend is cpu\)", status.reason or ""), status.reason
+        assert status.fix and "EJK_TRITON_INTERPRET=1" in status.fix
+    elif status.available:
+        assert dict(status.versions).get("triton")
+
+
+def test_registrations_follow_the_interpret_mode() -> None:
+    _info, registry = check_plugin("triton")
+    backends = {str(spec.backend) for spec in registry.list_implementations("flash_attention")}
+    assert backends == ({"gpu", "cpu"} if os.environ.get("EJK_TRITON_INTERPRET") == "1" else {"gpu"})
+    (spec, *_) = registry.list_implementations("flash_attention")
+    assert spec.priority > 0 and spec.cfg_type is not None and spec.cfg_type.__name__ == "FlashAttentionConfig"
 
 
 def test_expected_plugins_discovered() -> None:

@@ -1,5 +1,16 @@
-"""ejk-triton: Triton kernels for ejk, called through jax-triton (NVIDIA GPUs).
+"""ejk-triton: Triton kernels for ejk, launched from JAX with jax-triton (NVIDIA GPUs).
 
-Kernels arrive in their own issue; today the plugin reports whether Triton can run here.
-Triton and jax-triton are imported lazily, so this package imports without them.
+Today: ``flash_attention`` forward and backward (FlashAttention-2 style kernels; GQA, causal,
+sliding windows, soft cap, segment ids, bias). Triton and jax-triton are imported lazily, when
+a kernel is first launched, so this package imports (and reports its status) without them.
+
+``EJK_TRITON_INTERPRET=1`` runs the same kernels through Triton's interpreter on the CPU
+(a test / debug mode: only ``platform="triton"`` reaches it, never ``platform="auto"``).
 """
+
+from __future__ import annotations
+
+from ejk_triton._env import INTERPRET_ENV
+from ejk_triton._flash_attention import FlashAttentionConfig, flash_attention
+
+__all__ = ["INTERPRET_ENV", "FlashAttentionConfig", "flash_attention"]

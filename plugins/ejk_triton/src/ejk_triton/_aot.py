@@ -1,0 +1,103 @@
+"""Compiling the flash attention kernels for an NVIDIA target ahead of time, on any machine.
+
+Triton lowers to PTX and assembles a cubin with the ``ptxas`` its wheel ships, so no GPU is
+needed: CI uses this to check that the kernels compile for sm_90 with the configs the GPU will
+run, and the shared memory each kernel needs (which decides whether a config can launch).
+Needs compiled Triton: the process must not run with ``TRITON_INTERPRET=1``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import jax.numpy as jnp
+
+from ejk_triton import _env
+from ejk_triton._flash_attention import FlashAttentionConfig, _constexprs, _dbias_layout, _fit, heuristic_config
+
+__all__ = ["compile_flash_attention"]
+
+_TRITON_DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "int32": "i32"}
+
+
+def _ptr(dtype: Any) -> str:
+    return "*" + _TRITON_DTYPES[jnp.dtype(dtype).name]
+
+
+def _compile(fn: Any, pointers: list[str], consts: dict[str, Any], num_warps: int, num_stages: int,
+             arch: int) -> dict[str, int]:
+    from triton import compile as triton_compile
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    signature: dict[str, str] = {fn.arg_names[i]: p for i, p in enumerate(pointers)}
+    signature.update({name: "constexpr" for name in consts})
+    attrs = {(i,): [["tt.divisibility", 16]] for i in range(len(pointers))}
+    source = ASTSource(fn, signature=signature, constexprs=consts, attrs=attrs)
+    kernel = triton_compile(source, target=GPUTarget("cuda", arch, 32),
+                            options={"num_warps": num_warps, "num_stages": num_stages})
+    return {"shared": int(kernel.metadata.shared), "num_warps": num_warps, "num_stages": num_stages}
+
+
+def compile_flash_attention(
+    q: Any,
+    k: Any,
+    v: Any,
+    *,
+    cfg: FlashAttentionConfig | None = None,
+    causal: bool = False,
+    softmax_scale: float | None = None,
+    sliding_window: tuple[int, int] | None = None,
+    logits_soft_cap: float | None = None,
+    segment_ids: bool = False,
+    bias: Any = None,
+    arch: int = 90,
+) -> dict[str, dict[str, int]]:
+    """Compile the four kernels one call would launch, for compute capability ``arch``.
+
+    Args:
+        q, k, v: Abstract arrays (``jax.ShapeDtypeStruct``) as for :func:`flash_attention`.
+        cfg: Tiles (``None``: :func:`heuristic_config` for a GPU).
+        causal, softmax_scale, sliding_window, logits_soft_cap: As for :func:`flash_attention`.
+        segment_ids: Whether the call has segment ids.
+        bias: Abstract bias or ``None``.
+        arch: Compute capability as an int (90 for sm_90).
+
+    Returns:
+        Per kernel (``forward``, ``preprocess``, ``dkdv``, ``dq``): its shared memory in bytes,
+        warps and stages.
+
+    Raises:
+        RuntimeError: in the interpreter mode (nothing is compiled there).
+    """
+    if _env.interpret_mode():
+        raise RuntimeError(f"{_env.INTERPRET_ENV}=1: the kernels are interpreted, not compiled, in this process")
+    _env.import_triton()
+    from ejk_triton import _attention_kernels as kernels
+
+    cfg = cfg if cfg is not None else heuristic_config(q, k, v)
+    scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(int(q.shape[3]))
+    consts = _constexprs(q, k, v, bias, segment_ids, causal=causal, softmax_scale=scale,
+                         sliding_window=sliding_window, logits_soft_cap=logits_soft_cap)
+    q_len, kv_len = int(q.shape[1]), int(k.shape[1])
+    seg = _ptr(jnp.int32) if segment_ids else _ptr(q.dtype)
+    inputs = [_ptr(q.dtype), _ptr(k.dtype), _ptr(v.dtype), seg, seg, _ptr(bias.dtype if bias is not None else q.dtype)]
+    f32 = _ptr(jnp.float32)
+    backward_inputs = [*inputs, _ptr(q.dtype), f32, f32]
+    pre_m = _fit(64, q_len)
+    return {
+        "forward": _compile(kernels.flash_fwd_kernel, [*inputs, _ptr(q.dtype), f32],
+                            dict(consts, BLOCK_M=_fit(cfg.block_m, q_len), BLOCK_N=_fit(cfg.block_n, kv_len)),
+                            cfg.num_warps, cfg.num_stages, arch),
+        "preprocess": _compile(kernels.flash_bwd_preprocess_kernel, [_ptr(q.dtype), _ptr(q.dtype), f32],
+                               dict(SQ=q_len, HQ=consts["HQ"], DV=consts["DV"], HEAD_DIM_V=consts["HEAD_DIM_V"],
+                                    BLOCK_M=pre_m), 4, 1, arch),
+        "dkdv": _compile(kernels.flash_bwd_dkdv_kernel, [*backward_inputs, _ptr(k.dtype), _ptr(v.dtype)],
+                         dict(consts, BLOCK_M=_fit(cfg.bwd_block_m, q_len), BLOCK_N=_fit(cfg.bwd_block_n, kv_len)),
+                         cfg.bwd_num_warps, cfg.bwd_num_stages, arch),
+        "dq": _compile(kernels.flash_bwd_dq_kernel, [*backward_inputs, _ptr(q.dtype), f32],
+                       dict(consts, BLOCK_M=_fit(cfg.bwd_block_n, q_len), BLOCK_N=_fit(cfg.bwd_block_m, kv_len),
+                            **_dbias_layout(q, bias)[1]),
+                       cfg.bwd_num_warps, cfg.bwd_num_stages, arch),
+    }

@@ -20,7 +20,6 @@ import numpy as np
 import pytest
 
 import ejk
-from ejk.ops._check_attention import check_flash_attention_args
 from ejk.testing import FLASH_ATTENTION_CASES, assert_close, check_flash_attention, reference_flash_attention
 from ejk_triton import _env
 from ejk_triton._flash_attention import (
@@ -28,7 +27,6 @@ from ejk_triton._flash_attention import (
     backward,
     capability,
     config_space,
-    flash_attention,
     forward,
     forward_with_residuals,
     heuristic_config,
@@ -115,13 +113,8 @@ def kernel_fn(case: Case, cfg: FlashAttentionConfig | None = None) -> Any:
     cfg = cfg if cfg is not None else case.cfg
 
     def run(q, k, v, q_segment_ids=None, kv_segment_ids=None, bias=None):  # type: ignore[no-untyped-def]
-        scale, window = check_flash_attention_args(
-            q, k, v, softmax_scale=None, q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids,
-            bias=bias, **user_kwargs(case),
-        )
-        return flash_attention(q, k, v, causal=case.causal, softmax_scale=scale, sliding_window=window,
-                               logits_soft_cap=case.cap, q_segment_ids=q_segment_ids,
-                               kv_segment_ids=kv_segment_ids, bias=bias, cfg=cfg)
+        return ejk.flash_attention(q, k, v, q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids, bias=bias,
+                                   platform="triton", cfg=cfg, **user_kwargs(case))
 
     return run
 
@@ -323,9 +316,12 @@ def test_empty_sequences_give_empty_or_zero_output() -> None:
     kv = jnp.ones((1, 0, 1, 16), jnp.bfloat16)
     kw: dict[str, Any] = dict(causal=False, softmax_scale=0.5, sliding_window=None, logits_soft_cap=None,
                               q_segment_ids=None, kv_segment_ids=None, bias=None)
-    out = flash_attention(q, kv, kv, **kw)
+    out = forward(q, kv, kv, cfg=None, **kw)
     assert out.shape == (1, 3, 2, 16) and np.all(np.asarray(out, np.float32) == 0.0)
-    assert flash_attention(q[:, :0], q[:, :, :1], q[:, :, :1], **kw).shape == (1, 0, 2, 16)
+    assert forward(q[:, :0], q[:, :, :1], q[:, :, :1], cfg=None, **kw).shape == (1, 0, 2, 16)
+    grads = backward(forward_with_residuals(q, kv, kv, cfg=None, **kw)[1], out, cfg=None, causal=False,
+                     softmax_scale=0.5, sliding_window=None, logits_soft_cap=None)
+    assert grads[0].shape == q.shape and not np.any(np.asarray(grads[0], np.float32))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -435,10 +431,8 @@ def test_capability_gate(monkeypatch: pytest.MonkeyPatch) -> None:
     if not ON_GPU:
         monkeypatch.delenv("EJK_TRITON_INTERPRET")
         assert (_gate() or "").startswith("needs an NVIDIA GPU (JAX's default backend is cpu)")
-        with pytest.raises(ValueError, match=r"flash_attention\[triton\]: needs an NVIDIA GPU"):
-            flash_attention(jnp.ones((1, 4, 1, 16), jnp.bfloat16), *(jnp.ones((1, 4, 1, 16), jnp.bfloat16),) * 2,
-                            causal=False, softmax_scale=0.25, sliding_window=None, logits_soft_cap=None,
-                            q_segment_ids=None, kv_segment_ids=None, bias=None)
+        with pytest.raises(ValueError, match=r"platform=triton can run this call.*needs an NVIDIA GPU"):
+            ejk.flash_attention(*(jnp.ones((1, 4, 1, 16), jnp.bfloat16),) * 3, platform="triton")
 
 
 @pytest.mark.parametrize(("field", "bad"), [("block_m", 0), ("block_m", 48), ("block_n", 8), ("block_n", True),

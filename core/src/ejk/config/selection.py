@@ -16,7 +16,7 @@ import attrs
 
 from ejk import environment
 from ejk.config.cache import ConfigCache, overlay_lookup
-from ejk.config.persistent import PersistentCache
+from ejk.config.persistent import PersistentCache, cache_file_name
 from ejk.config.tuning import AutotunePolicy, TuneResult, autotune
 from ejk.errors import ConfigSelectionError, FrozenConfigMissError
 
@@ -108,7 +108,7 @@ class ConfigSelectorChain(Generic[Cfg]):
         if cache is None:
             path = None
             if self._persistent_dir is not None:
-                path = os.path.join(self._persistent_dir, f"{kernel.op_id}.json")
+                path = os.path.join(self._persistent_dir, cache_file_name(kernel.op_id))
             cache = PersistentCache(kernel.op_id, path, loader=kernel.cfg_from_json, dumper=kernel.cfg_to_json)
             self._files[kernel.op_id] = cache
         return cache

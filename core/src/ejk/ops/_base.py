@@ -173,12 +173,10 @@ class OpKernel(Kernel[ImplChoice, Any]):
             reason: str | None = None
             if spec.backend not in (Backend.ANY, backend):
                 reason = f"targets {spec.backend}, but JAX's default backend is {backend}"
-            else:
-                available, why = self.registry.platform_available(spec.platform)
-                if not available:
-                    reason = f"platform {spec.platform} is unavailable: {why}"
-                elif requested:
-                    reason = self._gate(spec, call)
+            elif platform == "auto" and not (availability := self.registry.platform_available(spec.platform))[0]:
+                reason = f"platform {spec.platform} is unavailable: {availability[1]}"
+            elif requested:  # a forced platform skips the availability check; its gate still decides
+                reason = self._gate(spec, call)
             found.append(Candidate(spec=spec, reason=reason, requested=requested))
         return found
 
@@ -308,9 +306,10 @@ class OpKernel(Kernel[ImplChoice, Any]):
             return (f"{spec.label} takes {spec.cfg_type.__name__}, not {type(cfg.cfg).__name__}")
         if spec.backend not in (Backend.ANY, default_backend()):
             return f"{spec.label} targets {spec.backend}, but JAX's default backend is {default_backend()}"
-        available, why = self.registry.platform_available(spec.platform)
-        if not available:
-            return f"platform {spec.platform} is unavailable: {why}"
+        if platform == "auto":
+            available, why = self.registry.platform_available(spec.platform)
+            if not available:
+                return f"platform {spec.platform} is unavailable: {why}"
         reason = self._gate(spec, self.call_view(inv))
         if reason is not None:
             return f"{spec.label}: {reason}"

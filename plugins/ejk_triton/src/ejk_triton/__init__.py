@@ -11,6 +11,6 @@ a kernel is first launched, so this package imports (and reports its status) wit
 from __future__ import annotations
 
 from ejk_triton._env import INTERPRET_ENV
-from ejk_triton._flash_attention import FlashAttentionConfig, flash_attention
+from ejk_triton._flash_attention import FlashAttentionConfig
 
-__all__ = ["INTERPRET_ENV", "FlashAttentionConfig", "flash_attention"]
+__all__ = ["INTERPRET_ENV", "FlashAttentionConfig"]

@@ -57,9 +57,9 @@ def compile_flash_attention(
     """Compile the four kernels one call would launch, for compute capability ``arch``.
 
     Args:
-        q, k, v: Abstract arrays (``jax.ShapeDtypeStruct``) as for :func:`flash_attention`.
+        q, k, v: Abstract arrays (``jax.ShapeDtypeStruct``) as for :func:`ejk_triton._flash_attention.forward`.
         cfg: Tiles (``None``: :func:`heuristic_config` for a GPU).
-        causal, softmax_scale, sliding_window, logits_soft_cap: As for :func:`flash_attention`.
+        causal, softmax_scale, sliding_window, logits_soft_cap: As for :func:`ejk_triton._flash_attention.forward`.
         segment_ids: Whether the call has segment ids.
         bias: Abstract bias or ``None``.
         arch: Compute capability as an int (90 for sm_90).

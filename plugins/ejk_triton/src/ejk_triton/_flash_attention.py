@@ -10,10 +10,9 @@ bound every loop, so fully masked blocks are never loaded, and only the edge blo
 compute position masks. See ``_attention_kernels`` for the kernels. Under ``jax.vmap`` the
 mapped axis is folded into the batch (one launch; jax-triton's call itself does not batch).
 
-The pieces the core needs to build the custom VJP itself are :func:`forward`,
-:func:`forward_with_residuals` and :func:`backward`, plus :func:`config_space`,
-:func:`heuristic_config` and :func:`capability`; :func:`flash_attention` wraps them in a
-``jax.custom_vjp`` with the signature of every ``flash_attention`` implementation.
+The plugin registers :func:`forward` with the pair :func:`forward_with_residuals` /
+:func:`backward` (:data:`RESIDUALS` names their format), from which the core builds the custom
+VJP, plus :func:`config_space`, :func:`heuristic_config` and :func:`capability`.
 """
 
 from __future__ import annotations
@@ -30,12 +29,15 @@ import jax.numpy as jnp
 from ejk_triton import _env
 from ejk_triton._launch import kernels, launch
 
+#: The residual format of :func:`forward_with_residuals`: inputs, output and base-2 log-sum-exp.
+RESIDUALS = "flash_attention:inputs+out+lse2"
+
 __all__ = [
+    "RESIDUALS",
     "FlashAttentionConfig",
     "backward",
     "capability",
     "config_space",
-    "flash_attention",
     "forward",
     "forward_with_residuals",
     "heuristic_config",
@@ -295,11 +297,15 @@ def forward_with_residuals(
         ``(q, k, v, q_segment_ids, kv_segment_ids, bias, out, lse)`` with ``lse`` the base-2
         log-sum-exp ``[B, Hq, Sq]`` float32 (``+inf`` for rows that see no key).
     """
-    cfg = _resolve(cfg, q, k, v, bias)
     has_seg = q_segment_ids is not None and kv_segment_ids is not None
+    seg = (q_segment_ids, kv_segment_ids) if has_seg else (None, None)
+    batch, q_len, q_heads, _ = q.shape
+    if min(batch, q_len, q_heads, k.shape[1], v.shape[3]) == 0:  # nothing to launch: rows see no key
+        out = jnp.zeros((batch, q_len, q_heads, v.shape[3]), q.dtype)
+        return out, (q, k, v, *seg, bias, out, jnp.full((batch, q_heads, q_len), jnp.inf, jnp.float32))
+    cfg = _resolve(cfg, q, k, v, bias)
     static = dict(causal=causal, softmax_scale=softmax_scale, sliding_window=sliding_window,
                   logits_soft_cap=logits_soft_cap)
-    seg = (q_segment_ids, kv_segment_ids) if has_seg else (None, None)
     out, lse = _fold_vmap(functools.partial(_forward_kernels, cfg, static))(q, k, v, *seg, bias)
     return out, (q, k, v, *seg, bias, out, lse)
 
@@ -344,6 +350,9 @@ def backward(
         q, k, v, q_segment_ids, kv_segment_ids, bias (``dbias`` is ``None`` without a bias).
     """
     q, k, v, q_segment_ids, kv_segment_ids, bias, out, lse = residuals
+    if min(q.shape[0], q.shape[1], q.shape[2], k.shape[1], v.shape[3]) == 0:
+        zero_bias = None if bias is None else jnp.zeros_like(bias)
+        return jnp.zeros_like(q), jnp.zeros_like(k), jnp.zeros_like(v), None, None, zero_bias
     cfg = _resolve(cfg, q, k, v, bias)
     static = dict(causal=causal, softmax_scale=softmax_scale, sliding_window=sliding_window,
                   logits_soft_cap=logits_soft_cap)
@@ -354,98 +363,6 @@ def backward(
         axes = tuple(a for a in range(4) if bias.shape[a] == 1 and ds.shape[a] != 1)
         dbias = (jnp.sum(ds, axis=axes, keepdims=True) if axes else ds).astype(bias.dtype)
     return dq, dk, dv, None, None, dbias
-
-
-# ----------------------------------------------------------------------------------------------
-# custom_vjp wiring and the registered implementation
-# ----------------------------------------------------------------------------------------------
-
-
-@attrs.frozen
-class _Static:
-    """Everything static about one call (hashable: a ``nondiff_argnums`` argument)."""
-
-    causal: bool
-    scale: float
-    window: tuple[int, int] | None
-    cap: float | None
-    cfg: FlashAttentionConfig
-
-    def kwargs(self) -> dict[str, Any]:
-        return dict(causal=self.causal, softmax_scale=self.scale, sliding_window=self.window,
-                    logits_soft_cap=self.cap)
-
-
-def _fa(st: _Static, q: Any, k: Any, v: Any, q_seg: Any, kv_seg: Any, bias: Any) -> jax.Array:
-    return forward(q, k, v, q_segment_ids=q_seg, kv_segment_ids=kv_seg, bias=bias, cfg=st.cfg, **st.kwargs())
-
-
-def _fa_fwd(st: _Static, q: Any, k: Any, v: Any, q_seg: Any, kv_seg: Any, bias: Any) -> tuple[jax.Array, Any]:
-    return forward_with_residuals(q, k, v, q_segment_ids=q_seg, kv_segment_ids=kv_seg, bias=bias, cfg=st.cfg,
-                                  **st.kwargs())
-
-
-def _fa_bwd(st: _Static, residuals: Any, d_out: jax.Array) -> tuple[Any, ...]:
-    return backward(residuals, d_out, cfg=st.cfg, **st.kwargs())
-
-
-_flash = jax.custom_vjp(_fa, nondiff_argnums=(0,))
-_flash.defvjp(_fa_fwd, _fa_bwd)
-
-
-def flash_attention(
-    q: jax.Array,
-    k: jax.Array,
-    v: jax.Array,
-    *,
-    causal: bool,
-    softmax_scale: float,
-    sliding_window: tuple[int, int] | None,
-    logits_soft_cap: float | None,
-    q_segment_ids: jax.Array | None,
-    kv_segment_ids: jax.Array | None,
-    bias: jax.Array | None,
-    cfg: FlashAttentionConfig | None = None,
-) -> jax.Array:
-    """Softmax attention as Triton kernels (arguments already normalised, see KERNEL_CONTRACT.md).
-
-    Args:
-        q: ``[B, Sq, Hq, D]`` bfloat16 or float16.
-        k: ``[B, Sk, Hkv, D]`` with ``Hq % Hkv == 0``.
-        v: ``[B, Sk, Hkv, Dv]``.
-        causal: Bottom-right aligned causal mask.
-        softmax_scale: Resolved logit scale.
-        sliding_window: ``(left, right)`` or ``None`` (right is 0 when causal).
-        logits_soft_cap: ``cap · tanh(logits / cap)`` or ``None``.
-        q_segment_ids: ``[B, Sq]`` int or ``None``.
-        kv_segment_ids: ``[B, Sk]`` int or ``None``.
-        bias: ``None`` or broadcastable to ``[B, Hq, Sq, Sk]``.
-        cfg: Tiles; ``None`` uses :func:`heuristic_config`.
-
-    Returns:
-        ``[B, Sq, Hq, Dv]`` in ``q.dtype``; rows that see no key are zeros.
-
-    Raises:
-        ValueError: when :func:`capability` gives a reason this implementation cannot run the call.
-    """
-    reason = capability(q, k, v, causal=causal, softmax_scale=softmax_scale, sliding_window=sliding_window,
-                        logits_soft_cap=logits_soft_cap, q_segment_ids=q_segment_ids,
-                        kv_segment_ids=kv_segment_ids, bias=bias)
-    if reason is not None:
-        raise ValueError(f"flash_attention[triton]: {reason}; use another platform (e.g. platform='xla')")
-    batch, q_len, q_heads, _ = q.shape
-    kv_len, v_dim = k.shape[1], v.shape[3]
-    if min(batch, q_len, q_heads, kv_len, v_dim) == 0:
-        return jnp.zeros((batch, q_len, q_heads, v_dim), q.dtype)
-    st = _Static(
-        causal=bool(causal), scale=float(softmax_scale),
-        window=None if sliding_window is None else (int(sliding_window[0]), int(sliding_window[1])),
-        cap=None if logits_soft_cap is None else float(logits_soft_cap), cfg=_resolve(cfg, q, k, v, bias),
-    )
-    if q_segment_ids is None or kv_segment_ids is None:
-        q_segment_ids = kv_segment_ids = None
-    out: jax.Array = _flash(st, q, k, v, q_segment_ids, kv_segment_ids, bias)
-    return out
 
 
 # ----------------------------------------------------------------------------------------------

@@ -1,43 +1,30 @@
-"""The ``triton`` entry point: registers the Triton implementations, their config spaces and heuristics.
+"""The ``triton`` entry point: registers the Triton implementations with their configs, gates and VJPs.
 
 Imports neither triton nor jax-triton: kernels import them when they are first launched.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import ejk
 from ejk_triton import _env, _flash_attention
 
-_MODULES = {"flash_attention": _flash_attention}
-_IMPLEMENTATIONS = {
-    "flash_attention": (_flash_attention.flash_attention, _flash_attention.FlashAttentionConfig),
-}
-#: Above ejk-xla's portable kernels (priority 0): on an NVIDIA GPU the Triton kernels are the faster path.
-PRIORITY = 10
+#: Between ejk-xla's chunked kernel (0) and its cuDNN one (10): in the heuristics tier the Triton
+#: kernels take what cuDNN's gate refuses (soft cap, segment ids, Sq != Sk causal, odd lengths)
+#: until H100 measurements say where they beat cuDNN; autotuning compares them everywhere.
+PRIORITY = 5
 
 
 @ejk.hookimpl
 def ejk_register_kernels(register: Callable[..., Callable[[Any], Any]]) -> None:
-    for algorithm, (implementation, cfg_type) in _IMPLEMENTATIONS.items():
-        for backend in _env.backends():
-            register(algorithm, ejk.Platform.TRITON, backend, priority=PRIORITY, cfg_type=cfg_type)(implementation)
-
-
-@ejk.hookimpl
-def ejk_config_space(algorithm: str, platform: str, invocation: ejk.Invocation[Any]) -> Sequence[Any] | None:
-    if platform != ejk.Platform.TRITON or algorithm not in _MODULES:
-        return None
-    return list(_MODULES[algorithm].config_space(*invocation.abstract_args))
-
-
-@ejk.hookimpl
-def ejk_heuristic_config(algorithm: str, platform: str, invocation: ejk.Invocation[Any]) -> Any | None:
-    if platform != ejk.Platform.TRITON or algorithm not in _MODULES:
-        return None
-    return _MODULES[algorithm].heuristic_config(*invocation.abstract_args)
+    fa = _flash_attention
+    vjp = ejk.VJP(fwd=fa.forward_with_residuals, bwd=fa.backward, residuals=fa.RESIDUALS)
+    for backend in _env.backends():
+        register("flash_attention", ejk.Platform.TRITON, backend, priority=PRIORITY, name="flash",
+                 cfg_type=fa.FlashAttentionConfig, config_space=fa.config_space, heuristic=fa.heuristic_config,
+                 capability=fa.capability, vjp=vjp)(fa.forward)
 
 
 @ejk.hookimpl

@@ -285,8 +285,7 @@ class ConfigSelectorChain(Generic[Cfg]):
         entry = None if persistent is None else persistent.get_entry(*inv.cache_key)
         if entry is None:
             return None
-        details = entry.provenance.get("details")
-        return dict(details) if isinstance(details, dict) else None
+        return dict(entry.provenance) if entry.source == "autotune" else None
 
     def clear_memory(self) -> None:
         """Forget in-memory configs and memoised heuristics (persistent files stay)."""

@@ -2,7 +2,7 @@
 
 Lines (same process, same inputs, bf16 by default):
 
-- ``ejk triton``: ``ejk_triton._flash_attention.flash_attention`` with each config of its
+- ``ejk triton``: ``ejk.flash_attention(platform="triton")`` with each config of its
   ``config_space`` (or only the heuristic's, ``--configs heuristic``); the best is reported
   and named, the heuristic's time is in the note,
 - ``jax.nn cudnn``: ``jax.nn.dot_product_attention(implementation="cudnn")``,
@@ -36,7 +36,8 @@ import jax.numpy as jnp
 import numpy as np
 from _harness import error_text, time_ms
 
-from ejk_triton._flash_attention import FlashAttentionConfig, config_space, flash_attention, heuristic_config
+import ejk
+from ejk_triton._flash_attention import FlashAttentionConfig, config_space, heuristic_config
 
 MODES = ("fwd", "fwd+bwd")
 BWD_FACTOR = 3.5
@@ -73,10 +74,8 @@ SMOKE_SHAPES = (Shape(batch=1, seq=64, heads=2, dim=64, causal=False), Shape(bat
 
 def triton_attention(shape: Shape, cfg: FlashAttentionConfig) -> Callable[..., jax.Array]:
     def fn(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
-        return flash_attention(
-            q, k, v, causal=shape.causal, softmax_scale=1 / math.sqrt(shape.dim), sliding_window=None,
-            logits_soft_cap=None, q_segment_ids=None, kv_segment_ids=None, bias=None, cfg=cfg,
-        )
+        return ejk.flash_attention(q, k, v, causal=shape.causal, softmax_scale=1 / math.sqrt(shape.dim),
+                                   platform="triton", cfg=cfg)
 
     return fn
 

@@ -462,14 +462,15 @@ def test_validate_signatures_unknown_algorithm(registry: KernelRegistry) -> None
         registry.validate_signatures("nope")
 
 
-def test_validate_signatures_for_all_algorithms_returns_none(registry: KernelRegistry) -> None:
+def test_validate_signatures_for_all_algorithms(registry: KernelRegistry) -> None:
     registry.register("attn", "xla", "any", priority=10)(reference)
     registry.register("attn", "triton", "gpu")(other_default)
     registry.register("good", "xla", "any", priority=10)(reference)
     registry.register("good", "triton", "gpu")(same)
     result, messages = _validate(registry, None)
-    assert result is None
+    assert result is False  # one algorithm disagrees
     assert len(messages) == 1 and messages[0].startswith("attn:")
+    assert _validate(registry, "good") == (True, [])
 
 
 def test_validate_signatures_verbose_prints(registry: KernelRegistry, capsys: pytest.CaptureFixture[str]) -> None:

@@ -456,7 +456,7 @@ class KernelRegistry:
 
     # -- signature validation ----------------------------------------------------------------
 
-    def validate_signatures(self, algorithm: str | None = None, verbose: bool = False) -> bool | None:
+    def validate_signatures(self, algorithm: str | None = None, verbose: bool = False) -> bool:
         """Check that every implementation of an algorithm has the same signature.
 
         Compares each implementation with the highest-priority one, parameter by parameter:
@@ -464,30 +464,29 @@ class KernelRegistry:
         platform-specific and not compared). Each mismatch emits a ``UserWarning``.
 
         Returns:
-            ``True``/``False`` for one algorithm; ``None`` when ``algorithm`` is ``None``
-            (every algorithm is validated).
+            ``True`` when the implementations of ``algorithm`` (of every algorithm when it is
+            ``None``) agree, else ``False``.
 
         Raises:
             ValueError: if ``algorithm`` is not registered.
         """
         self._ensure_loaded()
         if algorithm is None:
-            for algo in self.list_algorithms():
-                self.validate_signatures(algo, verbose=verbose)
-            return None
+            results = [self.validate_signatures(algo, verbose=verbose) for algo in self.list_algorithms()]
+            return all(results)
         specs = self.list_implementations(algorithm)
         if not specs:
             known = ", ".join(self.list_algorithms()) or "none"
             raise ValueError(f"algorithm {algorithm!r} is not registered; registered: {known}")
         reference = specs[0]
-        ref_params = list(inspect.signature(reference.implementation).parameters.values())
+        ref_params = list(_signature(reference.implementation).parameters.values())
         if verbose:
             for spec in specs:
                 print(f"{spec.algorithm} {spec.label} {_qualname(spec.implementation)}"
                       f"{inspect.signature(spec.implementation)}")
         ok = True
         for spec in specs[1:]:
-            params = list(inspect.signature(spec.implementation).parameters.values())
+            params = list(_signature(spec.implementation).parameters.values())
             for problem in _compare_parameters(ref_params, params):
                 ok = False
                 warnings.warn(
@@ -499,11 +498,22 @@ class KernelRegistry:
         return ok
 
 
-def _normalize_annotation(annotation: Any) -> str:
+def _signature(fn: Callable[..., Any]) -> inspect.Signature:
+    """``fn``'s signature with string annotations evaluated (as written, when they cannot be)."""
+    try:
+        return inspect.signature(fn, eval_str=True)
+    except Exception:  # a name only imported under TYPE_CHECKING, say
+        return inspect.signature(fn)
+
+
+def _annotation(annotation: Any) -> str:
     if annotation is inspect.Parameter.empty:
-        return ""
-    text = annotation if isinstance(annotation, str) else getattr(annotation, "__name__", repr(annotation))
-    return text.replace("typing.", "").replace("Optional[", "None | ").replace(" ", "")
+        return "nothing"
+    if isinstance(annotation, type):  # the public name (jax.Array), not the defining module's
+        module = annotation.__module__
+        name = annotation.__name__.rpartition(".")[2]
+        return name if module == "builtins" else f"{module}.{name}"
+    return inspect.formatannotation(annotation)
 
 
 def _compare_parameters(reference: list[inspect.Parameter], other: list[inspect.Parameter]) -> list[str]:
@@ -521,10 +531,10 @@ def _compare_parameters(reference: list[inspect.Parameter], other: list[inspect.
             problems.append(f"parameter {par.name!r} is {par.kind.description}, expected {ref.kind.description}")
         if ref.default is not par.default and ref.default != par.default:
             problems.append(f"parameter {par.name!r} defaults to {par.default!r}, expected {ref.default!r}")
-        if par.name != "cfg" and _normalize_annotation(ref.annotation) != _normalize_annotation(par.annotation):
+        if par.name != "cfg" and ref.annotation != par.annotation:
             problems.append(
-                f"parameter {par.name!r} is annotated {_normalize_annotation(par.annotation) or 'nothing'}, "
-                f"expected {_normalize_annotation(ref.annotation) or 'nothing'}"
+                f"parameter {par.name!r} is annotated {_annotation(par.annotation)}, "
+                f"expected {_annotation(ref.annotation)}"
             )
     return problems
 

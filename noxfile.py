@@ -19,7 +19,9 @@ nox.options.sessions = ["lint", "typecheck", "tests_core", "tests_plugin", "inte
 PYTHON = "3.11"
 ROOT = pathlib.Path(__file__).parent
 PLUGINS = ["xla", "pallas", "triton", "cute"]
-TEST_DEPS = ["pytest>=8", "pydantic>=2", "hypothesis>=6", "pip", "hatchling>=1.18", "editables"]
+TEST_DEPS = ["pytest>=8", "pytest-xdist>=3", "pydantic>=2", "hypothesis>=6", "pip", "hatchling>=1.18", "editables"]
+#: pytest workers per session: CI machines have 2 cores (EJK_TEST_WORKERS overrides; 0 = in-process).
+WORKERS = os.environ.get("EJK_TEST_WORKERS", "2")
 # Per plugin: extra requirements and environment of its test session. ejk-triton's tests run the
 # real kernels through Triton's interpreter (EJK_TRITON_INTERPRET=1, read before triton is
 # imported); triton 3.6's interpreter breaks on numpy 2.4 for runtime loop bounds.
@@ -29,7 +31,8 @@ PLUGIN_TEST_ENV = {"triton": {"EJK_TRITON_INTERPRET": "1"}}
 
 def _pytest(session: nox.Session, *paths: str, env: dict[str, str] | None = None) -> None:
     args = [*paths, *session.posargs] if session.posargs else list(paths)
-    session.run("python", "-m", "pytest", "-q", *args, env={"JAX_PLATFORMS": "cpu", **(env or {})})
+    workers = ["-n", WORKERS] if WORKERS != "0" else []
+    session.run("python", "-m", "pytest", "-q", *workers, *args, env={"JAX_PLATFORMS": "cpu", **(env or {})})
 
 
 @nox.session(python=PYTHON)

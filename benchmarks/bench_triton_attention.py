@@ -27,49 +27,30 @@ import math
 import os
 import traceback
 from collections.abc import Callable
-from typing import Any
 
 import _harness
-import attrs
 import jax
 import jax.numpy as jnp
-import numpy as np
-from _harness import error_text, time_ms
+from _harness import error_text
+from bench_attention_gpu import (  # the shapes, inputs and timing shared with the XLA/cuDNN benchmark
+    BWD_FACTOR,
+    FULL_SHAPES,
+    MODES,
+    Shape,
+    jax_nn_attention,
+    make_inputs,
+    measure,
+)
 
 import ejk
 from ejk_triton._flash_attention import FlashAttentionConfig, config_space, heuristic_config
 
-MODES = ("fwd", "fwd+bwd")
-BWD_FACTOR = 3.5
-
-
-@attrs.frozen(kw_only=True)
-class Shape:
-    batch: int
-    seq: int
-    heads: int
-    dim: int
-    causal: bool
-
-    def __str__(self) -> str:
-        return f"[{self.batch},{self.seq},{self.heads},{self.dim}] {'causal' if self.causal else 'full'}"
-
-    def fwd_flops(self) -> float:
-        flops = 4.0 * self.batch * self.heads * self.seq * self.seq * self.dim
-        return flops / 2 if self.causal else flops
-
-
-FULL_SHAPES = (
-    Shape(batch=4, seq=4096, heads=16, dim=128, causal=False),
-    Shape(batch=4, seq=4096, heads=16, dim=128, causal=True),
-    Shape(batch=2, seq=8192, heads=16, dim=128, causal=True),
-)
 D64_SHAPES = (  # issue 8 also asks for head_dim 64: same FLOPs as the first two rows
     Shape(batch=4, seq=4096, heads=32, dim=64, causal=False),
     Shape(batch=4, seq=4096, heads=32, dim=64, causal=True),
 )
-SMOKE_SHAPES = (Shape(batch=1, seq=64, heads=2, dim=64, causal=False), Shape(batch=1, seq=64, heads=2, dim=64,
-                                                                                causal=True))
+SMOKE_SHAPES = (Shape(batch=1, seq=64, heads=2, dim=64, causal=False),
+                Shape(batch=1, seq=64, heads=2, dim=64, causal=True))
 
 
 def triton_attention(shape: Shape, cfg: FlashAttentionConfig) -> Callable[..., jax.Array]:
@@ -81,30 +62,7 @@ def triton_attention(shape: Shape, cfg: FlashAttentionConfig) -> Callable[..., j
 
 
 def cudnn_attention(shape: Shape) -> Callable[..., jax.Array]:
-    def fn(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
-        return jax.nn.dot_product_attention(q, k, v, is_causal=shape.causal, implementation="cudnn")
-
-    return fn
-
-
-def with_backward(attention: Callable[..., jax.Array]) -> Callable[..., Any]:
-    def fn(q: jax.Array, k: jax.Array, v: jax.Array, do: jax.Array) -> Any:
-        out, vjp = jax.vjp(attention, q, k, v)
-        return out, vjp(do)
-
-    return fn
-
-
-def make_inputs(shape: Shape, dtype: Any) -> tuple[jax.Array, ...]:
-    rng = np.random.default_rng(0)
-    dims = (shape.batch, shape.seq, shape.heads, shape.dim)
-    return tuple(jnp.asarray(rng.standard_normal(dims, dtype=np.float32)).astype(dtype) for _ in range(4))
-
-
-def measure(attention: Callable[..., jax.Array], mode: str, inputs: tuple[jax.Array, ...], reps: int) -> float:
-    if mode == "fwd":
-        return time_ms(attention, inputs[:3], reps)
-    return time_ms(with_backward(attention), inputs, reps)
+    return jax_nn_attention(shape, "cudnn")
 
 
 def best_of(candidates: dict[str, Callable[..., jax.Array]], mode: str, inputs: tuple[jax.Array, ...],

@@ -318,3 +318,49 @@ def test_explain_of_a_public_op_with_abstract_arguments() -> None:
         ejk.explain("flash_attention", q, q, q, causal=True)
     with pytest.raises(ValueError, match="unknown operation 'nope'"):
         ejk.explain("nope", q)
+
+
+# -- one op definition ------------------------------------------------------------------------------
+
+def test_an_op_defined_in_one_place_appears_everywhere(host: PluginHost, tmp_path: Path,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    """A new op: a kernel class, a public function and ``define_op`` — then ``ejk.<name>``,
+    ``ejk.explain``, ``ejk.testing.check_op`` and ``ejk kernels`` know it."""
+    from ejk import cli, testing
+    from ejk.ops import OPS, define_op, run_op
+
+    class DoubleKernel(OpKernel):
+        op_id = "toy_double"
+        version = "1"
+        array_names = ("x",)
+        positional = 1
+
+        def normalize(self, x: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
+            if getattr(x, "ndim", None) != 2:
+                raise ValueError(f"toy_double: x has shape {getattr(x, 'shape', None)} but needs 2 dimensions")
+            return (x,), {}
+
+    kernel = DoubleKernel(host.registry)
+
+    def toy_double(x: jax.Array, *, platform: str = "auto", cfg: Any = None) -> jax.Array:
+        return run_op(kernel, *kernel.normalize(x), platform, cfg)  # type: ignore[no-any-return]
+
+    def check(platform: str) -> int:
+        np.testing.assert_allclose(toy_double(X, platform=platform), 2 * X)
+        return 1
+
+    define_op(kernel, toy_double, reference=lambda x: 2 * x, check=check)
+    try:
+        assert ejk.toy_double is toy_double  # type: ignore[attr-defined]
+        assert cli.main(["kernels", "toy_double"]) == 0
+        assert "no implementation" in capsys.readouterr().out
+        host.register_plugin(_plugin("doubler", lambda reg: reg("toy_double", "xla", "any", name="mul")(
+            lambda x, *, cfg: 2 * x), "xla"), "doubler")
+        assert testing.check_op("toy_double", "xla") == 1
+        assert ejk.explain("toy_double", X).chosen.implementation == "mul"  # type: ignore[union-attr]
+        assert cli.main(["kernels", "toy_double", "--json"]) == 0
+        assert json.loads(capsys.readouterr().out)[0]["name"] == "mul"
+        with pytest.raises(ValueError, match="already defined"):
+            define_op(kernel, lambda x: x)
+    finally:
+        OPS.pop("toy_double", None)

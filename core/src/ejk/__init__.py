@@ -114,4 +114,8 @@ def __getattr__(name: str) -> Any:
         value = getattr(importlib.import_module("ejk.ops"), name)
         globals()[name] = value
         return value
+    if not name.startswith("_"):  # an operation a plugin defined with ejk.ops.define_op
+        definition = importlib.import_module("ejk.ops").OPS.get(name)
+        if definition is not None:
+            return definition.function
     raise AttributeError(f"module 'ejk' has no attribute {name!r}")

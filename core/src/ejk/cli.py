@@ -77,6 +77,10 @@ def cmd_kernels(args: argparse.Namespace) -> int:
         "plugin": str(s.plugin) if s.plugin else "-", "available": registry.platform_available(s.platform)[0],
         "config": s.cfg_type.__name__ if s.cfg_type else "-",
     } for s in registry if args.algorithm is None or s.algorithm == args.algorithm.lower()]
+    from ejk.ops import OPS
+
+    unimplemented = [name for name in sorted(OPS) if name not in registry.list_algorithms()
+                     and (args.algorithm is None or name == args.algorithm)]
     if args.json:
         _print_json(rows)
         return 0
@@ -87,7 +91,9 @@ def cmd_kernels(args: argparse.Namespace) -> int:
     for r in rows:
         table.add_row(r["algorithm"], r["platform"], r["backend"], r["name"], str(r["priority"]), r["plugin"],
                       r["config"], "yes" if r["available"] else "no")
-    _console().print(table if rows else "No kernels are registered (see `ejk plugins`).")
+    for name in unimplemented:  # a defined operation nobody implements yet: say so rather than hide it
+        table.add_row(name, "-", "-", "-", "-", "-", "(no implementation registered)", "no")
+    _console().print(table if rows or unimplemented else "No kernels are registered (see `ejk plugins`).")
     return 0
 
 

@@ -8,6 +8,7 @@ import jax
 
 from ejk.ops._base import ImplChoice, OpKernel, run_op
 from ejk.ops._check_attention import check_flash_attention_args
+from ejk.ops._definition import define_op
 
 __all__ = ["FlashAttentionKernel", "flash_attention", "flash_attention_call"]
 
@@ -101,3 +102,7 @@ def flash_attention_call(
         "logits_soft_cap": None if logits_soft_cap is None else float(logits_soft_cap),
     }
     return (q, k, v, q_segment_ids, kv_segment_ids, bias), static
+
+
+define_op(KERNEL, flash_attention, reference="ejk.testing:reference_flash_attention",
+          check="ejk.testing:check_flash_attention")

@@ -80,14 +80,9 @@ def explain(op: str | OpKernel, *args: Any, platform: str = "auto", cfg: Any = N
         was not chosen — its capability gate's reason, its platform's problem and fix, or how
         much slower it measured when tuning data exists.
     """
-    from ejk.ops import OPS
+    from ejk.ops._definition import get_op
 
-    if isinstance(op, str):
-        if op not in OPS:
-            raise ValueError(f"explain: unknown operation {op!r}; known: {', '.join(sorted(OPS))}")
-        kernel = OPS[op]
-    else:
-        kernel = op
+    kernel = get_op(op).kernel if isinstance(op, str) else op
     executor = executor or get_default_executor()
     plat = resolve_platform(platform)
     arrays, static = kernel.normalize(*args, **kwargs)

@@ -11,6 +11,7 @@ from ejk.execution.kernel import Invocation
 from ejk.ops._base import ImplChoice, OpKernel, run_op
 from ejk.ops._check_common import as_array
 from ejk.ops._check_grouped import check_grouped_matmul_args, check_matmul_args
+from ejk.ops._definition import define_op
 
 __all__ = ["GroupedMatmulKernel", "MatmulKernel", "grouped_matmul", "matmul"]
 
@@ -97,3 +98,8 @@ def grouped_matmul(
         ``[m, n]`` in ``lhs.dtype``.
     """
     return run_op(GROUPED, *GROUPED.normalize(lhs, rhs, group_sizes), platform, cfg)  # type: ignore[no-any-return]
+
+
+define_op(MATMUL, matmul, reference="ejk.testing:reference_matmul", check="ejk.testing:check_matmul")
+define_op(GROUPED, grouped_matmul, reference="ejk.testing:reference_grouped_matmul",
+          check="ejk.testing:check_grouped_matmul")

@@ -11,6 +11,7 @@ from ejk.execution.kernel import Invocation
 from ejk.ops._base import ImplChoice, OpKernel, run_op
 from ejk.ops._check_common import as_array, scalar_count
 from ejk.ops._check_grouped import check_ragged_paged_attention_args
+from ejk.ops._definition import define_op
 
 __all__ = ["RaggedPagedAttentionKernel", "ragged_paged_attention"]
 
@@ -108,3 +109,7 @@ def ragged_paged_attention(
         softmax_scale=softmax_scale, sliding_window=sliding_window, logits_soft_cap=logits_soft_cap,
     )
     return run_op(KERNEL, arrays, static, platform, cfg)  # type: ignore[no-any-return]
+
+
+define_op(KERNEL, ragged_paged_attention, reference="ejk.testing:reference_ragged_paged_attention",
+          check="ejk.testing:check_ragged_paged_attention")

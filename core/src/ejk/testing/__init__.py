@@ -14,6 +14,7 @@ from ejk.testing._op_checks import (
     check_flash_attention,
     check_grouped_matmul,
     check_matmul,
+    check_op,
     check_ragged_paged_attention,
 )
 from ejk.testing._reference_attention import reference_flash_attention
@@ -27,6 +28,7 @@ __all__ = [
     "check_flash_attention",
     "check_grouped_matmul",
     "check_matmul",
+    "check_op",
     "check_ragged_paged_attention",
     "check_discovered_plugins",
     "check_imports_lazily",

@@ -21,6 +21,7 @@ from ejk.testing._reference_paged import reference_ragged_paged_attention
 
 __all__ = [
     "FLASH_ATTENTION_CASES",
+    "check_op",
     "TOLERANCES",
     "assert_close",
     "check_flash_attention",
@@ -188,3 +189,18 @@ def check_ragged_paged_attention(platform: str, *, dtypes: Sequence[Any] = (jnp.
             assert_close(got, reference_ragged_paged_attention(*args, **options), dtype,
                          what=f"ragged_paged_attention[{platform}] kv={kv_lens} q={q_lens} {jnp.dtype(dtype).name}")
     return len(dtypes) * len(cases)
+
+
+def check_op(name: str, platform: str, **options: Any) -> int:
+    """Run the conformance check of operation ``name`` (built in or defined by a plugin with
+    :func:`ejk.ops.define_op`) on ``platform``; returns the cases run.
+
+    Raises:
+        ValueError: for an unknown operation, or one defined without a conformance check.
+    """
+    from ejk.ops import get_op
+
+    check = get_op(name).check_fn()
+    if check is None:
+        raise ValueError(f"operation {name!r} was defined without a conformance check (define_op(..., check=))")
+    return check(platform, **options)

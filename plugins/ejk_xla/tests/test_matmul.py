@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 
 import attrs
@@ -324,3 +325,14 @@ def test_default_matmul_precision_that_ejk_cannot_honour() -> None:
     with jax.default_matmul_precision("BF16_BF16_F32"), pytest.raises(
             ValueError, match=r"precision is None \(from jax_default_matmul_precision='BF16_BF16_F32'\)"):
         ejk.matmul(jnp.ones((2, 3)), jnp.ones((3, 4)), precision=None)
+
+
+def test_explain_cli_takes_jnp_matmul_shapes_and_numerics(capsys: pytest.CaptureFixture[str]) -> None:
+    from ejk.cli import main
+
+    assert main(["explain", "matmul", "--a", "3x1x2x4", "--b", "5x4x6", "--precision", "high",
+                 "--preferred-element-type", "float32", "--json"]) == 0
+    call = json.loads(capsys.readouterr().out)["call"]
+    assert "3x1x2x4:bfloat16, 5x4x6:bfloat16" in call and "('high', 'high')" in call and "float32" in call
+    assert main(["explain", "matmul", "--a", "4", "--b", "5", "--json"]) == 2
+    assert "matmul: b has shape (5,) but needs [k=4]" in json.loads(capsys.readouterr().out)["error"]

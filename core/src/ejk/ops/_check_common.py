@@ -13,7 +13,6 @@ import numpy as np
 
 __all__ = [
     "FLOAT_DTYPES",
-    "PRECISIONS",
     "as_array",
     "float_dtype_problem",
     "is_int",
@@ -172,10 +171,6 @@ def scalar_count(op: str, name: str, value: Any) -> Any:
     return jnp.asarray(value, dtype=jnp.int32)
 
 
-#: Canonical names of ``jax.lax.Precision`` members, fastest first. Every matmul-like op passes its
-#: implementations ``precision`` as a pair of these names, one per operand.
-PRECISIONS = ("default", "high", "highest")
-
 _PRECISION_NEEDS = (
     "needs None (JAX's default: jax_default_matmul_precision, else 'default'), one of 'default', 'high', "
     "'highest' (or JAX's aliases 'fastest', 'bfloat16', 'tensorfloat32', 'bfloat16_3x', 'float32'), a "
@@ -198,7 +193,7 @@ def _precision_name(value: Any) -> str | None:
     return None
 
 
-def matmul_precision(op: str, value: Any, name: str = "precision") -> tuple[str, str]:
+def matmul_precision(op: str, value: Any) -> tuple[str, str]:
     """The one ``precision`` rule of the matmul-like ops, as in ``jax.lax.dot_general``.
 
     ``None`` means what it means in JAX: ``jax_default_matmul_precision`` (read when the op is
@@ -207,7 +202,8 @@ def matmul_precision(op: str, value: Any, name: str = "precision") -> tuple[str,
     kernels always accumulate in float32.
 
     Returns:
-        ``(lhs, rhs)`` canonical names from :data:`PRECISIONS`.
+        ``(lhs, rhs)``: the names of ``jax.lax.Precision`` members (``"default"``, ``"high"`` or
+        ``"highest"``), one per operand, as every matmul-like op passes them to implementations.
 
     Raises:
         ValueError: ``"<op>: precision is <value> but needs …"``.
@@ -227,7 +223,7 @@ def matmul_precision(op: str, value: Any, name: str = "precision") -> tuple[str,
         if pair[0] is not None and pair[1] is not None:
             return (pair[0], pair[1])
     source = "" if given is not None else f" (from jax_default_matmul_precision={value!r})"
-    raise ValueError(f"{op}: {name} is {given!r}{source} but {_PRECISION_NEEDS}")
+    raise ValueError(f"{op}: precision is {given!r}{source} but {_PRECISION_NEEDS}")
 
 
 def preferred_element_type(op: str, value: Any, default: Any, *, default_means: str) -> np.dtype[Any]:

@@ -195,6 +195,9 @@ def grouped_matmul(
 ) -> jax.Array:
     """Row-grouped matmul: consecutive row groups of ``lhs``, group ``i`` times ``rhs[i]``.
 
+    ``ejk.grouped_matmul`` always passes ``precision`` and ``preferred_element_type``
+    resolved; the defaults here (ejk's defaults) serve direct calls.
+
     Args:
         lhs: ``[m, k]``.
         rhs: ``[g, k, n]``.
@@ -204,9 +207,6 @@ def grouped_matmul(
             the forward and the backward products.
         preferred_element_type: The output dtype; ``None`` means ``lhs.dtype``.
         cfg: The config; ``None`` means :func:`heuristic_config` for these shapes.
-
-    ``ejk.grouped_matmul`` always passes ``precision`` and ``preferred_element_type``
-    resolved; the defaults here (ejk's defaults) serve direct calls.
 
     Returns:
         ``[m, n]`` in ``preferred_element_type`` (float32 accumulation). Differentiable in

@@ -45,10 +45,12 @@ def add_parser(sub: Any) -> None:
     attention.add_argument("--segment-ids", action="store_true", help="the call passes segment ids")
     attention.add_argument("--bias", type=_shape, help="bias shape, e.g. 1x16x4096x4096")
     matmuls = p.add_argument_group("matmul / grouped_matmul")
-    matmuls.add_argument("--a", type=_shape, help="matmul lhs shape [..., m, k]")
-    matmuls.add_argument("--b", type=_shape, help="matmul rhs shape [k, n]")
+    matmuls.add_argument("--a", type=_shape, help="matmul lhs shape [..., m, k] or [k]")
+    matmuls.add_argument("--b", type=_shape, help="matmul rhs shape [..., k, n] or [k] (batch dims broadcast)")
     matmuls.add_argument("--lhs", type=_shape, help="grouped_matmul lhs shape m x k")
     matmuls.add_argument("--rhs", type=_shape, help="grouped_matmul rhs shape g x k x n")
+    matmuls.add_argument("--precision", default="highest", help="precision of the products (default highest)")
+    matmuls.add_argument("--preferred-element-type", help="output dtype (default: the op's, from the inputs)")
     p.set_defaults(func=run)
 
 
@@ -78,11 +80,12 @@ def _call(args: argparse.Namespace) -> tuple[tuple[Any, ...], dict[str, Any]]:
         if args.bias is not None:
             kwargs["bias"] = jax.ShapeDtypeStruct(args.bias, dtype)
         return (q, kv, kv), kwargs
+    numerics = {"precision": args.precision, "preferred_element_type": args.preferred_element_type}
     if args.op == "matmul":
-        return (jax.ShapeDtypeStruct(need("a"), dtype), jax.ShapeDtypeStruct(need("b"), dtype)), {}
+        return (jax.ShapeDtypeStruct(need("a"), dtype), jax.ShapeDtypeStruct(need("b"), dtype)), numerics
     lhs, rhs = need("lhs"), need("rhs")
     return (jax.ShapeDtypeStruct(lhs, dtype), jax.ShapeDtypeStruct(rhs, dtype),
-            jax.ShapeDtypeStruct((rhs[0],), jnp.int32)), {}
+            jax.ShapeDtypeStruct((rhs[0],), jnp.int32)), numerics
 
 
 def run(args: argparse.Namespace) -> int:

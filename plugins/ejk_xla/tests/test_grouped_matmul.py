@@ -7,10 +7,12 @@ from typing import Any
 
 import attrs
 import jax
+import jax.extend
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import ejk
 from ejk.ops._check_grouped import check_grouped_matmul_args
 from ejk.testing import reference_grouped_matmul as _plain_reference
 from ejk_xla._grouped_matmul import GroupedMatmulConfig, config_space, grouped_matmul, heuristic_config
@@ -330,3 +332,76 @@ def test_check_skips_values_under_tracing() -> None:
     check_grouped_matmul_args(lhs, rhs, _abstract((3,), jnp.int32))
     with pytest.raises(ValueError, match="group_sizes has shape"):  # shapes are still checked
         jax.jit(lambda s: check_grouped_matmul_args(lhs, rhs, s))(bad[:2])
+
+
+# -- precision and preferred_element_type --------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("dtype", "preferred"),
+    [(jnp.bfloat16, jnp.float32), (jnp.float32, jnp.bfloat16), (jnp.float16, None)],
+)
+def test_preferred_element_type(rng: np.random.Generator, dtype: Any, preferred: Any) -> None:
+    lhs, rhs, sizes = _case(rng, "uneven", dtype)
+    out = ejk.grouped_matmul(lhs, rhs, sizes, preferred_element_type=preferred)
+    want_dtype = dtype if preferred is None else preferred
+    assert out.dtype == want_dtype
+    want = reference_grouped_matmul(lhs, rhs, sizes)
+    _assert_close(out, want.astype(want_dtype), TOLERANCE[jnp.dtype(dtype).type])
+    got_grads = jax.grad(lambda x, w: ejk.grouped_matmul(x, w, sizes, preferred_element_type=preferred)
+                         .astype(jnp.float32).sum(), argnums=(0, 1))(lhs, rhs)
+    want_grads = jax.grad(lambda x, w: _plain_reference(x, w, sizes).astype(jnp.float32).sum(),
+                          argnums=(0, 1))(lhs, rhs)
+    for g, w in zip(got_grads, want_grads, strict=True):
+        assert g.dtype == dtype  # gradients in the operands' dtypes
+        _assert_close(g, w, TOLERANCE[jnp.dtype(dtype).type])
+
+
+def test_preferred_float32_keeps_the_float32_sum() -> None:
+    k = 1000
+    lhs = jnp.ones((3, k), jnp.bfloat16)
+    rhs = jnp.full((2, k, 2), 1.0 + 2.0**-7, jnp.bfloat16)  # k * (1 + 2^-7) = 1007.8125 is not a bf16 number
+    out = ejk.grouped_matmul(lhs, rhs, jnp.asarray([1, 2], jnp.int32), preferred_element_type=jnp.float32)
+    assert out.dtype == jnp.float32
+    np.testing.assert_allclose(np.asarray(out), k * (1.0 + 2.0**-7), rtol=1e-6)
+
+
+def _dot_precisions(fn: Callable[[], Any]) -> set[object]:
+    found: set[object] = set()
+
+    def walk(jaxpr: Any) -> None:
+        for eqn in jaxpr.eqns:
+            if eqn.primitive.name == "dot_general":
+                found.add(eqn.params["precision"])
+            for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+                walk(sub)
+
+    walk(jax.make_jaxpr(fn)().jaxpr)
+    return found
+
+
+def test_precision_reaches_forward_and_backward(rng: np.random.Generator) -> None:
+    lhs, rhs, sizes = _case(rng, "uneven")
+    P = jax.lax.Precision
+
+    def fwd_bwd(**kw: Any) -> Callable[[], Any]:
+        return lambda: jax.grad(lambda x, w: ejk.grouped_matmul(x, w, sizes, **kw).sum(), argnums=(0, 1))(lhs, rhs)
+
+    assert _dot_precisions(fwd_bwd()) == {(P.HIGHEST, P.HIGHEST)}  # the default, as before
+    assert _dot_precisions(fwd_bwd(precision="default")) == {(P.DEFAULT, P.DEFAULT)}
+    _, static = ejk.ops.OPS["grouped_matmul"].normalize(lhs.astype(jnp.bfloat16), rhs, sizes)
+    assert static == {"precision": ("highest", "highest"), "preferred_element_type": np.dtype(jnp.bfloat16)}
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"precision": "fast"}, r"grouped_matmul: precision is 'fast' but needs None"),
+        ({"preferred_element_type": jnp.int32},
+         r"grouped_matmul: preferred_element_type is int32 but needs None \(lhs.dtype\) or a floating dtype"),
+    ],
+    ids=["precision", "preferred_element_type"],
+)
+def test_static_argument_errors(kwargs: dict[str, Any], match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        ejk.grouped_matmul(jnp.ones((4, 3)), jnp.ones((2, 3, 5)), jnp.array([1, 3], jnp.int32), **kwargs)

@@ -12,6 +12,7 @@ import pytest
 
 import ejk
 from ejk.testing import (
+    MATMUL_SHAPES,
     check_flash_attention,
     check_grouped_matmul,
     check_matmul,
@@ -173,3 +174,11 @@ def test_signatures_of_registered_implementations_agree() -> None:
 def test_platform_conformance_suite(check: Any) -> None:
     """The conformance checks every platform runs (ejk.testing), here for xla."""
     assert check("xla") > 0
+
+
+def test_matmul_conformance_with_precision_and_output_dtype() -> None:
+    """The conformance checks pass precision / preferred_element_type to the op and the reference alike."""
+    shapes = MATMUL_SHAPES[3:7]  # broadcasting batch dimensions and 1-D operands
+    assert check_matmul("xla", dtypes=(jnp.bfloat16,), precision=("default", "highest"),
+                        preferred_element_type=jnp.float32, shapes=shapes) == len(shapes)
+    assert check_grouped_matmul("xla", dtypes=(jnp.bfloat16,), preferred_element_type=jnp.float32) > 0

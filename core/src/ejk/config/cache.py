@@ -41,7 +41,7 @@ class overlay_cache:  # noqa: N801 - a context manager named like the function i
         mapping: ``{(device, op_id, call_key): cfg}``.
 
     Example:
-        >>> with overlay_cache({("cpu|cpu", "matmul@1", key): cfg}):
+        >>> with overlay_cache({("cpu|cpu", "matmul@2", key): cfg}):
         ...     out = ejk.matmul(a, b)
     """
 

@@ -53,6 +53,8 @@ def flash_attention(
             ``h // (Hq // Hkv)``).
         v: ``[B, Sk, Hkv, Dv]``.
         causal: Key j is visible to query i iff ``j <= i + Sk - Sq`` (bottom-right aligned).
+            For ``Sq != Sk`` this differs from ``jax.nn.dot_product_attention(is_causal=True)``,
+            which aligns top-left (key j visible iff ``j <= i``); the two agree when ``Sq == Sk``.
         softmax_scale: Logit scale: ``None`` (``1/sqrt(D)``) or a finite number > 0, as for every op.
         sliding_window: ``(left, right)`` or ``w`` for ``(w, w)``: key j visible iff
             ``-left <= j - (i + Sk - Sq) <= right``. With ``causal=True`` the right side is

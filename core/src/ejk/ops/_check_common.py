@@ -1,5 +1,6 @@
 """Argument checks shared by every operation's validator: one rule each for floating dtypes,
-``softmax_scale``, sliding windows, array-likes and counts."""
+``softmax_scale``, sliding windows, array-likes, counts, and the matmul ``precision`` /
+``preferred_element_type``."""
 
 from __future__ import annotations
 
@@ -16,8 +17,10 @@ __all__ = [
     "float_dtype_problem",
     "is_int",
     "is_real",
+    "matmul_precision",
     "normalize_window",
     "optional_positive",
+    "preferred_element_type",
     "scalar_count",
     "softmax_scale",
 ]
@@ -166,3 +169,88 @@ def scalar_count(op: str, name: str, value: Any) -> Any:
     if dtype is None or not jnp.issubdtype(dtype, jnp.integer) or jnp.issubdtype(dtype, jnp.bool_):
         raise ValueError(f"{op}: {name} is {value!r:.60} but needs {needs}")
     return jnp.asarray(value, dtype=jnp.int32)
+
+
+_PRECISION_NEEDS = (
+    "needs None (JAX's default: jax_default_matmul_precision, else 'default'), one of 'default', 'high', "
+    "'highest' (or JAX's aliases 'fastest', 'bfloat16', 'tensorfloat32', 'bfloat16_3x', 'float32'), a "
+    "jax.lax.Precision, or a pair of these (lhs, rhs); jax.lax.DotAlgorithm(Preset) is not supported "
+    "(ejk accumulates in float32: pick the output dtype with preferred_element_type)"
+)
+
+
+def _precision_name(value: Any) -> str | None:
+    """``"default"`` / ``"high"`` / ``"highest"`` for a ``lax.Precision`` or one of JAX's names, else ``None``."""
+    from jax import lax
+
+    if isinstance(value, lax.Precision):
+        return value.name.lower()
+    if isinstance(value, str):
+        try:
+            return lax.Precision(value.strip().lower()).name.lower()
+        except ValueError:
+            return None
+    return None
+
+
+def matmul_precision(op: str, value: Any) -> tuple[str, str]:
+    """The one ``precision`` rule of the matmul-like ops, as in ``jax.lax.dot_general``.
+
+    ``None`` means what it means in JAX: ``jax_default_matmul_precision`` (read when the op is
+    called, so ``with jax.default_matmul_precision(...)`` applies), else ``"default"``. A
+    ``jax.lax.DotAlgorithm`` or preset is rejected: it fixes the accumulation type, and ejk's
+    kernels always accumulate in float32.
+
+    Returns:
+        ``(lhs, rhs)``: the names of ``jax.lax.Precision`` members (``"default"``, ``"high"`` or
+        ``"highest"``), one per operand, as every matmul-like op passes them to implementations.
+
+    Raises:
+        ValueError: ``"<op>: precision is <value> but needs …"``.
+    """
+    import jax
+
+    given = value
+    if value is None:
+        value = jax.config.jax_default_matmul_precision  # type: ignore[attr-defined]  # honours the context manager
+        if value is None:
+            return ("default", "default")
+    single = _precision_name(value)
+    if single is not None:
+        return (single, single)
+    if isinstance(value, Sequence) and not isinstance(value, str) and len(value) == 2:
+        pair = (_precision_name(value[0]), _precision_name(value[1]))
+        if pair[0] is not None and pair[1] is not None:
+            return (pair[0], pair[1])
+    source = "" if given is not None else f" (from jax_default_matmul_precision={value!r})"
+    raise ValueError(f"{op}: precision is {given!r}{source} but {_PRECISION_NEEDS}")
+
+
+def preferred_element_type(op: str, value: Any, default: Any, *, default_means: str) -> np.dtype[Any]:
+    """The one ``preferred_element_type`` rule of the matmul-like ops: the *output* dtype.
+
+    ``None`` gives ``default``; otherwise a floating dtype of :data:`FLOAT_DTYPES`. The
+    kernels accumulate in float32 whatever the output dtype (as ``jnp.matmul`` does on GPUs and
+    TPUs for 16-bit inputs), so this only chooses the one final rounding.
+
+    Args:
+        op: Operation name, for the error message.
+        value: The user's value: ``None`` or anything ``numpy.dtype`` accepts.
+        default: The dtype ``None`` stands for.
+        default_means: How the error message describes the default, e.g. ``"result_type(a, b)"``.
+
+    Raises:
+        ValueError: ``"<op>: preferred_element_type is <value> but needs None (…) or a floating dtype …"``.
+    """
+    if value is None:
+        resolved: np.dtype[Any] = np.dtype(default)
+        return resolved
+    try:
+        dtype: np.dtype[Any] = np.dtype(value)
+    except TypeError:
+        raise ValueError(f"{op}: preferred_element_type is {value!r} but needs None ({default_means}) or a "
+                         f"floating dtype: one of {', '.join(FLOAT_DTYPES)}") from None
+    problem = float_dtype_problem(dtype)
+    if problem is not None:
+        raise ValueError(f"{op}: preferred_element_type is {dtype.name} but needs None ({default_means}) or {problem}")
+    return dtype

@@ -9,6 +9,7 @@ from __future__ import annotations
 from ejk.testing._conformance import check_discovered_plugins, check_imports_lazily, check_plugin, expected_plugins
 from ejk.testing._op_checks import (
     FLASH_ATTENTION_CASES,
+    MATMUL_SHAPES,
     TOLERANCES,
     assert_close,
     check_flash_attention,
@@ -23,6 +24,7 @@ from ejk.testing._reference_paged import reference_ragged_paged_attention
 
 __all__ = [
     "FLASH_ATTENTION_CASES",
+    "MATMUL_SHAPES",
     "TOLERANCES",
     "assert_close",
     "check_flash_attention",

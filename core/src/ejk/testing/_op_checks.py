@@ -22,6 +22,7 @@ from ejk.testing._reference_paged import reference_ragged_paged_attention
 __all__ = [
     "FLASH_ATTENTION_CASES",
     "check_op",
+    "MATMUL_SHAPES",
     "TOLERANCES",
     "assert_close",
     "check_flash_attention",
@@ -108,6 +109,11 @@ def check_flash_attention(
     return len(dtypes) * len(cases)
 
 
+def _normal(rng: np.random.Generator, shape: tuple[int, ...], dtype: Any) -> jax.Array:
+    """Standard normal values drawn on the host: no compilation per shape (``jax.random`` compiles one)."""
+    return jnp.asarray(rng.standard_normal(shape, np.float32), dtype)
+
+
 def _compare(ours: Callable[..., Any], ref: Callable[..., Any], args: tuple[Any, ...], dtype: Any, label: str,
              grads: bool) -> None:
     if not grads:
@@ -116,49 +122,105 @@ def _compare(ours: Callable[..., Any], ref: Callable[..., Any], args: tuple[Any,
     out, ours_vjp = jax.vjp(ours, *args)
     want, ref_vjp = jax.vjp(ref, *args)
     assert_close(out, want, dtype, what=label)
-    cotangent = jax.random.normal(jax.random.key(7), out.shape, out.dtype)
+    cotangent = _normal(np.random.default_rng(7), out.shape, out.dtype)
     names = ("d" + str(i) for i in range(len(args)))
     for name, got_g, want_g in zip(names, ours_vjp(cotangent), ref_vjp(cotangent), strict=True):
         if want_g is not None and got_g is not None:
             assert_close(got_g, want_g, dtype, what=f"{label} gradient {name}")
 
 
-def check_matmul(platform: str, *, dtypes: Sequence[Any] = (jnp.float32, jnp.bfloat16), cfg: Any = None) -> int:
-    """``ejk.matmul`` on ``platform`` against the reference, with gradients; returns the cases run."""
+#: Shapes of ``check_matmul``: plain, batched, broadcasting batch dimensions and 1-D operands,
+#: as ``jnp.matmul`` treats them.
+MATMUL_SHAPES: tuple[tuple[tuple[int, ...], tuple[int, ...]], ...] = (
+    ((8, 16), (16, 4)),
+    ((2, 3, 5, 7), (7, 9)),
+    ((1, 1), (1, 1)),
+    ((3, 1, 5, 7), (4, 7, 2)),  # batch dims broadcast: [3, 1] with [4] -> [3, 4]
+    ((6, 5), (2, 5, 3)),  # only b batched
+    ((7,), (2, 7, 3)),  # 1-D a: a row
+    ((2, 4, 7), (7,)),  # 1-D b: a column
+    ((6,), (6,)),  # both 1-D: a scalar
+)
+
+
+def _check_aval(got: Any, want: Any, label: str) -> None:
+    if (got.shape, jnp.dtype(got.dtype)) != (want.shape, jnp.dtype(want.dtype)):
+        raise AssertionError(f"{label}: got shape {got.shape} dtype {jnp.dtype(got.dtype).name}, "
+                             f"want shape {want.shape} dtype {jnp.dtype(want.dtype).name}")
+
+
+def check_matmul(
+    platform: str,
+    *,
+    dtypes: Sequence[Any] = (jnp.float32, jnp.bfloat16),
+    cfg: Any = None,
+    precision: Any = "highest",
+    preferred_element_type: Any = None,
+    shapes: Sequence[tuple[tuple[int, ...], tuple[int, ...]]] = MATMUL_SHAPES,
+) -> int:
+    """``ejk.matmul`` on ``platform`` against the reference, with gradients; returns the cases run.
+
+    ``precision`` and ``preferred_element_type`` go to both ``ejk.matmul`` and
+    :func:`reference_matmul`; the output's shape and dtype must be ``jnp.matmul``'s (in
+    ``preferred_element_type`` when given). Tolerances are those of the input dtype.
+    """
     import ejk
 
-    shapes = (((8, 16), (16, 4)), ((2, 3, 5, 7), (7, 9)), ((1, 1), (1, 1)))
+    options = {"precision": precision, "preferred_element_type": preferred_element_type}
     for dtype in dtypes:
         for seed, (sa, sb) in enumerate(shapes):
-            keys = jax.random.split(jax.random.key(seed), 2)
-            args = (jax.random.normal(keys[0], sa, dtype), jax.random.normal(keys[1], sb, dtype))
-            _compare(lambda a, b: ejk.matmul(a, b, platform=platform, cfg=cfg), reference_matmul, args, dtype,
-                     f"matmul[{platform}] {sa}x{sb} {jnp.dtype(dtype).name}", grads=True)
+            rng = np.random.default_rng(seed)
+            args = (_normal(rng, sa, dtype), _normal(rng, sb, dtype))
+            label = f"matmul[{platform}] {sa}x{sb} {jnp.dtype(dtype).name} {options}"
+
+            def ours(a: jax.Array, b: jax.Array) -> jax.Array:
+                return ejk.matmul(a, b, platform=platform, cfg=cfg, **options)
+
+            def ref(a: jax.Array, b: jax.Array) -> jax.Array:
+                return reference_matmul(a, b, **options)
+
+            want = jax.eval_shape(lambda a, b: jnp.matmul(a, b, preferred_element_type=preferred_element_type), *args)
+            _check_aval(jax.eval_shape(ours, *args), want, label)
+            _compare(ours, ref, args, dtype, label, grads=True)
     return len(dtypes) * len(shapes)
 
 
-def check_grouped_matmul(platform: str, *, dtypes: Sequence[Any] = (jnp.float32, jnp.bfloat16),
-                         cfg: Any = None) -> int:
-    """``ejk.grouped_matmul`` on ``platform``: uneven, empty and trailing-row groups, with gradients."""
+def check_grouped_matmul(
+    platform: str,
+    *,
+    dtypes: Sequence[Any] = (jnp.float32, jnp.bfloat16),
+    cfg: Any = None,
+    precision: Any = "highest",
+    preferred_element_type: Any = None,
+) -> int:
+    """``ejk.grouped_matmul`` on ``platform``: uneven, empty and trailing-row groups, with gradients.
+
+    ``precision`` and ``preferred_element_type`` go to both ``ejk.grouped_matmul`` and
+    :func:`reference_grouped_matmul`; the output must be ``[m, n]`` in
+    ``preferred_element_type`` (``lhs.dtype`` when ``None``).
+    """
     import ejk
 
+    options = {"precision": precision, "preferred_element_type": preferred_element_type}
     cases = ((40, 16, 8, [10, 0, 25, 3]), (7, 4, 3, [7]), (33, 8, 5, [0, 0, 33, 0]), (1, 4, 2, [0, 1]),
              (12, 8, 8, [0, 0, 0]))
     for dtype in dtypes:
         for seed, (m, k, n, sizes) in enumerate(cases):
-            keys = jax.random.split(jax.random.key(seed), 2)
-            lhs = jax.random.normal(keys[0], (m, k), dtype)
-            rhs = jax.random.normal(keys[1], (len(sizes), k, n), dtype)
+            rng = np.random.default_rng(seed)
+            lhs = _normal(rng, (m, k), dtype)
+            rhs = _normal(rng, (len(sizes), k, n), dtype)
             group_sizes = jnp.asarray(sizes, jnp.int32)
 
             def ours(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array = group_sizes) -> jax.Array:
-                return ejk.grouped_matmul(lhs, rhs, group_sizes, platform=platform, cfg=cfg)
+                return ejk.grouped_matmul(lhs, rhs, group_sizes, platform=platform, cfg=cfg, **options)
 
             def ref(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array = group_sizes) -> jax.Array:
-                return reference_grouped_matmul(lhs, rhs, group_sizes)
+                return reference_grouped_matmul(lhs, rhs, group_sizes, **options)
 
-            _compare(ours, ref, (lhs, rhs), dtype,
-                     f"grouped_matmul[{platform}] m={m} sizes={sizes} {jnp.dtype(dtype).name}", grads=True)
+            label = f"grouped_matmul[{platform}] m={m} sizes={sizes} {jnp.dtype(dtype).name} {options}"
+            want = jax.ShapeDtypeStruct((m, n), dtype if preferred_element_type is None else preferred_element_type)
+            _check_aval(jax.eval_shape(ours, lhs, rhs), want, label)
+            _compare(ours, ref, (lhs, rhs), dtype, label, grads=True)
     return len(dtypes) * len(cases)
 
 

@@ -1,35 +1,47 @@
 """Plain references for ``matmul`` and ``grouped_matmul`` (float32 math, easy to read).
 
 They are test oracles, not kernels: the grouped reference gathers a weight matrix per row
-(an ``[m, k, n]`` intermediate), which a real implementation must never do.
+(an ``[m, k, n]`` intermediate), which a real implementation must never do. They take the
+ops' ``precision`` and ``preferred_element_type`` with the same defaults.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 
 __all__ = ["reference_grouped_matmul", "reference_matmul"]
 
-_HIGHEST = jax.lax.Precision.HIGHEST
 
-
-def reference_matmul(a: jax.Array, b: jax.Array) -> jax.Array:
-    """``a @ b`` computed in float32.
+def reference_matmul(
+    a: jax.Array, b: jax.Array, *, precision: Any = "highest", preferred_element_type: Any = None
+) -> jax.Array:
+    """``jnp.matmul(a, b)`` computed in float32.
 
     Args:
-        a: ``[..., m, k]``.
-        b: ``[k, n]``.
+        a: ``[..., m, k]`` or ``[k]``.
+        b: ``[..., k, n]`` or ``[k]`` (batch dimensions broadcast, as in ``jnp.matmul``).
+        precision: Of the products, as for ``jax.lax.dot_general``; default ``"highest"``.
+        preferred_element_type: Output dtype; ``None`` means ``result_type(a, b)``.
 
     Returns:
-        ``[..., m, n]`` in ``result_type(a, b)``.
+        ``jnp.matmul(a, b)``'s shape in ``preferred_element_type``.
     """
-    out_dtype = jnp.result_type(a, b)
-    out = jnp.matmul(a.astype(jnp.float32), b.astype(jnp.float32), precision=_HIGHEST)
+    out_dtype = jnp.result_type(a, b) if preferred_element_type is None else preferred_element_type
+    out = jnp.matmul(a.astype(jnp.float32), b.astype(jnp.float32), precision=precision)
     return out.astype(out_dtype)
 
 
-def reference_grouped_matmul(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array) -> jax.Array:
+def reference_grouped_matmul(
+    lhs: jax.Array,
+    rhs: jax.Array,
+    group_sizes: jax.Array,
+    *,
+    precision: Any = "highest",
+    preferred_element_type: Any = None,
+) -> jax.Array:
     """Row-grouped matmul computed in float32 through a per-row gather of ``rhs``.
 
     Rows ``[start_i, start_i + group_sizes[i])`` (consecutive groups) are multiplied by
@@ -40,18 +52,21 @@ def reference_grouped_matmul(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Ar
         lhs: ``[m, k]``.
         rhs: ``[g, k, n]``.
         group_sizes: ``[g]`` non-negative integers with a sum ``<= m``.
+        precision: Of the products, as for ``jax.lax.dot_general``; default ``"highest"``.
+        preferred_element_type: Output dtype; ``None`` means ``lhs.dtype``.
 
     Returns:
-        ``[m, n]`` in ``lhs.dtype``.
+        ``[m, n]`` in ``preferred_element_type``.
     """
+    out_dtype = lhs.dtype if preferred_element_type is None else preferred_element_type
     m = lhs.shape[0]
     groups, _, n = rhs.shape
     if groups == 0:
-        return jnp.zeros((m, n), lhs.dtype)
+        return jnp.zeros((m, n), out_dtype)
     ends = jnp.cumsum(jnp.asarray(group_sizes, jnp.int32))
     rows = jnp.arange(m, dtype=jnp.int32)
     group_of_row = jnp.searchsorted(ends, rows, side="right")  # first group whose end is past the row
     in_some_group = rows < ends[-1]
     per_row_rhs = rhs.astype(jnp.float32)[jnp.minimum(group_of_row, groups - 1)]  # [m, k, n]
-    out = jnp.einsum("mk,mkn->mn", lhs.astype(jnp.float32), per_row_rhs, precision=_HIGHEST)
-    return jnp.where(in_some_group[:, None], out, 0.0).astype(lhs.dtype)
+    out = jnp.einsum("mk,mkn->mn", lhs.astype(jnp.float32), per_row_rhs, precision=precision)
+    return jnp.where(in_some_group[:, None], out, 0.0).astype(out_dtype)

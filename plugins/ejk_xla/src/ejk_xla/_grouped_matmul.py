@@ -5,11 +5,12 @@ ranges, so the (tile, group) pairs that share at least one row number at most
 ``ceil(m / block_m) + g - 1``; they form a static-length *work list*, built from the
 cumulative group offsets. A ``lax.scan`` walks the list: each item multiplies its row tile
 by ``rhs[group]``, keeps the rows of that group and adds them into the float32 output
-tile. Nothing of size ``[g, m, n]`` (or a per-row ``[m, k, n]`` gather) is ever built.
+tile, cast once at the end to ``preferred_element_type``. Nothing of size ``[g, m, n]``
+(or a per-row ``[m, k, n]`` gather) is ever built.
 
 The gradient (a ``jax.custom_vjp``) reuses the work list: ``d lhs`` is the same grouped
 product with each ``rhs[i]`` transposed, and ``d rhs[i] = lhs_iᵀ @ dout_i`` is accumulated
-per group into a ``[g, k, n]`` float32 buffer.
+per group into a ``[g, k, n]`` float32 buffer. Both use the forward's ``precision``.
 """
 
 from __future__ import annotations
@@ -28,7 +29,9 @@ from ejk_xla._vma import varying_like
 
 __all__ = ["GroupedMatmulConfig", "config_space", "grouped_matmul", "heuristic_config"]
 
-_HIGHEST = lax.Precision.HIGHEST
+#: A pair of ``lax.Precision`` names (lhs, rhs), or one name for both, as ``ejk.grouped_matmul`` passes it.
+Precision = str | tuple[str, str]
+
 _BLOCK_CHOICES = (8, 16, 32, 64, 128, 256, 512)
 
 
@@ -83,7 +86,9 @@ def _row_mask(item: _WorkList, block: int) -> jax.Array:
     return (rows >= item.row_lo) & (rows < item.row_hi)
 
 
-def _grouped_product(x: jax.Array, w: jax.Array, group_sizes: jax.Array, block: int, *, transpose_w: bool) -> jax.Array:
+def _grouped_product(
+    x: jax.Array, w: jax.Array, group_sizes: jax.Array, block: int, precision: Precision, *, transpose_w: bool
+) -> jax.Array:
     """``out[r] = x[r] @ w[group(r)]`` (or ``@ w[group(r)].T``) in float32; rows in no group are 0.
 
     Args:
@@ -91,6 +96,7 @@ def _grouped_product(x: jax.Array, w: jax.Array, group_sizes: jax.Array, block: 
         w: ``[g, a, b]``, or ``[g, b, a]`` with ``transpose_w``.
         group_sizes: ``[g]``.
         block: Rows per tile, ``1 <= block <= m``.
+        precision: Of the products.
         transpose_w: Contract ``x`` with the last axis of each ``w[i]`` instead of the first.
 
     Returns:
@@ -105,7 +111,7 @@ def _grouped_product(x: jax.Array, w: jax.Array, group_sizes: jax.Array, block: 
         x_tile = lax.dynamic_slice_in_dim(x, item.tile_start, block).astype(dtype)
         w_group = lax.dynamic_index_in_dim(w, item.group, keepdims=False).astype(dtype)
         product = lax.dot_general(
-            x_tile, w_group, (((1,), (contract_w,)), ((), ())), precision=_HIGHEST, preferred_element_type=jnp.float32
+            x_tile, w_group, (((1,), (contract_w,)), ((), ())), precision=precision, preferred_element_type=jnp.float32
         )
         product = jnp.where(_row_mask(item, block)[:, None], product, 0.0)
         tile = lax.dynamic_slice_in_dim(acc, item.tile_start, block)
@@ -116,7 +122,9 @@ def _grouped_product(x: jax.Array, w: jax.Array, group_sizes: jax.Array, block: 
     return out
 
 
-def _grouped_outer(x: jax.Array, dy: jax.Array, group_sizes: jax.Array, block: int, groups: int) -> jax.Array:
+def _grouped_outer(
+    x: jax.Array, dy: jax.Array, group_sizes: jax.Array, block: int, groups: int, precision: Precision
+) -> jax.Array:
     """``out[i] = x_iᵀ @ dy_i`` in float32, where ``x_i``, ``dy_i`` are group i's rows.
 
     Args:
@@ -125,6 +133,7 @@ def _grouped_outer(x: jax.Array, dy: jax.Array, group_sizes: jax.Array, block: i
         group_sizes: ``[g]``.
         block: Rows per tile, ``1 <= block <= m``.
         groups: ``g``.
+        precision: Of the products.
 
     Returns:
         ``[g, k, n]`` float32.
@@ -137,7 +146,7 @@ def _grouped_outer(x: jax.Array, dy: jax.Array, group_sizes: jax.Array, block: i
         x_tile = jnp.where(mask, lax.dynamic_slice_in_dim(x, item.tile_start, block), 0).astype(dtype)
         dy_tile = jnp.where(mask, lax.dynamic_slice_in_dim(dy, item.tile_start, block), 0).astype(dtype)
         update = lax.dot_general(
-            x_tile, dy_tile, (((0,), (0,)), ((), ())), precision=_HIGHEST, preferred_element_type=jnp.float32
+            x_tile, dy_tile, (((0,), (0,)), ((), ())), precision=precision, preferred_element_type=jnp.float32
         )
         current = lax.dynamic_index_in_dim(acc, item.group, keepdims=False)
         return lax.dynamic_update_index_in_dim(acc, current + update, item.group, 0), None
@@ -147,52 +156,70 @@ def _grouped_outer(x: jax.Array, dy: jax.Array, group_sizes: jax.Array, block: i
     return out
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
-def _grouped_matmul(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array, block: int) -> jax.Array:
-    return _grouped_product(lhs, rhs, group_sizes, block, transpose_w=False).astype(lhs.dtype)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5))
+def _grouped_matmul(
+    lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array, block: int, precision: Precision, out_dtype: Any
+) -> jax.Array:
+    return _grouped_product(lhs, rhs, group_sizes, block, precision, transpose_w=False).astype(out_dtype)
 
 
 def _grouped_matmul_fwd(
-    lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array, block: int
+    lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array, block: int, precision: Precision, out_dtype: Any
 ) -> tuple[jax.Array, tuple[jax.Array, jax.Array, jax.Array]]:
-    return _grouped_matmul(lhs, rhs, group_sizes, block), (lhs, rhs, group_sizes)
+    return _grouped_matmul(lhs, rhs, group_sizes, block, precision, out_dtype), (lhs, rhs, group_sizes)
 
 
 def _grouped_matmul_bwd(
-    block: int, residuals: tuple[jax.Array, jax.Array, jax.Array], dout: jax.Array
+    block: int, precision: Precision, out_dtype: Any, residuals: tuple[jax.Array, jax.Array, jax.Array],
+    dout: jax.Array,
 ) -> tuple[jax.Array, jax.Array, None]:
+    del out_dtype
     lhs, rhs, group_sizes = residuals
-    d_lhs = _grouped_product(dout, rhs, group_sizes, block, transpose_w=True).astype(lhs.dtype)
-    d_rhs = _grouped_outer(lhs, dout, group_sizes, block, rhs.shape[0]).astype(rhs.dtype)
+    d_lhs = _grouped_product(dout, rhs, group_sizes, block, precision, transpose_w=True).astype(lhs.dtype)
+    d_rhs = _grouped_outer(lhs, dout, group_sizes, block, rhs.shape[0], precision).astype(rhs.dtype)
     return d_lhs, d_rhs, None  # group_sizes is integer: no gradient
 
 
 _grouped_matmul.defvjp(_grouped_matmul_fwd, _grouped_matmul_bwd)
-_grouped_matmul_jit = jax.jit(_grouped_matmul, static_argnums=3)  # one compiled program per call
+_grouped_matmul_jit = jax.jit(_grouped_matmul, static_argnums=(3, 4, 5))  # one compiled program per call
 
 
 def grouped_matmul(
-    lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array, *, cfg: GroupedMatmulConfig | None = None
+    lhs: jax.Array,
+    rhs: jax.Array,
+    group_sizes: jax.Array,
+    *,
+    precision: Precision = ("highest", "highest"),
+    preferred_element_type: Any = None,
+    cfg: GroupedMatmulConfig | None = None,
 ) -> jax.Array:
     """Row-grouped matmul: consecutive row groups of ``lhs``, group ``i`` times ``rhs[i]``.
+
+    ``ejk.grouped_matmul`` always passes ``precision`` and ``preferred_element_type``
+    resolved; the defaults here (ejk's defaults) serve direct calls.
 
     Args:
         lhs: ``[m, k]``.
         rhs: ``[g, k, n]``.
         group_sizes: ``[g]`` integers, non-negative, ``sum <= m``; rows past the sum are
             zeros; empty groups are fine.
+        precision: A pair of ``jax.lax.Precision`` names (lhs, rhs), or one for both; used by
+            the forward and the backward products.
+        preferred_element_type: The output dtype; ``None`` means ``lhs.dtype``.
         cfg: The config; ``None`` means :func:`heuristic_config` for these shapes.
 
     Returns:
-        ``[m, n]`` in ``lhs.dtype`` (float32 accumulation). Differentiable in ``lhs`` and
-        ``rhs``; ``group_sizes`` gets no gradient.
+        ``[m, n]`` in ``preferred_element_type`` (float32 accumulation). Differentiable in
+        ``lhs`` and ``rhs`` (gradients in their dtypes); ``group_sizes`` gets no gradient.
     """
     cfg = heuristic_config(lhs, rhs, group_sizes) if cfg is None else cfg
+    out_dtype = jnp.dtype(lhs.dtype if preferred_element_type is None else preferred_element_type)
     m = lhs.shape[0]
     groups, _, n = rhs.shape
     if m == 0 or n == 0 or groups == 0:
-        return jnp.zeros((m, n), lhs.dtype)
-    out: jax.Array = _grouped_matmul_jit(lhs, rhs, jnp.asarray(group_sizes, jnp.int32), min(cfg.block_m, m))
+        return jnp.zeros((m, n), out_dtype)
+    out: jax.Array = _grouped_matmul_jit(lhs, rhs, jnp.asarray(group_sizes, jnp.int32), min(cfg.block_m, m),
+                                         precision, out_dtype)
     return out
 
 

@@ -1,9 +1,9 @@
-"""XLA ``matmul``: one ``lax.dot_general`` with float32 accumulation.
+"""XLA ``matmul``: ``jnp.matmul`` shapes, one ``dot_general`` with float32 accumulation.
 
 XLA already picks its own tiling for a dense matmul, so there is nothing worth autotuning
-here: the config space has one element. The config carries one user-facing knob, the
-precision of the products, which changes numerics (e.g. TF32 on NVIDIA GPUs, fewer bf16
-passes on TPUs) and is therefore never chosen by autotuning.
+here: the config class has no fields and the config space has one element. ``precision`` and
+``preferred_element_type`` change numerics, so they are arguments of ``ejk.matmul`` (passed
+here resolved), never part of a tuning config.
 """
 
 from __future__ import annotations
@@ -13,60 +13,58 @@ from typing import Any
 import attrs
 import jax
 import jax.numpy as jnp
-from jax import lax
 
 __all__ = ["MatmulConfig", "config_space", "heuristic_config", "matmul"]
-
-_PRECISIONS = {
-    "default": lax.Precision.DEFAULT,
-    "high": lax.Precision.HIGH,
-    "highest": lax.Precision.HIGHEST,
-}
 
 
 @attrs.frozen(kw_only=True)
 class MatmulConfig:
-    """Config of the XLA matmul.
+    """Config of the XLA matmul: no fields (XLA tiles a dense matmul itself).
 
-    Attributes:
-        precision: ``"highest"`` (full float32 products for float32 inputs), ``"high"`` or
-            ``"default"`` (the backend's fast path, e.g. TF32). Accumulation is always float32.
+    It exists so that ``cfg=MatmulConfig()`` names this implementation. The precision of
+    the products and the output dtype are arguments of ``ejk.matmul``
+    (``precision=``, ``preferred_element_type=``), not config fields.
     """
 
-    precision: str = attrs.field(default="highest", validator=attrs.validators.in_(tuple(_PRECISIONS)))
 
+def matmul(
+    a: jax.Array,
+    b: jax.Array,
+    *,
+    precision: str | tuple[str, str] = ("highest", "highest"),
+    preferred_element_type: Any = None,
+    cfg: MatmulConfig | None = None,
+) -> jax.Array:
+    """``a @ b`` as ``jnp.matmul`` (broadcast batch dimensions, 1-D operands), float32 accumulation.
 
-def matmul(a: jax.Array, b: jax.Array, *, cfg: MatmulConfig | None = None) -> jax.Array:
-    """``a @ b`` with float32 accumulation.
+    ``ejk.matmul`` always passes ``precision`` and ``preferred_element_type`` resolved; the
+    defaults here (ejk's defaults) serve direct calls.
 
     Args:
-        a: ``[..., m, k]``.
-        b: ``[k, n]``.
-        cfg: The config; ``None`` means ``MatmulConfig()``.
+        a: ``[..., m, k]`` or ``[k]``.
+        b: ``[..., k, n]`` or ``[k]``.
+        precision: A pair of ``jax.lax.Precision`` names (lhs, rhs), or one for both.
+        preferred_element_type: The output dtype; ``None`` means ``result_type(a, b)``.
+        cfg: Unused (the config has no fields); ``None`` means ``MatmulConfig()``.
 
     Returns:
-        ``[..., m, n]`` in ``result_type(a, b)``.
+        ``jnp.matmul(a, b)``'s shape in ``preferred_element_type``.
     """
-    cfg = MatmulConfig() if cfg is None else cfg
-    out_dtype = jnp.result_type(a, b)
+    del cfg
+    dtype = jnp.result_type(a, b)
+    out_dtype = dtype if preferred_element_type is None else preferred_element_type
     if a.dtype != b.dtype:  # dot_general wants one operand dtype
-        a, b = a.astype(out_dtype), b.astype(out_dtype)
-    out = lax.dot_general(
-        a,
-        b,
-        dimension_numbers=(((a.ndim - 1,), (0,)), ((), ())),
-        precision=_PRECISIONS[cfg.precision],
-        preferred_element_type=jnp.float32,
-    )
+        a, b = a.astype(dtype), b.astype(dtype)
+    out = jnp.matmul(a, b, precision=precision, preferred_element_type=jnp.float32)
     return out.astype(out_dtype)
 
 
 def config_space(a: Any, b: Any, **_: Any) -> list[MatmulConfig]:
-    """The autotuning candidates: only the default (precision is not a tuning knob).
+    """The autotuning candidates: only ``MatmulConfig()`` (XLA tiles a dense matmul itself).
 
     Args:
-        a: ``[..., m, k]`` (anything with ``.shape`` and ``.dtype``).
-        b: ``[k, n]``.
+        a: ``[..., m, k]`` or ``[k]`` (anything with ``.shape`` and ``.dtype``).
+        b: ``[..., k, n]`` or ``[k]``.
 
     Returns:
         ``[MatmulConfig()]``.
@@ -76,11 +74,11 @@ def config_space(a: Any, b: Any, **_: Any) -> list[MatmulConfig]:
 
 
 def heuristic_config(a: Any, b: Any, **_: Any) -> MatmulConfig:
-    """The config used without tuning: full precision.
+    """The config used without tuning.
 
     Args:
-        a: ``[..., m, k]`` (anything with ``.shape`` and ``.dtype``).
-        b: ``[k, n]``.
+        a: ``[..., m, k]`` or ``[k]`` (anything with ``.shape`` and ``.dtype``).
+        b: ``[..., k, n]`` or ``[k]``.
 
     Returns:
         ``MatmulConfig()``.

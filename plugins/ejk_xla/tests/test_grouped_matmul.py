@@ -389,7 +389,7 @@ def test_precision_reaches_forward_and_backward(rng: np.random.Generator) -> Non
 
     assert _dot_precisions(fwd_bwd()) == {(P.HIGHEST, P.HIGHEST)}  # the default, as before
     assert _dot_precisions(fwd_bwd(precision="default")) == {(P.DEFAULT, P.DEFAULT)}
-    _, static = ejk.ops.OPS["grouped_matmul"].normalize(lhs.astype(jnp.bfloat16), rhs, sizes)
+    _, static = ejk.ops.OPS["grouped_matmul"].kernel.normalize(lhs.astype(jnp.bfloat16), rhs, sizes)
     assert static == {"precision": ("highest", "highest"), "preferred_element_type": np.dtype(jnp.bfloat16)}
 
 

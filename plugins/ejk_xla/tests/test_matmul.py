@@ -296,9 +296,9 @@ def test_precision_reaches_the_implementation() -> None:
 
 def test_normalize_resolves_static_arguments() -> None:
     a, b = jax.ShapeDtypeStruct((3, 4), jnp.bfloat16), jax.ShapeDtypeStruct((4, 2), jnp.float16)
-    _, static = ejk.ops.OPS["matmul"].normalize(a, b)
+    _, static = ejk.ops.OPS["matmul"].kernel.normalize(a, b)
     assert static == {"precision": ("highest", "highest"), "preferred_element_type": np.dtype(jnp.float32)}
-    _, static = ejk.ops.OPS["matmul"].normalize(a, b, precision=None, preferred_element_type="bfloat16")
+    _, static = ejk.ops.OPS["matmul"].kernel.normalize(a, b, precision=None, preferred_element_type="bfloat16")
     assert static == {"precision": ("default", "default"), "preferred_element_type": np.dtype(jnp.bfloat16)}
 
 

@@ -73,6 +73,7 @@ def platform_status() -> Any:
     if interpret_mode():
         fix += f" ({INTERPRET_ENV}=1 is set: platform='pallas' runs the kernels in Pallas's interpret mode)"
     else:
-        fix += f"; to check the kernels' numerics on the CPU, set {INTERPRET_ENV}=1 and pass platform='pallas'"
+        fix += (f"; to check the kernels' numerics on the CPU, set {INTERPRET_ENV}=1 and pass platform='pallas' "
+                "(Pallas's interpret mode: slow, for tests)")
     return ejk.PlatformStatus(platform="pallas", available=False, versions=versions,
                               reason=f"no NVIDIA GPU ({why}); Pallas kernels here are Triton-lowered", fix=fix)

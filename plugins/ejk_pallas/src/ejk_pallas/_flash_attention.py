@@ -543,7 +543,7 @@ def forward_with_residuals(
     q_segment_ids: jax.Array | None,
     kv_segment_ids: jax.Array | None,
     bias: jax.Array | None,
-    cfg: FlashAttentionConfig | None,
+    cfg: FlashAttentionConfig | None = None,
 ) -> tuple[jax.Array, tuple[Any, ...]]:
     """The output and the residuals :func:`backward` needs.
 
@@ -581,7 +581,7 @@ def forward(
     q_segment_ids: jax.Array | None,
     kv_segment_ids: jax.Array | None,
     bias: jax.Array | None,
-    cfg: FlashAttentionConfig | None,
+    cfg: FlashAttentionConfig | None = None,
 ) -> jax.Array:
     """The attention output ``[B, Sq, Hq, Dv]`` (no residuals kept). See ``ejk.flash_attention``."""
     out, _ = forward_with_residuals(
@@ -596,7 +596,7 @@ def backward(
     residuals: tuple[Any, ...],
     d_out: jax.Array,
     *,
-    cfg: FlashAttentionConfig | None,
+    cfg: FlashAttentionConfig | None = None,
     causal: bool,
     softmax_scale: float,
     sliding_window: tuple[int, int] | None,

@@ -228,6 +228,12 @@ def _logits(s: Any, scale: float, cap: float | None) -> tuple[Any, Any]:
     return t * (cap * _LOG2E), t
 
 
+def _q_block(i: Any, mask: _Mask, nq: int) -> Any:
+    """The query block of grid row ``i``: with a causal / right-window bound, the last blocks (the most
+    keys) come first, so the longest programs start early and the short ones fill the tail."""
+    return nq - 1 - i if mask.right is not None else i
+
+
 def _loop(lo: Any, hi: Any, body: Any, carry: Any) -> Any:
     if isinstance(lo, int) and isinstance(hi, int) and lo >= hi:
         return carry
@@ -240,8 +246,8 @@ def _loop(lo: Any, hi: Any, body: Any, carry: Any) -> Any:
 
 
 def _fwd_kernel(q_ref: Any, k_ref: Any, v_ref: Any, qs_ref: Any, ks_ref: Any, o_ref: Any, lse_ref: Any, *,
-                mask: _Mask, scale: float, cap: float | None, bq: int, bk: int, nk: int) -> None:
-    row0 = pl().program_id(0) * bq
+                mask: _Mask, scale: float, cap: float | None, bq: int, bk: int, nk: int, nq: int) -> None:
+    row0 = _q_block(pl().program_id(0), mask, nq) * bq
     q = q_ref[...]
     q_seg = qs_ref[...] if mask.segments else None
     rows = row0 + jnp.arange(bq)
@@ -327,8 +333,8 @@ def _dkdv_kernel(q_ref: Any, k_ref: Any, v_ref: Any, qs_ref: Any, ks_ref: Any, d
 
 def _dq_kernel(q_ref: Any, k_ref: Any, v_ref: Any, qs_ref: Any, ks_ref: Any, do_ref: Any, lse_ref: Any,
                delta_ref: Any, dq_ref: Any, *, mask: _Mask, scale: float, cap: float | None, bq: int, bk: int,
-               nk: int) -> None:
-    row0 = pl().program_id(0) * bq
+               nk: int, nq: int) -> None:
+    row0 = _q_block(pl().program_id(0), mask, nq) * bq
     q = q_ref[...]
     do = do_ref[...]
     lse = lse_ref[...]
@@ -416,21 +422,26 @@ def _forward_impl(q: Any, k: Any, v: Any, q_seg: Any, kv_seg: Any, *, cfg: Flash
     vp = _pad(_pad(v, 1, skp), 3, dvp)
     qs, ks = _segments(q_seg, kv_seg, batch, sqp, skp)
     p = pl()
+    nq = sqp // bq
     kernel = functools.partial(_fwd_kernel, mask=mask, scale=float(softmax_scale), cap=logits_soft_cap,
-                               bq=bq, bk=bk, nk=skp // bk)
+                               bq=bq, bk=bk, nk=skp // bk, nq=nq)
+
+    def qi(i: Any) -> Any:
+        return _q_block(i, mask, nq)
+
     out, lse = p.pallas_call(
         kernel,
-        grid=(sqp // bq, batch, hq),
+        grid=(nq, batch, hq),
         in_specs=[
-            p.BlockSpec((None, bq, None, dp), lambda i, b, h: (b, i, h, 0)),
+            p.BlockSpec((None, bq, None, dp), lambda i, b, h: (b, qi(i), h, 0)),
             p.BlockSpec((None, skp, None, dp), lambda i, b, h: (b, 0, h // group, 0)),
             p.BlockSpec((None, skp, None, dvp), lambda i, b, h: (b, 0, h // group, 0)),
-            p.BlockSpec((None, bq), lambda i, b, h: (b, i)),
+            p.BlockSpec((None, bq), lambda i, b, h: (b, qi(i))),
             p.BlockSpec((None, skp), lambda i, b, h: (b, 0)),
         ],
         out_specs=[
-            p.BlockSpec((None, bq, None, dvp), lambda i, b, h: (b, i, h, 0)),
-            p.BlockSpec((None, None, bq), lambda i, b, h: (b, h, i)),
+            p.BlockSpec((None, bq, None, dvp), lambda i, b, h: (b, qi(i), h, 0)),
+            p.BlockSpec((None, None, bq), lambda i, b, h: (b, h, qi(i))),
         ],
         out_shape=[jax.ShapeDtypeStruct((batch, sqp, hq, dvp), q.dtype),
                    jax.ShapeDtypeStruct((batch, hq, sqp), jnp.float32)],
@@ -500,20 +511,26 @@ def _backward_impl(q: Any, k: Any, v: Any, q_seg: Any, kv_seg: Any, out: Any, ls
         name="ejk_flash_attention_dkdv",
     )(q5, kp, vp, qs, ks, do5, lse4, delta4)
 
+    nq = sqp // q_prog
+
+    def qi(i: Any) -> Any:
+        return _q_block(i, mask, nq)
+
     (dq,) = p.pallas_call(
-        functools.partial(_dq_kernel, mask=mask, scale=scale, cap=cap, bq=q_prog, bk=k_step, nk=skp // k_step),
-        grid=(sqp // q_prog, batch, hq),
+        functools.partial(_dq_kernel, mask=mask, scale=scale, cap=cap, bq=q_prog, bk=k_step, nk=skp // k_step,
+                          nq=nq),
+        grid=(nq, batch, hq),
         in_specs=[
-            p.BlockSpec((None, q_prog, None, dp), lambda i, b, h: (b, i, h, 0)),
+            p.BlockSpec((None, q_prog, None, dp), lambda i, b, h: (b, qi(i), h, 0)),
             p.BlockSpec((None, skp, None, dp), lambda i, b, h: (b, 0, h // group, 0)),
             p.BlockSpec((None, skp, None, dvp), lambda i, b, h: (b, 0, h // group, 0)),
-            p.BlockSpec((None, q_prog), lambda i, b, h: (b, i)),
+            p.BlockSpec((None, q_prog), lambda i, b, h: (b, qi(i))),
             p.BlockSpec((None, skp), lambda i, b, h: (b, 0)),
-            p.BlockSpec((None, q_prog, None, dvp), lambda i, b, h: (b, i, h, 0)),
-            p.BlockSpec((None, None, q_prog), lambda i, b, h: (b, h, i)),
-            p.BlockSpec((None, None, q_prog), lambda i, b, h: (b, h, i)),
+            p.BlockSpec((None, q_prog, None, dvp), lambda i, b, h: (b, qi(i), h, 0)),
+            p.BlockSpec((None, None, q_prog), lambda i, b, h: (b, h, qi(i))),
+            p.BlockSpec((None, None, q_prog), lambda i, b, h: (b, h, qi(i))),
         ],
-        out_specs=[p.BlockSpec((None, q_prog, None, dp), lambda i, b, h: (b, i, h, 0))],
+        out_specs=[p.BlockSpec((None, q_prog, None, dp), lambda i, b, h: (b, qi(i), h, 0))],
         out_shape=[jax.ShapeDtypeStruct(qp.shape, q.dtype)],
         compiler_params=params,
         interpret=interpret,

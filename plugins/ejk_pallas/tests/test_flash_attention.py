@@ -26,6 +26,8 @@ from ejk_pallas._flash_attention import (
     config_space,
     heuristic_config,
 )
+from ejk_pallas._flash_attention_tpu import TpuFlashAttentionConfig
+from ejk_pallas._flash_attention_tpu import capability as tpu_capability
 
 ON_GPU = _env.nvidia_gpu()[0]
 needs_kernels = pytest.mark.skipif(not (ON_GPU or _env.interpret_mode()),
@@ -104,11 +106,12 @@ def values_and_grads(fn: Any, inputs: dict[str, Any], cot: jax.Array) -> tuple[j
     return run(diff, rest)  # type: ignore[no-any-return]
 
 
-def check_case(case: Case, seed: int = 0) -> tuple[jax.Array, dict[str, Any]]:
+def check_case(case: Case, seed: int = 0, cfg: Any = None) -> tuple[jax.Array, dict[str, Any]]:
     inputs = make_inputs(case, seed)
     cot = jnp.asarray(np.random.default_rng(99).standard_normal((case.b, case.sq, case.hq, case.dv or case.d),
                                                                 dtype=np.float32).astype(case.dtype))
-    ours = functools.partial(ejk.flash_attention, platform="pallas", cfg=case.cfg, **user_kwargs(case))
+    ours = functools.partial(ejk.flash_attention, platform="pallas", cfg=case.cfg if cfg is None else cfg,
+                             **user_kwargs(case))
     out, grads = values_and_grads(ours, inputs, cot)
     want, want_grads = values_and_grads(functools.partial(reference_flash_attention, **user_kwargs(case)),
                                         inputs, cot)
@@ -190,9 +193,9 @@ def test_gate_refuses_what_it_cannot_run(monkeypatch: pytest.MonkeyPatch) -> Non
 
 
 def test_gate_turns_the_op_away_with_its_reason() -> None:
-    q, k, v = (jnp.zeros((1, 8, 2, 16), jnp.float32),) * 3
-    with pytest.raises(ValueError, match="float32 not supported"):
-        ejk.flash_attention(q, k, v, platform="pallas")
+    q, k, v = (jnp.zeros((1, 8, 2, 16), jnp.bfloat16),) * 3
+    with pytest.raises(ValueError, match="bias not supported"):
+        ejk.flash_attention(q, k, v, bias=jnp.zeros((1, 2, 8, 8)), platform="pallas")
 
 
 def test_configs() -> None:
@@ -224,6 +227,78 @@ def test_lowers_for_cuda(d: int) -> None:
     seg = jax.ShapeDtypeStruct((2, 300), jnp.int32)
     text = jax.jit(f).trace(q, k, v, seg, seg, q).lower(lowering_platforms=("cuda",)).as_text()
     assert text.count("__gpu$xla.gpu.triton") == 3  # forward, dk/dv, dq
+
+
+# ----------------------------------------------------------------------------------------------
+# Mosaic TPU (untested on TPU hardware): the TPU interpret mode on the CPU
+# ----------------------------------------------------------------------------------------------
+
+needs_tpu_kernels = pytest.mark.skipif(not (jax.default_backend() == "tpu" or _env.use_interpreter()),
+                                       reason="needs a TPU or EJK_PALLAS_INTERPRET=1 on a CPU")
+
+
+def tpu_choice(block_q: int = 8, block_k: int = 16, bwd_block_q: int = 16, bwd_block_k: int = 8) -> ejk.ImplChoice:
+    backend = "tpu" if jax.default_backend() == "tpu" else "cpu"
+    return ejk.ImplChoice(platform="pallas", backend=backend, implementation="mosaic_tpu",
+                          cfg=TpuFlashAttentionConfig(block_q=block_q, block_k=block_k, bwd_block_q=bwd_block_q,
+                                                      bwd_block_k=bwd_block_k))
+
+
+TPU_CASES = [
+    Case(b=2, sq=40, sk=24, hq=4, hkv=2, causal=True),  # Sq > Sk: leading rows see nothing; GQA 2
+    Case(sq=37, sk=53, hq=6, hkv=2, window=(5, 3), cap=4.0, dtype="float16"),  # GQA 3, ragged, window, cap
+    Case(b=2, sq=20, sk=20, hq=4, hkv=1, seg=True, dtype="float32"),  # segments, masked rows, MQA, float32
+    Case(sq=1, sk=33, hq=4, hkv=1, d=128, causal=True),  # decode: Sq = 1
+]
+
+
+@needs_tpu_kernels
+@pytest.mark.parametrize("case", TPU_CASES, ids=str)
+def test_mosaic_tpu_matches_reference(case: Case) -> None:
+    check_case(case, cfg=tpu_choice())
+
+
+@needs_tpu_kernels
+def test_mosaic_tpu_conformance_subset() -> None:
+    cases = [c for c in FLASH_ATTENTION_CASES if not c.get("bias")][2::4]  # Sq = 1 MQA; segments
+    check_flash_attention("pallas", dtypes=(jnp.float32,), cases=cases, cfg=tpu_choice(16, 16, 16, 16))
+
+
+def test_mosaic_tpu_gate() -> None:
+    q, k, v = _abstract(1, 16, 16, 2, 2, 64, jnp.float32)
+    assert "bias not supported" in (tpu_capability(q, k, v, bias=jax.ShapeDtypeStruct((1, 1, 16, 16),
+                                                                                      jnp.float32)) or "")
+    if not _env.use_interpreter() and jax.default_backend() != "tpu":
+        assert "needs a TPU" in (tpu_capability(q, k, v) or "")
+    with pytest.raises(ValueError, match="multiple of 8"):
+        TpuFlashAttentionConfig(block_q=12, block_k=16)
+
+
+@pytest.mark.parametrize("d", [64, 128])
+def test_mosaic_tpu_lowers_for_tpu(d: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Forward and backward lower through Pallas's Mosaic TPU lowering on the CPU (a TPU v5p is faked
+    through jax's private ``tpu_info``; Mosaic's own compiler passes run only on a TPU host)."""
+    from ejk_pallas import _flash_attention_tpu as tpu
+
+    try:
+        from jax._src.pallas.mosaic import tpu_info
+    except ImportError:  # pragma: no cover - private module moved
+        pytest.skip("jax._src.pallas.mosaic.tpu_info not found")
+    if jax.default_backend() != "tpu":
+        monkeypatch.setattr(tpu_info, "get_device_kind", lambda: "TPU v5p")
+        monkeypatch.setattr(tpu_info, "get_num_device_cores", lambda: 1)
+    cfg = TpuFlashAttentionConfig(block_q=128, block_k=128)
+    static = dict(cfg=cfg, causal=True, softmax_scale=0.1, sliding_window=(256, 0), logits_soft_cap=30.0,
+                  interpret=False)
+
+    def f(q: Any, k: Any, v: Any, qs: Any, ks: Any, do: Any) -> Any:
+        out, lse = tpu._forward_impl(q, k, v, qs, ks, **static)  # type: ignore[arg-type]
+        return tpu._backward_impl(q, k, v, qs, ks, out, lse, do, **static)  # type: ignore[arg-type]
+
+    q, k, v = _abstract(2, 512, 512, 4, 2, d)
+    seg = jax.ShapeDtypeStruct((2, 512), jnp.int32)
+    text = jax.jit(f).trace(q, k, v, seg, seg, q).lower(lowering_platforms=("tpu",)).as_text()
+    assert text.count("tpu_custom_call") == 3  # forward, dk/dv, dq
 
 
 # ----------------------------------------------------------------------------------------------

@@ -53,8 +53,9 @@ def nvidia_gpu() -> tuple[bool, str]:
 def platform_status() -> Any:
     """The ``pallas`` platform's :class:`ejk.PlatformStatus`: available only where a kernel can run compiled.
 
-    Today the plugin's kernels are Triton-lowered GPU kernels, so the platform is available on an
-    NVIDIA GPU only; on a TPU (no kernel yet) and on the CPU it says why not.
+    Available on an NVIDIA GPU (``triton_lowered``) and on a TPU (``mosaic_tpu``, untested on
+    hardware, ranked below ejk-xla so ``platform="auto"`` does not pick it); on the CPU it says why
+    not and how to use interpret mode.
     """
     import ejk
     from ejk._versions import installed_version
@@ -65,15 +66,13 @@ def platform_status() -> Any:
         return ejk.PlatformStatus(platform="pallas", available=True, versions=versions)
     import jax
 
-    if jax.default_backend() == "tpu":
-        return ejk.PlatformStatus(platform="pallas", available=False, versions=versions,
-                                  reason="ejk-pallas has no TPU kernel yet (flash_attention: NVIDIA GPU only)",
-                                  fix="use platform='xla' on TPU")
-    fix = "run on a machine with an NVIDIA GPU"
+    if jax.default_backend() == "tpu":  # flash_attention: mosaic_tpu (untested on hardware)
+        return ejk.PlatformStatus(platform="pallas", available=True, versions=versions)
+    fix = "run on a machine with an NVIDIA GPU (or a TPU)"
     if interpret_mode():
         fix += f" ({INTERPRET_ENV}=1 is set: platform='pallas' runs the kernels in Pallas's interpret mode)"
     else:
         fix += (f"; to check the kernels' numerics on the CPU, set {INTERPRET_ENV}=1 and pass platform='pallas' "
                 "(Pallas's interpret mode: slow, for tests)")
     return ejk.PlatformStatus(platform="pallas", available=False, versions=versions,
-                              reason=f"no NVIDIA GPU ({why}); Pallas kernels here are Triton-lowered", fix=fix)
+                              reason=f"no NVIDIA GPU or TPU ({why})", fix=fix)

@@ -19,6 +19,7 @@ see no key give zeros and zero gradients. Registered as ``pallas/tpu:mosaic_tpu`
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from typing import Any
 
 import attrs
@@ -80,6 +81,11 @@ def _pltpu() -> Any:
     return pltpu
 
 
+def _when(cond: Any) -> Callable[[Callable[[], None]], Callable[[], None]]:
+    """``pl.when`` with a type (Pallas's decorator is untyped)."""
+    return _pl().when(cond)  # type: ignore[no-any-return]
+
+
 def _pl() -> Any:
     from jax.experimental import pallas
 
@@ -114,9 +120,12 @@ def _z(q: Any, k: Any, scale: float, cap: float | None) -> tuple[Any, Any]:
     return t * (cap * _LOG2E), t
 
 
-def _clamp(j: Any, lo: Any, hi: Any) -> Any:
-    """Block index ``j`` clamped to ``[lo, hi)`` (``lo`` when the range is empty): skipped blocks copy nothing new."""
-    return jnp.minimum(jnp.maximum(j, lo), jnp.maximum(hi - 1, lo))
+def _clamp(j: Any, lo: Any, hi: Any, n: int) -> Any:
+    """Block index ``j`` clamped to ``[lo, hi)`` (``lo`` when the range is empty) and to ``[0, n)``.
+
+    Skipped blocks then map to a neighbour's index, so the pipeline copies nothing new for them.
+    """
+    return jnp.clip(jnp.minimum(jnp.maximum(j, lo), jnp.maximum(hi - 1, lo)), 0, n - 1)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -132,13 +141,13 @@ def _fwd_kernel(q_ref: Any, k_ref: Any, v_ref: Any, qs_ref: Any, ks_ref: Any, o_
     row0, col0 = qi * bq, kj * bk
     lo, _, _, hi = _key_blocks(mask, row0, bq, bk, nk)
 
-    @pl.when(kj == 0)
+    @_when(kj == 0)
     def _init() -> None:
         m_sc[...] = jnp.full(m_sc.shape, -jnp.inf, jnp.float32)
         l_sc[...] = jnp.zeros(l_sc.shape, jnp.float32)
         acc_sc[...] = jnp.zeros(acc_sc.shape, jnp.float32)
 
-    @pl.when(jnp.logical_and(kj >= lo, kj < hi))
+    @_when(jnp.logical_and(kj >= lo, kj < hi))
     def _step() -> None:
         z, _ = _z(q_ref[...], k_ref[...], scale, cap)
         vis = _visible(mask, row0, col0, (bq, bk), qs_ref[...], ks_ref[...])
@@ -154,7 +163,7 @@ def _fwd_kernel(q_ref: Any, k_ref: Any, v_ref: Any, qs_ref: Any, ks_ref: Any, o_
         acc_sc[...] = acc_sc[...] * alpha + jnp.dot(p.astype(v.dtype), v, preferred_element_type=jnp.float32)
         m_sc[...] = m_new
 
-    @pl.when(kj == nk - 1)
+    @_when(kj == nk - 1)
     def _finish() -> None:
         denom = l_sc[...]
         empty = denom == 0.0
@@ -170,12 +179,12 @@ def _dkdv_kernel(q_ref: Any, k_ref: Any, v_ref: Any, qs_ref: Any, ks_ref: Any, d
     row0, col0 = qi * bq, kj * bk
     lo, _, _, hi = _query_blocks(mask, col0, bk, bq, nq)
 
-    @pl.when(jnp.logical_and(g == 0, qi == 0))
+    @_when(jnp.logical_and(g == 0, qi == 0))
     def _init() -> None:
         dk_sc[...] = jnp.zeros(dk_sc.shape, jnp.float32)
         dv_sc[...] = jnp.zeros(dv_sc.shape, jnp.float32)
 
-    @pl.when(jnp.logical_and(qi >= lo, qi < hi))
+    @_when(jnp.logical_and(qi >= lo, qi < hi))
     def _step() -> None:
         q, do = q_ref[...], do_ref[...]
         z, tanh = _z(q, k_ref[...], scale, cap)
@@ -190,7 +199,7 @@ def _dkdv_kernel(q_ref: Any, k_ref: Any, v_ref: Any, qs_ref: Any, ks_ref: Any, d
             ds = ds * (1.0 - tanh * tanh)
         dk_sc[...] += lax.dot_general(ds.astype(q.dtype), q, _TN, preferred_element_type=jnp.float32)
 
-    @pl.when(jnp.logical_and(g == group - 1, qi == nq - 1))
+    @_when(jnp.logical_and(g == group - 1, qi == nq - 1))
     def _finish() -> None:
         dk_ref[...] = (dk_sc[...] * scale).astype(dk_ref.dtype)
         dv_ref[...] = dv_sc[...].astype(dv_ref.dtype)
@@ -204,11 +213,11 @@ def _dq_kernel(q_ref: Any, k_ref: Any, v_ref: Any, qs_ref: Any, ks_ref: Any, do_
     row0, col0 = qi * bq, kj * bk
     lo, _, _, hi = _key_blocks(mask, row0, bq, bk, nk)
 
-    @pl.when(kj == 0)
+    @_when(kj == 0)
     def _init() -> None:
         dq_sc[...] = jnp.zeros(dq_sc.shape, jnp.float32)
 
-    @pl.when(jnp.logical_and(kj >= lo, kj < hi))
+    @_when(jnp.logical_and(kj >= lo, kj < hi))
     def _step() -> None:
         k = k_ref[...]
         z, tanh = _z(q_ref[...], k, scale, cap)
@@ -222,7 +231,7 @@ def _dq_kernel(q_ref: Any, k_ref: Any, v_ref: Any, qs_ref: Any, ks_ref: Any, do_
             ds = ds * (1.0 - tanh * tanh)
         dq_sc[...] += jnp.dot(ds.astype(k.dtype), k, preferred_element_type=jnp.float32)
 
-    @pl.when(kj == nk - 1)
+    @_when(kj == nk - 1)
     def _finish() -> None:
         dq_ref[...] = (dq_sc[...] * scale).astype(dq_ref.dtype)
 
@@ -264,7 +273,7 @@ def _forward_impl(q: Any, k: Any, v: Any, q_seg: Any, kv_seg: Any, *, cfg: TpuFl
 
     def kv_block(i: Any, j: Any) -> Any:
         lo, _, _, hi = _key_blocks(mask, i * bq, bq, bk, nk)
-        return _clamp(j, lo, hi)
+        return _clamp(j, lo, hi, nk)
 
     out, lse = pl.pallas_call(
         functools.partial(_fwd_kernel, mask=mask, scale=float(softmax_scale), cap=logits_soft_cap, bq=bq, bk=bk,
@@ -322,7 +331,7 @@ def _backward_impl(q: Any, k: Any, v: Any, q_seg: Any, kv_seg: Any, out: Any, ls
 
     def q_block(j: Any, i: Any) -> Any:
         lo, _, _, hi = _query_blocks(mask, j * bk1, bk1, bq1, nq1)
-        return _clamp(i, lo, hi)
+        return _clamp(i, lo, hi, nq1)
 
     dk, dv_ = pl.pallas_call(
         functools.partial(_dkdv_kernel, mask=mask, scale=scale, cap=cap, group=group, bq=bq1, bk=bk1, nq=nq1),
@@ -352,7 +361,7 @@ def _backward_impl(q: Any, k: Any, v: Any, q_seg: Any, kv_seg: Any, out: Any, ls
 
     def kv_block(i: Any, j: Any) -> Any:
         lo, _, _, hi = _key_blocks(mask, i * bq2, bq2, bk2, nk2)
-        return _clamp(j, lo, hi)
+        return _clamp(j, lo, hi, nk2)
 
     (dq,) = pl.pallas_call(
         functools.partial(_dq_kernel, mask=mask, scale=scale, cap=cap, bq=bq2, bk=bk2, nk=nk2),

@@ -569,7 +569,7 @@ def forward_with_residuals(
 
     Returns:
         ``(out, residuals)``: ``out`` ``[B, Sq, Hq, Dv]`` in ``q.dtype``; ``residuals`` =
-        ``(q, k, v, q_segment_ids, kv_segment_ids, out, lse)`` with ``lse`` the base-2
+        ``(q, k, v, q_segment_ids, kv_segment_ids, bias, out, lse)`` with ``lse`` the base-2
         log-sum-exp ``[B, Hq, Sq]`` float32 (``+inf`` for rows that see no key).
     """
     if bias is not None:
@@ -579,11 +579,11 @@ def forward_with_residuals(
     batch, sq, hq, _ = q.shape
     if min(batch, sq, hq, k.shape[1], v.shape[3]) == 0:
         out = jnp.zeros((batch, sq, hq, v.shape[3]), q.dtype)
-        return out, (q, k, v, *seg, out, jnp.full((batch, hq, sq), jnp.inf, jnp.float32))
+        return out, (q, k, v, *seg, bias, out, jnp.full((batch, hq, sq), jnp.inf, jnp.float32))
     out, lse = _forward_impl(q, k, v, *seg, cfg=_resolve(cfg, q, k, v), causal=causal, softmax_scale=softmax_scale,
                              sliding_window=sliding_window, logits_soft_cap=logits_soft_cap,
                              interpret=_env.use_interpreter())
-    return out, (q, k, v, *seg, out, lse)
+    return out, (q, k, v, *seg, bias, out, lse)
 
 
 def forward(
@@ -625,7 +625,9 @@ def backward(
         ``(dq, dk, dv, None, None, None)``: one cotangent per array argument in the order
         q, k, v, q_segment_ids, kv_segment_ids, bias.
     """
-    q, k, v, q_seg, kv_seg, out, lse = residuals
+    q, k, v, q_seg, kv_seg, bias, out, lse = residuals
+    if bias is not None:
+        raise ValueError("this backward does not support bias (the residuals carry one)")
     if min(q.shape[0], q.shape[1], q.shape[2], k.shape[1], v.shape[3]) == 0:
         return jnp.zeros_like(q), jnp.zeros_like(k), jnp.zeros_like(v), None, None, None
     dq, dk, dv = _backward_impl(q, k, v, q_seg, kv_seg, out, lse, d_out, cfg=_resolve(cfg, q, k, v), causal=causal,

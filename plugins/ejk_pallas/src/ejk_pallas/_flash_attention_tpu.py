@@ -410,7 +410,7 @@ def forward_with_residuals(
     bias: jax.Array | None,
     cfg: TpuFlashAttentionConfig | None = None,
 ) -> tuple[jax.Array, tuple[Any, ...]]:
-    """The output and ``(q, k, v, q_segment_ids, kv_segment_ids, out, lse)`` (``lse`` base 2, ``[B, Hq, Sq]``)."""
+    """The output and ``(q, k, v, q_segment_ids, kv_segment_ids, bias, out, lse)`` (``lse`` base 2, ``[B, Hq, Sq]``)."""
     if bias is not None:
         raise ValueError("pallas/tpu:mosaic_tpu does not support bias (its capability gate says so)")
     has_seg = q_segment_ids is not None and kv_segment_ids is not None
@@ -418,10 +418,10 @@ def forward_with_residuals(
     batch, sq, hq, _ = q.shape
     if min(batch, sq, hq, k.shape[1], v.shape[3]) == 0:
         out = jnp.zeros((batch, sq, hq, v.shape[3]), q.dtype)
-        return out, (q, k, v, *seg, out, jnp.full((batch, hq, sq), jnp.inf, jnp.float32))
+        return out, (q, k, v, *seg, bias, out, jnp.full((batch, hq, sq), jnp.inf, jnp.float32))
     out, lse = _forward_impl(q, k, v, *seg, cfg=_resolve(cfg, q, k, v), causal=causal, softmax_scale=softmax_scale,
                              sliding_window=sliding_window, logits_soft_cap=logits_soft_cap, interpret=_interpret())
-    return out, (q, k, v, *seg, out, lse)
+    return out, (q, k, v, *seg, bias, out, lse)
 
 
 def forward(
@@ -458,7 +458,9 @@ def backward(
     logits_soft_cap: float | None,
 ) -> tuple[Any, ...]:
     """``(dq, dk, dv, None, None, None)`` from the residuals of :func:`forward_with_residuals`."""
-    q, k, v, q_seg, kv_seg, out, lse = residuals
+    q, k, v, q_seg, kv_seg, bias, out, lse = residuals
+    if bias is not None:
+        raise ValueError("this backward does not support bias (the residuals carry one)")
     if min(q.shape[0], q.shape[1], q.shape[2], k.shape[1], v.shape[3]) == 0:
         return jnp.zeros_like(q), jnp.zeros_like(k), jnp.zeros_like(v), None, None, None
     dq, dk, dv = _backward_impl(q, k, v, q_seg, kv_seg, out, lse, d_out, cfg=_resolve(cfg, q, k, v), causal=causal,

@@ -56,6 +56,7 @@ class Case:
     window: int | tuple[int, int] | None = None
     cap: float | None = None
     seg: bool = False
+    bias: str | None = None  # 4 letters B H Q K for a full dim, 1 for a broadcast one
     dtype: str = "bfloat16"
     blocks: tuple[int, int, int, int] | None = (16, 16, 16, 16)
 
@@ -63,7 +64,7 @@ class Case:
         parts = [f"b{self.b}q{self.sq}k{self.sk}h{self.hq}/{self.hkv}d{self.d}", self.dtype]
         parts += [f"dv{self.dv}"] * (self.dv is not None) + ["causal"] * self.causal
         parts += [f"win{self.window}"] * (self.window is not None) + [f"cap{self.cap}"] * (self.cap is not None)
-        parts += ["seg"] * self.seg
+        parts += ["seg"] * self.seg + [f"bias{self.bias}"] * bool(self.bias)
         parts += [f"blk{'x'.join(map(str, self.blocks))}" if self.blocks else "heuristic"]
         return "-".join(parts)
 
@@ -85,8 +86,14 @@ def make_inputs(case: Case, seed: int = 0) -> dict[str, Any]:
     if case.seg:  # some query rows carry an id no key has: they see nothing
         q_seg = jnp.asarray(rng.integers(0, 4, (case.b, case.sq), dtype=np.int32))
         kv_seg = jnp.asarray(rng.integers(0, 3, (case.b, case.sk), dtype=np.int32))
+    bias = None
+    if case.bias:
+        full = (case.b, case.hq, case.sq, case.sk)
+        shape = tuple(1 if c == "1" else n for c, n in zip(case.bias, full, strict=True))
+        bias = jnp.asarray(rng.standard_normal(shape, dtype=np.float32))
     return dict(q=normal((case.b, case.sq, case.hq, case.d)), k=normal((case.b, case.sk, case.hkv, case.d)),
-                v=normal((case.b, case.sk, case.hkv, case.dv or case.d)), q_segment_ids=q_seg, kv_segment_ids=kv_seg)
+                v=normal((case.b, case.sk, case.hkv, case.dv or case.d)), q_segment_ids=q_seg, kv_segment_ids=kv_seg,
+                bias=bias)
 
 
 def user_kwargs(case: Case) -> dict[str, Any]:
@@ -94,8 +101,8 @@ def user_kwargs(case: Case) -> dict[str, Any]:
 
 
 def values_and_grads(fn: Any, inputs: dict[str, Any], cot: jax.Array) -> tuple[jax.Array, dict[str, Any]]:
-    """``fn``'s output and the gradients of ``<out, cot>`` w.r.t. q, k, v, in one jit."""
-    diff = {n: inputs[n] for n in ("q", "k", "v")}
+    """``fn``'s output and the gradients of ``<out, cot>`` w.r.t. q, k, v (and bias), in one jit."""
+    diff = {n: inputs[n] for n in ("q", "k", "v", "bias") if inputs[n] is not None}
     rest = {n: x for n, x in inputs.items() if n not in diff}
 
     @fast_jit
@@ -138,6 +145,10 @@ CASES = [
     Case(sq=24, sk=40, hq=4, hkv=4, d=128, causal=True, blocks=(32, 16, 16, 32)),  # head dim 128
     Case(sq=20, sk=28, hq=2, hkv=1, d=256, dv=64, window=(6, 2), dtype="float16"),  # head dim 256, Dv != D
     Case(sq=24, sk=40, hq=4, hkv=2, d=48, causal=True, window=(9, 0), cap=3.0, seg=True),  # D 48 padded to 64
+    Case(b=2, sq=20, sk=28, hq=4, hkv=2, causal=True, bias="BHQK"),  # full bias, GQA 2
+    Case(b=2, sq=33, sk=17, hq=6, hkv=2, window=(5, 3), cap=3.0, seg=True, bias="1H1K",
+         dtype="float16"),  # broadcast bias (batch, rows) with window, cap and segments; GQA 3
+    Case(sq=20, sk=28, hq=4, hkv=1, bias="11QK"),  # bias shared by every head (summed over 4 q heads)
 ]
 
 
@@ -156,8 +167,25 @@ def test_rows_that_see_nothing_are_zero_with_zero_gradients() -> None:
 
 
 @needs_kernels
+def test_bias_minus_inf_rows_are_zero_with_zero_gradients() -> None:
+    """A row whose every key carries a -inf bias sees nothing: zeros, zero gradients, no NaN."""
+    case = Case(sq=16, sk=32, hq=2, hkv=1, bias="11QK")
+    inputs = make_inputs(case)
+    inputs["bias"] = inputs["bias"].at[:, :, 3].set(-jnp.inf)
+    cot = jnp.ones((1, 16, 2, 64), jnp.bfloat16)
+    ours = functools.partial(ejk.flash_attention, platform="pallas", cfg=case.cfg)
+    out, grads = values_and_grads(ours, inputs, cot)
+    want, _ = values_and_grads(reference_flash_attention, inputs, cot)
+    assert_close(out, want, jnp.bfloat16)
+    assert not np.asarray(out[:, 3], np.float32).any()
+    assert not np.asarray(grads["q"][:, 3], np.float32).any()
+    assert np.isfinite(np.asarray(grads["bias"])[:, :, :3]).all()
+
+
+@needs_kernels
 def test_conformance_subset() -> None:
     cases = [c for c in FLASH_ATTENTION_CASES if not c.get("bias")][1::3]  # causal GQA; window + cap; Sq > Sk
+    cases += [c for c in FLASH_ATTENTION_CASES if c.get("bias")]
     assert check_flash_attention("pallas", dtypes=(jnp.bfloat16,), cases=cases) == len(cases)
 
 
@@ -183,8 +211,7 @@ def test_gate_refuses_what_it_cannot_run(monkeypatch: pytest.MonkeyPatch) -> Non
     assert "float32 not supported" in (capability(*f32) or "")
     assert "share one dtype" in (capability(q, k, _abstract(1, 16, 16, 2, 2, 64, jnp.float16)[2]) or "")
     assert "head_dim 512" in (capability(*_abstract(1, 16, 16, 2, 2, 512)) or "")
-    bias = jax.ShapeDtypeStruct((1, 2, 16, 16), jnp.float32)
-    assert "bias not supported" in (capability(q, k, v, bias=bias) or "")
+    assert "bias of dtype int32" in (capability(q, k, v, bias=jax.ShapeDtypeStruct((1, 2, 16, 16), jnp.int32)) or "")
     monkeypatch.setenv(_env.INTERPRET_ENV, "1")
     assert capability(q, k, v, causal=True, logits_soft_cap=3.0, sliding_window=(4, 0)) is None or ON_GPU
     if not ON_GPU:
@@ -193,9 +220,10 @@ def test_gate_refuses_what_it_cannot_run(monkeypatch: pytest.MonkeyPatch) -> Non
 
 
 def test_gate_turns_the_op_away_with_its_reason() -> None:
-    q, k, v = (jnp.zeros((1, 8, 2, 16), jnp.bfloat16),) * 3
-    with pytest.raises(ValueError, match="bias not supported"):
+    q, k, v = (jnp.zeros((1, 8, 2, 16), jnp.float32),) * 3  # triton_lowered: no float32; mosaic_tpu: no bias
+    with pytest.raises(ValueError, match="float32 not supported") as err:
         ejk.flash_attention(q, k, v, bias=jnp.zeros((1, 2, 8, 8)), platform="pallas")
+    assert "bias not supported" in str(err.value) or not _env.use_interpreter()
 
 
 def test_configs() -> None:
@@ -219,14 +247,15 @@ def test_lowers_for_cuda(d: int) -> None:
     static = dict(cfg=cfg, causal=True, softmax_scale=0.1, sliding_window=(64, 0), logits_soft_cap=30.0,
                   interpret=False)
 
-    def f(q: Any, k: Any, v: Any, qs: Any, ks: Any, do: Any) -> Any:
-        out, lse = _forward_impl(q, k, v, qs, ks, **static)  # type: ignore[arg-type]
-        return _backward_impl(q, k, v, qs, ks, out, lse, do, **static)  # type: ignore[arg-type]
+    def f(q: Any, k: Any, v: Any, qs: Any, ks: Any, bias: Any, do: Any) -> Any:
+        out, lse = _forward_impl(q, k, v, qs, ks, bias, **static)  # type: ignore[arg-type]
+        return _backward_impl(q, k, v, qs, ks, bias, out, lse, do, **static)  # type: ignore[arg-type]
 
     q, k, v = _abstract(2, 300, 300, 6, 2, d)
     seg = jax.ShapeDtypeStruct((2, 300), jnp.int32)
-    text = jax.jit(f).trace(q, k, v, seg, seg, q).lower(lowering_platforms=("cuda",)).as_text()
-    assert text.count("__gpu$xla.gpu.triton") == 3  # forward, dk/dv, dq
+    bias = jax.ShapeDtypeStruct((1, 6, 1, 300), jnp.bfloat16)
+    text = jax.jit(f).trace(q, k, v, seg, seg, bias, q).lower(lowering_platforms=("cuda",)).as_text()
+    assert text.count("__gpu$xla.gpu.triton") == 4  # forward, dk/dv, dq, dbias
 
 
 # ----------------------------------------------------------------------------------------------
@@ -309,6 +338,7 @@ GPU_CASES = [
     Case(b=2, sq=1024, sk=1024, hq=8, hkv=2, d=128, causal=True, blocks=None),
     Case(b=1, sq=1000, sk=1500, hq=8, hkv=8, d=64, window=(128, 64), cap=30.0, blocks=None, dtype="float16"),
     Case(b=2, sq=512, sk=512, hq=4, hkv=1, d=256, causal=True, seg=True, blocks=None),
+    Case(b=2, sq=700, sk=900, hq=8, hkv=2, d=128, causal=True, bias="1HQK", blocks=None),
     Case(b=1, sq=1, sk=4096, hq=16, hkv=4, d=128, causal=True, blocks=None),
 ]
 
@@ -323,8 +353,7 @@ def test_gpu_matches_reference(case: Case) -> None:
 @pytest.mark.gpu
 @pytest.mark.skipif(not ON_GPU, reason="needs an NVIDIA GPU")
 def test_gpu_conformance() -> None:
-    cases = [c for c in FLASH_ATTENTION_CASES if not c.get("bias")]
-    check_flash_attention("pallas", dtypes=(jnp.bfloat16, jnp.float16), cases=cases)
+    check_flash_attention("pallas", dtypes=(jnp.bfloat16, jnp.float16))
 
 
 @pytest.mark.gpu

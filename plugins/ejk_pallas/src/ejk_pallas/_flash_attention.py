@@ -12,7 +12,10 @@ FlashAttention-2 structure, written with ``pl.pallas_call`` and GPU-style ``Bloc
 Causal masks and sliding windows bound every loop, so blocks that are fully masked are never
 loaded, and each loop is split into the blocks that need a position mask (the diagonal / window
 edges, the ragged end) and the interior blocks that do not. Rows that see no key give zeros
-(log-sum-exp ``+inf``) and zero gradients. Sequence lengths are padded to the block sizes and
+(log-sum-exp ``+inf``) and zero gradients. A bias broadcastable to ``[B, Hq, Sq, Sk]`` is read
+through broadcast block specs (never expanded); its gradient, when the caller asks for it, comes
+from a fourth kernel that writes ``dS`` as a float32 ``[B, Hq, Sq, Sk]`` buffer, summed over the
+bias's broadcast dims (unused, XLA drops that kernel). Sequence lengths are padded to the block sizes and
 head dims to a power of two >= 16 (only when needed; padded keys are masked, padded rows
 discarded). The plugin registers :func:`forward` with the pair :func:`forward_with_residuals` /
 :func:`backward` (:data:`RESIDUALS` names their format), from which the core builds the
@@ -234,6 +237,41 @@ def _q_block(i: Any, mask: _Mask, nq: int) -> Any:
     return nq - 1 - i if mask.right is not None else i
 
 
+@attrs.frozen(kw_only=True)
+class _Bias:
+    """Which dims of a ``[Bb, Hb, Sqb, Skb]`` bias are full (the others are 1, broadcast)."""
+
+    batch: bool
+    heads: bool
+    rows: bool
+    cols: bool
+
+    @classmethod
+    def of(cls, bias: Any) -> _Bias | None:
+        if bias is None:
+            return None
+        b, h, r, c = (int(n) > 1 for n in bias.shape)
+        return cls(batch=b, heads=h, rows=r, cols=c)
+
+    def pad(self, bias: Any, sqp: int, skp: int) -> Any:
+        if self.rows:
+            bias = _pad(bias, 2, sqp)
+        if self.cols:
+            bias = _pad(bias, 3, skp)
+        return bias
+
+    def spec(self, rows: int, skp: int, q_index: Any) -> Any:
+        """The forward / dq kernels' block: ``rows`` query rows (or 1) by all keys (or 1)."""
+        return pl().BlockSpec(
+            (None, None, rows if self.rows else 1, skp if self.cols else 1),
+            lambda i, b, h: (b if self.batch else 0, h if self.heads else 0, q_index(i) if self.rows else 0, 0))
+
+    def tile(self, ref: Any, col0: Any, bk: int) -> Any:
+        """Base-2 bias ``[rows | 1, bk | 1]`` of key block ``col0`` (forward / dq kernels)."""
+        t = ref[:, pl().ds(col0, bk)] if self.cols else ref[...]
+        return t.astype(jnp.float32) * _LOG2E
+
+
 def _loop(lo: Any, hi: Any, body: Any, carry: Any) -> Any:
     if isinstance(lo, int) and isinstance(hi, int) and lo >= hi:
         return carry
@@ -245,8 +283,9 @@ def _loop(lo: Any, hi: Any, body: Any, carry: Any) -> Any:
 # ----------------------------------------------------------------------------------------------
 
 
-def _fwd_kernel(q_ref: Any, k_ref: Any, v_ref: Any, qs_ref: Any, ks_ref: Any, o_ref: Any, lse_ref: Any, *,
-                mask: _Mask, scale: float, cap: float | None, bq: int, bk: int, nk: int, nq: int) -> None:
+def _fwd_kernel(q_ref: Any, k_ref: Any, v_ref: Any, qs_ref: Any, ks_ref: Any, b_ref: Any, o_ref: Any, lse_ref: Any,
+                *, mask: _Mask, bias: _Bias | None, scale: float, cap: float | None, bq: int, bk: int, nk: int,
+                nq: int) -> None:
     row0 = _q_block(pl().program_id(0), mask, nq) * bq
     q = q_ref[...]
     q_seg = qs_ref[...] if mask.segments else None
@@ -259,13 +298,16 @@ def _fwd_kernel(q_ref: Any, k_ref: Any, v_ref: Any, qs_ref: Any, ks_ref: Any, o_
         k = k_ref[pl().ds(col0, bk), :]
         v = v_ref[pl().ds(col0, bk), :]
         z, _ = _logits(jnp.dot(q, k.T, preferred_element_type=jnp.float32), scale, cap)
+        if bias is not None:
+            z = z + bias.tile(b_ref, col0, bk)
         if masked:
             kv_seg = ks_ref[pl().ds(col0, bk)] if mask.segments else None
             vis = mask.visible(rows, col0 + jnp.arange(bk), q_seg, kv_seg)
             if vis is not None:
                 z = jnp.where(vis, z, -jnp.inf)
         m_new = jnp.maximum(m, jnp.max(z, axis=1))
-        m_use = jnp.where(m_new == -jnp.inf, 0.0, m_new) if masked else m_new
+        # A row may still see nothing (masks, or a -inf bias): keep exp2 away from (-inf) - (-inf).
+        m_use = jnp.where(m_new == -jnp.inf, 0.0, m_new) if masked or bias is not None else m_new
         alpha = jnp.exp2(m - m_use)
         p = jnp.exp2(z - m_use[:, None])
         denom = denom * alpha + jnp.sum(p, axis=1)
@@ -285,9 +327,9 @@ def _fwd_kernel(q_ref: Any, k_ref: Any, v_ref: Any, qs_ref: Any, ks_ref: Any, o_
     lse_ref[...] = jnp.where(empty, jnp.inf, m + jnp.log2(jnp.where(empty, 1.0, denom)))
 
 
-def _dkdv_kernel(q_ref: Any, k_ref: Any, v_ref: Any, qs_ref: Any, ks_ref: Any, do_ref: Any, lse_ref: Any,
-                 delta_ref: Any, dk_ref: Any, dv_ref: Any, *, mask: _Mask, scale: float, cap: float | None,
-                 group: int, bq: int, bk: int, nq: int) -> None:
+def _dkdv_kernel(q_ref: Any, k_ref: Any, v_ref: Any, qs_ref: Any, ks_ref: Any, b_ref: Any, do_ref: Any,
+                 lse_ref: Any, delta_ref: Any, dk_ref: Any, dv_ref: Any, *, mask: _Mask, bias: _Bias | None,
+                 scale: float, cap: float | None, group: int, bq: int, bk: int, nq: int) -> None:
     col0 = pl().program_id(0) * bk
     k = k_ref[...]
     v = v_ref[...]
@@ -302,6 +344,9 @@ def _dkdv_kernel(q_ref: Any, k_ref: Any, v_ref: Any, qs_ref: Any, ks_ref: Any, d
         lse = lse_ref[g, pl().ds(row0, bq)]
         delta = delta_ref[g, pl().ds(row0, bq)]
         z, tanh = _logits(jnp.dot(q, k.T, preferred_element_type=jnp.float32), scale, cap)
+        if bias is not None:  # block [G | 1, Sqp | 1, bk | 1]
+            tile = b_ref[g if bias.heads else 0, pl().ds(row0, bq) if bias.rows else slice(None), :]
+            z = z + tile.astype(jnp.float32) * _LOG2E
         if masked:
             q_seg = qs_ref[pl().ds(row0, bq)] if mask.segments else None
             vis = mask.visible(row0 + jnp.arange(bq), cols, q_seg, kv_seg, check_cols=False)
@@ -331,9 +376,9 @@ def _dkdv_kernel(q_ref: Any, k_ref: Any, v_ref: Any, qs_ref: Any, ks_ref: Any, d
     dv_ref[...] = dv.astype(dv_ref.dtype)
 
 
-def _dq_kernel(q_ref: Any, k_ref: Any, v_ref: Any, qs_ref: Any, ks_ref: Any, do_ref: Any, lse_ref: Any,
-               delta_ref: Any, dq_ref: Any, *, mask: _Mask, scale: float, cap: float | None, bq: int, bk: int,
-               nk: int, nq: int) -> None:
+def _dq_kernel(q_ref: Any, k_ref: Any, v_ref: Any, qs_ref: Any, ks_ref: Any, b_ref: Any, do_ref: Any, lse_ref: Any,
+               delta_ref: Any, dq_ref: Any, *, mask: _Mask, bias: _Bias | None, scale: float, cap: float | None,
+               bq: int, bk: int, nk: int, nq: int) -> None:
     row0 = _q_block(pl().program_id(0), mask, nq) * bq
     q = q_ref[...]
     do = do_ref[...]
@@ -347,6 +392,8 @@ def _dq_kernel(q_ref: Any, k_ref: Any, v_ref: Any, qs_ref: Any, ks_ref: Any, do_
         k = k_ref[pl().ds(col0, bk), :]
         v = v_ref[pl().ds(col0, bk), :]
         z, tanh = _logits(jnp.dot(q, k.T, preferred_element_type=jnp.float32), scale, cap)
+        if bias is not None:
+            z = z + bias.tile(b_ref, col0, bk)
         if masked:
             kv_seg = ks_ref[pl().ds(col0, bk)] if mask.segments else None
             vis = mask.visible(rows, col0 + jnp.arange(bk), q_seg, kv_seg)
@@ -367,6 +414,46 @@ def _dq_kernel(q_ref: Any, k_ref: Any, v_ref: Any, qs_ref: Any, ks_ref: Any, do_
     dq = _loop(lo_full, hi_full, full_body, dq)
     dq = _loop(hi_full, hi, masked_body, dq)
     dq_ref[...] = (dq * scale).astype(dq_ref.dtype)
+
+
+def _dbias_kernel(q_ref: Any, k_ref: Any, v_ref: Any, qs_ref: Any, ks_ref: Any, b_ref: Any, do_ref: Any,
+                  lse_ref: Any, delta_ref: Any, ds_ref: Any, *, mask: _Mask, bias: _Bias, scale: float,
+                  cap: float | None, bq: int, bk: int, nk: int, nq: int) -> None:
+    """``dS = P · (dP - delta)`` (the gradient of the biased logits) for one row block, all keys, float32.
+
+    A kernel of its own so that XLA drops it when the bias needs no gradient.
+    """
+    row0 = _q_block(pl().program_id(0), mask, nq) * bq
+    q = q_ref[...]
+    do = do_ref[...]
+    lse = lse_ref[...]
+    delta = delta_ref[...]
+    rows = row0 + jnp.arange(bq)
+    q_seg = qs_ref[...] if mask.segments else None
+
+    def zeros(t: Any, carry: Any) -> Any:
+        ds_ref[:, pl().ds(t * bk, bk)] = jnp.zeros((bq, bk), jnp.float32)
+        return carry
+
+    def body(t: Any, carry: Any) -> Any:
+        col0 = t * bk
+        k = k_ref[pl().ds(col0, bk), :]
+        v = v_ref[pl().ds(col0, bk), :]
+        z, _ = _logits(jnp.dot(q, k.T, preferred_element_type=jnp.float32), scale, cap)
+        z = z + bias.tile(b_ref, col0, bk)
+        kv_seg = ks_ref[pl().ds(col0, bk)] if mask.segments else None
+        vis = mask.visible(rows, col0 + jnp.arange(bk), q_seg, kv_seg)
+        if vis is not None:
+            z = jnp.where(vis, z, -jnp.inf)
+        p = jnp.exp2(z - lse[:, None])
+        dp = jnp.dot(do, v.T, preferred_element_type=jnp.float32)
+        ds_ref[:, pl().ds(col0, bk)] = p * (dp - delta[:, None])
+        return carry
+
+    lo, _, _, hi = _key_blocks(mask, row0, bq, bk, nk)
+    _loop(0, lo, zeros, 0)
+    _loop(lo, hi, body, 0)
+    _loop(hi, nk, zeros, 0)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -407,7 +494,8 @@ def _segments(q_seg: Any, kv_seg: Any, batch: int, sqp: int, skp: int) -> tuple[
     return _pad(q_seg.astype(jnp.int32), 1, sqp, -1), _pad(kv_seg.astype(jnp.int32), 1, skp, -2)
 
 
-def _forward_impl(q: Any, k: Any, v: Any, q_seg: Any, kv_seg: Any, *, cfg: FlashAttentionConfig, causal: bool,
+def _forward_impl(q: Any, k: Any, v: Any, q_seg: Any, kv_seg: Any, bias: Any, *, cfg: FlashAttentionConfig,
+                  causal: bool,
                   softmax_scale: float, sliding_window: tuple[int, int] | None, logits_soft_cap: float | None,
                   interpret: bool) -> tuple[Any, Any]:
     """``(out [B, Sq, Hq, Dv], lse [B, Hq, Sq] float32, base 2)``."""
@@ -423,8 +511,9 @@ def _forward_impl(q: Any, k: Any, v: Any, q_seg: Any, kv_seg: Any, *, cfg: Flash
     qs, ks = _segments(q_seg, kv_seg, batch, sqp, skp)
     p = pl()
     nq = sqp // bq
-    kernel = functools.partial(_fwd_kernel, mask=mask, scale=float(softmax_scale), cap=logits_soft_cap,
-                               bq=bq, bk=bk, nk=skp // bk, nq=nq)
+    layout = _Bias.of(bias)
+    kernel = functools.partial(_fwd_kernel, mask=mask, bias=layout, scale=float(softmax_scale),
+                               cap=logits_soft_cap, bq=bq, bk=bk, nk=skp // bk, nq=nq)
 
     def qi(i: Any) -> Any:
         return _q_block(i, mask, nq)
@@ -438,6 +527,7 @@ def _forward_impl(q: Any, k: Any, v: Any, q_seg: Any, kv_seg: Any, *, cfg: Flash
             p.BlockSpec((None, skp, None, dvp), lambda i, b, h: (b, 0, h // group, 0)),
             p.BlockSpec((None, bq), lambda i, b, h: (b, qi(i))),
             p.BlockSpec((None, skp), lambda i, b, h: (b, 0)),
+            None if layout is None else layout.spec(bq, skp, qi),
         ],
         out_specs=[
             p.BlockSpec((None, bq, None, dvp), lambda i, b, h: (b, qi(i), h, 0)),
@@ -448,15 +538,15 @@ def _forward_impl(q: Any, k: Any, v: Any, q_seg: Any, kv_seg: Any, *, cfg: Flash
         compiler_params=_compiler_params(cfg.num_warps, cfg.num_stages),
         interpret=interpret,
         name="ejk_flash_attention_fwd",
-    )(qp, kp, vp, qs, ks)
+    )(qp, kp, vp, qs, ks, None if layout is None else layout.pad(bias, sqp, skp))
     return out[:, :sq, :, :dv], lse[:, :, :sq]
 
 
-def _backward_impl(q: Any, k: Any, v: Any, q_seg: Any, kv_seg: Any, out: Any, lse: Any, d_out: Any, *,
+def _backward_impl(q: Any, k: Any, v: Any, q_seg: Any, kv_seg: Any, bias: Any, out: Any, lse: Any, d_out: Any, *,
                    cfg: FlashAttentionConfig, causal: bool, softmax_scale: float,
                    sliding_window: tuple[int, int] | None, logits_soft_cap: float | None,
-                   interpret: bool) -> tuple[Any, Any, Any]:
-    """``(dq, dk, dv)`` from the saved output and base-2 log-sum-exp."""
+                   interpret: bool) -> tuple[Any, Any, Any, Any]:
+    """``(dq, dk, dv, dbias)`` from the saved output and base-2 log-sum-exp (``dbias`` ``None`` without bias)."""
     batch, sq, hq, d = q.shape
     sk, hkv, dv = k.shape[1], k.shape[2], v.shape[3]
     group = hq // hkv
@@ -478,8 +568,13 @@ def _backward_impl(q: Any, k: Any, v: Any, q_seg: Any, kv_seg: Any, out: Any, ls
     deltap = _pad(delta, 2, sqp)
     qs, ks = _segments(q_seg, kv_seg, batch, sqp, skp)
     scale, cap = float(softmax_scale), logits_soft_cap
+    layout = _Bias.of(bias)
+    bias_p = None if layout is None else layout.pad(bias, sqp, skp)
     p = pl()
     params = _compiler_params(cfg.bwd_num_warps, cfg.bwd_num_stages)
+    dkdv_bias_spec = None if layout is None else p.BlockSpec(
+        (None, group if layout.heads else 1, sqp if layout.rows else 1, k_prog if layout.cols else 1),
+        lambda j, b, h: (b if layout.batch else 0, h if layout.heads else 0, 0, j if layout.cols else 0))
 
     # dk / dv: grid (key blocks, batch, kv heads); the q heads of a group are one block of the
     # [B, Sq, Hkv, G, D] view, so k / v are read once per group and never repeated in memory.
@@ -488,8 +583,8 @@ def _backward_impl(q: Any, k: Any, v: Any, q_seg: Any, kv_seg: Any, out: Any, ls
     lse4 = lsep.reshape(batch, hkv, group, sqp)
     delta4 = deltap.reshape(batch, hkv, group, sqp)
     dk, dv_ = p.pallas_call(
-        functools.partial(_dkdv_kernel, mask=mask, scale=scale, cap=cap, group=group, bq=q_step, bk=k_prog,
-                          nq=sqp // q_step),
+        functools.partial(_dkdv_kernel, mask=mask, bias=layout, scale=scale, cap=cap, group=group, bq=q_step,
+                          bk=k_prog, nq=sqp // q_step),
         grid=(skp // k_prog, batch, hkv),
         in_specs=[
             p.BlockSpec((None, sqp, None, group, dp), lambda j, b, h: (b, 0, h, 0, 0)),
@@ -497,6 +592,7 @@ def _backward_impl(q: Any, k: Any, v: Any, q_seg: Any, kv_seg: Any, out: Any, ls
             p.BlockSpec((None, k_prog, None, dvp), lambda j, b, h: (b, j, h, 0)),
             p.BlockSpec((None, sqp), lambda j, b, h: (b, 0)),
             p.BlockSpec((None, k_prog), lambda j, b, h: (b, j)),
+            dkdv_bias_spec,
             p.BlockSpec((None, sqp, None, group, dvp), lambda j, b, h: (b, 0, h, 0, 0)),
             p.BlockSpec((None, None, group, sqp), lambda j, b, h: (b, h, 0, 0)),
             p.BlockSpec((None, None, group, sqp), lambda j, b, h: (b, h, 0, 0)),
@@ -509,34 +605,55 @@ def _backward_impl(q: Any, k: Any, v: Any, q_seg: Any, kv_seg: Any, out: Any, ls
         compiler_params=params,
         interpret=interpret,
         name="ejk_flash_attention_dkdv",
-    )(q5, kp, vp, qs, ks, do5, lse4, delta4)
+    )(q5, kp, vp, qs, ks, bias_p, do5, lse4, delta4)
 
     nq = sqp // q_prog
 
     def qi(i: Any) -> Any:
         return _q_block(i, mask, nq)
 
+    row_specs = [
+        p.BlockSpec((None, q_prog, None, dp), lambda i, b, h: (b, qi(i), h, 0)),
+        p.BlockSpec((None, skp, None, dp), lambda i, b, h: (b, 0, h // group, 0)),
+        p.BlockSpec((None, skp, None, dvp), lambda i, b, h: (b, 0, h // group, 0)),
+        p.BlockSpec((None, q_prog), lambda i, b, h: (b, qi(i))),
+        p.BlockSpec((None, skp), lambda i, b, h: (b, 0)),
+        None if layout is None else layout.spec(q_prog, skp, qi),
+        p.BlockSpec((None, q_prog, None, dvp), lambda i, b, h: (b, qi(i), h, 0)),
+        p.BlockSpec((None, None, q_prog), lambda i, b, h: (b, h, qi(i))),
+        p.BlockSpec((None, None, q_prog), lambda i, b, h: (b, h, qi(i))),
+    ]
+    row_inputs = (qp, kp, vp, qs, ks, bias_p, dop, lsep, deltap)
+    statics: dict[str, Any] = dict(mask=mask, bias=layout, scale=scale, cap=cap, bq=q_prog, bk=k_step,
+                                   nk=skp // k_step, nq=nq)
     (dq,) = p.pallas_call(
-        functools.partial(_dq_kernel, mask=mask, scale=scale, cap=cap, bq=q_prog, bk=k_step, nk=skp // k_step,
-                          nq=nq),
+        functools.partial(_dq_kernel, **statics),
         grid=(nq, batch, hq),
-        in_specs=[
-            p.BlockSpec((None, q_prog, None, dp), lambda i, b, h: (b, qi(i), h, 0)),
-            p.BlockSpec((None, skp, None, dp), lambda i, b, h: (b, 0, h // group, 0)),
-            p.BlockSpec((None, skp, None, dvp), lambda i, b, h: (b, 0, h // group, 0)),
-            p.BlockSpec((None, q_prog), lambda i, b, h: (b, qi(i))),
-            p.BlockSpec((None, skp), lambda i, b, h: (b, 0)),
-            p.BlockSpec((None, q_prog, None, dvp), lambda i, b, h: (b, qi(i), h, 0)),
-            p.BlockSpec((None, None, q_prog), lambda i, b, h: (b, h, qi(i))),
-            p.BlockSpec((None, None, q_prog), lambda i, b, h: (b, h, qi(i))),
-        ],
+        in_specs=row_specs,
         out_specs=[p.BlockSpec((None, q_prog, None, dp), lambda i, b, h: (b, qi(i), h, 0))],
         out_shape=[jax.ShapeDtypeStruct(qp.shape, q.dtype)],
         compiler_params=params,
         interpret=interpret,
         name="ejk_flash_attention_dq",
-    )(qp, kp, vp, qs, ks, dop, lsep, deltap)
-    return dq[:, :sq, :, :d], dk[:, :sk, :, :d], dv_[:, :sk, :, :dv]
+    )(*row_inputs)
+    dbias = None
+    if layout is not None:
+        # dS of the biased logits, materialised [B, Hq, Sq, Sk] float32 (only when the bias needs a
+        # gradient: unused, XLA drops this kernel), then summed over the bias's broadcast dims.
+        (ds,) = p.pallas_call(
+            functools.partial(_dbias_kernel, **statics),
+            grid=(nq, batch, hq),
+            in_specs=row_specs,
+            out_specs=[p.BlockSpec((None, None, q_prog, skp), lambda i, b, h: (b, h, qi(i), 0))],
+            out_shape=[jax.ShapeDtypeStruct((batch, hq, sqp, skp), jnp.float32)],
+            compiler_params=params,
+            interpret=interpret,
+            name="ejk_flash_attention_dbias",
+        )(*row_inputs)
+        ds = ds[:, :, :sq, :sk]
+        axes = tuple(a for a in range(4) if bias.shape[a] == 1 and ds.shape[a] != 1)
+        dbias = (jnp.sum(ds, axis=axes, keepdims=True) if axes else ds).astype(bias.dtype)
+    return dq[:, :sq, :, :d], dk[:, :sk, :, :d], dv_[:, :sk, :, :dv], dbias
 
 
 # ----------------------------------------------------------------------------------------------
@@ -572,15 +689,14 @@ def forward_with_residuals(
         ``(q, k, v, q_segment_ids, kv_segment_ids, bias, out, lse)`` with ``lse`` the base-2
         log-sum-exp ``[B, Hq, Sq]`` float32 (``+inf`` for rows that see no key).
     """
-    if bias is not None:
-        raise ValueError("pallas/gpu:triton_lowered does not support bias (its capability gate says so)")
     has_seg = q_segment_ids is not None and kv_segment_ids is not None
     seg = (q_segment_ids, kv_segment_ids) if has_seg else (None, None)
     batch, sq, hq, _ = q.shape
     if min(batch, sq, hq, k.shape[1], v.shape[3]) == 0:
         out = jnp.zeros((batch, sq, hq, v.shape[3]), q.dtype)
         return out, (q, k, v, *seg, bias, out, jnp.full((batch, hq, sq), jnp.inf, jnp.float32))
-    out, lse = _forward_impl(q, k, v, *seg, cfg=_resolve(cfg, q, k, v), causal=causal, softmax_scale=softmax_scale,
+    out, lse = _forward_impl(q, k, v, *seg, bias, cfg=_resolve(cfg, q, k, v), causal=causal,
+                             softmax_scale=softmax_scale,
                              sliding_window=sliding_window, logits_soft_cap=logits_soft_cap,
                              interpret=_env.use_interpreter())
     return out, (q, k, v, *seg, bias, out, lse)
@@ -626,14 +742,13 @@ def backward(
         q, k, v, q_segment_ids, kv_segment_ids, bias.
     """
     q, k, v, q_seg, kv_seg, bias, out, lse = residuals
-    if bias is not None:
-        raise ValueError("this backward does not support bias (the residuals carry one)")
     if min(q.shape[0], q.shape[1], q.shape[2], k.shape[1], v.shape[3]) == 0:
-        return jnp.zeros_like(q), jnp.zeros_like(k), jnp.zeros_like(v), None, None, None
-    dq, dk, dv = _backward_impl(q, k, v, q_seg, kv_seg, out, lse, d_out, cfg=_resolve(cfg, q, k, v), causal=causal,
-                                softmax_scale=softmax_scale, sliding_window=sliding_window,
-                                logits_soft_cap=logits_soft_cap, interpret=_env.use_interpreter())
-    return dq, dk, dv, None, None, None
+        zero_bias = None if bias is None else jnp.zeros_like(bias)
+        return jnp.zeros_like(q), jnp.zeros_like(k), jnp.zeros_like(v), None, None, zero_bias
+    dq, dk, dv, dbias = _backward_impl(q, k, v, q_seg, kv_seg, bias, out, lse, d_out, cfg=_resolve(cfg, q, k, v),
+                                       causal=causal, softmax_scale=softmax_scale, sliding_window=sliding_window,
+                                       logits_soft_cap=logits_soft_cap, interpret=_env.use_interpreter())
+    return dq, dk, dv, None, None, dbias
 
 
 # ----------------------------------------------------------------------------------------------
@@ -658,8 +773,10 @@ def capability(
 
     Supported: bfloat16 / float16 q, k, v (float32 accumulation) with head dims up to 256 (q/k and
     v may differ; non-powers of two are padded); any lengths; GQA / MQA; causal; sliding windows;
-    soft cap; segment ids. Not supported: float32 inputs, bias. Needs an NVIDIA GPU (compute
-    capability 8.0+), except in interpret mode (``EJK_PALLAS_INTERPRET=1`` on a CPU).
+    soft cap; segment ids; a float bias broadcastable to ``[B, Hq, Sq, Sk]`` (its gradient, when
+    asked for, goes through a float32 ``[B, Hq, Sq, Sk]`` buffer). Not supported: float32 inputs.
+    Needs an NVIDIA GPU (compute capability 8.0+), except in interpret mode
+    (``EJK_PALLAS_INTERPRET=1`` on a CPU).
     """
     del causal, softmax_scale, sliding_window, logits_soft_cap, q_segment_ids, kv_segment_ids
     dtypes = {jnp.dtype(x.dtype).name for x in (q, k, v)}
@@ -671,8 +788,8 @@ def capability(
     for name, dim in (("head_dim", int(q.shape[3])), ("v head_dim", int(v.shape[3]))):
         if dim > _MAX_HEAD_DIM:
             return f"{name} {dim} not supported (at most {_MAX_HEAD_DIM})"
-    if bias is not None:
-        return "bias not supported (use platform='triton' or 'xla' for attention with a bias)"
+    if bias is not None and not jnp.issubdtype(bias.dtype, jnp.floating):
+        return f"bias of dtype {jnp.dtype(bias.dtype).name} not supported (floating point only)"
     if _env.use_interpreter():
         return None
     on_gpu, why = _env.nvidia_gpu()

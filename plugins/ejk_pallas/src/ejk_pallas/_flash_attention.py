@@ -15,7 +15,8 @@ edges, the ragged end) and the interior blocks that do not. Rows that see no key
 (log-sum-exp ``+inf``) and zero gradients. A bias broadcastable to ``[B, Hq, Sq, Sk]`` is read
 through broadcast block specs (never expanded); its gradient, when the caller asks for it, comes
 from a fourth kernel that writes ``dS`` as a float32 ``[B, Hq, Sq, Sk]`` buffer, summed over the
-bias's broadcast dims (unused, XLA drops that kernel). Sequence lengths are padded to the block sizes and
+bias's broadcast dims (XLA can drop that kernel when the bias needs no gradient). Sequence lengths
+are padded to the block sizes and
 head dims to a power of two >= 16 (only when needed; padded keys are masked, padded rows
 discarded). The plugin registers :func:`forward` with the pair :func:`forward_with_residuals` /
 :func:`backward` (:data:`RESIDUALS` names their format), from which the core builds the
@@ -421,7 +422,7 @@ def _dbias_kernel(q_ref: Any, k_ref: Any, v_ref: Any, qs_ref: Any, ks_ref: Any, 
                   cap: float | None, bq: int, bk: int, nk: int, nq: int) -> None:
     """``dS = P · (dP - delta)`` (the gradient of the biased logits) for one row block, all keys, float32.
 
-    A kernel of its own so that XLA drops it when the bias needs no gradient.
+    A kernel of its own, so that XLA can drop it when the bias needs no gradient.
     """
     row0 = _q_block(pl().program_id(0), mask, nq) * bq
     q = q_ref[...]
@@ -639,7 +640,7 @@ def _backward_impl(q: Any, k: Any, v: Any, q_seg: Any, kv_seg: Any, bias: Any, o
     dbias = None
     if layout is not None:
         # dS of the biased logits, materialised [B, Hq, Sq, Sk] float32 (only when the bias needs a
-        # gradient: unused, XLA drops this kernel), then summed over the bias's broadcast dims.
+        # gradient: XLA can drop an unused kernel), then summed over the bias's broadcast dims.
         (ds,) = p.pallas_call(
             functools.partial(_dbias_kernel, **statics),
             grid=(nq, batch, hq),

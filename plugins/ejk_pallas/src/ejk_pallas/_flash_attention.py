@@ -13,12 +13,12 @@ Causal masks and sliding windows bound every loop, so blocks that are fully mask
 loaded, and each loop is split into the blocks that need a position mask (the diagonal / window
 edges, the ragged end) and the interior blocks that do not. Rows that see no key give zeros
 (log-sum-exp ``+inf``) and zero gradients. A bias broadcastable to ``[B, Hq, Sq, Sk]`` is read
-through broadcast block specs (never expanded); its gradient, when the caller asks for it, comes
+through broadcast block specs (never expanded); its gradient comes
 from a fourth kernel that writes ``dS`` as a float32 ``[B, Hq, Sq, Sk]`` buffer, summed over the
 bias's broadcast dims (XLA can drop that kernel when the bias needs no gradient). Sequence lengths
-are padded to the block sizes and
-head dims to a power of two >= 16 (only when needed; padded keys are masked, padded rows
-discarded). The plugin registers :func:`forward` with the pair :func:`forward_with_residuals` /
+are padded to the block sizes and head dims to a power of two >= 16 (only when needed; padded
+keys are masked, padded rows discarded). The plugin registers :func:`forward` with the pair
+:func:`forward_with_residuals` /
 :func:`backward` (:data:`RESIDUALS` names their format), from which the core builds the
 custom VJP, plus :func:`config_space`, :func:`heuristic_config` and :func:`capability`.
 

@@ -826,8 +826,44 @@ def _dim_class(q: Any, v: Any) -> int:
     return 64 if d <= 64 else 128 if d <= 128 else 256
 
 
+#: Shared memory a block may use (KiB) by compute capability (the driver's opt-in maximum); others: 99 KiB.
+_SMEM_KIB = {(8, 0): 163, (8, 7): 163, (9, 0): 227, (10, 0): 227, (10, 3): 227}
+_HOPPER_SMEM = 227 * 1024
+
+
+def _smem_limit() -> int:
+    """Shared memory per block (bytes) on this machine's GPU; Hopper's when there is none (AOT, CPU)."""
+    if not _env.nvidia_gpu()[0]:
+        return _HOPPER_SMEM
+    raw = str(getattr(jax.devices()[0], "compute_capability", "") or "")
+    try:
+        major, minor = (int(x) for x in raw.split(".")[:2])
+    except ValueError:
+        return _HOPPER_SMEM
+    return _SMEM_KIB.get((major, minor), 99) * 1024
+
+
+def _smem_bytes(cfg: FlashAttentionConfig, d: int, dv: int, itemsize: int) -> int:
+    """Estimated shared memory (bytes) of the larger of the forward and dk/dv kernels' pipelined tiles."""
+    d, dv = _pad_dim(d), _pad_dim(dv)
+    fwd = (cfg.block_q * d + cfg.num_stages * cfg.block_k * (d + dv)) * itemsize
+    bwd = (cfg.bwd_block_k * (d + dv) + cfg.bwd_num_stages * cfg.bwd_block_q * (d + dv)) * itemsize
+    return max(fwd, bwd)
+
+
+def _fitting(q: Any, v: Any) -> list[FlashAttentionConfig]:
+    """The table's configs whose estimated tiles fit this GPU's shared memory (else the smallest one)."""
+    d, dv, itemsize = int(q.shape[3]), int(v.shape[3]), jnp.dtype(q.dtype).itemsize
+    configs = [_make(fwd, bwd) for fwd, bwd in _CANDIDATES[_dim_class(q, v)]]
+    limit = _smem_limit()
+    fitting = [c for c in configs if _smem_bytes(c, d, dv, itemsize) <= limit]
+    return fitting or [min(configs, key=lambda c: _smem_bytes(c, d, dv, itemsize))]
+
+
 def config_space(q: Any, k: Any, v: Any, *rest: Any, **__: Any) -> list[FlashAttentionConfig]:
-    """Autotuning candidates by head dim (the heuristic's choice first); one small config when interpreted.
+    """Autotuning candidates by head dim (the heuristic's choice first), pruned by a shared-memory estimate.
+
+    One small config in interpret mode.
 
     Args:
         q: ``[B, Sq, Hq, D]`` (anything with ``.shape`` and ``.dtype``).
@@ -839,7 +875,7 @@ def config_space(q: Any, k: Any, v: Any, *rest: Any, **__: Any) -> list[FlashAtt
     del k, rest
     if _env.use_interpreter():
         return [heuristic_config(q, q, v)]
-    return [_make(fwd, bwd) for fwd, bwd in _CANDIDATES[_dim_class(q, v)]]
+    return _fitting(q, v)
 
 
 def heuristic_config(q: Any, k: Any, v: Any, *rest: Any, **__: Any) -> FlashAttentionConfig:
@@ -847,7 +883,8 @@ def heuristic_config(q: Any, k: Any, v: Any, *rest: Any, **__: Any) -> FlashAtte
 
     D <= 64: 128 x 64 forward tiles, 4 warps, 3 stages; D <= 128: 128 x 64, 8 warps, 3 stages;
     D <= 256: 64 x 64, 8 warps, 2 stages. Backward: dk/dv programs of 128 keys stepping 32 rows
-    (dq: 128 rows stepping 32 keys), 64 / 16 at D = 256. In interpret mode (CPU), 32 x 32 tiles
+    (dq: 128 rows stepping 32 keys), 64 / 16 at D = 256; the first that fits the GPU's shared
+    memory (an estimate of the pipelined tiles) wins. In interpret mode (CPU), 32 x 32 tiles
     keep the number of interpreted grid steps small.
 
     Args: as for :func:`config_space`.
@@ -855,5 +892,4 @@ def heuristic_config(q: Any, k: Any, v: Any, *rest: Any, **__: Any) -> FlashAtte
     del k, rest
     if _env.use_interpreter():
         return FlashAttentionConfig(block_q=32, block_k=32, bwd_block_q=16, bwd_block_k=32)
-    fwd, bwd = _CANDIDATES[_dim_class(q, v)][0]
-    return _make(fwd, bwd)
+    return _fitting(q, v)[0]

@@ -363,3 +363,23 @@ def test_gpu_every_config_runs() -> None:
     q, k, v = _abstract(1, 384, 384, 4, 2, 128)
     for cfg in config_space(q, k, v):
         check_case(attrs.evolve(case, blocks=(cfg.block_q, cfg.block_k, cfg.bwd_block_q, cfg.bwd_block_k)))
+
+
+# ----------------------------------------------------------------------------------------------
+# Platform selection in interpret mode
+# ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.skipif(ON_GPU or jax.default_backend() == "tpu", reason="CPU-only behaviour")
+def test_auto_never_picks_interpret_mode() -> None:
+    ok, reason = ejk.kernel_registry.platform_available("pallas")
+    assert not ok and reason is not None and reason.startswith("no NVIDIA GPU or TPU")
+    try:  # ejk-xla, when installed, is the only available implementation here
+        spec = ejk.kernel_registry.get_spec("flash_attention", platform="auto")
+    except ejk.KernelNotFoundError as exc:
+        assert "Platform 'pallas' is unavailable" in str(exc)
+    else:
+        assert spec.platform != "pallas"
+    if _env.interpret_mode():
+        spec = ejk.kernel_registry.get_spec("flash_attention", platform="pallas")
+        assert (spec.platform, spec.name) == ("pallas", "triton_lowered")

@@ -24,9 +24,10 @@ TEST_DEPS = ["pytest>=8", "pytest-xdist>=3", "pydantic>=2", "hypothesis>=6", "pi
 WORKERS = os.environ.get("EJK_TEST_WORKERS", "2")
 # Per plugin: extra requirements and environment of its test session. ejk-triton's tests run the
 # real kernels through Triton's interpreter (EJK_TRITON_INTERPRET=1, read before triton is
-# imported); triton 3.6's interpreter breaks on numpy 2.4 for runtime loop bounds.
+# imported); triton 3.6's interpreter breaks on numpy 2.4 for runtime loop bounds. ejk-pallas's tests
+# run its GPU kernels in Pallas's interpret mode (EJK_PALLAS_INTERPRET=1).
 PLUGIN_TEST_DEPS = {"triton": ["numpy<2.4", "triton>=3.6,<3.7"]}
-PLUGIN_TEST_ENV = {"triton": {"EJK_TRITON_INTERPRET": "1"}}
+PLUGIN_TEST_ENV = {"triton": {"EJK_TRITON_INTERPRET": "1"}, "pallas": {"EJK_PALLAS_INTERPRET": "1"}}
 
 
 def _pytest(session: nox.Session, *paths: str, env: dict[str, str] | None = None) -> None:
@@ -44,7 +45,7 @@ def lint(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 def typecheck(session: nox.Session) -> None:
-    """mypy (strict) over ejk-core and ejk-triton's sources (its toolkits need not be installed)."""
+    """mypy (strict) over ejk-core, ejk-triton and ejk-pallas sources (their toolkits need not be installed)."""
     session.install("mypy>=1.10", "./core")
     session.run("mypy")
 

@@ -1,4 +1,7 @@
-"""ejk-pallas: Pallas kernels for ejk (Triton lowering and Mosaic GPU on NVIDIA, Mosaic on TPU).
+"""ejk-pallas: Pallas kernels for ejk.
 
-Kernels arrive in their own issue; today the plugin reports whether Pallas can run here.
+Today: ``flash_attention`` forward and backward for NVIDIA GPUs through Pallas's Triton lowering
+(``pallas/gpu:triton_lowered``), runnable on the CPU in interpret mode (``EJK_PALLAS_INTERPRET=1``)
+for tests; and the same op as Mosaic TPU kernels (``pallas/tpu:mosaic_tpu``, untested on TPU
+hardware, checked in the TPU interpret mode). Mosaic GPU kernels are still to come (issue 9).
 """

@@ -1,0 +1,226 @@
+"""Attention throughput on one GPU: ejk's Pallas flash attention against cuDNN and jax's Pallas ``mha``.
+
+Lines (same process, same inputs, bf16 by default):
+
+- ``ejk pallas``: ``ejk.flash_attention(..., platform="pallas", cfg=cfg)`` with each config of
+  ``ejk_pallas._flash_attention.config_space`` (or only the heuristic's, ``--configs heuristic``);
+  the best is reported and named, the heuristic's time is in the note,
+- ``jax.nn cudnn``: ``jax.nn.dot_product_attention(implementation="cudnn")`` (the ratio's base),
+- ``jax pallas mha``: ``jax.experimental.pallas.ops.gpu.attention.mha`` with its default blocks
+  (128 x 128 forward, 32 x 32 backward),
+
+each in ``fwd`` (the output) and ``fwd+bwd`` (output plus dq, dk, dv in one jitted call), with
+the ratio to cuDNN. FLOPs: ``4·B·H·S²·D`` for the forward (halved when causal), ``3.5x`` that
+for fwd+bwd. Timing: compile, warm-up calls, then the median of ``--reps`` samples.
+At Sq = Sk the causal masks of all three agree (bottom-right = top-left alignment).
+
+Usage (on the GPU host; see ../shared/gpu/README.md):
+    python benchmarks/bench_pallas_attention.py                     # three shapes, whole config space
+    python benchmarks/bench_pallas_attention.py --configs heuristic # one config per shape (faster)
+    python benchmarks/bench_pallas_attention.py --d64               # also head_dim 64
+    EJK_PALLAS_INTERPRET=1 python benchmarks/bench_pallas_attention.py --smoke   # CPU, interpret mode
+
+Output: ``$OUT/pallas_attention.md`` when ``OUT`` is set, else ``benchmarks/results/pallas_attention.md``.
+"""
+
+from __future__ import annotations
+
+import os
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+import _harness
+import attrs
+import jax
+import jax.numpy as jnp
+import numpy as np
+from _harness import error_text, time_ms
+
+import ejk
+from ejk_pallas._flash_attention import FlashAttentionConfig, config_space, heuristic_config
+
+MODES = ("fwd", "fwd+bwd")
+BWD_FACTOR = 3.5
+
+
+@attrs.frozen(kw_only=True)
+class Shape:
+    batch: int
+    seq: int
+    heads: int
+    dim: int
+    causal: bool
+
+    def __str__(self) -> str:
+        return f"[{self.batch},{self.seq},{self.heads},{self.dim}] {'causal' if self.causal else 'full'}"
+
+    def fwd_flops(self) -> float:
+        flops = 4.0 * self.batch * self.heads * self.seq * self.seq * self.dim
+        return flops / 2 if self.causal else flops
+
+
+FULL_SHAPES = (
+    Shape(batch=4, seq=4096, heads=16, dim=128, causal=False),
+    Shape(batch=4, seq=4096, heads=16, dim=128, causal=True),
+    Shape(batch=2, seq=8192, heads=16, dim=128, causal=True),
+)
+D64_SHAPES = (
+    Shape(batch=4, seq=4096, heads=32, dim=64, causal=False),
+    Shape(batch=4, seq=4096, heads=32, dim=64, causal=True),
+)
+SMOKE_SHAPES = (Shape(batch=1, seq=64, heads=2, dim=64, causal=False),
+                Shape(batch=1, seq=64, heads=2, dim=64, causal=True))
+
+
+def pallas_attention(shape: Shape, cfg: FlashAttentionConfig) -> Callable[..., jax.Array]:
+    def fn(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
+        return ejk.flash_attention(q, k, v, causal=shape.causal, platform="pallas", cfg=cfg)
+
+    return fn
+
+
+def cudnn_attention(shape: Shape) -> Callable[..., jax.Array]:
+    def fn(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
+        return jax.nn.dot_product_attention(q, k, v, is_causal=shape.causal, implementation="cudnn")
+
+    return fn
+
+
+def jax_mha(shape: Shape) -> Callable[..., jax.Array]:
+    from jax.experimental.pallas.ops.gpu import attention
+
+    def fn(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
+        return attention.mha(q, k, v, None, sm_scale=shape.dim ** -0.5, causal=shape.causal)  # type: ignore[no-any-return]
+
+    return fn
+
+
+def with_backward(attention: Callable[..., jax.Array]) -> Callable[..., Any]:
+    def fn(q: jax.Array, k: jax.Array, v: jax.Array, do: jax.Array) -> Any:
+        out, vjp = jax.vjp(attention, q, k, v)
+        return out, vjp(do)
+
+    return fn
+
+
+def make_inputs(shape: Shape, dtype: Any) -> tuple[jax.Array, ...]:
+    rng = np.random.default_rng(0)
+    dims = (shape.batch, shape.seq, shape.heads, shape.dim)
+    return tuple(jnp.asarray(rng.standard_normal(dims, dtype=np.float32)).astype(dtype) for _ in range(4))
+
+
+def measure(attention: Callable[..., jax.Array], mode: str, inputs: tuple[jax.Array, ...], reps: int) -> float:
+    if mode == "fwd":
+        return time_ms(attention, inputs[:3], reps)
+    return time_ms(with_backward(attention), inputs, reps)
+
+
+def best_of(candidates: dict[str, Callable[..., jax.Array]], mode: str, inputs: tuple[jax.Array, ...],
+            reps: int) -> tuple[dict[str, float], list[str]]:
+    times: dict[str, float] = {}
+    errors: list[str] = []
+    for label, attention in candidates.items():
+        try:
+            times[label] = measure(attention, mode, inputs, reps)
+            print(f"  {mode} {label}: {times[label]:.3f} ms", flush=True)
+        except Exception as exc:  # report per line, keep going
+            errors.append(f"{label}: {error_text(exc)}")
+            if os.environ.get("EJK_BENCH_TRACEBACK"):
+                traceback.print_exc()
+    return times, errors
+
+
+def tflops(flops: float, ms: float) -> str:
+    rate = flops / ms / 1e9
+    return f"{rate:,.1f}" if rate >= 1 else f"{rate:.4f}"
+
+
+def cfg_label(cfg: FlashAttentionConfig) -> str:
+    return (f"fwd {cfg.block_q}x{cfg.block_k} w{cfg.num_warps} s{cfg.num_stages}, "
+            f"bwd {cfg.bwd_block_q}x{cfg.bwd_block_k} w{cfg.bwd_num_warps} s{cfg.bwd_num_stages}")
+
+
+def output_check(shape: Shape, cfg: FlashAttentionConfig, inputs: tuple[jax.Array, ...], on_gpu: bool) -> str:
+    try:
+        got = jax.jit(pallas_attention(shape, cfg))(*inputs[:3]).astype(jnp.float32)
+        impl = "cudnn" if on_gpu else "xla"
+        want = jax.jit(lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=shape.causal,
+                                                                    implementation=impl))(*inputs[:3])
+        return f"max abs diff of ejk pallas vs jax.nn {impl}: {float(jnp.max(jnp.abs(got - want))):.3g}"
+    except Exception as exc:
+        return f"output check failed: {error_text(exc)}"
+
+
+def row(shape: Shape, mode: str, name: str, times: dict[str, float], errors: list[str], flops: float,
+        base_ms: float | None, note: str = "") -> str:
+    if not times:
+        return f"| {shape} | {mode} | {name} | failed | | | {'; '.join(errors)} |"
+    _, ms = min(times.items(), key=lambda kv: kv[1])
+    ratio = f"{base_ms / ms:.2f}" if base_ms else ""
+    if errors:
+        note += f"; failed: {'; '.join(errors)}"
+    return f"| {shape} | {mode} | {name} | {ms:,.2f} | {tflops(flops, ms)} | {ratio} | {note} |"
+
+
+def main() -> None:
+    parser = _harness.parser(__doc__)
+    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--configs", choices=("all", "heuristic"), default="all",
+                        help="the whole config space (best reported) or only the heuristic's config")
+    parser.add_argument("--d64", action="store_true", help="also head_dim 64 ([4,4096,32,64] full and causal)")
+    parser.add_argument("--no-mha", action="store_true", help="skip jax's own Pallas mha")
+    args = _harness.parse(parser)
+    on_gpu = jax.default_backend() == "gpu"
+    shapes = SMOKE_SHAPES if args.smoke else FULL_SHAPES + (D64_SHAPES if args.d64 else ())
+    lines = _harness.header(
+        "Attention throughput: ejk Pallas flash attention vs cuDNN and jax's Pallas mha", args,
+        f"dtype {args.dtype}; FLOPs 4·B·H·S²·D (halved when causal), fwd+bwd = {BWD_FACTOR}x fwd; "
+        f"ejk configs: {args.configs}; ratio = TFLOP/s / cuDNN TFLOP/s",
+        f"ejk-pallas {_harness.version('ejk-pallas')}",
+        case="shape [B,S,H,D]", rate="TFLOP/s",
+    )
+    lines[-2] = "| shape [B,S,H,D] | mode | implementation | ms | TFLOP/s | ratio vs cuDNN | note |"
+    lines[-1] = "| --- | --- | --- | ---: | ---: | ---: | --- |"
+    checks: list[str] = []
+    print("\n".join(lines), flush=True)
+    for shape in shapes:
+        inputs = make_inputs(shape, jnp.dtype(args.dtype))
+        heuristic = heuristic_config(*inputs[:3])
+        space = [heuristic] if args.configs == "heuristic" else config_space(*inputs[:3])
+        if heuristic not in space:
+            space.insert(0, heuristic)
+        ours = {cfg_label(cfg): pallas_attention(shape, cfg) for cfg in space}
+        checks.append(f"- {shape}: {output_check(shape, heuristic, inputs, on_gpu)}")
+        for mode in MODES:
+            flops = shape.fwd_flops() * (1.0 if mode == "fwd" else BWD_FACTOR)
+            rows = []
+            base_ms = None
+            if on_gpu:
+                cudnn_times, cudnn_errors = best_of({"cudnn": cudnn_attention(shape)}, mode, inputs, args.reps)
+                base_ms = cudnn_times.get("cudnn")
+                rows.append(row(shape, mode, "jax.nn cudnn", cudnn_times, cudnn_errors, flops, base_ms))
+                if not args.no_mha:
+                    mha_times, mha_errors = best_of({"mha": jax_mha(shape)}, mode, inputs, args.reps)
+                    rows.append(row(shape, mode, "jax pallas mha", mha_times, mha_errors, flops, base_ms))
+            else:
+                rows.append(f"| {shape} | {mode} | jax.nn cudnn | skipped | | | needs a GPU |")
+            times, errors = best_of(ours, mode, inputs, args.reps)
+            note = ""
+            if times:
+                note = f"best: {min(times.items(), key=lambda kv: kv[1])[0]}"
+                heur = times.get(cfg_label(heuristic))
+                if heur is not None and len(times) > 1:
+                    note += f"; heuristic {heur:,.2f} ms ({tflops(flops, heur)} TFLOP/s)"
+            rows.append(row(shape, mode, "ejk pallas", times, errors, flops, base_ms, note))
+            for line in rows:
+                print(line, flush=True)
+            lines += rows
+        del inputs
+    lines += ["", f"Forward outputs ({args.dtype} inputs), ejk's heuristic config:", *checks]
+    print("\n".join(lines[-len(checks) - 2 :]), flush=True)
+    _harness.write(lines, args, "pallas_attention.md")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,78 @@
+"""Where the Pallas kernels can run here: an NVIDIA GPU (Triton lowering), or interpret mode on the CPU.
+
+``EJK_PALLAS_INTERPRET=1`` asks for Pallas's interpret mode: the same kernel sources run on the
+CPU through ``pallas_call(..., interpret=True)`` (slowly, for tests and debugging) and the
+kernels are registered for the ``cpu`` backend too, so ``platform="pallas"`` works on a CPU-only
+machine. ``platform="auto"`` never picks the interpreted kernels: the platform still reports
+itself unavailable without an NVIDIA GPU. Nothing here imports Pallas.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from typing import Any
+
+__all__ = ["INTERPRET_ENV", "backends", "interpret_mode", "nvidia_gpu", "platform_status", "use_interpreter"]
+
+#: Environment variable that selects Pallas's interpret mode (test / debug mode, CPU).
+INTERPRET_ENV = "EJK_PALLAS_INTERPRET"
+
+
+def interpret_mode() -> bool:
+    """``True`` when ``EJK_PALLAS_INTERPRET`` asks for Pallas's interpret mode."""
+    return os.environ.get(INTERPRET_ENV, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def backends() -> tuple[str, ...]:
+    """Backends to register the GPU kernels for: ``gpu``, plus ``cpu`` in interpret mode."""
+    return ("gpu", "cpu") if interpret_mode() else ("gpu",)
+
+
+def use_interpreter() -> bool:
+    """Whether a kernel launched now runs interpreted: interpret mode asked for and no NVIDIA GPU here."""
+    return interpret_mode() and not nvidia_gpu()[0]
+
+
+@functools.cache
+def nvidia_gpu() -> tuple[bool, str]:
+    """``(True, device kind)`` when JAX's default device is an NVIDIA GPU, else ``(False, why)``."""
+    import jax
+
+    backend = jax.default_backend()
+    if backend not in ("gpu", "cuda"):
+        return False, f"JAX's default backend is {backend}"
+    device: Any = jax.devices()[0]
+    kind = str(getattr(device, "device_kind", ""))
+    version = str(getattr(getattr(device, "client", None), "platform_version", "")).lower()
+    if "rocm" in version or "hip" in version:
+        return False, f"the GPU is not an NVIDIA GPU ({kind or version})"
+    return True, kind
+
+
+def platform_status() -> Any:
+    """The ``pallas`` platform's :class:`ejk.PlatformStatus`: available only where a kernel can run compiled.
+
+    Available on an NVIDIA GPU (``triton_lowered``) and on a TPU (``mosaic_tpu``, untested on
+    hardware, ranked below ejk-xla so ``platform="auto"`` does not pick it); on the CPU it says why
+    not and how to use interpret mode.
+    """
+    import ejk
+    from ejk._versions import installed_version
+
+    versions = {dist: v for dist in ("jax", "jaxlib") if (v := installed_version(dist))}
+    on_gpu, why = nvidia_gpu()
+    if on_gpu:
+        return ejk.PlatformStatus(platform="pallas", available=True, versions=versions)
+    import jax
+
+    if jax.default_backend() == "tpu":  # flash_attention: mosaic_tpu (untested on hardware)
+        return ejk.PlatformStatus(platform="pallas", available=True, versions=versions)
+    fix = "run on a machine with an NVIDIA GPU (or a TPU)"
+    if interpret_mode():
+        fix += f" ({INTERPRET_ENV}=1 is set: platform='pallas' runs the kernels in Pallas's interpret mode)"
+    else:
+        fix += (f"; to check the kernels' numerics on the CPU, set {INTERPRET_ENV}=1 and pass platform='pallas' "
+                "(Pallas's interpret mode: slow, for tests)")
+    return ejk.PlatformStatus(platform="pallas", available=False, versions=versions,
+                              reason=f"no NVIDIA GPU or TPU ({why})", fix=fix)

@@ -120,7 +120,7 @@ class ConfigSelectorChain(Generic[Cfg]):
             from ejk.plugins import get_plugin_host
 
             return get_plugin_host()
-        return self._plugin_host  # type: ignore[return-value]
+        return self._plugin_host
 
     def _emit(self, tier: str, inv: Invocation[Cfg], kernel: Kernel[Cfg, Any], cfg: Any, detail: str = "",
               tune: TuneResult[Any] | None = None) -> None:

@@ -288,4 +288,4 @@ def bind_kernel(kernel: Kernel[Cfg, Out], cfg: Cfg, kwargs: Mapping[str, Any]) -
         return tuple(kernel.bwd(residuals, cotangent, cfg=cfg, **static))
 
     with_vjp.defvjp(fwd, bwd)
-    return with_vjp  # type: ignore[no-any-return]
+    return with_vjp

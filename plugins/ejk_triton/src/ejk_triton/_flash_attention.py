@@ -271,7 +271,7 @@ def _fold_vmap(fn: Callable[..., tuple[jax.Array, ...]]) -> Callable[..., tuple[
                        else jnp.broadcast_to(o, (axis_size, *o.shape)) for o in outs)
         return result, tuple(True for _ in result)
 
-    return wrapped  # type: ignore[no-any-return]
+    return wrapped
 
 
 def forward_with_residuals(

@@ -6,7 +6,13 @@ float32 math). They are deliberately simple and slow.
 
 from __future__ import annotations
 
-from ejk.testing._conformance import check_discovered_plugins, check_imports_lazily, check_plugin, expected_plugins
+from ejk.testing._conformance import (
+    ConformanceError,
+    check_discovered_plugins,
+    check_imports_lazily,
+    check_plugin,
+    expected_plugins,
+)
 from ejk.testing._op_checks import (
     FLASH_ATTENTION_CASES,
     MATMUL_SHAPES,
@@ -23,6 +29,7 @@ from ejk.testing._reference_matmul import reference_grouped_matmul, reference_ma
 from ejk.testing._reference_paged import reference_ragged_paged_attention
 
 __all__ = [
+    "ConformanceError",
     "FLASH_ATTENTION_CASES",
     "MATMUL_SHAPES",
     "TOLERANCES",

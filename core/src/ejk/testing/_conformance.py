@@ -12,10 +12,19 @@ from collections.abc import Iterable
 from ejk.plugins import ENTRY_POINT_GROUP, PluginHost, PluginInfo
 from ejk.registry import KernelRegistry
 
-__all__ = ["check_discovered_plugins", "check_imports_lazily", "check_plugin", "expected_plugins"]
+__all__ = ["ConformanceError", "check_discovered_plugins", "check_imports_lazily", "check_plugin", "expected_plugins"]
 
 #: Toolkits a plugin module must not import at load time (so it loads and reports without them).
 HEAVY_TOOLKITS = ("triton", "jax_triton", "cutlass", "torch")
+
+
+class ConformanceError(AssertionError):
+    """A plugin does not meet what ejk expects of it (raised even under ``python -O``)."""
+
+
+def _require(condition: object, message: str) -> None:
+    if not condition:
+        raise ConformanceError(message)
 
 
 def expected_plugins() -> set[str] | None:
@@ -37,18 +46,18 @@ def check_plugin(name: str) -> tuple[PluginInfo, KernelRegistry]:
         The plugin's report and the registry it filled.
     """
     eps = [ep for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP) if ep.name == name]
-    assert eps, f"no entry point {name!r} in group {ENTRY_POINT_GROUP!r}: is the distribution installed?"
+    _require(eps, f"no entry point {name!r} in group {ENTRY_POINT_GROUP!r}: is the distribution installed?")
     registry = KernelRegistry()
     host = PluginHost(registry, load_entry_points=False)
     host.load_entry_points(eps)
     info = host.plugins[name]
-    assert info.status == "loaded", f"plugin {name} did not load: {info.error} (fix: {info.fix})"
-    assert not info.hook_errors, f"plugin {name} hooks raised: {info.hook_errors}"
-    assert info.platforms, f"plugin {name} reports no platform status (implement ejk_platform_status)"
+    _require(info.status == "loaded", f"plugin {name} did not load: {info.error} (fix: {info.fix})")
+    _require(not info.hook_errors, f"plugin {name} hooks raised: {info.hook_errors}")
+    _require(info.platforms, f"plugin {name} reports no platform status (implement ejk_platform_status)")
     for status in info.platforms:
-        assert status.available or status.reason, f"{name}: unavailable platform {status.platform} gives no reason"
+        _require(status.available or status.reason, f"{name}: unavailable platform {status.platform} gives no reason")
     for spec in registry:
-        assert spec.plugin is not None and spec.plugin.name == name, f"{spec} is not attributed to {name}"
+        _require(spec.plugin is not None and spec.plugin.name == name, f"{spec} is not attributed to {name}")
     return info, registry
 
 
@@ -63,7 +72,7 @@ def check_discovered_plugins() -> bool:
     if expected is None:
         return False
     found = {ep.name for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)}
-    assert found == expected, f"ejk entry points: {sorted(found)}; expected {sorted(expected)}"
+    _require(found == expected, f"ejk entry points: {sorted(found)}; expected {sorted(expected)}")
     return True
 
 
@@ -75,6 +84,7 @@ def check_imports_lazily(module: str, toolkits: Iterable[str] = HEAVY_TOOLKITS) 
         f"print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in {names!r})))"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    assert result.returncode == 0, f"import {module} failed:\n{result.stderr}"
+    _require(result.returncode == 0, f"import {module} failed:\n{result.stderr}")
     loaded = json.loads(result.stdout.strip().splitlines()[-1])
-    assert not loaded, f"import {module} imported {loaded}: import toolkits lazily, inside the functions that need them"
+    _require(not loaded,
+             f"import {module} imported {loaded}: import toolkits lazily, inside the functions that need them")

@@ -13,8 +13,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from ejk.ops._check_attention import check_flash_attention_args
-from ejk.testing._reference_attention import attention_mask, reference_flash_attention
+from ejk.ops.validate import check_flash_attention_args
+from ejk.testing import attention_mask, reference_flash_attention
 from ejk_xla._flash_attention import (
     FlashAttentionConfig,
     config_space,

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import ejk
-from ejk.ops._check_grouped import check_grouped_matmul_args
+from ejk.ops.validate import check_grouped_matmul_args
 from ejk.testing import reference_grouped_matmul as _plain_reference
 from ejk_xla._grouped_matmul import GroupedMatmulConfig, config_space, grouped_matmul, heuristic_config
 

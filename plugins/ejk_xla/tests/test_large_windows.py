@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import ejk
-from ejk.ops._check_attention import check_flash_attention_args
+from ejk.ops.validate import check_flash_attention_args
 from ejk.testing import reference_flash_attention, reference_ragged_paged_attention
 
 HUGE = (2**31 - 1, 2**31, 2**40)

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import ejk
-from ejk.ops._check_grouped import check_matmul_args
+from ejk.ops.validate import check_matmul_args
 from ejk.testing import reference_matmul
 from ejk_xla._matmul import MatmulConfig, config_space, heuristic_config, matmul
 

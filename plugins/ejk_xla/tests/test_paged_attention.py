@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from ejk.ops._check_grouped import check_ragged_paged_attention_args
+from ejk.ops.validate import check_ragged_paged_attention_args
 from ejk.testing import reference_ragged_paged_attention
 from ejk_xla._paged_attention import PagedAttentionConfig, config_space, heuristic_config, ragged_paged_attention
 

@@ -24,7 +24,7 @@ from ejk.testing._op_checks import (
     check_op,
     check_ragged_paged_attention,
 )
-from ejk.testing._reference_attention import reference_flash_attention
+from ejk.testing._reference_attention import attention_mask, reference_flash_attention
 from ejk.testing._reference_matmul import reference_grouped_matmul, reference_matmul
 from ejk.testing._reference_paged import reference_ragged_paged_attention
 
@@ -34,6 +34,7 @@ __all__ = [
     "MATMUL_SHAPES",
     "TOLERANCES",
     "assert_close",
+    "attention_mask",
     "check_flash_attention",
     "check_grouped_matmul",
     "check_matmul",

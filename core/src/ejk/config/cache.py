@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from types import TracebackType
 from typing import Any, Generic, TypeVar
 
-__all__ = ["CacheKey", "ConfigCache", "overlay_cache", "overlay_lookup"]
+__all__ = ["CacheKey", "ConfigCache", "active_overlays", "overlay_cache", "overlay_lookup"]
 
 Cfg = TypeVar("Cfg")
 CacheKey = tuple[str, str, str]
@@ -20,6 +20,16 @@ _MISSING = object()
 _overlays: contextvars.ContextVar[tuple[Mapping[CacheKey, Any], ...]] = contextvars.ContextVar(
     "ejk_config_overlays", default=()
 )
+
+
+def active_overlays() -> tuple[Mapping[CacheKey, Any], ...]:
+    """The overlay stack of this context (outermost first; ``()`` when none is active).
+
+    Every :class:`overlay_cache` entered or left sets a new tuple, and an overlay's mapping is
+    a private copy, so the stack's *identity* says whether overlays changed: the Executor's
+    fast path compares it with ``is``.
+    """
+    return _overlays.get()
 
 
 def overlay_lookup(dev: str, op_id: str, call_key: str) -> tuple[bool, Any]:
@@ -70,6 +80,13 @@ class ConfigCache(Generic[Cfg]):
     def __init__(self) -> None:
         self._data: dict[CacheKey, Cfg] = {}
         self._lock = threading.Lock()
+        self._version = 0
+
+    @property
+    def version(self) -> int:
+        """A counter that changes on every :meth:`put` and :meth:`clear` (decisions read from
+        this cache are reused only while it is unchanged)."""
+        return self._version
 
     def get(self, dev: str, op_id: str, call_key: str) -> Cfg | None:
         """The cached config (an overlay's first), or ``None``."""
@@ -88,6 +105,7 @@ class ConfigCache(Generic[Cfg]):
         """Store ``cfg`` under the key (replacing any previous one)."""
         with self._lock:
             self._data[(dev, op_id, call_key)] = cfg
+            self._version += 1
 
     def keys(self) -> list[CacheKey]:
         """A snapshot of every stored key."""
@@ -103,6 +121,7 @@ class ConfigCache(Generic[Cfg]):
         """Remove every entry."""
         with self._lock:
             self._data.clear()
+            self._version += 1
 
     def size(self) -> int:
         """The number of stored entries."""

@@ -221,8 +221,8 @@ class ConfigSelectorChain(Generic[Cfg]):
                     or active_overlays() is not overlays or self._has_choose_hook()):
                 return False
             if on_miss and (self.policy is not policy or environment.raw(environment.EJK_AUTOTUNE) != autotune_env
-                            or (persistent is not None and (self.persistent_cache(kernel) is not persistent
-                                                            or persistent.fingerprint() != before))):
+                            or self.persistent_cache(kernel) is not persistent
+                            or (persistent is not None and persistent.fingerprint() != before)):
                 return False
             return replay()
 

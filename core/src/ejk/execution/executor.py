@@ -234,7 +234,7 @@ class Executor(Generic[Cfg, Out]):
         if environment.record_enabled():
             record_invocation(inv.device, inv.op_id_v, inv.call_key, kernel, args, kwargs)
         fn = self.bind(kernel, chosen, kwargs, self._stamp(inv, environment.stamp_mode()))
-        if key is not None and still_valid is not None:
+        if key is not None and still_valid is not None and key[1] == environment.raw(environment.EJKERNEL_OPS_STAMP):
             if len(self._fast) >= _FAST_PATH_SIZE:
                 self._fast.clear()  # bounded; rebuilt by the next calls
             self._fast[key] = _FastEntry(kernel, chooser, still_valid, fn, inv.device, inv.op_id_v, inv.call_key)
@@ -243,10 +243,11 @@ class Executor(Generic[Cfg, Out]):
     def _fast_key(self, kernel: Kernel[Cfg, Out], args: tuple[Any, ...], kwargs: dict[str, Any],
                   cfg: Cfg | None) -> Any:
         """The fast path's key of a call: the kernel, each argument's shape and dtype, the static
-        keyword arguments (type-exact), the explicit ``cfg`` and ``EJKERNEL_OPS_STAMP``. ``None``
+        keyword arguments (type-exact), the explicit ``cfg``, ``EJKERNEL_OPS_STAMP`` and what
+        else shapes the bound function (``stamp_prefix``, ``jit``). ``None``
         when an argument is not an array (or tracer) or ``None`` — pytrees and Python scalars take
         the full path. The key may still be unhashable (the caller then takes the full path)."""
-        parts: list[Any] = [id(kernel), environment.raw(environment.EJKERNEL_OPS_STAMP)]
+        parts: list[Any] = [id(kernel), environment.raw(environment.EJKERNEL_OPS_STAMP), self.stamp_prefix, self.jit]
         append = parts.append
         for x in args:
             if x is None:

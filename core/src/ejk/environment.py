@@ -74,8 +74,9 @@ def name_list(variable: str) -> frozenset[str] | None:
     return frozenset(part.strip().lower() for part in raw.split(",") if part.strip())
 
 
-#: The variables :func:`cache_dir`'s answer depends on (``platformdirs`` reads the others).
-_CACHE_DIR_INPUTS = (EJK_CACHE_DIR, "HOME", "XDG_CACHE_HOME", "LOCALAPPDATA", "USERPROFILE", "APPDATA")
+#: The variables :func:`cache_dir`'s answer depends on (``platformdirs`` and ``expanduser`` read the others).
+_CACHE_DIR_INPUTS = ((EJK_CACHE_DIR, "LOCALAPPDATA", "USERPROFILE", "APPDATA") if os.name == "nt"
+                     else (EJK_CACHE_DIR, "HOME", "XDG_CACHE_HOME"))
 _cache_dir_memo: tuple[tuple[object, ...], str] | None = None
 
 

@@ -326,3 +326,55 @@ def test_a_put_in_another_thread_is_seen() -> None:
     thread.start()
     thread.join(30)
     assert scale_of(ex(kernel, X)) == 12.0
+
+
+def test_a_shared_jit_function_retraces_per_overlay() -> None:
+    """Issue 14: an overlay active while a shared jitted function is traced does not leak into
+    calls without it (nor into another thread's): overlays are part of jax.jit's cache key."""
+    _chain, ex, kernel = make()
+    key = key_of(ex, kernel)
+    traces = 0
+
+    def body(x: jax.Array) -> jax.Array:
+        nonlocal traces
+        traces += 1
+        return ex(kernel, x)
+
+    f = jax.jit(body)
+    with overlay_cache({key: Cfg(5.0)}):
+        assert scale_of(f(X)) == 5.0
+    assert scale_of(f(X)) == 2.0
+    with overlay_cache({key: Cfg(5.0)}):  # equal contents: the first trace is reused
+        assert scale_of(f(X)) == 5.0
+    assert traces == 2
+    results: list[float] = []
+    ready, traced = threading.Event(), threading.Event()
+
+    def with_overlay() -> None:
+        with overlay_cache({key: Cfg(7.0)}):
+            results.append(scale_of(f(X)))
+            traced.set()
+            ready.wait(30)
+
+    thread = threading.Thread(target=with_overlay)
+    thread.start()
+    assert traced.wait(60)
+    assert scale_of(f(X)) == 2.0  # while the other thread's overlay is still active
+    ready.set()
+    thread.join(60)
+    assert results == [7.0]
+    assert scale_of(f(X)) == 2.0
+
+
+def test_overlays_with_unhashable_configs_still_key_the_trace() -> None:
+    _chain, ex, kernel = make()
+    key = key_of(ex, kernel)
+
+    @attrs.define(eq=True)
+    class Mutable:  # eq without hash: unhashable
+        scale: float = 3.0
+
+    f = jax.jit(lambda x: ex(kernel, x))
+    with overlay_cache({key: Mutable()}):
+        assert scale_of(f(X)) == 3.0
+    assert scale_of(f(X)) == 2.0

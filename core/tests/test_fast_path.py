@@ -378,3 +378,33 @@ def test_overlays_with_unhashable_configs_still_key_the_trace() -> None:
     with overlay_cache({key: Mutable()}):
         assert scale_of(f(X)) == 3.0
     assert scale_of(f(X)) == 2.0
+
+
+def test_a_change_of_the_kernels_selection_state_is_seen() -> None:
+    class Gated(Scale):
+        refuse = False
+        state = 0
+
+        def selection_state(self) -> Any:
+            return self.state
+
+        def unusable_reason(self, inv: Invocation[Cfg], cfg: Cfg) -> str | None:
+            return "refused" if self.refuse and cfg.scale == 5.0 else None
+
+    chain, ex, _ = make()
+    kernel = Gated()
+    chain.cache.put(*key_of(ex, kernel), Cfg(5.0))
+    assert scale_of(ex(kernel, X)) == 5.0
+    assert scale_of(ex(kernel, X, cfg=Cfg(5.0))) == 5.0
+    kernel.refuse, kernel.state = True, 1  # e.g. an implementation unregistered
+    assert scale_of(ex(kernel, X)) == 2.0  # the memory entry is no longer usable
+    with pytest.raises(ValueError, match="refused"):
+        ex(kernel, X, cfg=Cfg(5.0))
+
+
+def test_public_op_decisions_follow_the_registry() -> None:
+    from ejk.ops._matmul import MATMUL
+
+    before = MATMUL.selection_state()
+    MATMUL.registry.touch()
+    assert MATMUL.selection_state() != before

@@ -515,5 +515,6 @@ def reset_plugin_host() -> None:
         _host = _ready_host = None
         kernel_registry._registry.clear()
         kernel_registry._loaded = False
+        kernel_registry.touch()
 
 

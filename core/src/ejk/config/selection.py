@@ -193,16 +193,17 @@ class ConfigSelectorChain(Generic[Cfg]):
 
         The check (``None`` when the decision must not be reused) returns ``True`` while every
         tier would decide the same again — no plugin ``ejk_choose_config`` hook is registered,
-        the context's overlay stack is the same, the memory cache and :meth:`clear_memory` did
-        not change, and for a decision made on a miss (the heuristic tier) the persistent file,
-        the policy and ``EJK_AUTOTUNE`` did not change either — and then reports the reuse as
-        :meth:`choose` would have (the same :class:`SelectionEvent` to ``on_event`` and the
-        log). Decisions of the plugin, persistent and autotune tiers are not reusable: the
-        first two run every time, the other two fill the memory cache, so the next call
-        decides again from memory and that decision is reused.
+        the context's overlay stack is the same, and neither the memory cache, nor
+        :meth:`clear_memory`, nor the kernel's :meth:`~ejk.Kernel.selection_state` (for the
+        public ops: the registry) changed; for a decision made on a miss (the heuristic tier)
+        neither the persistent file, nor the policy, nor ``EJK_AUTOTUNE`` either — and then
+        reports the reuse as :meth:`choose` would have (the same :class:`SelectionEvent` to
+        ``on_event`` and the log). A plugin hook's decision is never reused (the hook is asked
+        on every call); persistent and autotune decisions fill the memory cache, so the next
+        call decides again, from memory, and that decision is reused.
         """
         cache, cache_version, version = self.cache, self.cache.version, self._version
-        overlays, policy = active_overlays(), self.policy
+        overlays, policy, kernel_state = active_overlays(), self.policy, kernel.selection_state()
         autotune_env = environment.raw(environment.EJK_AUTOTUNE)
         persistent = self.persistent_cache(kernel) if inv.override_cfg is None else None
         before = None if persistent is None else persistent.fingerprint()  # taken before deciding: never stale
@@ -210,7 +211,12 @@ class ConfigSelectorChain(Generic[Cfg]):
         if event is None:
             return cfg, None
         if tier == "override":
-            return cfg, self._replay(event)
+            replay_override = self._replay(event)
+
+            def override_valid() -> bool:  # an explicit cfg is validated again when the kernel changed
+                return kernel.selection_state() == kernel_state and replay_override()
+
+            return cfg, override_valid
         if tier not in ("overlay", "memory", "heuristic") or self._has_choose_hook():
             return cfg, None
         replay = self._replay(event)
@@ -218,7 +224,8 @@ class ConfigSelectorChain(Generic[Cfg]):
 
         def still_valid() -> bool:
             if (self.cache is not cache or cache.version != cache_version or self._version != version
-                    or active_overlays() is not overlays or self._has_choose_hook()):
+                    or active_overlays() is not overlays or kernel.selection_state() != kernel_state
+                    or self._has_choose_hook()):
                 return False
             if on_miss and (self.policy is not policy or environment.raw(environment.EJK_AUTOTUNE) != autotune_env
                             or self.persistent_cache(kernel) is not persistent

@@ -41,6 +41,11 @@ class ConfigChooser(Protocol[Cfg]):
 
     The Executor only asks it when the call has no explicit ``cfg=``, unless the chooser sets
     ``reports_overrides = True`` (it then sees every call and must return the override).
+
+    Optionally a chooser also implements ``choose_reusable(inv, kernel) -> (cfg, still_valid)``
+    (as :meth:`ejk.ConfigSelectorChain.choose_reusable` does): ``still_valid`` (or ``None``)
+    is called instead of choosing again on later identical eager calls, and returns ``False``
+    once the decision may have changed. A chooser with ``choose`` alone is asked every call.
     """
 
     def choose(self, inv: Invocation[Cfg], kernel: Kernel[Cfg, Any]) -> Cfg: ...

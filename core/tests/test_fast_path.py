@@ -408,3 +408,17 @@ def test_public_op_decisions_follow_the_registry() -> None:
     before = MATMUL.selection_state()
     MATMUL.registry.touch()
     assert MATMUL.selection_state() != before
+
+
+def test_a_chain_subclass_overriding_choose_is_asked_every_call() -> None:
+    class Custom(ConfigSelectorChain[Cfg]):
+        calls = 0
+
+        def choose(self, inv: Invocation[Cfg], kernel: Kernel[Cfg, Any]) -> Cfg:
+            Custom.calls += 1
+            return Cfg(4.0)
+
+    ex: Executor[Cfg, jax.Array] = Executor(Custom(persist=False, plugin_host=False))
+    for _ in range(3):
+        assert scale_of(ex(Scale(), X)) == 4.0
+    assert Custom.calls == 3

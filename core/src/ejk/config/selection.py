@@ -202,6 +202,8 @@ class ConfigSelectorChain(Generic[Cfg]):
         on every call); persistent and autotune decisions fill the memory cache, so the next
         call decides again, from memory, and that decision is reused.
         """
+        if type(self).choose is not ConfigSelectorChain.choose:  # a subclass decides in its own choose
+            return self.choose(inv, kernel), None
         cache, cache_version, version = self.cache, self.cache.version, self._version
         overlays, policy, kernel_state = active_overlays(), self.policy, kernel.selection_state()
         autotune_env = environment.raw(environment.EJK_AUTOTUNE)

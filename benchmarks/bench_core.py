@@ -77,21 +77,7 @@ def _ops(hlo: str) -> list[str]:
     return sorted(ops)
 
 
-@attrs.frozen
-class Cfg:
-    scale: float = 2.0
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--out", default=None)
-    args = parser.parse_args()
-
-    import ejk
-    from ejk.config.cache import ConfigCache, overlay_cache
-    from ejk.config.persistent import PersistentCache
-
-    rows: list[tuple[str, str, str]] = []
+def _import_rows(rows: list[tuple[str, str, str]]) -> None:
     t_jax = _subprocess_seconds("import jax")
     t_ejk = _subprocess_seconds("import ejk")
     rows.append(("`import jax` (fresh process)", f"{t_jax * 1e3:.0f} ms", "baseline"))
@@ -100,6 +86,27 @@ def main() -> None:
     t_plugins = _subprocess_seconds("import ejk; ejk.kernel_registry.list_algorithms()")
     rows.append(("`import ejk` + load all plugins", f"{t_plugins * 1e3:.0f} ms",
                  f"plugins: +{(t_plugins - t_ejk) * 1e3:.0f} ms"))
+
+
+@attrs.frozen
+class Cfg:
+    scale: float = 2.0
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", default=None)
+    parser.add_argument("--eager-only", action="store_true", help="only the eager-call rows")
+    args = parser.parse_args()
+    os.environ["EJK_CACHE_DIR"] = tempfile.mkdtemp(prefix="ejk-bench-")  # no user cache is read
+
+    import ejk
+    from ejk.config.cache import ConfigCache, overlay_cache
+    from ejk.config.persistent import PersistentCache
+
+    rows: list[tuple[str, str, str]] = []
+    if not args.eager_only:
+        _import_rows(rows)
 
     class Scale(ejk.Kernel[Cfg, jax.Array]):
         op_id = "bench_scale"
@@ -113,6 +120,7 @@ def main() -> None:
     kernel = Scale()
     executor = ejk.Executor(ejk.ConfigSelectorChain(persist=False, plugin_host=False))
     x = jnp.ones((8, 8))
+    executor.chooser.cache.put(*executor.invocation(kernel, (x,), {}).cache_key, Cfg())
     executor(kernel, x)
     direct = jax.jit(lambda x: kernel.run(x, cfg=Cfg()))
     direct(x)
@@ -121,35 +129,62 @@ def main() -> None:
     rows.append(("eager call through the Executor (memory-cache hit)", f"{t_exec:.1f} µs",
                  f"+{t_exec - t_direct:.1f} µs ({t_exec / t_direct:.2f}×)"))
 
-    big = jnp.ones((1024, 1024))
-    with_exec = jax.jit(lambda x: executor(kernel, x) + 1)
-    bare = jax.jit(lambda x: kernel.run(x, cfg=Cfg()) + 1)
-    with_exec(big).block_until_ready()
-    bare(big).block_until_ready()
-    t_bare, t_in_jit = _paired_us(lambda: bare(big).block_until_ready(),
-                                  lambda: with_exec(big).block_until_ready(), repeats=300)
-    same_hlo = _ops(with_exec.lower(big).compile().as_text()) == _ops(bare.lower(big).compile().as_text())
-    rows.append(("inside jit: bare kernel (1024² elementwise)", f"{t_bare:.1f} µs", "baseline"))
-    rows.append(("inside jit: through the Executor", f"{t_in_jit:.1f} µs",
-                 f"{t_in_jit / t_bare:.2f}× (same compiled ops: {same_hlo})"))
+    # The public operations (default Executor, plugins loaded, heuristics tier, persistent files
+    # in an empty directory): eager call vs the same implementation's jitted function.
+    from ejk.ops._base import get_default_executor
 
-    cache: ConfigCache[Cfg] = ConfigCache()
-    cache.put("dev", "op@1", "key", Cfg())
-    rows.append(("ConfigCache.get hit", f"{_median_us(lambda: cache.get('dev', 'op@1', 'key'), 20000):.2f} µs", ""))
-    with overlay_cache({("dev", "op@1", "other"): Cfg()}):
-        t_overlay = _median_us(lambda: cache.get("dev", "op@1", "other"), 20000)
-    rows.append(("overlay hit", f"{t_overlay:.2f} µs", ""))
-    with tempfile.TemporaryDirectory() as tmp:
-        persistent = PersistentCache("bench", os.path.join(tmp, "bench.json"), cfg_type=Cfg)
-        for i in range(200):
-            persistent.put("dev", "op@1", f"key{i}", Cfg(float(i)))
-        t_persist = _median_us(lambda: persistent.get("dev", "op@1", "key7"), 5000)
-        start = time.perf_counter()
-        for i in range(20):
-            persistent.put("dev", "op@1", f"new{i}", Cfg(float(i)))
-        t_put = (time.perf_counter() - start) / 20 * 1e3
-    rows.append(("PersistentCache.get hit (200 entries; stat + rebuild)", f"{t_persist:.2f} µs", ""))
-    rows.append(("PersistentCache.put (locked read-merge-write, fsync)", f"{t_put:.2f} ms", ""))
+    ops_executor = get_default_executor()
+    a = jnp.ones((8, 8))
+    q = jnp.ones((1, 16, 2, 8))
+    from ejk.ops._attention import KERNEL as ATTENTION
+    from ejk.ops._matmul import MATMUL
+
+    for label, call, kernel_, normalized in (
+        ("ejk.matmul (8×8)", lambda: ejk.matmul(a, a), MATMUL, MATMUL.normalize(a, a)),
+        ("ejk.flash_attention (1×16×2×8)", lambda: ejk.flash_attention(q, q, q), ATTENTION,
+         ATTENTION.normalize(q, q, q)),
+    ):
+        arrays, static = normalized
+        static = {"platform": "auto", **static}
+        call()
+        chosen = ops_executor.choose_config(kernel_, *arrays, **static)
+        bound = ops_executor.bind(kernel_, chosen, static, None)
+        bound(*arrays)
+        t_bound, t_op = _paired_us(lambda fn=bound, xs=arrays: fn(*xs), call, repeats=1000)
+        rows.append((f"eager {label}: its implementation, jitted, called directly", f"{t_bound:.1f} µs", "baseline"))
+        rows.append((f"eager {label}: the public op (validation + Executor)", f"{t_op:.1f} µs",
+                     f"+{t_op - t_bound:.1f} µs ({t_op / t_bound:.2f}×)"))
+
+    if not args.eager_only:
+        big = jnp.ones((1024, 1024))
+        with_exec = jax.jit(lambda x: executor(kernel, x) + 1)
+        bare = jax.jit(lambda x: kernel.run(x, cfg=Cfg()) + 1)
+        with_exec(big).block_until_ready()
+        bare(big).block_until_ready()
+        t_bare, t_in_jit = _paired_us(lambda: bare(big).block_until_ready(),
+                                      lambda: with_exec(big).block_until_ready(), repeats=300)
+        same_hlo = _ops(with_exec.lower(big).compile().as_text()) == _ops(bare.lower(big).compile().as_text())
+        rows.append(("inside jit: bare kernel (1024² elementwise)", f"{t_bare:.1f} µs", "baseline"))
+        rows.append(("inside jit: through the Executor", f"{t_in_jit:.1f} µs",
+                     f"{t_in_jit / t_bare:.2f}× (same compiled ops: {same_hlo})"))
+
+        cache: ConfigCache[Cfg] = ConfigCache()
+        cache.put("dev", "op@1", "key", Cfg())
+        rows.append(("ConfigCache.get hit", f"{_median_us(lambda: cache.get('dev', 'op@1', 'key'), 20000):.2f} µs", ""))
+        with overlay_cache({("dev", "op@1", "other"): Cfg()}):
+            t_overlay = _median_us(lambda: cache.get("dev", "op@1", "other"), 20000)
+        rows.append(("overlay hit", f"{t_overlay:.2f} µs", ""))
+        with tempfile.TemporaryDirectory() as tmp:
+            persistent = PersistentCache("bench", os.path.join(tmp, "bench.json"), cfg_type=Cfg)
+            for i in range(200):
+                persistent.put("dev", "op@1", f"key{i}", Cfg(float(i)))
+            t_persist = _median_us(lambda: persistent.get("dev", "op@1", "key7"), 5000)
+            start = time.perf_counter()
+            for i in range(20):
+                persistent.put("dev", "op@1", f"new{i}", Cfg(float(i)))
+            t_put = (time.perf_counter() - start) / 20 * 1e3
+        rows.append(("PersistentCache.get hit (200 entries; stat + rebuild)", f"{t_persist:.2f} µs", ""))
+        rows.append(("PersistentCache.put (locked read-merge-write, fsync)", f"{t_put:.2f} ms", ""))
 
     header = (f"# ejk core overheads\n\n{datetime.date.today()}, {platform.node() or 'machine'}: "
               f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, Python "

@@ -28,6 +28,7 @@ __all__ = [
     "autotune_mode",
     "cache_dir",
     "name_list",
+    "raw",
     "record_enabled",
     "stamp_mode",
 ]
@@ -46,6 +47,25 @@ _STAMP_MODES = ("hash", "json", "none")
 AUTOTUNE_MODES = ("autotune", "heuristics", "frozen")
 
 
+# ``os.environ.get`` encodes the name and decodes the value on every call (about 0.6 µs); the
+# Executor's fast path reads a few variables on every eager call only to see whether they
+# changed, so it reads the mapping's own store (what ``os.environ[name]`` reads) when there is one.
+_environ_store = getattr(os.environ, "_data", None)
+_environ_encode = getattr(os.environ, "encodekey", None)
+_encoded_names: dict[str, object] = {}
+
+
+def raw(name: str) -> object:
+    """The raw value of variable ``name`` (``None`` when unset), only for comparing with an earlier
+    raw value (it may be bytes): equal raw values mean an equal ``os.environ.get(name)``."""
+    if not isinstance(_environ_store, dict) or _environ_encode is None:
+        return os.environ.get(name)
+    key = _encoded_names.get(name)
+    if key is None:
+        key = _encoded_names[name] = _environ_encode(name)
+    return _environ_store.get(key)
+
+
 def name_list(variable: str) -> frozenset[str] | None:
     """Parse a comma-separated list of names (lower-cased); ``None`` when unset or empty."""
     raw = os.environ.get(variable, "").strip()
@@ -54,14 +74,32 @@ def name_list(variable: str) -> frozenset[str] | None:
     return frozenset(part.strip().lower() for part in raw.split(",") if part.strip())
 
 
+#: The variables :func:`cache_dir`'s answer depends on (``platformdirs`` and ``expanduser`` read the others).
+_CACHE_DIR_INPUTS = ((EJK_CACHE_DIR, "LOCALAPPDATA", "USERPROFILE", "APPDATA") if os.name == "nt"
+                     else (EJK_CACHE_DIR, "HOME", "XDG_CACHE_HOME"))
+_cache_dir_memo: tuple[tuple[object, ...], str] | None = None
+
+
 def cache_dir() -> str:
-    """The persistent cache directory: ``EJK_CACHE_DIR`` or the user cache dir (not created here)."""
+    """The persistent cache directory: ``EJK_CACHE_DIR`` or the user cache dir (not created here).
+
+    Resolved again whenever one of the variables it depends on changes (it is asked on every
+    eager call that reaches the persistent tier, and ``platformdirs`` is slow).
+    """
+    global _cache_dir_memo
+    inputs = tuple([raw(name) for name in _CACHE_DIR_INPUTS])
+    memo = _cache_dir_memo
+    if memo is not None and memo[0] == inputs:
+        return memo[1]
     explicit = os.environ.get(EJK_CACHE_DIR, "").strip()
     if explicit:
-        return os.path.expanduser(explicit)
-    import platformdirs
+        resolved = os.path.expanduser(explicit)
+    else:
+        import platformdirs
 
-    return platformdirs.user_cache_dir("ejk", appauthor=False)
+        resolved = platformdirs.user_cache_dir("ejk", appauthor=False)
+    _cache_dir_memo = (inputs, resolved)
+    return resolved
 
 
 def autotune_mode() -> str:

@@ -490,25 +490,31 @@ def _choice_check(kernel: Any) -> _Check | None:
 
 
 _host: PluginHost | None = None
+_ready_host: PluginHost | None = None  # _host once its entry points are loaded
 _host_lock = LOAD_LOCK  # one lock with the registry's lazy load: no lock-order deadlock
 
 
 def get_plugin_host(registry: KernelRegistry | None = None) -> PluginHost:
     """The process-wide :class:`PluginHost`, created (and entry points loaded) on first use."""
-    global _host
+    global _host, _ready_host
+    ready = _ready_host
+    if ready is not None and ready is _host and registry is None:  # loaded: no lock on every eager call
+        return ready
     with _host_lock:
         if _host is None:
             _host = PluginHost(registry if registry is not None else kernel_registry, load_entry_points=False)
             _host.load_entry_points()
+        _ready_host = _host
         return _host
 
 
 def reset_plugin_host() -> None:
     """Forget the process-wide host and empty the global registry (for tests and reloading)."""
-    global _host
+    global _host, _ready_host
     with _host_lock:
-        _host = None
+        _host = _ready_host = None
         kernel_registry._registry.clear()
         kernel_registry._loaded = False
+        kernel_registry.touch()
 
 

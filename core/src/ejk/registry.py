@@ -218,6 +218,18 @@ class KernelRegistry:
         self._loading = False
         self._availability: Callable[[str], tuple[bool, str | None]] | None = None
         self._explain: Callable[[], list[str]] | None = None
+        self._version = 0
+
+    @property
+    def version(self) -> int:
+        """A counter that changes whenever implementations are added or removed (the Executor
+        reuses a decision only while it is unchanged)."""
+        return self._version
+
+    def touch(self) -> None:
+        """Note a change made to the registry from outside its methods (e.g. emptied on reset)."""
+        with self._lock:
+            self._version += 1
 
     # -- loading ---------------------------------------------------------------------------
 
@@ -332,6 +344,7 @@ class KernelRegistry:
                     )
             specs.append(spec)
             specs.sort(key=lambda s: -s.priority)  # stable: equal priorities keep registration order
+            self._version += 1
 
     def unregister_plugin(self, name: str) -> int:
         """Remove every implementation registered by plugin ``name``; returns how many."""
@@ -344,6 +357,7 @@ class KernelRegistry:
                     self._registry[algo] = keep
                 else:
                     del self._registry[algo]
+            self._version += 1
         return removed
 
     # -- lookup ----------------------------------------------------------------------------

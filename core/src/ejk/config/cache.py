@@ -11,7 +11,9 @@ from collections.abc import Mapping
 from types import TracebackType
 from typing import Any, Generic, TypeVar
 
-__all__ = ["CacheKey", "ConfigCache", "overlay_cache", "overlay_lookup"]
+import jax
+
+__all__ = ["CacheKey", "ConfigCache", "active_overlays", "overlay_cache", "overlay_lookup"]
 
 Cfg = TypeVar("Cfg")
 CacheKey = tuple[str, str, str]
@@ -20,6 +22,40 @@ _MISSING = object()
 _overlays: contextvars.ContextVar[tuple[Mapping[CacheKey, Any], ...]] = contextvars.ContextVar(
     "ejk_config_overlays", default=()
 )
+# What distinguishes the overlays in ``jax.jit``'s cache key: JAX's public, thread-local
+# "user context" (jax.make_user_context, part of the tracing / lowering / compilation key).
+# Its value is a token of the active overlays' contents (``None`` when none is active).
+_make_user_context = getattr(jax, "make_user_context", None)
+_jit_context: Any = _make_user_context(None) if _make_user_context is not None else None
+
+
+class _Overlay(dict[CacheKey, Any]):
+    """An overlay's private copy of its mapping, with its jit-key token."""
+
+    __slots__ = ("token",)
+
+    def __init__(self, mapping: Mapping[CacheKey, Any]) -> None:
+        super().__init__(mapping)
+        try:  # equal for overlays with equal contents (hashable configs) ...
+            self.token: Any = frozenset((key, type(cfg), cfg) for key, cfg in self.items())
+        except TypeError:  # ... else unique to this overlay
+            self.token = ("overlay", object())
+
+
+def _set_jit_context(stack: tuple[Mapping[CacheKey, Any], ...]) -> None:
+    if _jit_context is not None:
+        token = tuple(getattr(m, "token", id(m)) for m in stack) if stack else None
+        _jit_context(token).__enter__()  # sets this thread's value; restored by the next set
+
+
+def active_overlays() -> tuple[Mapping[CacheKey, Any], ...]:
+    """The overlay stack of this context (outermost first; ``()`` when none is active).
+
+    Every :class:`overlay_cache` entered or left sets a new tuple, and an overlay's mapping is
+    a private copy, so the stack's *identity* says whether overlays changed: the Executor's
+    fast path compares it with ``is``.
+    """
+    return _overlays.get()
 
 
 def overlay_lookup(dev: str, op_id: str, call_key: str) -> tuple[bool, Any]:
@@ -37,6 +73,18 @@ class overlay_cache:  # noqa: N801 - a context manager named like the function i
 
     Overlays nest (the innermost wins) and are invisible to other threads and tasks.
 
+    Under ``jax.jit`` a config is chosen when the function is *traced*, and jit caches the
+    trace. So that a trace made under an overlay is not reused where that overlay is not
+    active (outside the block, or in another thread calling the same jitted function), the
+    active overlays' contents are part of ``jax.jit``'s cache key, through JAX's public
+    ``jax.make_user_context``: every jitted function called inside an overlay — ejk's or not —
+    is traced and compiled once per distinct overlay contents (equal contents share a trace;
+    an overlay holding an unhashable config gets its own). JAX keeps that value per thread,
+    overlays are per ``contextvars`` context: asyncio tasks of one thread that keep overlays
+    open across an ``await``, or a context copied into another thread, may still meet a trace
+    made under another overlay; enter the overlay in the task or thread that calls. With a
+    JAX without ``make_user_context`` the overlays are not part of the key (the trace leaks).
+
     Args:
         mapping: ``{(device, op_id, call_key): cfg}``.
 
@@ -49,16 +97,19 @@ class overlay_cache:  # noqa: N801 - a context manager named like the function i
         for key in mapping:
             if not (isinstance(key, tuple) and len(key) == 3 and all(isinstance(p, str) for p in key)):
                 raise ValueError(f"overlay_cache keys must be (device, op_id, call_key) string triples, got {key!r}")
-        self._mapping = dict(mapping)
+        self._mapping = _Overlay(mapping)
         self._tokens: list[contextvars.Token[tuple[Mapping[CacheKey, Any], ...]]] = []
 
     def __enter__(self) -> overlay_cache:
-        self._tokens.append(_overlays.set((*_overlays.get(), self._mapping)))
+        stack = (*_overlays.get(), self._mapping)
+        self._tokens.append(_overlays.set(stack))
+        _set_jit_context(stack)
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         _overlays.reset(self._tokens.pop())
+        _set_jit_context(_overlays.get())  # the restored stack's: consistent even when tasks interleave
 
 
 class ConfigCache(Generic[Cfg]):
@@ -70,6 +121,13 @@ class ConfigCache(Generic[Cfg]):
     def __init__(self) -> None:
         self._data: dict[CacheKey, Cfg] = {}
         self._lock = threading.Lock()
+        self._version = 0
+
+    @property
+    def version(self) -> int:
+        """A counter that changes on every :meth:`put` and :meth:`clear` (decisions read from
+        this cache are reused only while it is unchanged)."""
+        return self._version
 
     def get(self, dev: str, op_id: str, call_key: str) -> Cfg | None:
         """The cached config (an overlay's first), or ``None``."""
@@ -88,6 +146,7 @@ class ConfigCache(Generic[Cfg]):
         """Store ``cfg`` under the key (replacing any previous one)."""
         with self._lock:
             self._data[(dev, op_id, call_key)] = cfg
+            self._version += 1
 
     def keys(self) -> list[CacheKey]:
         """A snapshot of every stored key."""
@@ -103,6 +162,7 @@ class ConfigCache(Generic[Cfg]):
         """Remove every entry."""
         with self._lock:
             self._data.clear()
+            self._version += 1
 
     def size(self) -> int:
         """The number of stored entries."""

@@ -177,6 +177,9 @@ class PersistentCache(Generic[Cfg]):
         self._memory_only_reason: str | None = None
         self._reported: set[tuple[str, str, str]] = set()
         self._notes: set[str] = set()
+        self._version = 0  # bumped whenever this object's own (unsaved) entries change
+        self._path_memo: tuple[str, str] | None = None
+        self._absent = False  # the file was absent at the last fingerprint
         self.stale: list[tuple[CacheEntry, str]] = []
 
     @property
@@ -184,7 +187,13 @@ class PersistentCache(Generic[Cfg]):
         """The JSON file (resolved when first needed, so ``EJK_CACHE_DIR`` may change before)."""
         if self._explicit_path is not None:
             return self._explicit_path
-        return os.path.join(environment.cache_dir(), self._file_name)
+        directory = environment.cache_dir()
+        memo = self._path_memo
+        if memo is not None and memo[0] is directory:  # the same resolution: the same file
+            return memo[1]
+        path = os.path.join(directory, self._file_name)
+        self._path_memo = (directory, path)
+        return path
 
     @property
     def memory_only(self) -> bool:
@@ -222,6 +231,21 @@ class PersistentCache(Generic[Cfg]):
         with self._lock:
             merged = {**self._refresh(), **self._unsaved}
         yield from merged.values()
+
+    def fingerprint(self) -> tuple[Any, ...]:
+        """What :meth:`get` answers depend on: the file's path, its ``(mtime, size)`` on disk
+        (``None`` when absent) and this object's unsaved entries. While the fingerprint is
+        unchanged every lookup answers as before (one ``stat``; nothing is read)."""
+        path = self.path
+        if self._absent and not os.access(path, os.F_OK):  # still absent: cheaper than a failing stat
+            return (path, None, self._version)
+        try:
+            st = os.stat(path)
+        except OSError:
+            self._absent = True
+            return (path, None, self._version)
+        self._absent = False
+        return (path, (st.st_mtime_ns, st.st_size), self._version)
 
     def _report_stale(self, entry: CacheEntry, reason: str) -> None:
         key = (entry.device, entry.op_id, entry.call_key)
@@ -296,12 +320,14 @@ class PersistentCache(Generic[Cfg]):
         with self._lock:
             for entry in entries:
                 self._unsaved[(entry.device, entry.op_id, entry.call_key)] = entry
+            self._version += 1
             self._flush()
 
     def remove(self, device: str, op_id: str, call_key: str) -> bool:
         """Delete one entry; returns whether it existed."""
         with self._lock:
             existed = self._unsaved.pop((device, op_id, call_key), None) is not None
+            self._version += 1
             return self._rewrite(lambda data: data.pop((device, op_id, call_key), None) is not None) or existed
 
     def clear(self) -> bool:
@@ -313,6 +339,7 @@ class PersistentCache(Generic[Cfg]):
         """
         with self._lock:
             self._unsaved.clear()
+            self._version += 1
             return self._rewrite(_clear_all) or not os.path.exists(self.path)
 
     def _flush(self) -> None:

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 import attrs
 
 from ejk import environment
-from ejk.config.cache import ConfigCache, overlay_lookup
+from ejk.config.cache import ConfigCache, active_overlays, overlay_lookup
 from ejk.config.persistent import PersistentCache, cache_file_name
 from ejk.config.tuning import AutotunePolicy, TuneResult, autotune
 from ejk.errors import ConfigSelectionError, FrozenConfigMissError
@@ -44,6 +44,18 @@ class SelectionEvent:
     cfg: Any = attrs.field(eq=False)
     detail: str = ""
     tune: TuneResult[Any] | None = attrs.field(default=None, eq=False, repr=False)
+
+
+def _global_host() -> PluginHost:
+    global _get_plugin_host
+    if _get_plugin_host is None:  # imported when first needed: ejk.plugins imports this module's users
+        from ejk.plugins import get_plugin_host
+
+        _get_plugin_host = get_plugin_host
+    return _get_plugin_host()
+
+
+_get_plugin_host: Callable[[], PluginHost] | None = None
 
 
 def best_by_label(kernel: Kernel[Any, Any], result: TuneResult[Any]) -> dict[str, float]:
@@ -95,6 +107,7 @@ class ConfigSelectorChain(Generic[Cfg]):
         self._files: dict[str, PersistentCache[Cfg]] = {}
         self._heuristics: dict[tuple[str, str, str], Cfg] = {}
         self._tune_lock = threading.Lock()
+        self._version = 0  # bumped by clear_memory (decisions made before are not reused)
 
     # -- collaborators -----------------------------------------------------------------------
 
@@ -117,13 +130,11 @@ class ConfigSelectorChain(Generic[Cfg]):
         if self._plugin_host is False:
             return None
         if self._plugin_host is None or self._plugin_host is True:
-            from ejk.plugins import get_plugin_host
-
-            return get_plugin_host()
+            return _global_host()
         return self._plugin_host
 
     def _emit(self, tier: str, inv: Invocation[Cfg], kernel: Kernel[Cfg, Any], cfg: Any, detail: str = "",
-              tune: TuneResult[Any] | None = None) -> None:
+              tune: TuneResult[Any] | None = None) -> SelectionEvent:
         event = SelectionEvent(tier=tier, op_id=inv.op_id_v, call_key=inv.call_key, device=inv.device,
                                cfg=cfg, detail=detail, tune=tune)
         if logger.isEnabledFor(logging.DEBUG):
@@ -131,6 +142,7 @@ class ConfigSelectorChain(Generic[Cfg]):
                          detail)
         if self.on_event is not None:
             self.on_event(event)
+        return event
 
     # -- the chain ---------------------------------------------------------------------------
 
@@ -174,22 +186,91 @@ class ConfigSelectorChain(Generic[Cfg]):
                 has a config.
             ConfigSelectionError: when no tier produced a config.
         """
+        return self._select(inv, kernel)[0]
+
+    def choose_reusable(self, inv: Invocation[Cfg], kernel: Kernel[Cfg, Any]) -> tuple[Cfg, Callable[[], bool] | None]:
+        """:meth:`choose`, plus a check that lets the Executor reuse the decision for identical calls.
+
+        The check (``None`` when the decision must not be reused) returns ``True`` while every
+        tier would decide the same again — no plugin ``ejk_choose_config`` hook is registered,
+        the context's overlay stack is the same, and neither the memory cache, nor
+        :meth:`clear_memory`, nor the kernel's :meth:`~ejk.Kernel.selection_state` (for the
+        public ops: the registry) changed; for a decision made on a miss (the heuristic tier)
+        neither the persistent file, nor the policy, nor ``EJK_AUTOTUNE`` either — and then
+        reports the reuse as :meth:`choose` would have (the same :class:`SelectionEvent` to
+        ``on_event`` and the log). A plugin hook's decision is never reused (the hook is asked
+        on every call); persistent and autotune decisions fill the memory cache, so the next
+        call decides again, from memory, and that decision is reused.
+        """
+        if type(self).choose is not ConfigSelectorChain.choose:  # a subclass decides in its own choose
+            return self.choose(inv, kernel), None
+        cache, cache_version, version = self.cache, self.cache.version, self._version
+        overlays, policy, kernel_state = active_overlays(), self.policy, kernel.selection_state()
+        autotune_env = environment.raw(environment.EJK_AUTOTUNE)
+        persistent = self.persistent_cache(kernel) if inv.override_cfg is None else None
+        before = None if persistent is None else persistent.fingerprint()  # taken before deciding: never stale
+        cfg, tier, event = self._select(inv, kernel)
+        if event is None:
+            return cfg, None
+        if tier == "override":
+            replay_override = self._replay(event)
+
+            def override_valid() -> bool:  # an explicit cfg is validated again when the kernel changed
+                return kernel.selection_state() == kernel_state and replay_override()
+
+            return cfg, override_valid
+        if tier not in ("overlay", "memory", "heuristic") or self._has_choose_hook():
+            return cfg, None
+        replay = self._replay(event)
+        on_miss = tier == "heuristic"
+
+        def still_valid() -> bool:
+            if (self.cache is not cache or cache.version != cache_version or self._version != version
+                    or active_overlays() is not overlays or kernel.selection_state() != kernel_state
+                    or self._has_choose_hook()):
+                return False
+            if on_miss and (self.policy is not policy or environment.raw(environment.EJK_AUTOTUNE) != autotune_env
+                            or self.persistent_cache(kernel) is not persistent
+                            or (persistent is not None and persistent.fingerprint() != before)):
+                return False
+            return replay()
+
+        return cfg, still_valid
+
+    def _replay(self, event: SelectionEvent) -> Callable[[], bool]:
+        """Report ``event`` again, as a reused decision (to ``on_event`` and the debug log)."""
+        def replay() -> bool:
+            if logger.isEnabledFor(logging.DEBUG):
+                logger.debug("%s %s: %s from %s %s (reused)", event.op_id, event.call_key[:12], event.cfg,
+                             event.tier, event.detail)
+            if self.on_event is not None:
+                self.on_event(event)
+            return True
+
+        return replay
+
+    def _has_choose_hook(self) -> bool:
+        """Whether a plugin implements ``ejk_choose_config`` (its answers may change at any call)."""
+        host = self._host()
+        return host is not None and bool(host.pm.hook.ejk_choose_config.get_hookimpls())
+
+    def _select(self, inv: Invocation[Cfg], kernel: Kernel[Cfg, Any]) -> tuple[Cfg, str, SelectionEvent | None]:
+        """The config, the tier that gave it and its event (``None`` for autotune: reported there)."""
         key = inv.cache_key
         if inv.override_cfg is not None:
             reason = kernel.unusable_reason(inv, inv.override_cfg)
             if reason is not None:
                 raise ValueError(f"{inv.op_id}: cfg={kernel.describe_cfg(inv.override_cfg)} cannot run "
                                  f"{inv.describe()}: {reason}")
-            self._emit("override", inv, kernel, inv.override_cfg, "explicit cfg=")
-            return inv.override_cfg
+            return inv.override_cfg, "override", self._emit("override", inv, kernel, inv.override_cfg,
+                                                            "explicit cfg=")
         skipped: list[str] = []
         hit = self._lookup(inv, kernel, skipped)
         if hit is not None:
             tier, value, detail = hit
             if tier == "persistent":
                 self.cache.put(*key, value)
-            self._emit(tier, inv, kernel, value, "; ".join([detail, *skipped]).strip("; "))
-            return value
+            return value, tier, self._emit(tier, inv, kernel, value, "; ".join([detail, *skipped]).strip("; "))
         mode = self.policy.effective_mode()
         if mode == "frozen":
             raise FrozenConfigMissError(
@@ -203,13 +284,13 @@ class ConfigSelectorChain(Generic[Cfg]):
         if mode == "autotune":
             result = self._autotune(inv, kernel)
             if result is not None and result.best is not None:
-                return result.best
+                return result.best, "autotune", None
             if result is not None:
                 failures = "; ".join(f"{kernel.describe_cfg(t.cfg)}: {t.error}" for t in result.trials)
         heuristic = self._heuristic(inv, kernel)
         if heuristic is not None:
-            self._emit("heuristic", inv, kernel, heuristic, "; ".join(skipped))
-            return heuristic
+            tier = "heuristic" if not failures else "heuristic-after-failed-tuning"  # the latter tunes again
+            return heuristic, tier, self._emit("heuristic", inv, kernel, heuristic, "; ".join(skipped))
         tuning = f"autotuning found no working candidate ({failures})" if failures else "no autotuning"
         raise ConfigSelectionError(
             f"no config for {inv.op_id_v} (call {inv.call_key[:12]} on {inv.device}): no override, overlay or "
@@ -291,3 +372,4 @@ class ConfigSelectorChain(Generic[Cfg]):
         """Forget in-memory configs and memoised heuristics (persistent files stay)."""
         self.cache.clear()
         self._heuristics.clear()
+        self._version += 1  # after both: a decision made meanwhile is not reused

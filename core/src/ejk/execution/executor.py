@@ -2,6 +2,12 @@
 
 Config selection happens when the call is traced, so under ``jax.jit`` it costs nothing
 at run time. Eager calls run a jitted function cached per (kernel, config, static args).
+
+Fast path: a call identical to an earlier one — same kernel, argument shapes and dtypes, static
+keyword arguments, explicit ``cfg=`` and ``EJKERNEL_OPS_STAMP`` — goes straight to the jitted
+function bound for it, while the chooser confirms that its decision still holds (see
+:meth:`ejk.ConfigSelectorChain.choose_reusable`: overlays, cache puts and clears, a new
+persistent entry and plugin hooks all end the reuse). Recording still happens on every call.
 """
 
 from __future__ import annotations
@@ -25,6 +31,8 @@ Cfg = TypeVar("Cfg")
 Out = TypeVar("Out")
 _BOUND_CACHE_SIZE = 512
 _CALL_KEY_MEMO_SIZE = 4096
+_FAST_PATH_SIZE = 4096
+_ARRAY_TYPES: dict[type, bool] = {}
 
 
 @runtime_checkable
@@ -33,6 +41,11 @@ class ConfigChooser(Protocol[Cfg]):
 
     The Executor only asks it when the call has no explicit ``cfg=``, unless the chooser sets
     ``reports_overrides = True`` (it then sees every call and must return the override).
+
+    Optionally a chooser also implements ``choose_reusable(inv, kernel) -> (cfg, still_valid)``
+    (as :meth:`ejk.ConfigSelectorChain.choose_reusable` does): ``still_valid`` (or ``None``)
+    is called instead of choosing again on later identical eager calls, and returns ``False``
+    once the decision may have changed. A chooser with ``choose`` alone is asked every call.
     """
 
     def choose(self, inv: Invocation[Cfg], kernel: Kernel[Cfg, Any]) -> Cfg: ...
@@ -49,6 +62,45 @@ def _signature(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     except TypeError:
         return None
     return sig
+
+
+def _is_array_type(cls: type) -> bool:
+    """Whether arguments of type ``cls`` are array leaves (arrays, tracers, NumPy values); memoised."""
+    known = _ARRAY_TYPES.get(cls)
+    if known is None:
+        import numpy as np
+
+        known = _ARRAY_TYPES[cls] = issubclass(cls, (jax.Array, jax.core.Tracer, np.ndarray, np.generic))
+    return known
+
+
+_KWARGS = object()
+_CFG = object()
+
+
+def _fast_token(value: Any) -> Any:
+    """A type-exact key of a static value: ``1``, ``1.0``, ``True`` differ, as do ``0.0`` and ``-0.0``."""
+    cls = type(value)
+    if cls is float:
+        return (cls, value.hex())
+    if cls is tuple or cls is list:
+        return (cls, tuple(_fast_token(v) for v in value))
+    return (cls, value)
+
+
+class _FastEntry:
+    """What an earlier identical call decided: reused while ``still_valid()`` says so."""
+
+    __slots__ = ("call_key", "chooser", "device", "fn", "kernel", "op_id_v", "still_valid")
+
+    def __init__(self, kernel: Any, chooser: Any, still_valid: Callable[[], bool], fn: Callable[..., Any],
+                 device: str, op_id_v: str, call_key: str) -> None:
+        self.kernel, self.chooser, self.still_valid, self.fn = kernel, chooser, still_valid, fn
+        self.device, self.op_id_v, self.call_key = device, op_id_v, call_key
+
+
+def _always() -> bool:
+    return True
 
 
 def _typed(value: Any) -> Any:
@@ -86,6 +138,7 @@ class Executor(Generic[Cfg, Out]):
         self._keys: dict[Any, str] = {}
         self._device_fingerprint: str | None = None
         self._bound: OrderedDict[Any, Callable[..., Any]] = OrderedDict()
+        self._fast: dict[Any, _FastEntry] = {}
         self._lock = threading.Lock()
 
     # -- building blocks -----------------------------------------------------------------------
@@ -170,11 +223,77 @@ class Executor(Generic[Cfg, Out]):
     def __call__(self, kernel: Kernel[Cfg, Out], *args: Any, cfg: Cfg | None = None, **kwargs: Any) -> Out:
         """Run ``kernel``: an explicit ``cfg`` always wins; otherwise the chooser decides."""
         args, kwargs = kernel.prepare(*args, **kwargs)
+        key = self._fast_key(kernel, args, kwargs, cfg)
+        if key is not None:
+            try:
+                entry = self._fast.get(key)
+            except TypeError:  # an unhashable static argument: the full path
+                entry = key = None
+            if entry is not None and entry.kernel is kernel and entry.chooser is self.chooser and entry.still_valid():
+                if environment.raw(environment.EJKERNEL_OPS_RECORD) is not None and environment.record_enabled():
+                    record_invocation(entry.device, entry.op_id_v, entry.call_key, kernel, args, kwargs)
+                return entry.fn(*args)  # type: ignore[no-any-return]
+        chooser = self.chooser
         inv = self.invocation(kernel, args, kwargs, cfg)
-        chosen = self._choose(inv, kernel, cfg)
+        chosen, still_valid = self._choose_reusable(inv, kernel, cfg)
         if environment.record_enabled():
             record_invocation(inv.device, inv.op_id_v, inv.call_key, kernel, args, kwargs)
-        return self.bind(kernel, chosen, kwargs, self._stamp(inv, environment.stamp_mode()))(*args)
+        fn = self.bind(kernel, chosen, kwargs, self._stamp(inv, environment.stamp_mode()))
+        if key is not None and still_valid is not None and key[1] == environment.raw(environment.EJKERNEL_OPS_STAMP):
+            if len(self._fast) >= _FAST_PATH_SIZE:
+                self._fast.clear()  # bounded; rebuilt by the next calls
+            self._fast[key] = _FastEntry(kernel, chooser, still_valid, fn, inv.device, inv.op_id_v, inv.call_key)
+        return fn(*args)
+
+    def _fast_key(self, kernel: Kernel[Cfg, Out], args: tuple[Any, ...], kwargs: dict[str, Any],
+                  cfg: Cfg | None) -> Any:
+        """The fast path's key of a call: the kernel, each argument's shape and dtype, the static
+        keyword arguments (type-exact), the explicit ``cfg``, ``EJKERNEL_OPS_STAMP`` and what
+        else shapes the bound function (``stamp_prefix``, ``jit``). ``None``
+        when an argument is not an array (or tracer) or ``None`` — pytrees and Python scalars take
+        the full path. The key may still be unhashable (the caller then takes the full path)."""
+        parts: list[Any] = [id(kernel), environment.raw(environment.EJKERNEL_OPS_STAMP), self.stamp_prefix, self.jit]
+        append = parts.append
+        for x in args:
+            if x is None:
+                append(None)
+                continue
+            cls = type(x)
+            known = _ARRAY_TYPES.get(cls)
+            if known is None:
+                known = _is_array_type(cls)
+            if not known:
+                return None
+            try:
+                append(x.shape)
+                append(x.dtype)
+            except AttributeError:  # a tracer of something other than an array (a token)
+                return None
+        append(_KWARGS)  # neither None, a shape nor a dtype: separates the arguments from the rest
+        for name, value in kwargs.items():
+            cls = type(value)
+            append(name)
+            append(cls)
+            append(value if cls is not float and cls is not tuple and cls is not list else _fast_token(value))
+        if cfg is not None:
+            append(_CFG)
+            append(_fast_token(cfg))
+        return tuple(parts)
+
+    def _choose_reusable(self, inv: Invocation[Cfg], kernel: Kernel[Cfg, Out],
+                         cfg: Cfg | None) -> tuple[Cfg, Callable[[], bool] | None]:
+        """The config and, when the chooser can vouch for it, a check that the decision still holds."""
+        reusable = getattr(self.chooser, "choose_reusable", None)
+        if cfg is None:
+            if reusable is None:
+                return self.chooser.choose(inv, kernel), None
+            return reusable(inv, kernel)  # type: ignore[no-any-return]
+        if getattr(self.chooser, "reports_overrides", False):
+            if reusable is None:
+                self.chooser.choose(inv, kernel)
+                return cfg, None
+            return cfg, reusable(inv, kernel)[1]  # an explicit cfg always wins, whatever the chooser does
+        return cfg, _always
 
     def compile(self, kernel: Kernel[Cfg, Out], *example_args: Any, cfg: Cfg | None = None,
                 **example_kwargs: Any) -> Callable[..., Out]:

@@ -228,6 +228,12 @@ class Kernel(Generic[Cfg, Out]):
         """
         return None
 
+    def selection_state(self) -> Any:
+        """A value that changes whenever this kernel's answers to selection may change (which
+        configs are usable, its heuristics): a decision is reused only while it is equal.
+        Default ``None``: the answers depend on the invocation alone."""
+        return None
+
     def cfg_label(self, cfg: Cfg) -> str | None:
         """Which implementation ``cfg`` selects, for grouping tuning results (``None``: one)."""
         return None

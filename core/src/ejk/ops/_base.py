@@ -335,6 +335,10 @@ class OpKernel(Kernel[ImplChoice, Any]):
         """A candidate whose implementation cannot run the call is never compiled."""
         return self.unusable_reason(inv, cfg)
 
+    def selection_state(self) -> Any:
+        """The registry's version: registering or removing implementations ends reuse."""
+        return (id(self.registry), self.registry.version)
+
     def cfg_label(self, cfg: ImplChoice) -> str:
         """The label of the implementation a choice names (groups tuning results)."""
         return f"{cfg.platform}/{cfg.backend}" + ("" if cfg.implementation in (None, cfg.platform)

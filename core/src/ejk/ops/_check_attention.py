@@ -12,7 +12,7 @@ from typing import Any, NoReturn
 import jax.numpy as jnp
 import numpy as np
 
-from ejk.ops._check_common import float_dtype_problem, normalize_window, optional_positive
+from ejk.ops._check_common import dtype_name, float_dtype_problem, normalize_window, optional_positive
 from ejk.ops._check_common import softmax_scale as resolve_scale
 
 __all__ = ["check_flash_attention_args"]
@@ -32,7 +32,7 @@ def _shape_of(name: str, x: Any) -> tuple[int, ...]:
 
 
 def _dtype_name(x: Any) -> str:
-    return str(np.dtype(x.dtype).name)
+    return dtype_name(x.dtype)
 
 
 def _check_qkv(q: Any, k: Any, v: Any) -> None:

@@ -27,6 +27,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from ejk.config.validators import multiple_of
 from ejk_pallas import _env
 from ejk_pallas._flash_attention import _LOG2E, _cdiv, _key_blocks, _make_mask, _Mask, _pad, _query_blocks
 
@@ -49,9 +50,8 @@ _NT = (((1,), (1,)), ((), ()))  # a @ b.T
 _TN = (((0,), (0,)), ((), ()))  # a.T @ b
 
 
-def _block(instance: Any, attribute: attrs.Attribute[int], value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 8 or value % 8:
-        raise ValueError(f"TpuFlashAttentionConfig.{attribute.name} is {value!r} but needs a multiple of 8")
+
+_block = multiple_of(8)
 
 
 @attrs.frozen(kw_only=True)

@@ -26,6 +26,7 @@ import jax
 import jax.custom_batching
 import jax.numpy as jnp
 
+from ejk.config.validators import int_in, one_of, power_of_two
 from ejk_triton import _env
 from ejk_triton._launch import kernels, launch
 
@@ -51,19 +52,14 @@ _MAX_HEAD_DIM = 256
 _MAX_GRID_Y = 65535
 
 
-def _block(instance: Any, attribute: attrs.Attribute[int], value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 16 or value & (value - 1):
-        raise ValueError(f"FlashAttentionConfig.{attribute.name} is {value!r} but needs a power of two >= 16")
 
 
-def _warps(instance: Any, attribute: attrs.Attribute[int], value: Any) -> None:
-    if isinstance(value, bool) or value not in (1, 2, 4, 8, 16):
-        raise ValueError(f"FlashAttentionConfig.{attribute.name} is {value!r} but needs one of 1, 2, 4, 8, 16")
 
 
-def _stages(instance: Any, attribute: attrs.Attribute[int], value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 8:
-        raise ValueError(f"FlashAttentionConfig.{attribute.name} is {value!r} but needs an int in [1, 8]")
+
+_block = power_of_two(16)
+_warps = one_of(1, 2, 4, 8, 16)
+_stages = int_in(1, 8)
 
 
 @attrs.frozen(kw_only=True)

@@ -29,7 +29,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from ejk_xla._validators import positive_int
+from ejk.config.validators import positive_int
 from ejk_xla._vma import varying_like
 
 __all__ = ["FlashAttentionConfig", "config_space", "flash_attention", "heuristic_config"]

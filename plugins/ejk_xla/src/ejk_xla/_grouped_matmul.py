@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from ejk_xla._validators import positive_int
+from ejk.config.validators import positive_int
 from ejk_xla._vma import varying_like
 
 __all__ = ["GroupedMatmulConfig", "config_space", "grouped_matmul", "heuristic_config"]

@@ -36,7 +36,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from ejk_xla._validators import positive_int
+from ejk.config.validators import positive_int
 from ejk_xla._vma import varying_like
 
 __all__ = ["PagedAttentionConfig", "config_space", "heuristic_config", "ragged_paged_attention"]

@@ -79,6 +79,36 @@ FULL_CONFIGS = ((1024, 1024), (512, 512))
 SMOKE_CONFIGS = ((64, 64), (128, 64))
 
 
+# -- shared with the plugin benchmarks (bench_triton_attention.py, bench_pallas_attention.py) --------
+
+D64_SHAPES = (  # issue 8 also asks for head_dim 64: same FLOPs as the first two rows
+    Shape(batch=4, seq=4096, heads=32, dim=64, causal=False),
+    Shape(batch=4, seq=4096, heads=32, dim=64, causal=True),
+)
+PLUGIN_SMOKE_SHAPES = (Shape(batch=1, seq=64, heads=2, dim=64, causal=False),
+                Shape(batch=1, seq=64, heads=2, dim=64, causal=True))
+
+
+def best_of(candidates: dict[str, Callable[..., jax.Array]], mode: str, inputs: tuple[jax.Array, ...],
+            reps: int) -> tuple[dict[str, float], list[str]]:
+    times: dict[str, float] = {}
+    errors: list[str] = []
+    for label, attention in candidates.items():
+        try:
+            times[label] = measure(attention, mode, inputs, reps)
+            print(f"  {mode} {label}: {times[label]:.3f} ms", flush=True)
+        except Exception as exc:  # report per line, keep going
+            errors.append(f"{label}: {error_text(exc)}")
+            if os.environ.get("EJK_BENCH_TRACEBACK"):
+                traceback.print_exc()
+    return times, errors
+
+
+def tflops(flops: float, ms: float) -> str:
+    rate = flops / ms / 1e9
+    return f"{rate:,.1f}" if rate >= 1 else f"{rate:.4f}"
+
+
 def ejk_attention(shape: Shape, cfg: FlashAttentionConfig) -> Callable[..., jax.Array]:
     def fn(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
         return flash_attention(

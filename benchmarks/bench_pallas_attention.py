@@ -25,52 +25,29 @@ Output: ``$OUT/pallas_attention.md`` when ``OUT`` is set, else ``benchmarks/resu
 
 from __future__ import annotations
 
-import os
-import traceback
 from collections.abc import Callable
-from typing import Any
 
 import _harness
-import attrs
 import jax
 import jax.numpy as jnp
-import numpy as np
-from _harness import error_text, time_ms
+from _harness import error_text
+from bench_attention_gpu import (  # the shapes, inputs and timing shared with the XLA/cuDNN benchmark
+    BWD_FACTOR,
+    D64_SHAPES,
+    FULL_SHAPES,
+    MODES,
+    PLUGIN_SMOKE_SHAPES,
+    Shape,
+    best_of,
+    jax_nn_attention,
+    make_inputs,
+    tflops,
+)
 
 import ejk
 from ejk_pallas._flash_attention import FlashAttentionConfig, config_space, heuristic_config
 
-MODES = ("fwd", "fwd+bwd")
-BWD_FACTOR = 3.5
-
-
-@attrs.frozen(kw_only=True)
-class Shape:
-    batch: int
-    seq: int
-    heads: int
-    dim: int
-    causal: bool
-
-    def __str__(self) -> str:
-        return f"[{self.batch},{self.seq},{self.heads},{self.dim}] {'causal' if self.causal else 'full'}"
-
-    def fwd_flops(self) -> float:
-        flops = 4.0 * self.batch * self.heads * self.seq * self.seq * self.dim
-        return flops / 2 if self.causal else flops
-
-
-FULL_SHAPES = (
-    Shape(batch=4, seq=4096, heads=16, dim=128, causal=False),
-    Shape(batch=4, seq=4096, heads=16, dim=128, causal=True),
-    Shape(batch=2, seq=8192, heads=16, dim=128, causal=True),
-)
-D64_SHAPES = (
-    Shape(batch=4, seq=4096, heads=32, dim=64, causal=False),
-    Shape(batch=4, seq=4096, heads=32, dim=64, causal=True),
-)
-SMOKE_SHAPES = (Shape(batch=1, seq=64, heads=2, dim=64, causal=False),
-                Shape(batch=1, seq=64, heads=2, dim=64, causal=True))
+SMOKE_SHAPES = PLUGIN_SMOKE_SHAPES
 
 
 def pallas_attention(shape: Shape, cfg: FlashAttentionConfig) -> Callable[..., jax.Array]:
@@ -81,10 +58,7 @@ def pallas_attention(shape: Shape, cfg: FlashAttentionConfig) -> Callable[..., j
 
 
 def cudnn_attention(shape: Shape) -> Callable[..., jax.Array]:
-    def fn(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
-        return jax.nn.dot_product_attention(q, k, v, is_causal=shape.causal, implementation="cudnn")
-
-    return fn
+    return jax_nn_attention(shape, "cudnn")
 
 
 def jax_mha(shape: Shape) -> Callable[..., jax.Array]:
@@ -94,46 +68,6 @@ def jax_mha(shape: Shape) -> Callable[..., jax.Array]:
         return attention.mha(q, k, v, None, sm_scale=shape.dim ** -0.5, causal=shape.causal)  # type: ignore[no-any-return]
 
     return fn
-
-
-def with_backward(attention: Callable[..., jax.Array]) -> Callable[..., Any]:
-    def fn(q: jax.Array, k: jax.Array, v: jax.Array, do: jax.Array) -> Any:
-        out, vjp = jax.vjp(attention, q, k, v)
-        return out, vjp(do)
-
-    return fn
-
-
-def make_inputs(shape: Shape, dtype: Any) -> tuple[jax.Array, ...]:
-    rng = np.random.default_rng(0)
-    dims = (shape.batch, shape.seq, shape.heads, shape.dim)
-    return tuple(jnp.asarray(rng.standard_normal(dims, dtype=np.float32)).astype(dtype) for _ in range(4))
-
-
-def measure(attention: Callable[..., jax.Array], mode: str, inputs: tuple[jax.Array, ...], reps: int) -> float:
-    if mode == "fwd":
-        return time_ms(attention, inputs[:3], reps)
-    return time_ms(with_backward(attention), inputs, reps)
-
-
-def best_of(candidates: dict[str, Callable[..., jax.Array]], mode: str, inputs: tuple[jax.Array, ...],
-            reps: int) -> tuple[dict[str, float], list[str]]:
-    times: dict[str, float] = {}
-    errors: list[str] = []
-    for label, attention in candidates.items():
-        try:
-            times[label] = measure(attention, mode, inputs, reps)
-            print(f"  {mode} {label}: {times[label]:.3f} ms", flush=True)
-        except Exception as exc:  # report per line, keep going
-            errors.append(f"{label}: {error_text(exc)}")
-            if os.environ.get("EJK_BENCH_TRACEBACK"):
-                traceback.print_exc()
-    return times, errors
-
-
-def tflops(flops: float, ms: float) -> str:
-    rate = flops / ms / 1e9
-    return f"{rate:,.1f}" if rate >= 1 else f"{rate:.4f}"
 
 
 def cfg_label(cfg: FlashAttentionConfig) -> str:

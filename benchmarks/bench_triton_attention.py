@@ -24,8 +24,6 @@ Output: ``$OUT/triton_attention.md`` when ``OUT`` is set, else ``benchmarks/resu
 from __future__ import annotations
 
 import math
-import os
-import traceback
 from collections.abc import Callable
 
 import _harness
@@ -34,23 +32,21 @@ import jax.numpy as jnp
 from _harness import error_text
 from bench_attention_gpu import (  # the shapes, inputs and timing shared with the XLA/cuDNN benchmark
     BWD_FACTOR,
+    D64_SHAPES,
     FULL_SHAPES,
     MODES,
+    PLUGIN_SMOKE_SHAPES,
     Shape,
+    best_of,
     jax_nn_attention,
     make_inputs,
-    measure,
+    tflops,
 )
 
 import ejk
 from ejk_triton._flash_attention import FlashAttentionConfig, config_space, heuristic_config
 
-D64_SHAPES = (  # issue 8 also asks for head_dim 64: same FLOPs as the first two rows
-    Shape(batch=4, seq=4096, heads=32, dim=64, causal=False),
-    Shape(batch=4, seq=4096, heads=32, dim=64, causal=True),
-)
-SMOKE_SHAPES = (Shape(batch=1, seq=64, heads=2, dim=64, causal=False),
-                Shape(batch=1, seq=64, heads=2, dim=64, causal=True))
+SMOKE_SHAPES = PLUGIN_SMOKE_SHAPES
 
 
 def triton_attention(shape: Shape, cfg: FlashAttentionConfig) -> Callable[..., jax.Array]:
@@ -63,26 +59,6 @@ def triton_attention(shape: Shape, cfg: FlashAttentionConfig) -> Callable[..., j
 
 def cudnn_attention(shape: Shape) -> Callable[..., jax.Array]:
     return jax_nn_attention(shape, "cudnn")
-
-
-def best_of(candidates: dict[str, Callable[..., jax.Array]], mode: str, inputs: tuple[jax.Array, ...],
-            reps: int) -> tuple[dict[str, float], list[str]]:
-    times: dict[str, float] = {}
-    errors: list[str] = []
-    for label, attention in candidates.items():
-        try:
-            times[label] = measure(attention, mode, inputs, reps)
-            print(f"  {mode} {label}: {times[label]:.3f} ms", flush=True)
-        except Exception as exc:  # report per line, keep going
-            errors.append(f"{label}: {error_text(exc)}")
-            if os.environ.get("EJK_BENCH_TRACEBACK"):
-                traceback.print_exc()
-    return times, errors
-
-
-def tflops(flops: float, ms: float) -> str:
-    rate = flops / ms / 1e9
-    return f"{rate:,.1f}" if rate >= 1 else f"{rate:.4f}"
 
 
 def cfg_label(cfg: FlashAttentionConfig) -> str:

@@ -37,6 +37,9 @@ import jax.numpy as jnp
 from jax import lax
 
 from ejk.config.validators import int_in, one_of, power_of_two
+from ejk.tiling import cdiv as _cdiv
+from ejk.tiling import fit_block as _fit
+from ejk.tiling import padded_dim as _pad_dim
 from ejk_pallas import _env
 
 __all__ = [
@@ -98,23 +101,6 @@ class FlashAttentionConfig:
 # ----------------------------------------------------------------------------------------------
 # Shapes and masks
 # ----------------------------------------------------------------------------------------------
-
-
-def _next_pow2(n: int) -> int:
-    return 1 << max(0, int(n) - 1).bit_length()
-
-
-def _fit(block: int, length: int) -> int:
-    """A block clamped to the rounded length (no wasted work on short sequences), at least 16."""
-    return max(16, min(block, _next_pow2(length)))
-
-
-def _pad_dim(d: int) -> int:
-    return max(16, _next_pow2(d))
-
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 @attrs.frozen(kw_only=True)

@@ -28,8 +28,9 @@ import jax.numpy as jnp
 from jax import lax
 
 from ejk.config.validators import multiple_of
+from ejk.tiling import cdiv as _cdiv
 from ejk_pallas import _env
-from ejk_pallas._flash_attention import _LOG2E, _cdiv, _key_blocks, _make_mask, _Mask, _pad, _query_blocks
+from ejk_pallas._flash_attention import _LOG2E, _key_blocks, _make_mask, _Mask, _pad, _query_blocks
 
 __all__ = [
     "RESIDUALS",

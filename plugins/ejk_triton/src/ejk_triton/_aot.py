@@ -13,8 +13,9 @@ from typing import Any
 
 import jax.numpy as jnp
 
+from ejk.tiling import fit_block as _fit
 from ejk_triton import _env
-from ejk_triton._flash_attention import FlashAttentionConfig, _constexprs, _dbias_layout, _fit, heuristic_config
+from ejk_triton._flash_attention import FlashAttentionConfig, _constexprs, _dbias_layout, heuristic_config
 
 __all__ = ["compile_flash_attention"]
 

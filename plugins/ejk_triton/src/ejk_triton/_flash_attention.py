@@ -27,6 +27,9 @@ import jax.custom_batching
 import jax.numpy as jnp
 
 from ejk.config.validators import int_in, one_of, power_of_two
+from ejk.tiling import cdiv as _cdiv
+from ejk.tiling import fit_block as _fit
+from ejk.tiling import padded_dim as _head_dim
 from ejk_triton import _env
 from ejk_triton._launch import kernels, launch
 
@@ -92,24 +95,6 @@ class FlashAttentionConfig:
 # ----------------------------------------------------------------------------------------------
 # Shapes, constexprs and blocks
 # ----------------------------------------------------------------------------------------------
-
-
-def _next_pow2(n: int) -> int:
-    return 1 << max(0, int(n) - 1).bit_length()
-
-
-def _fit(block: int, length: int) -> int:
-    """A block clamped to the rounded length (no wasted work on short sequences), at least 16."""
-    return max(16, min(block, _next_pow2(length)))
-
-
-def _head_dim(d: int) -> int:
-    """Head dims are padded to a power of two >= 16 inside the kernels (loads and stores are masked)."""
-    return max(16, _next_pow2(d))
-
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 def _bias_strides(bias: Any) -> tuple[int, int, int, int]:

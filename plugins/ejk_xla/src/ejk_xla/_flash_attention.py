@@ -30,6 +30,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from ejk.config.validators import positive_int
+from ejk.tiling import cdiv as _cdiv
 from ejk_xla._vma import varying_like
 
 __all__ = ["FlashAttentionConfig", "config_space", "flash_attention", "heuristic_config"]
@@ -67,10 +68,6 @@ class _Static:
 # ----------------------------------------------------------------------------------------------
 # Layout helpers
 # ----------------------------------------------------------------------------------------------
-
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 def _pad_axis(x: jax.Array, axis: int, size: int) -> jax.Array:

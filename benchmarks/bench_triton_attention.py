@@ -24,9 +24,11 @@ Output: ``$OUT/triton_attention.md`` when ``OUT`` is set, else ``benchmarks/resu
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable
 
 import _harness
+import attrs
 import jax
 import jax.numpy as jnp
 from _harness import error_text
@@ -66,6 +68,15 @@ def cfg_label(cfg: FlashAttentionConfig) -> str:
             f"bwd {cfg.bwd_block_m}x{cfg.bwd_block_n} w{cfg.bwd_num_warps} s{cfg.bwd_num_stages}")
 
 
+def with_bwd_tiles(cfg: FlashAttentionConfig, spec: str) -> FlashAttentionConfig:
+    """``cfg`` with the backward tiles of ``spec`` (``MxNwWsS``, e.g. ``32x128w8s3``)."""
+    match = re.fullmatch(r"(\d+)x(\d+)w(\d+)s(\d+)", spec.strip())
+    if not match:
+        raise SystemExit(f"--bwd-tiles: {spec!r} is not MxNwWsS (e.g. 32x128w8s3)")
+    m, n, w, st = (int(g) for g in match.groups())
+    return attrs.evolve(cfg, bwd_block_m=m, bwd_block_n=n, bwd_num_warps=w, bwd_num_stages=st)
+
+
 def output_check(shape: Shape, cfg: FlashAttentionConfig, inputs: tuple[jax.Array, ...], on_gpu: bool) -> str:
     try:
         got = jax.jit(triton_attention(shape, cfg))(*inputs[:3]).astype(jnp.float32)
@@ -83,6 +94,10 @@ def main() -> None:
     parser.add_argument("--configs", choices=("all", "heuristic"), default="all",
                         help="the whole config space (best reported) or only the heuristic's config")
     parser.add_argument("--d64", action="store_true", help="also head_dim 64 ([4,4096,32,64] full and causal)")
+    parser.add_argument("--mode", choices=(*MODES, "both"), default="both", help="forward, forward+backward or both")
+    parser.add_argument("--bwd-tiles", default=None,
+                        help="instead of the config space: the heuristic's forward with each of these backward "
+                             "tiles, e.g. 32x128w8s3,64x128w8s1 (bwd_block_m x bwd_block_n, warps, stages)")
     args = _harness.parse(parser)
     on_gpu = jax.default_backend() == "gpu"
     shapes = SMOKE_SHAPES if args.smoke else FULL_SHAPES + (D64_SHAPES if args.d64 else ())
@@ -102,11 +117,13 @@ def main() -> None:
         inputs = make_inputs(shape, jnp.dtype(args.dtype))
         heuristic = heuristic_config(*inputs[:3])
         space = [heuristic] if args.configs == "heuristic" else config_space(*inputs[:3])
+        if args.bwd_tiles:
+            space = [with_bwd_tiles(heuristic, spec) for spec in args.bwd_tiles.split(",")]
         if heuristic not in space:
             space.insert(0, heuristic)
         ours = {cfg_label(cfg): triton_attention(shape, cfg) for cfg in space}
         checks.append(f"- {shape}: {output_check(shape, heuristic, inputs, on_gpu)}")
-        for mode in MODES:
+        for mode in MODES if args.mode == "both" else (args.mode,):
             flops = shape.fwd_flops() * (1.0 if mode == "fwd" else BWD_FACTOR)
             rows = []
             base_ms = None

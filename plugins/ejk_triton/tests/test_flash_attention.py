@@ -455,6 +455,11 @@ def test_config_space_and_heuristic_on_gpu_shapes(monkeypatch: pytest.MonkeyPatc
         assert space[0] == heuristic
     big = heuristic_config(*(_sds((4, 4096, 16, 128)),) * 3)
     assert (big.block_m, big.block_n, big.num_warps, big.num_stages) == (128, 64, 8, 3)
+    assert (big.bwd_block_m, big.bwd_block_n, big.bwd_num_warps, big.bwd_num_stages) == (32, 64, 4, 3)
+    causal = heuristic_config(*(_sds((4, 4096, 16, 128)),) * 3, causal=True)
+    assert (causal.bwd_block_m, causal.bwd_block_n, causal.bwd_num_warps, causal.bwd_num_stages) == (64, 128, 8, 1)
+    assert set(config_space(*(_sds((4, 4096, 16, 128)),) * 3, causal=True)) == set(config_space(
+        *(_sds((4, 4096, 16, 128)),) * 3))  # the same candidates, another order
 
 
 def test_configs_fit_the_gpu_shared_memory(monkeypatch: pytest.MonkeyPatch) -> None:

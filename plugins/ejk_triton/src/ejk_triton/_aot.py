@@ -77,7 +77,7 @@ def compile_flash_attention(
     _env.import_triton()
     from ejk_triton import _attention_kernels as kernels
 
-    cfg = cfg if cfg is not None else heuristic_config(q, k, v)
+    cfg = cfg if cfg is not None else heuristic_config(q, k, v, causal=causal)
     scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(int(q.shape[3]))
     consts = _constexprs(q, k, v, bias, segment_ids, causal=causal, softmax_scale=scale,
                          sliding_window=sliding_window, logits_soft_cap=logits_soft_cap)

@@ -156,8 +156,8 @@ def _optional_inputs(q: jax.Array, q_seg: Any, kv_seg: Any, bias: Any) -> tuple[
     return q_seg, kv_seg, q if bias is None else bias
 
 
-def _resolve(cfg: FlashAttentionConfig | None, q: Any, k: Any, v: Any, bias: Any) -> FlashAttentionConfig:
-    return heuristic_config(q, k, v, None, None, bias) if cfg is None else cfg
+def _resolve(cfg: FlashAttentionConfig | None, q: Any, k: Any, v: Any, bias: Any, causal: bool) -> FlashAttentionConfig:
+    return heuristic_config(q, k, v, None, None, bias, causal=causal) if cfg is None else cfg
 
 
 # ----------------------------------------------------------------------------------------------
@@ -284,7 +284,7 @@ def forward_with_residuals(
     if min(batch, q_len, q_heads, k.shape[1], v.shape[3]) == 0:  # nothing to launch: rows see no key
         out = jnp.zeros((batch, q_len, q_heads, v.shape[3]), q.dtype)
         return out, (q, k, v, *seg, bias, out, jnp.full((batch, q_heads, q_len), jnp.inf, jnp.float32))
-    cfg = _resolve(cfg, q, k, v, bias)
+    cfg = _resolve(cfg, q, k, v, bias, causal)
     static = dict(causal=causal, softmax_scale=softmax_scale, sliding_window=sliding_window,
                   logits_soft_cap=logits_soft_cap)
     out, lse = _fold_vmap(functools.partial(_forward_kernels, cfg, static))(q, k, v, *seg, bias)
@@ -334,7 +334,7 @@ def backward(
     if min(q.shape[0], q.shape[1], q.shape[2], k.shape[1], v.shape[3]) == 0:
         zero_bias = None if bias is None else jnp.zeros_like(bias)
         return jnp.zeros_like(q), jnp.zeros_like(k), jnp.zeros_like(v), None, None, zero_bias
-    cfg = _resolve(cfg, q, k, v, bias)
+    cfg = _resolve(cfg, q, k, v, bias, causal)
     static = dict(causal=causal, softmax_scale=softmax_scale, sliding_window=sliding_window,
                   logits_soft_cap=logits_soft_cap)
     run = _fold_vmap(functools.partial(_backward_kernels, cfg, static))
@@ -436,47 +436,57 @@ def _smem_bytes(cfg: FlashAttentionConfig, head_dim: int, v_dim: int, itemsize: 
     return max(fwd, bwd)
 
 
-def _fitting(q: Any, v: Any, bias: Any) -> list[FlashAttentionConfig]:
+def _fitting(q: Any, v: Any, bias: Any, causal: bool) -> list[FlashAttentionConfig]:
     """The candidate configs whose tiles fit this GPU's shared memory, in table order."""
     d, dv = int(q.shape[3]), int(v.shape[3])
     itemsize = jnp.dtype(q.dtype).itemsize
     bias_itemsize = 0 if bias is None else jnp.dtype(bias.dtype).itemsize
     limit = _smem_limit()
-    configs = [_make(fwd, bwd) for fwd, bwd in _candidates(q, v)]
+    configs = [_make(fwd, bwd) for fwd, bwd in _candidates(q, v, causal)]
     fitting = [c for c in configs if _smem_bytes(c, d, dv, itemsize, bias_itemsize) <= limit]
     if fitting:
         return list(dict.fromkeys(fitting))
     return [min(configs, key=lambda c: _smem_bytes(c, d, dv, itemsize, bias_itemsize))]
 
 
+_Tiles = tuple[tuple[int, int, int, int], tuple[int, int, int, int]]
+
 # (block_m, block_n, num_warps, num_stages) forward x (bwd_block_m, bwd_block_n, warps, stages) backward.
 # Each line compiles for sm_90 without register spills (ptxas, triton 3.6) and fits the shared memory;
 # the last of each is the small fallback for GPUs with 99 KiB per block (it spills a little at D = 256).
-_GPU_CANDIDATES: dict[int, tuple[tuple[tuple[int, int, int, int], tuple[int, int, int, int]], ...]] = {
+_GPU_CANDIDATES: dict[int, tuple[_Tiles, ...]] = {
     64: (((128, 64, 4, 3), (32, 128, 4, 3)), ((128, 128, 8, 3), (64, 128, 8, 2)), ((128, 64, 8, 3), (32, 64, 4, 3)),
          ((64, 64, 4, 3), (32, 128, 8, 3)), ((128, 32, 4, 4), (16, 128, 4, 3)), ((128, 128, 4, 2), (32, 128, 4, 4)),
          ((64, 32, 4, 2), (16, 64, 4, 2))),
     # The backward's dk/dv accumulators ([128, 128] float32 each) need 8 warps at D = 128 to stay in registers.
-    128: (((128, 64, 8, 3), (32, 128, 8, 3)), ((128, 128, 8, 2), (64, 128, 8, 2)), ((128, 128, 8, 3), (32, 64, 4, 3)),
-          ((128, 32, 4, 3), (32, 128, 8, 2)), ((64, 64, 4, 3), (16, 128, 8, 3)), ((128, 64, 8, 2), (64, 64, 8, 2)),
-          ((64, 32, 4, 2), (16, 64, 4, 2))),
+    # H100 (2026-11-23): 32 x 64 / 4 warps / 3 stages was the fastest backward without a causal mask,
+    # 64 x 128 / 8 warps / 1 stage with one (see _CAUSAL_FIRST).
+    128: (((128, 64, 8, 3), (32, 64, 4, 3)), ((128, 64, 8, 3), (64, 128, 8, 1)), ((128, 64, 8, 3), (32, 128, 8, 3)),
+          ((128, 128, 8, 2), (64, 128, 8, 2)), ((128, 32, 4, 3), (32, 128, 8, 2)), ((64, 64, 4, 3), (16, 128, 8, 3)),
+          ((128, 64, 8, 2), (64, 64, 8, 2)), ((64, 32, 4, 2), (16, 64, 4, 2))),
     256: (((64, 64, 8, 2), (16, 64, 8, 2)), ((64, 32, 4, 3), (16, 64, 8, 2)), ((128, 32, 8, 2), (16, 64, 8, 2)),
           ((64, 64, 8, 1), (16, 64, 8, 2)), ((64, 32, 4, 1), (16, 64, 8, 1))),
 }
 
 # float32 tiles take twice the shared memory, and IEEE float32 dots run on FMA units with their
 # operands in registers (they spill at every size tried): small tiles, a correct but slow path.
-_GPU_CANDIDATES_F32: dict[int, tuple[tuple[tuple[int, int, int, int], tuple[int, int, int, int]], ...]] = {
+_GPU_CANDIDATES_F32: dict[int, tuple[_Tiles, ...]] = {
     64: (((64, 32, 4, 2), (16, 64, 4, 2)), ((128, 32, 8, 2), (32, 32, 4, 2)), ((64, 64, 4, 2), (32, 64, 4, 2))),
     128: (((64, 32, 8, 2), (16, 64, 8, 2)), ((32, 32, 4, 2), (16, 32, 4, 2)), ((64, 64, 8, 2), (32, 64, 8, 1))),
 }
 
 
-def _candidates(q: Any, v: Any) -> tuple[tuple[tuple[int, int, int, int], tuple[int, int, int, int]], ...]:
+#: Per head-dim class, the candidate that goes first when the mask is causal (measured on an H100).
+_CAUSAL_FIRST = {128: ((128, 64, 8, 3), (64, 128, 8, 1))}
+
+
+def _candidates(q: Any, v: Any, causal: bool) -> tuple[_Tiles, ...]:
     dim = _dim_class(q, v)
     if jnp.dtype(q.dtype) == jnp.float32:
         return _GPU_CANDIDATES_F32[min(dim, 128)]
-    return _GPU_CANDIDATES[dim]
+    table = _GPU_CANDIDATES[dim]
+    first = _CAUSAL_FIRST.get(dim) if causal else None
+    return table if first is None else (first, *(c for c in table if c != first))
 
 
 def _dim_class(q: Any, v: Any) -> int:
@@ -489,7 +499,7 @@ def _make(fwd: tuple[int, int, int, int], bwd: tuple[int, int, int, int]) -> Fla
                                 bwd_block_m=bwd[0], bwd_block_n=bwd[1], bwd_num_warps=bwd[2], bwd_num_stages=bwd[3])
 
 
-def config_space(q: Any, k: Any, v: Any, *rest: Any, **__: Any) -> list[FlashAttentionConfig]:
+def config_space(q: Any, k: Any, v: Any, *rest: Any, causal: bool = False, **__: Any) -> list[FlashAttentionConfig]:
     """Autotuning candidates (tables for Hopper-class GPUs), pruned by a shared-memory estimate.
 
     Args:
@@ -498,7 +508,8 @@ def config_space(q: Any, k: Any, v: Any, *rest: Any, **__: Any) -> list[FlashAtt
         v: ``[B, Sk, Hkv, Dv]``.
         *rest: Further abstract arguments of the op: ``q_segment_ids, kv_segment_ids, bias``
             (the bias's tiles count against shared memory).
-        **__: Static arguments of the op, ignored.
+        causal: Whether the mask is causal (it changes which tiles go first).
+        **__: Other static arguments of the op, ignored.
 
     Returns:
         A handful of distinct configs, the heuristic's choice first.
@@ -506,22 +517,23 @@ def config_space(q: Any, k: Any, v: Any, *rest: Any, **__: Any) -> list[FlashAtt
     del k
     if _env.interpret_mode() and not _env.nvidia_gpu()[0]:
         return [heuristic_config(q, q, v)]
-    return _fitting(q, v, rest[2] if len(rest) > 2 else None)
+    return _fitting(q, v, rest[2] if len(rest) > 2 else None, causal)
 
 
-def heuristic_config(q: Any, k: Any, v: Any, *rest: Any, **__: Any) -> FlashAttentionConfig:
-    """A default by head dim: the FlashAttention-2 tiles usual on H100-class GPUs (not yet timed here).
+def heuristic_config(q: Any, k: Any, v: Any, *rest: Any, causal: bool = False, **__: Any) -> FlashAttentionConfig:
+    """A default by head dim and mask (D = 128 timed on an H100; the others are the usual FlashAttention-2 tiles).
 
     D <= 64: 128 x 64 forward tiles, 4 warps, 3 stages; D <= 128: 128 x 64, 8 warps, 3 stages;
-    D <= 256: 64 x 64, 8 warps, 2 stages (shared memory). Backward: 32-row x 128-key tiles for
-    dk/dv (128 x 32 for dq; 8 warps at D = 128 for the float32 accumulators), 16 x 64 at
-    D = 256. float32 uses 64 x 32 tiles. The first of these that fits the GPU's shared memory
-    (with a bias's tiles counted) wins. In the interpreter mode (CPU), 32 x 32 tiles keep the
-    number of Python-level steps small.
+    D <= 256: 64 x 64, 8 warps, 2 stages (shared memory). Backward (dk/dv tiles; dq uses them
+    transposed): D <= 64: 32 x 128; D <= 128: 32 x 64, 4 warps, 3 stages, or with a causal mask
+    64 x 128, 8 warps, 1 stage (with more stages triton 3.6 serialises that kernel's warpgroup
+    MMAs, ptxas warning C7515); D = 256: 16 x 64. float32 uses 64 x 32 tiles. The first of these
+    that fits the GPU's shared memory (with a bias's tiles counted) wins. In the interpreter mode
+    (CPU), 32 x 32 tiles keep the number of Python-level steps small.
 
     Args: as for :func:`config_space`.
     """
     del k
     if _env.interpret_mode() and not _env.nvidia_gpu()[0]:
         return FlashAttentionConfig(block_m=32, block_n=32, bwd_block_m=16, bwd_block_n=32)
-    return _fitting(q, v, rest[2] if len(rest) > 2 else None)[0]
+    return _fitting(q, v, rest[2] if len(rest) > 2 else None, causal)[0]

@@ -104,6 +104,7 @@ def main() -> None:
                         help="the whole config space (best reported) or only the heuristic's config")
     parser.add_argument("--d64", action="store_true", help="also head_dim 64 ([4,4096,32,64] full and causal)")
     parser.add_argument("--no-mha", action="store_true", help="skip jax's own Pallas mha")
+    parser.add_argument("--mode", choices=(*MODES, "both"), default="both", help="forward, forward+backward or both")
     args = _harness.parse(parser)
     on_gpu = jax.default_backend() == "gpu"
     shapes = SMOKE_SHAPES if args.smoke else FULL_SHAPES + (D64_SHAPES if args.d64 else ())
@@ -126,7 +127,7 @@ def main() -> None:
             space.insert(0, heuristic)
         ours = {cfg_label(cfg): pallas_attention(shape, cfg) for cfg in space}
         checks.append(f"- {shape}: {output_check(shape, heuristic, inputs, on_gpu)}")
-        for mode in MODES:
+        for mode in MODES if args.mode == "both" else (args.mode,):
             flops = shape.fwd_flops() * (1.0 if mode == "fwd" else BWD_FACTOR)
             rows = []
             base_ms = None

@@ -118,7 +118,8 @@ class _Line:
 
 
 def _selected(label: str, prefixes: Sequence[str] | None) -> bool:
-    return prefixes is None or not prefixes or any(label.startswith(p) for p in prefixes)
+    """Whether ``label`` starts with one of ``prefixes`` (``None``: every label is selected)."""
+    return prefixes is None or any(label.startswith(p) for p in prefixes)
 
 
 def _failure(stage: str, exc: BaseException) -> tuple[str, str]:
@@ -171,7 +172,7 @@ class _EjkLines:
         backend = default_backend()
         for candidate in self.kernel.candidates(self.inv):
             spec = candidate.spec
-            if spec.backend not in (Backend.ANY, backend) or not _selected(spec.label, self.options.impls):
+            if spec.backend not in (Backend.ANY, backend) or not _selected(spec.label, self.options.impls or None):
                 continue  # written for another backend: not a line here
             name = f"ejk {spec.label}"
             if candidate.reason is not None:
@@ -188,7 +189,7 @@ class _EjkLines:
                         build=functools.partial(self._forced, str(spec.platform), choice))
             if self.options.best_config:
                 yield from self._best_line(spec)
-        if _selected("auto", self.options.impls):
+        if _selected("auto", self.options.impls or None):
             yield _Line(name="ejk auto", kind="ejk-auto", build=lambda mode: self._prepared("auto", None),
                         note="platform='auto', heuristics tier")
 

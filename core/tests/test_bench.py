@@ -23,6 +23,7 @@ from ejk.ops._matmul import MATMUL
 from ejk.plugins import PlatformStatus
 from ejk.registry import KernelRegistry
 
+
 @attrs.frozen(kw_only=True)
 class FastCfg:
     unroll: int = 1

@@ -58,7 +58,7 @@ def _note(m: Measurement, width: int | None = 90) -> str:
         text = f"{m.status}: {m.error or ''}"
     else:
         parts = []
-        if m.kind == "ejk-auto" and m.implementation:
+        if m.kind == "ejk-auto" or m.name == "ejk auto tuned":
             parts.append(f"chose {m.implementation}")
         if m.config and m.config != "None":
             parts.append(m.config)

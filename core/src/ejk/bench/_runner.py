@@ -11,7 +11,9 @@ exception, out of memory) becomes a measurement with a status and a reason, neve
 
 from __future__ import annotations
 
+import concurrent.futures
 import functools
+import os
 import statistics
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -49,6 +51,7 @@ class Options:
         tune_seconds: Wall-time budget of each implementation's tuning.
         policy: Timing: ``warmup``, ``repeats``, ``min_sample_seconds``, L2 flush.
         seed: Seed of the random inputs.
+        compile_workers: Threads compiling the lines of one case at once (then timed one at a time).
     """
 
     dtype: str = "bfloat16"
@@ -61,6 +64,7 @@ class Options:
     policy: AutotunePolicy = attrs.field(factory=lambda: AutotunePolicy(
         warmup=2, repeats=10, min_sample_seconds=0.02, progress=False, persist=False))
     seed: int = 0
+    compile_workers: int = attrs.field(factory=lambda: max(1, min(4, os.cpu_count() or 1)))
 
 
 @attrs.frozen(kw_only=True)
@@ -192,6 +196,28 @@ class _EjkLines:
         if _selected("auto", self.options.impls or None):
             yield _Line(name="ejk auto", kind="ejk-auto", build=lambda mode: self._prepared("auto", None),
                         note="platform='auto', heuristics tier")
+            if self.options.best_config:
+                yield _Line(name="ejk auto tuned", kind="ejk-best", build=self._auto_tuned)
+
+    def _tuning_policy(self, mode: str) -> AutotunePolicy:
+        return attrs.evolve(self.options.policy, objective="forward" if mode == "fwd" else "forward_backward",
+                            max_seconds=self.options.tune_seconds, max_candidates=None, persist=False,
+                            progress=False, compile_workers=self.options.compile_workers)
+
+    def _auto_tuned(self, mode: str) -> Prepared:
+        """``platform="auto"`` with autotuning over every implementation's configs (tuned here, untimed)."""
+        import ejk
+
+        events: list[Any] = []
+        policy = attrs.evolve(self._tuning_policy(mode), mode="autotune")
+        chain: ejk.ConfigSelectorChain[Any] = ejk.ConfigSelectorChain(policy=policy, persist=False,
+                                                                       on_event=events.append)
+        arrays, static = self.kernel.normalize(*self.inputs, **self.workload.kwargs())
+        choice = ejk.Executor(chain).choose_config(self.kernel, *arrays, platform="auto", **static)
+        tuned = next((e for e in events if e.tune is not None), None)
+        note = tuned.tune.describe() if tuned is not None else f"chosen by the {events[-1].tier} tier"
+        prepared = self._prepared("auto", choice)
+        return attrs.evolve(prepared, fn=_Tuned(prepared.fn, repr(choice.cfg), note, self.kernel.cfg_label(choice)))
 
     def _best_line(self, spec: Any) -> Iterator[_Line]:
         try:
@@ -208,9 +234,7 @@ class _EjkLines:
     def _tuned(self, spec: Any, space: list[Any], mode: str) -> Prepared:
         from ejk.ops import ImplChoice
 
-        base = self.options.policy
-        policy = attrs.evolve(base, objective="forward" if mode == "fwd" else "forward_backward",
-                              max_seconds=self.options.tune_seconds, persist=False, progress=False)
+        policy = self._tuning_policy(mode)
         choices = [ImplChoice(platform=spec.platform, backend=spec.backend, implementation=spec.name, cfg=c)
                    for c in space]
         result = autotune(self.kernel, self.inv, choices, policy)
@@ -218,7 +242,7 @@ class _EjkLines:
             errors = "; ".join(sorted({t.error for t in result.trials if t.error}))
             raise RuntimeError(f"no config of {spec.label} ran: {errors}")
         prepared = self._prepared(str(spec.platform), result.best)
-        return attrs.evolve(prepared, fn=_Tuned(prepared.fn, repr(result.best.cfg), result.describe()))
+        return attrs.evolve(prepared, fn=_Tuned(prepared.fn, repr(result.best.cfg), result.describe(), spec.label))
 
     def auto_choice(self) -> str | None:
         """The implementation ``platform="auto"`` chose (from the executor's last event)."""
@@ -231,8 +255,8 @@ class _EjkLines:
 class _Tuned:
     """A tuned line's function, carrying its winning config and how tuning went."""
 
-    def __init__(self, fn: Callable[..., Any], config: str, note: str) -> None:
-        self.fn, self.config, self.note = fn, config, note
+    def __init__(self, fn: Callable[..., Any], config: str, note: str, implementation: str | None) -> None:
+        self.fn, self.config, self.note, self.implementation = fn, config, note, implementation
 
     def __call__(self, *args: Any) -> Any:
         return self.fn(*args)
@@ -257,40 +281,93 @@ def _baseline_line(baseline: Baseline, workload: Workload, inputs: tuple[Any, ..
 # -- measuring ------------------------------------------------------------------------------------------
 
 
-def _measure(line: _Line, workload: Workload, mode: str, options: Options, flush: Callable[[], None] | None,
-             ct: Any) -> tuple[Measurement, Any]:
-    """Measure one line; returns the measurement and its forward output (``None`` unless ``fwd`` and ok)."""
+@attrs.frozen(kw_only=True)
+class _Lowered:
+    """A line traced and lowered (in the calling thread), ready to compile in any thread."""
+
+    line: _Line
+    base: Measurement
+    lowered: Any
+    args: tuple[Any, ...]
+    seconds: float
+
+
+def _lower(line: _Line, workload: Workload, mode: str, ct: Any) -> _Lowered | Measurement:
+    """Build and lower one line, or the measurement saying why it cannot run."""
     work, unit = workload.work(mode)
     case = workload.case
     base = Measurement(op=workload.op, case=case.label, series=case.series, x=case.x, mode=mode, name=line.name,
                        kind=line.kind, status="skipped", implementation=line.implementation, config=line.config,
                        note=line.note, comparable=line.comparable, work=work, unit=unit)
     if line.skip is not None or line.build is None:
-        return attrs.evolve(base, error=line.skip), None
+        return attrs.evolve(base, error=line.skip)
     stage = "build"
     try:
         prepared = line.build(mode)
         if isinstance(prepared.fn, _Tuned):
-            base = attrs.evolve(base, config=prepared.fn.config, note=prepared.fn.note)
+            base = attrs.evolve(base, config=prepared.fn.config, note=prepared.fn.note,
+                                implementation=prepared.fn.implementation)
         fn, args = prepared.fn, prepared.args
         if mode != "fwd":
             fn, args = with_backward(prepared.fn, prepared.diff), (*prepared.args, ct)
         stage = "compile"
         start = _clock()
-        compiled = jax.jit(fn).lower(*args).compile()
-        compile_s = _clock() - start
-        stage = "run"
+        lowered = jax.jit(fn).lower(*args)
+    except Exception as exc:
+        status, text = _failure(stage, exc)
+        return attrs.evolve(base, status=status, error=text)
+    return _Lowered(line=line, base=base, lowered=lowered, args=args, seconds=_clock() - start)
+
+
+def _compile(item: _Lowered) -> tuple[Any, float]:
+    """``(executable or the exception, seconds)`` (XLA releases the GIL while it compiles)."""
+    start = _clock()
+    try:
+        return item.lowered.compile(), _clock() - start
+    except Exception as exc:
+        return exc, _clock() - start
+
+
+def _time(item: _Lowered, compiled: Any, compile_s: float, options: Options,
+          flush: Callable[[], None] | None) -> tuple[Measurement, Any]:
+    """Run a compiled line once, then time it; returns the measurement and the first run's output."""
+    base = item.base
+    if isinstance(compiled, BaseException):
+        status, text = _failure("compile", compiled)
+        return attrs.evolve(base, status=status, error=text), None
+    args = item.args
+    try:
         out = jax.block_until_ready(compiled(*args))
         calls, times = measure(lambda: compiled(*args), options.policy, flush)
     except Exception as exc:
-        status, text = _failure(stage, exc)
+        status, text = _failure("run", exc)
         return attrs.evolve(base, status=status, error=text), None
     median = statistics.median(times)
     q1, _, q3 = statistics.quantiles(times, n=4, method="inclusive") if len(times) > 1 else (median,) * 3
-    scale = 1e12 if unit == "TFLOP/s" else 1e9
+    scale = 1e12 if base.unit == "TFLOP/s" else 1e9
     measured = attrs.evolve(base, status="ok", compile_s=compile_s, median_s=median, iqr_s=q3 - q1, min_s=min(times),
-                            max_s=max(times), times=times, calls_per_sample=calls, rate=work / median / scale)
-    return measured, (out if mode == "fwd" else None)
+                            max_s=max(times), times=times, calls_per_sample=calls,
+                            rate=(base.work or 0.0) / median / scale)
+    return measured, out
+
+
+def _measure_group(lines: Sequence[_Line], workload: Workload, mode: str, options: Options,
+                   flush: Callable[[], None] | None, ct: Any) -> Iterator[tuple[Measurement, Any]]:
+    """Measure every line of one (case, mode): lower one after another, compile in parallel threads,
+    then time one at a time (nothing else running). Yields ``(measurement, forward output or None)``."""
+    lowered: list[_Lowered | Measurement] = [_lower(line, workload, mode, ct) for line in lines]
+    todo = [item for item in lowered if isinstance(item, _Lowered)]
+    workers = max(1, min(options.compile_workers, len(todo)))
+    with concurrent.futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="ejk-bench") as pool:
+        compiled = dict(zip((id(item) for item in todo), pool.map(_compile, todo), strict=True))
+    for item in lowered:
+        if isinstance(item, Measurement):
+            yield item, None
+            continue
+        executable, seconds = compiled.pop(id(item))
+        measured, out = _time(item, executable, item.seconds + seconds, options, flush)
+        del executable
+        yield measured, (out if mode == "fwd" and measured.status == "ok" else None)
 
 
 @jax.jit
@@ -380,12 +457,11 @@ def run(cases: Iterable[Case], options: Options | None = None, *, peak: Peak | N
             for mode in modes:
                 group: list[Measurement] = []
                 outputs: dict[str, Any] = {}
-                for line in lines:
-                    measured, out = _measure(line, workload, mode, options, flush, ct)
-                    if line.kind == "ejk-auto" and ejk_lines is not None and measured.status == "ok":
+                for measured, out in _measure_group(lines, workload, mode, options, flush, ct):
+                    if measured.kind == "ejk-auto" and ejk_lines is not None and measured.status == "ok":
                         measured = attrs.evolve(measured, implementation=ejk_lines.auto_choice())
                     if out is not None:
-                        outputs[line.name] = out
+                        outputs[measured.name] = out
                     group.append(measured)
                     if on_measurement is not None:
                         on_measurement(measured)

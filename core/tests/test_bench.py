@@ -122,12 +122,15 @@ def test_impl_and_baseline_filters_and_best_config(fakes: None) -> None:
     options = bench.Options(dtype="float32", modes=("fwd",), impls=("fakeplat/any:fast", "auto"), baselines=(),
                             best_config=True, policy=QUICK_POLICY)
     found = _by_name(bench.run([bench.MatmulCase(m=16, k=16, n=16)], options))
-    assert set(found) == {"ejk fakeplat/any:fast", "ejk fakeplat/any:fast best", "ejk auto"}
+    assert set(found) == {"ejk fakeplat/any:fast", "ejk fakeplat/any:fast best", "ejk auto", "ejk auto tuned"}
     assert all(m.status == "ok" and m.ratio is None for m in found.values())  # no baseline: no ratio
     assert found["ejk fakeplat/any:fast"].config == "FastCfg(unroll=2)"  # the heuristic's config
     best = found["ejk fakeplat/any:fast best"]
     assert best.kind == "ejk-best" and best.config in ("FastCfg(unroll=1)", "FastCfg(unroll=2)")
     assert best.note is not None and best.note.startswith("2 candidates: 2 timed")
+    # Tuning platform="auto" compares every implementation: the fast one wins, the broken one cannot.
+    tuned = found["ejk auto tuned"]
+    assert tuned.implementation == "fakeplat/any:fast" and "1 failed" in (tuned.note or "")
 
 
 def test_cli_writes_json_markdown_and_png(fakes: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -152,6 +155,21 @@ def test_cli_writes_json_markdown_and_png(fakes: None, tmp_path: Path, capsys: p
     png = out / "matmul_fwd.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
     assert "![matmul_fwd](matmul_fwd.png)" in markdown
+
+
+def test_cli_renders_an_earlier_run_from_its_json(fakes: None, tmp_path: Path) -> None:
+    first = tmp_path / "gpu-run"
+    assert cli.main(["bench", "--shapes", "matmul:32x32x32", "--mode", "fwd", "--quick", "--no-plot",
+                     "--impl", "fakeplat/any:fast", "--out", str(first)]) == 0
+    assert not list(first.glob("*.png"))
+    again = tmp_path / "rendered"
+    assert cli.main(["bench", "--from-json", str(first / "bench.json"), "--out", str(again)]) == 0
+    rendered = (again / "bench.md").read_text().splitlines()
+    assert rendered[: len(first_md := (first / "bench.md").read_text().splitlines())] == first_md  # plus the plots
+    if _plot.plotting_available():
+        assert (again / "matmul_fwd.png").is_file()
+    (tmp_path / "other.json").write_text("{}")
+    assert cli.main(["bench", "--from-json", str(tmp_path / "other.json")]) == 2
 
 
 def test_cli_rejects_bad_arguments(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:

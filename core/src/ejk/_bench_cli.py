@@ -34,7 +34,8 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"))
     p.add_argument("--mode", default="all", choices=("fwd", "fwd+bwd", "all"),
                    help="forward only, forward + backward, or both (default)")
-    p.add_argument("--out", default="ejk-bench", help="output directory (default ./ejk-bench)")
+    p.add_argument("--out", default=None, help="output directory (default ./ejk-bench; with --from-json, the "
+                                                 "JSON file's directory)")
     p.add_argument("--quick", action="store_true", help="tiny shapes and few samples: about a minute, CPU is fine")
     p.add_argument("--impl", action="append", default=[], metavar="LABEL",
                    help="only ejk lines whose implementation label starts with this (e.g. xla/gpu:cudnn, "
@@ -48,6 +49,9 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--reps", type=int, default=None, help="timed samples per line (default 10, --quick 3)")
     p.add_argument("--no-plot", action="store_true", help="write no PNG")
     p.add_argument("--quiet", action="store_true", help="no progress lines, only the final tables")
+    p.add_argument("--from-json", metavar="FILE", type=Path,
+                   help="measure nothing: render the tables, bench.md and the plots of an earlier run's bench.json "
+                        "into --out (e.g. plots on a machine with matplotlib)")
     p.set_defaults(func=run)
 
 
@@ -90,10 +94,14 @@ def run(args: argparse.Namespace) -> int:
     from ejk._console import console as make_console
     from ejk.bench import environment, peak_for
     from ejk.bench import run as run_bench
-    from ejk.bench._plot import MISSING, plot, plotting_available
-    from ejk.bench._report import by_op_and_mode, headlines, markdown, table, write_json
+    from ejk.bench._plot import MISSING, plotting_available
+    from ejk.bench._report import write_json
 
     console = make_console()
+    if args.out is None:
+        args.out = args.from_json.parent if args.from_json is not None else Path("ejk-bench")
+    if args.from_json is not None:
+        return _render(args, console)
     try:
         cases = _cases(args)
         options = _options(args)
@@ -129,17 +137,46 @@ def run(args: argparse.Namespace) -> int:
     measurements = run_bench(cases, options, peak=peak, on_measurement=on_measurement, on_group=on_group)
     wall = time.perf_counter() - start
     write_json(out / "bench.json", measurements, env, recorded, peak, wall)
+    return _finish(args, console, measurements, env, recorded, peak, wall)
+
+
+def _render(args: argparse.Namespace, console: Any) -> int:
+    from ejk.bench._peaks import Peak
+    from ejk.bench._report import read_json
+
+    try:
+        measurements, data = read_json(args.from_json)
+    except (OSError, ValueError) as exc:
+        console.print(f"[red]ejk bench --from-json: {exc}[/red]")
+        return 2
+    found = data.get("peak")
+    peak = None if not found else Peak(name=found["name"], match=(), tflops=found["tflops"],
+                                       bandwidth_gbs=found["bandwidth_gbs"], source=found["source"])
+    return _finish(args, console, measurements, data.get("environment") or {}, data.get("options") or {}, peak,
+                   data.get("wall_seconds"))
+
+
+def _finish(args: argparse.Namespace, console: Any, measurements: list[Any], env: dict[str, Any],
+            recorded: dict[str, Any], peak: Any, wall: float | None) -> int:
+    """The tables, bench.md and the plots of ``measurements``; the exit status."""
+    from ejk.bench._plot import plot, plotting_available
+    from ejk.bench._report import by_op_and_mode, headlines, markdown, table
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    device = str(env.get("device_kind", "?"))
     for (op, mode), group in by_op_and_mode(measurements).items():
-        console.print(table(group, f"{op} {mode} ({options.dtype}, {env['device_kind']})"))
+        console.print(table(group, f"{op} {mode} ({recorded.get('dtype', '?')}, {device})"))
     plots: list[Path] = []
     if not args.no_plot and plotting_available():
-        plots = plot(measurements, out, device=str(env["device_kind"]))
+        plots = plot(measurements, out, device=device)
     (out / "bench.md").write_text(markdown(measurements, env, recorded, peak, [str(p) for p in plots]) + "\n",
                                   encoding="utf-8")
     for line in headlines(measurements):
         console.print(f"[bold]{line}[/bold]")
     counts = {s: sum(m.status == s for m in measurements) for s in ("ok", "skipped", "failed", "oom")}
     summary = ", ".join(f"{v} {k}" for k, v in counts.items() if v)
-    console.print(f"{len(measurements)} lines ({summary}) in {wall:.0f} s; "
-                  f"wrote {out / 'bench.json'}, {out / 'bench.md'}" + (f" and {len(plots)} plot(s)" if plots else ""))
+    took = f" in {wall:.0f} s" if wall is not None else ""
+    console.print(f"{len(measurements)} lines ({summary}){took}; wrote {out / 'bench.md'}"
+                  + (f" and {len(plots)} plot(s)" if plots else "") + f" to {out}")
     return 0 if counts["ok"] else 1

@@ -12,7 +12,7 @@ from typing import Any
 from ejk.bench._peaks import Peak
 from ejk.bench._runner import Measurement
 
-__all__ = ["FORMAT", "by_op_and_mode", "headlines", "markdown", "table", "write_json"]
+__all__ = ["FORMAT", "by_op_and_mode", "headlines", "markdown", "read_json", "table", "write_json"]
 
 FORMAT = "ejk-bench"
 SCHEMA = 1
@@ -121,6 +121,18 @@ def write_json(path: Path, measurements: Sequence[Measurement], environment: dic
     tmp.write_text(json.dumps(_document(measurements, environment, options, peak, wall_s), indent=1, default=str)
                    + "\n", encoding="utf-8")
     tmp.replace(path)
+
+
+def read_json(path: Path) -> tuple[list[Measurement], dict[str, Any]]:
+    """The measurements and the rest of a file :func:`write_json` wrote.
+
+    Raises:
+        ValueError: when the file is not an ``ejk bench`` JSON file.
+    """
+    data = json.loads(path.read_text(encoding="utf-8"))
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        raise ValueError(f"{path} is not an `ejk bench` JSON file")
+    return [Measurement.from_json(m) for m in data.get("measurements", [])], data
 
 
 def markdown(measurements: Sequence[Measurement], environment: dict[str, Any], options: dict[str, Any],

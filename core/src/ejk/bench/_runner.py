@@ -106,6 +106,13 @@ class Measurement:
     def to_json(self) -> dict[str, Any]:
         return attrs.asdict(self, recurse=False) | {"times": list(self.times)}
 
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Measurement:
+        """The measurement :meth:`to_json` wrote (unknown keys are ignored)."""
+        names = {field.name for field in attrs.fields(cls)}
+        values = {k: v for k, v in data.items() if k in names}
+        return cls(**values | {"times": tuple(values.get("times") or ())})
+
 
 @attrs.frozen(kw_only=True)
 class _Line:

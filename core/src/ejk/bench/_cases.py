@@ -174,8 +174,9 @@ _TOKENS = 16384  # the attention sweep keeps batch x seq constant, so each point
 
 
 def _attention_preset() -> tuple[Case, ...]:
+    seqs = {False: (1024, 4096, 16384), True: (1024, 2048, 4096, 8192, 16384)}
     sweep = tuple(AttentionCase(batch=_TOKENS // s, seq=s, heads=16, dim=128, causal=c)
-                  for c in (False, True) for s in (1024, 2048, 4096, 8192, 16384))
+                  for c in (False, True) for s in seqs[c])
     d64 = tuple(AttentionCase(batch=4, seq=4096, heads=32, dim=64, causal=c) for c in (False, True))
     gqa = (AttentionCase(batch=4, seq=4096, heads=16, kv_heads=4, dim=128, causal=True),)
     return sweep + d64 + gqa
@@ -186,7 +187,6 @@ PRESETS: dict[str, tuple[Case, ...]] = {
     "attention": _attention_preset(),
     "decode": (
         *(PagedCase(seqs=s, ctx=c) for s in (8, 64) for c in (1024, 4096, 16384, 32768)),
-        PagedCase(seqs=32, ctx=8192),
         PagedCase(seqs=4, ctx=2048, q_len=256),  # chunked prefill
     ),
     "moe": (

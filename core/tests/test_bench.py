@@ -7,6 +7,7 @@ its gate becomes a line (not a crash), and the command writes its JSON, markdown
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -283,3 +284,17 @@ def test_aliases_cover_every_preset() -> None:
     for op, preset in _cases.PRESET_OF_OP.items():
         assert _cases.resolve_op(preset) == op
         assert all(case.op == op for case in bench.PRESETS[preset])
+
+
+def test_without_matplotlib_the_cli_says_how_to_get_plots(fakes: None, tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # importing it now raises ImportError
+    assert not _plot.plotting_available()
+    with pytest.raises(ImportError, match=r"pip install 'ejk-core\[plot\]'"):
+        _plot.plot([], tmp_path)
+    out = tmp_path / "bench"
+    assert cli.main(["bench", "--shapes", "matmul:16x16x16", "--mode", "fwd", "--quick", "--impl", "auto",
+                     "--out", str(out)]) == 0
+    assert "ejk-core[plot]" in capsys.readouterr().out
+    assert (out / "bench.json").is_file() and (out / "bench.md").is_file() and not list(out.glob("*.png"))

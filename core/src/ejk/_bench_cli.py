@@ -8,6 +8,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from rich.markup import escape
+
 __all__ = ["add_parser"]
 
 _DESCRIPTION = """\
@@ -83,9 +85,10 @@ def _options(args: argparse.Namespace) -> Any:
 def _progress_line(m: Any) -> str:
     from ejk.bench._report import _ms, _note, _rate
 
+    head = escape(f"  {m.op} {m.mode} {m.case} | {m.name}: ")
     if m.status == "ok":
-        return f"  {m.op} {m.mode} {m.case} | {m.name}: {_ms(m.median_s)} ms, {_rate(m)}"
-    return f"  {m.op} {m.mode} {m.case} | {m.name}: [yellow]{_note(m, width=140)}[/yellow]"
+        return head + escape(f"{_ms(m.median_s)} ms, {_rate(m)}")
+    return f"{head}[yellow]{escape(_note(m, width=140))}[/yellow]"
 
 
 def run(args: argparse.Namespace) -> int:
@@ -106,7 +109,7 @@ def run(args: argparse.Namespace) -> int:
         cases = _cases(args)
         options = _options(args)
     except ValueError as exc:
-        console.print(f"[red]ejk bench: {exc}[/red]")
+        console.print(f"[red]ejk bench: {escape(str(exc))}[/red]")
         return 2
     if not cases:
         console.print("[red]ejk bench: no shapes selected (check OP and --shapes)[/red]")
@@ -122,7 +125,7 @@ def run(args: argparse.Namespace) -> int:
     console.print(f"ejk bench: {len(cases)} shape(s) on {env['device_kind']} ({env['backend']}); "
                   f"peak: {peak.name if peak else 'unknown device'}; writing to {out}")
     if not args.no_plot and not plotting_available():
-        console.print(f"[yellow]{MISSING}[/yellow]")
+        console.print(f"[yellow]{escape(MISSING)}[/yellow]")
     start = time.perf_counter()
     done: list[Any] = []
 
@@ -147,7 +150,7 @@ def _render(args: argparse.Namespace, console: Any) -> int:
     try:
         measurements, data = read_json(args.from_json)
     except (OSError, ValueError) as exc:
-        console.print(f"[red]ejk bench --from-json: {exc}[/red]")
+        console.print(f"[red]ejk bench --from-json: {escape(str(exc))}[/red]")
         return 2
     found = data.get("peak")
     peak = None if not found else Peak(name=found["name"], match=(), tflops=found["tflops"],
@@ -173,7 +176,7 @@ def _finish(args: argparse.Namespace, console: Any, measurements: list[Any], env
     (out / "bench.md").write_text(markdown(measurements, env, recorded, peak, [str(p) for p in plots]) + "\n",
                                   encoding="utf-8")
     for line in headlines(measurements):
-        console.print(f"[bold]{line}[/bold]")
+        console.print(f"[bold]{escape(line)}[/bold]", highlight=False)
     counts = {s: sum(m.status == s for m in measurements) for s in ("ok", "skipped", "failed", "oom")}
     summary = ", ".join(f"{v} {k}" for k, v in counts.items() if v)
     took = f" in {wall:.0f} s" if wall is not None else ""

@@ -73,9 +73,10 @@ def _note(m: Measurement, width: int | None = 90) -> str:
 
 def table(measurements: Sequence[Measurement], title: str) -> Any:
     """A rich table of one (op, mode) group."""
+    from rich.markup import escape
     from rich.table import Table
 
-    out = Table(title=title, title_justify="left")
+    out = Table(title=escape(title), title_justify="left")
     for column, justify in (("shape", "left"), ("line", "left"), ("ms", "right"), ("IQR", "right"),
                             ("rate", "right"), ("vs best baseline", "right"), ("of peak", "right"),
                             ("compile s", "right"), ("note", "left")):
@@ -83,10 +84,10 @@ def table(measurements: Sequence[Measurement], title: str) -> Any:
     previous = None
     for m in measurements:
         style = _STATUS_STYLE.get(m.status, "white")
-        name = f"[bold]{m.name}[/bold]" if m.kind != "baseline" else m.name
-        out.add_row(m.case if m.case != previous else "", name, _ms(m.median_s), _spread(m), _rate(m), _ratio(m),
-                    _peak(m), _compile(m), f"[{style}]{_note(m)}[/{style}]" if m.status != "ok" else _note(m),
-                    end_section=False)
+        name = f"[bold]{escape(m.name)}[/bold]" if m.kind != "baseline" else escape(m.name)
+        note = escape(_note(m))
+        out.add_row(escape(m.case) if m.case != previous else "", name, _ms(m.median_s), _spread(m), _rate(m),
+                    _ratio(m), _peak(m), _compile(m), f"[{style}]{note}[/{style}]" if m.status != "ok" else note)
         previous = m.case
     return out
 

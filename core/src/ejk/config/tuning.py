@@ -42,7 +42,7 @@ from ejk.execution.kernel import bind_kernel
 if TYPE_CHECKING:
     from ejk.execution.kernel import Invocation, Kernel
 
-__all__ = ["AutotunePolicy", "Trial", "TuneResult", "autotune"]
+__all__ = ["AutotunePolicy", "Trial", "TuneResult", "autotune", "l2_flusher", "measure"]
 
 Cfg = TypeVar("Cfg")
 OBJECTIVES = ("forward", "forward_backward")

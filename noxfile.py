@@ -53,7 +53,7 @@ def typecheck(session: nox.Session) -> None:
 @nox.session(python=PYTHON)
 def tests_core(session: nox.Session) -> None:
     """ejk-core alone: its tests, asserting that no plugin is discovered."""
-    session.install(*TEST_DEPS, "./core")
+    session.install(*TEST_DEPS, "./core[plot]")  # the plot extra: `ejk bench` writes its PNGs in the tests
     _pytest(session, "core/tests", env={"EJK_EXPECT_NO_PLUGINS": "1"})
 
 
@@ -69,7 +69,7 @@ def tests_plugin(session: nox.Session, plugin: str) -> None:
 @nox.session(python=PYTHON)
 def integration(session: nox.Session) -> None:
     """Every distribution installed together: cross-distribution tests, ops end to end, the CLI."""
-    session.install(*TEST_DEPS, "./core", *(f"./plugins/ejk_{p}" for p in PLUGINS))
+    session.install(*TEST_DEPS, "./core[plot]", *(f"./plugins/ejk_{p}" for p in PLUGINS))
     _pytest(session, "tests", env={"EJK_EXPECT_PLUGINS": ",".join(PLUGINS)})
     session.run("ejk", "demo", "--size", "tiny", "--cache-dir", str(pathlib.Path(session.create_tmp()) / "cache"))
 

@@ -5,22 +5,34 @@
 set -uo pipefail
 OUT=${OUT:-/tmp/ejk-out}; mkdir -p "$OUT"
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
+if compgen -G ".whl-plot/*.whl" >/dev/null; then  # matplotlib for the plots of `ejk bench` (optional)
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl-plot/*.whl
+fi
 export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 EJK_CACHE_DIR=/tmp/ejk-cache
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/device.txt"
 python3 -c "import jax, ejk; print('jax', jax.__version__, 'ejk', ejk.__version__, jax.devices())" | tee -a "$OUT/device.txt"
 python3 -m ejk.cli plugins | tee "$OUT/plugins.txt"
-stage=${1:-all}  # all | tests | attention | moe | triton | pallas (several: run the script once per stage)
+stage=${1:-all}  # all | tests | bench | core | attention | moe | triton | pallas (several: run the script once per stage)
+# bench: `ejk bench` with its default presets (the committed results, benchmarks/results/bench_h100/);
+# attention / moe (not in all): `ejk bench` on those presets with every implementation's best config too.
 if [[ $stage == all || $stage == tests ]]; then
   timeout 420 python3 -m pytest -q -m gpu -p no:cacheprovider tests 2>&1 | tee "$OUT/gpu_tests.log" | tail -15
   timeout 300 python3 -m pytest -q -x -p no:cacheprovider plugins/ejk_xla/tests/test_flash_attention.py \
     plugins/ejk_xla/tests/test_ops.py 2>&1 | tee "$OUT/xla_suite_on_gpu.log" | tail -8
 fi
-if [[ $stage == all || $stage == attention ]]; then
-  timeout 500 python3 benchmarks/bench_attention_gpu.py 2>&1 | tee "$OUT/bench_attention_gpu.log" | tail -30
+if [[ $stage == all || $stage == bench ]]; then
+  timeout 540 python3 -m ejk.cli bench --out "$OUT/bench_h100" 2>&1 | tee "$OUT/bench.log" | tail -40
+fi
+if [[ $stage == all || $stage == core ]]; then
   timeout 120 python3 benchmarks/bench_core.py --out "$OUT/core_gpu.md" 2>&1 | tail -20
 fi
-if [[ $stage == all || $stage == moe ]]; then
-  timeout 500 python3 benchmarks/bench_moe_paged_gpu.py 2>&1 | tee "$OUT/bench_moe_paged_gpu.log" | tail -40
+if [[ $stage == attention ]]; then
+  timeout 590 python3 -m ejk.cli bench attention --best-config --out "$OUT/bench_attention" 2>&1 \
+    | tee "$OUT/bench_attention.log" | tail -40
+fi
+if [[ $stage == moe ]]; then
+  timeout 590 python3 -m ejk.cli bench decode moe --best-config --out "$OUT/bench_moe_decode" 2>&1 \
+    | tee "$OUT/bench_moe_decode.log" | tail -40
 fi
 if [[ $stage == all || $stage == triton ]]; then
   timeout 420 python3 -m pytest -q -m gpu -p no:cacheprovider plugins/ejk_triton/tests 2>&1 \

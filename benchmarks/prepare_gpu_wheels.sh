@@ -11,3 +11,10 @@ python3 -m pip download -q --no-deps --only-binary=:all: -d .whl "platformdirs>=
 # absl-py is its one pure-Python dependency the host may lack.
 python3 -m pip download -q --no-deps --only-binary=:all: -d .whl "jax-triton==0.3.1" "absl-py>=1.4"
 ls -la .whl
+# matplotlib for the PNG plots of `ejk bench` (ejk-core[plot]), for the host's Python 3.12, without numpy
+# (the host has its own). Kept apart in .whl-plot/ (about 24 MB): gpu_session.sh installs it when present.
+rm -rf .whl-plot && mkdir -p .whl-plot
+python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --platform manylinux_2_28_x86_64 \
+  --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl-plot \
+  "matplotlib>=3.7" contourpy cycler fonttools kiwisolver pillow pyparsing python-dateutil six
+ls -la .whl-plot

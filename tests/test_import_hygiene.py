@@ -33,7 +33,7 @@ print(json.dumps({
 """
 
 FORBIDDEN = ("triton", "jax_triton", "cutlass", "torch", "ejk_xla", "ejk_pallas", "ejk_triton", "ejk_cute",
-             "ejk_testplugin", "ejk.ops", "ejk.cli", "rich")
+             "ejk_testplugin", "ejk.ops", "ejk.cli", "rich", "ejk.bench", "matplotlib")
 
 
 def test_import_ejk_loads_no_plugin_and_no_toolkit(testplugin_site: Path, run_python: RunPython,

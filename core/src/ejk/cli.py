@@ -1,4 +1,4 @@
-"""The ``ejk`` command line: plugins, kernels, cache, doctor and demo."""
+"""The ``ejk`` command line: plugins, kernels, cache, doctor, demo, explain and bench."""
 
 from __future__ import annotations
 
@@ -365,10 +365,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("doctor", help="check the installation, plugins, signatures and cache directory")
     p.set_defaults(func=cmd_doctor)
 
-    from ejk import _demo, _explain_cli
+    from ejk import _bench_cli, _demo, _explain_cli
 
     _demo.add_parser(sub)
     _explain_cli.add_parser(sub)
+    _bench_cli.add_parser(sub)
     return parser
 
 

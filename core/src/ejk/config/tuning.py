@@ -42,7 +42,7 @@ from ejk.execution.kernel import bind_kernel
 if TYPE_CHECKING:
     from ejk.execution.kernel import Invocation, Kernel
 
-__all__ = ["AutotunePolicy", "Trial", "TuneResult", "autotune"]
+__all__ = ["AutotunePolicy", "Trial", "TuneResult", "autotune", "l2_flusher", "measure"]
 
 Cfg = TypeVar("Cfg")
 OBJECTIVES = ("forward", "forward_backward")
@@ -521,7 +521,7 @@ def _make_flusher(policy: AutotunePolicy, args: tuple[Any, ...]) -> _L2Flusher |
     return _L2Flusher(policy.l2_flush_bytes, device) if flush and policy.l2_flush_bytes > 0 else None
 
 
-def _sample(call: Callable[[], Any], calls: int, flush: _L2Flusher | None = None) -> float:
+def _sample(call: Callable[[], Any], calls: int, flush: Callable[[], None] | None = None) -> float:
     """Seconds per call of ``calls`` back-to-back calls, blocking only after the last."""
     if flush is not None:
         flush()
@@ -550,8 +550,30 @@ def _calls_per_sample(call: Callable[[], Any], policy: AutotunePolicy) -> int:
     return max(1, min(cap, math.ceil(target / max(per_call, 1e-9))))
 
 
+def measure(call: Callable[[], Any], policy: AutotunePolicy,
+            flush: Callable[[], None] | None = None) -> tuple[int, tuple[float, ...]]:
+    """Time ``call`` (a compiled executable bound to its inputs) as the tuner times a candidate.
+
+    ``policy.warmup`` untimed calls, then ``policy.repeats`` samples, each a loop of N
+    back-to-back calls blocking only at its end (N chosen so that a sample lasts about
+    ``policy.min_sample_seconds``), ``flush`` (e.g. :func:`l2_flusher`) called before each.
+
+    Returns:
+        ``(N, seconds per call of each sample)``.
+    """
+    for _ in range(policy.warmup):
+        jax.block_until_ready(call())
+    calls = _calls_per_sample(call, policy)
+    return calls, tuple(_sample(call, calls, flush) for _ in range(policy.repeats))
+
+
+def l2_flusher(policy: AutotunePolicy, args: tuple[Any, ...]) -> Callable[[], None] | None:
+    """The L2 flush of ``policy`` for calls on ``args``' device (``None``: no flush there)."""
+    return _make_flusher(policy, args)
+
+
 def _time_built(cfg: Cfg, built: _Built, args: tuple[Any, ...], policy: AutotunePolicy, check: _OutputCheck,
-                flush: _L2Flusher | None) -> Trial[Cfg]:
+                flush: Callable[[], None] | None) -> Trial[Cfg]:
     """Check a compiled candidate's first output, then time ``repeats`` loops of N calls."""
     compiled = built.compiled
 
@@ -563,10 +585,7 @@ def _time_built(cfg: Cfg, built: _Built, args: tuple[Any, ...], policy: Autotune
         problem = check(out)
         if problem is not None:
             return Trial(cfg=cfg, compile_seconds=built.seconds, error=problem)
-        for _ in range(policy.warmup):
-            jax.block_until_ready(call())
-        calls = _calls_per_sample(call, policy)
-        times = tuple(_sample(call, calls, flush) for _ in range(policy.repeats))
+        calls, times = measure(call, policy, flush)
     except Exception as exc:
         return Trial(cfg=cfg, compile_seconds=built.seconds, error=_error_text("run", exc))
     return Trial(cfg=cfg, seconds=statistics.median(times), times=times, calls_per_sample=calls,
@@ -667,7 +686,7 @@ def autotune(kernel: Kernel[Cfg, Any], inv: Invocation[Cfg], candidates: Sequenc
 
 
 def _trial(cfg: Cfg, built: _Built, args: tuple[Any, ...], policy: AutotunePolicy, check: _OutputCheck,
-           flush: _L2Flusher | None, budget: _Budget | None) -> Trial[Cfg]:
+           flush: Callable[[], None] | None, budget: _Budget | None) -> Trial[Cfg]:
     """One candidate's trial from its build: skipped by the budget, failed to compile, or timed."""
     if built.over_budget or (budget is not None and budget.spent()):
         note = budget.note() if budget is not None else "skipped: the tuning budget was spent"

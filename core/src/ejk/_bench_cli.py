@@ -1,0 +1,185 @@
+"""``ejk bench``: every implementation against the best external baselines, as tables, JSON and plots."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from rich.markup import escape
+
+__all__ = ["add_parser"]
+
+_DESCRIPTION = """\
+For each op and shape: every implementation that can run here (through the public op, its platform
+and implementation forced), platform='auto', optionally each implementation's best config, and the
+external baselines (jax.nn.dot_product_attention cudnn/xla, jax's Pallas GPU attention and paged
+attention, a @ b, lax.ragged_dot, a dense einsum over equal groups), all in one process on the
+same inputs. Writes bench.json (every number), bench.md and one PNG per op and mode to --out.
+
+OP: flash_attention (attention), ragged_paged_attention (decode), grouped_matmul (moe), matmul;
+default: all four, each with its preset shapes.
+--shapes: presets (attention, decode, moe, matmul) or specs:
+  attention:BxSxHxD[:causal,kv=Hkv]   decode:SEQSxCTX[:q=1,hq=32,hkv=8,d=128,page=64]
+  moe:GxKxNxM[:skewed]                matmul:MxKxN
+"""
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser("bench", help="every implementation against the best external baselines: table, JSON, plots",
+                       description=_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("ops", nargs="*", metavar="OP", help="ops to run (default: all)")
+    p.add_argument("--shapes", action="append", default=[], metavar="PRESET|SPEC",
+                   help="shapes instead of the ops' presets (repeatable; ';' separates several)")
+    p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"))
+    p.add_argument("--mode", default="all", choices=("fwd", "fwd+bwd", "all"),
+                   help="forward only, forward + backward, or both (default)")
+    p.add_argument("--out", default=None, help="output directory (default ./ejk-bench; with --from-json, the "
+                                                 "JSON file's directory)")
+    p.add_argument("--quick", action="store_true", help="tiny shapes and few samples: about a minute, CPU is fine")
+    p.add_argument("--impl", action="append", default=[], metavar="LABEL",
+                   help="only ejk lines whose implementation label starts with this (e.g. xla/gpu:cudnn, "
+                        "triton; 'auto' for platform='auto'); repeatable")
+    p.add_argument("--baseline", action="append", default=None, metavar="NAME",
+                   help="only baselines whose name starts with this (e.g. 'jax.nn'); 'none' for no baseline")
+    p.add_argument("--best-config", action="store_true",
+                   help="also tune each implementation over its config space and time the winner")
+    p.add_argument("--max-configs", type=int, default=8, help="configs tuned per implementation (default 8)")
+    p.add_argument("--tune-seconds", type=float, default=60.0, help="tuning budget per implementation (default 60)")
+    p.add_argument("--reps", type=int, default=None, help="timed samples per line (default 10, --quick 3)")
+    p.add_argument("--no-plot", action="store_true", help="write no PNG")
+    p.add_argument("--quiet", action="store_true", help="no progress lines, only the final tables")
+    p.add_argument("--from-json", metavar="FILE", type=Path,
+                   help="measure nothing: render the tables, bench.md and the plots of an earlier run's bench.json "
+                        "into --out (e.g. plots on a machine with matplotlib)")
+    p.set_defaults(func=run)
+
+
+def _cases(args: argparse.Namespace) -> list[Any]:
+    from ejk.bench import _cases
+
+    ops = [_cases.resolve_op(name) for name in args.ops]
+    if args.shapes:
+        cases = _cases.parse_shapes(args.shapes, quick=args.quick)
+        return [c for c in cases if not ops or c.op in ops]
+    presets = _cases.QUICK if args.quick else _cases.PRESETS
+    chosen = ops or list(_cases.PRESET_OF_OP)
+    return [case for op in dict.fromkeys(chosen) for case in presets[_cases.PRESET_OF_OP[op]]]
+
+
+def _options(args: argparse.Namespace) -> Any:
+    from ejk import AutotunePolicy
+    from ejk.bench import MODES, Options
+
+    reps = args.reps or (3 if args.quick else 10)
+    policy = AutotunePolicy(warmup=1 if args.quick else 2, repeats=max(1, reps),
+                            min_sample_seconds=0.002 if args.quick else 0.02, progress=False, persist=False)
+    baselines = None if args.baseline is None else tuple(b for b in args.baseline if b != "none")
+    return Options(dtype=args.dtype, modes=MODES if args.mode == "all" else (args.mode,), impls=tuple(args.impl),
+                   baselines=baselines, best_config=args.best_config, max_configs=max(1, args.max_configs),
+                   tune_seconds=args.tune_seconds, policy=policy)
+
+
+def _progress_line(m: Any) -> str:
+    from ejk.bench._report import _ms, _note, _rate
+
+    head = escape(f"  {m.op} {m.mode} {m.case} | {m.name}: ")
+    if m.status == "ok":
+        return head + escape(f"{_ms(m.median_s)} ms, {_rate(m)}")
+    return f"{head}[yellow]{escape(_note(m, width=140))}[/yellow]"
+
+
+def run(args: argparse.Namespace) -> int:
+    import attrs
+
+    from ejk._console import console as make_console
+    from ejk.bench import environment, peak_for
+    from ejk.bench import run as run_bench
+    from ejk.bench._plot import MISSING, plotting_available
+    from ejk.bench._report import write_json
+
+    console = make_console()
+    if args.out is None:
+        args.out = args.from_json.parent if args.from_json is not None else Path("ejk-bench")
+    if args.from_json is not None:
+        return _render(args, console)
+    try:
+        cases = _cases(args)
+        options = _options(args)
+    except ValueError as exc:
+        console.print(f"[red]ejk bench: {escape(str(exc))}[/red]")
+        return 2
+    if not cases:
+        console.print("[red]ejk bench: no shapes selected (check OP and --shapes)[/red]")
+        return 2
+    out = Path(args.out)
+    env = environment()
+    peak = peak_for(str(env["device_kind"]))
+    recorded = {"argv": sys.argv[1:], "quick": args.quick, "dtype": options.dtype, "modes": list(options.modes),
+                "impls": list(options.impls), "baselines": options.baselines, "best_config": options.best_config,
+                "cases": [c.label for c in cases],
+                **attrs.asdict(options.policy, filter=lambda a, v: a.name in (
+                    "warmup", "repeats", "min_sample_seconds", "flush_l2", "l2_flush_bytes"))}
+    console.print(f"ejk bench: {len(cases)} shape(s) on {env['device_kind']} ({env['backend']}); "
+                  f"peak: {peak.name if peak else 'unknown device'}; writing to {out}")
+    if not args.no_plot and not plotting_available():
+        console.print(f"[yellow]{escape(MISSING)}[/yellow]")
+    start = time.perf_counter()
+    done: list[Any] = []
+
+    def on_group(group: list[Any]) -> None:  # the JSON file is complete after every group
+        done.extend(group)
+        write_json(out / "bench.json", done, env, recorded, peak, time.perf_counter() - start)
+
+    def on_measurement(m: Any) -> None:
+        if not args.quiet:
+            console.print(_progress_line(m), highlight=False)
+
+    measurements = run_bench(cases, options, peak=peak, on_measurement=on_measurement, on_group=on_group)
+    wall = time.perf_counter() - start
+    write_json(out / "bench.json", measurements, env, recorded, peak, wall)
+    return _finish(args, console, measurements, env, recorded, peak, wall)
+
+
+def _render(args: argparse.Namespace, console: Any) -> int:
+    from ejk.bench._peaks import Peak
+    from ejk.bench._report import read_json
+
+    try:
+        measurements, data = read_json(args.from_json)
+    except (OSError, ValueError) as exc:
+        console.print(f"[red]ejk bench --from-json: {escape(str(exc))}[/red]")
+        return 2
+    found = data.get("peak")
+    peak = None if not found else Peak(name=found["name"], match=(), tflops=found["tflops"],
+                                       bandwidth_gbs=found["bandwidth_gbs"], source=found["source"])
+    return _finish(args, console, measurements, data.get("environment") or {}, data.get("options") or {}, peak,
+                   data.get("wall_seconds"))
+
+
+def _finish(args: argparse.Namespace, console: Any, measurements: list[Any], env: dict[str, Any],
+            recorded: dict[str, Any], peak: Any, wall: float | None) -> int:
+    """The tables, bench.md and the plots of ``measurements``; the exit status."""
+    from ejk.bench._plot import plot, plotting_available
+    from ejk.bench._report import by_op_and_mode, headlines, markdown, table
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    device = str(env.get("device_kind", "?"))
+    for (op, mode), group in by_op_and_mode(measurements).items():
+        console.print(table(group, f"{op} {mode} ({recorded.get('dtype', '?')}, {device})"))
+    plots: list[Path] = []
+    if not args.no_plot and plotting_available():
+        plots = plot(measurements, out, device=device)
+    (out / "bench.md").write_text(markdown(measurements, env, recorded, peak, [str(p) for p in plots]) + "\n",
+                                  encoding="utf-8")
+    for line in headlines(measurements):
+        console.print(f"[bold]{escape(line)}[/bold]", highlight=False)
+    counts = {s: sum(m.status == s for m in measurements) for s in ("ok", "skipped", "failed", "oom")}
+    summary = ", ".join(f"{v} {k}" for k, v in counts.items() if v)
+    took = f" in {wall:.0f} s" if wall is not None else ""
+    console.print(f"{len(measurements)} lines ({summary}){took}; wrote {out / 'bench.md'}"
+                  + (f" and {len(plots)} plot(s)" if plots else "") + f" to {out}")
+    return 0 if counts["ok"] else 1

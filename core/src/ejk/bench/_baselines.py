@@ -1,0 +1,249 @@
+"""External baselines: what a user would call instead of ejk, measured in the same process.
+
+A baseline is a small registry entry (:func:`register_baseline`): which op it stands in for,
+why it cannot run a case here (``None``: it can), and how to build its function and arguments
+from the case's inputs (conversions such as a page-layout transpose happen there, untimed).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Callable
+from typing import Any, Literal
+
+import attrs
+import jax
+import jax.numpy as jnp
+
+from ejk.bench._cases import AttentionCase, MoeCase, PagedCase
+from ejk.bench._workloads import Workload
+
+__all__ = ["BASELINES", "Baseline", "Prepared", "baselines_for", "register_baseline"]
+
+
+@attrs.frozen(kw_only=True)
+class Prepared:
+    """A baseline ready to time: ``fn(*args)``, differentiable in the arguments at ``diff``."""
+
+    fn: Callable[..., Any]
+    args: tuple[Any, ...]
+    diff: tuple[int, ...] = ()
+
+
+@attrs.frozen(kw_only=True)
+class Baseline:
+    """One external baseline.
+
+    Attributes:
+        name: Its line in the report, e.g. ``"jax.nn cudnn"``.
+        op: The ejk op it stands in for.
+        build: ``build(workload, inputs) -> Prepared`` from the op's inputs.
+        unsupported: ``unsupported(workload) -> str | None``: why it cannot run the case here.
+        comparable: ``comparable(workload) -> bool``: whether it computes the same thing, so that
+            it counts for the "ratio to the best baseline" (an upper bound that does not is shown
+            but not compared against).
+        note: What it is, for the report.
+    """
+
+    name: str
+    op: str
+    build: Callable[[Workload, tuple[Any, ...]], Prepared] = attrs.field(eq=False)
+    unsupported: Callable[[Workload], str | None] = attrs.field(default=lambda w: None, eq=False)
+    comparable: Callable[[Workload], bool] = attrs.field(default=lambda w: True, eq=False)
+    note: str = ""
+
+
+#: Every registered baseline, in registration order.
+BASELINES: list[Baseline] = []
+
+
+def register_baseline(baseline: Baseline) -> Baseline:
+    """Add ``baseline`` (replacing one of the same name and op)."""
+    BASELINES[:] = [b for b in BASELINES if (b.name, b.op) != (baseline.name, baseline.op)]
+    BASELINES.append(baseline)
+    return baseline
+
+
+def baselines_for(op: str) -> list[Baseline]:
+    """The baselines of ``op``."""
+    return [b for b in BASELINES if b.op == op]
+
+
+def _on_gpu() -> bool:
+    return jax.default_backend() == "gpu"
+
+
+def _needs_gpu(what: str) -> Callable[[Workload], str | None]:
+    def unsupported(workload: Workload) -> str | None:
+        return None if _on_gpu() else f"{what} needs an NVIDIA GPU"
+
+    return unsupported
+
+
+def _has_module(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+# -- flash_attention --------------------------------------------------------------------------------
+
+
+def _jax_nn(implementation: Literal["xla", "cudnn"]) -> Callable[[Workload, tuple[Any, ...]], Prepared]:
+    def build(workload: Workload, inputs: tuple[Any, ...]) -> Prepared:
+        causal = bool(getattr(workload.case, "causal", False))
+
+        def fn(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
+            return jax.nn.dot_product_attention(q, k, v, is_causal=causal, implementation=implementation)
+
+        return Prepared(fn=fn, args=inputs, diff=(0, 1, 2))
+
+    return build
+
+
+def _pallas_mha(workload: Workload, inputs: tuple[Any, ...]) -> Prepared:
+    from jax.experimental.pallas.ops.gpu import attention
+
+    case = workload.case
+    assert isinstance(case, AttentionCase)
+
+    def fn(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
+        return attention.mha(q, k, v, None, sm_scale=case.dim ** -0.5, causal=case.causal)  # type: ignore[no-any-return]
+
+    return Prepared(fn=fn, args=inputs, diff=(0, 1, 2))
+
+
+def _pallas_mha_unsupported(workload: Workload) -> str | None:
+    if not _on_gpu():
+        return "jax's Pallas GPU attention needs an NVIDIA GPU"
+    if not _has_module("jax.experimental.pallas.ops.gpu.attention"):
+        return f"jax {jax.__version__} ships no jax.experimental.pallas.ops.gpu.attention"
+    case = workload.case
+    if isinstance(case, AttentionCase) and case.kv_heads != case.heads:
+        return "jax's Pallas mha needs as many kv heads as q heads (no GQA)"
+    return None
+
+
+# -- ragged_paged_attention --------------------------------------------------------------------------
+
+
+def _dense_paged(workload: Workload, inputs: tuple[Any, ...]) -> Prepared:
+    """Gather each sequence's pages into ``[S, ctx, Hkv, D]``, repeat kv heads, ``jax.nn`` (xla).
+
+    The gather is inside the timed call (it is what the dense path costs).
+    """
+    case = workload.case
+    assert isinstance(case, PagedCase)
+    groups = case.hq // case.hkv
+    q_pos = case.ctx - case.q_len + jnp.arange(case.q_len)
+    mask = (jnp.arange(case.ctx)[None, :] <= q_pos[:, None])[None, None]  # bottom-right causal
+
+    def fn(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array, page_indices: jax.Array) -> jax.Array:
+        dims = (case.seqs, -1, case.hkv, case.dim)
+        k = jnp.repeat(k_pages[page_indices].reshape(dims)[:, : case.ctx], groups, axis=2)
+        v = jnp.repeat(v_pages[page_indices].reshape(dims)[:, : case.ctx], groups, axis=2)
+        out = jax.nn.dot_product_attention(q.reshape(case.seqs, case.q_len, case.hq, case.dim), k, v,
+                                           mask=mask, scale=case.dim ** -0.5, implementation="xla")
+        return out.reshape(q.shape)
+
+    q, k_pages, v_pages, _, page_indices, *_ = inputs
+    return Prepared(fn=fn, args=(q, k_pages, v_pages, page_indices))
+
+
+def _pallas_paged(workload: Workload, inputs: tuple[Any, ...]) -> Prepared:
+    from jax.experimental.pallas.ops.gpu import paged_attention
+
+    case = workload.case
+    assert isinstance(case, PagedCase)
+    q, k_pages, v_pages, kv_lens, page_indices, *_ = inputs
+    pages_per_seq = page_indices.shape[1]
+    k_splits = max(d for d in (16, 8, 4, 2, 1) if pages_per_seq % d == 0)
+    # Its layout is [Hkv, pages, page, D] and it does not scale the logits: both done here, untimed.
+    k_heads_first = jnp.transpose(k_pages, (2, 0, 1, 3))
+    v_heads_first = jnp.transpose(v_pages, (2, 0, 1, 3))
+    q_scaled = (q.astype(jnp.float32) * case.dim ** -0.5).astype(q.dtype)
+
+    def fn(q: jax.Array, k: jax.Array, v: jax.Array, table: jax.Array, lengths: jax.Array) -> jax.Array:
+        return paged_attention.paged_attention(q, k, v, table, lengths, k_splits=k_splits)  # type: ignore[no-any-return]
+
+    return Prepared(fn=fn, args=(q_scaled, k_heads_first, v_heads_first, page_indices, kv_lens))
+
+
+def _pallas_paged_unsupported(workload: Workload) -> str | None:
+    if not _on_gpu():
+        return "jax's Pallas GPU paged attention needs an NVIDIA GPU"
+    if not _has_module("jax.experimental.pallas.ops.gpu.paged_attention"):
+        return f"jax {jax.__version__} ships no jax.experimental.pallas.ops.gpu.paged_attention"
+    case = workload.case
+    if isinstance(case, PagedCase) and not case.decode:
+        return "jax's Pallas paged attention is decode only (one query per sequence)"
+    return None
+
+
+# -- grouped_matmul ----------------------------------------------------------------------------------
+
+
+def _ragged_dot(workload: Workload, inputs: tuple[Any, ...]) -> Prepared:
+    def fn(lhs: jax.Array, rhs: jax.Array, sizes: jax.Array) -> jax.Array:
+        return jax.lax.ragged_dot(lhs, rhs, sizes, precision=jax.lax.Precision.DEFAULT)
+
+    return Prepared(fn=fn, args=inputs, diff=(0, 1))
+
+
+def _dense_equal_groups(workload: Workload, inputs: tuple[Any, ...]) -> Prepared:
+    """``einsum`` over ``[g, m/g, k] x [g, k, n]``: equal groups, the same FLOPs."""
+    lhs, rhs, _ = inputs
+    g = rhs.shape[0]
+
+    def fn(lhs: jax.Array, rhs: jax.Array) -> jax.Array:
+        out = jnp.einsum("gtk,gkn->gtn", lhs.reshape(g, lhs.shape[0] // g, lhs.shape[1]), rhs,
+                         precision=jax.lax.Precision.DEFAULT)
+        return out.reshape(lhs.shape[0], rhs.shape[2])
+
+    return Prepared(fn=fn, args=(lhs, rhs), diff=(0, 1))
+
+
+def _equal_groups_unsupported(workload: Workload) -> str | None:
+    case = workload.case
+    if isinstance(case, MoeCase) and case.tokens % case.experts:
+        return f"m={case.tokens} is not a multiple of g={case.experts}"
+    return None
+
+
+def _equal_groups_comparable(workload: Workload) -> bool:
+    case = workload.case
+    return isinstance(case, MoeCase) and not case.skewed
+
+
+# -- matmul -----------------------------------------------------------------------------------------
+
+
+def _matmul(workload: Workload, inputs: tuple[Any, ...]) -> Prepared:
+    def fn(a: jax.Array, b: jax.Array) -> jax.Array:
+        return a @ b
+
+    return Prepared(fn=fn, args=inputs, diff=(0, 1))
+
+
+for _baseline in (
+    Baseline(name="jax.nn cudnn", op="flash_attention", build=_jax_nn("cudnn"),
+             unsupported=_needs_gpu("jax.nn.dot_product_attention(implementation='cudnn')"),
+             note="jax.nn.dot_product_attention(implementation='cudnn')"),
+    Baseline(name="jax.nn xla", op="flash_attention", build=_jax_nn("xla"),
+             note="jax.nn.dot_product_attention(implementation='xla'): materialised logits"),
+    Baseline(name="jax pallas mha", op="flash_attention", build=_pallas_mha, unsupported=_pallas_mha_unsupported,
+             note="jax.experimental.pallas.ops.gpu.attention.mha, default blocks"),
+    Baseline(name="jax pallas paged", op="ragged_paged_attention", build=_pallas_paged,
+             unsupported=_pallas_paged_unsupported,
+             note="jax.experimental.pallas.ops.gpu.paged_attention (decode), default blocks"),
+    Baseline(name="dense gather + jax.nn xla", op="ragged_paged_attention", build=_dense_paged,
+             note="gather the pages, repeat kv heads, jax.nn.dot_product_attention(implementation='xla')"),
+    Baseline(name="lax.ragged_dot", op="grouped_matmul", build=_ragged_dot, note="jax.lax.ragged_dot"),
+    Baseline(name="dense einsum (equal groups)", op="grouped_matmul", build=_dense_equal_groups,
+             unsupported=_equal_groups_unsupported, comparable=_equal_groups_comparable,
+             note="einsum over [g, m/g, k] x [g, k, n]: the same FLOPs over equal groups "
+                  "(an upper bound for skewed groups, not compared against)"),
+    Baseline(name="a @ b", op="matmul", build=_matmul, note="jnp.matmul at default precision"),
+):
+    register_baseline(_baseline)

@@ -1,0 +1,300 @@
+"""``ejk bench`` with fake implementations of ``matmul`` (core alone: no plugin installed).
+
+A fast and a slow implementation come out in the right order, one that raises or is refused by
+its gate becomes a line (not a crash), and the command writes its JSON, markdown and PNG files.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import attrs
+import jax
+import jax.numpy as jnp
+import pytest
+
+import ejk
+import ejk.plugins
+from ejk import bench, cli
+from ejk.bench import _cases, _peaks, _plot, _report, _runner
+from ejk.ops._matmul import MATMUL
+from ejk.plugins import PlatformStatus
+from ejk.registry import KernelRegistry
+
+
+@attrs.frozen(kw_only=True)
+class FastCfg:
+    unroll: int = 1
+
+
+QUICK_POLICY = ejk.AutotunePolicy(warmup=1, repeats=5, min_sample_seconds=0.002, progress=False, persist=False)
+
+
+def fast(a: jax.Array, b: jax.Array, *, precision: Any, preferred_element_type: Any, cfg: Any = None) -> jax.Array:
+    return jnp.matmul(a, b, preferred_element_type=jnp.float32).astype(preferred_element_type)
+
+
+def slow(a: jax.Array, b: jax.Array, *, precision: Any, preferred_element_type: Any, cfg: Any = None) -> jax.Array:
+    big = jnp.tile(a.astype(jnp.float32), (8, 8))  # burns ~1000x the work, then adds nothing to the result
+    burn = jax.lax.fori_loop(0, 6, lambda _, m: jnp.tanh(m @ m), big)
+    return (fast(a, b, precision=precision, preferred_element_type=jnp.float32) + 0.0 * jnp.sum(burn)).astype(
+        preferred_element_type)
+
+
+def broken(a: jax.Array, b: jax.Array, **_: Any) -> jax.Array:
+    raise RuntimeError("this kernel exploded")
+
+
+def refuses(a: Any, b: Any, **_: Any) -> str:
+    return "needs a device this machine does not have"
+
+
+@pytest.fixture
+def fakes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Four ``matmul`` implementations in the private plugin host of conftest, behind the public op."""
+    host = ejk.plugins.get_plugin_host()
+
+    class Fakes:
+        @ejk.hookimpl
+        def ejk_register_kernels(self, register: Any) -> None:
+            register("matmul", "fakeplat", "any", name="slow", priority=3)(slow)
+            register("matmul", "fakeplat", "any", name="fast", priority=2, cfg_type=FastCfg,
+                     config_space=lambda **_: [FastCfg(unroll=1), FastCfg(unroll=2)],
+                     heuristic=lambda **_: FastCfg(unroll=2))(fast)
+            register("matmul", "fakeplat", "any", name="broken", priority=1)(broken)
+            register("matmul", "fakeplat", "any", name="gated", capability=refuses)(fast)
+
+        @ejk.hookimpl
+        def ejk_platform_status(self) -> PlatformStatus:
+            return PlatformStatus(platform="fakeplat", available=True)
+
+    host.register_plugin(Fakes(), "fakes", distribution="fake-dist", version="9.9")
+    monkeypatch.setattr(MATMUL, "registry", host.registry)
+
+
+def _by_name(group: list[bench.Measurement]) -> dict[str, bench.Measurement]:
+    return {m.name: m for m in group}
+
+
+def test_fast_and_slow_come_out_in_order_and_failures_are_lines(fakes: None) -> None:
+    case = bench.MatmulCase(m=64, k=64, n=64)
+    peak = _peaks.Peak(name="toy", match=("cpu",), tflops={"float32": 1.0}, bandwidth_gbs=1.0, source="test")
+    found = bench.run([case], bench.Options(dtype="float32", modes=("fwd", "fwd+bwd"), policy=QUICK_POLICY),
+                      peak=peak)
+    for mode in ("fwd", "fwd+bwd"):
+        group = [m for m in found if m.mode == mode]
+        lines = _by_name(group)
+        assert set(lines) == {"ejk fakeplat/any:slow", "ejk fakeplat/any:fast", "ejk fakeplat/any:broken",
+                              "ejk fakeplat/any:gated", "ejk auto", "a @ b"}
+        order = [m.name for m in group]
+        assert order.index("ejk fakeplat/any:fast") < order.index("ejk fakeplat/any:slow")
+        fast_line, slow_line = lines["ejk fakeplat/any:fast"], lines["ejk fakeplat/any:slow"]
+        assert fast_line.rate is not None and slow_line.rate is not None and fast_line.rate > 3 * slow_line.rate
+        assert slow_line.median_s is not None and fast_line.median_s is not None
+        assert slow_line.median_s > fast_line.median_s
+        # Failures are lines with a status and the reason, after every measured line.
+        assert lines["ejk fakeplat/any:broken"].status == "failed"
+        assert "this kernel exploded" in (lines["ejk fakeplat/any:broken"].error or "")
+        assert lines["ejk fakeplat/any:gated"].status == "skipped"
+        assert "does not have" in (lines["ejk fakeplat/any:gated"].error or "")
+        assert [m.status for m in group][-2:] != ["ok", "ok"] and all(
+            m.status == "ok" for m in group[: order.index("ejk fakeplat/any:slow") + 1])
+        # Every measured line: compile time apart, spread, FLOPs, a ratio to the baseline, a fraction of peak.
+        baseline = lines["a @ b"]
+        assert baseline.ratio == pytest.approx(1.0)
+        for m in (fast_line, slow_line, baseline, lines["ejk auto"]):
+            assert m.status == "ok" and m.compile_s is not None and m.compile_s > 0
+            assert m.iqr_s is not None and m.min_s is not None and m.max_s is not None and len(m.times) == 5
+            assert m.min_s <= m.median_s <= m.max_s  # type: ignore[operator]
+            assert m.work == 2 * 64**3 * (3 if mode == "fwd+bwd" else 1) and m.unit == "TFLOP/s"
+            assert m.ratio == pytest.approx(m.rate / baseline.rate)  # type: ignore[operator]
+            assert m.peak_fraction == pytest.approx(m.rate)  # a peak of 1 TFLOP/s
+        # platform="auto" takes the highest-priority usable implementation, and says so.
+        assert lines["ejk auto"].implementation == "fakeplat/any:slow"
+    fwd = _by_name([m for m in found if m.mode == "fwd"])
+    assert fwd["ejk fakeplat/any:fast"].max_abs_diff == pytest.approx(0.0, abs=1e-4)
+    assert fwd["ejk fakeplat/any:fast"].diff_against == "a @ b"
+
+
+def test_impl_and_baseline_filters_and_best_config(fakes: None) -> None:
+    options = bench.Options(dtype="float32", modes=("fwd",), impls=("fakeplat/any:fast", "auto"), baselines=(),
+                            best_config=True, policy=QUICK_POLICY)
+    found = _by_name(bench.run([bench.MatmulCase(m=16, k=16, n=16)], options))
+    assert set(found) == {"ejk fakeplat/any:fast", "ejk fakeplat/any:fast best", "ejk auto", "ejk auto tuned"}
+    assert all(m.status == "ok" and m.ratio is None for m in found.values())  # no baseline: no ratio
+    assert found["ejk fakeplat/any:fast"].config == "FastCfg(unroll=2)"  # the heuristic's config
+    best = found["ejk fakeplat/any:fast best"]
+    assert best.kind == "ejk-best" and best.config in ("FastCfg(unroll=1)", "FastCfg(unroll=2)")
+    assert best.note is not None and best.note.startswith("2 candidates: 2 timed")
+    # Tuning platform="auto" compares every implementation: the fast one wins, the broken one cannot.
+    tuned = found["ejk auto tuned"]
+    assert tuned.implementation == "fakeplat/any:fast" and "1 failed" in (tuned.note or "")
+
+
+def test_cli_writes_json_markdown_and_png(fakes: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "bench"
+    code = cli.main(["bench", "matmul", "--shapes", "matmul:32x32x32;matmul:64x64x64", "--dtype", "float32",
+                     "--mode", "fwd", "--quick", "--out", str(out)])
+    assert code == 0
+    text = capsys.readouterr().out
+    assert "matmul fwd" in text and "this kernel exploded" in text
+    data = json.loads((out / "bench.json").read_text())
+    assert data["format"] == "ejk-bench" and data["environment"]["device_kind"] == jax.devices()[0].device_kind
+    assert data["environment"]["versions"]["jax"] == jax.__version__
+    assert data["environment"]["versions"]["fake-dist"] == "9.9"
+    assert data["options"]["cases"] == ["32x32x32", "64x64x64"] and data["options"]["quick"] is True
+    rows = data["measurements"]
+    assert {r["case"] for r in rows} == {"32x32x32", "64x64x64"}
+    assert {r["status"] for r in rows} == {"ok", "failed", "skipped"}
+    markdown = (out / "bench.md").read_text()
+    assert "| 64x64x64 | ejk fakeplat/any:fast |" in markdown and "failed: run failed" not in markdown
+    if not _plot.plotting_available():
+        pytest.skip("matplotlib is not installed (nox installs ejk-core[plot] for this test)")
+    png = out / "matmul_fwd.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+    assert "![matmul_fwd](matmul_fwd.png)" in markdown
+
+
+def test_cli_renders_an_earlier_run_from_its_json(fakes: None, tmp_path: Path) -> None:
+    first = tmp_path / "gpu-run"
+    assert cli.main(["bench", "--shapes", "matmul:32x32x32", "--mode", "fwd", "--quick", "--no-plot",
+                     "--impl", "fakeplat/any:fast", "--out", str(first)]) == 0
+    assert not list(first.glob("*.png"))
+    again = tmp_path / "rendered"
+    assert cli.main(["bench", "--from-json", str(first / "bench.json"), "--out", str(again)]) == 0
+    rendered = (again / "bench.md").read_text().splitlines()
+    assert rendered[: len(first_md := (first / "bench.md").read_text().splitlines())] == first_md  # plus the plots
+    if _plot.plotting_available():
+        assert (again / "matmul_fwd.png").is_file()
+    (tmp_path / "other.json").write_text("{}")
+    assert cli.main(["bench", "--from-json", str(tmp_path / "other.json")]) == 2
+
+
+def test_cli_rejects_bad_arguments(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    assert cli.main(["bench", "convolution", "--out", str(tmp_path)]) == 2
+    assert "unknown op 'convolution'" in capsys.readouterr().out
+    assert cli.main(["bench", "--shapes", "attention:4x4096x16", "--out", str(tmp_path)]) == 2
+    assert "BxSxHxD" in capsys.readouterr().out
+
+
+def test_an_op_without_implementations_is_a_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(MATMUL, "registry", KernelRegistry())
+    found = bench.run([bench.MatmulCase(m=8, k=8, n=8)],
+                      bench.Options(dtype="float32", modes=("fwd",), policy=QUICK_POLICY))
+    lines = _by_name(found)
+    assert set(lines) == {"ejk auto", "a @ b"}
+    assert lines["ejk auto"].status == "failed" and "ejk-xla" in (lines["ejk auto"].error or "")
+    assert lines["a @ b"].status == "ok"
+
+
+# -- shapes, work, peaks --------------------------------------------------------------------------------
+
+
+def test_presets_hold_the_issue_shapes() -> None:
+    attention = bench.PRESETS["attention"]
+    assert bench.AttentionCase(batch=4, seq=4096, heads=16, dim=128, causal=True) in attention
+    assert bench.AttentionCase(batch=4, seq=4096, heads=16, dim=128, causal=False) in attention
+    assert bench.AttentionCase(batch=2, seq=8192, heads=16, dim=128, causal=True) in attention
+    assert {c.dim for c in attention} == {64, 128} and any(c.heads == 4 * c.kv_heads for c in attention)  # type: ignore[attr-defined]
+    assert len({c.series for c in attention if c.seq != 4096}) >= 2  # sweeps for the plots
+    decode = [c for c in bench.PRESETS["decode"] if c.decode]  # type: ignore[attr-defined]
+    assert {c.seqs for c in decode} >= {8, 64} and min(c.ctx for c in decode) == 1024  # type: ignore[attr-defined]
+    assert max(c.ctx for c in decode) == 32768  # type: ignore[attr-defined]
+    moe = bench.PRESETS["moe"]
+    for skewed in (False, True):
+        assert bench.MoeCase(experts=64, k=2048, n=1536, tokens=32768, skewed=skewed) in moe
+    assert bench.MatmulCase(m=4096, k=4096, n=4096) in bench.PRESETS["matmul"]
+    assert bench.MatmulCase(m=8192, k=8192, n=8192) in bench.PRESETS["matmul"]
+    assert set(bench.QUICK) == set(bench.PRESETS)
+
+
+@pytest.mark.parametrize(("spec", "expected"), [
+    ("attention:2x1024x8x64:causal,kv=2", bench.AttentionCase(batch=2, seq=1024, heads=8, kv_heads=2, dim=64,
+                                                               causal=True)),
+    ("flash_attention:1x128x4x32", bench.AttentionCase(batch=1, seq=128, heads=4, dim=32)),
+    ("decode:8x4096", bench.PagedCase(seqs=8, ctx=4096)),
+    ("decode:4x2048:q=256,hq=16,hkv=4,d=64,page=32",
+     bench.PagedCase(seqs=4, ctx=2048, q_len=256, hq=16, hkv=4, dim=64, page=32)),
+    ("moe:64x2048x1536x32768:skewed", bench.MoeCase(experts=64, k=2048, n=1536, tokens=32768, skewed=True)),
+    ("gmm:8x64x32x256", bench.MoeCase(experts=8, k=64, n=32, tokens=256)),
+    ("matmul:16x4096x14336", bench.MatmulCase(m=16, k=4096, n=14336)),
+])
+def test_shape_specs(spec: str, expected: bench.Case) -> None:
+    assert bench.parse_case(spec) == expected
+    assert bench.parse_shapes([f"matmul; {spec}"]) == [*bench.PRESETS["matmul"], expected]
+
+
+@pytest.mark.parametrize(("spec", "message"), [
+    ("attention:4x4096x16", "BxSxHxD"), ("matmul:0x4x4", "MxKxN"), ("conv:1x2", "unknown op"),
+    ("decode:8x4096:heads=3", "unknown option"), ("matmul:8x8x8:kv=x", "unknown option"), ("nonsense", "not a preset"),
+])
+def test_bad_shape_specs_say_what_is_expected(spec: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        bench.parse_shapes([spec])
+
+
+def test_work_counts() -> None:
+    full = bench.workload_for(bench.AttentionCase(batch=2, seq=128, heads=4, dim=64), "bfloat16")
+    causal = bench.workload_for(bench.AttentionCase(batch=2, seq=128, heads=4, dim=64, causal=True), "bfloat16")
+    assert full.work("fwd") == (4 * 2 * 4 * 128 * 128 * 64, "TFLOP/s")
+    assert causal.work("fwd")[0] == full.work("fwd")[0] / 2
+    assert causal.work("fwd+bwd")[0] == 3.5 * causal.work("fwd")[0]
+    decode = bench.workload_for(bench.PagedCase(seqs=8, ctx=1024, hkv=8, dim=128), "bfloat16")
+    assert decode.work("fwd") == (2 * 8 * 1024 * 8 * 128 * 2, "GB/s") and decode.modes == ("fwd",)
+    prefill = bench.workload_for(bench.PagedCase(seqs=1, ctx=4, q_len=2, hq=1, hkv=1, dim=1), "float32")
+    assert prefill.work("fwd") == (4.0 * (3 + 4), "TFLOP/s")  # the two queries see 3 and 4 keys
+    moe = bench.workload_for(bench.MoeCase(experts=4, k=8, n=16, tokens=100, skewed=True), "bfloat16")
+    sizes = moe.group_sizes()  # type: ignore[attr-defined]
+    assert sizes.sum() == 100 and len(sizes) == 4 and sizes.min() >= 0 and len(set(sizes.tolist())) > 1
+    assert moe.work("fwd+bwd") == (3 * 2 * 100 * 8 * 16, "TFLOP/s")
+
+
+def test_peaks_by_device_kind() -> None:
+    h100 = bench.peak_for("NVIDIA H100 80GB HBM3")
+    assert h100 is not None and h100.compute("bfloat16") == pytest.approx(989.4)
+    assert h100.bandwidth_gbs == 3350 and "H100" in h100.source
+    assert bench.peak_for("NVIDIA H100 PCIe").bandwidth_gbs == 2000  # type: ignore[union-attr]
+    assert bench.peak_for("NVIDIA H200").bandwidth_gbs == 4800  # type: ignore[union-attr]
+    assert bench.peak_for("NVIDIA A100-SXM4-80GB").compute("bfloat16") == 312  # type: ignore[union-attr]
+    assert bench.peak_for("cpu") is None and bench.peak_for("TPU v5 lite") is None
+
+
+def test_out_of_memory_is_its_own_status() -> None:
+    assert _runner._failure("run", RuntimeError("RESOURCE_EXHAUSTED: Out of memory allocating 8GiB"))[0] == "oom"
+    assert _runner._failure("run", ValueError("bad"))[0] == "failed"
+
+
+def test_headlines_and_markdown_of_measurements() -> None:
+    def line(name: str, kind: str, rate: float, ratio: float) -> bench.Measurement:
+        return bench.Measurement(op="matmul", case="8x8x8", series="square", x=8, mode="fwd", name=name, kind=kind,
+                                 status="ok", rate=rate, ratio=ratio, unit="TFLOP/s", median_s=1e-3, iqr_s=1e-5)
+
+    group = [line("ejk auto", "ejk-auto", 2.0, 0.5), line("a @ b", "baseline", 4.0, 1.0),
+             attrs.evolve(line("ejk x", "ejk", 0, 0), status="failed", rate=None, ratio=None, error="boom | bad")]
+    assert _report.headlines(group) == ["matmul fwd: ejk auto at 0.50x the best baseline (median of 1 shapes, "
+                                        "0.50–0.50x)"]
+    text = _report.markdown(group, {"versions": {"jax": "1"}, "date": "d"}, {"dtype": "bfloat16"}, None)
+    assert "| 8x8x8 | a @ b | 1.000 |" in text and "failed: boom \\| bad" in text and "jax 1" in text
+
+
+def test_aliases_cover_every_preset() -> None:
+    for op, preset in _cases.PRESET_OF_OP.items():
+        assert _cases.resolve_op(preset) == op
+        assert all(case.op == op for case in bench.PRESETS[preset])
+
+
+def test_without_matplotlib_the_cli_says_how_to_get_plots(fakes: None, tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # importing it now raises ImportError
+    assert not _plot.plotting_available()
+    with pytest.raises(ImportError, match=r"pip install 'ejk-core\[plot\]'"):
+        _plot.plot([], tmp_path)
+    out = tmp_path / "bench"
+    assert cli.main(["bench", "--shapes", "matmul:16x16x16", "--mode", "fwd", "--quick", "--impl", "auto",
+                     "--out", str(out)]) == 0
+    assert "ejk-core[plot]" in capsys.readouterr().out
+    assert (out / "bench.json").is_file() and (out / "bench.md").is_file() and not list(out.glob("*.png"))

@@ -1,0 +1,38 @@
+"""``ejk bench`` on an NVIDIA GPU (marker `gpu`): every baseline runs, and ejk's lines agree with them."""
+
+from __future__ import annotations
+
+import jax
+import pytest
+
+import ejk
+from ejk import bench
+
+pytestmark = pytest.mark.gpu
+
+SHAPES = ["attention:2x1024x8x64:causal", "attention:2x1024x8x128:causal,kv=2", "decode:8x1024:hq=16,hkv=4",
+          "decode:2x512:q=64,hq=16,hkv=4", "moe:8x256x256x2048", "moe:8x256x256x2048:skewed", "matmul:1024x1024x1024"]
+
+
+def test_every_line_runs_on_the_gpu() -> None:
+    policy = ejk.AutotunePolicy(warmup=1, repeats=3, min_sample_seconds=0.002, progress=False, persist=False)
+    found = bench.run(bench.parse_shapes(SHAPES), bench.Options(policy=policy),
+                      peak=bench.peak_for(str(jax.devices()[0].device_kind)))
+    by_line = {(m.case, m.mode, m.name): m for m in found}
+    gqa = "[2,1024,8,128] kv=2 causal"
+    for (case, mode, name), m in by_line.items():
+        if m.kind == "baseline":
+            expected_skip = ((name == "jax pallas mha" and case == gqa)  # no GQA
+                             or (name == "jax pallas paged" and "prefill" in case))  # decode only
+            assert (m.status == "skipped") == expected_skip, m
+        elif m.status != "ok":  # an ejk line that does not run says why: gate, or platform unavailable
+            assert m.status == "skipped" and m.error, m
+        if m.status == "ok":
+            assert m.rate and m.rate > 0 and m.compile_s is not None
+            if m.comparable and m.ratio is None:
+                pytest.fail(f"no ratio for {m}")
+        if mode == "fwd" and m.max_abs_diff is not None and m.comparable:
+            assert m.max_abs_diff < 0.1, m  # bf16 outputs against the first baseline's
+    assert by_line[("[2,1024,8,64] causal", "fwd", "ejk auto")].implementation == "xla/gpu:cudnn"
+    decode = by_line[("S=8 ctx=1024 decode", "fwd", "jax pallas paged")]
+    assert decode.status == "ok" and decode.unit == "GB/s" and decode.peak_fraction is not None

@@ -31,6 +31,8 @@ from ejk.tiling import cdiv as _cdiv
 from ejk.tiling import fit_block as _fit
 from ejk.tiling import padded_dim as _head_dim
 from ejk_triton import _env
+from ejk_triton._device import compute_capability_reason as _compute_capability_reason
+from ejk_triton._device import smem_limit as _smem_limit
 from ejk_triton._launch import kernels, launch
 
 #: The residual format of :func:`forward_with_residuals`: inputs, output and base-2 log-sum-exp.
@@ -47,10 +49,6 @@ __all__ = [
     "heuristic_config",
 ]
 
-#: Shared memory a block may use (KiB) by compute capability (the driver's opt-in maximum);
-#: configs whose tiles need more are not proposed. Others: 99 KiB.
-_SMEM_KIB = {(8, 0): 163, (8, 7): 163, (9, 0): 227, (10, 0): 227, (10, 3): 227}
-_HOPPER_SMEM = 227 * 1024
 _MAX_HEAD_DIM = 256
 _MAX_GRID_Y = 65535
 
@@ -396,29 +394,6 @@ def capability(
     if not on_gpu:
         return f"needs an NVIDIA GPU ({why})"
     return _compute_capability_reason()
-
-
-def _compute_capability_reason() -> str | None:
-    device = jax.devices()[0]
-    raw = str(getattr(device, "compute_capability", "") or "")
-    try:
-        major = int(raw.split(".")[0])
-    except ValueError:
-        return None
-    return None if major >= 8 else f"needs an NVIDIA GPU of compute capability 8.0 or newer (found {raw})"
-
-
-def _smem_limit() -> int:
-    """Shared memory per block (bytes) on this machine's GPU; Hopper's when there is none (AOT, CPU)."""
-    on_gpu, _ = _env.nvidia_gpu()
-    if not on_gpu:
-        return _HOPPER_SMEM
-    raw = str(getattr(jax.devices()[0], "compute_capability", "") or "")
-    try:
-        major, minor = (int(x) for x in raw.split(".")[:2])
-    except ValueError:
-        return _HOPPER_SMEM
-    return _SMEM_KIB.get((major, minor), 99) * 1024
 
 
 def _smem_bytes(cfg: FlashAttentionConfig, head_dim: int, v_dim: int, itemsize: int = 2,

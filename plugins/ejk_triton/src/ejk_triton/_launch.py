@@ -10,17 +10,19 @@ calls, so torch is not needed.
 
 from __future__ import annotations
 
+import importlib
 import threading
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
+import jax.custom_batching
 import numpy as np
 
 from ejk_triton import _env
 
-__all__ = ["HostTensor", "kernels", "launch"]
+__all__ = ["HostTensor", "kernels", "launch", "sequential_vmap"]
 
 Grid = tuple[int, ...]
 _INTERPRETER_LOCK = threading.Lock()
@@ -179,10 +181,32 @@ def launch(
     return tuple(outs)
 
 
-def kernels() -> Any:
-    """The kernel module (imports triton, in interpreter mode when asked for)."""
-    _env.import_triton()
-    from ejk_triton import _attention_kernels
+def sequential_vmap(fn: Callable[..., tuple[jax.Array, ...]]) -> Callable[..., tuple[jax.Array, ...]]:
+    """``fn`` (arrays in, a tuple of arrays out) with a vmap rule that runs it once per mapped element.
 
-    return _attention_kernels
+    jax-triton's call has no batching rule; under ``jax.vmap`` the mapped arguments are sliced by a
+    ``lax.map`` (one launch per element, in sequence) and the unmapped ones passed whole. Kernels
+    that can fold the mapped axis into a launch of their own do better with their own rule.
+    """
+    wrapped = jax.custom_batching.custom_vmap(fn)
+
+    @wrapped.def_vmap
+    def rule(axis_size: int, in_batched: Any, *args: Any) -> tuple[tuple[jax.Array, ...], tuple[bool, ...]]:
+        del axis_size
+        mapped = [x for x, b in zip(args, in_batched, strict=True) if b]
+
+        def one(slices: list[jax.Array]) -> tuple[jax.Array, ...]:
+            it = iter(slices)
+            return tuple(wrapped(*(next(it) if b else x for x, b in zip(args, in_batched, strict=True))))
+
+        outs = tuple(jax.lax.map(one, mapped))
+        return outs, tuple(True for _ in outs)
+
+    return wrapped
+
+
+def kernels(module: str = "_attention_kernels") -> Any:
+    """A kernel module of this package, e.g. ``"_matmul_kernels"`` (imports triton, interpreted when asked for)."""
+    _env.import_triton()
+    return importlib.import_module(f"ejk_triton.{module}")
 

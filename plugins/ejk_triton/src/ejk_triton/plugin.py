@@ -9,12 +9,20 @@ from collections.abc import Callable
 from typing import Any
 
 import ejk
-from ejk_triton import _env, _flash_attention
+from ejk_triton import _env, _flash_attention, _grouped_matmul, _matmul
 
 #: Between ejk-xla's chunked kernel (0) and its cuDNN one (10): in the heuristics tier the Triton
 #: kernels take what cuDNN's gate refuses (soft cap, segment ids, Sq != Sk causal, odd lengths)
 #: until H100 measurements say where they beat cuDNN; autotuning compares them everywhere.
 PRIORITY = 5
+
+#: grouped_matmul: above ejk-xla's ``tiled`` scan (0): one persistent Triton launch over all groups is
+#: expected to be much faster than a scan of XLA dots (benchmarks/bench_triton_moe.py measures both).
+GROUPED_MATMUL_PRIORITY = 5
+
+#: matmul: below ejk-xla's ``dot`` (0): XLA's cuBLAS GEMM is the baseline a dense matmul must beat, so
+#: the heuristics tier keeps it first; autotuning times both and picks Triton where it wins.
+MATMUL_PRIORITY = -5
 
 
 @ejk.hookimpl
@@ -25,6 +33,16 @@ def ejk_register_kernels(register: Callable[..., Callable[[Any], Any]]) -> None:
         register("flash_attention", ejk.Platform.TRITON, backend, priority=PRIORITY, name="flash",
                  cfg_type=fa.FlashAttentionConfig, config_space=fa.config_space, heuristic=fa.heuristic_config,
                  capability=fa.capability, vjp=vjp)(fa.forward)
+    mm, gmm = _matmul, _grouped_matmul
+    mm_vjp = ejk.VJP(fwd=mm.forward_with_residuals, bwd=mm.backward, residuals=mm.RESIDUALS)
+    gmm_vjp = ejk.VJP(fwd=gmm.forward_with_residuals, bwd=gmm.backward, residuals=gmm.RESIDUALS)
+    for backend in _env.backends():
+        register("matmul", ejk.Platform.TRITON, backend, priority=MATMUL_PRIORITY, name="gemm",
+                 cfg_type=mm.MatmulConfig, config_space=mm.config_space, heuristic=mm.heuristic_config,
+                 capability=mm.capability, vjp=mm_vjp)(mm.forward)
+        register("grouped_matmul", ejk.Platform.TRITON, backend, priority=GROUPED_MATMUL_PRIORITY, name="persistent",
+                 cfg_type=gmm.GroupedMatmulConfig, config_space=gmm.config_space, heuristic=gmm.heuristic_config,
+                 capability=gmm.capability, vjp=gmm_vjp)(gmm.forward)
 
 
 @ejk.hookimpl

@@ -1,4 +1,4 @@
-"""Compiling the flash attention kernels for an NVIDIA target ahead of time, on any machine.
+"""Compiling the Triton kernels for an NVIDIA target ahead of time, on any machine.
 
 Triton lowers to PTX and assembles a cubin with the ``ptxas`` its wheel ships, so no GPU is
 needed: CI uses this to check that the kernels compile for sm_90 with the configs the GPU will
@@ -11,13 +11,14 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 
 from ejk.tiling import fit_block as _fit
-from ejk_triton import _env
+from ejk_triton import _env, _grouped_matmul, _matmul
 from ejk_triton._flash_attention import FlashAttentionConfig, _constexprs, _dbias_layout, heuristic_config
 
-__all__ = ["compile_flash_attention"]
+__all__ = ["compile_flash_attention", "compile_grouped_matmul", "compile_matmul"]
 
 _TRITON_DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "int32": "i32"}
 
@@ -72,9 +73,7 @@ def compile_flash_attention(
     Raises:
         RuntimeError: in the interpreter mode (nothing is compiled there).
     """
-    if _env.interpret_mode():
-        raise RuntimeError(f"{_env.INTERPRET_ENV}=1: the kernels are interpreted, not compiled, in this process")
-    _env.import_triton()
+    _compiled_mode()
     from ejk_triton import _attention_kernels as kernels
 
     cfg = cfg if cfg is not None else heuristic_config(q, k, v, causal=causal)
@@ -101,4 +100,65 @@ def compile_flash_attention(
                        dict(consts, BLOCK_M=_fit(cfg.bwd_block_n, q_len), BLOCK_N=_fit(cfg.bwd_block_m, kv_len),
                             **_dbias_layout(q, bias)[1]),
                        cfg.bwd_num_warps, cfg.bwd_num_stages, arch),
+    }
+
+
+def _compile_launch(fn: Any, pointers: list[str], args: dict[str, Any], arch: int) -> dict[str, int]:
+    """Compile ``fn`` with the constexprs of a ``launch`` argument dict (grid and outputs dropped)."""
+    consts = {k: v for k, v in args.items() if k not in ("grid", "out_shapes", "num_warps", "num_stages")}
+    return _compile(fn, pointers, consts, args["num_warps"], args["num_stages"], arch)
+
+
+def _compiled_mode() -> None:
+    if _env.interpret_mode():
+        raise RuntimeError(f"{_env.INTERPRET_ENV}=1: the kernels are interpreted, not compiled, in this process")
+    _env.import_triton()
+
+
+def compile_matmul(m: int, n: int, k: int, dtype: Any = jnp.bfloat16, *, cfg: _matmul.MatmulConfig | None = None,
+                   precision: Any = "highest", arch: int = 90) -> dict[str, dict[str, int]]:
+    """Compile the matmul kernel as ``[m, k] @ [k, n]`` and its two gradients launch it, for ``arch``.
+
+    Returns:
+        Per launch (``forward``, ``d_a`` with ``b`` read transposed, ``d_b`` with ``a`` read
+        transposed): shared memory in bytes, warps and stages.
+    """
+    _compiled_mode()
+    from ejk_triton import _matmul_kernels as kernels
+
+    a, b = jax.ShapeDtypeStruct((m, k), dtype), jax.ShapeDtypeStruct((k, n), dtype)
+    cfg = cfg if cfg is not None else _matmul.heuristic_config(a, b)
+    ptrs = [_ptr(dtype)] * 3
+    common = dict(batch=1, red=1, dtype=dtype, out_dtype=dtype, precision=precision, cfg=cfg)
+    launches = {
+        "forward": _matmul.kernel_args(m=m, n=n, k=k, a=(0, 0, k, 1), b=(0, 0, n, 1), **common),
+        "d_a": _matmul.kernel_args(m=m, n=k, k=n, a=(0, 0, n, 1), b=(0, 0, 1, n), **common),
+        "d_b": _matmul.kernel_args(m=k, n=n, k=m, a=(0, 0, 1, k), b=(0, 0, n, 1), **common),
+    }
+    return {name: _compile_launch(kernels.matmul_kernel, ptrs, args, arch) for name, args in launches.items()}
+
+
+def compile_grouped_matmul(m: int, k: int, n: int, groups: int, dtype: Any = jnp.bfloat16, *,
+                           cfg: _grouped_matmul.GroupedMatmulConfig | None = None, precision: Any = "highest",
+                           arch: int = 90) -> dict[str, dict[str, int]]:
+    """Compile the grouped matmul kernels for ``[m, k] x [groups, k, n]`` and its gradients, for ``arch``.
+
+    Returns:
+        Per launch (``forward``, ``d_lhs`` with ``rhs`` read transposed, ``d_rhs``): shared
+        memory in bytes, warps and stages.
+    """
+    _compiled_mode()
+    from ejk_triton import _grouped_kernels as kernels
+
+    lhs, rhs = jax.ShapeDtypeStruct((m, k), dtype), jax.ShapeDtypeStruct((groups, k, n), dtype)
+    cfg = cfg if cfg is not None else _grouped_matmul.heuristic_config(lhs, rhs, None)
+    ptrs = [_ptr(dtype), _ptr(dtype), _ptr(jnp.int32), _ptr(dtype)]
+    common = dict(groups=groups, dtype=dtype, out_dtype=dtype, precision=precision, cfg=cfg)
+    return {
+        "forward": _compile_launch(kernels.grouped_matmul_kernel, ptrs, _grouped_matmul.product_args(
+            m=m, n=n, k=k, transpose_w=False, **common), arch),
+        "d_lhs": _compile_launch(kernels.grouped_matmul_kernel, ptrs, _grouped_matmul.product_args(
+            m=m, n=k, k=n, transpose_w=True, **common), arch),
+        "d_rhs": _compile_launch(kernels.grouped_outer_kernel, ptrs, _grouped_matmul.outer_args(
+            m=m, n=n, k=k, **common), arch),
     }

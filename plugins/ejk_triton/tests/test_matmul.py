@@ -1,0 +1,197 @@
+"""The Triton matmul against jnp.matmul in float32: shapes, gradients, dtypes, precision, gates, configs.
+
+On a CPU the kernel runs through Triton's interpreter (``EJK_TRITON_INTERPRET=1``, see conftest.py);
+tests marked ``gpu`` run larger shapes compiled on an NVIDIA GPU.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import ejk
+from ejk.testing import MATMUL_SHAPES, assert_close, check_matmul, check_op, reference_matmul
+from ejk_triton import _device, _dots, _env
+from ejk_triton._matmul import MatmulConfig, capability, config_space, heuristic_config
+
+ON_GPU = _env.nvidia_gpu()[0]
+# Each case compiles the kernel's and the reference's programs: cheap XLA CPU optimisation keeps the file fast.
+FAST_COMPILE = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True}
+needs_kernels = pytest.mark.skipif(not (ON_GPU or _env.interpret_mode()),
+                                   reason="needs an NVIDIA GPU or EJK_TRITON_INTERPRET=1")
+#: Small tiles: several tiles per dim (masked edges, grouped order) on small shapes.
+SMALL = MatmulConfig(block_m=16, block_n=16, block_k=16, group_m=2, num_warps=4, num_stages=2)
+
+
+def vjp_of(fn: Any, *args: jax.Array) -> tuple[jax.Array, Any]:
+    """``jax.vjp`` of ``fn`` with the output and the pullback each one jitted program."""
+    out = jax.jit(fn, compiler_options=None if ON_GPU else FAST_COMPILE)(*args)
+    pullback = jax.jit(lambda cot: jax.vjp(fn, *args)[1](cot), compiler_options=None if ON_GPU else FAST_COMPILE)
+    return out, pullback
+
+
+def _normal(rng: np.random.Generator, shape: tuple[int, ...], dtype: Any) -> jax.Array:
+    return jnp.asarray(rng.standard_normal(shape, np.float32), dtype)
+
+
+def check_against_reference(a: jax.Array, b: jax.Array, *, cfg: Any = SMALL, tol_dtype: Any = None,
+                            **options: Any) -> None:
+    """Output and both gradients of ``ejk.matmul(platform="triton")`` against the float32 reference."""
+    def ours(a: jax.Array, b: jax.Array) -> jax.Array:
+        return ejk.matmul(a, b, platform="triton", cfg=cfg, **options)
+
+    def ref(a: jax.Array, b: jax.Array) -> jax.Array:
+        return reference_matmul(a, b, **options)
+
+    out, vjp = vjp_of(ours, a, b)
+    want, ref_vjp = vjp_of(ref, a, b)
+    assert (out.shape, out.dtype) == (want.shape, want.dtype)
+    dtype = tol_dtype or jnp.result_type(a, b)
+    assert_close(out, want, dtype)
+    cot = _normal(np.random.default_rng(5), out.shape, out.dtype)
+    for name, got, exp, x in zip(("da", "db"), vjp(cot), ref_vjp(cot), (a, b), strict=True):
+        assert got.dtype == x.dtype, name
+        assert_close(got, exp, dtype, what=name)
+
+
+@needs_kernels
+def test_public_op_conformance() -> None:
+    assert check_op("matmul", "triton") == 2 * len(MATMUL_SHAPES)
+
+
+@needs_kernels
+def test_float16_with_float32_output_and_fast_precision() -> None:
+    shapes = (((9, 20), (20, 7)), ((2, 3, 5), (5, 4)))
+    assert check_matmul("triton", dtypes=(jnp.float16,), preferred_element_type=jnp.float32, precision="default",
+                        shapes=shapes) == 2
+
+
+@needs_kernels
+@pytest.mark.parametrize(("sa", "sb", "dtype"), [
+    ((37, 45), (45, 29), "float32"),  # no dim a multiple of the 16-wide tiles
+    ((3, 33, 20), (20, 18), "bfloat16"),  # a's batch folds into its rows
+    ((17, 24), (3, 24, 40), "float16"),  # only b batched: d a sums the batch inside the kernel
+    ((2, 1, 20, 17), (3, 17, 21), "float32"),  # both batched, broadcast: partial gradients summed
+], ids=str)
+def test_ragged_shapes_over_several_tiles(sa: tuple[int, ...], sb: tuple[int, ...], dtype: str) -> None:
+    rng = np.random.default_rng(1)
+    check_against_reference(_normal(rng, sa, dtype), _normal(rng, sb, dtype))
+
+
+@needs_kernels
+def test_empty_and_mixed_dtypes() -> None:
+    rng = np.random.default_rng(2)
+    a, b = _normal(rng, (5, 0), jnp.float32), _normal(rng, (0, 3), jnp.float32)
+    out = ejk.matmul(a, b, platform="triton")
+    assert out.shape == (5, 3) and not np.asarray(out).any()
+    assert ejk.matmul(jnp.ones((0, 4)), jnp.ones((4, 3)), platform="triton").shape == (0, 3)
+    # bfloat16 @ float32: computed in float32 (their common dtype), gradients in each operand's dtype.
+    check_against_reference(_normal(rng, (12, 20), jnp.bfloat16), _normal(rng, (20, 6), jnp.float32),
+                            tol_dtype=jnp.bfloat16)
+
+
+@needs_kernels
+def test_jit_vmap_grad_compose() -> None:
+    rng = np.random.default_rng(3)
+    a, b = _normal(rng, (3, 10, 8), jnp.float32), _normal(rng, (8, 6), jnp.float32)
+
+    def loss(a: jax.Array, b: jax.Array) -> jax.Array:
+        return jnp.sum(jax.vmap(lambda x: ejk.matmul(x, b, platform="triton", cfg=SMALL))(a) ** 2)
+
+    def ref(a: jax.Array, b: jax.Array) -> jax.Array:
+        return jnp.sum(reference_matmul(a, b) ** 2)
+
+    got = jax.jit(jax.grad(loss, argnums=(0, 1)))(a, b)
+    want = jax.grad(ref, argnums=(0, 1))(a, b)
+    for g, w in zip(got, want, strict=True):
+        assert_close(g, w, jnp.float32)
+
+
+def test_precision_maps_to_tl_dot() -> None:
+    assert _dots.dot_precision(jnp.float32, ("highest", "highest")) == "ieee"
+    assert _dots.dot_precision(jnp.float32, ("default", "high")) == "tf32x3"  # the higher of the pair
+    assert _dots.dot_precision(jnp.float32, "default") == "tf32"
+    assert _dots.dot_precision(jnp.bfloat16, ("highest", "highest")) == "tf32"  # 16-bit products are exact
+
+
+def _sds(shape: tuple[int, ...], dtype: Any = jnp.bfloat16) -> jax.ShapeDtypeStruct:
+    return jax.ShapeDtypeStruct(shape, dtype)
+
+
+def test_capability_gate(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("EJK_TRITON_INTERPRET", "1")
+    assert capability(_sds((7,)), _sds((3, 7, 5))) is None
+    assert capability(_sds((5, 3), jnp.float16), _sds((3, 2), jnp.float32), precision=("highest", "highest")) is None
+    reason = capability(_sds((4, 4), jnp.float64), _sds((4, 4), jnp.float64))
+    assert reason is not None and "float64" in reason
+    reason = capability(_sds((2**15, 2**15)), _sds((2**15, 8)))
+    assert reason is not None and "int32" in reason
+    monkeypatch.setenv("EJK_TRITON_INTERPRET", "0")
+    if not ON_GPU:
+        reason = capability(_sds((4, 4)), _sds((4, 4)))
+        assert reason is not None and "NVIDIA GPU" in reason
+
+
+@pytest.mark.parametrize(("field", "bad"), [("block_m", 48), ("block_k", 8), ("group_m", 0), ("num_warps", 3),
+                                            ("num_stages", 0), ("block_n", True)])
+def test_config_validation(field: str, bad: Any) -> None:
+    with pytest.raises(ValueError, match=f"MatmulConfig.{field}"):
+        MatmulConfig(**{field: bad})
+
+
+def test_gpu_configs_by_shape_and_shared_memory(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_env, "interpret_mode", lambda: False)  # the GPU tables, whatever this machine is
+    big = (_sds((8192, 8192)), _sds((8192, 8192)))
+    cfg = heuristic_config(*big)
+    assert (cfg.block_m, cfg.block_n, cfg.block_k, cfg.num_warps, cfg.num_stages) == (128, 256, 64, 8, 3)
+    assert heuristic_config(_sds((8, 4096)), _sds((4096, 4096))).block_m == 16  # small m: short tiles
+    mid = heuristic_config(_sds((1024, 1024)), _sds((1024, 1024)))
+    assert (1024 // mid.block_m) * (1024 // mid.block_n) >= _device.sm_count()  # no idle SM
+    space = config_space(*big)
+    assert space[0] == cfg and len(space) == len(set(space)) > 4
+    f32 = config_space(_sds((512, 512), jnp.float32), _sds((512, 512), jnp.float32))
+    for limit_kib in (99, 163, 227):
+        monkeypatch.setattr(_device, "smem_limit", lambda limit_kib=limit_kib: limit_kib * 1024)
+        for c in config_space(*big) + f32:
+            itemsize = 4 if c in f32 else 2
+            assert _dots.smem_bytes(c.block_m, c.block_n, c.block_k, c.num_stages, itemsize) <= limit_kib * 1024
+
+
+def test_priority_keeps_xla_dot_first() -> None:
+    (spec,) = [s for s in ejk.kernel_registry.list_implementations("matmul")
+               if s.platform == "triton" and str(s.backend) == "gpu"]
+    assert spec.priority < 0 and spec.name == "gemm" and spec.cfg_type is MatmulConfig and spec.vjp is not None
+
+
+# ----------------------------------------------------------------------------------------------
+# GPU
+# ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_GPU, reason="needs an NVIDIA GPU")
+@pytest.mark.parametrize(("sa", "sb", "dtype"), [
+    ((2048, 4096), (4096, 1024), "bfloat16"),
+    ((3, 1000, 777), (777, 1001), "float16"),
+    ((4, 513, 256), (4, 256, 300), "bfloat16"),
+    ((8, 1024), (4, 1024, 512), "float32"),
+], ids=str)
+def test_gpu_matches_reference(sa: tuple[int, ...], sb: tuple[int, ...], dtype: str) -> None:
+    rng = np.random.default_rng(0)
+    check_against_reference(_normal(rng, sa, dtype), _normal(rng, sb, dtype), cfg=None)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_GPU, reason="needs an NVIDIA GPU")
+def test_gpu_config_space_and_conformance() -> None:
+    rng = np.random.default_rng(1)
+    a, b = _normal(rng, (1024, 768), jnp.bfloat16), _normal(rng, (768, 640), jnp.bfloat16)
+    want = reference_matmul(a, b)
+    for cfg in config_space(a, b):
+        assert_close(jax.jit(lambda a, b, cfg=cfg: ejk.matmul(a, b, platform="triton", cfg=cfg))(a, b), want,
+                     jnp.bfloat16, what=str(cfg))
+    assert check_op("matmul", "triton", dtypes=(jnp.float32, jnp.bfloat16, jnp.float16)) == 3 * len(MATMUL_SHAPES)

@@ -1,7 +1,9 @@
 """ejk-triton: Triton kernels for ejk, launched from JAX with jax-triton (NVIDIA GPUs).
 
 Today: ``flash_attention`` forward and backward (FlashAttention-2 style kernels; GQA, causal,
-sliding windows, soft cap, segment ids, bias). Triton and jax-triton are imported lazily, when
+sliding windows, soft cap, segment ids, bias), ``matmul`` (``jnp.matmul`` shapes) and
+``grouped_matmul`` (mixture of experts, one persistent launch over all groups), each with its
+backward. Triton and jax-triton are imported lazily, when
 a kernel is first launched, so this package imports (and reports its status) without them.
 
 ``EJK_TRITON_INTERPRET=1`` runs the same kernels through Triton's interpreter on the CPU
@@ -12,5 +14,7 @@ from __future__ import annotations
 
 from ejk_triton._env import INTERPRET_ENV
 from ejk_triton._flash_attention import FlashAttentionConfig
+from ejk_triton._grouped_matmul import GroupedMatmulConfig
+from ejk_triton._matmul import MatmulConfig
 
-__all__ = ["INTERPRET_ENV", "FlashAttentionConfig"]
+__all__ = ["INTERPRET_ENV", "FlashAttentionConfig", "GroupedMatmulConfig", "MatmulConfig"]

@@ -126,6 +126,45 @@ def test_jit_traced_sizes_and_vmap() -> None:
     assert_close(run(lhs, sizes), want, jnp.float32)
 
 
+_SHARD_MAP_SCRIPT = """
+import jax, jax.numpy as jnp, numpy as np
+from jax.sharding import Mesh, PartitionSpec as P
+import ejk
+from ejk.testing import reference_grouped_matmul
+shard_map = getattr(jax, "shard_map", None)
+if shard_map is None:
+    from jax.experimental.shard_map import shard_map
+mesh = Mesh(np.array(jax.devices()[:2]), ("x",))
+keys = jax.random.split(jax.random.key(0), 2)
+a, b = jax.random.normal(keys[0], (4, 8, 16)), jax.random.normal(keys[1], (16, 8))
+mm = jax.jit(shard_map(lambda a, b: ejk.matmul(a, b, platform="triton"), mesh=mesh, in_specs=(P("x"), P()),
+                       out_specs=P("x")))
+np.testing.assert_allclose(mm(a, b), a @ b, atol=1e-4, rtol=1e-4)
+grads = jax.jit(jax.grad(lambda a, b: mm(a, b).sum(), argnums=(0, 1)))(a, b)  # b replicated: summed over shards
+want = jax.grad(lambda a, b: (a @ b).sum(), argnums=(0, 1))(a, b)
+for g, w in zip(grads, want):
+    np.testing.assert_allclose(g, w, atol=1e-4, rtol=1e-4)
+lhs, rhs = jax.random.normal(keys[0], (12, 16)), jax.random.normal(keys[1], (3, 16, 8))
+sizes = jnp.array([4, 0, 6], jnp.int32)
+gmm = jax.jit(shard_map(lambda l, r, s: ejk.grouped_matmul(l, r, s, platform="triton"), mesh=mesh,
+                        in_specs=(P(), P(None, None, "x"), P()), out_specs=P(None, "x")))
+np.testing.assert_allclose(gmm(lhs, rhs, sizes), reference_grouped_matmul(lhs, rhs, sizes), atol=1e-4, rtol=1e-4)
+grads = jax.jit(jax.grad(lambda l, r: gmm(l, r, sizes).sum(), argnums=(0, 1)))(lhs, rhs)
+want = jax.grad(lambda l, r: reference_grouped_matmul(l, r, sizes).sum(), argnums=(0, 1))(lhs, rhs)
+for g, w in zip(grads, want):
+    np.testing.assert_allclose(g, w, atol=1e-4, rtol=1e-4)
+print("ok")
+"""
+
+
+@pytest.mark.skipif(not _env.interpret_mode(), reason="the two-device run uses the interpreter on the CPU")
+def test_shard_map_with_sharded_and_replicated_operands() -> None:
+    env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=2")
+    result = subprocess.run([sys.executable, "-c", _SHARD_MAP_SCRIPT], capture_output=True, text=True, env=env,
+                            timeout=300)
+    assert result.returncode == 0 and result.stdout.strip().endswith("ok"), result.stderr[-3000:]
+
+
 def _sds(shape: tuple[int, ...], dtype: Any = jnp.bfloat16) -> jax.ShapeDtypeStruct:
     return jax.ShapeDtypeStruct(shape, dtype)
 

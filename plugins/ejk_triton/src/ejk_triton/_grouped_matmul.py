@@ -28,6 +28,7 @@ from ejk.config.validators import int_in, one_of, power_of_two
 from ejk.tiling import cdiv, fit_block
 from ejk_triton import _device, _dots, _env
 from ejk_triton._launch import kernels, launch, sequential_vmap
+from ejk_triton._vma import cotangent_like
 
 __all__ = [
     "RESIDUALS",
@@ -225,7 +226,7 @@ def backward(
     offsets = _offsets(group_sizes, lhs.shape[0])
     d_lhs = _grouped_product(d_out, rhs, offsets, transpose_w=True, out_dtype=lhs.dtype, precision=precision, cfg=cfg)
     d_rhs = _grouped_outer(lhs, d_out, offsets, rhs.shape[0], out_dtype=rhs.dtype, precision=precision, cfg=cfg)
-    return d_lhs, d_rhs, None
+    return cotangent_like(d_lhs, lhs), cotangent_like(d_rhs, rhs), None
 
 
 # ----------------------------------------------------------------------------------------------

@@ -32,6 +32,7 @@ from ejk.config.validators import int_in, one_of, power_of_two
 from ejk.tiling import cdiv, fit_block
 from ejk_triton import _device, _dots, _env
 from ejk_triton._launch import kernels, launch, sequential_vmap
+from ejk_triton._vma import cotangent_like
 
 __all__ = [
     "RESIDUALS",
@@ -296,7 +297,8 @@ def backward(
     """``(d a, d b)`` in the dtypes of ``a`` and ``b``: ``d c @ bᵀ`` and ``aᵀ @ d c``, broadcast batches summed."""
     del preferred_element_type
     a, b = residuals
-    return _backward(a, b, d_out, _shapes(a, b), precision, _resolve(cfg, a, b))
+    da, db = _backward(a, b, d_out, _shapes(a, b), precision, _resolve(cfg, a, b))
+    return cotangent_like(da, a), cotangent_like(db, b)
 
 
 # ----------------------------------------------------------------------------------------------

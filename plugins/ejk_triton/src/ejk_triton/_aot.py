@@ -1,4 +1,4 @@
-"""Compiling the flash attention kernels for an NVIDIA target ahead of time, on any machine.
+"""Compiling the flash attention and ragged paged attention kernels for an NVIDIA target ahead of time, on any machine.
 
 Triton lowers to PTX and assembles a cubin with the ``ptxas`` its wheel ships, so no GPU is
 needed: CI uses this to check that the kernels compile for sm_90 with the configs the GPU will
@@ -17,7 +17,7 @@ from ejk.tiling import fit_block as _fit
 from ejk_triton import _env
 from ejk_triton._flash_attention import FlashAttentionConfig, _constexprs, _dbias_layout, heuristic_config
 
-__all__ = ["compile_flash_attention"]
+__all__ = ["compile_flash_attention", "compile_ragged_paged_attention"]
 
 _TRITON_DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "int32": "i32"}
 
@@ -102,3 +102,45 @@ def compile_flash_attention(
                             **_dbias_layout(q, bias)[1]),
                        cfg.bwd_num_warps, cfg.bwd_num_stages, arch),
     }
+
+
+def compile_ragged_paged_attention(
+    q: Any,
+    k_pages: Any,
+    v_pages: Any,
+    page_indices: Any,
+    *,
+    cfg: Any = None,
+    sliding_window: tuple[int, int] | None = None,
+    logits_soft_cap: float | None = None,
+    arch: int = 90,
+) -> dict[str, int]:
+    """Compile the ragged paged attention kernel one call would launch, for compute capability ``arch``.
+
+    Args:
+        q, k_pages, v_pages, page_indices: Abstract arrays as for
+            :func:`ejk_triton._paged_attention.ragged_paged_attention`.
+        cfg: Its config (``None``: :func:`ejk_triton._paged_attention.heuristic_config` for a GPU).
+        sliding_window, logits_soft_cap: As for the op.
+        arch: Compute capability as an int (90 for sm_90).
+
+    Returns:
+        Its shared memory in bytes, warps and stages.
+
+    Raises:
+        RuntimeError: in the interpreter mode (nothing is compiled there).
+    """
+    if _env.interpret_mode():
+        raise RuntimeError(f"{_env.INTERPRET_ENV}=1: the kernels are interpreted, not compiled, in this process")
+    _env.import_triton()
+    from ejk_triton import _paged_attention as pa
+    from ejk_triton import _paged_kernels
+
+    cfg = cfg if cfg is not None else pa.heuristic_config(q, k_pages, v_pages, None, page_indices, None, None)
+    consts = pa._kernel_args(q, k_pages, v_pages, page_indices, scale=1.0 / math.sqrt(int(q.shape[2])),
+                             left=None if sliding_window is None else sliding_window[0], cap=logits_soft_cap,
+                             cfg=cfg)
+    i32, f32 = _ptr(jnp.int32), _ptr(jnp.float32)
+    out = _ptr(q.dtype) if cfg.num_splits == 1 else f32
+    pointers = [_ptr(q.dtype), _ptr(k_pages.dtype), _ptr(v_pages.dtype), i32, i32, i32, i32, out, f32, f32]
+    return _compile(_paged_kernels.paged_attention_kernel, pointers, consts, cfg.num_warps, cfg.num_stages, arch)

@@ -1,4 +1,4 @@
-"""Compiling the flash attention and ragged paged attention kernels for an NVIDIA target ahead of time, on any machine.
+"""Compiling the attention kernels (flash, ragged paged) for an NVIDIA target ahead of time, on any machine.
 
 Triton lowers to PTX and assembles a cubin with the ``ptxas`` its wheel ships, so no GPU is
 needed: CI uses this to check that the kernels compile for sm_90 with the configs the GPU will

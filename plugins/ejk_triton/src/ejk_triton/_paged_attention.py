@@ -256,7 +256,7 @@ def capability(q: Any, k_pages: Any, v_pages: Any, kv_lens: Any, page_indices: A
     on_gpu, why = _env.nvidia_gpu()
     if not on_gpu:
         return f"needs an NVIDIA GPU ({why})"
-    return _compute_capability_reason()  # type: ignore[no-any-return]
+    return _compute_capability_reason()
 
 
 def _sm_count() -> int:
@@ -273,7 +273,7 @@ def smem_bytes(cfg: PagedAttentionConfig, q: Any, v_pages: Any) -> int:
     d, dv = _head_dim(int(q.shape[2])), _head_dim(int(v_pages.shape[3]))
     groups = int(q.shape[1]) // max(int(v_pages.shape[2]), 1)
     rows = _block_m(cfg.block_q, groups)
-    return (max(1, cfg.num_stages - 1) * cfg.block_kv * (d + dv) + rows * (d + cfg.block_kv)) * itemsize
+    return int((max(1, cfg.num_stages - 1) * cfg.block_kv * (d + dv) + rows * (d + cfg.block_kv)) * itemsize)
 
 
 def _kernel_args(q: Any, k_pages: Any, v_pages: Any, page_indices: Any, *, scale: float, left: int | None,

@@ -52,10 +52,7 @@ def _paged_inner(acc, l_i, m_i, q, pos, row_ok, k_base, v_base, table_row, key_l
         next_page = tl.load(table_row + tl.minimum((lo + offs_n) // PAGE, PAGES_PER_SEQ - 1))
     for start in range(lo, hi, BLOCK_N):
         keys = start + offs_n
-        if MASKED:
-            in_tile = (keys >= key_lo) & (keys < key_hi)  # some row of the tile sees the key
-        else:
-            in_tile = keys < key_hi
+        in_tile = (keys >= key_lo) & (keys < key_hi)  # some row of the tile sees it (only masked blocks check)
         page = tl.minimum(tl.maximum(next_page, 0), NUM_PAGES - 1).to(tl.int64)
         if ONE_PAGE:
             next_page = tl.load(table_row + tl.minimum((start + BLOCK_N) // PAGE, PAGES_PER_SEQ - 1))
@@ -157,14 +154,14 @@ def paged_attention_kernel(Q, K, V, KvLens, Table, CuQ, NumSeqs, Out, MaxOut, Su
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM_V], tl.float32)
     acc, l_i, m_i = _paged_inner(acc, l_i, m_i, q, pos, row_ok, k_base, v_base, table_row, key_lo, key_hi, kv_len,
-                                 lo, mid_lo, SCALE, CAP, HAS_CAP, WINDOW, WIN_L, NUM_PAGES, PAGE, PAGES_PER_SEQ, HKV, D, DV,
-                                 HEAD_DIM, HEAD_DIM_V, DOT_PREC, True, BLOCK_N)
+                                 lo, mid_lo, SCALE, CAP, HAS_CAP, WINDOW, WIN_L, NUM_PAGES, PAGE, PAGES_PER_SEQ,
+                                 HKV, D, DV, HEAD_DIM, HEAD_DIM_V, DOT_PREC, True, BLOCK_N)
     acc, l_i, m_i = _paged_inner(acc, l_i, m_i, q, pos, row_ok, k_base, v_base, table_row, key_lo, key_hi, kv_len,
-                                 mid_lo, mid_hi, SCALE, CAP, HAS_CAP, WINDOW, WIN_L, NUM_PAGES, PAGE, PAGES_PER_SEQ, HKV, D, DV,
-                                 HEAD_DIM, HEAD_DIM_V, DOT_PREC, False, BLOCK_N)
+                                 mid_lo, mid_hi, SCALE, CAP, HAS_CAP, WINDOW, WIN_L, NUM_PAGES, PAGE, PAGES_PER_SEQ,
+                                 HKV, D, DV, HEAD_DIM, HEAD_DIM_V, DOT_PREC, False, BLOCK_N)
     acc, l_i, m_i = _paged_inner(acc, l_i, m_i, q, pos, row_ok, k_base, v_base, table_row, key_lo, key_hi, kv_len,
-                                 mid_hi, hi, SCALE, CAP, HAS_CAP, WINDOW, WIN_L, NUM_PAGES, PAGE, PAGES_PER_SEQ, HKV, D, DV,
-                                 HEAD_DIM, HEAD_DIM_V, DOT_PREC, True, BLOCK_N)
+                                 mid_hi, hi, SCALE, CAP, HAS_CAP, WINDOW, WIN_L, NUM_PAGES, PAGE, PAGES_PER_SEQ,
+                                 HKV, D, DV, HEAD_DIM, HEAD_DIM_V, DOT_PREC, True, BLOCK_N)
 
     out_mask = row_ok[:, None] & (offs_dv[None, :] < DV)
     if NUM_SPLITS == 1:

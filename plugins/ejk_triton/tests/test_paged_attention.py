@@ -164,6 +164,21 @@ def test_dtypes_and_value_head_dim(dtype: Any) -> None:
 
 
 @needs_kernels
+def test_random_batches() -> None:
+    rng = np.random.default_rng(11)
+    for seed in range(3):
+        seqs = int(rng.integers(1, 5))
+        kv_lens = [int(x) for x in rng.integers(0, 40, size=seqs)]
+        q_lens = [int(rng.integers(0, n + 1)) for n in kv_lens]
+        batch = make_batch(seed, q_lens=q_lens, kv_lens=kv_lens, page=int(rng.choice([2, 5, 16])),
+                           num_seqs=int(rng.integers(0, seqs + 1)), spare_tokens=int(rng.integers(0, 3)))
+        config = cfg(block_q=int(rng.choice([1, 2, 4])), block_kv=int(rng.choice([16, 32])),
+                     splits=int(rng.integers(1, 4)))
+        window = [None, int(rng.integers(0, 20))][int(rng.integers(0, 2))]
+        check(batch, config, sliding_window=window)
+
+
+@needs_kernels
 def test_unseen_nan_does_not_leak_and_seen_nan_propagates() -> None:
     batch = make_batch(5, q_lens=[1, 3], kv_lens=[6, 11], page=4, hkv=2, num_pages=8)
     table, lens = np.asarray(batch["page_indices"]), np.asarray(batch["kv_lens"])

@@ -103,6 +103,7 @@ def paged_attention_kernel(Q, K, V, KvLens, Table, CuQ, NumSeqs, Out, MaxOut, Su
     s_ok = s_idx < SEQS
     starts = tl.minimum(tl.maximum(tl.load(CuQ + s_idx, mask=s_ok, other=0), 0), T)
     ends = tl.minimum(tl.maximum(tl.load(CuQ + s_idx + 1, mask=s_ok, other=0), 0), T)
+    kv_lens = tl.load(KvLens + s_idx, mask=s_ok, other=0)  # with cu_q_lens: one round trip, not two
     q_lens = tl.where(s_idx < live, tl.maximum(ends - starts, 0), 0)
     tiles = (q_lens + BLOCK_Q - 1) // BLOCK_Q
     tile_ends = tl.cumsum(tiles, 0)
@@ -113,7 +114,7 @@ def paged_attention_kernel(Q, K, V, KvLens, Table, CuQ, NumSeqs, Out, MaxOut, Su
     first_tile = tl.sum(tl.where(this, tile_ends - tiles, 0), 0)
     seq_start = tl.sum(tl.where(this, starts, 0), 0)
     q_len = tl.sum(tl.where(this, q_lens, 0), 0)
-    kv_len = tl.minimum(tl.maximum(tl.load(KvLens + seq), 0), PAGES_PER_SEQ * PAGE)
+    kv_len = tl.minimum(tl.maximum(tl.sum(tl.where(this, kv_lens, 0), 0), 0), PAGES_PER_SEQ * PAGE)
 
     # -- the tile's rows and the keys they see ----------------------------------------------------
     tok0 = seq_start + (pid - first_tile) * BLOCK_Q

@@ -20,7 +20,9 @@ median of ``--reps`` samples (``_harness.time_ms``). Numerics below the table: e
 Usage (on the GPU host, with jax-triton importable):
     python benchmarks/bench_triton_paged.py                      # batch 8/16/32 x ctx 2k/4k/16k, page 64,
                                                                  # plus pages 16 and 32 at batch 8 / 32, ctx 4k
-    python benchmarks/bench_triton_paged.py --configs space      # sweep ejk triton's config space
+    python benchmarks/bench_triton_paged.py --configs space --batches 8 --contexts 2048 16384
+                                                                 # sweep ejk triton's config space (a subset:
+                                                                 # each config compiles, ~13 per shape)
     python benchmarks/bench_triton_paged.py --pages 16 32 64     # every page size on the whole grid
     EJK_TRITON_INTERPRET=1 python benchmarks/bench_triton_paged.py --smoke   # CPU, interpreter
 
@@ -68,11 +70,13 @@ SMOKE = (Shape(seqs=2, ctx=64, page=16, hq=4, hkv=2, dim=32), Shape(seqs=3, ctx=
 PALLAS_VARIANTS = ((16, 8), (8, 8), (32, 4), (16, 16))  # (k_splits, pages_per_compute_block)
 
 
-def shapes(pages: list[int] | None, smoke: bool) -> tuple[Shape, ...]:
+def shapes(pages: list[int] | None, batches: list[int] | None, contexts: list[int] | None,
+           smoke: bool) -> tuple[Shape, ...]:
     if smoke:
         return SMOKE
-    grid = tuple(Shape(seqs=b, ctx=c, page=p) for p in (pages or [64]) for b in BATCHES for c in CONTEXTS)
-    return grid + (() if pages else EXTRA)
+    grid = tuple(Shape(seqs=b, ctx=c, page=p) for p in (pages or [64]) for b in (batches or BATCHES)
+                 for c in (contexts or CONTEXTS))
+    return grid + (() if pages or batches or contexts else EXTRA)
 
 
 def make_inputs(shape: Shape, dtype: Any) -> tuple[jax.Array, ...]:
@@ -157,6 +161,9 @@ def main() -> None:
                         help="ejk triton: the heuristic's config only, or its whole config space (best reported)")
     parser.add_argument("--pages", type=int, nargs="+", default=None,
                         help="page sizes for the whole batch x context grid (default: 64, plus 16 and 32 on a few)")
+    parser.add_argument("--batches", type=int, nargs="+", default=None, help="batch sizes (default 8 16 32)")
+    parser.add_argument("--contexts", type=int, nargs="+", default=None,
+                        help="context lengths (default 2048 4096 16384)")
     parser.add_argument("--hbm", type=float, default=3.35, help="peak HBM bandwidth in TB/s (for the %% column)")
     args = _harness.parse(parser)
     dtype = jnp.dtype(args.dtype)
@@ -173,7 +180,7 @@ def main() -> None:
     lines[-1] = "| --- | --- | ---: | ---: | ---: | ---: | ---: | --- |"
     checks: list[str] = []
     print("\n".join(lines), flush=True)
-    for shape in shapes(args.pages, args.smoke):
+    for shape in shapes(args.pages, args.batches, args.contexts, args.smoke):
         inputs = make_inputs(shape, dtype)
         work = shape.kv_bytes(dtype.itemsize)
         heuristic = heuristic_config(*inputs)

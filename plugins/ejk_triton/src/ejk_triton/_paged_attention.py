@@ -312,9 +312,9 @@ def _splits(cfg: PagedAttentionConfig, q: Any, k_pages: Any, v_pages: Any, page_
 
     Without splits there are ``tiles · Hkv`` programs (``tiles`` estimated as ``cdiv(T, block_q)``).
     Slots = SMs x CTAs per SM (from shared memory and registers, at most 4; 3 for the decode
-    config on an H100). Splits = ``slots // programs``
-    (the programs stay within one wave, none waits for a second), at most the number of
-    ``4 · block_kv``-key pieces of the longest possible context, and at most 64.
+    config on an H100). Splits = ``slots // programs`` (the programs stay within one wave, none
+    waits for a second), at most the number of ``4 · block_kv``-key pieces of the longest
+    possible context, and at most 64.
     """
     programs = _cdiv(int(q.shape[0]), cfg.block_q) * int(k_pages.shape[2])
     by_smem = _SM_SMEM // max(smem_bytes(cfg, q, v_pages) + 1024, 1)
@@ -350,7 +350,7 @@ def heuristic_config(q: Any, k_pages: Any, v_pages: Any, kv_lens: Any, page_indi
 
     Keys per step: 64 (32 for head dims over 128, or float32 over 64); 4 warps, 8 from 128 x 128
     rows x head dim; 3 stages up to 64 rows (2 above, and for float32); split-K by
-    :func:`_splits` (decode at batch 8, 8 kv heads on an H100: 4 splits, one wave of 256 programs).
+    :func:`_splits` (decode at batch 8, 8 kv heads on an H100: 6 splits, one wave of 384 programs).
     In the interpreter mode (CPU), 16 keys per step and at most 2 splits keep the Python-level
     work small.
 
@@ -372,7 +372,7 @@ def config_space(q: Any, k_pages: Any, v_pages: Any, kv_lens: Any, page_indices:
                  num_seqs: Any, **_: Any) -> list[PagedAttentionConfig]:
     """Autotuning candidates around the heuristic's config, pruned by a shared-memory estimate.
 
-    Varies keys per step (32, 64, 128), stages (2-4), warps (4, 8), split-K (the heuristic's,
+    Varies keys per step (32, 64, 128; 8 warps with 128), stages (2-4), warps (4, 8), split-K (the heuristic's,
     halved, doubled, and 1) and, for prefill, tokens per tile (half and double). The heuristic's
     config comes first.
 
@@ -387,8 +387,9 @@ def config_space(q: Any, k_pages: Any, v_pages: Any, kv_lens: Any, page_indices:
     evolve = attrs.evolve
     candidates = [base]
     for block_kv in (32, 64, 128):
-        for stages in (2, 3, 4):
-            candidates.append(evolve(base, block_kv=block_kv, num_stages=stages))
+        for stages in (2, 3, 4):  # 128 keys per step need 8 warps to hold their tiles in registers
+            warps = max(base.num_warps, 8) if block_kv == 128 else base.num_warps
+            candidates.append(evolve(base, block_kv=block_kv, num_stages=stages, num_warps=warps))
     candidates.append(evolve(base, num_warps=8 if base.num_warps == 4 else 4))
     for splits in (1, max(1, base.num_splits // 2), min(_MAX_SPLITS, base.num_splits * 2)):
         candidates.append(evolve(base, num_splits=splits))

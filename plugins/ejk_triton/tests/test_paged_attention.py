@@ -101,8 +101,8 @@ def check(batch: dict[str, Any], cfg: PagedAttentionConfig | None = None, want: 
     return got
 
 
-def cfg(block_q: int = 1, block_kv: int = 16, splits: int = 1) -> PagedAttentionConfig:
-    return PagedAttentionConfig(block_q=block_q, block_kv=block_kv, num_splits=splits)
+def cfg(block_q: int = 1, block_kv: int = 16, splits: int = 1, fused_merge: bool = True) -> PagedAttentionConfig:
+    return PagedAttentionConfig(block_q=block_q, block_kv=block_kv, num_splits=splits, fused_merge=fused_merge)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -112,10 +112,13 @@ def cfg(block_q: int = 1, block_kv: int = 16, splits: int = 1) -> PagedAttention
 SCENARIOS: dict[str, tuple[dict[str, Any], PagedAttentionConfig | None]] = {
     # decode, split-K over the context (kv_len not a multiple of the page, 1-key contexts)
     "decode_splits": ({"q_lens": [1, 1, 1, 1, 1], "kv_lens": [9, 1, 16, 4, 23]}, cfg(splits=3)),
+    "decode_splits_jax_merge": ({"q_lens": [1, 1, 1, 1], "kv_lens": [9, 1, 33, 4], "num_seqs": 3, "spare_tokens": 1},
+                                cfg(splits=3, fused_merge=False)),
     "decode_heuristic": ({"q_lens": [1, 1, 1], "kv_lens": [30, 7, 12], "page": 8}, None),
     # chunked prefill: tiles of 2 tokens, several per sequence; a whole prompt (q_len == kv_len)
     "chunked_prefill": ({"q_lens": [5, 3, 8], "kv_lens": [13, 3, 20]}, cfg(block_q=2)),
-    "prefill_splits": ({"q_lens": [7, 4], "kv_lens": [30, 4], "page": 8}, cfg(block_q=4, splits=2)),
+    "prefill_splits_jax_merge": ({"q_lens": [7, 4], "kv_lens": [30, 4], "page": 8},
+                                 cfg(block_q=4, splits=2, fused_merge=False)),
     # mixed decode and prefill, an empty sequence (q_len 0) and a sequence with an empty context
     "mixed": ({"q_lens": [1, 6, 0, 1, 4, 0], "kv_lens": [17, 6, 5, 2, 11, 0]}, cfg(block_q=4, splits=2)),
     # pages of 3 keys (not a power of two), blocks of 16 keys spanning several pages
@@ -199,8 +202,9 @@ def test_unseen_nan_does_not_leak_and_seen_nan_propagates() -> None:
     assert np.all(np.isnan(out[2, 1])) and np.isfinite(np.delete(out.reshape(-1, 16), 2 * 4 + 1, axis=0)).all()
     k = np.array(batch["k_pages"])
     k[table[1, 2], 1, 0] = np.nan  # key 9 of sequence 1, kv head 0: rows 2 and 3 (positions 9, 10) see it
-    out = np.asarray(run_op({**batch, "k_pages": jnp.asarray(k)}, cfg(splits=3)))
-    assert np.isnan(out[2:4, :2]).all() and np.isfinite(out[2:4, 2:]).all() and np.isfinite(out[:2]).all()
+    for merge in (True, False):
+        out = np.asarray(run_op({**batch, "k_pages": jnp.asarray(k)}, cfg(splits=3, fused_merge=merge)))
+        assert np.isnan(out[2:4, :2]).all() and np.isfinite(out[2:4, 2:]).all() and np.isfinite(out[:2]).all()
 
 
 @needs_kernels
@@ -296,7 +300,7 @@ def test_capability_gate(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.mark.parametrize(("field", "bad"), [("block_q", 0), ("block_q", 3), ("block_kv", 8), ("block_kv", True),
                                             ("num_splits", 0), ("num_splits", 65), ("num_warps", 3),
-                                            ("num_stages", 0), ("block_kv", 64.0)])
+                                            ("num_stages", 0), ("block_kv", 64.0), ("fused_merge", 1)])
 def test_config_validation(field: str, bad: Any) -> None:
     with pytest.raises(ValueError, match=f"PagedAttentionConfig.{field}"):
         PagedAttentionConfig(**{field: bad})

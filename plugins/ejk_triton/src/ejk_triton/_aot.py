@@ -141,6 +141,6 @@ def compile_ragged_paged_attention(
                              left=None if sliding_window is None else sliding_window[0], cap=logits_soft_cap,
                              cfg=cfg)
     i32, f32 = _ptr(jnp.int32), _ptr(jnp.float32)
-    out = _ptr(q.dtype) if cfg.num_splits == 1 else f32
-    pointers = [_ptr(q.dtype), _ptr(k_pages.dtype), _ptr(v_pages.dtype), i32, i32, i32, i32, out, f32, f32]
+    pointers = [_ptr(q.dtype), _ptr(k_pages.dtype), _ptr(v_pages.dtype), i32, i32, i32, i32, _ptr(q.dtype), f32, f32,
+                f32, i32]
     return _compile(_paged_kernels.paged_attention_kernel, pointers, consts, cfg.num_warps, cfg.num_stages, arch)

@@ -12,9 +12,11 @@ windows and the causal end bound each tile's loop: pages outside are never loade
 
 Split-K: the keys a tile sees are cut into ``num_splits`` ranges of whole blocks, one program
 each (grid ``(tiles, Hkv, splits)``), so a few long sequences still fill the GPU at batch 8.
-Each split writes its unnormalised float32 output with its base-2 running max and sum; a small
-JAX combine merges them (``O(splits · T · Hq · Dv)`` bytes, about 1-3% of the KV read for decode
-at 2k+ context). With one split the kernel writes the normalised output directly.
+Each split writes its unnormalised float32 output with its base-2 running max and sum
+(``O(splits · T · Hq · Dv)`` bytes, about 1-3% of the KV read for decode at 2k+ context), then
+counts itself in an arrival counter of its tile; the split that arrives last merges them and
+writes the output, so decode is one launch (``fused_merge=False`` merges in JAX instead). With
+one split the kernel writes the normalised output directly.
 
 ``num_seqs``, ``cu_q_lens`` and ``kv_lens`` are device values, so the grid is static: it has
 ``min(T, cdiv(T, block_q) + min(S, T))`` tile slots (an upper bound of the tiles of any valid
@@ -59,6 +61,11 @@ _PREFILL_ROWS = 128  # rows a prefill tile aims for (block_q * G)
 _MIN_STEPS_PER_SPLIT = 4  # a split gets at least this many blocks of keys
 
 
+def _boolean(instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+    if not isinstance(value, bool):
+        raise ValueError(f"{type(instance).__name__}.{attribute.name} is {value!r} but needs a bool")
+
+
 @attrs.frozen(kw_only=True)
 class PagedAttentionConfig:
     """Tiles and launch parameters of the Triton ragged paged attention.
@@ -70,6 +77,9 @@ class PagedAttentionConfig:
         block_kv: Keys per loop step, gathered through the page table (any page size).
         num_splits: Programs that share one tile's keys (split-K); their partial results
             are merged afterwards. 1 writes the output directly.
+        fused_merge: With several splits, the split that finishes last merges the partials
+            in the kernel (an arrival counter per tile); ``False`` merges them in a separate
+            JAX computation (one more kernel launch).
         num_warps: Warps per program.
         num_stages: Software-pipelining stages of the key loop.
     """
@@ -77,6 +87,7 @@ class PagedAttentionConfig:
     block_q: int = attrs.field(default=1, validator=power_of_two(1))
     block_kv: int = attrs.field(default=64, validator=power_of_two(16))
     num_splits: int = attrs.field(default=1, validator=int_in(1, _MAX_SPLITS))
+    fused_merge: bool = attrs.field(default=True, validator=_boolean)
     num_warps: int = attrs.field(default=4, validator=one_of(1, 2, 4, 8, 16))
     num_stages: int = attrs.field(default=2, validator=int_in(1, 8))
 
@@ -115,20 +126,22 @@ def _launch(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array, kv_lens: jax.A
               jnp.reshape(num_seqs, (1,)).astype(i32))
     grid = (max_tiles(tokens, seqs, cfg.block_q), hkv, splits)
     sds = jax.ShapeDtypeStruct
+    out = sds((tokens, hq, dv), q.dtype)
+    parts = (sds((splits, tokens, hq, dv), jnp.float32), sds((splits, tokens, hq), jnp.float32),
+             sds((splits, tokens, hq), jnp.float32))
+    unused = sds((1,), jnp.float32)
+    zeroed: tuple[int, ...]
     if splits == 1:
-        out, _, _ = launch(
-            _kernels().paged_attention_kernel, grid=grid, inputs=inputs,
-            out_shapes=(sds((tokens, hq, dv), q.dtype), sds((1,), jnp.float32), sds((1,), jnp.float32)),
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages, zeroed_outputs=(0,), **consts,
-        )
-        return out
-    acc, row_max, row_sum = launch(
-        _kernels().paged_attention_kernel, grid=grid, inputs=inputs,
-        out_shapes=(sds((splits, tokens, hq, dv), jnp.float32), sds((splits, tokens, hq), jnp.float32),
-                    sds((splits, tokens, hq), jnp.float32)),
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **consts,
-    )
-    return _combine(acc, row_max, row_sum, cu_q_lens, num_seqs, q.dtype)
+        out_shapes, zeroed = (out, unused, unused, unused, sds((1,), i32)), (0,)
+    elif cfg.fused_merge:
+        out_shapes, zeroed = (out, *parts, sds((grid[0] * hkv,), i32)), (0, 4)
+    else:
+        out_shapes, zeroed = (sds((1,), q.dtype), *parts, sds((1,), i32)), ()
+    result = launch(_kernels().paged_attention_kernel, grid=grid, inputs=inputs, out_shapes=out_shapes,
+                    num_warps=cfg.num_warps, num_stages=cfg.num_stages, zeroed_outputs=zeroed, **consts)
+    if splits == 1 or cfg.fused_merge:
+        return result[0]
+    return _combine(result[1], result[2], result[3], cu_q_lens, num_seqs, q.dtype)
 
 
 def _combine(acc: jax.Array, row_max: jax.Array, row_sum: jax.Array, cu_q_lens: jax.Array, num_seqs: jax.Array,
@@ -290,6 +303,7 @@ def _kernel_args(q: Any, k_pages: Any, v_pages: Any, page_indices: Any, *, scale
         SEQS_POW2=_next_pow2(seqs), WINDOW=left is not None, WIN_L=int(left or 0), HAS_CAP=cap is not None,
         DOT_PREC="ieee" if jnp.dtype(q.dtype) == jnp.float32 else "tf32",  # 16-bit operands ignore it
         BLOCK_Q=cfg.block_q, BLOCK_M=_block_m(cfg.block_q, groups), BLOCK_N=cfg.block_kv, NUM_SPLITS=cfg.num_splits,
+        MERGE=cfg.fused_merge and cfg.num_splits > 1,
     )
 
 
@@ -372,9 +386,9 @@ def config_space(q: Any, k_pages: Any, v_pages: Any, kv_lens: Any, page_indices:
                  num_seqs: Any, **_: Any) -> list[PagedAttentionConfig]:
     """Autotuning candidates around the heuristic's config, pruned by a shared-memory estimate.
 
-    Varies keys per step (32, 64, 128; 8 warps with 128), stages (2-4), warps (4, 8), split-K (the heuristic's,
-    halved, doubled, and 1) and, for prefill, tokens per tile (half and double). The heuristic's
-    config comes first.
+    Varies keys per step (32, 64, 128; 8 warps with 128), stages (2-4), warps (4, 8), split-K
+    (the heuristic's, halved, doubled, and 1), the merge (in the kernel or in JAX) and, for
+    prefill, tokens per tile (half and double). The heuristic's config comes first.
 
     Args: as for :func:`heuristic_config`.
 
@@ -393,6 +407,8 @@ def config_space(q: Any, k_pages: Any, v_pages: Any, kv_lens: Any, page_indices:
     candidates.append(evolve(base, num_warps=8 if base.num_warps == 4 else 4))
     for splits in (1, max(1, base.num_splits // 2), min(_MAX_SPLITS, base.num_splits * 2)):
         candidates.append(evolve(base, num_splits=splits))
+    if base.num_splits > 1:
+        candidates.append(evolve(base, fused_merge=False))
     if not _is_decode(q, page_indices):
         groups = int(q.shape[1]) // int(k_pages.shape[2])
         for block_q in (max(1, base.block_q // 2), base.block_q * 2):

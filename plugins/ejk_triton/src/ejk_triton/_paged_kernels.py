@@ -5,9 +5,10 @@ Imported only when the kernel is launched (this module imports triton; see ``_en
 
 Layouts (contiguous): q ``[T, Hq, D]``, k_pages ``[P, page, Hkv, D]``, v_pages ``[P, page, Hkv, Dv]``,
 kv_lens ``[S]``, page table ``[S, pages_per_seq]``, cu_q_lens ``[S+1]``, num_seqs ``[1]`` (int32).
-Outputs: either the attention ``[T, Hq, Dv]`` (one split), or per split ``z`` the unnormalised
-float32 partials ``acc [Z, T, Hq, Dv]``, running max ``m [Z, T, Hq]`` and sum ``l [Z, T, Hq]``
-(base-2 logits), which the caller merges.
+Outputs: the attention ``[T, Hq, Dv]``; with several splits also, per split ``z``, the
+unnormalised float32 partials ``acc [Z, T, Hq, Dv]``, running max ``m [Z, T, Hq]`` and sum
+``l [Z, T, Hq]`` (base-2 logits), merged by the split that finishes last (or by the caller), and
+an arrival counter per tile and kv head.
 
 One program handles one *tile*: up to ``BLOCK_Q`` consecutive query tokens of one sequence, for
 one kv head, over one split of the keys the tile can see. The ``GROUP`` q heads of the kv head
@@ -82,16 +83,52 @@ def _paged_inner(acc, l_i, m_i, q, pos, row_ok, k_base, v_base, table_row, key_l
 
 
 @triton.jit
-def paged_attention_kernel(Q, K, V, KvLens, Table, CuQ, NumSeqs, Out, MaxOut, SumOut,
+def _merge_splits(acc_part, max_part, sum_part, rows, row_ok, offs_dv, SPLIT_STRIDE: tl.constexpr,
+                  DV: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_M: tl.constexpr, NUM_SPLITS: tl.constexpr):
+    """Merge the splits' partials of ``rows`` (read through L2: other programs wrote them)."""
+    m_all = tl.full([BLOCK_M], _NEG_INF, tl.float32)
+    l_all = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM_V], tl.float32)
+    mask = row_ok[:, None] & (offs_dv[None, :] < DV)
+    for z in range(NUM_SPLITS):
+        part = z * SPLIT_STRIDE + rows
+        m_z = tl.load(max_part + part, mask=row_ok, other=_NEG_INF, cache_modifier=".cg")
+        l_z = tl.load(sum_part + part, mask=row_ok, other=0.0, cache_modifier=".cg")
+        a_z = tl.load(acc_part + part[:, None] * DV + offs_dv[None, :], mask=mask, other=0.0, cache_modifier=".cg")
+        m_new = tl.maximum(m_all, m_z)
+        m_safe = tl.where(m_new == _NEG_INF, 0.0, m_new)
+        old_w = tl.exp2(m_all - m_safe)
+        new_w = tl.exp2(m_z - m_safe)  # NaN from a split that saw NaN propagates
+        l_all = l_all * old_w + l_z * new_w
+        acc = acc * old_w[:, None] + a_z * new_w[:, None]
+        m_all = m_new
+    return acc, l_all
+
+
+@triton.jit
+def _store_out(out_ptrs, acc, l_i, mask):
+    empty = l_i == 0.0  # no visible key; a NaN sum (NaN in q or a visible key) propagates
+    out = tl.where(empty[:, None], 0.0, acc / tl.where(empty, 1.0, l_i)[:, None])
+    tl.store(out_ptrs, out.to(out_ptrs.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def paged_attention_kernel(Q, K, V, KvLens, Table, CuQ, NumSeqs, Out, AccPart, MaxPart, SumPart, Arrived,
                            SCALE: tl.constexpr, CAP: tl.constexpr, T: tl.constexpr, HQ: tl.constexpr,
                            GROUP: tl.constexpr, D: tl.constexpr, DV: tl.constexpr, HEAD_DIM: tl.constexpr,
                            HEAD_DIM_V: tl.constexpr, NUM_PAGES: tl.constexpr, PAGE: tl.constexpr,
                            PAGES_PER_SEQ: tl.constexpr, SEQS: tl.constexpr, SEQS_POW2: tl.constexpr,
                            WINDOW: tl.constexpr, WIN_L: tl.constexpr, HAS_CAP: tl.constexpr,
                            DOT_PREC: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr,
-                           BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr):
-    """Grid ``(max tiles, Hkv, NUM_SPLITS)``. With one split ``Out`` is the attention (``MaxOut`` and
-    ``SumOut`` are unused placeholders); else ``Out``, ``MaxOut``, ``SumOut`` are the partials."""
+                           BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr, MERGE: tl.constexpr):
+    """Grid ``(max tiles, Hkv, NUM_SPLITS)``.
+
+    With one split the program writes ``Out`` (the attention, zeroed beforehand). With several, each
+    writes its partials ``AccPart``, ``MaxPart``, ``SumPart``; with ``MERGE`` it then counts itself in
+    ``Arrived[tile, kv head]`` (zeroed beforehand; an acquire-release atomic after a block barrier),
+    and the split that arrives last merges all of them into ``Out``. Without ``MERGE`` the caller
+    merges. Unused outputs are placeholders.
+    """
     HKV: tl.constexpr = HQ // GROUP
     pid = tl.program_id(0)
     hk = tl.program_id(1)
@@ -165,12 +202,18 @@ def paged_attention_kernel(Q, K, V, KvLens, Table, CuQ, NumSeqs, Out, MaxOut, Su
                                  HKV, D, DV, HEAD_DIM, HEAD_DIM_V, DOT_PREC, True, BLOCK_N)
 
     out_mask = row_ok[:, None] & (offs_dv[None, :] < DV)
+    out_ptrs = Out + q_rows[:, None] * DV + offs_dv[None, :]
     if NUM_SPLITS == 1:
-        empty = l_i == 0.0  # no visible key; a NaN sum (NaN in q or a visible key) propagates
-        out = tl.where(empty[:, None], 0.0, acc / tl.where(empty, 1.0, l_i)[:, None])
-        tl.store(Out + q_rows[:, None] * DV + offs_dv[None, :], out.to(Out.dtype.element_ty), mask=out_mask)
+        _store_out(out_ptrs, acc, l_i, out_mask)
     else:
         part_rows = split.to(tl.int64) * (T * HQ) + q_rows
-        tl.store(Out + part_rows[:, None] * DV + offs_dv[None, :], acc, mask=out_mask)
-        tl.store(MaxOut + part_rows, m_i, mask=row_ok)
-        tl.store(SumOut + part_rows, l_i, mask=row_ok)
+        tl.store(AccPart + part_rows[:, None] * DV + offs_dv[None, :], acc, mask=out_mask)
+        tl.store(MaxPart + part_rows, m_i, mask=row_ok)
+        tl.store(SumPart + part_rows, l_i, mask=row_ok)
+        if MERGE:
+            tl.debug_barrier()  # every thread's partials are written before the release below
+            arrived = tl.atomic_add(Arrived + pid * HKV + hk, 1, sem="acq_rel", scope="gpu")
+            if arrived == NUM_SPLITS - 1:  # the last split of this tile and kv head merges
+                acc, l_i = _merge_splits(AccPart, MaxPart, SumPart, q_rows, row_ok, offs_dv, T * HQ, DV,
+                                         HEAD_DIM_V, BLOCK_M, NUM_SPLITS)
+                _store_out(out_ptrs, acc, l_i, out_mask)

@@ -6,14 +6,14 @@ One kernel serves both modes (see ``_paged_kernels``). A program takes a *tile* 
 read once per tile and kv head, whatever the GQA ratio. Decode (``block_q = 1``) thus reads the
 KV cache exactly once: ``2 · Σ kv_len · Hkv · D · itemsize`` bytes, the floor for this op,
 plus the table and ``q``, which are small. A prefill tile of ``block_q`` tokens reads its
-sequence's visible pages once for ``block_q · G`` rows (arithmetic intensity ``block_q · G``
-FLOPs per byte, as in flash attention), so the same kernel is compute-bound there. Sliding
+sequence's visible pages once for ``block_q · G`` rows (about ``2 · block_q · G`` FLOPs per byte
+read, as in flash attention), so the same kernel is compute-bound there. Sliding
 windows and the causal end bound each tile's loop: pages outside are never loaded.
 
 Split-K: the keys a tile sees are cut into ``num_splits`` ranges of whole blocks, one program
 each (grid ``(tiles, Hkv, splits)``), so a few long sequences still fill the GPU at batch 8.
 Each split writes its unnormalised float32 output with its base-2 running max and sum
-(``O(splits · T · Hq · Dv)`` bytes, about 1-3% of the KV read for decode at 2k+ context), then
+(``O(splits · T · Hq · Dv)`` bytes, at most about 3% of the KV read for decode at 2k+ context), then
 counts itself in an arrival counter of its tile; the split that arrives last merges them and
 writes the output, so decode is one launch (``fused_merge=False`` merges in JAX instead). With
 one split the kernel writes the normalised output directly.

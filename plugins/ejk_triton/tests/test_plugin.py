@@ -26,10 +26,14 @@ def test_plugin_conforms() -> None:
 
 def test_registrations_follow_the_interpret_mode() -> None:
     _info, registry = check_plugin("triton")
-    backends = {str(spec.backend) for spec in registry.list_implementations("flash_attention")}
-    assert backends == ({"gpu", "cpu"} if os.environ.get("EJK_TRITON_INTERPRET") == "1" else {"gpu"})
-    (spec, *_) = registry.list_implementations("flash_attention")
-    assert spec.priority > 0 and spec.cfg_type is not None and spec.cfg_type.__name__ == "FlashAttentionConfig"
+    expected = {"gpu", "cpu"} if os.environ.get("EJK_TRITON_INTERPRET") == "1" else {"gpu"}
+    ops = (("flash_attention", "FlashAttentionConfig"), ("ragged_paged_attention", "PagedAttentionConfig"))
+    for op, cfg_name in ops:
+        assert {str(spec.backend) for spec in registry.list_implementations(op)} == expected
+        (spec, *_) = registry.list_implementations(op)
+        assert spec.priority > 0 and spec.cfg_type is not None and spec.cfg_type.__name__ == cfg_name
+    (paged, *_) = registry.list_implementations("ragged_paged_attention")
+    assert paged.vjp is None and paged.capability is not None  # not differentiable, like ejk-xla's
 
 
 def test_expected_plugins_discovered() -> None:

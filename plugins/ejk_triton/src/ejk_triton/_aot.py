@@ -18,7 +18,7 @@ from ejk.tiling import fit_block as _fit
 from ejk_triton import _env, _grouped_matmul, _matmul
 from ejk_triton._flash_attention import FlashAttentionConfig, _constexprs, _dbias_layout, heuristic_config
 
-__all__ = ["compile_flash_attention", "compile_grouped_matmul", "compile_matmul"]
+__all__ = ["compile_flash_attention", "compile_grouped_matmul", "compile_matmul", "compile_ragged_paged_attention"]
 
 _TRITON_DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "int32": "i32"}
 
@@ -162,3 +162,43 @@ def compile_grouped_matmul(m: int, k: int, n: int, groups: int, dtype: Any = jnp
         "d_rhs": _compile_launch(kernels.grouped_outer_kernel, ptrs, _grouped_matmul.outer_args(
             m=m, n=n, k=k, **common), arch),
     }
+
+
+def compile_ragged_paged_attention(
+    q: Any,
+    k_pages: Any,
+    v_pages: Any,
+    page_indices: Any,
+    *,
+    cfg: Any = None,
+    sliding_window: tuple[int, int] | None = None,
+    logits_soft_cap: float | None = None,
+    arch: int = 90,
+) -> dict[str, int]:
+    """Compile the ragged paged attention kernel one call would launch, for compute capability ``arch``.
+
+    Args:
+        q, k_pages, v_pages, page_indices: Abstract arrays as for
+            :func:`ejk_triton._paged_attention.ragged_paged_attention`.
+        cfg: Its config (``None``: :func:`ejk_triton._paged_attention.heuristic_config` for a GPU).
+        sliding_window, logits_soft_cap: As for the op.
+        arch: Compute capability as an int (90 for sm_90).
+
+    Returns:
+        Its shared memory in bytes, warps and stages.
+
+    Raises:
+        RuntimeError: in the interpreter mode (nothing is compiled there).
+    """
+    _compiled_mode()
+    from ejk_triton import _paged_attention as pa
+    from ejk_triton import _paged_kernels
+
+    cfg = cfg if cfg is not None else pa.heuristic_config(q, k_pages, v_pages, None, page_indices, None, None)
+    consts = pa._kernel_args(q, k_pages, v_pages, page_indices, scale=1.0 / math.sqrt(int(q.shape[2])),
+                             left=None if sliding_window is None else sliding_window[0], cap=logits_soft_cap,
+                             cfg=cfg)
+    i32, f32 = _ptr(jnp.int32), _ptr(jnp.float32)
+    pointers = [_ptr(q.dtype), _ptr(k_pages.dtype), _ptr(v_pages.dtype), i32, i32, i32, i32, _ptr(q.dtype), f32, f32,
+                f32, i32]
+    return _compile(_paged_kernels.paged_attention_kernel, pointers, consts, cfg.num_warps, cfg.num_stages, arch)

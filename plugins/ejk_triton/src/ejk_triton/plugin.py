@@ -9,7 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 import ejk
-from ejk_triton import _env, _flash_attention, _grouped_matmul, _matmul
+from ejk_triton import _env, _flash_attention, _grouped_matmul, _matmul, _paged_attention
 
 #: Between ejk-xla's chunked kernel (0) and its cuDNN one (10): in the heuristics tier the Triton
 #: kernels take what cuDNN's gate refuses (soft cap, segment ids, Sq != Sk causal, odd lengths)
@@ -27,12 +27,16 @@ MATMUL_PRIORITY = -5
 
 @ejk.hookimpl
 def ejk_register_kernels(register: Callable[..., Callable[[Any], Any]]) -> None:
-    fa = _flash_attention
+    fa, pa = _flash_attention, _paged_attention
     vjp = ejk.VJP(fwd=fa.forward_with_residuals, bwd=fa.backward, residuals=fa.RESIDUALS)
     for backend in _env.backends():
         register("flash_attention", ejk.Platform.TRITON, backend, priority=PRIORITY, name="flash",
                  cfg_type=fa.FlashAttentionConfig, config_space=fa.config_space, heuristic=fa.heuristic_config,
                  capability=fa.capability, vjp=vjp)(fa.forward)
+        # Not differentiable (serving-time attention), like ejk-xla's: no VJP.
+        register("ragged_paged_attention", ejk.Platform.TRITON, backend, priority=PRIORITY, name="paged",
+                 cfg_type=pa.PagedAttentionConfig, config_space=pa.config_space, heuristic=pa.heuristic_config,
+                 capability=pa.capability)(pa.ragged_paged_attention)
     mm, gmm = _matmul, _grouped_matmul
     mm_vjp = ejk.VJP(fwd=mm.forward_with_residuals, bwd=mm.backward, residuals=mm.RESIDUALS)
     gmm_vjp = ejk.VJP(fwd=gmm.forward_with_residuals, bwd=gmm.backward, residuals=gmm.RESIDUALS)

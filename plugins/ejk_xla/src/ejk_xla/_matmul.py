@@ -14,7 +14,12 @@ import attrs
 import jax
 import jax.numpy as jnp
 
-__all__ = ["MatmulConfig", "config_space", "heuristic_config", "matmul"]
+__all__ = [
+    "RESIDUALS", "MatmulConfig", "backward", "config_space", "forward_with_residuals", "heuristic_config", "matmul",
+]
+
+#: The residual format of :func:`forward_with_residuals`: the operands ``(a, b)``.
+RESIDUALS = "matmul:inputs"
 
 
 @attrs.frozen(kw_only=True)
@@ -57,6 +62,47 @@ def matmul(
         a, b = a.astype(dtype), b.astype(dtype)
     out = jnp.matmul(a, b, precision=precision, preferred_element_type=jnp.float32)
     return out.astype(out_dtype)
+
+
+def forward_with_residuals(
+    a: jax.Array,
+    b: jax.Array,
+    *,
+    precision: str | tuple[str, str] = ("highest", "highest"),
+    preferred_element_type: Any = None,
+    cfg: MatmulConfig | None = None,
+) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
+    """:func:`matmul`'s output and the residuals ``(a, b)`` :func:`backward` needs."""
+    out = matmul(a, b, precision=precision, preferred_element_type=preferred_element_type, cfg=cfg)
+    return out, (a, b)
+
+
+def backward(
+    residuals: tuple[jax.Array, jax.Array],
+    d_out: jax.Array,
+    *,
+    cfg: MatmulConfig | None = None,
+    precision: str | tuple[str, str] = ("highest", "highest"),
+    preferred_element_type: Any = None,
+) -> tuple[jax.Array, jax.Array]:
+    """``(d a, d b)`` in the dtypes of ``a`` and ``b`` (broadcast batch dims summed, as ``jnp.matmul``'s).
+
+    The transposed products run in the operands' common dtype promoted with the cotangent's: a
+    bf16 matmul with a bf16 output keeps bf16 tensor-core products (float32 accumulation inside
+    the GEMM), as ``a @ b``'s own gradient does. Autodiff of :func:`matmul` would instead see the
+    float32 accumulator's cotangent and run both gradient products in float32, at about half the
+    speed on an H100. A float32 output (``preferred_element_type``) keeps its float32 cotangent.
+    """
+    del cfg, preferred_element_type
+    a, b = residuals
+    compute = jnp.promote_types(jnp.result_type(a, b), d_out.dtype)
+
+    def product(x: jax.Array, y: jax.Array) -> jax.Array:
+        return jnp.matmul(x, y, precision=precision, preferred_element_type=compute)
+
+    _, pullback = jax.vjp(product, a.astype(compute), b.astype(compute))
+    da, db = pullback(d_out.astype(compute))
+    return da.astype(a.dtype), db.astype(b.dtype)
 
 
 def config_space(a: Any, b: Any, **_: Any) -> list[MatmulConfig]:

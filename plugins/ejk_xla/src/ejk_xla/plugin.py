@@ -22,7 +22,9 @@ def ejk_register_kernels(register: Callable[..., Callable[[Any], Any]]) -> None:
     register("flash_attention", ejk.Platform.XLA, ejk.Backend.GPU, priority=CUDNN_PRIORITY, name="cudnn",
              capability=_cudnn_attention.capability)(_cudnn_attention.cudnn_attention)
     register("matmul", *portable, name="dot", cfg_type=_matmul.MatmulConfig,
-             config_space=_matmul.config_space, heuristic=_matmul.heuristic_config)(_matmul.matmul)
+             config_space=_matmul.config_space, heuristic=_matmul.heuristic_config,
+             vjp=ejk.VJP(fwd=_matmul.forward_with_residuals, bwd=_matmul.backward,
+                         residuals=_matmul.RESIDUALS))(_matmul.matmul)
     register("grouped_matmul", *portable, name="tiled", cfg_type=_grouped_matmul.GroupedMatmulConfig,
              config_space=_grouped_matmul.config_space,
              heuristic=_grouped_matmul.heuristic_config)(_grouped_matmul.grouped_matmul)

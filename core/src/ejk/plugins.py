@@ -538,8 +538,13 @@ def reset_plugin_host() -> None:
     global _host, _ready_host
     with _host_lock:
         _host = _ready_host = None
-        kernel_registry._registry.clear()
-        kernel_registry._loaded = False
-        kernel_registry.touch()
+        kernel_registry.set_loader(_load_installed_plugins, clear=True)
+
+
+def _load_installed_plugins(registry: KernelRegistry) -> None:
+    get_plugin_host(registry=registry)
+
+
+kernel_registry.set_loader(_load_installed_plugins)  # the registry knows no plugin code: it is given the loader
 
 

@@ -224,6 +224,16 @@ class KernelRegistry:
         reuses a decision only while it is unchanged)."""
         return self._version
 
+    def set_loader(self, loader: Callable[[KernelRegistry], None], *, clear: bool = False) -> None:
+        """Run ``loader`` on the next query (again, after a reset); ``clear`` first removes every
+        implementation."""
+        with self._lock:
+            if clear:
+                self._registry.clear()
+            self._loader = loader
+            self._loaded = False
+            self._version += 1
+
     def touch(self) -> None:
         """Note a change made to the registry from outside its methods (e.g. emptied on reset)."""
         with self._lock:
@@ -554,11 +564,6 @@ def _compare_parameters(reference: list[inspect.Parameter], other: list[inspect.
     return problems
 
 
-def _load_installed_plugins(registry: KernelRegistry) -> None:
-    from ejk import plugins
-
-    plugins.get_plugin_host(registry=registry)
-
-
-#: The process-wide registry; installed plugins are loaded on its first query.
-kernel_registry = KernelRegistry(loader=_load_installed_plugins)
+#: The process-wide registry; installed plugins are loaded on its first query (by the loader that
+#: :mod:`ejk.plugins` installs when imported, as ``import ejk`` does: this module imports no plugin code).
+kernel_registry = KernelRegistry()

@@ -12,7 +12,8 @@ CODE = textwrap.dedent(
     import jax, jax.numpy as jnp, numpy as np
     from jax.sharding import Mesh, PartitionSpec as P
     import ejk
-    from ejk.testing import reference_flash_attention, reference_grouped_matmul, reference_ragged_paged_attention
+    from ejk.testing import (assert_close, reference_flash_attention, reference_grouped_matmul,
+                             reference_ragged_paged_attention)
 
     shard_map = getattr(jax, "shard_map", None)
     if shard_map is None:
@@ -29,23 +30,23 @@ CODE = textwrap.dedent(
     spec = P("batch", None, None, None)
     sharded = jax.jit(shard_map(local, mesh=mesh, in_specs=(spec, spec, spec), out_specs=spec))
     out = sharded(q, k, v)
-    np.testing.assert_allclose(out, reference_flash_attention(q, k, v, causal=True), atol=2e-5, rtol=2e-5)
+    assert_close(out, reference_flash_attention(q, k, v, causal=True), jnp.float32)
 
     grad = jax.jit(jax.grad(lambda q: sharded(q, k, v).sum()))(q)
     want = jax.grad(lambda q: reference_flash_attention(q, k, v, causal=True).sum())(q)
-    np.testing.assert_allclose(grad, want, atol=1e-4, rtol=1e-4)
+    assert_close(grad, want, jnp.float32, what="dq")
 
     a = jax.random.normal(keys[0], (4, 8, 16))
     b = jax.random.normal(keys[1], (16, 8))
     mm = jax.jit(shard_map(lambda a: ejk.matmul(a, b), mesh=mesh, in_specs=(P("batch"),), out_specs=P("batch")))
-    np.testing.assert_allclose(mm(a), a @ b, atol=1e-4, rtol=1e-4)
+    assert_close(mm(a), a @ b, jnp.float32, kind="matmul")
     # Grouped matmul, column-parallel: rhs and the output are split along n.
     lhs = jax.random.normal(keys[0], (24, 16))
     rhs = jax.random.normal(keys[1], (3, 16, 8))
     sizes = jnp.array([10, 0, 9], jnp.int32)
     gmm = jax.jit(shard_map(lambda lhs, rhs, sizes: ejk.grouped_matmul(lhs, rhs, sizes), mesh=mesh,
                             in_specs=(P(), P(None, None, "batch"), P()), out_specs=P(None, "batch")))
-    np.testing.assert_allclose(gmm(lhs, rhs, sizes), reference_grouped_matmul(lhs, rhs, sizes), atol=1e-4, rtol=1e-4)
+    assert_close(gmm(lhs, rhs, sizes), reference_grouped_matmul(lhs, rhs, sizes), jnp.float32, kind="matmul")
 
     # Paged attention, head-parallel: q heads and kv heads are split.
     rng = np.random.default_rng(0)
@@ -61,7 +62,7 @@ CODE = textwrap.dedent(
         lambda q, kp, vp, lens, table, cu: ejk.ragged_paged_attention(q, kp, vp, lens, table, cu, 2),
         mesh=mesh, in_specs=(heads, pages, pages, P(), P(), P()), out_specs=heads))
     want = reference_ragged_paged_attention(qp, k_pages, v_pages, kv_lens, table, cu, 2)
-    np.testing.assert_allclose(rpa(qp, k_pages, v_pages, kv_lens, table, cu), want, atol=2e-5, rtol=2e-5)
+    assert_close(rpa(qp, k_pages, v_pages, kv_lens, table, cu), want, jnp.float32, kind="paged")
     print("ok", len(jax.devices()))
     """
 )

@@ -149,7 +149,16 @@ def test_no_infinite_recursion_when_nothing_matches(registry: KernelRegistry, pl
             registry.get("present_op", platform="xla" if platform == "auto" else platform, backend=backend)
 
 
+class FamilyHints:
+    """A plugin that knows which distributions provide other platforms (as ejk-xla does)."""
+
+    @ejk.hookimpl
+    def ejk_platform_distributions(self) -> dict[str, str]:
+        return {"cute": "ejk-cute", "triton": "ejk-triton"}
+
+
 def test_kernel_not_found_is_a_value_error_listing_what_is_registered(registry: KernelRegistry) -> None:
+    PluginHost(registry, load_entry_points=False).register_plugin(FamilyHints(), "family")
     registry.register("my_op", "triton", "gpu", priority=3)(impl_a)
     registry.register("my_op", "pallas", "tpu")(impl_b)
     with pytest.raises(ValueError, match="my_op") as excinfo:
@@ -184,6 +193,7 @@ def test_kernel_not_found_names_skipped_plugins_with_reason_and_fix(registry: Ke
 
     with pytest.warns(RuntimeWarning, match="broken"):
         host.register_plugin(Broken(), "broken", distribution="ejk-broken", version="0.3")
+    host.register_plugin(FamilyHints(), "family")
     with pytest.raises(KernelNotFoundError) as excinfo:
         registry.get("flash_attention", platform="triton")
     message = str(excinfo.value)
@@ -192,6 +202,38 @@ def test_kernel_not_found_names_skipped_plugins_with_reason_and_fix(registry: Ke
     assert "Fix:" in message
     assert "EJK_DISABLE_PLUGINS=broken" in message
     assert "pip install ejk-triton" in message
+
+
+def test_install_hints_come_from_plugins_not_from_core(registry: KernelRegistry) -> None:
+    def message(platform: str) -> str:
+        with pytest.raises(KernelNotFoundError) as excinfo:
+            registry.get("my_op", platform=platform)
+        return str(excinfo.value)
+
+    registry.register("my_op", "xla", "any")(impl_a)
+    assert "pip install" not in message("cute")  # no plugin says which distribution provides cute
+    host = PluginHost(registry, load_entry_points=False)
+
+    class Serves:
+        @ejk.hookimpl
+        def ejk_platform_status(self) -> PlatformStatus:
+            return PlatformStatus(platform="gizmo", available=False, reason="no gizmo here")
+
+    host.register_plugin(Serves(), "gizmo-plugin", distribution="gizmo-kernels")
+    assert "To add the gizmo platform: pip install gizmo-kernels" in message("gizmo")  # its own platform
+    assert "pip install" not in message("cute")
+    host.register_plugin(FamilyHints(), "family")
+    assert "To add the cute platform: pip install ejk-cute" in message("cute")  # another plugin's hint
+
+    class Bad:
+        @ejk.hookimpl
+        def ejk_platform_distributions(self) -> Any:
+            return ["ejk-cute"]
+
+    with pytest.warns(RuntimeWarning, match="ejk_platform_distributions returned list"):
+        host.register_plugin(Bad(), "bad")
+        message("cute")
+    assert any("ejk_platform_distributions" in e for e in host.plugins["bad"].hook_errors)
 
 
 # -- platform="auto" ------------------------------------------------------------------------------

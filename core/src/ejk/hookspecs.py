@@ -7,7 +7,7 @@ accept any subset of the documented arguments, as in pluggy.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import pluggy
@@ -86,4 +86,15 @@ def ejk_device_fingerprint(device: Any) -> dict[str, str] | None:
 
     For example SM count or driver version. The dicts of all plugins are merged into the
     device fingerprint that keys every config cache.
+    """
+
+
+@hookspec
+def ejk_platform_distributions() -> Mapping[str, str] | None:
+    """Distributions that provide platforms this plugin knows of: ``{platform: distribution}``.
+
+    Used for the "what to install" hint of :class:`ejk.KernelNotFoundError` (``pip install
+    ejk-triton``). A plugin need not list its own platforms: the distribution of the entry point
+    that reports a platform (or is named after it) is used first. Answers of several plugins are
+    merged, the first plugin's winning.
     """

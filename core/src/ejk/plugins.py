@@ -154,7 +154,7 @@ class PluginHost:
         self.plugins: dict[str, PluginInfo] = {}
         self._device_facts: dict[Any, dict[str, str]] = {}
         self._platform_facts: dict[tuple[Any, str], dict[str, str]] = {}
-        self.registry.set_diagnostics(self._availability, self._explain)
+        self.registry.set_diagnostics(self._availability, self._explain, self.distribution_of)
         if load_entry_points:
             self.load_entry_points()
 
@@ -419,6 +419,23 @@ class PluginHost:
             return False, f"{status.reason or 'unavailable'}. Fix: {status.fix}"
         return status.available, status.reason
 
+    def distribution_of(self, platform: str) -> str | None:
+        """The distribution that provides ``platform``, for "what to install" hints: that of the
+        plugin reporting it, else of the plugin named after it (disabled and failed plugins
+        included: from their entry points), else what ``ejk_platform_distributions`` says."""
+        platform = str(platform)
+        infos = list(self.plugins.values())
+        for info in infos:
+            if info.distribution and any(status.platform == platform for status in info.platforms):
+                return info.distribution
+        for info in infos:
+            if info.distribution and info.name == platform:
+                return info.distribution
+        for answer in self.call("ejk_platform_distributions"):
+            if answer.get(platform):
+                return str(answer[platform])
+        return None
+
     def _explain(self) -> list[str]:
         lines = []
         for info in self.plugins.values():
@@ -454,6 +471,13 @@ def _check_device_fingerprint(result: Any) -> str | None:
     return "a dict of str names to str values, e.g. {'sm_count': '132'}"
 
 
+def _check_platform_distributions(result: Any) -> str | None:
+    if isinstance(result, Mapping) and all(isinstance(k, str) and isinstance(v, str) and v
+                                           for k, v in result.items()):
+        return None
+    return "a dict of platform names to distribution names, e.g. {'triton': 'ejk-triton'}"
+
+
 def _check_config_space(result: Any) -> str | None:
     if isinstance(result, Sequence) and not isinstance(result, str | bytes):
         return None
@@ -464,6 +488,7 @@ _CHECKS: dict[str, _Check] = {
     "ejk_platform_status": _check_platform_status,
     "ejk_device_fingerprint": _check_device_fingerprint,
     "ejk_config_space": _check_config_space,
+    "ejk_platform_distributions": _check_platform_distributions,
 }
 
 
@@ -513,8 +538,13 @@ def reset_plugin_host() -> None:
     global _host, _ready_host
     with _host_lock:
         _host = _ready_host = None
-        kernel_registry._registry.clear()
-        kernel_registry._loaded = False
-        kernel_registry.touch()
+        kernel_registry.set_loader(_load_installed_plugins, clear=True)
+
+
+def _load_installed_plugins(registry: KernelRegistry) -> None:
+    get_plugin_host(registry=registry)
+
+
+kernel_registry.set_loader(_load_installed_plugins)  # the registry knows no plugin code: it is given the loader
 
 

@@ -54,13 +54,10 @@ class Backend(enum.StrEnum):
 PlatformLike = Platform | str
 BackendLike = Backend | Literal["gpu", "tpu", "cpu", "any"] | str
 
-#: Which distribution provides each known platform (for "what to install" hints).
-PLATFORM_DISTRIBUTIONS: dict[str, str] = {
-    "xla": "ejk-xla",
-    "pallas": "ejk-pallas",
-    "triton": "ejk-triton",
-    "cute": "ejk-cute",
-}
+#: What to install when no plugin registered an algorithm at all: the portable platform, which
+#: runs on every backend. Which distribution provides any other platform is not listed here: the
+#: plugin host answers from entry points and the ``ejk_platform_distributions`` hook.
+PORTABLE_DISTRIBUTION = "ejk-xla"
 
 
 @attrs.frozen(kw_only=True)
@@ -218,6 +215,7 @@ class KernelRegistry:
         self._loading = False
         self._availability: Callable[[str], tuple[bool, str | None]] | None = None
         self._explain: Callable[[], list[str]] | None = None
+        self._distribution_of: Callable[[str], str | None] | None = None
         self._version = 0
 
     @property
@@ -225,6 +223,16 @@ class KernelRegistry:
         """A counter that changes whenever implementations are added or removed (the Executor
         reuses a decision only while it is unchanged)."""
         return self._version
+
+    def set_loader(self, loader: Callable[[KernelRegistry], None], *, clear: bool = False) -> None:
+        """Run ``loader`` on the next query (again, after a reset); ``clear`` first removes every
+        implementation."""
+        with self._lock:
+            if clear:
+                self._registry.clear()
+            self._loader = loader
+            self._loaded = False
+            self._version += 1
 
     def touch(self) -> None:
         """Note a change made to the registry from outside its methods (e.g. emptied on reset)."""
@@ -251,11 +259,14 @@ class KernelRegistry:
         self,
         availability: Callable[[str], tuple[bool, str | None]] | None,
         explain: Callable[[], list[str]] | None,
+        distribution_of: Callable[[str], str | None] | None = None,
     ) -> None:
-        """Install the callbacks (from the plugin loader) that say whether a platform is usable
-        and describe skipped plugins in :class:`KernelNotFoundError` messages."""
+        """Install the callbacks (from the plugin loader) that say whether a platform is usable,
+        describe skipped plugins and name the distribution providing a platform (``None``:
+        unknown) in :class:`KernelNotFoundError` messages."""
         self._availability = availability
         self._explain = explain
+        self._distribution_of = distribution_of
 
     def platform_available(self, platform: PlatformLike) -> tuple[bool, str | None]:
         """``(available, reason)`` for a platform, as reported by its plugin's status hook."""
@@ -461,11 +472,11 @@ class KernelRegistry:
             lines.append(f"No plugin registered {algo!r}. Registered algorithms: {known}.")
         if self._explain is not None:
             lines.extend(self._explain())
-        wanted = PLATFORM_DISTRIBUTIONS.get(str(platform)) if platform else None
+        wanted = self._distribution_of(str(platform)) if platform and self._distribution_of else None
         if wanted and not any(s.platform == platform for s in specs):
             lines.append(f"To add the {platform} platform: pip install {wanted}")
         elif not specs:
-            lines.append("The portable default runs everywhere: pip install ejk-xla")
+            lines.append(f"The portable default runs everywhere: pip install {PORTABLE_DISTRIBUTION}")
         return "\n".join(lines)
 
     # -- signature validation ----------------------------------------------------------------
@@ -553,11 +564,6 @@ def _compare_parameters(reference: list[inspect.Parameter], other: list[inspect.
     return problems
 
 
-def _load_installed_plugins(registry: KernelRegistry) -> None:
-    from ejk import plugins
-
-    plugins.get_plugin_host(registry=registry)
-
-
-#: The process-wide registry; installed plugins are loaded on its first query.
-kernel_registry = KernelRegistry(loader=_load_installed_plugins)
+#: The process-wide registry; installed plugins are loaded on its first query (by the loader that
+#: :mod:`ejk.plugins` installs when imported, as ``import ejk`` does: this module imports no plugin code).
+kernel_registry = KernelRegistry()

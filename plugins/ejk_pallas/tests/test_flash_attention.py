@@ -16,7 +16,14 @@ import numpy as np
 import pytest
 
 import ejk
-from ejk.testing import FLASH_ATTENTION_CASES, assert_close, check_flash_attention, reference_flash_attention
+from ejk.testing import (
+    FLASH_ATTENTION_CASES,
+    AttentionCase,
+    assert_close,
+    attention_values_and_grads,
+    check_flash_attention,
+    reference_flash_attention,
+)
 from ejk_pallas import _env
 from ejk_pallas._flash_attention import (
     FlashAttentionConfig,
@@ -33,40 +40,19 @@ ON_GPU = _env.nvidia_gpu()[0]
 needs_kernels = pytest.mark.skipif(not (ON_GPU or _env.interpret_mode()),
                                    reason="needs an NVIDIA GPU or EJK_PALLAS_INTERPRET=1")
 
-# Each case compiles two small programs: cheap XLA CPU optimisation keeps the file fast.
-FAST_COMPILE = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True}
-
-
-def fast_jit(fn: Any) -> Any:
-    return jax.jit(fn, compiler_options=None if ON_GPU else FAST_COMPILE)
-
-
 @attrs.frozen(kw_only=True)
-class Case:
-    """One problem; ``blocks`` = (fwd q, fwd k, bwd q step, bwd k program), ``None`` for the heuristic."""
+class Case(AttentionCase):
+    """An attention problem (see :class:`ejk.testing.AttentionCase`).
 
-    b: int = 1
-    sq: int = 16
-    sk: int = 16
-    hq: int = 2
-    hkv: int = 2
+    ``blocks`` = (fwd q, fwd k, bwd q step, bwd k program); ``None`` for the heuristic config.
+    """
+
     d: int = 64
-    dv: int | None = None
-    causal: bool = False
-    window: int | tuple[int, int] | None = None
-    cap: float | None = None
-    seg: bool = False
-    bias: str | None = None  # 4 letters B H Q K for a full dim, 1 for a broadcast one
     dtype: str = "bfloat16"
     blocks: tuple[int, int, int, int] | None = (16, 16, 16, 16)
 
-    def __str__(self) -> str:
-        parts = [f"b{self.b}q{self.sq}k{self.sk}h{self.hq}/{self.hkv}d{self.d}", self.dtype]
-        parts += [f"dv{self.dv}"] * (self.dv is not None) + ["causal"] * self.causal
-        parts += [f"win{self.window}"] * (self.window is not None) + [f"cap{self.cap}"] * (self.cap is not None)
-        parts += ["seg"] * self.seg + [f"bias{self.bias}"] * bool(self.bias)
-        parts += [f"blk{'x'.join(map(str, self.blocks))}" if self.blocks else "heuristic"]
-        return "-".join(parts)
+    def label_parts(self) -> list[str]:
+        return [*super().label_parts(), f"blk{'x'.join(map(str, self.blocks))}" if self.blocks else "heuristic"]
 
     @property
     def cfg(self) -> FlashAttentionConfig | None:
@@ -76,51 +62,13 @@ class Case:
         return FlashAttentionConfig(block_q=m, block_k=n, bwd_block_q=bm, bwd_block_k=bn)
 
 
-def make_inputs(case: Case, seed: int = 0) -> dict[str, Any]:
-    rng = np.random.default_rng(seed)
-
-    def normal(shape: tuple[int, ...]) -> jax.Array:
-        return jnp.asarray(rng.standard_normal(shape, dtype=np.float32).astype(case.dtype))
-
-    q_seg = kv_seg = None
-    if case.seg:  # some query rows carry an id no key has: they see nothing
-        q_seg = jnp.asarray(rng.integers(0, 4, (case.b, case.sq), dtype=np.int32))
-        kv_seg = jnp.asarray(rng.integers(0, 3, (case.b, case.sk), dtype=np.int32))
-    bias = None
-    if case.bias:
-        full = (case.b, case.hq, case.sq, case.sk)
-        shape = tuple(1 if c == "1" else n for c, n in zip(case.bias, full, strict=True))
-        bias = jnp.asarray(rng.standard_normal(shape, dtype=np.float32))
-    return dict(q=normal((case.b, case.sq, case.hq, case.d)), k=normal((case.b, case.sk, case.hkv, case.d)),
-                v=normal((case.b, case.sk, case.hkv, case.dv or case.d)), q_segment_ids=q_seg, kv_segment_ids=kv_seg,
-                bias=bias)
-
-
-def user_kwargs(case: Case) -> dict[str, Any]:
-    return dict(causal=case.causal, sliding_window=case.window, logits_soft_cap=case.cap)
-
-
-def values_and_grads(fn: Any, inputs: dict[str, Any], cot: jax.Array) -> tuple[jax.Array, dict[str, Any]]:
-    """``fn``'s output and the gradients of ``<out, cot>`` w.r.t. q, k, v (and bias), in one jit."""
-    diff = {n: inputs[n] for n in ("q", "k", "v", "bias") if inputs[n] is not None}
-    rest = {n: x for n, x in inputs.items() if n not in diff}
-
-    @fast_jit
-    def run(diff: dict[str, Any], rest: dict[str, Any]) -> Any:
-        out, vjp = jax.vjp(lambda d: fn(**d, **rest), diff)
-        return out, vjp(cot)[0]
-
-    return run(diff, rest)  # type: ignore[no-any-return]
-
-
 def check_case(case: Case, seed: int = 0, cfg: Any = None) -> tuple[jax.Array, dict[str, Any]]:
-    inputs = make_inputs(case, seed)
-    cot = jnp.asarray(np.random.default_rng(99).standard_normal((case.b, case.sq, case.hq, case.dv or case.d),
-                                                                dtype=np.float32).astype(case.dtype))
+    inputs = case.inputs(seed)
+    cot = case.cotangent()
     ours = functools.partial(ejk.flash_attention, platform="pallas", cfg=case.cfg if cfg is None else cfg,
-                             **user_kwargs(case))
-    out, grads = values_and_grads(ours, inputs, cot)
-    want, want_grads = values_and_grads(functools.partial(reference_flash_attention, **user_kwargs(case)),
+                             **case.options())
+    out, grads = attention_values_and_grads(ours, inputs, cot)
+    want, want_grads = attention_values_and_grads(functools.partial(reference_flash_attention, **case.options()),
                                         inputs, cot)
     assert out.dtype == inputs["q"].dtype
     assert np.isfinite(np.asarray(out, np.float32)).all(), f"{case}: non-finite output"
@@ -170,12 +118,12 @@ def test_rows_that_see_nothing_are_zero_with_zero_gradients() -> None:
 def test_bias_minus_inf_rows_are_zero_with_zero_gradients() -> None:
     """A row whose every key carries a -inf bias sees nothing: zeros, zero gradients, no NaN."""
     case = Case(sq=16, sk=32, hq=2, hkv=1, bias="11QK")
-    inputs = make_inputs(case)
+    inputs = case.inputs()
     inputs["bias"] = inputs["bias"].at[:, :, 3].set(-jnp.inf)
     cot = jnp.ones((1, 16, 2, 64), jnp.bfloat16)
     ours = functools.partial(ejk.flash_attention, platform="pallas", cfg=case.cfg)
-    out, grads = values_and_grads(ours, inputs, cot)
-    want, _ = values_and_grads(reference_flash_attention, inputs, cot)
+    out, grads = attention_values_and_grads(ours, inputs, cot)
+    want, _ = attention_values_and_grads(reference_flash_attention, inputs, cot)
     assert_close(out, want, jnp.bfloat16)
     assert not np.asarray(out[:, 3], np.float32).any()
     assert not np.asarray(grads["q"][:, 3], np.float32).any()
@@ -192,7 +140,7 @@ def test_conformance_subset() -> None:
 @needs_kernels
 def test_vmap_and_jit() -> None:
     case = Case(sq=16, sk=32, hq=2, hkv=1, causal=True)
-    inputs = make_inputs(case)
+    inputs = case.inputs()
     q, k, v = (jnp.stack([inputs[n], inputs[n] * 0.5]) for n in ("q", "k", "v"))
     got = jax.jit(jax.vmap(lambda q, k, v: ejk.flash_attention(q, k, v, causal=True, platform="pallas")))(q, k, v)
     want = jax.vmap(lambda q, k, v: reference_flash_attention(q, k, v, causal=True))(q, k, v)

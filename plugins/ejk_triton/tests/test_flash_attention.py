@@ -20,7 +20,15 @@ import numpy as np
 import pytest
 
 import ejk
-from ejk.testing import FLASH_ATTENTION_CASES, assert_close, check_flash_attention, reference_flash_attention
+from ejk.testing import (
+    FLASH_ATTENTION_CASES,
+    AttentionCase,
+    assert_close,
+    attention_values_and_grads,
+    check_flash_attention,
+    fast_jit,
+    reference_flash_attention,
+)
 from ejk_triton import _env
 from ejk_triton._flash_attention import (
     FlashAttentionConfig,
@@ -36,40 +44,19 @@ ON_GPU = _env.nvidia_gpu()[0]
 needs_kernels = pytest.mark.skipif(not (ON_GPU or _env.interpret_mode()),
                                    reason="needs an NVIDIA GPU or EJK_TRITON_INTERPRET=1")
 
-# Each case compiles two small programs: cheap XLA CPU optimisation keeps the file fast.
-FAST_COMPILE = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True}
-
-
-def fast_jit(fn: Any) -> Any:
-    return jax.jit(fn, compiler_options=None if ON_GPU else FAST_COMPILE)
-
-
 @attrs.frozen(kw_only=True)
-class Case:
-    """One problem. ``bias``: 4 letters ``B H Q K`` for a full dim, ``1`` for a broadcast one."""
+class Case(AttentionCase):
+    """An attention problem (see :class:`ejk.testing.AttentionCase`).
 
-    b: int = 1
-    sq: int = 16
-    sk: int = 16
-    hq: int = 2
-    hkv: int = 2
+    ``blocks`` = (fwd m, fwd n, bwd m, bwd n); ``None`` for the heuristic config.
+    """
+
     d: int = 64
-    dv: int | None = None
-    causal: bool = False
-    window: int | tuple[int, int] | None = None
-    cap: float | None = None
-    seg: bool = False
-    bias: str | None = None
     dtype: str = "bfloat16"
-    blocks: tuple[int, int, int, int] | None = (16, 16, 16, 16)  # fwd m, n; bwd m, n (None: heuristic)
+    blocks: tuple[int, int, int, int] | None = (16, 16, 16, 16)
 
-    def __str__(self) -> str:
-        parts = [f"b{self.b}q{self.sq}k{self.sk}h{self.hq}/{self.hkv}d{self.d}", self.dtype]
-        parts += [f"dv{self.dv}"] * (self.dv is not None) + ["causal"] * self.causal
-        parts += [f"win{self.window}"] * (self.window is not None) + [f"cap{self.cap}"] * (self.cap is not None)
-        parts += ["seg"] * self.seg + [f"bias{self.bias}"] * bool(self.bias)
-        parts += [f"blk{'x'.join(map(str, self.blocks))}" if self.blocks else "heuristic"]
-        return "-".join(parts)
+    def label_parts(self) -> list[str]:
+        return [*super().label_parts(), f"blk{'x'.join(map(str, self.blocks))}" if self.blocks else "heuristic"]
 
     @property
     def cfg(self) -> FlashAttentionConfig | None:
@@ -79,68 +66,26 @@ class Case:
         return FlashAttentionConfig(block_m=m, block_n=n, bwd_block_m=bm, bwd_block_n=bn)
 
 
-def make_inputs(case: Case, seed: int = 0) -> dict[str, Any]:
-    rng = np.random.default_rng(seed)
-    dtype = jnp.dtype(case.dtype)
-
-    def normal(shape: tuple[int, ...], dt: Any = dtype) -> jax.Array:
-        return jnp.asarray(rng.standard_normal(shape, dtype=np.float32).astype(dt))
-
-    q = normal((case.b, case.sq, case.hq, case.d))
-    k = normal((case.b, case.sk, case.hkv, case.d))
-    v = normal((case.b, case.sk, case.hkv, case.dv or case.d))
-    q_seg = kv_seg = bias = None
-    if case.seg:  # some query rows carry an id no key has: they see nothing
-        q_seg = jnp.asarray(rng.integers(0, 4, (case.b, case.sq), dtype=np.int32))
-        kv_seg = jnp.asarray(rng.integers(0, 3, (case.b, case.sk), dtype=np.int32))
-    if case.bias:
-        full = (case.b, case.hq, case.sq, case.sk)
-        bias = normal(tuple(1 if c == "1" else n for c, n in zip(case.bias, full, strict=True)), np.float32)
-    return dict(q=q, k=k, v=v, q_segment_ids=q_seg, kv_segment_ids=kv_seg, bias=bias)
-
-
-def cotangent(case: Case, seed: int = 99) -> jax.Array:
-    shape = (case.b, case.sq, case.hq, case.dv or case.d)
-    return jnp.asarray(np.random.default_rng(seed).standard_normal(shape, dtype=np.float32).astype(case.dtype))
-
-
-def user_kwargs(case: Case) -> dict[str, Any]:
-    return dict(causal=case.causal, sliding_window=case.window, logits_soft_cap=case.cap)
-
-
 def kernel_fn(case: Case, cfg: FlashAttentionConfig | None = None) -> Any:
     """The registered implementation, with user-level static arguments normalised by the op's checker."""
     cfg = cfg if cfg is not None else case.cfg
 
     def run(q, k, v, q_segment_ids=None, kv_segment_ids=None, bias=None):  # type: ignore[no-untyped-def]
         return ejk.flash_attention(q, k, v, q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids, bias=bias,
-                                   platform="triton", cfg=cfg, **user_kwargs(case))
+                                   platform="triton", cfg=cfg, **case.options())
 
     return run
 
 
 def reference_fn(case: Case) -> Any:
-    return functools.partial(reference_flash_attention, **user_kwargs(case))
-
-
-def values_and_grads(fn: Any, inputs: dict[str, Any], cot: jax.Array) -> tuple[jax.Array, dict[str, Any]]:
-    """``fn``'s output and the gradients of ``<out, cot>`` w.r.t. q, k, v (and bias), in one jit."""
-    diff = {n: inputs[n] for n in ("q", "k", "v", "bias") if inputs[n] is not None}
-    rest = {n: x for n, x in inputs.items() if n not in diff}
-
-    @fast_jit
-    def run(diff: dict[str, Any], rest: dict[str, Any]) -> Any:
-        out, vjp = jax.vjp(lambda d: fn(**d, **rest), diff)
-        return out, vjp(cot)[0]
-
-    return run(diff, rest)  # type: ignore[no-any-return]
+    return functools.partial(reference_flash_attention, **case.options())
 
 
 def check_case(case: Case, seed: int = 0) -> tuple[jax.Array, dict[str, Any]]:
-    inputs = make_inputs(case, seed)
-    cot = cotangent(case)
-    out, grads = values_and_grads(kernel_fn(case), inputs, cot)
-    want, want_grads = values_and_grads(reference_fn(case), inputs, cot)
+    inputs = case.inputs(seed)
+    cot = case.cotangent()
+    out, grads = attention_values_and_grads(kernel_fn(case), inputs, cot)
+    want, want_grads = attention_values_and_grads(reference_fn(case), inputs, cot)
     assert np.isfinite(np.asarray(out, np.float32)).all(), f"{case}: non-finite output"
     assert_close(out, want, case.dtype, what=f"{case} out")
     for name, grad in want_grads.items():
@@ -204,12 +149,12 @@ def test_fully_masked_rows_are_zero_with_zero_gradients(dtype: str) -> None:
     # Query i sits at position i + 4 (Sq=8, Sk=12, causal); keys 0-5 are segment 0, keys 6-11 segment 1.
     # Rows 1 and 6 carry an id no key has; row 0 (segment 1, position 4) sees only segment-0 keys.
     case = Case(sq=8, sk=12, hq=2, hkv=1, seg=True, causal=True, dtype=dtype)
-    inputs = make_inputs(case)
+    inputs = case.inputs()
     inputs["q_segment_ids"] = jnp.array([[1, 7, 0, 0, 1, 1, 7, 0]], jnp.int32)
     inputs["kv_segment_ids"] = jnp.array([[0] * 6 + [1] * 6], jnp.int32)
-    cot = cotangent(case)
-    out, grads = values_and_grads(kernel_fn(case), inputs, cot)
-    want, want_grads = values_and_grads(reference_fn(case), inputs, cot)
+    cot = case.cotangent()
+    out, grads = attention_values_and_grads(kernel_fn(case), inputs, cot)
+    want, want_grads = attention_values_and_grads(reference_fn(case), inputs, cot)
     masked = np.array([1, 1, 0, 0, 0, 0, 1, 0], bool)
     out_np = np.asarray(out, np.float32)
     assert np.all(out_np[:, masked] == 0.0) and np.all(out_np[:, ~masked] != 0.0)
@@ -223,14 +168,14 @@ def test_fully_masked_rows_are_zero_with_zero_gradients(dtype: str) -> None:
 def test_window_that_excludes_everything_and_bias_minus_inf() -> None:
     # Non-causal window (0, 0) with Sq=12 > Sk=4: query i sits at i - 8, so rows 0-7 see nothing.
     case = Case(sq=12, sk=4, hq=2, hkv=1, window=(0, 0), bias="11QK", dtype="float16")
-    inputs = make_inputs(case)
+    inputs = case.inputs()
     bias = np.array(inputs["bias"])
     bias[0, 0, 9] = -np.inf  # a whole visible row
     bias[0, 0, 10, :2] = -np.inf  # part of one
     inputs["bias"] = jnp.asarray(bias)
-    cot = cotangent(case)
-    out, grads = values_and_grads(kernel_fn(case), inputs, cot)
-    want, want_grads = values_and_grads(reference_fn(case), inputs, cot)
+    cot = case.cotangent()
+    out, grads = attention_values_and_grads(kernel_fn(case), inputs, cot)
+    want, want_grads = attention_values_and_grads(reference_fn(case), inputs, cot)
     out_np = np.asarray(out, np.float32)
     assert np.all(out_np[:, :8] == 0.0) and np.all(out_np[:, 9] == 0.0)
     assert np.all(np.asarray(grads["q"], np.float32)[:, :8] == 0.0)
@@ -246,10 +191,10 @@ def test_bias_constant_along_keys_has_a_zero_gradient(pattern: str) -> None:
     # Softmax ignores a constant added to a row: such a bias's gradient is 0 up to rounding. Exercises
     # the in-kernel sums over keys (and rows and heads, for a scalar) and their atomics.
     case = Case(b=2, sq=20, sk=24, hq=4, hkv=2, causal=True, bias=pattern, dtype="float32")
-    inputs = make_inputs(case)
-    cot = cotangent(case)
-    out, grads = values_and_grads(kernel_fn(case), inputs, cot)
-    want, want_grads = values_and_grads(reference_fn(case), inputs, cot)
+    inputs = case.inputs()
+    cot = case.cotangent()
+    out, grads = attention_values_and_grads(kernel_fn(case), inputs, cot)
+    want, want_grads = attention_values_and_grads(reference_fn(case), inputs, cot)
     assert_close(out, want, "float32")
     assert grads["bias"].shape == inputs["bias"].shape
     assert float(jnp.max(jnp.abs(grads["bias"]))) < 1e-3
@@ -268,8 +213,8 @@ def test_public_op_conformance_subset() -> None:
 @needs_kernels
 def test_forward_backward_pieces_match_the_custom_vjp() -> None:
     case = Case(b=1, sq=20, sk=24, hq=4, hkv=2, causal=True, bias="1H1K", dtype="float16")
-    inputs = make_inputs(case)
-    cot = cotangent(case)
+    inputs = case.inputs()
+    cot = case.cotangent()
     static = dict(causal=True, softmax_scale=0.125, sliding_window=None, logits_soft_cap=None)
     kw = dict(q_segment_ids=None, kv_segment_ids=None, bias=inputs["bias"], cfg=case.cfg)
 
@@ -281,7 +226,7 @@ def test_forward_backward_pieces_match_the_custom_vjp() -> None:
     plain, out, grads = pieces(inputs["q"], inputs["k"], inputs["v"])
     assert len(grads) == 6 and grads[3] is None and grads[4] is None and grads[5].shape == (1, 4, 1, 24)
     np.testing.assert_array_equal(np.asarray(plain, np.float32), np.asarray(out, np.float32))
-    want, want_grads = values_and_grads(reference_fn(case), inputs, cot)
+    want, want_grads = attention_values_and_grads(reference_fn(case), inputs, cot)
     assert_close(out, want, "float16")
     for got, name in zip(grads, ("q", "k", "v", "", "", "bias"), strict=True):
         if name:
@@ -293,7 +238,7 @@ def test_jit_grad_vmap_compose() -> None:
     # vmap folds the mapped axis into the batch (one launch); unmapped segment ids are shared, the
     # bias is mapped with a broadcast batch dim.
     case = Case(b=2, sq=16, sk=24, hq=2, hkv=1, causal=True, seg=True, bias="1H1K", dtype="float16")
-    per = [make_inputs(case, seed) for seed in range(3)]
+    per = [case.inputs(seed) for seed in range(3)]
     qs, ks, vs, biases = (jnp.stack([p[n] for p in per]) for n in ("q", "k", "v", "bias"))
     seg_q, seg_kv = per[0]["q_segment_ids"], per[0]["kv_segment_ids"]
 
@@ -513,7 +458,7 @@ def test_gpu_matches_reference(case: Case) -> None:
 @pytest.mark.skipif(not ON_GPU, reason="needs an NVIDIA GPU")
 def test_gpu_config_space_compiles_and_matches() -> None:
     case = Case(b=1, sq=512, sk=512, hq=4, hkv=2, d=128, causal=True, blocks=None)
-    inputs = make_inputs(case)
+    inputs = case.inputs()
     want = reference_fn(case)(**inputs)
     for cfg in config_space(inputs["q"], inputs["k"], inputs["v"]):
         assert_close(jax.jit(kernel_fn(case, cfg))(**inputs), want, case.dtype, what=str(cfg))

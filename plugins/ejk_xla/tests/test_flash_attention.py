@@ -14,7 +14,14 @@ import numpy as np
 import pytest
 
 from ejk.ops.validate import check_flash_attention_args
-from ejk.testing import attention_mask, reference_flash_attention
+from ejk.testing import (
+    AttentionCase,
+    assert_close,
+    attention_mask,
+    attention_values_and_grads,
+    fast_jit,
+    reference_flash_attention,
+)
 from ejk_xla._flash_attention import (
     FlashAttentionConfig,
     config_space,
@@ -24,80 +31,18 @@ from ejk_xla._flash_attention import (
 
 pytestmark = pytest.mark.filterwarnings("error")
 
-# Tests compile many small programs: cheap XLA CPU optimisation keeps the file fast. Only the
-# structural memory test below compiles with the default options.
-FAST_COMPILE = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True}
-
-
-def fast_jit(fn: Any, **kwargs: Any) -> Any:
-    return jax.jit(fn, compiler_options=FAST_COMPILE, **kwargs)
-
-# Per dtype: (atol, rtol) for outputs and for gradients. Inputs are N(0, 1).
-TOLERANCES = {
-    "float32": ((2e-5, 2e-5), (1e-4, 1e-4)),
-    "float16": ((4e-3, 4e-3), (2e-2, 2e-2)),
-    "bfloat16": ((3e-2, 3e-2), (1.5e-1, 5e-2)),
-}
-
 
 @attrs.frozen(kw_only=True)
-class Case:
-    """One attention problem. ``bias`` is a 4-letter pattern: ``B H Q K`` for a full dim, ``1`` for broadcast."""
+class Case(AttentionCase):
+    """An attention problem (see :class:`ejk.testing.AttentionCase`) with the chunked kernel's blocks."""
 
-    b: int = 1
-    sq: int = 16
-    sk: int = 16
-    hq: int = 2
     hkv: int = 1
-    d: int = 16
-    dv: int | None = None
-    causal: bool = False
-    window: int | tuple[int, int] | None = None
-    cap: float | None = None
-    seg: bool = False
-    bias: str | None = None
     bq: int = 8
     bk: int = 8
-    dtype: str = "float32"
 
-    def __str__(self) -> str:
-        parts = [f"b{self.b}q{self.sq}k{self.sk}h{self.hq}/{self.hkv}d{self.d}", f"blk{self.bq}x{self.bk}"]
-        parts += [self.dtype] * (self.dtype != "float32")
-        parts += ["causal"] * self.causal + [f"win{self.window}"] * (self.window is not None)
-        parts += [f"cap{self.cap}"] * (self.cap is not None) + ["seg"] * self.seg
-        parts += [f"bias{self.bias}"] * bool(self.bias)
-        return "-".join(parts)
-
-
-def make_inputs(case: Case, seed: int = 0) -> dict[str, Any]:
-    """Random inputs of a case, as user-level keyword arguments (numpy RNG: no compilation)."""
-    rng = np.random.default_rng(seed)
-    dtype = jnp.dtype(case.dtype)
-
-    def normal(shape: tuple[int, ...], dt: Any = dtype) -> jax.Array:
-        return jnp.asarray(rng.standard_normal(shape, dtype=np.float32).astype(dt))
-
-    q = normal((case.b, case.sq, case.hq, case.d))
-    k = normal((case.b, case.sk, case.hkv, case.d))
-    v = normal((case.b, case.sk, case.hkv, case.dv or case.d))
-    q_seg = kv_seg = bias = None
-    if case.seg:
-        q_seg = jnp.asarray(rng.integers(0, 3, (case.b, case.sq), dtype=np.int32))
-        kv_seg = jnp.asarray(rng.integers(0, 3, (case.b, case.sk), dtype=np.int32))
-    if case.bias:
-        full = (case.b, case.hq, case.sq, case.sk)
-        bias = normal(tuple(1 if c == "1" else n for c, n in zip(case.bias, full, strict=True)), np.float32)
-    return dict(q=q, k=k, v=v, q_segment_ids=q_seg, kv_segment_ids=kv_seg, bias=bias)
-
-
-def cotangent(case: Case, seed: int = 99) -> jax.Array:
-    shape = (case.b, case.sq, case.hq, case.dv or case.d)
-    values = np.random.default_rng(seed).standard_normal(shape, dtype=np.float32)
-    return jnp.asarray(values.astype(jnp.dtype(case.dtype)))
-
-
-def user_kwargs(case: Case) -> dict[str, Any]:
-    return dict(causal=case.causal, sliding_window=case.window, logits_soft_cap=case.cap)
+    def label_parts(self) -> list[str]:
+        first, *rest = super().label_parts()
+        return [first, f"blk{self.bq}x{self.bk}", *rest]
 
 
 def kernel_fn(case: Case, cfg: FlashAttentionConfig | None = None):
@@ -107,7 +52,7 @@ def kernel_fn(case: Case, cfg: FlashAttentionConfig | None = None):
     def run(q, k, v, q_segment_ids=None, kv_segment_ids=None, bias=None):
         scale, window = check_flash_attention_args(
             q, k, v, softmax_scale=None, q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids,
-            bias=bias, **user_kwargs(case),
+            bias=bias, **case.options(),
         )
         return flash_attention(
             q, k, v, causal=case.causal, softmax_scale=scale, sliding_window=window,
@@ -119,51 +64,27 @@ def kernel_fn(case: Case, cfg: FlashAttentionConfig | None = None):
 
 
 def reference_fn(case: Case):
-    return functools.partial(reference_flash_attention, **user_kwargs(case))
-
-
-def _as_np(x: jax.Array) -> np.ndarray:
-    return np.asarray(x.astype(jnp.float32))
-
-
-def values_and_grads(fn, inputs: dict[str, Any], cotangent: jax.Array):
-    """``fn``'s output and the gradients of ``<out, cotangent>`` w.r.t. q, k, v (and bias), in one jit."""
-    diff = {n: inputs[n] for n in ("q", "k", "v", "bias") if inputs[n] is not None}
-    rest = {n: x for n, x in inputs.items() if n not in diff}
-
-    @fast_jit
-    def run(diff, rest):
-        out, vjp = jax.vjp(lambda d: fn(**d, **rest), diff)
-        return out, vjp(cotangent)[0]
-
-    return run(diff, rest)
-
-
-def assert_close(got: jax.Array, want: jax.Array, tol: tuple[float, float], what: str) -> None:
-    got_np, want_np = _as_np(got), _as_np(want)
-    assert np.isfinite(got_np).all(), f"{what}: non-finite values"
-    np.testing.assert_allclose(got_np, want_np, atol=tol[0], rtol=tol[1], err_msg=what)
+    return functools.partial(reference_flash_attention, **case.options())
 
 
 def check_case(case: Case, *, grads: bool = True, seed: int = 0) -> None:
     """Kernel vs reference on random inputs: output, and (``grads``) dq, dk, dv, dbias."""
-    inputs = make_inputs(case, seed)
-    out_tol, grad_tol = TOLERANCES[case.dtype]
+    inputs = case.inputs(seed)
     if not grads:
         got = fast_jit(kernel_fn(case))(**inputs)
         want = fast_jit(reference_fn(case))(**inputs)
         assert got.shape == want.shape and got.dtype == inputs["q"].dtype
-        assert_close(got, want, out_tol, "out")
+        assert_close(got, want, case.dtype, what="out")
         return
-    cot = cotangent(case)
-    got, got_grads = values_and_grads(kernel_fn(case), inputs, cot)
-    want, want_grads = values_and_grads(reference_fn(case), inputs, cot)
+    cot = case.cotangent()
+    got, got_grads = attention_values_and_grads(kernel_fn(case), inputs, cot)
+    want, want_grads = attention_values_and_grads(reference_fn(case), inputs, cot)
     assert got.dtype == inputs["q"].dtype
-    assert_close(got, want, out_tol, "out")
+    assert_close(got, want, case.dtype, what="out")
     for name in want_grads:
         assert got_grads[name].shape == inputs[name].shape
         assert got_grads[name].dtype == inputs[name].dtype
-        assert_close(got_grads[name], want_grads[name], grad_tol, f"d{name}")
+        assert_close(got_grads[name], want_grads[name], case.dtype, what=f"d{name}")
 
 
 def reference(q: jax.Array, k: jax.Array, v: jax.Array, **kwargs: Any) -> jax.Array:
@@ -212,7 +133,7 @@ def test_reference_hand_computed_soft_cap_bias_window_and_empty_row() -> None:
 
 
 def test_reference_gqa_head_mapping() -> None:
-    inputs = make_inputs(Case(sq=5, sk=6, hq=4, hkv=2, d=8))
+    inputs = Case(sq=5, sk=6, hq=4, hkv=2, d=8).inputs()
     q, k, v = inputs["q"], inputs["k"], inputs["v"]
     out = np.asarray(reference(q, k, v))
     for h in range(4):  # q head h uses kv head h // 2
@@ -222,7 +143,7 @@ def test_reference_gqa_head_mapping() -> None:
 
 
 def test_reference_masked_rows_have_zero_finite_gradients() -> None:
-    inputs = make_inputs(Case(sq=4, sk=4))
+    inputs = Case(sq=4, sk=4).inputs()
     ids = dict(q_segment_ids=jnp.array([[0, 0, 5, 5]], jnp.int32), kv_segment_ids=jnp.zeros((1, 4), jnp.int32))
 
     def loss(q, k, v):
@@ -329,49 +250,49 @@ def test_fully_masked_rows_are_zero_with_zero_gradients(dtype: str) -> None:
     # Query i sits at position i + 4 (Sq=8, Sk=12, causal); keys 0-5 are segment 0, keys 6-11 segment 1.
     # Rows 1 and 6 carry an id no key has; row 0 (segment 1, position 4) sees only segment-0 keys.
     case = Case(b=1, sq=8, sk=12, hq=2, hkv=1, seg=True, causal=True, bq=4, bk=4, dtype=dtype)
-    inputs = make_inputs(case)
+    inputs = case.inputs()
     inputs["q_segment_ids"] = jnp.array([[1, 7, 0, 0, 1, 1, 7, 0]], jnp.int32)
     inputs["kv_segment_ids"] = jnp.array([[0] * 6 + [1] * 6], jnp.int32)
-    cot = cotangent(case)
-    out, grads = values_and_grads(kernel_fn(case), inputs, cot)
-    want, want_grads = values_and_grads(reference_fn(case), inputs, cot)
+    cot = case.cotangent()
+    out, grads = attention_values_and_grads(kernel_fn(case), inputs, cot)
+    want, want_grads = attention_values_and_grads(reference_fn(case), inputs, cot)
     masked = np.array([1, 1, 0, 0, 0, 0, 1, 0], bool)
-    assert np.all(_as_np(out)[:, masked] == 0.0) and np.all(_as_np(out)[:, ~masked] != 0.0)
-    assert np.all(_as_np(grads["q"])[:, masked] == 0.0)
-    out_tol, grad_tol = TOLERANCES[dtype]
-    assert_close(out, want, out_tol, "out")
+    out32, dq32 = np.asarray(out, np.float32), np.asarray(grads["q"], np.float32)
+    assert np.all(out32[:, masked] == 0.0) and np.all(out32[:, ~masked] != 0.0)
+    assert np.all(dq32[:, masked] == 0.0)
+    assert_close(out, want, dtype, what="out")
     for name in ("q", "k", "v"):
-        assert_close(grads[name], want_grads[name], grad_tol, f"d{name}")
+        assert_close(grads[name], want_grads[name], dtype, what=f"d{name}")
 
 
 def test_window_that_excludes_everything() -> None:
     # Non-causal window (0, 0) with Sq=12 > Sk=4: query i sits at i - 8, so rows 0-7 see nothing.
     case = Case(b=1, sq=12, sk=4, hq=2, hkv=1, window=(0, 0), bq=4, bk=4)
-    inputs = make_inputs(case)
-    cot = cotangent(case)
-    out, grads = values_and_grads(kernel_fn(case), inputs, cot)
-    want, want_grads = values_and_grads(reference_fn(case), inputs, cot)
+    inputs = case.inputs()
+    cot = case.cotangent()
+    out, grads = attention_values_and_grads(kernel_fn(case), inputs, cot)
+    want, want_grads = attention_values_and_grads(reference_fn(case), inputs, cot)
     assert np.all(np.asarray(out[:, :8]) == 0.0) and np.all(np.asarray(out[:, 8:]) != 0.0)
     assert np.all(np.asarray(grads["q"][:, :8]) == 0.0)
-    assert_close(out, want, TOLERANCES["float32"][0], "out")
+    assert_close(out, want, "float32", what="out")
     for name in ("q", "k", "v"):
-        assert_close(grads[name], want_grads[name], TOLERANCES["float32"][1], f"d{name}")
+        assert_close(grads[name], want_grads[name], "float32", what=f"d{name}")
 
 
 def test_bias_minus_inf_row_is_zero_and_finite() -> None:
     case = Case(b=1, sq=6, sk=6, hq=1, hkv=1, bias="11QK", bq=4, bk=4)
-    inputs = make_inputs(case)
+    inputs = case.inputs()
     bias = np.array(inputs["bias"])
     bias[0, 0, 2] = -np.inf  # a whole row
     bias[0, 0, 4, :3] = -np.inf  # part of a row
     inputs["bias"] = jnp.asarray(bias)
-    cot = cotangent(case)
-    out, grads = values_and_grads(kernel_fn(case), inputs, cot)
-    want, want_grads = values_and_grads(reference_fn(case), inputs, cot)
+    cot = case.cotangent()
+    out, grads = attention_values_and_grads(kernel_fn(case), inputs, cot)
+    want, want_grads = attention_values_and_grads(reference_fn(case), inputs, cot)
     assert np.all(np.asarray(out[:, 2]) == 0.0)
-    assert_close(out, want, TOLERANCES["float32"][0], "out")
+    assert_close(out, want, "float32", what="out")
     for name in ("q", "k", "v", "bias"):
-        assert_close(grads[name], want_grads[name], TOLERANCES["float32"][1], f"d{name}")
+        assert_close(grads[name], want_grads[name], "float32", what=f"d{name}")
 
 
 def test_empty_sequences_give_empty_or_zero_output() -> None:
@@ -386,13 +307,13 @@ def test_empty_sequences_give_empty_or_zero_output() -> None:
 
 def test_default_config_and_tiny_blocks() -> None:
     case = Case(b=1, sq=70, sk=90, hq=2, hkv=1, causal=True, window=(20, 0))
-    inputs = make_inputs(case)
+    inputs = case.inputs()
     want = fast_jit(reference_fn(case))(**inputs)
     default = heuristic_config(inputs["q"], inputs["k"], inputs["v"])
     got_default = fast_jit(kernel_fn(case, cfg=default))(**inputs)
     got_small = fast_jit(kernel_fn(case, cfg=FlashAttentionConfig(block_q=3, block_k=7)))(**inputs)
-    assert_close(got_default, want, TOLERANCES["float32"][0], "heuristic cfg")
-    assert_close(got_small, want, TOLERANCES["float32"][0], "3x7 blocks")
+    assert_close(got_default, want, "float32", what="heuristic cfg")
+    assert_close(got_small, want, "float32", what="3x7 blocks")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -402,7 +323,7 @@ def test_default_config_and_tiny_blocks() -> None:
 
 def test_vmap_jit_grad_compose() -> None:
     case = Case(b=1, sq=20, sk=24, hq=4, hkv=2, causal=True, seg=True, bias="1HQK", bq=8, bk=8)
-    per = [make_inputs(case, seed) for seed in range(3)]
+    per = [case.inputs(seed) for seed in range(3)]
     names = ("q", "k", "v", "q_segment_ids", "kv_segment_ids", "bias")
     args = [jnp.stack([p[n] for p in per]) for n in names]
     kernel = kernel_fn(case)
@@ -417,19 +338,19 @@ def test_vmap_jit_grad_compose() -> None:
     got = fast_jit(jax.grad(functools.partial(loss, kernel), argnums=grad_args))(*args)
     want = fast_jit(jax.grad(functools.partial(loss, ref), argnums=grad_args))(*args)
     for g, w, name in zip(got, want, "qkvb", strict=True):
-        assert_close(g, w, TOLERANCES["float32"][1], f"vmap grad d{name}")
+        assert_close(g, w, "float32", what=f"vmap grad d{name}")
     # vmap over q only, k and v shared (in_axes None); plain (unjitted) grad through a jitted kernel.
     out = fast_jit(jax.vmap(kernel, in_axes=(0, None, None)))(args[0], per[0]["k"], per[0]["v"])
     ref_out = fast_jit(jax.vmap(ref, in_axes=(0, None, None, None, None, None)))(
         args[0], per[0]["k"], per[0]["v"], None, None, None
     )
-    assert_close(out, ref_out, TOLERANCES["float32"][0], "vmap in_axes None")
+    assert_close(out, ref_out, "float32", what="vmap in_axes None")
     jitted = jax.jit(kernel)  # compiler_options are only allowed on a top-level jit
     dq = jax.grad(lambda q: jnp.sum(jitted(q, per[0]["k"], per[0]["v"]) ** 2))(per[0]["q"])
     dq_ref = fast_jit(jax.grad(lambda q: jnp.sum(ref(q, per[0]["k"], per[0]["v"], None, None, None) ** 2)))(
         per[0]["q"]
     )
-    assert_close(dq, dq_ref, TOLERANCES["float32"][1], "grad of jit")
+    assert_close(dq, dq_ref, "float32", what="grad of jit")
 
 
 # ----------------------------------------------------------------------------------------------

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -14,14 +15,17 @@ import pytest
 
 import ejk
 from ejk.ops.validate import check_grouped_matmul_args
+from ejk.testing import assert_close
 from ejk.testing import reference_grouped_matmul as _plain_reference
 from ejk_xla._grouped_matmul import GroupedMatmulConfig, config_space, grouped_matmul, heuristic_config
 
 pytestmark = pytest.mark.filterwarnings("error")
 
+#: ejk.testing's comparison with the matmul rows of its tolerance table, shapes and dtypes included.
+close = functools.partial(assert_close, kind="matmul", strict=True)
+
 reference_grouped_matmul = jax.jit(_plain_reference)  # compiled once per shape: op-by-op is slow
 
-TOLERANCE = {jnp.float32: 1e-5, jnp.float16: 2e-3, jnp.bfloat16: 1.6e-2}
 DTYPES = pytest.mark.parametrize("dtype", [jnp.float32, jnp.float16, jnp.bfloat16], ids=["f32", "f16", "bf16"])
 
 # name -> (m, k, n, group sizes)
@@ -42,14 +46,6 @@ def _random(rng: np.random.Generator, shape: tuple[int, ...], dtype: Any = jnp.f
     return jnp.asarray(rng.standard_normal(shape), dtype)
 
 
-def _assert_close(out: jax.Array, ref: jax.Array, tol: float) -> None:
-    assert out.shape == ref.shape
-    assert out.dtype == ref.dtype
-    out32, ref32 = np.asarray(out, np.float32), np.asarray(ref, np.float32)
-    scale = max(1.0, float(np.abs(ref32).max(initial=0.0)))
-    np.testing.assert_allclose(out32, ref32, rtol=tol, atol=tol * scale)
-
-
 def _case(rng: np.random.Generator, name: str, dtype: Any = jnp.float32) -> tuple[jax.Array, jax.Array, jax.Array]:
     m, k, n, sizes = CASES[name]
     return _random(rng, (m, k), dtype), _random(rng, (len(sizes), k, n), dtype), jnp.asarray(sizes, jnp.int32)
@@ -65,7 +61,7 @@ def rng() -> np.random.Generator:
 def test_matches_reference(rng: np.random.Generator, name: str, block_m: int) -> None:
     lhs, rhs, sizes = _case(rng, name)
     out = grouped_matmul(lhs, rhs, sizes, cfg=GroupedMatmulConfig(block_m=block_m))
-    _assert_close(out, reference_grouped_matmul(lhs, rhs, sizes), TOLERANCE[jnp.float32])
+    close(out, reference_grouped_matmul(lhs, rhs, sizes), jnp.float32)
     past_sum = int(np.sum(CASES[name][3]))
     assert not np.any(np.asarray(out)[past_sum:]), "rows past sum(group_sizes) must be zeros"
 
@@ -76,7 +72,7 @@ def test_dtypes(rng: np.random.Generator, dtype: Any, name: str) -> None:
     lhs, rhs, sizes = _case(rng, name, dtype)
     out = grouped_matmul(lhs, rhs, sizes, cfg=GroupedMatmulConfig(block_m=16))
     assert out.dtype == dtype
-    _assert_close(out, reference_grouped_matmul(lhs, rhs, sizes), TOLERANCE[dtype])
+    close(out, reference_grouped_matmul(lhs, rhs, sizes), dtype)
 
 
 def test_random_shapes_and_default_config(rng: np.random.Generator) -> None:
@@ -85,14 +81,14 @@ def test_random_shapes_and_default_config(rng: np.random.Generator) -> None:
         cuts = np.sort(rng.integers(0, m + 1, size=groups))  # sizes: gaps between sorted cuts
         sizes = jnp.asarray(np.diff(cuts, prepend=0), jnp.int32)
         lhs, rhs = _random(rng, (m, k)), _random(rng, (groups, k, n))
-        _assert_close(grouped_matmul(lhs, rhs, sizes), reference_grouped_matmul(lhs, rhs, sizes), 1e-5)
+        close(grouped_matmul(lhs, rhs, sizes), reference_grouped_matmul(lhs, rhs, sizes), jnp.float32)
 
 
 def test_output_dtype_follows_lhs(rng: np.random.Generator) -> None:
     lhs, rhs, sizes = _case(rng, "uneven", jnp.bfloat16)
     out = grouped_matmul(lhs, rhs.astype(jnp.float32), sizes)
     assert out.dtype == jnp.bfloat16
-    _assert_close(out, reference_grouped_matmul(lhs, rhs.astype(jnp.float32), sizes), TOLERANCE[jnp.bfloat16])
+    close(out, reference_grouped_matmul(lhs, rhs.astype(jnp.float32), sizes), jnp.bfloat16)
 
 
 def test_rows_outside_groups_do_not_leak(rng: np.random.Generator) -> None:
@@ -135,7 +131,7 @@ def test_gradients_match_reference(rng: np.random.Generator, name: str, block_m:
     got = jax.jit(jax.grad(impl, argnums=(0, 1)))(lhs, rhs)
     want = jax.jit(jax.grad(_loss(_plain_reference, sizes, cot), argnums=(0, 1)))(lhs, rhs)
     for g, w in zip(got, want, strict=True):
-        _assert_close(g, w, 1e-5)
+        close(g, w, jnp.float32)
 
 
 def test_gradients_low_precision(rng: np.random.Generator) -> None:
@@ -145,7 +141,7 @@ def test_gradients_low_precision(rng: np.random.Generator) -> None:
     want = jax.jit(jax.grad(_loss(_plain_reference, sizes, cot), argnums=(0, 1)))(lhs, rhs)
     assert got[0].dtype == jnp.bfloat16 and got[1].dtype == jnp.bfloat16
     for g, w in zip(got, want, strict=True):
-        _assert_close(g, w, TOLERANCE[jnp.bfloat16])
+        close(g, w, jnp.bfloat16)
 
 
 def test_group_sizes_get_no_gradient(rng: np.random.Generator) -> None:
@@ -170,7 +166,7 @@ def test_jit_with_traced_group_sizes(rng: np.random.Generator) -> None:
 
     for sizes in ([5, 17, 1, 22, 8], [0, 0, 53, 0, 0], [10, 0, 0, 0, 3]):
         s = jnp.asarray(sizes, jnp.int32)
-        _assert_close(run(lhs, rhs, s), reference_grouped_matmul(lhs, rhs, s), 1e-5)
+        close(run(lhs, rhs, s), reference_grouped_matmul(lhs, rhs, s), jnp.float32)
     assert len(traces) == 1
 
 
@@ -180,7 +176,7 @@ def test_jit_of_grad(rng: np.random.Generator) -> None:
     got = jax.jit(jax.grad(_loss(grouped_matmul, sizes, cot), argnums=(0, 1)))(lhs, rhs)
     want = jax.jit(jax.grad(_loss(_plain_reference, sizes, cot), argnums=(0, 1)))(lhs, rhs)
     for g, w in zip(got, want, strict=True):
-        _assert_close(g, w, 1e-5)
+        close(g, w, jnp.float32)
 
 
 def test_vmap_over_batches_of_problems(rng: np.random.Generator) -> None:
@@ -190,14 +186,14 @@ def test_vmap_over_batches_of_problems(rng: np.random.Generator) -> None:
     impl = jax.vmap(lambda x, w, s: grouped_matmul(x, w, s, cfg=GroupedMatmulConfig(block_m=8)))
     out = impl(lhs, rhs, sizes)
     for i in range(batch):
-        _assert_close(out[i], reference_grouped_matmul(lhs[i], rhs[i], sizes[i]), 1e-5)
+        close(out[i], reference_grouped_matmul(lhs[i], rhs[i], sizes[i]), jnp.float32)
     cot = _random(rng, (batch, m, n))
     got = jax.jit(jax.grad(lambda x, w: jnp.sum(impl(x, w, sizes) * cot), argnums=(0, 1)))(lhs, rhs)
     want = jax.jit(jax.grad(
         lambda x, w: jnp.sum(jax.vmap(_plain_reference)(x, w, sizes) * cot), argnums=(0, 1)
     ))(lhs, rhs)
     for g, w in zip(got, want, strict=True):
-        _assert_close(g, w, 1e-5)
+        close(g, w, jnp.float32)
 
 
 # -- memory: never a dense [g, m, n] --------------------------------------------------------------
@@ -273,7 +269,7 @@ def test_every_config_in_space_is_correct(rng: np.random.Generator) -> None:
     lhs, rhs, sizes = _case(rng, "uneven")
     ref = reference_grouped_matmul(lhs, rhs, sizes)
     for cfg in config_space(lhs, rhs, sizes):
-        _assert_close(grouped_matmul(lhs, rhs, sizes, cfg=cfg), ref, 1e-5)
+        close(grouped_matmul(lhs, rhs, sizes, cfg=cfg), ref, jnp.float32)
 
 
 # -- check_grouped_matmul_args --------------------------------------------------------------------
@@ -339,7 +335,9 @@ def test_check_skips_values_under_tracing() -> None:
 
 @pytest.mark.parametrize(
     ("dtype", "preferred"),
-    [(jnp.bfloat16, jnp.float32), (jnp.float32, jnp.bfloat16), (jnp.float16, None)],
+    # bfloat16 -> float32 is the conformance suite's (test_ops.py: check_grouped_matmul with
+    # preferred_element_type), values and gradients.
+    [(jnp.float32, jnp.bfloat16), (jnp.float16, None)],
 )
 def test_preferred_element_type(rng: np.random.Generator, dtype: Any, preferred: Any) -> None:
     lhs, rhs, sizes = _case(rng, "uneven", dtype)
@@ -347,14 +345,14 @@ def test_preferred_element_type(rng: np.random.Generator, dtype: Any, preferred:
     want_dtype = dtype if preferred is None else preferred
     assert out.dtype == want_dtype
     want = reference_grouped_matmul(lhs, rhs, sizes)
-    _assert_close(out, want.astype(want_dtype), TOLERANCE[jnp.dtype(dtype).type])
+    close(out, want.astype(want_dtype), dtype)
     got_grads = jax.grad(lambda x, w: ejk.grouped_matmul(x, w, sizes, preferred_element_type=preferred)
                          .astype(jnp.float32).sum(), argnums=(0, 1))(lhs, rhs)
     want_grads = jax.grad(lambda x, w: _plain_reference(x, w, sizes).astype(jnp.float32).sum(),
                           argnums=(0, 1))(lhs, rhs)
     for g, w in zip(got_grads, want_grads, strict=True):
         assert g.dtype == dtype  # gradients in the operands' dtypes
-        _assert_close(g, w, TOLERANCE[jnp.dtype(dtype).type])
+        close(g, w, dtype)
 
 
 def test_preferred_float32_keeps_the_float32_sum() -> None:

@@ -12,20 +12,7 @@ import numpy as np
 import pytest
 
 import ejk
-from ejk.testing import reference_ragged_paged_attention
-
-
-def paged_batch(seed: int = 0) -> list[Any]:
-    """Three sequences (query lengths 3, 1, 5; contexts 9, 4, 12) over shuffled pages of 4."""
-    rng = np.random.default_rng(seed)
-    q_lens, kv_lens, page, pages_per_seq = [3, 1, 5], [9, 4, 12], 4, 3
-    table = rng.permutation(len(kv_lens) * pages_per_seq).reshape(len(kv_lens), pages_per_seq)
-    normal = rng.standard_normal
-    return [jnp.asarray(normal((sum(q_lens), 4, 16)), jnp.float32),
-            jnp.asarray(normal((table.size, page, 2, 16)), jnp.float32),
-            jnp.asarray(normal((table.size, page, 2, 16)), jnp.float32),
-            jnp.asarray(kv_lens, jnp.int32), jnp.asarray(table, jnp.int32),
-            jnp.asarray(np.cumsum([0, *q_lens]), jnp.int32), len(kv_lens)]
+from ejk.testing import assert_close, paged_batch, reference_ragged_paged_attention
 
 
 def _qkv() -> tuple[jax.Array, jax.Array, jax.Array]:
@@ -106,7 +93,7 @@ def test_integer_num_seqs_are_accepted(num_seqs: Any) -> None:
     arrays = paged_batch()
     want = reference_ragged_paged_attention(*arrays[:6], 2)
     got = ejk.ragged_paged_attention(*arrays[:6], num_seqs)
-    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=2e-5, atol=2e-5)
+    assert_close(got, want, jnp.float32, kind="paged")
 
 
 # -- NaN propagation --------------------------------------------------------------------------------

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import attrs
@@ -11,12 +12,13 @@ import numpy as np
 import pytest
 
 from ejk.ops.validate import check_ragged_paged_attention_args
-from ejk.testing import reference_ragged_paged_attention
+from ejk.testing import assert_close, reference_ragged_paged_attention
 from ejk_xla._paged_attention import PagedAttentionConfig, config_space, heuristic_config, ragged_paged_attention
 
 pytestmark = pytest.mark.filterwarnings("error")
 
-TOLERANCE = {jnp.float32: 2e-5, jnp.float16: 4e-3, jnp.bfloat16: 2e-2}
+#: ejk.testing's comparison with the paged rows of its tolerance table, shapes and dtypes included.
+close = functools.partial(assert_close, kind="paged", strict=True)
 ARRAYS = ("q", "k_pages", "v_pages", "kv_lens", "page_indices", "cu_q_lens", "num_seqs")
 OPTIONS = ("softmax_scale", "sliding_window", "logits_soft_cap")
 
@@ -84,13 +86,6 @@ def run_both(
     return run_impl(batch, cfg, **options), reference_ragged_paged_attention(*arrays, **user)
 
 
-def assert_close(out: jax.Array, ref: jax.Array, dtype: Any = jnp.float32) -> None:
-    assert out.shape == ref.shape
-    assert out.dtype == ref.dtype
-    np.testing.assert_allclose(np.asarray(out, np.float32), np.asarray(ref, np.float32),
-                               rtol=TOLERANCE[dtype], atol=TOLERANCE[dtype])
-
-
 def owned_rows(batch: dict[str, Any]) -> np.ndarray:
     """Boolean mask of the query rows a live sequence owns."""
     cu, live = np.asarray(batch["cu_q_lens"]), int(batch["num_seqs"])
@@ -138,7 +133,7 @@ SCENARIOS: dict[str, dict[str, Any]] = {
 def test_scenarios(rng: np.random.Generator, scenario: str, path: str) -> None:
     batch = make_batch(rng, **SCENARIOS[scenario])
     out, ref = run_both(batch, PATHS.get(path))
-    assert_close(out, ref)
+    close(out, ref, jnp.float32)
     assert not np.any(np.asarray(out)[~owned_rows(batch)]), "rows of no live sequence must be zeros"
     assert np.all(np.isfinite(np.asarray(out)))
 
@@ -155,20 +150,20 @@ def test_window_soft_cap_scale(
     options = {"sliding_window": window, "logits_soft_cap": cap, "softmax_scale": scale}
     ref = reference_ragged_paged_attention(*[batch[name] for name in ARRAYS], **options)
     for pages_per_block in (1, 4):  # one page per block; several pages and a padded table
-        assert_close(run_impl(batch, attrs.evolve(cfg, pages_per_block=pages_per_block), **options), ref)
+        close(run_impl(batch, attrs.evolve(cfg, pages_per_block=pages_per_block), **options), ref, jnp.float32)
 
 
 @pytest.mark.parametrize(("hq", "hkv"), [(2, 2), (4, 2), (8, 1), (16, 2)], ids=["mha", "gqa2", "mqa8", "gqa8"])
 def test_gqa(rng: np.random.Generator, cfg: PagedAttentionConfig, hq: int, hkv: int) -> None:
     batch = make_batch(rng, q_lens=[1, 4, 2], kv_lens=[10, 7, 12], hq=hq, hkv=hkv, d=8)
-    assert_close(*run_both(batch, cfg))
+    close(*run_both(batch, cfg), jnp.float32)
 
 
 def test_value_head_dim_differs(rng: np.random.Generator, cfg: PagedAttentionConfig) -> None:
     batch = make_batch(rng, q_lens=[2, 1], kv_lens=[6, 9], d=8, dv=12)
     out, ref = run_both(batch, cfg)
     assert out.shape == (3, 4, 12)
-    assert_close(out, ref)
+    close(out, ref, jnp.float32)
 
 
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.float16, jnp.bfloat16], ids=["f32", "f16", "bf16"])
@@ -176,7 +171,7 @@ def test_dtypes(rng: np.random.Generator, cfg: PagedAttentionConfig, dtype: Any)
     batch = make_batch(rng, q_lens=[1, 5, 2], kv_lens=[11, 8, 17], dtype=dtype, spare_tokens=1)
     out, ref = run_both(batch, cfg, logits_soft_cap=3.0)
     assert out.dtype == dtype
-    assert_close(out, ref, dtype)
+    close(out, ref, dtype)
 
 
 def test_random_batches(rng: np.random.Generator) -> None:
@@ -188,7 +183,7 @@ def test_random_batches(rng: np.random.Generator) -> None:
                            num_seqs=int(rng.integers(0, seqs + 1)), spare_tokens=int(rng.integers(0, 3)))
         q_block = [None, int(rng.integers(1, 7))][int(rng.integers(0, 2))]
         cfg = PagedAttentionConfig(pages_per_block=int(rng.integers(1, 5)), q_block=q_block)
-        assert_close(*run_both(batch, cfg, sliding_window=int(rng.integers(0, 12))))
+        close(*run_both(batch, cfg, sliding_window=int(rng.integers(0, 12))), jnp.float32)
 
 
 def test_unused_slots_cannot_leak(rng: np.random.Generator, cfg: PagedAttentionConfig) -> None:
@@ -204,7 +199,7 @@ def test_unused_slots_cannot_leak(rng: np.random.Generator, cfg: PagedAttentionC
     clean_out, _ = run_both(batch, cfg)
     out, _ = run_both({**batch, "k_pages": poisoned[0], "v_pages": poisoned[1]}, cfg)
     assert np.all(np.isfinite(np.asarray(out)))
-    assert_close(out, clean_out)
+    close(out, clean_out, jnp.float32)
 
 
 def test_rows_that_see_no_key_are_zeros(rng: np.random.Generator, cfg: PagedAttentionConfig) -> None:
@@ -215,7 +210,7 @@ def test_rows_that_see_no_key_are_zeros(rng: np.random.Generator, cfg: PagedAtte
                                             cfg=cfg))
     assert not np.any(out[:2]), "queries at negative positions see nothing"
     assert np.all(np.abs(out[2:]).sum(axis=(1, 2)) > 0)
-    assert_close(jnp.asarray(out), reference_ragged_paged_attention(*arrays, softmax_scale=0.25))
+    close(jnp.asarray(out), reference_ragged_paged_attention(*arrays, softmax_scale=0.25), jnp.float32)
 
 
 # -- composition ----------------------------------------------------------------------------------
@@ -239,7 +234,7 @@ def test_jit_with_traced_lengths_and_num_seqs(rng: np.random.Generator, cfg: Pag
     for batch in batches:
         arrays = [batch[name] for name in ARRAYS]
         ref = reference_ragged_paged_attention(*arrays, softmax_scale=0.3, sliding_window=6)
-        assert_close(run(*arrays), ref)
+        close(run(*arrays), ref, jnp.float32)
     assert len(traces) == 1
 
 
@@ -256,7 +251,7 @@ def test_vmap_over_layers(cfg: PagedAttentionConfig) -> None:
     out = jax.jit(jax.vmap(attend))(stacked["q"], stacked["k_pages"], stacked["v_pages"])
     for i, layer in enumerate(layers):
         arrays = [layer[name] for name in ARRAYS[:3]] + [shared[name] for name in ARRAYS[3:]]
-        assert_close(out[i], reference_ragged_paged_attention(*arrays, softmax_scale=0.25, logits_soft_cap=2.0))
+        close(out[i], reference_ragged_paged_attention(*arrays, softmax_scale=0.25, logits_soft_cap=2.0), jnp.float32)
 
 
 def test_vmap_over_whole_problems(cfg: PagedAttentionConfig) -> None:
@@ -275,7 +270,7 @@ def test_vmap_over_whole_problems(cfg: PagedAttentionConfig) -> None:
     out = jax.jit(jax.vmap(attend))(*stacked)
     for i, problem in enumerate(problems):
         arrays = [problem[name] for name in ARRAYS]
-        assert_close(out[i], reference_ragged_paged_attention(*arrays, softmax_scale=0.25, sliding_window=5))
+        close(out[i], reference_ragged_paged_attention(*arrays, softmax_scale=0.25, sliding_window=5), jnp.float32)
 
 
 def test_shard_map_over_heads(rng: np.random.Generator, cfg: PagedAttentionConfig) -> None:
@@ -290,7 +285,7 @@ def test_shard_map_over_heads(rng: np.random.Generator, cfg: PagedAttentionConfi
                                       cfg=cfg)
 
     sharded = jax.shard_map(local, mesh=mesh, in_specs=(heads, pages, pages) + (whole,) * 4, out_specs=heads)
-    assert_close(jax.jit(sharded)(*arrays), reference_ragged_paged_attention(*arrays, softmax_scale=0.25))
+    close(jax.jit(sharded)(*arrays), reference_ragged_paged_attention(*arrays, softmax_scale=0.25), jnp.float32)
 
 
 def test_tile_slice_moved_back_leaves_other_rows(rng: np.random.Generator) -> None:
@@ -298,7 +293,7 @@ def test_tile_slice_moved_back_leaves_other_rows(rng: np.random.Generator) -> No
     batch = make_batch(rng, q_lens=[5, 1], kv_lens=[9, 4], spare_tokens=0)
     for q_block in (2, 4, 6):
         out, ref = run_both(batch, PagedAttentionConfig(pages_per_block=1, q_block=q_block))
-        assert_close(out, ref)
+        close(out, ref, jnp.float32)
 
 
 # -- config ---------------------------------------------------------------------------------------
@@ -388,7 +383,7 @@ def test_every_config_in_space_is_correct(rng: np.random.Generator, q_lens: list
     assert len(space) >= 5
     assert heuristic_config(*arrays) in space
     for cfg in space:
-        assert_close(*run_both(batch, cfg))
+        close(*run_both(batch, cfg), jnp.float32)
 
 
 # -- check_ragged_paged_attention_args -----------------------------------------------------------

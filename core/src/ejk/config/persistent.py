@@ -16,25 +16,34 @@ match what is installed is *stale*: ignored, reported, and overwritten by the ne
 
 from __future__ import annotations
 
-import dataclasses
 import datetime
-import json
 import os
 import re
-import tempfile
 import threading
 import warnings
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Generic, TypeVar
 
-import attrs
 import filelock
 
 from ejk import environment
-from ejk._versions import core_versions, installed_version
+from ejk._versions import core_versions
 from ejk.config._cache_names import cache_file_name, op_id_of_file_name
+from ejk.config.cache_file import (
+    FILE_FORMAT,
+    SCHEMA_VERSION,
+    CacheEntry,
+    CacheFile,
+    atomic_write_json,
+    file_payload,
+    move_aside,
+    read_cache_file,
+    stat_stamp,
+)
+from ejk.config.serialization import from_jsonable, to_jsonable
 
 __all__ = [
+    "FILE_FORMAT",
     "SCHEMA_VERSION",
     "CacheEntry",
     "CacheFile",
@@ -46,8 +55,6 @@ __all__ = [
 ]
 
 Cfg = TypeVar("Cfg")
-SCHEMA_VERSION = 1
-FILE_FORMAT = "ejk-config-cache"
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9_.@+%-]+$")
 LOCK_TIMEOUT_S = 60.0
 
@@ -56,88 +63,8 @@ class StaleCacheWarning(UserWarning):
     """A persisted config was recorded under other versions or schema and is ignored."""
 
 
-@attrs.frozen(kw_only=True)
-class CacheEntry:
-    """One persisted config with its provenance (as stored in the JSON file)."""
-
-    device: str
-    op_id: str
-    call_key: str
-    cfg: Any = attrs.field(eq=False)
-    schema: int = SCHEMA_VERSION
-    source: str = "autotune"
-    provenance: Mapping[str, Any] = attrs.field(factory=dict, eq=False)
-    problem: str | None = attrs.field(default=None, eq=False)  # why the stored entry does not load
-
-    def to_json(self) -> dict[str, Any]:
-        return {"cfg": self.cfg, "schema": self.schema, "source": self.source, "provenance": dict(self.provenance)}
-
-    def stale_reason(self) -> str | None:
-        """Why this entry must not be reused here, or ``None`` when it is current."""
-        if self.problem is not None:
-            return self.problem
-        if self.schema != SCHEMA_VERSION:
-            return f"schema {self.schema} (this ejk writes schema {SCHEMA_VERSION})"
-        recorded = self.provenance.get("versions", {})
-        if not isinstance(recorded, Mapping):
-            return "provenance without versions"
-        try:
-            changed = [
-                f"{name} {version} -> {installed_version(name) or 'not installed'}"
-                for name, version in sorted(recorded.items())
-                if installed_version(name) != version
-            ]
-        except Exception as exc:  # e.g. a version recorded under an empty or non-string name
-            return f"its recorded versions cannot be checked ({type(exc).__name__}: {exc})"
-        return "recorded under other versions: " + ", ".join(changed) if changed else None
-
-
-def to_jsonable(cfg: Any, dumper: Callable[[Any], Any] | None = None) -> Any:
-    """Serialise a config: ``dumper``, attrs class, dataclass, pydantic v2 model, or raw JSON.
-
-    Raises:
-        TypeError: when the result is not JSON-serialisable (pass a ``dumper``).
-    """
-    if dumper is not None:
-        data = dumper(cfg)
-    elif attrs.has(type(cfg)):
-        data = attrs.asdict(cfg, recurse=True)
-    elif dataclasses.is_dataclass(cfg) and not isinstance(cfg, type):
-        data = dataclasses.asdict(cfg)
-    elif hasattr(cfg, "model_dump") and callable(cfg.model_dump):
-        data = cfg.model_dump(mode="json")
-    else:
-        data = cfg
-    try:
-        json.dumps(data, allow_nan=False)
-    except (TypeError, ValueError) as exc:
-        raise TypeError(
-            f"config {cfg!r} of type {type(cfg).__name__} is not JSON-serialisable ({exc}); "
-            "use an attrs class, a dataclass or a pydantic model, or pass dumper=/loader="
-        ) from None
-    return data
-
-
-def from_jsonable(data: Any, loader: Callable[[Any], Any] | None = None, cfg_type: type | None = None) -> Any:
-    """Rebuild a config with ``loader`` or ``cfg_type`` (attrs / dataclass / pydantic); else raw."""
-    if loader is not None:
-        return loader(data)
-    if cfg_type is None:
-        return data
-    if hasattr(cfg_type, "model_validate"):
-        return cfg_type.model_validate(data)
-    if isinstance(data, Mapping) and (attrs.has(cfg_type) or dataclasses.is_dataclass(cfg_type)):
-        return cfg_type(**{key: _as_tuples(value) for key, value in data.items()})
-    return cfg_type(data)
-
-
-def _as_tuples(value: Any) -> Any:
-    """JSON has no tuples: arrays come back as tuples, as immutable (hashable) configs hold them."""
-    if isinstance(value, list):
-        return tuple(_as_tuples(v) for v in value)
-    if isinstance(value, dict):
-        return {k: _as_tuples(v) for k, v in value.items()}
-    return value
+class _NotOursError(Exception):
+    """A file at the cache's path that is valid JSON but not an ejk config cache."""
 
 
 class PersistentCache(Generic[Cfg]):
@@ -365,12 +292,12 @@ class PersistentCache(Generic[Cfg]):
                 if state.kind == "foreign":  # not ours: never touched
                     raise _NotOursError(state.note or path)
                 if state.kind == "corrupt":  # not JSON at all: kept for inspection, out of the way
-                    _move_aside(path, state.note or "")
+                    move_aside(path, state.note or "")
                 data = dict(state.entries)
                 changed = change(data)
                 if changed:
-                    _atomic_write_json(path, _serialise(self.opname, data))
-                self._snapshot, self._stamp = data, _stat_stamp(path)
+                    atomic_write_json(path, file_payload(self.opname, data))
+                self._snapshot, self._stamp = data, stat_stamp(path)
                 return bool(changed)
         except _NotOursError as exc:
             if self._memory_only_reason is None:
@@ -396,124 +323,3 @@ def _clear_all(data: dict[tuple[str, str, str], CacheEntry]) -> bool:
     return True
 
 
-def _stat_stamp(path: str) -> tuple[int, int] | None:
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return (st.st_mtime_ns, st.st_size)
-
-
-class _NotOursError(Exception):
-    """A file at the cache's path that is valid JSON but not an ejk config cache."""
-
-
-@attrs.frozen(kw_only=True)
-class CacheFile:
-    """What :func:`read_cache_file` found (reading never moves or writes anything).
-
-    Attributes:
-        kind: ``"missing"``, ``"ours"`` (carries the format marker), ``"foreign"`` (valid
-            JSON without the marker: never touched) or ``"corrupt"`` (not JSON).
-        entries: The entries of an ejk cache file (broken ones included, as stale entries).
-        note: What is wrong with the file, for a warning or the CLI.
-    """
-
-    kind: str
-    entries: Mapping[tuple[str, str, str], CacheEntry] = attrs.field(factory=dict)
-    note: str | None = None
-
-
-def read_cache_file(path: str) -> CacheFile:
-    """Read a cache file without changing anything on disk; never raises for bad content."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            raw = json.load(f)
-    except FileNotFoundError:
-        return CacheFile(kind="missing")
-    except OSError as exc:
-        return CacheFile(kind="corrupt", note=f"config cache {path} cannot be read ({exc}); it is ignored")
-    except (ValueError, RecursionError) as exc:  # not JSON, not UTF-8, or nested too deeply
-        reason = "nested too deeply" if isinstance(exc, RecursionError) else f"{type(exc).__name__}: {exc}"
-        return CacheFile(kind="corrupt", note=f"config cache {path} is corrupt ({reason}); it is ignored")
-    if not isinstance(raw, dict) or raw.get("format") != FILE_FORMAT:
-        return CacheFile(kind="foreign", note=f"{path} is not an ejk config cache (no \"format\": "
-                                              f"\"{FILE_FORMAT}\" marker); skipped")
-    entries, problems = _parse_entries(raw.get("entries"))
-    note = None
-    if problems:
-        shown = "; ".join(problems[:3]) + (f" and {len(problems) - 3} more" if len(problems) > 3 else "")
-        note = f"config cache {path} has parts that do not load ({shown}); they are ignored"
-    return CacheFile(kind="ours", entries=entries, note=note)
-
-
-def _parse_entries(raw: Any) -> tuple[dict[tuple[str, str, str], CacheEntry], list[str]]:
-    """Entries of the ``entries`` mapping; an entry that does not load is kept as stale."""
-    result: dict[tuple[str, str, str], CacheEntry] = {}
-    problems: list[str] = []
-    if not isinstance(raw, dict):
-        return result, [f"entries is {type(raw).__name__}, not an object"]
-    for device, ops in raw.items():
-        if not isinstance(ops, dict):
-            problems.append(f"entries[{device!r}] is {type(ops).__name__}, not an object")
-            continue
-        for op_id, calls in ops.items():
-            if not isinstance(calls, dict):
-                problems.append(f"entries[{device!r}][{op_id!r}] is {type(calls).__name__}, not an object")
-                continue
-            for call_key, item in calls.items():
-                result[(device, op_id, call_key)] = _parse_entry(device, op_id, call_key, item)
-    return result, problems
-
-
-def _parse_entry(device: str, op_id: str, call_key: str, item: Any) -> CacheEntry:
-    try:
-        if not isinstance(item, dict) or "cfg" not in item:
-            raise ValueError("an entry needs an object with a cfg")
-        provenance = item.get("provenance", {})
-        if not isinstance(provenance, dict):
-            raise ValueError(f"provenance is {type(provenance).__name__}, not an object")
-        schema = item.get("schema", 0)
-        if not isinstance(schema, int) or isinstance(schema, bool):
-            raise ValueError(f"schema is {schema!r}, not an int")
-        return CacheEntry(device=device, op_id=op_id, call_key=call_key, cfg=item["cfg"], schema=schema,
-                          source=str(item.get("source", "unknown")), provenance=provenance)
-    except Exception as exc:
-        return CacheEntry(device=device, op_id=op_id, call_key=call_key,
-                          cfg=item.get("cfg") if isinstance(item, dict) else None, source="unknown",
-                          problem=f"the stored entry does not load ({exc})")
-
-
-def _move_aside(path: str, note: str) -> None:
-    stamp = datetime.datetime.now(datetime.UTC).strftime("%Y%m%dT%H%M%S")
-    target = f"{path}.corrupt-{stamp}-{os.getpid()}"
-    try:
-        os.replace(path, target)
-        where = f"moved to {target}"
-    except OSError as move_exc:
-        where = f"could not be moved aside ({move_exc})"
-    warnings.warn(f"{note.removesuffix('; it is ignored')}; {where}", RuntimeWarning, stacklevel=6)
-
-
-def _serialise(opname: str, data: Mapping[tuple[str, str, str], CacheEntry]) -> dict[str, Any]:
-    nested: dict[str, dict[str, dict[str, Any]]] = {}
-    for (device, op_id, call_key), entry in sorted(data.items()):
-        nested.setdefault(device, {}).setdefault(op_id, {})[call_key] = entry.to_json()
-    return {"format": FILE_FORMAT, "schema": SCHEMA_VERSION, "opname": opname, "entries": nested}
-
-
-def _atomic_write_json(path: str, payload: Any) -> None:
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=os.path.basename(path) + ".", suffix=".tmp", dir=directory)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(payload, f, indent=1, sort_keys=True)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise

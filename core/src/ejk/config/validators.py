@@ -2,7 +2,8 @@
 
 Each rejects ``bool`` (an ``int`` subclass) and raises ``ValueError`` naming the config class,
 the field, the value and what it needs, e.g. ``FlashAttentionConfig.block_m is 48 but needs a
-power of two >= 16``::
+power of two >= 16`` (``attrs.validators.in_`` / ``ge`` / ``instance_of(int)`` accept ``True``
+for ``1`` and name neither the class nor the fix, hence these)::
 
     @attrs.frozen(kw_only=True)
     class MyConfig:

@@ -12,9 +12,8 @@ persistent entry and plugin hooks all end the reuse). Recording still happens on
 
 from __future__ import annotations
 
+import functools
 import json
-import threading
-from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
 
@@ -99,6 +98,22 @@ class _FastEntry:
         self.device, self.op_id_v, self.call_key = device, op_id_v, call_key
 
 
+class _Keyed:
+    """A ``functools.lru_cache`` argument that hashes and compares by ``key`` (tokens of possibly
+    unhashable configs) and carries the originals the build needs in ``payload``."""
+
+    __slots__ = ("key", "payload")
+
+    def __init__(self, key: Any, payload: Any) -> None:
+        self.key, self.payload = key, payload
+
+    def __hash__(self) -> int:
+        return hash(self.key)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Keyed) and self.key == other.key
+
+
 def _always() -> bool:
     return True
 
@@ -137,9 +152,8 @@ class Executor(Generic[Cfg, Out]):
         self.jit = jit
         self._keys: dict[Any, str] = {}
         self._device_fingerprint: str | None = None
-        self._bound: OrderedDict[Any, Callable[..., Any]] = OrderedDict()
+        self._bound = functools.lru_cache(maxsize=_BOUND_CACHE_SIZE)(self._build_keyed)
         self._fast: dict[Any, _FastEntry] = {}
-        self._lock = threading.Lock()
 
     # -- building blocks -----------------------------------------------------------------------
 
@@ -181,17 +195,10 @@ class Executor(Generic[Cfg, Out]):
              stamp: str | None = None) -> Callable[..., Out]:
         """``f(*args)`` running ``kernel`` with ``cfg`` — with its custom VJP when it defines one."""
         key = (id(kernel), _token(cfg), tuple(sorted((k, _token(v)) for k, v in kwargs.items())), stamp)
-        with self._lock:
-            fn = self._bound.get(key)
-            if fn is not None:
-                self._bound.move_to_end(key)
-                return fn
-        fn = self._build(kernel, cfg, kwargs, stamp)
-        with self._lock:
-            self._bound[key] = fn
-            while len(self._bound) > _BOUND_CACHE_SIZE:
-                self._bound.popitem(last=False)
-        return fn
+        return self._bound(_Keyed(key, (kernel, cfg, kwargs, stamp)))
+
+    def _build_keyed(self, keyed: _Keyed) -> Callable[..., Any]:
+        return self._build(*keyed.payload)
 
     def _build(self, kernel: Kernel[Cfg, Out], cfg: Cfg, kwargs: dict[str, Any],
                stamp: str | None) -> Callable[..., Out]:

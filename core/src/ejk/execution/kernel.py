@@ -20,7 +20,7 @@ import attrs
 import jax
 import numpy as np
 
-from ejk.config.persistent import from_jsonable, to_jsonable
+from ejk.config.serialization import from_jsonable, to_jsonable
 
 __all__ = ["Invocation", "Kernel", "abstract_args", "bind_kernel", "make_call_key", "static_key"]
 

@@ -19,8 +19,8 @@ import attrs
 import jax
 
 from ejk._versions import installed_version
-from ejk.config.persistent import from_jsonable, to_jsonable
 from ejk.config.selection import ConfigSelectorChain
+from ejk.config.serialization import from_jsonable, to_jsonable
 from ejk.errors import KernelNotFoundError
 from ejk.execution.executor import Executor
 from ejk.execution.kernel import Invocation, Kernel

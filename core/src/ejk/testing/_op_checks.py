@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ejk.testing._cases import fast_jit, paged_batch
 from ejk.testing._reference_attention import reference_flash_attention
 from ejk.testing._reference_matmul import reference_grouped_matmul, reference_matmul
 from ejk.testing._reference_paged import reference_ragged_paged_attention
@@ -25,17 +26,34 @@ __all__ = [
     "MATMUL_SHAPES",
     "TOLERANCES",
     "assert_close",
+    "tolerance",
     "check_flash_attention",
     "check_grouped_matmul",
     "check_matmul",
     "check_ragged_paged_attention",
 ]
 
-#: (absolute, relative) tolerance per dtype, for outputs scaled to about 1.
+#: The one tolerance table of every ejk test: ``(absolute, relative)`` per dtype, applied by
+#: :func:`assert_close` to values divided by the reference's largest magnitude (at least 1).
+#: A row ``"<kind>:<dtype>"`` holds a tolerance of one kind of result (``assert_close(...,
+#: kind=...)``); a kind without a row for a dtype falls back to the dtype's row.
 TOLERANCES: dict[str, tuple[float, float]] = {
+    # Any op's output, gradients included (attention outputs and cotangents of N(0, 1) inputs).
     "float32": (2e-5, 2e-5),
     "bfloat16": (3e-2, 3e-2),
     "float16": (5e-3, 5e-3),
+    # Matmul-like ops (matmul, grouped_matmul): products are exact in float32, the rest is the
+    # output's rounding and the summation order.
+    "matmul:float32": (1e-5, 1e-5),
+    "matmul:float16": (2e-3, 2e-3),
+    "matmul:bfloat16": (1.6e-2, 1.6e-2),
+    # float32 matmuls at precision="default", which may use TF32-class dots on a GPU.
+    "matmul_default_precision:float32": (1e-2, 1e-2),
+    # Ragged paged attention: each row averages few keys.
+    "paged:float16": (4e-3, 4e-3),
+    "paged:bfloat16": (2e-2, 2e-2),
+    # The ops on an NVIDIA GPU: float32 dots at the default precision are TF32-class.
+    "gpu:float32": (2e-3, 2e-3),
 }
 
 #: Edge cases of flash attention: shapes [B, Sq, Hq, Sk, Hkv, D] and options.
@@ -53,25 +71,57 @@ FLASH_ATTENTION_CASES: tuple[dict[str, Any], ...] = (
 )
 
 
-def assert_close(got: Any, want: Any, dtype: Any, *, what: str = "output") -> None:
-    """Compare in float32, scaled by the reference's magnitude, with the dtype's tolerance."""
+def tolerance(dtype: Any, kind: str | None = None) -> tuple[float, float]:
+    """``(absolute, relative)`` of :data:`TOLERANCES`: the row ``"<kind>:<dtype>"``, else the dtype's.
+
+    Raises:
+        ValueError: for a dtype without a row.
+    """
+    name = jnp.dtype(dtype).name
+    if kind is not None and f"{kind}:{name}" in TOLERANCES:
+        return TOLERANCES[f"{kind}:{name}"]
+    if name not in TOLERANCES:
+        raise ValueError(f"no tolerance for dtype {name}: TOLERANCES has rows for "
+                         f"{', '.join(k for k in TOLERANCES if ':' not in k)}")
+    return TOLERANCES[name]
+
+
+def assert_close(got: Any, want: Any, dtype: Any, *, what: str = "output", kind: str | None = None,
+                 strict: bool = False) -> None:
+    """Compare in float32, scaled by the reference's magnitude, with the tolerance of ``dtype``
+    (and ``kind``, see :data:`TOLERANCES`).
+
+    Args:
+        got: The result under test.
+        want: The reference result.
+        dtype: Picks the tolerance (the dtype the computation ran in).
+        what: Names the compared value in the failure message.
+        kind: A kind of result with its own rows in :data:`TOLERANCES` (e.g. ``"matmul"``).
+        strict: Also require ``got`` to have ``want``'s shape and dtype.
+
+    Raises:
+        AssertionError: naming ``what``, when the values (or, with ``strict``, shape or dtype) differ.
+    """
+    if strict and (np.shape(got), jnp.dtype(got.dtype)) != (np.shape(want), jnp.dtype(want.dtype)):
+        raise AssertionError(f"{what}: got shape {np.shape(got)} dtype {jnp.dtype(got.dtype).name}, "
+                             f"want shape {np.shape(want)} dtype {jnp.dtype(want.dtype).name}")
     got32 = np.asarray(jnp.asarray(got, jnp.float32))
     want32 = np.asarray(jnp.asarray(want, jnp.float32))
     scale = max(float(np.max(np.abs(want32), initial=0.0)), 1.0)
-    atol, rtol = TOLERANCES[jnp.dtype(dtype).name]
+    atol, rtol = tolerance(dtype, kind)
     np.testing.assert_allclose(got32 / scale, want32 / scale, atol=atol, rtol=rtol, err_msg=what)
 
 
 def _flash_inputs(case: dict[str, Any], dtype: Any, seed: int) -> tuple[tuple[jax.Array, ...], dict[str, Any]]:
     b, sq, hq, sk, hkv, d = case["shape"]
-    keys = jax.random.split(jax.random.key(seed), 4)
-    q = jax.random.normal(keys[0], (b, sq, hq, d), dtype)
-    k = jax.random.normal(keys[1], (b, sk, hkv, d), dtype)
-    v = jax.random.normal(keys[2], (b, sk, hkv, d), dtype)
+    rng = np.random.default_rng(seed)  # on the host: jax.random would compile a program per shape
+    q = _normal(rng, (b, sq, hq, d), dtype)
+    k = _normal(rng, (b, sk, hkv, d), dtype)
+    v = _normal(rng, (b, sk, hkv, d), dtype)
     options: dict[str, Any] = {name: case[name] for name in ("causal", "sliding_window", "logits_soft_cap")
                                if name in case}
     if case.get("bias"):
-        options["bias"] = jax.random.normal(keys[3], (b, 1, sq, sk), dtype)
+        options["bias"] = _normal(rng, (b, 1, sq, sk), dtype)
     if case.get("segments"):
         options["q_segment_ids"] = jnp.asarray(np.arange(sq)[None].repeat(b, 0) // 5, jnp.int32)
         options["kv_segment_ids"] = jnp.asarray(np.arange(sk)[None].repeat(b, 0) // 3 + 1, jnp.int32)
@@ -119,12 +169,20 @@ def _compare(ours: Callable[..., Any], ref: Callable[..., Any], args: tuple[Any,
     if not grads:
         assert_close(ours(*args), ref(*args), dtype, what=label)
         return
-    out, ours_vjp = jax.vjp(ours, *args)
-    want, ref_vjp = jax.vjp(ref, *args)
+    shape = jax.eval_shape(ours, *args)
+    cotangent = _normal(np.random.default_rng(7), shape.shape, shape.dtype)
+
+    def values_and_grads(fn: Callable[..., Any]) -> Any:
+        def run(*args: Any) -> Any:
+            out, vjp = jax.vjp(fn, *args)
+            return out, vjp(cotangent)
+        return fast_jit(run)(*args)  # one cheaply compiled program per case
+
+    out, got_grads = values_and_grads(ours)
+    want, want_grads = values_and_grads(ref)
     assert_close(out, want, dtype, what=label)
-    cotangent = _normal(np.random.default_rng(7), out.shape, out.dtype)
     names = ("d" + str(i) for i in range(len(args)))
-    for name, got_g, want_g in zip(names, ours_vjp(cotangent), ref_vjp(cotangent), strict=True):
+    for name, got_g, want_g in zip(names, got_grads, want_grads, strict=True):
         if want_g is not None and got_g is not None:
             assert_close(got_g, want_g, dtype, what=f"{label} gradient {name}")
 
@@ -229,24 +287,16 @@ def check_ragged_paged_attention(platform: str, *, dtypes: Sequence[Any] = (jnp.
     """``ejk.ragged_paged_attention`` on ``platform``: decode, chunked prefill, a padded batch."""
     import ejk
 
-    rng = np.random.default_rng(0)
-    pages, page, hq, hkv, d = 16, 4, 8, 2, 16
+    pages = 16
     cases: tuple[tuple[list[int], list[int], int, dict[str, Any]], ...] = (  # kv_lens, q_lens, num_seqs, options
         ([9, 5, 16, 1], [1, 1, 1, 1], 4, {}),  # decode
         ([12, 7], [5, 7], 2, {"sliding_window": 4}),  # chunked prefill, a whole prompt
         ([10, 6, 3], [2, 3, 1], 2, {"logits_soft_cap": 10.0}),  # the third sequence is padding
     )
-    for dtype in dtypes:
+    for seed, dtype in enumerate(dtypes):
         for kv_lens, q_lens, num_seqs, options in cases:
-            seqs = len(kv_lens)
-            table = rng.permutation(pages)[: seqs * 4].reshape(seqs, 4)
-            args = (
-                jnp.asarray(rng.standard_normal((sum(q_lens), hq, d)), dtype),
-                jnp.asarray(rng.standard_normal((pages, page, hkv, d)), dtype),
-                jnp.asarray(rng.standard_normal((pages, page, hkv, d)), dtype),
-                jnp.asarray(kv_lens, jnp.int32), jnp.asarray(table, jnp.int32),
-                jnp.asarray(np.concatenate([[0], np.cumsum(q_lens)]), jnp.int32), num_seqs,
-            )
+            args = paged_batch(seed, q_lens=q_lens, kv_lens=kv_lens, num_seqs=num_seqs, pages_per_seq=4,
+                               spare_pages=pages - 4 * len(kv_lens), hq=8, hkv=2, d=16, dtype=dtype)
             got = ejk.ragged_paged_attention(*args, platform=platform, cfg=cfg, **options)
             assert_close(got, reference_ragged_paged_attention(*args, **options), dtype,
                          what=f"ragged_paged_attention[{platform}] kv={kv_lens} q={q_lens} {jnp.dtype(dtype).name}")

@@ -12,6 +12,9 @@ from ejk_xla import _cudnn_attention, _flash_attention, _grouped_matmul, _matmul
 #: beats 4–9× on an H100, benchmarks/results/attention_gpu_h100.md) wherever its gate allows.
 CUDNN_PRIORITY = 10
 
+#: The other platforms of the ejk family, for the "what to install" hint of a missing platform.
+SIBLING_DISTRIBUTIONS = {"pallas": "ejk-pallas", "triton": "ejk-triton", "cute": "ejk-cute"}
+
 
 @ejk.hookimpl
 def ejk_register_kernels(register: Callable[..., Callable[[Any], Any]]) -> None:
@@ -38,3 +41,8 @@ def ejk_platform_status() -> ejk.PlatformStatus:
     import jax
 
     return ejk.PlatformStatus(platform="xla", available=True, versions={"jax": jax.__version__})
+
+
+@ejk.hookimpl
+def ejk_platform_distributions() -> dict[str, str]:
+    return SIBLING_DISTRIBUTIONS

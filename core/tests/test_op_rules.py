@@ -1,0 +1,96 @@
+"""One rule per argument across the ops' validators (issue 6): softmax_scale, sliding windows, dtypes.
+
+The validators run on ``jax.ShapeDtypeStruct``s here: no plugin is needed. The same rules end to
+end, through the public ops, are in ejk-xla's tests/test_input_rules.py.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from ejk.ops.validate import (
+    check_flash_attention_args,
+    check_grouped_matmul_args,
+    check_matmul_args,
+    check_ragged_paged_attention_args,
+)
+
+F32 = jnp.float32
+
+
+def _sds(shape: tuple[int, ...], dtype: Any = F32) -> jax.ShapeDtypeStruct:
+    return jax.ShapeDtypeStruct(shape, dtype)
+
+
+def flash(**options: Any) -> tuple[float, tuple[int, int] | None]:
+    """``check_flash_attention_args`` on q [1, 8, 2, 16], k / v [1, 12, 2, 16] (head dim 16)."""
+    q, kv = _sds((1, 8, 2, 16)), _sds((1, 12, 2, 16))
+    user = {"causal": False, "softmax_scale": None, "sliding_window": None, "logits_soft_cap": None,
+            "q_segment_ids": None, "kv_segment_ids": None, "bias": None, **options}
+    return check_flash_attention_args(q, kv, kv, **user)
+
+
+def paged(**options: Any) -> tuple[float, tuple[int, int] | None]:
+    """``check_ragged_paged_attention_args`` on two sequences over 4 pages of 8 (head dim 16)."""
+    q = options.pop("q", _sds((5, 2, 16)))  # before `user`: q is not an option
+    pages = _sds((4, 8, 2, 16))
+    i32 = jnp.int32
+    user = {"softmax_scale": None, "sliding_window": None, "logits_soft_cap": None, **options}
+    return check_ragged_paged_attention_args(q, pages, pages, _sds((2,), i32), _sds((2, 2), i32), _sds((3,), i32),
+                                             _sds((), i32), **user)
+
+
+@pytest.mark.parametrize("scale", [-1.0, 0.0, -0.0, math.inf, -math.inf, math.nan, "0.1", True, 1j])
+def test_softmax_scale_is_rejected_alike_by_flash_and_paged_attention(scale: Any) -> None:
+    messages = []
+    for op, check in (("flash_attention", flash), ("ragged_paged_attention", paged)):
+        with pytest.raises(ValueError, match=rf"^{op}: softmax_scale is .* but needs a finite number > 0") as info:
+            check(softmax_scale=scale)
+        messages.append(str(info.value).removeprefix(f"{op}: "))
+    assert messages[0] == messages[1]  # one rule, one message
+
+
+@pytest.mark.parametrize("scale", [None, 0.25, 3])
+def test_softmax_scale_resolves_alike(scale: Any) -> None:
+    want = 0.25 if scale is None else float(scale)  # None: 1 / sqrt(head_dim = 16)
+    assert flash(softmax_scale=scale)[0] == paged(softmax_scale=scale)[0] == want
+
+
+@pytest.mark.parametrize("window", [-1, (2,), (1, 2, 3), (1, -2), 1.5, "3", True, (True, 1), (1.0, 2)])
+def test_bad_windows_are_rejected_alike(window: Any) -> None:
+    messages = []
+    for op, check in (("flash_attention", flash), ("ragged_paged_attention", paged)):
+        with pytest.raises(ValueError, match=rf"^{op}: sliding_window is .* but needs non-negative ints") as info:
+            check(sliding_window=window)
+        messages.append(str(info.value).removeprefix(f"{op}: "))
+    assert messages[0] == messages[1]
+
+
+def test_causal_window_drops_the_right_side_in_both_ops() -> None:
+    """Documented (``ejk.flash_attention``'s docstring): with causal attention ``(l, r)`` means
+    ``(l, 0)``; ragged paged attention is always causal, so it does the same."""
+    assert flash(causal=True, sliding_window=(3, 7))[1] == (3, 0)
+    assert paged(sliding_window=(3, 7))[1] == (3, 0)
+    assert flash(causal=True, sliding_window=3)[1] == paged(sliding_window=3)[1] == (3, 0)
+    assert flash(causal=False, sliding_window=(3, 7))[1] == (3, 7)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float64, jnp.int32, jnp.bool_])
+def test_one_floating_dtype_rule_for_every_op(dtype: Any) -> None:
+    name = jnp.dtype(dtype).name
+    needs = r"needs a floating dtype: one of bfloat16, float16, float32"
+    with pytest.raises(ValueError, match=rf"flash_attention: q has dtype {name} but {needs}"):
+        check_flash_attention_args(_sds((1, 8, 2, 16), dtype), _sds((1, 8, 2, 16), dtype), _sds((1, 8, 2, 16), dtype),
+                                   causal=False, softmax_scale=None, sliding_window=None, logits_soft_cap=None,
+                                   q_segment_ids=None, kv_segment_ids=None, bias=None)
+    with pytest.raises(ValueError, match=rf"ragged_paged_attention: q has dtype {name} but {needs}"):
+        paged(q=_sds((5, 2, 16), dtype))
+    with pytest.raises(ValueError, match=rf"matmul: a has dtype {name} but {needs}"):
+        check_matmul_args(_sds((4, 4), dtype), _sds((4, 4)))
+    with pytest.raises(ValueError, match=rf"grouped_matmul: lhs has dtype {name} but {needs}"):
+        check_grouped_matmul_args(_sds((4, 4), dtype), _sds((1, 4, 4)), _sds((1,), jnp.int32))

@@ -76,7 +76,7 @@ def _host(status: Any) -> PluginHost:
     host = PluginHost(KernelRegistry(), load_entry_points=False)
     host.register_plugin(Good(), "good")
     with pytest.warns(RuntimeWarning, match="'bad': ejk_platform_status returned"):
-        host.register_plugin(Bad(status), "bad")  # registered last: asked first
+        host.register_plugin(Bad(status), "bad")  # "bad" < "good": asked first
     return host
 
 

@@ -57,11 +57,16 @@ def install(pm: pluggy.PluginManager) -> Callable[[], None]:
               kwargs: Mapping[str, Any]) -> None:
         stack = local.__dict__.setdefault("starts", [])
         elapsed_ms = (time.perf_counter() - stack.pop()) * 1e3 if stack else float("nan")
-        plugins = ", ".join(pm.get_name(impl.plugin) or "?" for impl in hook_impls) or "no plugin"
+        if not hook_impls:  # a plugin without this hook: nothing was called
+            return
+        plugins = ", ".join(pm.get_name(impl.plugin) or "?" for impl in hook_impls)
         if outcome.exception is not None:
             result = f"raised {type(outcome.exception).__name__}: {outcome.exception}"
         else:
-            result = summarize(outcome.get_result())
+            value = outcome.get_result()
+            if isinstance(value, list) and len(hook_impls) == 1:  # one plugin's answer, as it returned it
+                value = value[0] if value else None
+            result = summarize(value)
         logger.info("%s [%s](%s) -> %s (%.3f ms)", hook_name, plugins, _arguments(kwargs), result, elapsed_ms)
 
     if not logger.handlers:  # nobody configured it: write to stderr

@@ -352,10 +352,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         status = int(args.func(args) or 0)
         sys.stdout.flush()
         return status
-    except BrokenPipeError:  # `ejk kernels --json | head`: the reader stopped reading, which is fine
+    except BrokenPipeError:  # `ejk kernels --json | head`: the reader stopped early; no traceback
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())  # Python's exit-time flush must not fail again
-        return 0
+        return 1  # as rich's tables do (and Python's documented recipe)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -41,7 +41,8 @@ def test_rms_norm_matches_its_reference_values_and_gradients() -> None:
 def test_split_k_matches_the_matmul_reference() -> None:
     shapes = [(sa, sb) for sa, sb in ejk.testing.MATMUL_SHAPES if len(sa) >= 2 and len(sb) >= 2]
     choice = ejk.ImplChoice(platform="xla", backend="any", implementation="split_k", cfg=SplitKConfig(splits=4))
-    assert check_matmul("xla", cfg=choice, shapes=shapes) == 2 * len(shapes)
+    assert check_matmul("xla", cfg=choice, shapes=shapes, dtypes=(jnp.float32,)) == len(shapes)
+    assert check_matmul("xla", cfg=choice, shapes=shapes[:1], dtypes=(jnp.bfloat16,)) == 1
     assert check_matmul("xla", cfg=SPLIT_K, shapes=[((3, 40), (40, 2))], preferred_element_type=jnp.float32,
                         dtypes=(jnp.bfloat16,)) == 1
 
@@ -123,3 +124,22 @@ def test_ejk_kernels_and_plugins_list_the_implementations() -> None:
     assert row["distribution"] == "ejk-example-plugin" and row["version"] == "0.1.0"
     assert {i["implementation"]: i["status"] for i in row["implementations"]} == {
         "xla/any:fused": "available", "xla/any:split_k": "available"}
+
+
+def _python(code: str, **env: str) -> subprocess.CompletedProcess[str]:
+    import os
+
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                          env={**os.environ, "JAX_PLATFORMS": "cpu", **env})
+
+
+def test_a_fresh_process_finds_the_op_on_ejk_and_traces_the_hooks() -> None:
+    code = ("import ejk, jax.numpy as jnp; f = ejk.rms_norm; print(f.__module__); "
+            "ejk.matmul(jnp.ones((2, 512)), jnp.ones((512, 2)))")
+    result = _python(code, EJK_TRACE_HOOKS="1")
+    assert result.stdout.strip() == "ejk_example.ops"  # asking ejk for the op loaded the plugins
+    trace = [line for line in result.stderr.splitlines() if line.startswith("ejk hook: ")]
+    assert any(line.startswith("ejk hook: ejk_register_kernels [example]") for line in trace), result.stderr
+    (choose,) = [line for line in trace if line.startswith("ejk hook: ejk_choose_config [example]")]
+    assert "invocation=matmul@2(2x512:float32, 512x2:float32" in choose
+    assert "-> ImplChoice(platform='xla', backend='any', implementation='split_k'" in choose

@@ -313,7 +313,7 @@ class PluginHost:
         return sorted((i for i in impls if not (i.hookwrapper or i.wrapper)), key=key)
 
     def _call_one(self, plugin: object, info: PluginInfo, hook_name: str, kwargs: dict[str, Any]) -> list[Any]:
-        impls = [i for i in getattr(self.pm.hook, hook_name).get_hookimpls() if i.plugin is plugin]
+        impls = [i for i in self._ordered(hook_name) if i.plugin is plugin]
         results = [r for r in (self._invoke(i, info, hook_name, kwargs) for i in impls) if r is not None]
         return [r for r in results if self._valid(info, hook_name, r)]
 

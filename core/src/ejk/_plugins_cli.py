@@ -89,10 +89,14 @@ def print_plugin_table(host: Any, rows: list[dict[str, Any]] | None = None) -> N
             state = "[green]available[/green]" if p["available"] else "[yellow]unavailable[/yellow]"
             why = "" if p["available"] else f"{p['reason']}" + (f"\nfix: {p['fix']}" if p["fix"] else "")
             table.add_row(row["name"], dist, state, f"platform {p['platform']}", why)
+        down = {f"platform {p['platform']}: {p['reason'] or 'unavailable'}" for p in row["platforms"]
+                if not p["available"]}
         for impl in row["implementations"]:
             state = "[green]available[/green]" if impl["status"] == "available" else "[yellow]unavailable[/yellow]"
             why = impl["reason"] or ""
-            if impl["fix"]:
+            if why in down:  # said (with the fix) on the platform's row above
+                why = why.split(":")[0] + " is unavailable (above)"
+            elif impl["fix"]:
                 why += f"\nfix: {impl['fix']}"
             table.add_row(row["name"], dist, state, f"{impl['algorithm']} {impl['implementation']}", why)
         if not row["platforms"] and not row["implementations"]:

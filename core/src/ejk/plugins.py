@@ -23,8 +23,9 @@ and hook (:attr:`PluginInfo.hook_errors`, ``ejk plugins``, ``ejk doctor``) and i
 Order of the hook calls (what decides a first-result hook such as ``ejk_choose_config``): the
 implementations marked ``@ejk.hookimpl(tryfirst=True)`` come first, then the unmarked ones, then
 those marked ``trylast=True``; within each group, plugins are called in alphabetical order of
-their (entry-point) names. :meth:`PluginHost.hook_order` lists it. Every call goes through pluggy,
-one implementation at a time, so ``EJK_TRACE_HOOKS=1`` (pluggy's hook-call monitoring) logs it.
+their (entry-point) names. :meth:`PluginHost.hook_order` lists it. With ``EJK_TRACE_HOOKS=1``
+(:meth:`PluginHost.trace_hooks`) every call goes through pluggy, one implementation at a time, so
+pluggy's hook-call monitoring logs it; otherwise implementations are called directly (no overhead).
 
 Availability is per plugin: a platform status a plugin reports governs the implementations that
 plugin registered on that platform (a plugin can mark its own ``xla`` implementations unavailable
@@ -166,6 +167,7 @@ class PluginHost:
         self._device_facts: dict[Any, dict[str, str]] = {}
         self._platform_facts: dict[tuple[Any, str], dict[str, str]] = {}
         self._callers: dict[tuple[str, int], pluggy.HookCaller] = {}
+        self._order: dict[str, tuple[list[pluggy.HookImpl], list[pluggy.HookImpl]]] = {}
         self._stop_tracing: Callable[[], None] | None = None
         self.registry.set_diagnostics(self._availability, self._explain)
         if environment.trace_hooks():
@@ -236,7 +238,7 @@ class PluginHost:
             self._stop_tracing = None
 
     def _activate(self, plugin: object, info: PluginInfo) -> None:
-        self._callers.clear()  # per-plugin hook callers exclude the plugins known when they were made
+        self._forget_callers()
         try:
             self.pm.register(plugin, name=info.name)
         except Exception as exc:
@@ -248,7 +250,7 @@ class PluginHost:
                                                             if i.plugin is plugin))
         if unknown:  # a misspelt hook would otherwise be silently never called
             self.pm.unregister(plugin)
-            self._callers.clear()
+            self._forget_callers()
             known = ", ".join(name for name in sorted(vars(hookspecs)) if name.startswith("ejk_"))
             self._fail(info, f"unknown hook(s) {', '.join(unknown)}",
                        f"rename them to hooks of ejk.hookspecs ({known}), or mark hooks of a newer ejk "
@@ -260,7 +262,7 @@ class PluginHost:
         except BaseException as exc:
             removed = self.registry.unregister_plugin(info.name)
             self.pm.unregister(plugin)
-            self._callers.clear()
+            self._forget_callers()
             self._fail(info, f"ejk_register_kernels raised {_describe(exc)} "
                              f"({removed} partial registration(s) rolled back)",
                        f"report it to the maintainers of {info.distribution or info.name}, "
@@ -289,6 +291,12 @@ class PluginHost:
 
     # -- isolated hook calls -----------------------------------------------------------------
 
+    def _forget_callers(self) -> None:
+        """Plugins changed: per-plugin callers (they exclude the plugins known when made) and the
+        call order are rebuilt on their next use."""
+        self._callers.clear()
+        self._order.clear()
+
     def _caller(self, hook_name: str, plugin: object) -> pluggy.HookCaller:
         """A pluggy caller of ``hook_name`` that reaches ``plugin`` alone (so pluggy's monitoring,
         ``EJK_TRACE_HOOKS``, sees every call while each plugin stays isolated)."""
@@ -305,12 +313,18 @@ class PluginHost:
         return [self.pm.get_name(impl.plugin) or "?" for impl in self._ordered(hook_name)]
 
     def _ordered(self, hook_name: str) -> list[pluggy.HookImpl]:
+        impls = getattr(self.pm.hook, hook_name).get_hookimpls()
+        known = self._order.get(hook_name)
+        if known is not None and known[0] == impls:  # same implementations (also after pm.unregister)
+            return known[1]
+
         def key(impl: pluggy.HookImpl) -> tuple[int, str]:
             group = 0 if impl.tryfirst else 2 if impl.trylast else 1
             return group, self.pm.get_name(impl.plugin) or ""
 
-        impls = getattr(self.pm.hook, hook_name).get_hookimpls()
-        return sorted((i for i in impls if not (i.hookwrapper or i.wrapper)), key=key)
+        order = sorted((i for i in impls if not (i.hookwrapper or i.wrapper)), key=key)
+        self._order[hook_name] = (impls, order)
+        return order
 
     def _call_one(self, plugin: object, info: PluginInfo, hook_name: str, kwargs: dict[str, Any]) -> list[Any]:
         impls = [i for i in self._ordered(hook_name) if i.plugin is plugin]
@@ -327,6 +341,8 @@ class PluginHost:
 
     def _invoke(self, impl: pluggy.HookImpl, info: PluginInfo, hook_name: str, kwargs: dict[str, Any]) -> Any:
         try:
+            if self._stop_tracing is None:  # the direct call; traced calls go through pluggy's monitoring
+                return impl.function(**{name: kwargs[name] for name in impl.argnames})
             caller = self._caller(hook_name, impl.plugin)
             result = caller(**kwargs)
             if caller.spec is not None and caller.spec.opts.get("firstresult"):

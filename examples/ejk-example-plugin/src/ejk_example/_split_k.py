@@ -31,8 +31,8 @@ class SplitKConfig:
     splits: int = attrs.field(default=2, validator=power_of_two(1))
 
 
-def matmul(a: jax.Array, b: jax.Array, *, precision: Any = ("highest", "highest"), preferred_element_type: Any = None,
-           cfg: SplitKConfig | None = None) -> jax.Array:
+def matmul(a: jax.Array, b: jax.Array, *, precision: str | tuple[str, str] = ("highest", "highest"),
+           preferred_element_type: Any = None, cfg: SplitKConfig | None = None) -> jax.Array:
     """``a @ b`` (``a`` ``[..., m, k]``, ``b`` ``[..., k, n]``, batch dims broadcast) as a sum over K slices."""
     cfg = cfg or SplitKConfig()
     dtype = jnp.result_type(a, b)

@@ -296,3 +296,6 @@ def test_new_plugin_writes_a_distribution(tmp_path: Path, capsys: pytest.Capture
     assert cli.main(["new-plugin", "9lives", "--dir", str(tmp_path)]) == 2
     assert "is not valid" in capsys.readouterr().err
     assert _new_plugin.core_range("0.1.0") == ">=0.1,<0.2" and _new_plugin.core_range("1.4.2") == ">=1.4,<2"
+    long_root = _new_plugin.write_plugin("team_attention", tmp_path)  # its own ruff settings: 120 columns
+    for path in long_root.rglob("*.py"):
+        assert max(len(line) for line in path.read_text().splitlines()) <= 120, path

@@ -31,12 +31,10 @@ def names(name: str) -> dict[str, str]:
     if not _NAME.match(raw) or raw.endswith("_"):
         raise ValueError(f"plugin name {name!r} is not valid: use lower-case letters, digits and '_' (or '-'), "
                          "starting with a letter, e.g. 'mykernels'")
-    camel = "".join(part.capitalize() for part in raw.split("_") if part)
     from ejk import __version__
 
     return {
-        "name": raw, "package": f"ejk_{raw}", "distribution": f"ejk-{raw.replace('_', '-')}",
-        "op": f"{raw}_softcap", "Kernel": f"{camel}SoftcapKernel", "Config": f"{camel}SoftcapConfig",
+        "name": raw, "package": f"ejk_{raw}", "distribution": f"ejk-{raw.replace('_', '-')}", "op": f"{raw}_softcap",
         "core_version": __version__, "core_range": core_range(__version__),
     }
 

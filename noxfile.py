@@ -1,4 +1,4 @@
-"""Sessions of the ejk monorepo. `nox` runs the default ones: lint, typecheck, tests, build.
+"""Sessions of the ejk monorepo. `nox` runs the default ones: lint, typecheck, tests, the example plugin, build.
 
 Each test session installs only what it tests, from the checkout (no editable installs), so
 the packaging is tested too. The `gpu` and `bench` sessions are not run by default.
@@ -6,19 +6,22 @@ the packaging is tested too. The `gpu` and `bench` sessions are not run by defau
 
 from __future__ import annotations
 
+import json
 import os
 import pathlib
+import shutil
 import zipfile
 
 import nox
 
 nox.options.default_venv_backend = "uv|virtualenv"
 nox.options.reuse_existing_virtualenvs = False
-nox.options.sessions = ["lint", "typecheck", "tests_core", "tests_plugin", "integration", "build"]
+nox.options.sessions = ["lint", "typecheck", "tests_core", "tests_plugin", "integration", "example_plugin", "build"]
 
 PYTHON = "3.11"
 ROOT = pathlib.Path(__file__).parent
 PLUGINS = ["xla", "pallas", "triton", "cute"]
+EXAMPLE = "examples/ejk-example-plugin"
 TEST_DEPS = ["pytest>=8", "pytest-xdist>=3", "pydantic>=2", "hypothesis>=6", "pip", "hatchling>=1.18", "editables"]
 #: pytest workers per session: CI machines have 2 cores (EJK_TEST_WORKERS overrides; 0 = in-process).
 WORKERS = os.environ.get("EJK_TEST_WORKERS", "2")
@@ -72,6 +75,42 @@ def integration(session: nox.Session) -> None:
     session.install(*TEST_DEPS, "./core[plot]", *(f"./plugins/ejk_{p}" for p in PLUGINS))
     _pytest(session, "tests", env={"EJK_EXPECT_PLUGINS": ",".join(PLUGINS)})
     session.run("ejk", "demo", "--size", "tiny", "--cache-dir", str(pathlib.Path(session.create_tmp()) / "cache"))
+
+
+def _kernels(session: nox.Session) -> list[dict[str, object]]:
+    """`ejk kernels --json` of the session's environment."""
+    out = session.run("ejk", "kernels", "--json", silent=True)
+    return json.loads(str(out)) if out else []
+
+
+@nox.session(python=PYTHON)
+def example_plugin(session: nox.Session) -> None:
+    """A third party's path: build the example plugin's wheel, install it next to ejk-core alone, see its
+    implementations in `ejk kernels` and run its tests (conformance through ejk.testing, its op through the
+    public ways, its ejk_choose_config policy, an explicit cfg= winning); then write a plugin with
+    `ejk new-plugin`, install it and run its generated tests (and ruff with its generated settings)."""
+    tmp = pathlib.Path(session.create_tmp())
+    dist = tmp / "dist"
+    shutil.rmtree(dist, ignore_errors=True)
+    session.install("uv")
+    session.run("uv", "build", "--wheel", "--out-dir", str(dist), EXAMPLE)
+    (wheel,) = dist.glob("ejk_example_plugin-*.whl")
+    session.install(*TEST_DEPS, "ruff>=0.6", "./core", str(wheel))
+    ours = {(r["algorithm"], r["name"]) for r in _kernels(session) if str(r["plugin"]).startswith("example ")}
+    if ours != {("rms_norm", "fused"), ("matmul", "split_k")}:
+        session.error(f"`ejk kernels` shows {sorted(ours)} from the example plugin")
+    _pytest(session, f"{EXAMPLE}/tests")
+
+    generated = tmp / "generated"
+    shutil.rmtree(generated, ignore_errors=True)
+    session.run("ejk", "new-plugin", "nox_demo", "--dir", str(generated))
+    root = generated / "ejk-nox-demo"
+    session.install(str(root))
+    if not any(r["algorithm"] == "nox_demo_softcap" for r in _kernels(session)):
+        session.error("`ejk kernels` does not show the generated plugin's nox_demo_softcap")
+    with session.chdir(root):  # its own ruff settings; .nox is git-ignored here, not there
+        session.run("ruff", "check", "--no-cache", "--no-respect-gitignore", ".")
+    _pytest(session, str(root / "tests"))
 
 
 @nox.session(python=False)

@@ -76,7 +76,7 @@ def _host(status: Any) -> PluginHost:
     host = PluginHost(KernelRegistry(), load_entry_points=False)
     host.register_plugin(Good(), "good")
     with pytest.warns(RuntimeWarning, match="'bad': ejk_platform_status returned"):
-        host.register_plugin(Bad(status), "bad")  # registered last: asked first
+        host.register_plugin(Bad(status), "bad")  # "bad" < "good": asked first
     return host
 
 
@@ -119,7 +119,7 @@ def test_config_space_entries_of_the_wrong_type_are_dropped() -> None:
     host.register_plugin(Mixed(), "mixed")
     inv = Invocation(op_id="op", version="1", args=(), call_key="k", device="cpu|cpu")
     with pytest.warns(RuntimeWarning, match="'mixed': ejk_config_space returned dict"):
-        assert host.config_space("op", "goodplat", inv) == [GoodCfg(32), GoodCfg(8), GoodCfg(16)]
+        assert host.config_space("op", "goodplat", inv) == [GoodCfg(8), GoodCfg(16), GoodCfg(32)]  # alphabetical
 
 
 def test_choose_config_for_a_public_op_must_be_an_impl_choice_of_a_registered_implementation() -> None:

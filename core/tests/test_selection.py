@@ -200,7 +200,7 @@ def test_plugin_hook_that_raises_is_isolated(tmp_path: Path) -> None:
 
     host = PluginHost(KernelRegistry(), load_entry_points=False)
     host.register_plugin(Good(), "good")
-    host.register_plugin(Broken(), "broken")  # registered last: called first
+    host.register_plugin(Broken(), "broken")  # "broken" < "good": called first
     chain, _ = make_chain(tmp_path, AutotunePolicy(autotune=False), host=host)
     with pytest.warns(RuntimeWarning, match="'broken': ejk_choose_config raised KeyError"):
         assert chain.choose(invocation(Toy()), Toy()) == Cfg(reps=13)

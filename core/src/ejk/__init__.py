@@ -6,14 +6,18 @@ runs kernels with correct gradients, and public operations on top::
 
     import ejk
     out = ejk.flash_attention(q, k, v, causal=True)
+    y = ejk.run("rms_norm", x, weight, eps=1e-6)   # any registered algorithm, op or not
 
 ``import ejk`` loads no plugin: the installed plugins are loaded on first use. The public
-operations (and :mod:`ejk.ops`) are imported on first access.
+operations (and :mod:`ejk.ops`) are imported on first access; an operation a plugin defines
+(:func:`ejk.ops.define_op`) is ``ejk.<name>`` once that plugin is loaded (asking for an unknown
+name loads the plugins).
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from typing import TYPE_CHECKING, Any
 
 from ejk._versions import installed_version
@@ -33,7 +37,7 @@ from ejk.execution.device import device_fingerprint
 from ejk.execution.executor import ConfigChooser, Executor
 from ejk.execution.kernel import Invocation, Kernel
 from ejk.hookspecs import hookimpl
-from ejk.invocations import get_invocations, record_invocation
+from ejk.invocations import get_implementations, get_invocations, record_invocation
 from ejk.plugins import PlatformStatus, get_plugin_host
 from ejk.registry import VJP, Backend, KernelRegistry, KernelSpec, Platform, kernel_registry
 
@@ -46,6 +50,7 @@ if TYPE_CHECKING:
         grouped_matmul,
         matmul,
         ragged_paged_attention,
+        run,
         set_default_executor,
         use_executor,
     )
@@ -60,6 +65,7 @@ _LAZY_OPS = {
     "grouped_matmul",
     "matmul",
     "ragged_paged_attention",
+    "run",
     "set_default_executor",
     "use_executor",
 }
@@ -95,6 +101,7 @@ __all__ = [
     "explain",
     "flash_attention",
     "get_default_executor",
+    "get_implementations",
     "get_invocations",
     "get_plugin_host",
     "grouped_matmul",
@@ -104,6 +111,7 @@ __all__ = [
     "overlay_cache",
     "ragged_paged_attention",
     "record_invocation",
+    "run",
     "set_default_executor",
     "use_executor",
 ]
@@ -114,8 +122,16 @@ def __getattr__(name: str) -> Any:
         value = getattr(importlib.import_module("ejk.ops"), name)
         globals()[name] = value
         return value
-    if not name.startswith("_"):  # an operation a plugin defined with ejk.ops.define_op
-        definition = importlib.import_module("ejk.ops").OPS.get(name)
+    if not name.startswith("_") and name.isidentifier():  # an operation a plugin defined with define_op
+        ops = importlib.import_module("ejk.ops")
+        definition = ops.OPS.get(name)
+        if definition is None and importlib.util.find_spec(f"{__name__}.{name}") is None:
+            # Not a submodule (``from ejk import cli`` asks here first): plugins define their ops
+            # when they load, so load them (once) and look again.
+            from ejk.registry import kernel_registry
+
+            kernel_registry.list_algorithms()
+            definition = ops.OPS.get(name)
         if definition is not None:
             return definition.function
     raise AttributeError(f"module 'ejk' has no attribute {name!r}")

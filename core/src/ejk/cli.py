@@ -34,38 +34,9 @@ def _print_json(data: Any) -> None:
 
 
 def cmd_plugins(args: argparse.Namespace) -> int:
-    host = _host()
-    rows = []
-    for info in sorted(host.plugins.values(), key=lambda i: i.name):
-        rows.append({
-            "name": info.name, "distribution": info.distribution, "version": info.version, "status": info.status,
-            "platforms": [{"platform": p.platform, "available": p.available, "reason": p.reason, "fix": p.fix,
-                           "versions": dict(p.versions)} for p in info.platforms],
-            "error": info.error, "fix": info.fix, "hook_errors": list(info.hook_errors),
-        })
-    if args.json:
-        _print_json(rows)
-        return 0
-    console = _console()
-    if not rows:
-        console.print("No ejk plugin is installed. The portable default: [bold]pip install ejk-xla[/bold]")
-        return 0
-    table = Table(title="ejk plugins")
-    for column in ("plugin", "distribution", "status", "platform", "why / fix"):
-        table.add_column(column)
-    for row in rows:
-        dist = f"{row['distribution'] or '-'} {row['version'] or ''}".strip()
-        if row["status"] != "loaded":
-            table.add_row(row["name"], dist, f"[red]{row['status']}[/red]", "-", f"{row['error']}\nfix: {row['fix']}")
-            continue
-        for p in row["platforms"] or [{"platform": "-", "available": True, "reason": None, "fix": None}]:
-            state = "[green]available[/green]" if p["available"] else "[yellow]unavailable[/yellow]"
-            why = "" if p["available"] else f"{p['reason']}" + (f"\nfix: {p['fix']}" if p["fix"] else "")
-            table.add_row(row["name"], dist, state, p["platform"], why)
-        for error in row["hook_errors"]:
-            table.add_row(row["name"], dist, "[red]hook error[/red]", "-", error)
-    console.print(table)
-    return 0
+    from ejk import _plugins_cli
+
+    return _plugins_cli.cmd_plugins(args, _host())
 
 
 def cmd_kernels(args: argparse.Namespace) -> int:
@@ -74,7 +45,7 @@ def cmd_kernels(args: argparse.Namespace) -> int:
     rows = [{
         "algorithm": s.algorithm, "platform": str(s.platform), "backend": str(s.backend), "name": s.name,
         "priority": s.priority, "gated": s.capability is not None, "custom_vjp": s.vjp is not None,
-        "plugin": str(s.plugin) if s.plugin else "-", "available": registry.platform_available(s.platform)[0],
+        "plugin": str(s.plugin) if s.plugin else "-", "available": registry.spec_available(s)[0],
         "config": s.cfg_type.__name__ if s.cfg_type else "-",
     } for s in registry if args.algorithm is None or s.algorithm == args.algorithm.lower()]
     from ejk.ops import OPS
@@ -299,10 +270,10 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         warnings.simplefilter("ignore")
         fingerprint = device_fingerprint()
     console.print(f"device fingerprint: {fingerprint}")
-    for info in host.plugins.values():
-        if info.status == "failed":
-            problems.append(f"plugin {info.name}: {info.error} (fix: {info.fix})")
-        problems.extend(f"plugin {info.name}: {e}" for e in info.hook_errors)
+    from ejk import _plugins_cli
+
+    _plugins_cli.print_plugin_table(host)
+    problems.extend(_plugins_cli.problems(host))
     usable = [p for p, s in host.platform_statuses().items() if s.available]
     console.print(f"usable platforms here: {', '.join(sorted(usable)) or 'none'}")
     if not host.registry.list_algorithms():
@@ -365,18 +336,26 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("doctor", help="check the installation, plugins, signatures and cache directory")
     p.set_defaults(func=cmd_doctor)
 
-    from ejk import _bench_cli, _demo, _explain_cli
+    from ejk import _bench_cli, _demo, _explain_cli, _new_plugin
 
     _demo.add_parser(sub)
     _explain_cli.add_parser(sub)
     _bench_cli.add_parser(sub)
+    _new_plugin.add_parser(sub)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``ejk`` command; returns the exit status."""
     args = build_parser().parse_args(argv)
-    return int(args.func(args) or 0)
+    try:
+        status = int(args.func(args) or 0)
+        sys.stdout.flush()
+        return status
+    except BrokenPipeError:  # `ejk kernels --json | head`: the reader stopped early; no traceback
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # Python's exit-time flush must not fail again
+        return 1  # as rich's tables do (and Python's documented recipe)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -8,6 +8,7 @@
 | ``EJK_AUTOTUNE`` | on a miss: ``autotune`` (or ``1``) tunes, ``heuristics`` (``0``, default), ``frozen`` raises |
 | ``EJKERNEL_OPS_RECORD`` | ``1`` records every invocation (see :func:`ejk.get_invocations`) |
 | ``EJKERNEL_OPS_STAMP`` | ``hash`` (default), ``json`` or ``none``: profiler names of kernel calls |
+| ``EJK_TRACE_HOOKS`` | ``1`` logs every plugin hook call (plugin, arguments, result, time) to stderr |
 
 Values are read when they are needed, never at import time.
 """
@@ -23,6 +24,7 @@ __all__ = [
     "EJK_PLUGINS",
     "EJKERNEL_OPS_RECORD",
     "EJKERNEL_OPS_STAMP",
+    "EJK_TRACE_HOOKS",
     "AUTOTUNE_MODES",
     "autotune_enabled",
     "autotune_mode",
@@ -31,6 +33,7 @@ __all__ = [
     "raw",
     "record_enabled",
     "stamp_mode",
+    "trace_hooks",
 ]
 
 EJK_CACHE_DIR = "EJK_CACHE_DIR"
@@ -39,6 +42,7 @@ EJK_DISABLE_PLUGINS = "EJK_DISABLE_PLUGINS"
 EJK_AUTOTUNE = "EJK_AUTOTUNE"
 EJKERNEL_OPS_RECORD = "EJKERNEL_OPS_RECORD"
 EJKERNEL_OPS_STAMP = "EJKERNEL_OPS_STAMP"
+EJK_TRACE_HOOKS = "EJK_TRACE_HOOKS"
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
@@ -131,6 +135,12 @@ def autotune_enabled() -> bool:
 def record_enabled() -> bool:
     """Whether ``EJKERNEL_OPS_RECORD=1`` asks the Executor to record invocations."""
     return os.environ.get(EJKERNEL_OPS_RECORD, "0").strip().lower() in _TRUE
+
+
+def trace_hooks() -> bool:
+    """Whether ``EJK_TRACE_HOOKS=1`` asks for a log line per plugin hook call (read when a
+    :class:`ejk.plugins.PluginHost` is created)."""
+    return os.environ.get(EJK_TRACE_HOOKS, "0").strip().lower() in _TRUE
 
 
 def stamp_mode() -> str:

@@ -3,6 +3,11 @@
 Every hook is called in isolation per plugin: an exception in one plugin's hook is reported
 (``ejk plugins``) and the other plugins' answers are still used. Hook implementations may
 accept any subset of the documented arguments, as in pluggy.
+
+Plugins are called in this order: hooks marked ``@ejk.hookimpl(tryfirst=True)``, then unmarked
+ones, then ``trylast=True``; alphabetically by plugin (entry-point) name within each group. For
+the first-result hooks (``ejk_choose_config``, ``ejk_heuristic_config``) the first valid answer
+wins. ``EJK_TRACE_HOOKS=1`` logs every call. The authors' guide is docs/PLUGIN_AUTHORS.md.
 """
 
 from __future__ import annotations
@@ -55,8 +60,8 @@ def ejk_heuristic_config(
     """A default config for one implementation of ``algorithm``, without measuring.
 
     Used when the implementation was registered without ``heuristic=``. Return ``None`` for
-    implementations you do not serve; the first result of the implementation's config class
-    is used. Heuristic configs are never persisted as tuned.
+    implementations you do not serve; the first result (in the documented plugin order) of the
+    implementation's config class is used. Heuristic configs are never persisted as tuned.
     """
 
 
@@ -75,8 +80,11 @@ def ejk_choose_config(invocation: Invocation[Any], kernel: Kernel[Any, Any]) -> 
 def ejk_platform_status() -> PlatformStatus | Sequence[PlatformStatus] | None:
     """Report whether the platform(s) this plugin serves can run here, and why not.
 
-    Called once after loading. An unavailable platform stays listed (``ejk plugins``,
-    ``ejk kernels``) but ``platform="auto"`` never picks it.
+    Required of every plugin (``ejk.testing.check_plugin`` checks it). Called once after
+    loading. The status governs this plugin's own implementations on that platform (another
+    plugin's implementations on the same platform follow their own plugin's status); an
+    unavailable implementation stays listed (``ejk plugins``, ``ejk kernels``) but
+    ``platform="auto"`` never picks it.
     """
 
 

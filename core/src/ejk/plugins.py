@@ -19,6 +19,18 @@ sequence of them; ``ejk_device_fingerprint``: a mapping of str names to str valu
 ``ejk_heuristic_config`` likewise; ``ejk_choose_config`` for the public ops: an
 ``ImplChoice`` of a registered implementation). A wrong type is reported against the plugin
 and hook (:attr:`PluginInfo.hook_errors`, ``ejk plugins``, ``ejk doctor``) and ignored.
+
+Order of the hook calls (what decides a first-result hook such as ``ejk_choose_config``): the
+implementations marked ``@ejk.hookimpl(tryfirst=True)`` come first, then the unmarked ones, then
+those marked ``trylast=True``; within each group, plugins are called in alphabetical order of
+their (entry-point) names. :meth:`PluginHost.hook_order` lists it. With ``EJK_TRACE_HOOKS=1``
+(:meth:`PluginHost.trace_hooks`) every call goes through pluggy, one implementation at a time, so
+pluggy's hook-call monitoring logs it; otherwise implementations are called directly (no overhead).
+
+Availability is per plugin: a platform status a plugin reports governs the implementations that
+plugin registered on that platform (a plugin can mark its own ``xla`` implementations unavailable
+while ejk-xla's stay available); implementations of a platform their plugin reports nothing
+about follow the platform's status as reported by any plugin (available when one says so).
 """
 
 from __future__ import annotations
@@ -32,7 +44,7 @@ from typing import Any
 import attrs
 import pluggy
 
-from ejk import environment, hookspecs
+from ejk import _hooktrace, environment, hookspecs
 from ejk.registry import LOAD_LOCK, KernelRegistry, PluginRef, _current_plugin, kernel_registry, platform_name
 
 __all__ = [
@@ -154,7 +166,12 @@ class PluginHost:
         self.plugins: dict[str, PluginInfo] = {}
         self._device_facts: dict[Any, dict[str, str]] = {}
         self._platform_facts: dict[tuple[Any, str], dict[str, str]] = {}
+        self._callers: dict[tuple[str, int], pluggy.HookCaller] = {}
+        self._order: dict[str, tuple[list[pluggy.HookImpl], list[pluggy.HookImpl]]] = {}
+        self._stop_tracing: Callable[[], None] | None = None
         self.registry.set_diagnostics(self._availability, self._explain, self.distribution_of)
+        if environment.trace_hooks():
+            self.trace_hooks(True)
         if load_entry_points:
             self.load_entry_points()
 
@@ -211,7 +228,17 @@ class PluginHost:
         self._activate(plugin, info)
         return info
 
+    def trace_hooks(self, enable: bool = True) -> None:
+        """Log every hook call (plugin, arguments, result, time) to the ``ejk.hooks`` logger, as
+        ``EJK_TRACE_HOOKS=1`` does from the start; ``enable=False`` stops it."""
+        if enable and self._stop_tracing is None:
+            self._stop_tracing = _hooktrace.install(self.pm)
+        elif not enable and self._stop_tracing is not None:
+            self._stop_tracing()
+            self._stop_tracing = None
+
     def _activate(self, plugin: object, info: PluginInfo) -> None:
+        self._forget_callers()
         try:
             self.pm.register(plugin, name=info.name)
         except Exception as exc:
@@ -223,20 +250,19 @@ class PluginHost:
                                                             if i.plugin is plugin))
         if unknown:  # a misspelt hook would otherwise be silently never called
             self.pm.unregister(plugin)
+            self._forget_callers()
             known = ", ".join(name for name in sorted(vars(hookspecs)) if name.startswith("ejk_"))
             self._fail(info, f"unknown hook(s) {', '.join(unknown)}",
                        f"rename them to hooks of ejk.hookspecs ({known}), or mark hooks of a newer ejk "
                        "with @ejk.hookimpl(optionalhook=True)")
             return
-        hook = self.pm.subset_hook_caller("ejk_register_kernels", remove_plugins=[
-            p for p in self.pm.get_plugins() if p is not plugin
-        ])
         token = _current_plugin.set(info.ref)
         try:
-            hook(register=self.registry.register)
+            self._caller("ejk_register_kernels", plugin)(register=self.registry.register)
         except BaseException as exc:
             removed = self.registry.unregister_plugin(info.name)
             self.pm.unregister(plugin)
+            self._forget_callers()
             self._fail(info, f"ejk_register_kernels raised {_describe(exc)} "
                              f"({removed} partial registration(s) rolled back)",
                        f"report it to the maintainers of {info.distribution or info.name}, "
@@ -265,8 +291,43 @@ class PluginHost:
 
     # -- isolated hook calls -----------------------------------------------------------------
 
+    def _forget_callers(self) -> None:
+        """Plugins changed: per-plugin callers (they exclude the plugins known when made) and the
+        call order are rebuilt on their next use."""
+        self._callers.clear()
+        self._order.clear()
+
+    def _caller(self, hook_name: str, plugin: object) -> pluggy.HookCaller:
+        """A pluggy caller of ``hook_name`` that reaches ``plugin`` alone (so pluggy's monitoring,
+        ``EJK_TRACE_HOOKS``, sees every call while each plugin stays isolated)."""
+        key = (hook_name, id(plugin))
+        caller = self._callers.get(key)
+        if caller is None:
+            others = [p for p in self.pm.get_plugins() if p is not plugin]
+            caller = self._callers[key] = self.pm.subset_hook_caller(hook_name, remove_plugins=others)
+        return caller
+
+    def hook_order(self, hook_name: str) -> list[str]:
+        """The plugins implementing ``hook_name``, in the order they are called (see the module
+        docstring: ``tryfirst``, unmarked, ``trylast``; alphabetical within each)."""
+        return [self.pm.get_name(impl.plugin) or "?" for impl in self._ordered(hook_name)]
+
+    def _ordered(self, hook_name: str) -> list[pluggy.HookImpl]:
+        impls = getattr(self.pm.hook, hook_name).get_hookimpls()
+        known = self._order.get(hook_name)
+        if known is not None and known[0] == impls:  # same implementations (also after pm.unregister)
+            return known[1]
+
+        def key(impl: pluggy.HookImpl) -> tuple[int, str]:
+            group = 0 if impl.tryfirst else 2 if impl.trylast else 1
+            return group, self.pm.get_name(impl.plugin) or ""
+
+        order = sorted((i for i in impls if not (i.hookwrapper or i.wrapper)), key=key)
+        self._order[hook_name] = (impls, order)
+        return order
+
     def _call_one(self, plugin: object, info: PluginInfo, hook_name: str, kwargs: dict[str, Any]) -> list[Any]:
-        impls = [i for i in getattr(self.pm.hook, hook_name).get_hookimpls() if i.plugin is plugin]
+        impls = [i for i in self._ordered(hook_name) if i.plugin is plugin]
         results = [r for r in (self._invoke(i, info, hook_name, kwargs) for i in impls) if r is not None]
         return [r for r in results if self._valid(info, hook_name, r)]
 
@@ -280,7 +341,13 @@ class PluginHost:
 
     def _invoke(self, impl: pluggy.HookImpl, info: PluginInfo, hook_name: str, kwargs: dict[str, Any]) -> Any:
         try:
-            return impl.function(**{name: kwargs[name] for name in impl.argnames})
+            if self._stop_tracing is None:  # the direct call; traced calls go through pluggy's monitoring
+                return impl.function(**{name: kwargs[name] for name in impl.argnames})
+            caller = self._caller(hook_name, impl.plugin)
+            result = caller(**kwargs)
+            if caller.spec is not None and caller.spec.opts.get("firstresult"):
+                return result
+            return result[0] if result else None
         except BaseException as exc:
             message = f"{hook_name} raised {_describe(exc)}"
             if message not in info.hook_errors:
@@ -291,7 +358,7 @@ class PluginHost:
             return None
 
     def call(self, hook_name: str, *, firstresult: bool = False, check: _Check | None = None, **kwargs: Any) -> Any:
-        """Call a hook plugin by plugin in pluggy's order, isolating exceptions and bad results.
+        """Call a hook plugin by plugin in :meth:`hook_order`, isolating exceptions and bad results.
 
         A result of the wrong type (see ``check``, by default the hook's documented type) is
         reported against that plugin and hook in :attr:`PluginInfo.hook_errors` and ignored.
@@ -305,7 +372,7 @@ class PluginHost:
         Returns the list of valid non-``None`` results, or the first one when ``firstresult``.
         """
         results = []
-        for impl in reversed(getattr(self.pm.hook, hook_name).get_hookimpls()):
+        for impl in self._ordered(hook_name):
             name = self.pm.get_name(impl.plugin) or "?"
             info = self.plugins.get(name) or PluginInfo(name=name)
             result = self._invoke(impl, info, hook_name, kwargs)
@@ -353,7 +420,7 @@ class PluginHost:
     def _named_results(self, hook_name: str, **kwargs: Any) -> list[tuple[str, Any]]:
         """``(plugin name, valid result)`` pairs of a non-firstresult hook."""
         pairs = []
-        for impl in reversed(getattr(self.pm.hook, hook_name).get_hookimpls()):
+        for impl in self._ordered(hook_name):
             name = self.pm.get_name(impl.plugin) or "?"
             info = self.plugins.get(name) or PluginInfo(name=name)
             result = self._invoke(impl, info, hook_name, kwargs)
@@ -411,8 +478,16 @@ class PluginHost:
                     statuses[status.platform] = status
         return statuses
 
-    def _availability(self, platform: str) -> tuple[bool, str | None]:
-        status = self.platform_statuses().get(str(platform))
+    def plugin_status(self, plugin: str, platform: str) -> PlatformStatus | None:
+        """The status ``plugin`` itself reported for ``platform`` (``None`` when it reported none)."""
+        info = self.plugins.get(plugin)
+        found = [s for s in info.platforms if s.platform == str(platform)] if info is not None else []
+        return found[-1] if found else None
+
+    def _availability(self, platform: str, plugin: str | None = None) -> tuple[bool, str | None]:
+        status = self.plugin_status(plugin, platform) if plugin is not None else None
+        if status is None:
+            status = self.platform_statuses().get(str(platform))
         if status is None:
             return True, None
         if status.fix and not status.available:  # say what to install, not only what is missing

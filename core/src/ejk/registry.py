@@ -213,7 +213,7 @@ class KernelRegistry:
         self._loader = loader
         self._loaded = loader is None
         self._loading = False
-        self._availability: Callable[[str], tuple[bool, str | None]] | None = None
+        self._availability: Callable[[str, str | None], tuple[bool, str | None]] | None = None
         self._explain: Callable[[], list[str]] | None = None
         self._distribution_of: Callable[[str], str | None] | None = None
         self._version = 0
@@ -257,13 +257,13 @@ class KernelRegistry:
 
     def set_diagnostics(
         self,
-        availability: Callable[[str], tuple[bool, str | None]] | None,
+        availability: Callable[[str, str | None], tuple[bool, str | None]] | None,
         explain: Callable[[], list[str]] | None,
         distribution_of: Callable[[str], str | None] | None = None,
     ) -> None:
-        """Install the callbacks (from the plugin loader) that say whether a platform is usable,
-        describe skipped plugins and name the distribution providing a platform (``None``:
-        unknown) in :class:`KernelNotFoundError` messages."""
+        """Install the callbacks (from the plugin loader) that say whether a platform is usable —
+        ``availability(platform, plugin name or None)`` —, describe skipped plugins and name the
+        distribution providing a platform (``None``: unknown) in :class:`KernelNotFoundError` messages."""
         self._availability = availability
         self._explain = explain
         self._distribution_of = distribution_of
@@ -273,7 +273,16 @@ class KernelRegistry:
         self._ensure_loaded()
         if self._availability is None:
             return True, None
-        return self._availability(normalize_platform(platform))
+        return self._availability(normalize_platform(platform), None)
+
+    def spec_available(self, spec: KernelSpec) -> tuple[bool, str | None]:
+        """``(available, reason)`` for one implementation: the status its own plugin reported for
+        its platform, else the platform's (so a plugin can mark its own implementations unavailable
+        while another plugin serves the same platform)."""
+        self._ensure_loaded()
+        if self._availability is None:
+            return True, None
+        return self._availability(spec.platform, spec.plugin.name if spec.plugin else None)
 
     # -- registration ----------------------------------------------------------------------
 
@@ -432,7 +441,7 @@ class KernelRegistry:
                     continue
                 if query_backend is not None and spec.backend not in (Backend.ANY, query_backend):
                     continue
-                if auto and not self.platform_available(spec.platform)[0]:
+                if auto and not self.spec_available(spec)[0]:
                     continue
                 return spec
         raise KernelNotFoundError(self._not_found_message(algo, plat, back, auto, impl_name))
@@ -463,10 +472,15 @@ class KernelRegistry:
             )
             lines.append(f"Registered implementations of {algo!r}: {registered}.")
             if auto:
-                for plat in sorted({s.platform for s in specs}):
-                    ok, reason = self.platform_available(plat)
-                    if not ok:
-                        lines.append(f"Platform {str(plat)!r} is unavailable: {reason}")
+                for spec in specs:
+                    ok, reason = self.spec_available(spec)
+                    if ok:
+                        continue
+                    line = (f"Platform {str(spec.platform)!r} is unavailable: {reason}"
+                            if not self.platform_available(spec.platform)[0]
+                            else f"{spec.label} of plugin {spec.plugin or '<none>'} is unavailable: {reason}")
+                    if line not in lines:
+                        lines.append(line)
         else:
             known = ", ".join(sorted(self._registry)) or "none"
             lines.append(f"No plugin registered {algo!r}. Registered algorithms: {known}.")
@@ -486,7 +500,9 @@ class KernelRegistry:
 
         Compares each implementation with the highest-priority one, parameter by parameter:
         name, kind, default and annotation (the ``cfg`` parameter's annotation is
-        platform-specific and not compared). Each mismatch emits a ``UserWarning``.
+        platform-specific and not compared, and an unannotated parameter matches any
+        annotation). Each mismatch emits a ``UserWarning`` naming the plugin of the
+        implementation that differs.
 
         Returns:
             ``True`` when the implementations of ``algorithm`` (of every algorithm when it is
@@ -515,8 +531,9 @@ class KernelRegistry:
             for problem in _compare_parameters(ref_params, params):
                 ok = False
                 warnings.warn(
-                    f"{reference.algorithm}: {spec.label} ({_qualname(spec.implementation)}) differs from "
-                    f"{reference.label} ({_qualname(reference.implementation)}): {problem}",
+                    f"{reference.algorithm}: {spec.label} of plugin {spec.plugin or '<none>'} "
+                    f"({_qualname(spec.implementation)}) differs from {reference.label} of plugin "
+                    f"{reference.plugin or '<none>'} ({_qualname(reference.implementation)}): {problem}",
                     UserWarning,
                     stacklevel=2,
                 )
@@ -556,7 +573,8 @@ def _compare_parameters(reference: list[inspect.Parameter], other: list[inspect.
             problems.append(f"parameter {par.name!r} is {par.kind.description}, expected {ref.kind.description}")
         if ref.default is not par.default and ref.default != par.default:
             problems.append(f"parameter {par.name!r} defaults to {par.default!r}, expected {ref.default!r}")
-        if par.name != "cfg" and ref.annotation != par.annotation:
+        unannotated = inspect.Parameter.empty in (ref.annotation, par.annotation)
+        if par.name != "cfg" and not unannotated and ref.annotation != par.annotation:
             problems.append(
                 f"parameter {par.name!r} is annotated {_annotation(par.annotation)}, "
                 f"expected {_annotation(ref.annotation)}"

@@ -35,7 +35,11 @@ TIERS = ("override", "plugin", "overlay", "memory", "persistent", "autotune", "h
 
 @attrs.frozen(kw_only=True)
 class SelectionEvent:
-    """One decision of the chain: which tier produced the config, and details."""
+    """One decision of the chain: which tier produced the config, and details.
+
+    ``implementation`` names the implementation the config selects (``kernel.cfg_label``, e.g.
+    ``xla/any:chunked`` for the public ops; ``None`` for a kernel with a single implementation).
+    """
 
     tier: str
     op_id: str
@@ -44,6 +48,7 @@ class SelectionEvent:
     cfg: Any = attrs.field(eq=False)
     detail: str = ""
     tune: TuneResult[Any] | None = attrs.field(default=None, eq=False, repr=False)
+    implementation: str | None = None
 
 
 def _global_host() -> PluginHost:
@@ -136,7 +141,8 @@ class ConfigSelectorChain(Generic[Cfg]):
     def _emit(self, tier: str, inv: Invocation[Cfg], kernel: Kernel[Cfg, Any], cfg: Any, detail: str = "",
               tune: TuneResult[Any] | None = None) -> SelectionEvent:
         event = SelectionEvent(tier=tier, op_id=inv.op_id_v, call_key=inv.call_key, device=inv.device,
-                               cfg=cfg, detail=detail, tune=tune)
+                               cfg=cfg, detail=detail, tune=tune,
+                               implementation=None if cfg is None else kernel.cfg_label(cfg))
         if logger.isEnabledFor(logging.DEBUG):
             logger.debug("%s %s: %s from %s %s", inv.op_id_v, inv.call_key[:12], kernel.describe_cfg(cfg), tier,
                          detail)
@@ -317,7 +323,7 @@ class ConfigSelectorChain(Generic[Cfg]):
         """
         def event(tier: str, cfg: Any, detail: str = "") -> SelectionEvent:
             return SelectionEvent(tier=tier, op_id=inv.op_id_v, call_key=inv.call_key, device=inv.device,
-                                  cfg=cfg, detail=detail)
+                                  cfg=cfg, detail=detail, implementation=None if cfg is None else kernel.cfg_label(cfg))
 
         if inv.override_cfg is not None:
             reason = kernel.unusable_reason(inv, inv.override_cfg)

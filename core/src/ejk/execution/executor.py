@@ -90,12 +90,13 @@ def _fast_token(value: Any) -> Any:
 class _FastEntry:
     """What an earlier identical call decided: reused while ``still_valid()`` says so."""
 
-    __slots__ = ("call_key", "chooser", "device", "fn", "kernel", "op_id_v", "still_valid")
+    __slots__ = ("call_key", "chooser", "device", "fn", "implementation", "kernel", "op_id_v", "still_valid")
 
     def __init__(self, kernel: Any, chooser: Any, still_valid: Callable[[], bool], fn: Callable[..., Any],
-                 device: str, op_id_v: str, call_key: str) -> None:
+                 device: str, op_id_v: str, call_key: str, implementation: str | None) -> None:
         self.kernel, self.chooser, self.still_valid, self.fn = kernel, chooser, still_valid, fn
         self.device, self.op_id_v, self.call_key = device, op_id_v, call_key
+        self.implementation = implementation
 
 
 class _Keyed:
@@ -238,18 +239,20 @@ class Executor(Generic[Cfg, Out]):
                 entry = key = None
             if entry is not None and entry.kernel is kernel and entry.chooser is self.chooser and entry.still_valid():
                 if environment.raw(environment.EJKERNEL_OPS_RECORD) is not None and environment.record_enabled():
-                    record_invocation(entry.device, entry.op_id_v, entry.call_key, kernel, args, kwargs)
+                    record_invocation(entry.device, entry.op_id_v, entry.call_key, kernel, args, kwargs,
+                                      entry.implementation)
                 return entry.fn(*args)  # type: ignore[no-any-return]
         chooser = self.chooser
         inv = self.invocation(kernel, args, kwargs, cfg)
         chosen, still_valid = self._choose_reusable(inv, kernel, cfg)
         if environment.record_enabled():
-            record_invocation(inv.device, inv.op_id_v, inv.call_key, kernel, args, kwargs)
+            record_invocation(inv.device, inv.op_id_v, inv.call_key, kernel, args, kwargs, kernel.cfg_label(chosen))
         fn = self.bind(kernel, chosen, kwargs, self._stamp(inv, environment.stamp_mode()))
         if key is not None and still_valid is not None and key[1] == environment.raw(environment.EJKERNEL_OPS_STAMP):
             if len(self._fast) >= _FAST_PATH_SIZE:
                 self._fast.clear()  # bounded; rebuilt by the next calls
-            self._fast[key] = _FastEntry(kernel, chooser, still_valid, fn, inv.device, inv.op_id_v, inv.call_key)
+            self._fast[key] = _FastEntry(kernel, chooser, still_valid, fn, inv.device, inv.op_id_v, inv.call_key,
+                                         kernel.cfg_label(chosen))
         return fn(*args)
 
     def _fast_key(self, kernel: Kernel[Cfg, Out], args: tuple[Any, ...], kwargs: dict[str, Any],

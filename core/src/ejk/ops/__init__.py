@@ -14,11 +14,13 @@ from ejk.ops._base import (
 )
 from ejk.ops._definition import OPS, OpDefinition, define_op, get_op
 from ejk.ops._explain import Explanation, ImplementationReport, explain
+from ejk.ops._generic import AlgorithmKernel, run
 from ejk.ops._matmul import GroupedMatmulKernel, MatmulKernel, grouped_matmul, matmul
 from ejk.ops._paged import RaggedPagedAttentionKernel, ragged_paged_attention
 
 __all__ = [
     "OPS",
+    "AlgorithmKernel",
     "Candidate",
     "Explanation",
     "FlashAttentionKernel",
@@ -37,6 +39,7 @@ __all__ = [
     "grouped_matmul",
     "matmul",
     "ragged_paged_attention",
+    "run",
     "run_op",
     "set_default_executor",
     "use_executor",

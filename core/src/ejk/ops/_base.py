@@ -173,7 +173,7 @@ class OpKernel(Kernel[ImplChoice, Any]):
             reason: str | None = None
             if spec.backend not in (Backend.ANY, backend):
                 reason = f"targets {spec.backend}, but JAX's default backend is {backend}"
-            elif platform == "auto" and not (availability := self.registry.platform_available(spec.platform))[0]:
+            elif platform == "auto" and not (availability := self.registry.spec_available(spec))[0]:
                 reason = f"platform {spec.platform} is unavailable: {availability[1]}"
             elif requested:  # a forced platform skips the availability check; its gate still decides
                 reason = self._gate(spec, call)
@@ -307,7 +307,7 @@ class OpKernel(Kernel[ImplChoice, Any]):
         if spec.backend not in (Backend.ANY, default_backend()):
             return f"{spec.label} targets {spec.backend}, but JAX's default backend is {default_backend()}"
         if platform == "auto":
-            available, why = self.registry.platform_available(spec.platform)
+            available, why = self.registry.spec_available(spec)
             if not available:
                 return f"platform {spec.platform} is unavailable: {why}"
         reason = self._gate(spec, self.call_view(inv))
@@ -340,7 +340,14 @@ class OpKernel(Kernel[ImplChoice, Any]):
         return (id(self.registry), self.registry.version)
 
     def cfg_label(self, cfg: ImplChoice) -> str:
-        """The label of the implementation a choice names (groups tuning results)."""
+        """The label of the implementation a choice names, e.g. ``xla/any:chunked`` (groups tuning
+        results; names what ran in events and recordings). A choice without an implementation
+        name is resolved to the one it runs."""
+        if cfg.implementation is None:
+            try:
+                return self.spec_for(cfg).label
+            except KernelNotFoundError:
+                pass
         return f"{cfg.platform}/{cfg.backend}" + ("" if cfg.implementation in (None, cfg.platform)
                                                   else f":{cfg.implementation}")
 

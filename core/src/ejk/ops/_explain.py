@@ -68,11 +68,25 @@ def _status(usable: bool, requested: bool, reason: str | None) -> str:
     return "unavailable" if reason is not None and reason.startswith("platform ") else "refused"
 
 
+def _kernel_named(name: str, arity: int) -> OpKernel:
+    """The op named ``name``, else the kernel of a registered algorithm without an op (``ejk.run``)."""
+    from ejk.ops._definition import OPS, get_op
+    from ejk.ops._generic import algorithm_kernel
+    from ejk.registry import kernel_registry
+
+    if name in OPS:
+        return OPS[name].kernel
+    if name.strip().lower() in kernel_registry.list_algorithms():  # loads the plugins, which may define ops
+        return OPS[name].kernel if name in OPS else algorithm_kernel(name, arity)
+    return get_op(name).kernel  # raises: unknown operation, naming the known ones
+
+
 def explain(op: str | OpKernel, *args: Any, platform: str = "auto", cfg: Any = None,
             executor: Executor[Any, Any] | None = None, **kwargs: Any) -> Explanation:
     """Explain the choice for a call of a public operation, without running or tuning anything.
 
-    Takes the operation (its name, e.g. ``"flash_attention"``) and the same arguments as the
+    Takes the operation (its name, e.g. ``"flash_attention"``, or the name of a registered
+    algorithm without an op, called as :func:`ejk.run` calls it) and the same arguments as the
     operation; arrays may be ``jax.ShapeDtypeStruct`` (only shapes and dtypes matter).
 
     Returns:
@@ -80,9 +94,7 @@ def explain(op: str | OpKernel, *args: Any, platform: str = "auto", cfg: Any = N
         was not chosen — its capability gate's reason, its platform's problem and fix, or how
         much slower it measured when tuning data exists.
     """
-    from ejk.ops._definition import get_op
-
-    kernel = get_op(op).kernel if isinstance(op, str) else op
+    kernel = _kernel_named(op, len(args)) if isinstance(op, str) else op
     executor = executor or get_default_executor()
     plat = resolve_platform(platform)
     arrays, static = kernel.normalize(*args, **kwargs)

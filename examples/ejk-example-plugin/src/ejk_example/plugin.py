@@ -1,0 +1,41 @@
+"""The ``example`` entry point: registrations and hooks only (the logic lives in the modules it names).
+
+Registered implementations:
+- ``rms_norm`` ``xla/any:fused`` — a new algorithm, with its public op ``ejk.rms_norm`` (``ops``).
+- ``matmul`` ``xla/any:split_k`` — a second implementation of ejk's ``matmul`` op.
+Hooks: ``ejk_choose_config`` applies the team policy of :mod:`ejk_example.policy`;
+``ejk_platform_status`` is required (``ejk.testing.check_plugin`` checks it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import ejk
+from ejk_example import _rms_norm, _split_k, ops, policy
+
+#: Below ejk-xla's ``dot`` (priority 0): split-K runs where the team policy or the autotuner picks it.
+SPLIT_K_PRIORITY = -5
+
+
+@ejk.hookimpl
+def ejk_register_kernels(register: Callable[..., Callable[[Any], Any]]) -> None:
+    register(ops.KERNEL.op_id, ejk.Platform.XLA, ejk.Backend.ANY, name="fused", cfg_type=_rms_norm.RmsNormConfig,
+             config_space=_rms_norm.config_space, heuristic=_rms_norm.heuristic_config,
+             capability=_rms_norm.capability,
+             vjp=ejk.VJP(fwd=_rms_norm.forward_with_residuals, bwd=_rms_norm.backward,
+                         residuals="rms_norm:x+weight+inv_rms"))(_rms_norm.forward)
+    register("matmul", ejk.Platform.XLA, ejk.Backend.ANY, priority=SPLIT_K_PRIORITY, name="split_k",
+             cfg_type=_split_k.SplitKConfig, config_space=_split_k.config_space,
+             heuristic=_split_k.heuristic_config, capability=_split_k.capability)(_split_k.matmul)
+
+
+@ejk.hookimpl
+def ejk_choose_config(invocation: ejk.Invocation[Any], kernel: ejk.Kernel[Any, Any]) -> Any | None:
+    return policy.choose(invocation, kernel)
+
+
+@ejk.hookimpl
+def ejk_platform_status() -> ejk.PlatformStatus:
+    return ejk.plugins.probe_platform("xla", requires={"jax": "jax"})

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ejk.ops._attention import FlashAttentionKernel, flash_attention
+from ejk.ops._attention_lse import FlashAttentionLseKernel, flash_attention_lse
 from ejk.ops._base import (
     Candidate,
     ImplChoice,
@@ -22,6 +23,7 @@ __all__ = [
     "Candidate",
     "Explanation",
     "FlashAttentionKernel",
+    "FlashAttentionLseKernel",
     "GroupedMatmulKernel",
     "ImplChoice",
     "ImplementationReport",
@@ -32,6 +34,7 @@ __all__ = [
     "define_op",
     "explain",
     "flash_attention",
+    "flash_attention_lse",
     "get_default_executor",
     "get_op",
     "grouped_matmul",

@@ -42,6 +42,7 @@ if TYPE_CHECKING:
         ImplChoice,
         explain,
         flash_attention,
+        flash_attention_lse,
         get_default_executor,
         grouped_matmul,
         matmul,
@@ -49,6 +50,7 @@ if TYPE_CHECKING:
         set_default_executor,
         use_executor,
     )
+    from ejk.parallel import ring_attention
 
 __version__ = installed_version("ejk-core") or "0+unknown"
 
@@ -56,6 +58,7 @@ _LAZY_OPS = {
     "ImplChoice",
     "explain",
     "flash_attention",
+    "flash_attention_lse",
     "get_default_executor",
     "grouped_matmul",
     "matmul",
@@ -94,6 +97,7 @@ __all__ = [
     "device_fingerprint",
     "explain",
     "flash_attention",
+    "flash_attention_lse",
     "get_default_executor",
     "get_invocations",
     "get_plugin_host",
@@ -104,14 +108,15 @@ __all__ = [
     "overlay_cache",
     "ragged_paged_attention",
     "record_invocation",
+    "ring_attention",
     "set_default_executor",
     "use_executor",
 ]
 
 
 def __getattr__(name: str) -> Any:
-    if name in _LAZY_OPS:
-        value = getattr(importlib.import_module("ejk.ops"), name)
+    if name in _LAZY_OPS or name == "ring_attention":
+        value = getattr(importlib.import_module("ejk.parallel" if name == "ring_attention" else "ejk.ops"), name)
         globals()[name] = value
         return value
     if not name.startswith("_"):  # an operation a plugin defined with ejk.ops.define_op

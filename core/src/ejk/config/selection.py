@@ -175,6 +175,11 @@ class ConfigSelectorChain(Generic[Cfg]):
             value = persistent.get(*key)
             if value is not None and self._usable(inv, kernel, "persistent", value, skipped):
                 return "persistent", value, persistent.path
+        from ejk.config.packs import pack_config  # plugins' config packs: after the user's cache
+
+        packed = pack_config(host, kernel, key, skipped)
+        if packed is not None and self._usable(inv, kernel, "pack", packed[0], skipped):
+            return "pack", packed[0], packed[1]
         return None
 
     def choose(self, inv: Invocation[Cfg], kernel: Kernel[Cfg, Any]) -> Cfg:
@@ -268,7 +273,7 @@ class ConfigSelectorChain(Generic[Cfg]):
         hit = self._lookup(inv, kernel, skipped)
         if hit is not None:
             tier, value, detail = hit
-            if tier == "persistent":
+            if tier in ("persistent", "pack"):
                 self.cache.put(*key, value)
             return value, tier, self._emit(tier, inv, kernel, value, "; ".join([detail, *skipped]).strip("; "))
         mode = self.policy.effective_mode()

@@ -275,6 +275,10 @@ class ConfigSelectorChain(Generic[Cfg]):
             tier, value, detail = hit
             if tier in ("persistent", "pack"):
                 self.cache.put(*key, value)
+                if self.policy.effective_mode() == "autotune":  # other processes may miss where this one hits
+                    from ejk.config import distributed
+
+                    distributed.publish(inv, kernel, value)
             return value, tier, self._emit(tier, inv, kernel, value, "; ".join([detail, *skipped]).strip("; "))
         mode = self.policy.effective_mode()
         if mode == "frozen":
@@ -287,7 +291,14 @@ class ConfigSelectorChain(Generic[Cfg]):
             )
         failures = ""
         if mode == "autotune":
-            result = self._autotune(inv, kernel)
+            from ejk.config import distributed  # several processes: process 0 tunes, the others receive
+
+            received = distributed.received_config(inv, kernel)
+            if received is not None and received[0] is not None:
+                self.cache.put(*key, received[0])
+                return received[0], "distributed", self._emit("distributed", inv, kernel, received[0], received[1])
+            result = None if received is not None else self._autotune(inv, kernel)
+            distributed.publish(inv, kernel, None if result is None else result.best)
             if result is not None and result.best is not None:
                 return result.best, "autotune", None
             if result is not None:

@@ -16,7 +16,8 @@ from collections.abc import Iterable
 from typing import Any
 
 from ejk.config._cache_import import ImportProblem, _entry
-from ejk.config.persistent import CacheEntry, from_jsonable
+from ejk.config.persistent import CacheEntry
+from ejk.config.serialization import from_jsonable
 
 __all__ = ["PACK_FORMAT", "PackHit", "export_pack", "find_in_packs", "pack_config", "pack_paths", "pack_rows",
            "read_pack", "write_pack"]

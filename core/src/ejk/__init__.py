@@ -46,6 +46,7 @@ if TYPE_CHECKING:
         ImplChoice,
         explain,
         flash_attention,
+        flash_attention_lse,
         get_default_executor,
         grouped_matmul,
         matmul,
@@ -54,6 +55,7 @@ if TYPE_CHECKING:
         set_default_executor,
         use_executor,
     )
+    from ejk.parallel import ring_attention
 
 __version__ = installed_version("ejk-core") or "0+unknown"
 
@@ -61,6 +63,7 @@ _LAZY_OPS = {
     "ImplChoice",
     "explain",
     "flash_attention",
+    "flash_attention_lse",
     "get_default_executor",
     "grouped_matmul",
     "matmul",
@@ -100,6 +103,7 @@ __all__ = [
     "device_fingerprint",
     "explain",
     "flash_attention",
+    "flash_attention_lse",
     "get_default_executor",
     "get_implementations",
     "get_invocations",
@@ -111,6 +115,7 @@ __all__ = [
     "overlay_cache",
     "ragged_paged_attention",
     "record_invocation",
+    "ring_attention",
     "run",
     "set_default_executor",
     "use_executor",
@@ -118,8 +123,8 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    if name in _LAZY_OPS:
-        value = getattr(importlib.import_module("ejk.ops"), name)
+    if name in _LAZY_OPS or name == "ring_attention":
+        value = getattr(importlib.import_module("ejk.parallel" if name == "ring_attention" else "ejk.ops"), name)
         globals()[name] = value
         return value
     if not name.startswith("_") and name.isidentifier():  # an operation a plugin defined with define_op

@@ -148,6 +148,10 @@ def cmd_cache_show(args: argparse.Namespace) -> int:
             rows.append({"file": name, "device": e.device, "op_id": e.op_id, "call_key": e.call_key, "cfg": e.cfg,
                          "source": e.source, "created": e.provenance.get("created"),
                          "stale": e.stale_reason(), "versions": e.provenance.get("versions", {})})
+    if args.packs:  # plugins' config packs, each entry named by its pack
+        from ejk.config.packs import pack_rows
+
+        rows.extend(pack_rows())
     if args.json:
         _print_json(rows)
         return 0
@@ -198,6 +202,10 @@ EXPORT_FORMAT = "ejk-cache-export"
 
 def cmd_cache_export(args: argparse.Namespace) -> int:
     files = _cache_files(_cache_dir(args), args.op or None)
+    if args.pack:  # a config pack a plugin can ship (see the ejk_config_packs hook)
+        from ejk.config.packs import export_pack
+
+        return export_pack([path for _, path in files.items()], args.file, _read, _console().print)
     ops = {}
     for name, path in files.items():
         entries, note = _read(path)
@@ -329,6 +337,10 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--op", action="append", help="only this op (repeatable)")
         if name in ("ls", "show"):
             p.add_argument("--json", action="store_true")
+        if name == "show":
+            p.add_argument("--packs", action="store_true", help="also list the config packs plugins ship")
+        if name == "export":
+            p.add_argument("--pack", action="store_true", help="write a config pack (for a plugin to ship)")
         if name == "clear":
             p.add_argument("--yes", "-y", action="store_true", help="do not ask")
         p.set_defaults(func=func)

@@ -12,6 +12,7 @@ wins. ``EJK_TRACE_HOOKS=1`` logs every call. The authors' guide is docs/PLUGIN_A
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -105,4 +106,15 @@ def ejk_platform_distributions() -> Mapping[str, str] | None:
     ejk-triton``). A plugin need not list its own platforms: the distribution of the entry point
     that reports a platform (or is named after it) is used first. Answers of several plugins are
     merged, the first plugin's winning.
+    """
+
+
+@hookspec
+def ejk_config_packs() -> Sequence[str | os.PathLike[str]] | None:
+    """Config packs this plugin ships: paths of ``ejk-config-pack`` JSON files (``ejk cache export --pack``).
+
+    A pack holds tuned configs for named devices (keyed by device fingerprint, like the
+    persistent cache); typically a data file inside the plugin's distribution, found with
+    ``importlib.resources``. Packs are consulted after the user's persistent cache and before
+    autotuning; ``ejk.explain`` and ``ejk cache show --packs`` name the pack an entry came from.
     """

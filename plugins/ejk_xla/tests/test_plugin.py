@@ -16,12 +16,13 @@ def test_plugin_conforms_and_registers_every_op() -> None:
     assert status.available and dict(status.versions)["jax"]
     expected = {
         "flash_attention": FlashAttentionConfig,
+        "flash_attention_lse": FlashAttentionConfig,
         "matmul": MatmulConfig,
         "grouped_matmul": GroupedMatmulConfig,
         "ragged_paged_attention": PagedAttentionConfig,
     }
     assert registry.list_algorithms() == sorted(expected)
-    names = {"flash_attention": "chunked", "matmul": "dot", "grouped_matmul": "tiled",
+    names = {"flash_attention": "chunked", "flash_attention_lse": "chunked", "matmul": "dot", "grouped_matmul": "tiled",
              "ragged_paged_attention": "paged"}
     for algorithm, cfg_type in expected.items():
         (spec,) = [s for s in registry.list_implementations(algorithm) if s.backend == Backend.ANY]

@@ -181,6 +181,11 @@ class ConfigSelectorChain(Generic[Cfg]):
             value = persistent.get(*key)
             if value is not None and self._usable(inv, kernel, "persistent", value, skipped):
                 return "persistent", value, persistent.path
+        from ejk.config.packs import pack_config  # plugins' config packs: after the user's cache
+
+        packed = pack_config(host, kernel, key, skipped)
+        if packed is not None and self._usable(inv, kernel, "pack", packed[0], skipped):
+            return "pack", packed[0], packed[1]
         return None
 
     def choose(self, inv: Invocation[Cfg], kernel: Kernel[Cfg, Any]) -> Cfg:
@@ -274,8 +279,12 @@ class ConfigSelectorChain(Generic[Cfg]):
         hit = self._lookup(inv, kernel, skipped)
         if hit is not None:
             tier, value, detail = hit
-            if tier == "persistent":
+            if tier in ("persistent", "pack"):
                 self.cache.put(*key, value)
+                if self.policy.effective_mode() == "autotune":  # other processes may miss where this one hits
+                    from ejk.config import distributed
+
+                    distributed.publish(inv, kernel, value)
             return value, tier, self._emit(tier, inv, kernel, value, "; ".join([detail, *skipped]).strip("; "))
         mode = self.policy.effective_mode()
         if mode == "frozen":
@@ -288,7 +297,14 @@ class ConfigSelectorChain(Generic[Cfg]):
             )
         failures = ""
         if mode == "autotune":
-            result = self._autotune(inv, kernel)
+            from ejk.config import distributed  # several processes: process 0 tunes, the others receive
+
+            received = distributed.received_config(inv, kernel)
+            if received is not None and received[0] is not None:
+                self.cache.put(*key, received[0])
+                return received[0], "distributed", self._emit("distributed", inv, kernel, received[0], received[1])
+            result = None if received is not None else self._autotune(inv, kernel)
+            distributed.publish(inv, kernel, None if result is None else result.best)
             if result is not None and result.best is not None:
                 return result.best, "autotune", None
             if result is not None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ejk.ops._attention import FlashAttentionKernel, flash_attention
+from ejk.ops._attention_lse import FlashAttentionLseKernel, flash_attention_lse
 from ejk.ops._base import (
     Candidate,
     ImplChoice,
@@ -24,6 +25,7 @@ __all__ = [
     "Candidate",
     "Explanation",
     "FlashAttentionKernel",
+    "FlashAttentionLseKernel",
     "GroupedMatmulKernel",
     "ImplChoice",
     "ImplementationReport",
@@ -34,6 +36,7 @@ __all__ = [
     "define_op",
     "explain",
     "flash_attention",
+    "flash_attention_lse",
     "get_default_executor",
     "get_op",
     "grouped_matmul",

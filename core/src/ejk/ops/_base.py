@@ -489,4 +489,11 @@ def run_op(kernel: OpKernel, arrays: tuple[Any, ...], static: dict[str, Any], pl
     """Run a public operation through the default Executor."""
     plat = resolve_platform(platform)
     choice = None if cfg is None else kernel.choice_for(cfg, plat)
-    return get_default_executor()(kernel, *arrays, cfg=choice, platform=plat, **static)
+
+    def call(*given: Any) -> Any:
+        return get_default_executor()(kernel, *given, cfg=choice, platform=plat, **static)
+
+    from ejk.ops._sharded import run_sharded  # sharded inputs: one call per shard (shapes per shard)
+
+    split, out = run_sharded(kernel.op_id, arrays, call)
+    return out if split else call(*arrays)

@@ -28,7 +28,11 @@ from ejk.testing._op_checks import (
     check_ragged_paged_attention,
     tolerance,
 )
-from ejk.testing._reference_attention import attention_mask, reference_flash_attention
+from ejk.testing._reference_attention import (
+    attention_mask,
+    reference_flash_attention,
+    reference_flash_attention_lse,
+)
 from ejk.testing._reference_matmul import reference_grouped_matmul, reference_matmul
 from ejk.testing._reference_paged import reference_ragged_paged_attention
 
@@ -54,6 +58,7 @@ __all__ = [
     "fast_jit",
     "paged_batch",
     "reference_flash_attention",
+    "reference_flash_attention_lse",
     "reference_grouped_matmul",
     "reference_matmul",
     "reference_ragged_paged_attention",

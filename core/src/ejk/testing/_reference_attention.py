@@ -11,7 +11,7 @@ import math
 import jax
 import jax.numpy as jnp
 
-__all__ = ["attention_mask", "normalize_window", "reference_flash_attention"]
+__all__ = ["attention_mask", "normalize_window", "reference_flash_attention", "reference_flash_attention_lse"]
 
 
 def normalize_window(
@@ -170,3 +170,44 @@ def reference_flash_attention(
     v_full = jnp.repeat(v, q_heads // kv_heads, axis=2).astype(jnp.float32)
     out = jnp.einsum("bhqk,bkhd->bqhd", probs, v_full, precision=jax.lax.Precision.HIGHEST)
     return out.astype(q.dtype)
+
+
+def reference_flash_attention_lse(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    *,
+    causal: bool = False,
+    softmax_scale: float | None = None,
+    sliding_window: int | tuple[int, int] | None = None,
+    logits_soft_cap: float | None = None,
+    q_segment_ids: jax.Array | None = None,
+    kv_segment_ids: jax.Array | None = None,
+    bias: jax.Array | None = None,
+) -> tuple[jax.Array, jax.Array]:
+    """:func:`reference_flash_attention` and the float32 log-sum-exp ``[B, Hq, Sq]`` of each row's
+    visible logits (``-inf`` for rows that see no key), as ``ejk.flash_attention_lse`` returns."""
+    batch, q_len, q_heads, head_dim = q.shape
+    kv_len = k.shape[1]
+    out = reference_flash_attention(
+        q, k, v, causal=causal, softmax_scale=softmax_scale, sliding_window=sliding_window,
+        logits_soft_cap=logits_soft_cap, q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids, bias=bias,
+    )
+    if kv_len == 0 or q_len == 0:
+        return out, jnp.full((batch, q_heads, q_len), -jnp.inf, jnp.float32)
+    scale = 1.0 / math.sqrt(head_dim) if softmax_scale is None else softmax_scale
+    window = normalize_window(sliding_window, causal=causal)
+    if window is not None:
+        window = (min(window[0], kv_len - 1), min(window[1], q_len - 1))
+    logits = _logits(q, k, softmax_scale=scale, logits_soft_cap=logits_soft_cap, bias=bias)
+    mask = attention_mask(q_len, kv_len, causal=causal, sliding_window=window,
+                          q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids)
+    mask = jnp.broadcast_to(mask, logits.shape) & (logits > -jnp.inf)
+    # Double ``where`` as in the softmax: empty rows give -inf with zero (never NaN) gradients.
+    row_max = jax.lax.stop_gradient(jnp.max(jnp.where(mask, logits, -jnp.inf), axis=-1, keepdims=True))
+    safe_max = jnp.where(jnp.isfinite(row_max), row_max, 0.0)
+    weights = jnp.where(mask, jnp.exp(jnp.where(mask, logits, safe_max) - safe_max), 0.0)
+    total = jnp.sum(weights, axis=-1)
+    seen = total > 0
+    lse = jnp.where(seen, jnp.log(jnp.where(seen, total, 1.0)) + safe_max[..., 0], -jnp.inf)
+    return out, lse

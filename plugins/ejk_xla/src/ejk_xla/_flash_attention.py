@@ -33,7 +33,7 @@ from ejk.config.validators import positive_int
 from ejk.tiling import cdiv as _cdiv
 from ejk_xla._vma import varying_like
 
-__all__ = ["FlashAttentionConfig", "config_space", "flash_attention", "heuristic_config"]
+__all__ = ["FlashAttentionConfig", "config_space", "flash_attention", "flash_attention_lse", "heuristic_config"]
 
 
 @attrs.frozen(kw_only=True)
@@ -382,14 +382,21 @@ def _backward(
     st: _Static,
     residuals: tuple[Any, ...],
     d_out: jax.Array,
+    d_lse: jax.Array | None = None,
 ) -> tuple[Any, ...]:
-    """Recomputes the probabilities block by block and returns ``(dq, dk, dv, None, None, dbias)``."""
+    """Recomputes the probabilities block by block and returns ``(dq, dk, dv, None, None, dbias)``.
+
+    ``d_lse`` (``[B, Hq, Sq]``), the cotangent of the log-sum-exp output, enters as
+    ``d_logits = p · (dp - delta + d_lse)``, i.e. it is subtracted from ``delta``.
+    """
     q, k, v, q_seg, kv_seg, bias, out, lse = residuals
     kv_heads = k.shape[2]
     lens = (q.shape[1], k.shape[1])
     qb = _to_q_blocks(q, kv_heads, st.block_q)
     dob = _to_q_blocks(d_out.astype(q.dtype), kv_heads, st.block_q)
     delta = jnp.sum(d_out.astype(jnp.float32) * out.astype(jnp.float32), axis=-1)
+    if d_lse is not None:
+        delta = delta - jnp.swapaxes(d_lse.astype(jnp.float32), 1, 2)
     deltab = _to_q_blocks(delta, kv_heads, st.block_q)
     q_segb = None if q_seg is None else _to_seq_blocks(q_seg, st.block_q)
     bias5 = None if bias is None else _bias_5d(bias, kv_heads, st)
@@ -451,6 +458,34 @@ _flash = jax.custom_vjp(_fa, nondiff_argnums=(0,))
 _flash.defvjp(_fa_fwd, _backward)
 
 
+def _public_lse(lse: jax.Array, q_len: int) -> jax.Array:
+    """Internal ``[nq, B, Hkv, G, bq]`` (``+inf`` when empty) → ``[B, Hq, Sq]`` (``-inf`` when empty)."""
+    rows = jnp.swapaxes(_from_q_blocks(lse, q_len), 1, 2)
+    return jnp.where(rows == jnp.inf, -jnp.inf, rows)
+
+
+def _fa_lse(st: _Static, q: Any, k: Any, v: Any, q_seg: Any, kv_seg: Any, bias: Any) -> tuple[jax.Array, jax.Array]:
+    out, lse = _forward(st, q, k, v, q_seg, kv_seg, bias)
+    return out, _public_lse(lse, q.shape[1])
+
+
+def _fa_lse_fwd(st: _Static, q: Any, k: Any, v: Any, q_seg: Any, kv_seg: Any,
+                bias: Any) -> tuple[tuple[jax.Array, jax.Array], Any]:
+    out, lse = _forward(st, q, k, v, q_seg, kv_seg, bias)
+    return (out, _public_lse(lse, q.shape[1])), (q, k, v, q_seg, kv_seg, bias, out, lse)
+
+
+def _fa_lse_bwd(st: _Static, residuals: tuple[Any, ...], cotangents: tuple[jax.Array, jax.Array]) -> tuple[Any, ...]:
+    d_out, d_lse = cotangents
+    q_len = residuals[0].shape[1]
+    empty = _public_lse(residuals[-1], q_len) == -jnp.inf
+    return _backward(st, residuals, d_out, jnp.where(empty, 0.0, d_lse))  # rows that see nothing: no gradient
+
+
+_flash_lse = jax.custom_vjp(_fa_lse, nondiff_argnums=(0,))
+_flash_lse.defvjp(_fa_lse_fwd, _fa_lse_bwd)
+
+
 def flash_attention(
     q: jax.Array,
     k: jax.Array,
@@ -487,6 +522,45 @@ def flash_attention(
     kv_len, v_dim = k.shape[1], v.shape[3]
     if min(batch, q_len, q_heads, kv_len, v_dim) == 0:
         return jnp.zeros((batch, q_len, q_heads, v_dim), q.dtype)
+    st, q_segment_ids, kv_segment_ids = _static(q, k, v, causal, softmax_scale, sliding_window, logits_soft_cap,
+                                                q_segment_ids, kv_segment_ids, cfg)
+    out: jax.Array = _flash(st, q, k, v, q_segment_ids, kv_segment_ids, bias)
+    return out
+
+
+def flash_attention_lse(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    *,
+    causal: bool,
+    softmax_scale: float,
+    sliding_window: tuple[int, int] | None,
+    logits_soft_cap: float | None,
+    q_segment_ids: jax.Array | None,
+    kv_segment_ids: jax.Array | None,
+    bias: jax.Array | None,
+    cfg: FlashAttentionConfig | None = None,
+) -> tuple[jax.Array, jax.Array]:
+    """:func:`flash_attention` plus the float32 log-sum-exp ``[B, Hq, Sq]`` (``-inf`` for empty rows).
+
+    Differentiable in both outputs (the ``ejk.flash_attention_lse`` contract).
+    """
+    batch, q_len, q_heads, _ = q.shape
+    kv_len, v_dim = k.shape[1], v.shape[3]
+    if min(batch, q_len, q_heads, kv_len, v_dim) == 0:
+        out = jnp.zeros((batch, q_len, q_heads, v_dim), q.dtype)
+        return out, jnp.full((batch, q_heads, q_len), -jnp.inf, jnp.float32)
+    st, q_segment_ids, kv_segment_ids = _static(q, k, v, causal, softmax_scale, sliding_window, logits_soft_cap,
+                                                q_segment_ids, kv_segment_ids, cfg)
+    out, lse = _flash_lse(st, q, k, v, q_segment_ids, kv_segment_ids, bias)
+    return out, lse
+
+
+def _static(q: jax.Array, k: jax.Array, v: jax.Array, causal: bool, softmax_scale: float,
+            sliding_window: tuple[int, int] | None, logits_soft_cap: float | None, q_segment_ids: Any,
+            kv_segment_ids: Any, cfg: FlashAttentionConfig | None) -> tuple[_Static, Any, Any]:
+    q_len, kv_len = q.shape[1], k.shape[1]
     cfg = heuristic_config(q, k, v) if cfg is None else cfg
     st = _Static(
         causal=bool(causal),
@@ -498,8 +572,7 @@ def flash_attention(
     )
     if q_segment_ids is None or kv_segment_ids is None:
         q_segment_ids = kv_segment_ids = None
-    out: jax.Array = _flash(st, q, k, v, q_segment_ids, kv_segment_ids, bias)
-    return out
+    return st, q_segment_ids, kv_segment_ids
 
 
 # ----------------------------------------------------------------------------------------------

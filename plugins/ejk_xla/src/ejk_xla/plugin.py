@@ -22,6 +22,9 @@ def ejk_register_kernels(register: Callable[..., Callable[[Any], Any]]) -> None:
     register("flash_attention", *portable, name="chunked", cfg_type=_flash_attention.FlashAttentionConfig,
              config_space=_flash_attention.config_space, heuristic=_flash_attention.heuristic_config,
              )(_flash_attention.flash_attention)
+    register("flash_attention_lse", *portable, name="chunked", cfg_type=_flash_attention.FlashAttentionConfig,
+             config_space=_flash_attention.config_space, heuristic=_flash_attention.heuristic_config,
+             )(_flash_attention.flash_attention_lse)
     register("flash_attention", ejk.Platform.XLA, ejk.Backend.GPU, priority=CUDNN_PRIORITY, name="cudnn",
              capability=_cudnn_attention.capability)(_cudnn_attention.cudnn_attention)
     register("matmul", *portable, name="dot", cfg_type=_matmul.MatmulConfig,

@@ -1,0 +1,159 @@
+"""Ring attention on a two-GPU host: tokens/s on 1 vs 2 GPUs and how much communication is hidden.
+
+Lines per sequence length (batch 1, 16 query / 8 kv heads, head dim 128, bfloat16, causal):
+
+- ``1 GPU flash_attention``: the public op on the whole sequence (best implementation: cuDNN,
+  Triton, …), the single-GPU reference,
+- ``1 GPU ring``: ``ejk.ring_attention`` on a one-device mesh — the same local kernel
+  (``flash_attention_lse``) as the ring, without communication,
+- ``2 GPU ring <layout>``: ``ejk.ring_attention`` on a two-device mesh, sequence sharded,
+  ``contiguous`` and ``zigzag``; the note gives the scaling efficiency
+  ``tokens/s(2 GPUs) / (2 · tokens/s(1 GPU ring))``,
+- ``2 GPU compute only`` / ``2 GPU comm only``: the same ring with its ``ppermute`` removed
+  (each device computes on the block it holds; same schedule, same work) and with its block
+  compute replaced by a trivial function of the received blocks (only the transfers remain).
+  Hidden fraction = ``1 - (t_ring - t_compute) / t_comm`` (clamped to [0, 1]): 1 means the
+  transfers cost nothing on top of the compute.
+
+Each in ``fwd`` and ``fwd+bwd`` (output plus dq, dk, dv in one jitted call). Timing as in
+``_harness.time_ms`` (compile excluded, median of ``--reps``).
+
+Usage (needs two GPUs; ``--smoke`` runs tiny shapes on two CPU devices):
+    python benchmarks/bench_ring_attention.py
+    python benchmarks/bench_ring_attention.py --seqs 32768,65536,131072 --modes fwd,fwd+bwd
+    python benchmarks/bench_ring_attention.py --smoke
+
+The markdown table goes to ``$OUT/ring_attention_gpu.md`` when ``OUT`` is set, else to
+``benchmarks/results/ring_attention_gpu.md`` (``--out`` overrides both).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import traceback
+from collections.abc import Callable, Iterator
+from functools import partial
+from typing import Any
+
+if "--smoke" in sys.argv:  # two CPU devices; must be set before JAX starts
+    os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=2")
+
+import _harness
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh
+from jax.sharding import PartitionSpec as P
+
+import ejk
+from ejk.parallel import _ring
+
+HEADS, KV_HEADS, DIM = 16, 8, 128
+
+
+@contextlib.contextmanager
+def _patched(name: str, replacement: Any) -> Iterator[None]:
+    """Temporarily replace one function of the ring module (for the compute-only / comm-only lines)."""
+    original = getattr(_ring, name)
+    setattr(_ring, name, replacement)
+    try:
+        yield
+    finally:
+        setattr(_ring, name, original)
+
+
+def _no_shift(ring: Any, tree: Any, distance: int) -> Any:
+    return tree
+
+
+def _cheap_dispatch(ring: Any, step: int, branch: Callable[..., Any], operands: Any) -> Any:
+    """Zeros shaped like the step's result that still depend on every received block (no DCE)."""
+    plan = ring.plan(0, step)
+    shapes = jax.eval_shape(partial(branch, plan), *operands)
+    touch = sum(jnp.sum(x[(0,) * x.ndim]).astype(jnp.float32) for x in jax.tree.leaves(operands) if x.size)
+    return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype) + (touch * 0).astype(s.dtype), shapes)
+
+
+def _ring_fn(mesh: Mesh, layout: str, mode: str) -> Callable[..., Any]:
+    spec = P(None, "sp")
+    local = partial(ejk.ring_attention, axis_name="sp", causal=True, layout=layout)
+    sharded = jax.shard_map(lambda q, k, v: local(q, k, v), mesh=mesh, in_specs=(spec,) * 3, out_specs=spec)
+    if mode == "fwd":
+        return sharded
+    return jax.grad(lambda q, k, v: sharded(q, k, v).astype(jnp.float32).sum(), argnums=(0, 1, 2))
+
+
+def _single_fn(mode: str) -> Callable[..., Any]:
+    fwd = partial(ejk.flash_attention, causal=True)
+    if mode == "fwd":
+        return fwd
+    return jax.grad(lambda q, k, v: fwd(q, k, v).astype(jnp.float32).sum(), argnums=(0, 1, 2))
+
+
+def main() -> None:
+    p = _harness.parser(__doc__)
+    p.add_argument("--seqs", default=None, help="comma-separated sequence lengths (default 32768,65536,131072)")
+    p.add_argument("--modes", default="fwd,fwd+bwd")
+    p.add_argument("--layouts", default="contiguous,zigzag")
+    args = _harness.parse(p)
+    seqs = [int(s) for s in (args.seqs or ("256,512" if args.smoke else "32768,65536,131072")).split(",")]
+    heads, kv_heads, dim = (4, 2, 32) if args.smoke else (HEADS, KV_HEADS, DIM)
+    devices = jax.devices()
+    if len(devices) < 2:
+        raise SystemExit(f"needs two devices, found {len(devices)} ({devices})")
+    one, two = Mesh(np.array(devices[:1]), ("sp",)), Mesh(np.array(devices[:2]), ("sp",))
+    dtype = jnp.float32 if args.smoke else jnp.bfloat16
+    lines = _harness.header(
+        "Ring attention: 1 vs 2 GPUs", args,
+        f"batch 1, {heads} q heads / {kv_heads} kv heads, head dim {dim}, {jnp.dtype(dtype).name}, causal",
+        "rate = tokens/s (sequence length / time); ring lines use flash_attention_lse as the local kernel",
+        "hidden = share of the transfers overlapped by compute: 1 - (t_ring - t_compute only) / t_comm only",
+        case="sequence", rate="tokens/s",
+    )
+    for seq in seqs:
+        keys = jax.random.split(jax.random.key(seq), 3)
+        q = jax.random.normal(keys[0], (1, seq, heads, dim), dtype)
+        k = jax.random.normal(keys[1], (1, seq, kv_heads, dim), dtype)
+        v = jax.random.normal(keys[2], (1, seq, kv_heads, dim), dtype)
+        for mode in args.modes.split(","):
+            times: dict[str, float] = {}
+
+            def line(name: str, fn: Callable[..., Any], note: Any = "", *, seq: int = seq, mode: str = mode,
+                     times: dict[str, float] = times, inputs: tuple[Any, ...] = (q, k, v)) -> None:
+                try:
+                    ms = _harness.time_ms(fn, inputs, args.reps)
+                except Exception as exc:  # reported on its line
+                    traceback.print_exc()
+                    lines.append(f"| {seq} | {mode} | {name} | - | - | {_harness.error_text(exc)} |")
+                    return
+                times[name] = ms
+                extra = note(ms) if callable(note) else note
+                lines.append(f"| {seq} | {mode} | {name} | {ms:.2f} | {seq / ms * 1e3:,.0f} | {extra} |")
+                print(lines[-1], flush=True)
+
+            line("1 GPU flash_attention", _single_fn(mode))
+            line("1 GPU ring", _ring_fn(one, "contiguous", mode))
+            base = times.get("1 GPU ring")
+            for layout in args.layouts.split(","):
+                def efficiency(ms: float, base: float | None = base) -> str:
+                    return "" if base is None else f"scaling efficiency {base / ms / 2:.0%}"
+
+                line(f"2 GPU ring {layout}", _ring_fn(two, layout, mode), efficiency)
+                with _patched("_shift", _no_shift):
+                    line(f"2 GPU compute only {layout}", _ring_fn(two, layout, mode))
+                with _patched("_dispatch", _cheap_dispatch):
+                    line(f"2 GPU comm only {layout}", _ring_fn(two, layout, mode))
+                ring, compute = times.get(f"2 GPU ring {layout}"), times.get(f"2 GPU compute only {layout}")
+                comm = times.get(f"2 GPU comm only {layout}")
+                if None not in (ring, compute, comm) and comm:
+                    hidden = min(1.0, max(0.0, 1 - (ring - compute) / comm))  # type: ignore[operator]
+                    lines.append(f"| {seq} | {mode} | 2 GPU {layout}: communication hidden | - | - | "
+                                 f"{hidden:.0%} (ring {ring:.2f} ms, compute {compute:.2f} ms, comm {comm:.2f} ms) |")
+                    print(lines[-1], flush=True)
+    _harness.write(lines, args, "ring_attention_gpu.md")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,419 @@
+"""``ejk.ring_attention``: sequence-parallel flash attention inside ``shard_map``.
+
+Each device holds a block of queries and a block of keys / values of one sequence sharded along
+a mesh axis. Key / value blocks (with their segment ids) travel around the axis with
+``lax.ppermute``; at each step every device runs :func:`ejk.flash_attention_lse` — the best
+local implementation for the block's shape, chosen (and tuned) by the Executor — on the block it
+holds, and merges the partial result into its running output by log-sum-exp.
+
+Masks. Positions are global (see :mod:`ejk.parallel._layout`); causal, window and bottom-right
+alignment follow the flash attention contract on the gathered sequence. For each (query piece,
+key piece) pair the visible relative offsets form a band ``lo ≤ j - i ≤ hi``; the schedule is
+computed statically from the layout, so a pair the mask hides entirely is never computed
+(``lax.switch`` picks, per device, a branch without it), a ring step no device needs is never
+run nor waited for (the blocks jump over it with one ``ppermute``), and a partially visible pair
+becomes one ``flash_attention_lse`` call on the rows / keys that see something, with a window
+that reproduces the band.
+
+Backward (``jax.custom_vjp``). The forward saves ``q, k, v``, the output and the global
+log-sum-exp ``L``. The backward runs the ring again: key / value blocks travel as before, their
+``dk`` / ``dv`` accumulators travel one step behind them, and each device adds its contribution
+to the block it holds. A block's contribution is the VJP of ``flash_attention_lse`` on that
+block with cotangents ``w·dout`` for its output and ``rowsum(w·dout·o_b) - w·delta`` for its
+log-sum-exp (``w = exp(lse_b - L)``, ``delta = rowsum(dout·out)``) — exactly the gradient of the
+merged output. This goes through the Executor like the forward, so any implementation of
+``flash_attention_lse`` with a VJP works; the price is that the VJP recomputes the block's
+forward pass (a kernel taking the global ``L`` would avoid it).
+
+Overlap: a step's ``ppermute`` of the next key / value block is issued before the step's compute
+and does not depend on it, so XLA's scheduler runs the two concurrently (likewise the
+accumulators' ``ppermute`` overlaps the next step's compute).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from functools import partial
+from typing import Any
+
+import attrs
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from ejk.ops._attention_lse import flash_attention_lse
+from ejk.ops._check_attention import check_flash_attention_args
+from ejk.ops._check_common import normalize_window
+from ejk.parallel._layout import Piece, check_layout, local_pieces
+from ejk.parallel._vma import varying_like
+
+__all__ = ["ring_attention", "ring_schedule"]
+
+_OP = "ring_attention"
+_BIG = 2**31 - 1  # a window side that covers any block (the op layer clamps it)
+
+
+@attrs.frozen
+class _Block:
+    """One visible (query piece, key piece) pair: local rows ``[q0, q1)`` × keys ``[k0, k1)``."""
+
+    q0: int
+    q1: int
+    k0: int
+    k1: int
+    window: tuple[int, int] | None
+
+
+Plan = tuple[_Block, ...]
+
+
+@attrs.frozen
+class _Ring:
+    """Everything static about one call (hashable: the custom VJP's ``nondiff_argnums``)."""
+
+    axis_name: Any
+    num_shards: int
+    layout: str
+    q_len: int
+    kv_len: int
+    causal: bool
+    window: tuple[int, int] | None
+    scale: float
+    cap: float | None
+    platform: str
+    cfg: Any
+
+    def plan(self, device: int, step: int) -> Plan:
+        """The visible blocks of ``device`` at ``step`` (it then holds keys of ``device - step``)."""
+        source = (device - step) % self.num_shards
+        offset = self.num_shards * (self.kv_len - self.q_len)  # bottom-right alignment, global
+        blocks = []
+        for qp in local_pieces(self.layout, device, self.num_shards, self.q_len):
+            for kp in local_pieces(self.layout, source, self.num_shards, self.kv_len):
+                block = _pair(qp, kp, offset, self.causal, self.window)
+                if block is not None:
+                    blocks.append(block)
+        return _merged(blocks)
+
+    def steps(self) -> tuple[int, ...]:
+        """Ring steps at which some device has a visible block."""
+        return tuple(t for t in range(self.num_shards) if any(self.plan(d, t) for d in range(self.num_shards)))
+
+
+def _pair(qp: Piece, kp: Piece, offset: int, causal: bool, window: tuple[int, int] | None) -> _Block | None:
+    """The block of one piece pair, or ``None`` when the mask hides it entirely.
+
+    Query row ``i`` of ``qp`` sees key ``j`` of ``kp`` iff ``-L ≤ kpos - (qpos + offset) ≤ R``,
+    i.e. ``lo ≤ j - i ≤ hi`` for the band computed here. The call keeps rows ``[qa, qb)`` and keys
+    ``[ka, kb)`` (those that see / are seen by something); bottom-right alignment of that call
+    puts relative offset ``kb - qb`` at its diagonal, which always lies in the band, so the band
+    is the window ``(kb - qb - lo, hi - (kb - qb))``.
+    """
+    assert qp.stride == kp.stride
+    stride, shift = qp.stride, kp.start - qp.start - offset  # kpos - qpos - offset = stride·(j - i) + shift
+    left = None if window is None else window[0]
+    right = 0 if causal else (None if window is None else window[1])
+    lo = None if left is None else -((left + shift) // stride)  # ceil((-left - shift) / stride)
+    hi = None if right is None else (right - shift) // stride
+    nq, nk = qp.length, kp.length
+    if (lo is not None and lo > nk - 1) or (hi is not None and hi < -(nq - 1)) or (
+            lo is not None and hi is not None and lo > hi):
+        return None
+    lo_c = -(nq - 1) if lo is None else max(lo, -(nq - 1))
+    hi_c = nk - 1 if hi is None else min(hi, nk - 1)
+    if lo_c == -(nq - 1) and hi_c == nk - 1:
+        return _Block(qp.offset, qp.offset + nq, kp.offset, kp.offset + nk, None)
+    qa, qb = max(0, -hi_c), min(nq, nk - lo_c)
+    ka, kb = max(0, lo_c), min(nk, nq + hi_c)
+    diagonal = kb - qb
+    side_l = _BIG if lo_c == -(nq - 1) else diagonal - lo_c
+    side_r = _BIG if hi_c == nk - 1 else hi_c - diagonal
+    return _Block(qp.offset + qa, qp.offset + qb, kp.offset + ka, kp.offset + kb, (side_l, side_r))
+
+
+def _merged(blocks: list[_Block]) -> Plan:
+    """Fuse unmasked blocks that share their rows (or keys) and abut: fewer, larger calls.
+
+    Zig-zag steps then run one call per device (e.g. both query halves against one key half).
+    """
+    blocks = list(blocks)
+    fused = True
+    while fused:
+        fused = False
+        for a in blocks:
+            for b in blocks:
+                if a is b or a.window is not None or b.window is not None:
+                    continue
+                if (a.q0, a.q1) == (b.q0, b.q1) and a.k1 == b.k0:
+                    c = _Block(a.q0, a.q1, a.k0, b.k1, None)
+                elif (a.k0, a.k1) == (b.k0, b.k1) and a.q1 == b.q0:
+                    c = _Block(a.q0, b.q1, a.k0, a.k1, None)
+                else:
+                    continue
+                blocks = [x for x in blocks if x is not a and x is not b] + [c]
+                fused = True
+                break
+            if fused:
+                break
+    return tuple(sorted(blocks, key=lambda x: (x.q0, x.k0)))
+
+
+def ring_schedule(num_shards: int, q_len: int, kv_len: int, *, layout: str = "contiguous", causal: bool = False,
+                  sliding_window: tuple[int, int] | None = None) -> list[list[int]]:
+    """Work per ring step and device: ``[step][device]`` = number of visible (query, key) pairs.
+
+    ``q_len`` / ``kv_len`` are local lengths, ``sliding_window`` a normalised ``(left, right)``.
+    Steps no device needs are left out of the ring. Useful to compare layouts' balance.
+    """
+    ring = _Ring(axis_name=None, num_shards=num_shards, layout=layout, q_len=q_len, kv_len=kv_len, causal=causal,
+                 window=sliding_window, scale=1.0, cap=None, platform="auto", cfg=None)
+    work = []
+    for step in ring.steps():
+        row = []
+        for device in range(num_shards):
+            pieces = ring.plan(device, step)
+            row.append(sum(_visible(b, ring, device, step) for b in pieces))
+        work.append(row)
+    return work
+
+
+def _visible(block: _Block, ring: _Ring, device: int, step: int) -> int:
+    """Visible (query, key) pairs of a block (ignoring segment ids)."""
+    import numpy as np
+
+    from ejk.parallel._layout import layout_positions
+
+    n = ring.num_shards
+    qpos = layout_positions(ring.layout, n * ring.q_len, n)[device * ring.q_len:][block.q0:block.q1]
+    source = (device - step) % n
+    kpos = layout_positions(ring.layout, n * ring.kv_len, n)[source * ring.kv_len:][block.k0:block.k1]
+    rel = kpos[None, :] - qpos[:, None] - n * (ring.kv_len - ring.q_len)
+    mask = np.ones(rel.shape, bool)
+    if ring.causal:
+        mask &= rel <= 0
+    if ring.window is not None:
+        mask &= (rel >= -ring.window[0]) & (rel <= ring.window[1])
+    return int(mask.sum())
+
+
+# ----------------------------------------------------------------------------------------------
+# Steps
+# ----------------------------------------------------------------------------------------------
+
+
+def _shift(ring: _Ring, tree: Any, distance: int) -> Any:
+    """Send every leaf ``distance`` devices forward along the ring (device d receives from d - distance)."""
+    n = ring.num_shards
+    if distance % n == 0:
+        return tree
+    perm = [(j, (j + distance) % n) for j in range(n)]
+    return jax.tree.map(lambda x: lax.ppermute(x, ring.axis_name, perm), tree)
+
+
+def _merge(out: jax.Array, lse: jax.Array, o: jax.Array, lse_o: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Merge two partial results ``(out [B,S,H,D] f32, lse [B,H,S])`` by log-sum-exp (``-inf``: empty)."""
+    top = jnp.maximum(lse, lse_o)
+    safe = jnp.where(jnp.isfinite(top), top, 0.0)
+    w1, w2 = jnp.exp(lse - safe), jnp.exp(lse_o - safe)
+    total = w1 + w2
+    seen = total > 0
+    norm = jnp.where(seen, total, 1.0)
+    rows = lambda w: jnp.swapaxes(w / norm, 1, 2)[..., None]  # noqa: E731
+    merged = rows(w1) * out + rows(w2) * o
+    return merged, jnp.where(seen, safe + jnp.log(norm), -jnp.inf)
+
+
+def _call(ring: _Ring, block: _Block, q: jax.Array, k: jax.Array, v: jax.Array, q_seg: Any,
+          kv_seg: Any) -> tuple[jax.Array, jax.Array]:
+    qs, ks, vs = q[:, block.q0:block.q1], k[:, block.k0:block.k1], v[:, block.k0:block.k1]
+    segs = {} if q_seg is None else {"q_segment_ids": q_seg[:, block.q0:block.q1],
+                                     "kv_segment_ids": kv_seg[:, block.k0:block.k1]}
+    return flash_attention_lse(qs, ks, vs, softmax_scale=ring.scale, sliding_window=block.window,
+                               logits_soft_cap=ring.cap, platform=ring.platform, cfg=ring.cfg, **segs)
+
+
+def _fwd_plan(ring: _Ring, plan: Plan, q: jax.Array, q_seg: Any, k: jax.Array, v: jax.Array,
+              kv_seg: Any) -> tuple[jax.Array, jax.Array]:
+    """Partial ``(out f32, lse)`` of the local queries against the held key block."""
+    batch, rows, heads = q.shape[:3]
+    out = jnp.zeros((batch, rows, heads, v.shape[3]), jnp.float32)
+    lse = jnp.full((batch, heads, rows), -jnp.inf, jnp.float32)
+    for block in plan:
+        o, lse_o = _call(ring, block, q, k, v, q_seg, kv_seg)
+        pad = (block.q0, rows - block.q1)
+        o_full = jnp.pad(o.astype(jnp.float32), ((0, 0), pad, (0, 0), (0, 0)))
+        lse_full = jnp.pad(lse_o, ((0, 0), (0, 0), pad), constant_values=-jnp.inf)
+        out, lse = _merge(out, lse, o_full, lse_full)
+    return varying_like((out, lse), q, k, v)
+
+
+def _bwd_plan(ring: _Ring, plan: Plan, q: jax.Array, q_seg: Any, out: jax.Array, lse: jax.Array,
+              d_out: jax.Array, delta: jax.Array, k: jax.Array, v: jax.Array,
+              kv_seg: Any) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """This step's float32 ``(dq, dk, dv)`` contributions (``dk`` / ``dv`` of the held block)."""
+    del out
+    dq = jnp.zeros(q.shape, jnp.float32)
+    dk, dv = jnp.zeros(k.shape, jnp.float32), jnp.zeros(v.shape, jnp.float32)
+    for block in plan:
+        rows = slice(block.q0, block.q1)
+        keys = slice(block.k0, block.k1)
+        segs = (None, None) if q_seg is None else (q_seg[:, rows], kv_seg[:, keys])
+        fn = partial(_block_fn, ring, block.window, *segs)
+        (o_b, lse_b), vjp = jax.vjp(fn, q[:, rows], k[:, keys], v[:, keys])
+        total = lse[:, :, rows]
+        w = jnp.where(lse_b == -jnp.inf, 0.0, jnp.exp(lse_b - jnp.where(jnp.isfinite(total), total, 0.0)))
+        g_out = (jnp.swapaxes(w, 1, 2)[..., None] * d_out[:, rows].astype(jnp.float32)).astype(o_b.dtype)
+        dot = jnp.swapaxes(jnp.sum(g_out.astype(jnp.float32) * o_b.astype(jnp.float32), axis=-1), 1, 2)
+        g_lse = dot - w * delta[:, :, rows]
+        dq_b, dk_b, dv_b = vjp((g_out, g_lse))
+        dq = dq.at[:, rows].add(dq_b.astype(jnp.float32))
+        dk = dk.at[:, keys].add(dk_b.astype(jnp.float32))
+        dv = dv.at[:, keys].add(dv_b.astype(jnp.float32))
+    return varying_like((dq, dk, dv), q, k, v, d_out)
+
+
+def _block_fn(ring: _Ring, window: tuple[int, int] | None, q_seg: Any, kv_seg: Any, q: jax.Array, k: jax.Array,
+              v: jax.Array) -> tuple[jax.Array, jax.Array]:
+    segs = {} if q_seg is None else {"q_segment_ids": q_seg, "kv_segment_ids": kv_seg}
+    return flash_attention_lse(q, k, v, softmax_scale=ring.scale, sliding_window=window, logits_soft_cap=ring.cap,
+                               platform=ring.platform, cfg=ring.cfg, **segs)
+
+
+def _dispatch(ring: _Ring, step: int, branch: Callable[..., Any], operands: Sequence[Any]) -> Any:
+    """Run ``branch(plan, *operands)`` with this device's plan for ``step`` (a ``lax.switch`` when devices differ)."""
+    plans = [ring.plan(d, step) for d in range(ring.num_shards)]
+    distinct = list(dict.fromkeys(plans))
+    if len(distinct) == 1:
+        return branch(distinct[0], *operands)
+    table = jnp.asarray([distinct.index(p) for p in plans], jnp.int32)
+    index = table[lax.axis_index(ring.axis_name)]
+    return lax.switch(index, [partial(branch, p) for p in distinct], *operands)
+
+
+# ----------------------------------------------------------------------------------------------
+# The ring, forward and backward
+# ----------------------------------------------------------------------------------------------
+
+
+def _forward(ring: _Ring, q: jax.Array, k: jax.Array, v: jax.Array, q_seg: Any,
+             kv_seg: Any) -> tuple[jax.Array, jax.Array]:
+    batch, rows, heads = q.shape[:3]
+    out, lse = varying_like((jnp.zeros((batch, rows, heads, v.shape[3]), jnp.float32),
+                             jnp.full((batch, heads, rows), -jnp.inf, jnp.float32)), q, k, v)
+    steps = ring.steps()
+    if not steps:
+        return out.astype(q.dtype), lse
+    held = _shift(ring, (k, v, kv_seg), steps[0])
+    for index, step in enumerate(steps):
+        following = _shift(ring, held, steps[index + 1] - step) if index + 1 < len(steps) else None
+        part = _dispatch(ring, step, partial(_fwd_plan, ring), (q, q_seg, *held))
+        out, lse = _merge(out, lse, *part)
+        held = following
+    return out.astype(q.dtype), lse
+
+
+def _ring_out(ring: _Ring, q: jax.Array, k: jax.Array, v: jax.Array, q_seg: Any, kv_seg: Any) -> jax.Array:
+    return _forward(ring, q, k, v, q_seg, kv_seg)[0]
+
+
+def _ring_fwd(ring: _Ring, q: jax.Array, k: jax.Array, v: jax.Array, q_seg: Any,
+              kv_seg: Any) -> tuple[jax.Array, tuple[Any, ...]]:
+    out, lse = _forward(ring, q, k, v, q_seg, kv_seg)
+    return out, (q, k, v, q_seg, kv_seg, out, lse)
+
+
+def _ring_bwd(ring: _Ring, residuals: tuple[Any, ...], d_out: jax.Array) -> tuple[Any, ...]:
+    q, k, v, q_seg, kv_seg, out, lse = residuals
+    delta = jnp.swapaxes(jnp.sum(d_out.astype(jnp.float32) * out.astype(jnp.float32), axis=-1), 1, 2)
+    dq = varying_like(jnp.zeros(q.shape, jnp.float32), q, k, v, d_out)
+    steps = ring.steps()
+    if not steps:
+        return dq.astype(q.dtype), jnp.zeros_like(k), jnp.zeros_like(v), None, None
+    held = _shift(ring, (k, v, kv_seg), steps[0])
+    grads: tuple[jax.Array, jax.Array] | None = None  # dk, dv of the held block, one step behind it
+    for index, step in enumerate(steps):
+        last = index + 1 == len(steps)
+        distance = 0 if last else steps[index + 1] - step
+        following = None if last else _shift(ring, held, distance)
+        dq_t, dk_t, dv_t = _dispatch(ring, step, partial(_bwd_plan, ring),
+                                     (q, q_seg, out, lse, d_out, delta, *held))
+        dq = dq + dq_t
+        grads = (dk_t, dv_t) if grads is None else (grads[0] + dk_t, grads[1] + dv_t)
+        if not last:
+            grads = _shift(ring, grads, distance)
+        held = following
+    assert grads is not None
+    dk, dv = _shift(ring, grads, -steps[-1])  # home: the block of device d - last step sits on d
+    return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), None, None
+
+
+_ring = jax.custom_vjp(_ring_out, nondiff_argnums=(0,))
+_ring.defvjp(_ring_fwd, _ring_bwd)
+
+
+def ring_attention(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    *,
+    axis_name: Any,
+    causal: bool = False,
+    sliding_window: int | tuple[int, int] | None = None,
+    logits_soft_cap: float | None = None,
+    q_segment_ids: jax.Array | None = None,
+    kv_segment_ids: jax.Array | None = None,
+    softmax_scale: float | None = None,
+    layout: str = "contiguous",
+    platform: str = "auto",
+    cfg: Any = None,
+) -> jax.Array:
+    """Sequence-parallel :func:`ejk.flash_attention`, called inside ``shard_map``.
+
+    ``q``, ``k``, ``v`` (and segment ids) are this device's blocks of sequences sharded along
+    mesh axis ``axis_name``; the result is this device's block of
+    ``flash_attention(gathered q, gathered k, gathered v, ...)``, forward and gradients.
+    Masks apply to global positions (bottom-right aligned, as in ``flash_attention``).
+
+    Args:
+        q: ``[B, Sq/n, Hq, D]``: local queries.
+        k: ``[B, Sk/n, Hkv, D]``: local keys (they travel around the ring).
+        v: ``[B, Sk/n, Hkv, Dv]``.
+        axis_name: The mesh axis the sequence is sharded along (of size ``n``).
+        causal, sliding_window, logits_soft_cap, softmax_scale: As for ``flash_attention``, on
+            the gathered sequence (window sides are clamped to the global lengths).
+        q_segment_ids: ``[B, Sq/n]`` local ids; with ``kv_segment_ids`` ``[B, Sk/n]``.
+        layout: Which positions a local block holds: ``"contiguous"`` (device ``i`` holds rows
+            ``i·S/n … (i+1)·S/n - 1``), ``"zigzag"`` or ``"striped"`` (balanced causal work; see
+            :func:`ejk.parallel.to_layout` to permute a sequence into them).
+        platform: ``"auto"`` or a platform to force for the local blocks.
+        cfg: An explicit config for every local ``flash_attention_lse`` call.
+
+    Returns:
+        ``[B, Sq/n, Hq, Dv]`` in ``q.dtype``: the local block of the output, in the same layout.
+
+    Raises:
+        ValueError: for bad arguments (naming the argument), or when called outside ``shard_map``
+            / with an axis name that is not bound.
+    """
+    scale, _ = check_flash_attention_args(q, k, v, causal=bool(causal), softmax_scale=softmax_scale,
+                                          sliding_window=None, logits_soft_cap=logits_soft_cap,
+                                          q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids, bias=None)
+    try:
+        num_shards = int(lax.axis_size(axis_name))
+    except (NameError, KeyError, ValueError) as exc:
+        raise ValueError(f"{_OP}: axis_name {axis_name!r} is not a bound mesh axis; call ring_attention inside "
+                         f"jax.shard_map over a mesh with that axis ({exc})") from None
+    q_len, kv_len = int(q.shape[1]), int(k.shape[1])
+    if q_len == 0 or kv_len == 0:
+        raise ValueError(f"{_OP}: local q and k need at least one row each, got {q_len} and {kv_len}")
+    check_layout(layout, q_len, name="q")
+    check_layout(layout, kv_len, name="k")
+    window = normalize_window(_OP, "sliding_window", sliding_window, causal=bool(causal),
+                              max_left=num_shards * kv_len - 1, max_right=num_shards * q_len - 1)
+    ring = _Ring(axis_name=axis_name, num_shards=num_shards, layout=layout, q_len=q_len, kv_len=kv_len,
+                 causal=bool(causal), window=window, scale=scale,
+                 cap=None if logits_soft_cap is None else float(logits_soft_cap), platform=platform, cfg=cfg)
+    if q_segment_ids is None or kv_segment_ids is None:
+        q_segment_ids = kv_segment_ids = None
+    out: jax.Array = _ring(ring, q, k, v, q_segment_ids, kv_segment_ids)
+    return out

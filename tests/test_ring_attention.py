@@ -1,0 +1,237 @@
+"""``ejk.ring_attention`` against ``flash_attention`` on the gathered sequence, and ``flash_attention_lse``.
+
+The ring needs several devices: each mesh size runs its cases in a fresh interpreter with
+``XLA_FLAGS=--xla_force_host_platform_device_count=8`` (set before JAX starts), as
+``test_ops_shard_map.py`` does. Forward and gradients are compared in one jitted VJP per case.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import ejk
+from ejk.parallel import from_layout, layout_positions, ring_schedule, to_layout
+from ejk.testing import reference_flash_attention_lse
+
+CODE = textwrap.dedent(
+    """
+    import json, sys
+    import jax, jax.numpy as jnp, numpy as np
+    from jax.sharding import Mesh, PartitionSpec as P
+    import ejk
+    from ejk.parallel import from_layout, to_layout
+    from ejk.testing import reference_flash_attention
+
+    n = int(sys.argv[1])
+    cases = json.loads(sys.argv[2])
+    results = []
+    for case in cases:
+        layout, dtype = case.pop("layout"), jnp.dtype(case.pop("dtype", "float32"))
+        heads, kv_heads = case.pop("heads", (2, 1))
+        q_rows, kv_rows = case.pop("rows", (4, 4))  # local lengths
+        segments = case.pop("segments", False)
+        # "mesh2d": batch over "dp" (2) and the ring over "sp" (n / 2) of a 2-D mesh.
+        grid = (2, n // 2) if case.pop("mesh2d", False) else (1, n)
+        mesh = Mesh(np.array(jax.devices()[:n]).reshape(grid), ("dp", "sp"))
+        ring_n = grid[1]
+        if "sliding_window" in case and isinstance(case["sliding_window"], list):
+            case["sliding_window"] = tuple(case["sliding_window"])
+        keys = jax.random.split(jax.random.key(len(results)), 6)
+        q = jax.random.normal(keys[0], (2, ring_n * q_rows, heads, 8), dtype)
+        k = jax.random.normal(keys[1], (2, ring_n * kv_rows, kv_heads, 8), dtype)
+        v = jax.random.normal(keys[2], (2, ring_n * kv_rows, kv_heads, 8), dtype)
+        ct = jax.random.normal(keys[3], (2, ring_n * q_rows, heads, 8), dtype)
+        # Segments: runs of random length (position order), the same ids for q and k when lengths agree.
+        qs = jnp.cumsum(jax.random.bernoulli(keys[4], 0.15, (2, ring_n * q_rows)).astype(jnp.int32), axis=1)
+        ks = jnp.cumsum(jax.random.bernoulli(keys[5], 0.15, (2, ring_n * kv_rows)).astype(jnp.int32), axis=1)
+        if q_rows == kv_rows:
+            ks = qs
+        segs = dict(q_segment_ids=qs, kv_segment_ids=ks) if segments else {}
+        spec = P("dp", "sp")
+
+        def local(q, k, v, qs, ks):
+            local_segs = dict(q_segment_ids=qs, kv_segment_ids=ks) if segments else {}
+            return ejk.ring_attention(q, k, v, axis_name="sp", layout=layout, **case, **local_segs)
+
+        ring = jax.shard_map(local, mesh=mesh, in_specs=(spec,) * 5, out_specs=spec)
+        to = lambda x: to_layout(x, layout, ring_n)
+
+        def sharded(q, k, v):
+            return from_layout(ring(to(q), to(k), to(v), to(qs), to(ks)), layout, ring_n)
+
+        def gathered(q, k, v):
+            return reference_flash_attention(q, k, v, **case, **segs)
+
+        def both(fn):
+            return jax.jit(lambda q, k, v, ct: (lambda out, vjp: (out, *vjp(ct)))(*jax.vjp(fn, q, k, v)))
+
+        got = both(sharded)(q, k, v, ct)
+        f32 = lambda x: x.astype(jnp.float32)
+        want = both(gathered)(f32(q), f32(k), f32(v), f32(ct))
+        errors = [float(jnp.max(jnp.abs(f32(a) - b))) for a, b in zip(got, want)]
+        scales = [float(jnp.max(jnp.abs(b))) for b in want]
+        ppermutes = str(jax.make_jaxpr(sharded)(q, k, v)).count("ppermute")
+        results.append({"errors": errors, "scales": scales, "ppermutes": ppermutes})
+    print(json.dumps(results))
+    """
+)
+
+# Per mesh size: layouts x masks x GQA x segment ids (each case compiles one ring, forward + backward).
+CASES: dict[int, list[dict[str, object]]] = {
+    2: [
+        {"layout": "contiguous", "heads": [4, 2], "logits_soft_cap": 2.0},
+        {"layout": "contiguous", "causal": True, "segments": True},
+        {"layout": "zigzag", "causal": True, "sliding_window": [3, 0], "heads": [4, 1]},
+        {"layout": "striped", "causal": True, "dtype": "bfloat16", "rows": [8, 8]},
+        {"layout": "contiguous", "causal": True, "rows": [2, 4]},  # Sq != Sk: bottom-right aligned
+    ],
+    4: [
+        {"layout": "striped", "causal": True, "heads": [4, 2], "softmax_scale": 0.5},
+        {"layout": "zigzag", "causal": True, "segments": True, "mesh2d": True},
+        {"layout": "contiguous", "sliding_window": [5, 2], "logits_soft_cap": 1.5},
+    ],
+    8: [
+        {"layout": "zigzag", "causal": True, "heads": [4, 2]},
+        {"layout": "striped", "causal": True, "sliding_window": 6, "segments": True},
+        {"layout": "contiguous", "causal": True, "sliding_window": 3},  # needs ring steps 0 and 1 only
+    ],
+}
+
+
+def _run(mesh_size: int) -> list[dict[str, object]]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("EJK_", "EJKERNEL_"))}
+    # Backend optimisation level 0: a third less compile time, the same numerics for these checks.
+    env.update(JAX_PLATFORMS="cpu", EJK_PLUGINS="xla",
+               XLA_FLAGS="--xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0")
+    proc = subprocess.run([sys.executable, "-c", CODE, str(mesh_size), json.dumps(CASES[mesh_size])],
+                          capture_output=True, text=True, env=env, timeout=600, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return json.loads(proc.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize("mesh_size", sorted(CASES))
+def test_ring_attention_matches_gathered_flash_attention(mesh_size: int) -> None:
+    results = _run(mesh_size)
+    assert len(results) == len(CASES[mesh_size])
+    for case, result in zip(CASES[mesh_size], results, strict=True):
+        atol = 5e-2 if case.get("dtype") == "bfloat16" else 2e-4
+        for name, error, scale in zip(("out", "dq", "dk", "dv"), result["errors"], result["scales"],  # type: ignore[call-overload]
+                                      strict=True):
+            assert error <= atol * max(1.0, scale), f"{case}: {name} differs by {error} (scale {scale})"
+    # Blocks the window hides are neither computed nor waited for: with a window of 3 and local
+    # blocks of 4, only ring steps 0 and 1 run, so k and v travel once (2 ppermutes), not 7 times.
+    if mesh_size == 8:
+        assert results[-1]["ppermutes"] == 2
+        assert results[0]["ppermutes"] == 2 * 7
+
+
+def test_layout_helpers_round_trip() -> None:
+    x = jnp.arange(2 * 16 * 3).reshape(2, 16, 3)
+    for layout in ("contiguous", "zigzag", "striped"):
+        positions = layout_positions(layout, 16, 4)
+        assert sorted(positions.tolist()) == list(range(16))
+        moved = to_layout(x, layout, 4)
+        np.testing.assert_array_equal(moved[:, :, 0] // 3 % 16, np.broadcast_to(positions, (2, 16)))
+        np.testing.assert_array_equal(from_layout(moved, layout, 4), x)
+    assert layout_positions("zigzag", 8, 2).tolist() == [0, 1, 6, 7, 2, 3, 4, 5]
+    assert layout_positions("striped", 8, 2).tolist() == [0, 2, 4, 6, 1, 3, 5, 7]
+    with pytest.raises(ValueError, match="even local length"):
+        layout_positions("zigzag", 6, 2)
+    with pytest.raises(ValueError, match="layout is 'diagonal'"):
+        layout_positions("diagonal", 8, 2)
+
+
+def test_causal_layouts_balance_work() -> None:
+    def per_device(layout: str) -> list[int]:
+        return [sum(column) for column in zip(*ring_schedule(4, 8, 8, layout=layout, causal=True), strict=True)]
+
+    contiguous, zigzag, striped = per_device("contiguous"), per_device("zigzag"), per_device("striped")
+    assert sum(contiguous) == sum(zigzag) == sum(striped) == 32 * 33 // 2  # the causal triangle
+    assert max(contiguous) > 6 * min(contiguous)
+    assert max(zigzag) == min(zigzag)
+    assert max(striped) - min(striped) <= 24
+    # A window shorter than a block: two ring steps; device 0 has nothing at step 1 (it skips the block).
+    window = ring_schedule(8, 4, 4, causal=True, sliding_window=(3, 0))
+    assert len(window) == 2 and window[1][0] == 0 and min(window[1][1:]) > 0
+
+
+def test_ring_attention_errors() -> None:
+    q = jnp.zeros((1, 4, 2, 8))
+    with pytest.raises(ValueError, match="axis_name 'sp' is not a bound mesh axis"):
+        ejk.ring_attention(q, q, q, axis_name="sp")
+    with pytest.raises(ValueError, match="head_dim"):
+        ejk.ring_attention(q, jnp.zeros((1, 4, 2, 4)), q, axis_name="sp")
+
+
+@pytest.mark.parametrize("kwargs", [{}, {"causal": True, "logits_soft_cap": 2.0}, {"sliding_window": (2, 5)},
+                                    {"segments": True}])
+def test_flash_attention_lse_matches_reference(kwargs: dict[str, object]) -> None:
+    keys = jax.random.split(jax.random.key(1), 5)
+    q = jax.random.normal(keys[0], (2, 11, 4, 8))
+    k = jax.random.normal(keys[1], (2, 7, 2, 8))
+    v = jax.random.normal(keys[2], (2, 7, 2, 4))
+    options = dict(kwargs)
+    if options.pop("segments", False):
+        options["q_segment_ids"] = jax.random.randint(keys[3], (2, 11), 0, 3)
+        options["kv_segment_ids"] = jax.random.randint(keys[4], (2, 7), 0, 3)
+
+    def loss(fn: object) -> object:
+        def value(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
+            out, lse = fn(q, k, v, **options)  # type: ignore[operator]
+            return jnp.sum(out * jnp.cos(out)) + jnp.sum(jnp.sin(jnp.where(jnp.isfinite(lse), lse, 0.0)))
+        return value
+
+    got_out, got_lse = ejk.flash_attention_lse(q, k, v, **options)  # type: ignore[arg-type]
+    want_out, want_lse = reference_flash_attention_lse(q, k, v, **options)  # type: ignore[arg-type]
+    np.testing.assert_allclose(got_out, want_out, atol=2e-5, rtol=2e-5)
+    np.testing.assert_allclose(got_lse, want_lse, atol=2e-5, rtol=2e-5)  # -inf where rows see nothing
+    got = jax.grad(loss(ejk.flash_attention_lse), argnums=(0, 1, 2))(q, k, v)  # type: ignore[arg-type]
+    want = jax.grad(loss(reference_flash_attention_lse), argnums=(0, 1, 2))(q, k, v)  # type: ignore[arg-type]
+    for a, b in zip(got, want, strict=True):
+        np.testing.assert_allclose(a, b, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("layout", ["contiguous", "zigzag"])
+def test_ring_attention_on_gpus(layout: str) -> None:
+    """Every visible GPU (at least two) in one ring, bfloat16, causal with GQA, against one-device attention."""
+    devices = jax.devices()
+    if len(devices) < 2:
+        pytest.skip(f"needs two GPUs, found {len(devices)}")
+    from jax.sharding import Mesh
+    from jax.sharding import PartitionSpec as P
+
+    n = len(devices)
+    mesh = Mesh(np.array(devices), ("sp",))
+    keys = jax.random.split(jax.random.key(0), 4)
+    q = jax.random.normal(keys[0], (2, 1024 * n, 8, 128), jnp.bfloat16)
+    k = jax.random.normal(keys[1], (2, 1024 * n, 2, 128), jnp.bfloat16)
+    v = jax.random.normal(keys[2], (2, 1024 * n, 2, 128), jnp.bfloat16)
+    ct = jax.random.normal(keys[3], q.shape, jnp.bfloat16)
+    spec = P(None, "sp")
+    ring = jax.shard_map(lambda q, k, v: ejk.ring_attention(q, k, v, axis_name="sp", causal=True, layout=layout),
+                         mesh=mesh, in_specs=(spec,) * 3, out_specs=spec)
+
+    def sharded(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
+        return from_layout(ring(*(to_layout(x, layout, n) for x in (q, k, v))), layout, n)
+
+    def single(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
+        return ejk.flash_attention(q, k, v, causal=True)
+
+    def run(fn: object) -> list[jax.Array]:
+        def both(q: jax.Array, k: jax.Array, v: jax.Array) -> list[jax.Array]:
+            out, vjp = jax.vjp(fn, q, k, v)  # type: ignore[arg-type]
+            return [out, *vjp(ct)]
+        return jax.jit(both)(q, k, v)  # type: ignore[no-any-return]
+
+    for got, want in zip(run(sharded), run(single), strict=True):
+        np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want, np.float32), atol=5e-2, rtol=5e-2)

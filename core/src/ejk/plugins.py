@@ -36,6 +36,7 @@ about follow the platform's status as reported by any plugin (available when one
 from __future__ import annotations
 
 import importlib.metadata
+import os
 import traceback
 import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -559,11 +560,20 @@ def _check_config_space(result: Any) -> str | None:
     return "a list of configs (or None)"
 
 
+def _check_config_packs(result: Any) -> str | None:
+    if isinstance(result, Sequence) and not isinstance(result, str | bytes) and all(
+        isinstance(path, str | os.PathLike) for path in result
+    ):
+        return None
+    return "a list of pack file paths (str or os.PathLike)"
+
+
 _CHECKS: dict[str, _Check] = {
     "ejk_platform_status": _check_platform_status,
     "ejk_device_fingerprint": _check_device_fingerprint,
     "ejk_config_space": _check_config_space,
     "ejk_platform_distributions": _check_platform_distributions,
+    "ejk_config_packs": _check_config_packs,
 }
 
 

@@ -69,17 +69,15 @@ def write_pack(entries: Iterable[CacheEntry], path: str, *, name: str | None = N
 
 
 def pack_paths(host: Any) -> list[str]:
-    """Every pack path the loaded plugins list (in plugin order, duplicates dropped)."""
+    """Every pack path the loaded plugins list (in the documented hook order, duplicates dropped).
+
+    Goes through the host's ``call``: a plugin whose hook raises or returns something other than
+    a list of paths is reported against it (``ejk plugins``) and its answer ignored.
+    """
     if host is None:
         return []
     paths: list[str] = []
-    try:
-        results = host.pm.hook.ejk_config_packs()
-    except Exception as exc:  # a broken plugin hook never breaks selection
-        warnings.warn(f"ejk_config_packs hook raised {type(exc).__name__}: {exc}; packs ignored",
-                      RuntimeWarning, stacklevel=4)
-        return []
-    for result in results:
+    for result in host.call("ejk_config_packs"):
         for path in result or ():
             text = os.fspath(path)
             if text not in paths:

@@ -75,7 +75,9 @@ def print_plugin_table(host: Any, rows: list[dict[str, Any]] | None = None) -> N
     console = make_console()
     rows = plugin_rows(host) if rows is None else rows
     if not rows:
-        console.print("No ejk plugin is installed. The portable default: [bold]pip install ejk-xla[/bold]")
+        from ejk.registry import PORTABLE_DISTRIBUTION
+
+        console.print(f"No ejk plugin is installed. The portable default: [bold]pip install {PORTABLE_DISTRIBUTION}[/bold]")
         return
     table = Table(title="ejk plugins")
     for column in ("plugin", "distribution", "status", "implementation", "why / fix"):

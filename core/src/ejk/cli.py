@@ -285,7 +285,9 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     usable = [p for p, s in host.platform_statuses().items() if s.available]
     console.print(f"usable platforms here: {', '.join(sorted(usable)) or 'none'}")
     if not host.registry.list_algorithms():
-        problems.append("no kernels are registered: pip install ejk-xla")
+        from ejk.registry import PORTABLE_DISTRIBUTION
+
+        problems.append(f"no kernels are registered: pip install {PORTABLE_DISTRIBUTION}")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         host.registry.validate_signatures()

@@ -77,7 +77,8 @@ def print_plugin_table(host: Any, rows: list[dict[str, Any]] | None = None) -> N
     if not rows:
         from ejk.registry import PORTABLE_DISTRIBUTION
 
-        console.print(f"No ejk plugin is installed. The portable default: [bold]pip install {PORTABLE_DISTRIBUTION}[/bold]")
+        console.print("No ejk plugin is installed. The portable default: "
+                      f"[bold]pip install {PORTABLE_DISTRIBUTION}[/bold]")
         return
     table = Table(title="ejk plugins")
     for column in ("plugin", "distribution", "status", "implementation", "why / fix"):

@@ -20,8 +20,8 @@ import jax
 import jax.custom_batching
 import numpy as np
 
+from ejk.parallel import varying_like
 from ejk_triton import _env
-from ejk_triton._vma import vary_like as _vary_like
 
 __all__ = ["HostTensor", "kernels", "launch", "sequential_vmap"]
 
@@ -166,7 +166,7 @@ def launch(
         **constexprs: The kernel's ``constexpr`` arguments.
     """
     if _env.interpret_mode():
-        return _vary_like(_interpret(kernel, grid, inputs, out_shapes, constexprs), inputs)
+        return varying_like(_interpret(kernel, grid, inputs, out_shapes, constexprs), *inputs)
     try:
         import jax_triton as jt
     except ImportError as exc:  # the platform reports itself unavailable; a forced platform lands here
@@ -179,7 +179,7 @@ def launch(
         *inputs, kernel=kernel, out_shape=list(out_shapes), grid=grid, num_warps=num_warps,
         num_stages=num_stages, zeroed_outputs=tuple(zeroed_outputs), **constexprs,
     )
-    return _vary_like(tuple(outs), inputs)
+    return varying_like(tuple(outs), *inputs)
 
 
 def sequential_vmap(fn: Callable[..., tuple[jax.Array, ...]]) -> Callable[..., tuple[jax.Array, ...]]:

@@ -29,10 +29,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from ejk.config.validators import int_in, one_of, power_of_two
+from ejk.parallel import cotangent_like
 from ejk.tiling import cdiv, fit_block
 from ejk_triton import _device, _dots, _env
 from ejk_triton._launch import kernels, launch, sequential_vmap
-from ejk_triton._vma import cotangent_like
 
 __all__ = [
     "RESIDUALS",

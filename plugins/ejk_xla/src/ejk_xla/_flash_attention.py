@@ -30,8 +30,8 @@ import jax.numpy as jnp
 from jax import lax
 
 from ejk.config.validators import positive_int
+from ejk.parallel import varying_like
 from ejk.tiling import cdiv as _cdiv
-from ejk_xla._vma import varying_like
 
 __all__ = ["FlashAttentionConfig", "config_space", "flash_attention", "flash_attention_lse", "heuristic_config"]
 

@@ -25,7 +25,7 @@ import numpy as np
 from jax import lax
 
 from ejk.config.validators import positive_int
-from ejk_xla._vma import varying_like
+from ejk.parallel import varying_like
 
 __all__ = ["GroupedMatmulConfig", "config_space", "grouped_matmul", "heuristic_config"]
 

@@ -37,7 +37,7 @@ import numpy as np
 from jax import lax
 
 from ejk.config.validators import positive_int
-from ejk_xla._vma import varying_like
+from ejk.parallel import varying_like
 
 __all__ = ["PagedAttentionConfig", "config_space", "heuristic_config", "ragged_paged_attention"]
 

@@ -12,23 +12,18 @@ from typing import Any
 
 import jax
 
-from ejk.ops._attention import flash_attention_call
-from ejk.ops._base import ImplChoice, OpKernel, run_op
+from ejk.ops._attention import FlashAttentionKernel, flash_attention_call
+from ejk.ops._base import ImplChoice, run_op
 from ejk.ops._definition import define_op
 
 __all__ = ["FlashAttentionLseKernel", "flash_attention_lse"]
 
 
-class FlashAttentionLseKernel(OpKernel):
-    """Dispatches ``flash_attention_lse`` to the registered implementations."""
+class FlashAttentionLseKernel(FlashAttentionKernel):
+    """Dispatches ``flash_attention_lse``: ``flash_attention``'s arguments and checks, its own implementations."""
 
     op_id = "flash_attention_lse"
     version = "1"
-    array_names = ("q", "k", "v", "q_segment_ids", "kv_segment_ids", "bias")
-    positional = 3
-
-    def normalize(self, *args: Any, **kwargs: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
-        return flash_attention_call(*args, **kwargs)
 
 
 KERNEL = FlashAttentionLseKernel()

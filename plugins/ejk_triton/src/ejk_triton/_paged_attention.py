@@ -43,7 +43,7 @@ from ejk_triton import _env
 from ejk_triton._device import compute_capability_reason as _compute_capability_reason
 from ejk_triton._device import sm_count as _sm_count
 from ejk_triton._device import smem_limit as _smem_limit
-from ejk_triton._launch import launch
+from ejk_triton._launch import launch, sequential_vmap
 
 __all__ = ["PagedAttentionConfig", "capability", "config_space", "heuristic_config", "ragged_paged_attention"]
 
@@ -167,22 +167,6 @@ def _combine(acc: jax.Array, row_max: jax.Array, row_sum: jax.Array, cu_q_lens: 
     return jnp.where(owned[:, None, None], out, 0.0).astype(dtype)
 
 
-def _map_under_vmap(fn: Any) -> Any:
-    """``fn`` with a vmap rule that runs the mapped problems one after another (``lax.map``).
-
-    jax-triton's call does not batch; each problem keeps its own lengths and page table.
-    """
-    wrapped = jax.custom_batching.custom_vmap(fn)
-
-    @wrapped.def_vmap
-    def rule(axis_size: int, in_batched: Any, *args: Any) -> tuple[jax.Array, bool]:
-        full = tuple(x if mapped else jnp.broadcast_to(x, (axis_size, *x.shape))
-                     for x, mapped in zip(args, in_batched, strict=True))
-        return jax.lax.map(lambda xs: wrapped(*xs), full), True
-
-    return wrapped
-
-
 def ragged_paged_attention(
     q: jax.Array,
     k_pages: jax.Array,
@@ -228,8 +212,8 @@ def ragged_paged_attention(
         _launch, scale=float(softmax_scale), left=None if sliding_window is None else int(sliding_window[0]),
         cap=None if logits_soft_cap is None else float(logits_soft_cap), cfg=cfg,
     )
-    out: jax.Array = _map_under_vmap(run)(q, k_pages, v_pages, kv_lens, page_indices, cu_q_lens,
-                                          jnp.asarray(num_seqs))
+    (out,) = sequential_vmap(lambda *arrays: (run(*arrays),))(  # each mapped problem keeps its own page table
+        q, k_pages, v_pages, kv_lens, page_indices, cu_q_lens, jnp.asarray(num_seqs))
     return out
 
 

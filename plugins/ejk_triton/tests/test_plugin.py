@@ -27,7 +27,8 @@ def test_plugin_conforms() -> None:
 def test_registrations_follow_the_interpret_mode() -> None:
     _info, registry = check_plugin("triton")
     expected = {"gpu", "cpu"} if os.environ.get("EJK_TRITON_INTERPRET") == "1" else {"gpu"}
-    ops = (("flash_attention", "FlashAttentionConfig"), ("ragged_paged_attention", "PagedAttentionConfig"))
+    ops = (("flash_attention", "FlashAttentionConfig"), ("flash_attention_lse", "FlashAttentionConfig"),
+           ("ragged_paged_attention", "PagedAttentionConfig"))
     for op, cfg_name in ops:
         assert {str(spec.backend) for spec in registry.list_implementations(op)} == expected
         (spec, *_) = registry.list_implementations(op)

@@ -18,6 +18,7 @@ VJP, plus :func:`config_space`, :func:`heuristic_config` and :func:`capability`.
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -37,16 +38,23 @@ from ejk_triton._launch import kernels, launch
 
 #: The residual format of :func:`forward_with_residuals`: inputs, output and base-2 log-sum-exp.
 RESIDUALS = "flash_attention:inputs+out+lse2"
+#: The residual format of :func:`lse_forward_with_residuals` (``ejk.flash_attention_lse``).
+LSE_RESIDUALS = "flash_attention_lse:inputs+out+lse2"
+_LN2 = math.log(2.0)
 
 __all__ = [
+    "LSE_RESIDUALS",
     "RESIDUALS",
     "FlashAttentionConfig",
     "backward",
     "capability",
     "config_space",
     "forward",
+    "forward_lse",
     "forward_with_residuals",
     "heuristic_config",
+    "lse_backward",
+    "lse_forward_with_residuals",
 ]
 
 _MAX_HEAD_DIM = 256
@@ -186,8 +194,12 @@ def _forward_kernels(cfg: FlashAttentionConfig, static: dict[str, Any], q: jax.A
 def _backward_kernels(cfg: FlashAttentionConfig, static: dict[str, Any], q: jax.Array, k: jax.Array,
                       v: jax.Array, q_segment_ids: jax.Array | None, kv_segment_ids: jax.Array | None,
                       bias: jax.Array | None, out: jax.Array, lse: jax.Array,
-                      d_out: jax.Array) -> tuple[jax.Array, ...]:
-    """Launch the three backward kernels: ``(dq, dk, dv, dbias)`` (:func:`_dbias_layout`; ``[1]`` without bias)."""
+                      d_out: jax.Array, d_lse: jax.Array | None = None) -> tuple[jax.Array, ...]:
+    """Launch the three backward kernels: ``(dq, dk, dv, dbias)`` (:func:`_dbias_layout`; ``[1]`` without bias).
+
+    ``d_lse`` (``[B, Hq, Sq]``), the cotangent of a natural log-sum-exp output, enters the logits'
+    gradient as ``p · (dp - delta + d_lse)``: it is subtracted from ``delta``.
+    """
     batch, q_len, q_heads, _ = q.shape
     kv_len, kv_heads = k.shape[1], k.shape[2]
     has_seg = q_segment_ids is not None and kv_segment_ids is not None
@@ -200,6 +212,8 @@ def _backward_kernels(cfg: FlashAttentionConfig, static: dict[str, Any], q: jax.
         out_shapes=(jax.ShapeDtypeStruct((batch, q_heads, q_len), jnp.float32),), num_warps=4, num_stages=1,
         SQ=q_len, HQ=q_heads, DV=consts["DV"], HEAD_DIM_V=consts["HEAD_DIM_V"], BLOCK_M=pre_m,
     )
+    if d_lse is not None:
+        delta = delta - d_lse.astype(jnp.float32)
     common = (q, k, v, q_seg, kv_seg, bias_arg, d_out, lse, delta)
     warps, stages = cfg.bwd_num_warps, cfg.bwd_num_stages
     dkdv_m, dkdv_n = _fit(cfg.bwd_block_m, q_len), _fit(cfg.bwd_block_n, kv_len)
@@ -328,20 +342,69 @@ def backward(
         ``(dq, dk, dv, None, None, dbias)``: one cotangent per array argument in the order
         q, k, v, q_segment_ids, kv_segment_ids, bias (``dbias`` is ``None`` without a bias).
     """
+    static = dict(causal=causal, softmax_scale=softmax_scale, sliding_window=sliding_window,
+                  logits_soft_cap=logits_soft_cap)
+    return _backward(residuals, d_out, None, cfg, static)
+
+
+def _backward(residuals: tuple[Any, ...], d_out: jax.Array, d_lse: jax.Array | None,
+              cfg: FlashAttentionConfig | None, static: dict[str, Any]) -> tuple[Any, ...]:
     q, k, v, q_segment_ids, kv_segment_ids, bias, out, lse = residuals
     if min(q.shape[0], q.shape[1], q.shape[2], k.shape[1], v.shape[3]) == 0:
         zero_bias = None if bias is None else jnp.zeros_like(bias)
         return jnp.zeros_like(q), jnp.zeros_like(k), jnp.zeros_like(v), None, None, zero_bias
-    cfg = _resolve(cfg, q, k, v, bias, causal)
-    static = dict(causal=causal, softmax_scale=softmax_scale, sliding_window=sliding_window,
-                  logits_soft_cap=logits_soft_cap)
+    cfg = _resolve(cfg, q, k, v, bias, static["causal"])
     run = _fold_vmap(functools.partial(_backward_kernels, cfg, static))
-    dq, dk, dv, ds = run(q, k, v, q_segment_ids, kv_segment_ids, bias, out, lse, d_out.astype(q.dtype))
+    dq, dk, dv, ds = run(q, k, v, q_segment_ids, kv_segment_ids, bias, out, lse, d_out.astype(q.dtype), d_lse)
     dbias = None
     if bias is not None:
         axes = tuple(a for a in range(4) if bias.shape[a] == 1 and ds.shape[a] != 1)
         dbias = (jnp.sum(ds, axis=axes, keepdims=True) if axes else ds).astype(bias.dtype)
     return dq, dk, dv, None, None, dbias
+
+
+def _natural_lse(lse2: jax.Array) -> jax.Array:
+    """The kernels' base-2 log-sum-exp (``+inf`` for rows that see no key) as the op's natural one (``-inf``)."""
+    return jnp.where(lse2 == jnp.inf, -jnp.inf, lse2 * _LN2)
+
+
+def lse_forward_with_residuals(q: jax.Array, k: jax.Array, v: jax.Array, **kwargs: Any,
+                               ) -> tuple[tuple[jax.Array, jax.Array], tuple[Any, ...]]:
+    """``ejk.flash_attention_lse``'s outputs ``(out, lse)`` and the residuals :func:`lse_backward` needs.
+
+    The same kernels and residuals as :func:`forward_with_residuals` (keyword arguments alike);
+    ``lse`` is ``[B, Hq, Sq]`` float32, natural, ``-inf`` for rows that see no key.
+    """
+    out, residuals = forward_with_residuals(q, k, v, **kwargs)
+    return (out, _natural_lse(residuals[-1])), residuals
+
+
+def forward_lse(q: jax.Array, k: jax.Array, v: jax.Array, **kwargs: Any) -> tuple[jax.Array, jax.Array]:
+    """``(out, lse)`` of ``ejk.flash_attention_lse`` (no residuals kept)."""
+    outputs, _ = lse_forward_with_residuals(q, k, v, **kwargs)
+    return outputs
+
+
+def lse_backward(
+    residuals: tuple[Any, ...],
+    cotangents: tuple[jax.Array, jax.Array],
+    *,
+    cfg: FlashAttentionConfig | None = None,
+    causal: bool,
+    softmax_scale: float,
+    sliding_window: tuple[int, int] | None,
+    logits_soft_cap: float | None,
+) -> tuple[Any, ...]:
+    """Gradients of ``ejk.flash_attention_lse`` from the cotangents of both outputs (see :func:`backward`).
+
+    A row that sees no key gets no gradient whatever its ``lse`` cotangent (NaN included: it is
+    zeroed before it meets the row's zero probabilities).
+    """
+    d_out, d_lse = cotangents
+    d_lse = jnp.where(residuals[-1] == jnp.inf, 0.0, d_lse)
+    static = dict(causal=causal, softmax_scale=softmax_scale, sliding_window=sliding_window,
+                  logits_soft_cap=logits_soft_cap)
+    return _backward(residuals, d_out, d_lse, cfg, static)
 
 
 # ----------------------------------------------------------------------------------------------

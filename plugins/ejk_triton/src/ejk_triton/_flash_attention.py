@@ -368,20 +368,53 @@ def _natural_lse(lse2: jax.Array) -> jax.Array:
     return jnp.where(lse2 == jnp.inf, -jnp.inf, lse2 * _LN2)
 
 
-def lse_forward_with_residuals(q: jax.Array, k: jax.Array, v: jax.Array, **kwargs: Any,
-                               ) -> tuple[tuple[jax.Array, jax.Array], tuple[Any, ...]]:
+def lse_forward_with_residuals(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    *,
+    causal: bool,
+    softmax_scale: float,
+    sliding_window: tuple[int, int] | None,
+    logits_soft_cap: float | None,
+    q_segment_ids: jax.Array | None,
+    kv_segment_ids: jax.Array | None,
+    bias: jax.Array | None,
+    cfg: FlashAttentionConfig | None = None,
+) -> tuple[tuple[jax.Array, jax.Array], tuple[Any, ...]]:
     """``ejk.flash_attention_lse``'s outputs ``(out, lse)`` and the residuals :func:`lse_backward` needs.
 
-    The same kernels and residuals as :func:`forward_with_residuals` (keyword arguments alike);
-    ``lse`` is ``[B, Hq, Sq]`` float32, natural, ``-inf`` for rows that see no key.
+    The same kernels and residuals as :func:`forward_with_residuals` (arguments alike); ``lse``
+    is ``[B, Hq, Sq]`` float32, natural, ``-inf`` for rows that see no key.
     """
-    out, residuals = forward_with_residuals(q, k, v, **kwargs)
+    out, residuals = forward_with_residuals(
+        q, k, v, causal=causal, softmax_scale=softmax_scale, sliding_window=sliding_window,
+        logits_soft_cap=logits_soft_cap, q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids, bias=bias,
+        cfg=cfg,
+    )
     return (out, _natural_lse(residuals[-1])), residuals
 
 
-def forward_lse(q: jax.Array, k: jax.Array, v: jax.Array, **kwargs: Any) -> tuple[jax.Array, jax.Array]:
+def forward_lse(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    *,
+    causal: bool,
+    softmax_scale: float,
+    sliding_window: tuple[int, int] | None,
+    logits_soft_cap: float | None,
+    q_segment_ids: jax.Array | None,
+    kv_segment_ids: jax.Array | None,
+    bias: jax.Array | None,
+    cfg: FlashAttentionConfig | None = None,
+) -> tuple[jax.Array, jax.Array]:
     """``(out, lse)`` of ``ejk.flash_attention_lse`` (no residuals kept)."""
-    outputs, _ = lse_forward_with_residuals(q, k, v, **kwargs)
+    outputs, _ = lse_forward_with_residuals(
+        q, k, v, causal=causal, softmax_scale=softmax_scale, sliding_window=sliding_window,
+        logits_soft_cap=logits_soft_cap, q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids, bias=bias,
+        cfg=cfg,
+    )
     return outputs
 
 

@@ -342,13 +342,13 @@ def backward(
         ``(dq, dk, dv, None, None, dbias)``: one cotangent per array argument in the order
         q, k, v, q_segment_ids, kv_segment_ids, bias (``dbias`` is ``None`` without a bias).
     """
-    static = dict(causal=causal, softmax_scale=softmax_scale, sliding_window=sliding_window,
-                  logits_soft_cap=logits_soft_cap)
-    return _backward(residuals, d_out, None, cfg, static)
+    return _backward(residuals, d_out, None, cfg, causal=causal, softmax_scale=softmax_scale,
+                     sliding_window=sliding_window, logits_soft_cap=logits_soft_cap)
 
 
 def _backward(residuals: tuple[Any, ...], d_out: jax.Array, d_lse: jax.Array | None,
-              cfg: FlashAttentionConfig | None, static: dict[str, Any]) -> tuple[Any, ...]:
+              cfg: FlashAttentionConfig | None, **static: Any) -> tuple[Any, ...]:
+    """:func:`backward` with an optional natural-lse cotangent (``static``: the op's static arguments)."""
     q, k, v, q_segment_ids, kv_segment_ids, bias, out, lse = residuals
     if min(q.shape[0], q.shape[1], q.shape[2], k.shape[1], v.shape[3]) == 0:
         zero_bias = None if bias is None else jnp.zeros_like(bias)
@@ -435,9 +435,8 @@ def lse_backward(
     """
     d_out, d_lse = cotangents
     d_lse = jnp.where(residuals[-1] == jnp.inf, 0.0, d_lse)
-    static = dict(causal=causal, softmax_scale=softmax_scale, sliding_window=sliding_window,
-                  logits_soft_cap=logits_soft_cap)
-    return _backward(residuals, d_out, d_lse, cfg, static)
+    return _backward(residuals, d_out, d_lse, cfg, causal=causal, softmax_scale=softmax_scale,
+                     sliding_window=sliding_window, logits_soft_cap=logits_soft_cap)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -2,10 +2,19 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import ejk
 from ejk.plugins import probe_platform
+from ejk_cute._flash_attention import register_flash_attention
 
 MIN_COMPUTE_CAPABILITY = (9, 0)
+
+
+@ejk.hookimpl
+def ejk_register_kernels(register: Callable[..., Callable[[Any], Any]]) -> None:
+    register_flash_attention(register)
 
 
 @ejk.hookimpl

@@ -1,0 +1,466 @@
+"""``flash_attention`` (and ``flash_attention_lse``) as a FlashAttention-3-style CuTe DSL kernel for Hopper.
+
+The forward runs the CuTe kernel of :mod:`ejk_cute._attention_kernel` through CUTLASS's JAX bridge
+(``cutlass.jax.cutlass_call``); it saves the residuals of every ejk flash attention
+(:data:`RESIDUALS`: the inputs, the output and the base-2 log-sum-exp ``[B, Hq, Sq]`` float32,
+``+inf`` for rows that see no key), so any installed implementation that declares the same tag
+(ejk-triton's ``triton/gpu:flash``, ejk-pallas's GPU kernel) can run the backward. There is no
+CuTe backward yet: :func:`backward` hands the residuals to the highest-priority such
+implementation that can run the call, and says what to install when none can.
+
+This module imports neither ``cutlass`` nor a GPU toolkit at import time.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import math
+from collections.abc import Callable
+from typing import Any
+
+import attrs
+import jax
+import jax.custom_batching
+import jax.numpy as jnp
+
+from ejk.config.validators import int_in, one_of
+
+#: The residual format of :func:`forward_with_residuals` (the same as ejk-triton's and ejk-pallas's).
+RESIDUALS = "flash_attention:inputs+out+lse2"
+#: The residual format of :func:`lse_forward_with_residuals` (``ejk.flash_attention_lse``).
+LSE_RESIDUALS = "flash_attention_lse:inputs+out+lse2"
+#: Implementation name: ``cute/gpu:fa3``.
+NAME = "fa3"
+#: Above ejk-triton's FlashAttention-2 kernel (5), below ejk-xla's cuDNN one (10) until H100
+#: measurements (benchmarks/bench_cute_attention.py) say where it wins; autotuning compares all.
+PRIORITY = 8
+
+HEAD_DIMS = (64, 128)
+BLOCK_Q = 128
+#: Shared memory one block may opt into on sm_90 (H100 / H200), bytes.
+SMEM_LIMIT = 227 * 1024
+_DTYPES = ("bfloat16", "float16")
+_MAX_GRID_YZ = 65535
+_LOG2E = math.log2(math.e)
+_LN2 = math.log(2.0)
+
+__all__ = [
+    "LSE_RESIDUALS",
+    "RESIDUALS",
+    "FlashAttentionConfig",
+    "backward",
+    "capability",
+    "config_space",
+    "forward",
+    "forward_lse",
+    "forward_with_residuals",
+    "heuristic_config",
+    "lse_backward",
+    "lse_forward_with_residuals",
+    "register_flash_attention",
+]
+
+
+def _block_kv(instance: Any, attribute: Any, value: Any) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value % 16 or not 16 <= value <= 256:
+        raise ValueError(f"{attribute.name} must be a multiple of 16 in [16, 256] (a wgmma N and TMA box), "
+                         f"got {value!r}")
+
+
+@attrs.frozen(kw_only=True)
+class FlashAttentionConfig:
+    """Tiles of the CuTe FlashAttention-3 forward.
+
+    Attributes:
+        block_q: Query rows per CTA (two consumer warpgroups of 64 rows each): 128.
+        block_kv: Keys per pipeline stage (a multiple of 16, at most 256).
+        stages: Depth of the K and V TMA pipelines (2 to 4; shared memory permitting).
+    """
+
+    block_q: int = attrs.field(default=BLOCK_Q, validator=one_of(BLOCK_Q))
+    block_kv: int = attrs.field(default=128, validator=_block_kv)
+    stages: int = attrs.field(default=2, validator=int_in(2, 4))
+
+
+def smem_bytes(cfg: FlashAttentionConfig, head_dim: int, itemsize: int = 2) -> int:
+    """Shared memory of one CTA: the Q tile, ``stages`` K and V tiles, alignment and barriers."""
+    tiles = cfg.block_q * head_dim + 2 * cfg.stages * cfg.block_kv * head_dim
+    return tiles * itemsize + 3 * 1024 + 8 * (2 + 4 * cfg.stages)
+
+
+# (block_kv, stages) per head dim, best guess first (FlashAttention-3's choices: 128 x 176 with two
+# stages at D = 128, 128 x 192 at D = 64). Every one compiles for sm_90a without register spills
+# (ptxas 13.0, checked by the CPU tests' compile path); shared memory prunes the rest.
+_CANDIDATES: dict[int, tuple[tuple[int, int], ...]] = {
+    64: ((192, 2), (128, 3), (176, 2), (128, 2), (192, 3), (256, 2)),
+    128: ((176, 2), (128, 2), (128, 3), (192, 2), (64, 4)),
+}
+
+
+def _head_dim(q: Any) -> int:
+    return int(q.shape[3])
+
+
+def config_space(q: Any, k: Any, v: Any, *_: Any, **__: Any) -> list[FlashAttentionConfig]:
+    """Autotuning candidates for ``q``'s head dim whose tiles fit the shared memory, the heuristic's first.
+
+    Args:
+        q: ``[B, Sq, Hq, D]`` (anything with ``.shape`` and ``.dtype``).
+        k: ``[B, Sk, Hkv, D]``.
+        v: ``[B, Sk, Hkv, D]``.
+        *_: The op's further arrays (segment ids, bias), unused.
+        **__: The op's static arguments, unused.
+
+    Returns:
+        The candidates (empty for a head dim the kernel was not built for).
+    """
+    del k, v
+    d = _head_dim(q)
+    itemsize = jnp.dtype(q.dtype).itemsize
+    configs = [FlashAttentionConfig(block_kv=bn, stages=s) for bn, s in _CANDIDATES.get(d, ())]
+    return [c for c in configs if smem_bytes(c, d, itemsize) <= SMEM_LIMIT]
+
+
+def heuristic_config(q: Any, k: Any, v: Any, *rest: Any, **static: Any) -> FlashAttentionConfig:
+    """FlashAttention-3's tiles for the head dim: 128 x 176 keys, 2 stages at D = 128; 128 x 192, 2 stages at D = 64."""
+    space = config_space(q, k, v, *rest, **static)
+    return space[0] if space else FlashAttentionConfig()
+
+
+# ----------------------------------------------------------------------------------------------
+# Capability gate
+# ----------------------------------------------------------------------------------------------
+
+
+def _toolkit_reason() -> str | None:
+    """Why CUTLASS's DSL cannot be used here (``None`` when it is importable). Imports nothing."""
+    if importlib.util.find_spec("cutlass") is None:
+        return "nvidia-cutlass-dsl is not installed (pip install 'ejk-cute[cutlass]')"
+    return None
+
+
+def _device_reason() -> str | None:
+    """Why JAX's default device cannot run an sm_90a kernel (``None`` when it can)."""
+    backend = jax.default_backend()
+    if backend != "gpu":
+        return f"needs an NVIDIA GPU of compute capability 9.0+ (JAX's default backend is {backend})"
+    device = jax.devices()[0]
+    capability = str(getattr(device, "compute_capability", "") or "")
+    if not capability:
+        return f"needs an NVIDIA GPU of compute capability 9.0+ ({device.device_kind} reports none)"
+    major, _, minor = capability.partition(".")
+    if (int(major or 0), int(minor or 0)) < (9, 0):
+        return f"needs compute capability 9.0+ (Hopper); {device.device_kind} has {capability}"
+    return None
+
+
+def capability(
+    q: Any,
+    k: Any,
+    v: Any,
+    *,
+    causal: bool = False,
+    softmax_scale: float | None = None,
+    sliding_window: tuple[int, int] | None = None,
+    logits_soft_cap: float | None = None,
+    q_segment_ids: Any = None,
+    kv_segment_ids: Any = None,
+    bias: Any = None,
+) -> str | None:
+    """Why this implementation cannot run a call, or ``None`` when it can (abstract arguments suffice).
+
+    Runs: bfloat16 / float16 q, k, v of one dtype, head dim 64 or 128 (the same for v), any
+    lengths, GQA / MQA, causal, sliding windows, soft cap, on compute capability 9.0+ with
+    nvidia-cutlass-dsl installed. Refused (other implementations take them): float32, other head
+    dims, segment ids, a bias, more than 65535 heads or batch rows (grid).
+    """
+    del causal, softmax_scale, sliding_window, logits_soft_cap
+    dtypes = {jnp.dtype(x.dtype).name for x in (q, k, v)}
+    if not dtypes <= set(_DTYPES):
+        return f"{', '.join(sorted(dtypes - set(_DTYPES)))} not supported (bfloat16 and float16 only)"
+    if len(dtypes) > 1:
+        return f"q, k, v must share one dtype (got {', '.join(sorted(dtypes))})"
+    d, dv = _head_dim(q), int(v.shape[3])
+    if d not in HEAD_DIMS or dv != d:
+        return f"head dims q/k {d}, v {dv} not supported (the kernel is built for {' and '.join(map(str, HEAD_DIMS))}, " \
+               "the same for q, k and v)"
+    if q_segment_ids is not None or kv_segment_ids is not None:
+        return "segment ids not supported"
+    if bias is not None:
+        return "bias not supported"
+    if int(q.shape[2]) > _MAX_GRID_YZ or int(q.shape[0]) > _MAX_GRID_YZ:
+        return f"q heads {int(q.shape[2])} / batch {int(q.shape[0])} exceed the grid limit {_MAX_GRID_YZ}"
+    return _toolkit_reason() or _device_reason()
+
+
+# ----------------------------------------------------------------------------------------------
+# Forward
+# ----------------------------------------------------------------------------------------------
+
+
+@functools.lru_cache(maxsize=256)
+def _kernel(head_dim: int, block_kv: int, stages: int, group: int, scale: float, cap: float | None,
+            causal: bool, window: tuple[int, int] | None) -> Any:
+    """One kernel object per static variant (the same object keeps cutlass_call's compile cache warm)."""
+    from ejk_cute._attention_kernel import FlashForwardSm90
+
+    return FlashForwardSm90(head_dim=head_dim, block_kv=block_kv, stages=stages, group=group,
+                            scale_log2=(scale if cap is None else cap) * _LOG2E,
+                            cap_scale=None if cap is None else scale / cap, causal=causal, window=window)
+
+
+def _launch(cfg: FlashAttentionConfig, static: dict[str, Any], q: jax.Array, k: jax.Array,
+            v: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """One ``cutlass_call``: ``(out [B, Sq, Hq, D], lse2 [B, Hq, Sq] float32)``."""
+    from cutlass.jax import TensorSpec, cutlass_call
+
+    batch, q_len, q_heads, d = (int(n) for n in q.shape)
+    window = static["sliding_window"]
+    kernel = _kernel(d, cfg.block_kv, cfg.stages, q_heads // int(k.shape[2]), float(static["softmax_scale"]),
+                     static["logits_soft_cap"], bool(static["causal"]),
+                     None if window is None else (int(window[0]), int(window[1])))
+    qo_modes = TensorSpec(mode=(1, 3, 2, 0))  # [B, S, H, D] -> (S, D, H, B)
+    call = cutlass_call(
+        kernel,
+        output_shape_dtype=(jax.ShapeDtypeStruct(q.shape, q.dtype),
+                            jax.ShapeDtypeStruct((batch, q_heads, q_len), jnp.float32)),
+        input_spec=(qo_modes, qo_modes, TensorSpec(mode=(3, 1, 2, 0))),  # v -> (D, S, H, B): N-major B operand
+        output_spec=(qo_modes, TensorSpec(mode=(2, 1, 0))),  # lse [B, H, S] -> (S, H, B)
+    )
+    out, lse = call(q, k, v)
+    return out, lse
+
+
+def _fold_vmap(fn: Callable[..., tuple[jax.Array, jax.Array]]) -> Callable[..., tuple[jax.Array, jax.Array]]:
+    """``fn(q, k, v)`` with a vmap rule that folds the mapped axis into the batch (one launch).
+
+    ``cutlass_call`` has no batching rule; unmapped operands are broadcast along the mapped axis.
+    """
+    wrapped = jax.custom_batching.custom_vmap(fn)
+
+    @wrapped.def_vmap
+    def rule(axis_size: int, in_batched: Any, *args: jax.Array) -> tuple[tuple[jax.Array, jax.Array], tuple[bool, bool]]:
+        full = [x if mapped else jnp.broadcast_to(x, (axis_size, *x.shape)) for x, mapped in zip(args, in_batched,
+                                                                                                 strict=True)]
+        batch = full[0].shape[1]
+        out, lse = wrapped(*(x.reshape(axis_size * batch, *x.shape[2:]) for x in full))
+        return (out.reshape(axis_size, batch, *out.shape[1:]), lse.reshape(axis_size, batch, *lse.shape[1:])), (True,
+                                                                                                                 True)
+
+    return wrapped
+
+
+def _static(causal: bool, softmax_scale: float, sliding_window: tuple[int, int] | None,
+            logits_soft_cap: float | None) -> dict[str, Any]:
+    return dict(causal=causal, softmax_scale=softmax_scale, sliding_window=sliding_window,
+                logits_soft_cap=logits_soft_cap)
+
+
+def _refuse_unsupported(q_segment_ids: Any, kv_segment_ids: Any, bias: Any) -> None:
+    if q_segment_ids is not None or kv_segment_ids is not None or bias is not None:
+        raise ValueError("cute/gpu:fa3 takes no segment ids or bias (its capability gate refuses them); "
+                         "use platform='auto' or another implementation")
+
+
+def forward_with_residuals(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    *,
+    causal: bool,
+    softmax_scale: float,
+    sliding_window: tuple[int, int] | None,
+    logits_soft_cap: float | None,
+    q_segment_ids: jax.Array | None = None,
+    kv_segment_ids: jax.Array | None = None,
+    bias: jax.Array | None = None,
+    cfg: FlashAttentionConfig | None = None,
+) -> tuple[jax.Array, tuple[Any, ...]]:
+    """The output and the residuals any backward of :data:`RESIDUALS` consumes.
+
+    Arguments are those of ``ejk.flash_attention`` after the op layer's normalisation.
+
+    Returns:
+        ``(out, residuals)``: ``out`` ``[B, Sq, Hq, D]`` in ``q.dtype``; ``residuals`` =
+        ``(q, k, v, None, None, None, out, lse)`` with ``lse`` the base-2 log-sum-exp
+        ``[B, Hq, Sq]`` float32 (``+inf`` for rows that see no key).
+    """
+    _refuse_unsupported(q_segment_ids, kv_segment_ids, bias)
+    batch, q_len, q_heads, _ = q.shape
+    if min(batch, q_len, q_heads, k.shape[1]) == 0:  # nothing to launch: every row sees no key
+        out = jnp.zeros(q.shape[:3] + v.shape[3:], q.dtype)
+        lse = jnp.full((batch, q_heads, q_len), jnp.inf, jnp.float32)
+    else:
+        cfg = heuristic_config(q, k, v) if cfg is None else cfg
+        static = _static(causal, softmax_scale, sliding_window, logits_soft_cap)
+        out, lse = _fold_vmap(functools.partial(_launch, cfg, static))(q, k, v)
+    return out, (q, k, v, None, None, None, out, lse)
+
+
+def forward(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    *,
+    causal: bool,
+    softmax_scale: float,
+    sliding_window: tuple[int, int] | None,
+    logits_soft_cap: float | None,
+    q_segment_ids: jax.Array | None = None,
+    kv_segment_ids: jax.Array | None = None,
+    bias: jax.Array | None = None,
+    cfg: FlashAttentionConfig | None = None,
+) -> jax.Array:
+    """``ejk.flash_attention`` forward: ``[B, Sq, Hq, D]`` in ``q.dtype`` (no residuals kept)."""
+    out, _ = forward_with_residuals(
+        q, k, v, causal=causal, softmax_scale=softmax_scale, sliding_window=sliding_window,
+        logits_soft_cap=logits_soft_cap, q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids, bias=bias,
+        cfg=cfg)
+    return out
+
+
+def _natural_lse(lse2: jax.Array) -> jax.Array:
+    """The kernel's base-2 log-sum-exp (``+inf`` for rows that see no key) as the op's natural one (``-inf``)."""
+    return jnp.where(lse2 == jnp.inf, -jnp.inf, lse2 * _LN2)
+
+
+def lse_forward_with_residuals(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    *,
+    causal: bool,
+    softmax_scale: float,
+    sliding_window: tuple[int, int] | None,
+    logits_soft_cap: float | None,
+    q_segment_ids: jax.Array | None = None,
+    kv_segment_ids: jax.Array | None = None,
+    bias: jax.Array | None = None,
+    cfg: FlashAttentionConfig | None = None,
+) -> tuple[tuple[jax.Array, jax.Array], tuple[Any, ...]]:
+    """``ejk.flash_attention_lse``'s ``(out, lse)`` (natural, ``-inf`` for empty rows) and the residuals
+    of :data:`LSE_RESIDUALS` (the same tuple as :func:`forward_with_residuals`)."""
+    out, residuals = forward_with_residuals(
+        q, k, v, causal=causal, softmax_scale=softmax_scale, sliding_window=sliding_window,
+        logits_soft_cap=logits_soft_cap, q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids, bias=bias,
+        cfg=cfg)
+    return (out, _natural_lse(residuals[-1])), residuals
+
+
+def forward_lse(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    *,
+    causal: bool,
+    softmax_scale: float,
+    sliding_window: tuple[int, int] | None,
+    logits_soft_cap: float | None,
+    q_segment_ids: jax.Array | None = None,
+    kv_segment_ids: jax.Array | None = None,
+    bias: jax.Array | None = None,
+    cfg: FlashAttentionConfig | None = None,
+) -> tuple[jax.Array, jax.Array]:
+    """``(out, lse)`` of ``ejk.flash_attention_lse`` (no residuals kept)."""
+    outputs, _ = lse_forward_with_residuals(
+        q, k, v, causal=causal, softmax_scale=softmax_scale, sliding_window=sliding_window,
+        logits_soft_cap=logits_soft_cap, q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids, bias=bias,
+        cfg=cfg)
+    return outputs
+
+
+# ----------------------------------------------------------------------------------------------
+# Backward: another implementation's, paired through the residual format
+# ----------------------------------------------------------------------------------------------
+
+
+def paired_backward(op: str, residuals_tag: str, residuals: tuple[Any, ...], static: dict[str, Any],
+                    registry: Any = None) -> Any:
+    """The highest-priority other implementation of ``op`` whose backward consumes ``residuals_tag``
+    and that can run this call here (its platform available, its gate passing).
+
+    Raises:
+        NotImplementedError: naming every candidate's reason (or that none is installed) and the fix.
+    """
+    from ejk.registry import Backend, default_backend, kernel_registry
+
+    registry = kernel_registry if registry is None else registry
+    q, k, v = residuals[:3]
+    call = dict(q=q, k=k, v=v, q_segment_ids=None, kv_segment_ids=None, bias=None, **static)
+    backend = default_backend()
+    reasons = []
+    for spec in registry.list_implementations(op):
+        if str(spec.platform) == "cute" or spec.vjp is None or spec.vjp.residuals != residuals_tag:
+            continue
+        if spec.backend not in (Backend.ANY, backend):
+            continue
+        available, why = registry.spec_available(spec)
+        reason = None if available else f"platform {spec.platform} is unavailable: {why}"
+        if reason is None and spec.capability is not None:
+            reason = spec.capability(**call)
+        if reason is None:
+            return spec
+        reasons.append(f"{spec.label}: {reason}")
+    found = "; ".join(reasons) if reasons else "none is installed"
+    raise NotImplementedError(
+        f"{op}: cute/gpu:{NAME} has no backward of its own; it pairs with another implementation whose "
+        f"backward consumes residuals {residuals_tag!r}, and none can run this call ({found}). Install ejk-triton "
+        "(pip install ejk-triton triton jax-triton) or ejk-pallas, or differentiate through another platform "
+        "(platform='triton' / 'xla')."
+    )
+
+
+def backward(
+    residuals: tuple[Any, ...],
+    d_out: jax.Array,
+    *,
+    cfg: Any = None,
+    causal: bool,
+    softmax_scale: float,
+    sliding_window: tuple[int, int] | None,
+    logits_soft_cap: float | None,
+) -> tuple[Any, ...]:
+    """Gradients ``(dq, dk, dv, None, None, None)`` by another implementation's backward (see :func:`paired_backward`).
+
+    ``cfg`` is this implementation's config and means nothing to the other one, which uses its heuristic.
+    An explicit ``ImplChoice(..., backward=ImplChoice(...))`` skips this function (the core calls that backward).
+    """
+    del cfg
+    static = _static(causal, softmax_scale, sliding_window, logits_soft_cap)
+    spec = paired_backward("flash_attention", RESIDUALS, residuals, static)
+    return tuple(spec.vjp.bwd(residuals, d_out, cfg=None, **static))
+
+
+def lse_backward(
+    residuals: tuple[Any, ...],
+    cotangents: tuple[jax.Array, jax.Array],
+    *,
+    cfg: Any = None,
+    causal: bool,
+    softmax_scale: float,
+    sliding_window: tuple[int, int] | None,
+    logits_soft_cap: float | None,
+) -> tuple[Any, ...]:
+    """Gradients of ``ejk.flash_attention_lse`` by another implementation's backward of :data:`LSE_RESIDUALS`."""
+    del cfg
+    static = _static(causal, softmax_scale, sliding_window, logits_soft_cap)
+    spec = paired_backward("flash_attention_lse", LSE_RESIDUALS, residuals, static)
+    return tuple(spec.vjp.bwd(residuals, cotangents, cfg=None, **static))
+
+
+# ----------------------------------------------------------------------------------------------
+# Registration
+# ----------------------------------------------------------------------------------------------
+
+
+def register_flash_attention(register: Callable[..., Callable[[Any], Any]]) -> None:
+    """Register ``cute/gpu:fa3`` for ``flash_attention`` and ``flash_attention_lse`` (from ``ejk_register_kernels``)."""
+    import ejk
+
+    common = dict(priority=PRIORITY, name=NAME, cfg_type=FlashAttentionConfig, config_space=config_space,
+                  heuristic=heuristic_config, capability=capability)
+    register("flash_attention", ejk.Platform.CUTE, ejk.Backend.GPU, **common,
+             vjp=ejk.VJP(fwd=forward_with_residuals, bwd=backward, residuals=RESIDUALS))(forward)
+    register("flash_attention_lse", ejk.Platform.CUTE, ejk.Backend.GPU, **common,
+             vjp=ejk.VJP(fwd=lse_forward_with_residuals, bwd=lse_backward, residuals=LSE_RESIDUALS))(forward_lse)

@@ -32,7 +32,8 @@ import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
 import cutlass.pipeline as pipeline
-import cutlass.utils as utils
+import cutlass.tensor_utils as tensor_utils
+import cutlass.memory
 import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass.cute.nvgpu import cpasync, warpgroup
 
@@ -81,20 +82,20 @@ class FlashForwardSm90:
                  mO: cute.Tensor, mLSE: cute.Tensor) -> None:
         dtype = mQ.element_type
         d, bn = self.head_dim, self.block_kv
-        q_major = utils.LayoutEnum.from_tensor(mQ).sm90_mma_major_mode()
-        k_major = utils.LayoutEnum.from_tensor(mK).sm90_mma_major_mode()
-        v_major = utils.LayoutEnum.from_tensor(mV).sm90_mma_major_mode()
+        q_major = tensor_utils.LayoutEnum.from_tensor(mQ).sm90_mma_major_mode()
+        k_major = tensor_utils.LayoutEnum.from_tensor(mK).sm90_mma_major_mode()
+        v_major = tensor_utils.LayoutEnum.from_tensor(mV).sm90_mma_major_mode()
         qk_mma = sm90_utils.make_trivial_tiled_mma(
             dtype, dtype, q_major, k_major, cutlass.Float32, (1, 1, 1), (_ROWS_PER_WG, bn))
         pv_mma = sm90_utils.make_trivial_tiled_mma(
-            dtype, dtype, warpgroup.OperandMajorMode.K, v_major, cutlass.Float32, (1, 1, 1),
+            dtype, dtype, cute.nvgpu.OperandMajorMode.K, v_major, cutlass.Float32, (1, 1, 1),
             (_ROWS_PER_WG, d), warpgroup.OperandSource.RMEM)
         q_smem = sm90_utils.make_smem_layout_a(
-            utils.LayoutEnum.from_tensor(mQ), (_ROWS_PER_WG, bn, d), dtype, _CONSUMER_WGS)
+            tensor_utils.LayoutEnum.from_tensor(mQ), (_ROWS_PER_WG, bn, d), dtype, _CONSUMER_WGS)
         k_smem = sm90_utils.make_smem_layout_b(
-            utils.LayoutEnum.from_tensor(mK), (_ROWS_PER_WG, bn, d), dtype, self.stages)
+            tensor_utils.LayoutEnum.from_tensor(mK), (_ROWS_PER_WG, bn, d), dtype, self.stages)
         v_smem = sm90_utils.make_smem_layout_b(
-            utils.LayoutEnum.from_tensor(mV), (_ROWS_PER_WG, d, bn), dtype, self.stages)
+            tensor_utils.LayoutEnum.from_tensor(mV), (_ROWS_PER_WG, d, bn), dtype, self.stages)
         load = cpasync.CopyBulkTensorTileG2SOp()
         tma_q, tQ = cpasync.make_tiled_tma_atom(load, mQ, cute.slice_(q_smem, (None, None, 0)), (_ROWS_PER_WG, d))
         tma_k, tK = cpasync.make_tiled_tma_atom(load, mK, cute.slice_(k_smem, (None, None, 0)), (bn, d))
@@ -135,7 +136,7 @@ class FlashForwardSm90:
         kv_head = head // self.group
         q_len, kv_len = tQ.shape[0], tK.shape[0]
 
-        storage = utils.SmemAllocator().allocate(self.storage)
+        storage = cutlass.memory.SmemAllocator().allocate(self.storage)
         producer = pipeline.CooperativeGroup(pipeline.Agent.Thread, 1)
         consumers = pipeline.CooperativeGroup(pipeline.Agent.Thread, _CONSUMER_WGS * _WG // 32)
         q_pipe = pipeline.PipelineTmaAsync.create(
@@ -316,33 +317,36 @@ class FlashForwardSm90:
                  kv_len: cutlass.Int32) -> None:
         """Online softmax of one score block in place (scores become unnormalised probabilities).
 
-        Register order of a 64 x N wgmma accumulator: element ``i`` is row ``(i // 2) % 2`` of
-        this thread's two rows; the four threads of a quad share rows.
+        Register order of a 64 x N wgmma accumulator: element ``4 j + 2 r + c`` is column
+        ``8 j + c`` (plus the thread's offset) of this thread's row ``r`` (rows ``+0`` and ``+8``);
+        the four threads of a quad share rows.
         """
-        size = cute.size(acc_s)
+        quads = cute.size(acc_s) // 4  # loops nest (quad, element): each stays short for the DSL's unroller
         if cutlass.const_expr(self.cap_scale is not None):
-            for i in cutlass.range_constexpr(size):
-                acc_s[i] = cute.math.tanh(acc_s[i] * self.cap_scale, fastmath=True)
+            for j in cutlass.range_constexpr(quads):
+                for t in cutlass.range_constexpr(4):
+                    acc_s[4 * j + t] = cute.math.tanh(acc_s[4 * j + t] * self.cap_scale, fastmath=True)
         if self._needs_mask(n, row0, q_len, kv_len):
             offset = kv_len - q_len
             col0 = n * self.block_kv
-            for i in cutlass.range_constexpr(size):
-                row, col = tScS[i]
-                col = col + col0
-                row = row + row0 + offset
-                hidden = col >= kv_len
-                if cutlass.const_expr(self.right_bound):
-                    hidden = hidden or col > row + self.right
-                if cutlass.const_expr(self.left_bound):
-                    hidden = hidden or col < row - self.left
-                if hidden:
-                    acc_s[i] = -cutlass.Float32.inf
+            for j in cutlass.range_constexpr(quads):
+                for t in cutlass.range_constexpr(4):
+                    row, col = tScS[4 * j + t]
+                    col = col + col0
+                    row = row + row0 + offset
+                    hidden = col >= kv_len
+                    if cutlass.const_expr(self.right_bound):
+                        hidden = hidden or col > row + self.right
+                    if cutlass.const_expr(self.left_bound):
+                        hidden = hidden or col < row - self.left
+                    if hidden:
+                        acc_s[4 * j + t] = -cutlass.Float32.inf
         scale = self.scale_log2
         for r in cutlass.range_constexpr(2):
             m = row_max[r]
-            for i in cutlass.range_constexpr(size):
-                if cutlass.const_expr((i // 2) % 2 == r):
-                    m = cute.arch.fmax(m, acc_s[i])
+            for j in cutlass.range_constexpr(quads):
+                for c in cutlass.range_constexpr(2):
+                    m = cute.arch.fmax(m, acc_s[4 * j + 2 * r + c])
             m = cute.arch.warp_reduction_max(m, threads_in_group=4)
             safe = m
             if m == -cutlass.Float32.inf:
@@ -351,17 +355,18 @@ class FlashForwardSm90:
             row_max[r] = m
             shift = safe * scale
             total = 0.0
-            for i in cutlass.range_constexpr(size):
-                if cutlass.const_expr((i // 2) % 2 == r):
-                    p = cute.math.exp2(acc_s[i] * scale - shift, fastmath=True)
-                    acc_s[i] = p
+            for j in cutlass.range_constexpr(quads):
+                for c in cutlass.range_constexpr(2):
+                    p = cute.math.exp2(acc_s[4 * j + 2 * r + c] * scale - shift, fastmath=True)
+                    acc_s[4 * j + 2 * r + c] = p
                     total = total + p
             row_sum[r] = row_sum[r] * corr[r] + total
 
     @cute.jit
     def _rescale(self, acc_o: cute.Tensor, corr: cute.Tensor) -> None:
-        for i in cutlass.range_constexpr(cute.size(acc_o)):
-            acc_o[i] = acc_o[i] * corr[(i // 2) % 2]
+        for j in cutlass.range_constexpr(cute.size(acc_o) // 4):
+            for t in cutlass.range_constexpr(4):
+                acc_o[4 * j + t] = acc_o[4 * j + t] * corr[t // 2]
 
     @cute.jit
     def _epilogue(self, pv_thr: Any, acc_o: cute.Tensor, row_max: cute.Tensor, row_sum: cute.Tensor,
@@ -379,16 +384,19 @@ class FlashForwardSm90:
                 inv[r] = 1.0 / total
                 lse[r] = row_max[r] * self.scale_log2 + cute.math.log2(total, fastmath=True)
         out = cute.make_rmem_tensor(acc_o.layout, mO.element_type)
-        for i in cutlass.range_constexpr(cute.size(acc_o)):
-            out[i] = (acc_o[i] * inv[(i // 2) % 2]).to(mO.element_type)
+        quads = cute.size(acc_o) // 4
+        for j in cutlass.range_constexpr(quads):
+            for t in cutlass.range_constexpr(4):
+                out[4 * j + t] = (acc_o[4 * j + t] * inv[t // 2]).to(mO.element_type)
         gO = cute.flat_divide(mO, (_ROWS_PER_WG, d))[None, None, None, 0, head, batch]  # (64, D, m)
         gO = gO[None, None, row0 // _ROWS_PER_WG]
         tOgO = pv_thr.partition_C(gO)
         tOcO = pv_thr.partition_C(cute.make_identity_tensor((_ROWS_PER_WG, d)))
-        for i in cutlass.range_constexpr(cute.size(acc_o)):
-            row, _ = tOcO[i]
-            if row0 + row < q_len:
-                tOgO[i] = out[i]
+        for j in cutlass.range_constexpr(quads):
+            for t in cutlass.range_constexpr(4):
+                row, _ = tOcO[4 * j + t]
+                if row0 + row < q_len:
+                    tOgO[4 * j + t] = out[4 * j + t]
         for r in cutlass.range_constexpr(2):
             row, col = tOcO[2 * r]
             if col == 0 and row0 + row < q_len:

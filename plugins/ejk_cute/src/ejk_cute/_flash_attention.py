@@ -84,17 +84,20 @@ class FlashAttentionConfig:
 
 
 def smem_bytes(cfg: FlashAttentionConfig, head_dim: int, itemsize: int = 2) -> int:
-    """Shared memory of one CTA: the Q tile, ``stages`` K and V tiles, alignment and barriers."""
-    tiles = cfg.block_q * head_dim + 2 * cfg.stages * cfg.block_kv * head_dim
-    return tiles * itemsize + 3 * 1024 + 8 * (2 + 4 * cfg.stages)
+    """Shared memory of one CTA: the barriers (padded to the tiles' 1 KiB alignment), the Q tile and
+    ``stages`` K and V tiles (each a multiple of 1 KiB)."""
+    barriers = 8 * (2 + 4 * cfg.stages)
+    tiles = (cfg.block_q * head_dim + 2 * cfg.stages * cfg.block_kv * head_dim) * itemsize
+    return -(-barriers // 1024) * 1024 + tiles
 
 
-# (block_kv, stages) per head dim, best guess first (FlashAttention-3's choices: 128 x 176 with two
-# stages at D = 128, 128 x 192 at D = 64). Every one compiles for sm_90a without register spills
-# (ptxas 13.0, checked by the CPU tests' compile path); shared memory prunes the rest.
+# (block_kv, stages) per head dim, the heuristic's choice first. Every one compiles for sm_90a
+# without register spills (ptxas 13.0, soft cap + window + causal, the heaviest variant);
+# FlashAttention-3's wider key tiles (176 at D = 128, 192 at D = 64) spill in this kernel, so they
+# are left out (benchmarks/bench_cute_attention.py times them explicitly). Shared memory prunes the rest.
 _CANDIDATES: dict[int, tuple[tuple[int, int], ...]] = {
-    64: ((192, 2), (128, 3), (176, 2), (128, 2), (192, 3), (256, 2)),
-    128: ((176, 2), (128, 2), (128, 3), (192, 2), (64, 4)),
+    64: ((128, 3), (128, 2), (128, 4), (64, 4)),
+    128: ((128, 2), (128, 3), (64, 4)),
 }
 
 
@@ -123,7 +126,7 @@ def config_space(q: Any, k: Any, v: Any, *_: Any, **__: Any) -> list[FlashAttent
 
 
 def heuristic_config(q: Any, k: Any, v: Any, *rest: Any, **static: Any) -> FlashAttentionConfig:
-    """FlashAttention-3's tiles for the head dim: 128 x 176 keys, 2 stages at D = 128; 128 x 192, 2 stages at D = 64."""
+    """128 query rows x 128 keys; 2 K/V stages at D = 128 (3 would leave no shared memory to spare), 3 at D = 64."""
     space = config_space(q, k, v, *rest, **static)
     return space[0] if space else FlashAttentionConfig()
 
@@ -377,8 +380,12 @@ def forward_lse(
 
 def paired_backward(op: str, residuals_tag: str, residuals: tuple[Any, ...], static: dict[str, Any],
                     registry: Any = None) -> Any:
-    """The highest-priority other implementation of ``op`` whose backward consumes ``residuals_tag``
-    and that can run this call here (its platform available, its gate passing).
+    """The other implementation of ``op`` whose backward runs for this one's residuals.
+
+    Candidates declare ``residuals_tag``, target JAX's default backend and pass their capability
+    gate for this call; the highest-priority one whose platform is available wins, else (an
+    interpreter mode on a CPU, where a platform reports itself unavailable but its gate accepts
+    the call) the highest-priority one whose gate accepts it.
 
     Raises:
         NotImplementedError: naming every candidate's reason (or that none is installed) and the fix.
@@ -389,19 +396,24 @@ def paired_backward(op: str, residuals_tag: str, residuals: tuple[Any, ...], sta
     q, k, v = residuals[:3]
     call = dict(q=q, k=k, v=v, q_segment_ids=None, kv_segment_ids=None, bias=None, **static)
     backend = default_backend()
-    reasons = []
+    reasons, fallback = [], None
     for spec in registry.list_implementations(op):
         if str(spec.platform) == "cute" or spec.vjp is None or spec.vjp.residuals != residuals_tag:
             continue
         if spec.backend not in (Backend.ANY, backend):
+            reasons.append(f"{spec.label}: targets {spec.backend}, not JAX's default backend {backend}")
+            continue
+        gate = None if spec.capability is None else spec.capability(**call)
+        if gate is not None:
+            reasons.append(f"{spec.label}: {gate}")
             continue
         available, why = registry.spec_available(spec)
-        reason = None if available else f"platform {spec.platform} is unavailable: {why}"
-        if reason is None and spec.capability is not None:
-            reason = spec.capability(**call)
-        if reason is None:
+        if available:
             return spec
-        reasons.append(f"{spec.label}: {reason}")
+        reasons.append(f"{spec.label}: platform {spec.platform} is unavailable: {why}")
+        fallback = fallback or spec
+    if fallback is not None:
+        return fallback
     found = "; ".join(reasons) if reasons else "none is installed"
     raise NotImplementedError(
         f"{op}: cute/gpu:{NAME} has no backward of its own; it pairs with another implementation whose "

@@ -186,8 +186,8 @@ def capability(
         return f"q, k, v must share one dtype (got {', '.join(sorted(dtypes))})"
     d, dv = _head_dim(q), int(v.shape[3])
     if d not in HEAD_DIMS or dv != d:
-        return f"head dims q/k {d}, v {dv} not supported (the kernel is built for {' and '.join(map(str, HEAD_DIMS))}, " \
-               "the same for q, k and v)"
+        built = " and ".join(map(str, HEAD_DIMS))
+        return f"head dims q/k {d}, v {dv} not supported (the kernel is built for {built}, the same for q, k and v)"
     if q_segment_ids is not None or kv_segment_ids is not None:
         return "segment ids not supported"
     if bias is not None:
@@ -243,13 +243,12 @@ def _fold_vmap(fn: Callable[..., tuple[jax.Array, jax.Array]]) -> Callable[..., 
     wrapped = jax.custom_batching.custom_vmap(fn)
 
     @wrapped.def_vmap
-    def rule(axis_size: int, in_batched: Any, *args: jax.Array) -> tuple[tuple[jax.Array, jax.Array], tuple[bool, bool]]:
-        full = [x if mapped else jnp.broadcast_to(x, (axis_size, *x.shape)) for x, mapped in zip(args, in_batched,
-                                                                                                 strict=True)]
+    def rule(axis_size: int, in_batched: Any, *args: jax.Array) -> tuple[tuple[jax.Array, ...], tuple[bool, ...]]:
+        full = [x if mapped else jnp.broadcast_to(x, (axis_size, *x.shape))
+                for x, mapped in zip(args, in_batched, strict=True)]
         batch = full[0].shape[1]
-        out, lse = wrapped(*(x.reshape(axis_size * batch, *x.shape[2:]) for x in full))
-        return (out.reshape(axis_size, batch, *out.shape[1:]), lse.reshape(axis_size, batch, *lse.shape[1:])), (True,
-                                                                                                                 True)
+        outs = wrapped(*(x.reshape(axis_size * batch, *x.shape[2:]) for x in full))
+        return tuple(o.reshape(axis_size, batch, *o.shape[1:]) for o in outs), (True, True)
 
     return wrapped
 

@@ -4,8 +4,9 @@ Lines (same process, same inputs, bf16 by default):
 
 - ``ejk cute``: ``ejk.flash_attention(platform="cute")`` with each config of its ``config_space``
   (``--configs heuristic``: only the heuristic's; ``--wide``: also FlashAttention-3's wider key
-  tiles, 176 at D = 128 and 192 at D = 64, which spill registers in this kernel); the best is
-  reported and named, the heuristic's time is in the note,
+  tiles, 176 at D = 128 and 192 at D = 64, which spill registers in this kernel; with ``all`` or
+  ``--wide`` also the heuristic's tiles without the warpgroup ping-pong); the best is reported
+  and named, the heuristic's time is in the note,
 - ``jax.nn cudnn``: ``jax.nn.dot_product_attention(implementation="cudnn")``,
 
 in ``fwd`` (the output; the target is >= 1.15x cuDNN) and, with ``--mode fwd+bwd`` or ``both``,
@@ -27,6 +28,7 @@ import math
 from collections.abc import Callable
 
 import _harness
+import attrs
 import jax
 import jax.numpy as jnp
 from _harness import error_text
@@ -56,7 +58,7 @@ def cute_attention(shape: Shape, cfg: FlashAttentionConfig) -> Callable[..., jax
 
 
 def cfg_label(cfg: FlashAttentionConfig) -> str:
-    return f"{cfg.block_q}x{cfg.block_kv} s{cfg.stages}"
+    return f"{cfg.block_q}x{cfg.block_kv} s{cfg.stages}" + ("" if cfg.pingpong else " no-pingpong")
 
 
 def output_check(shape: Shape, cfg: FlashAttentionConfig, inputs: tuple[jax.Array, ...]) -> str:
@@ -96,6 +98,8 @@ def main() -> None:
         space = [heuristic] if args.configs == "heuristic" else config_space(*inputs[:3])
         if args.wide and shape.dim in WIDE:
             space.append(WIDE[shape.dim])
+        if args.configs == "all" or args.wide:
+            space.append(attrs.evolve(heuristic, pingpong=False))
         ours = {cfg_label(cfg): cute_attention(shape, cfg) for cfg in dict.fromkeys([heuristic, *space])}
         checks.append(f"- {shape}: {output_check(shape, heuristic, inputs)}")
         for mode in MODES if args.mode == "both" else (args.mode,):

@@ -85,6 +85,8 @@ def test_config_validation_names_the_field() -> None:
         fa.FlashAttentionConfig(stages=1)
     with pytest.raises(ValueError, match="block_q"):
         fa.FlashAttentionConfig(block_q=64)
+    with pytest.raises(TypeError, match="pingpong"):
+        fa.FlashAttentionConfig(pingpong=1)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("d", fa.HEAD_DIMS)

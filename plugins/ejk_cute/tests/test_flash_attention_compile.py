@@ -69,6 +69,11 @@ def test_every_variant_compiles_with_the_heuristic_config(d: int, variant: int) 
     assert CUSTOM_CALL in _lowered(fn, *structs)
 
 
+def test_without_pingpong_compiles() -> None:
+    fn, structs = _call(128, jnp.bfloat16, fa.FlashAttentionConfig(pingpong=False), 3)
+    assert CUSTOM_CALL in _lowered(fn, *structs)
+
+
 def test_vmap_folds_into_one_launch() -> None:
     cfg = fa.FlashAttentionConfig()
     fn = functools.partial(fa.forward, causal=True, softmax_scale=0.125, sliding_window=None, logits_soft_cap=None,

@@ -58,10 +58,14 @@ class FlashForwardSm90:
         cap_scale: ``softmax_scale / cap`` with a soft cap, else ``None``.
         causal: Right bound ``j <= i + Sk - Sq + right``.
         window: ``(left, right)`` or ``None``.
+        pingpong: Order the two consumer warpgroups' GEMM issues with named barriers (each issues
+            its ``Q Kᵀ`` and ``P V`` while the other runs its softmax), as FlashAttention-3 does.
     """
 
     def __init__(self, *, head_dim: int, block_kv: int, stages: int, group: int, scale_log2: float,
-                 cap_scale: float | None, causal: bool, window: tuple[int, int] | None) -> None:
+                 cap_scale: float | None, causal: bool, window: tuple[int, int] | None,
+                 pingpong: bool = True) -> None:
+        self.pingpong = pingpong
         self.head_dim = head_dim
         self.block_kv = block_kv
         self.stages = stages
@@ -250,11 +254,15 @@ class FlashForwardSm90:
         q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
         k_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
         v_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
+        if half == 1:
+            self._pass_turn(1)  # warpgroup 0 issues first (no-op without ping-pong)
         q_pipe.consumer_wait(q_state)
         if n_hi > n_lo:
             # First block: S = Q K^T, softmax, P.
             k_pipe.consumer_wait(k_state)
+            self._take_turn(half)
             self._gemm_qk(qk_mma, acc_s, tSrQ, tSrK, half, k_state.index)
+            self._pass_turn(half)
             warpgroup.wait_group(0)
             k_pipe.consumer_release(k_state)
             k_state.advance()
@@ -262,9 +270,11 @@ class FlashForwardSm90:
             rP_as_s.store(acc_s.load().to(dtype))
             for n in cutlass.range(n_lo + 1, n_hi, unroll=1):
                 k_pipe.consumer_wait(k_state)
-                self._gemm_qk(qk_mma, acc_s, tSrQ, tSrK, half, k_state.index)
                 v_pipe.consumer_wait(v_state)
+                self._take_turn(half)
+                self._gemm_qk(qk_mma, acc_s, tSrQ, tSrK, half, k_state.index)
                 self._gemm_pv(pv_mma, acc_o, rP, tOrV, v_state.index)
+                self._pass_turn(half)
                 warpgroup.wait_group(1)  # S is ready; P V of the previous block may still run
                 k_pipe.consumer_release(k_state)
                 k_state.advance()
@@ -275,10 +285,26 @@ class FlashForwardSm90:
                 self._rescale(acc_o, corr)
                 rP_as_s.store(acc_s.load().to(dtype))
             v_pipe.consumer_wait(v_state)
+            self._take_turn(half)
             self._gemm_pv(pv_mma, acc_o, rP, tOrV, v_state.index)
+            self._pass_turn(half)
             warpgroup.wait_group(0)
             v_pipe.consumer_release(v_state)
+        if half == 0:
+            self._take_turn(0)  # the other warpgroup's last hand-over: leave no arrival pending
         self._epilogue(pv_thr, acc_o, row_max, row_sum, mO, mLSE, row0, head, batch, q_len)
+
+    @cute.jit
+    def _take_turn(self, half: cutlass.Int32) -> None:
+        """Wait until the other consumer warpgroup has issued its GEMMs (named barrier ``1 + half``)."""
+        if cutlass.const_expr(self.pingpong):
+            cute.arch.barrier(barrier_id=1 + half, number_of_threads=2 * _WG)
+
+    @cute.jit
+    def _pass_turn(self, half: cutlass.Int32) -> None:
+        """Let the other consumer warpgroup issue its GEMMs (arrive on its barrier ``2 - half``)."""
+        if cutlass.const_expr(self.pingpong):
+            cute.arch.barrier_arrive(barrier_id=2 - half, number_of_threads=2 * _WG)
 
     @cute.jit
     def _gemm_qk(self, mma: cute.TiledMma, acc: cute.Tensor, tSrQ: cute.Tensor, tSrK: cute.Tensor,

@@ -76,11 +76,14 @@ class FlashAttentionConfig:
         block_q: Query rows per CTA (two consumer warpgroups of 64 rows each): 128.
         block_kv: Keys per pipeline stage (a multiple of 16, at most 256).
         stages: Depth of the K and V TMA pipelines (2 to 4; shared memory permitting).
+        pingpong: Alternate the two consumer warpgroups' GEMM issues with named barriers, so one's
+            softmax overlaps the other's GEMMs (FlashAttention-3's warpgroup ping-pong).
     """
 
     block_q: int = attrs.field(default=BLOCK_Q, validator=one_of(BLOCK_Q))
     block_kv: int = attrs.field(default=128, validator=_block_kv)
     stages: int = attrs.field(default=2, validator=int_in(2, 4))
+    pingpong: bool = attrs.field(default=True, validator=attrs.validators.instance_of(bool))
 
 
 def smem_bytes(cfg: FlashAttentionConfig, head_dim: int, itemsize: int = 2) -> int:
@@ -203,14 +206,15 @@ def capability(
 
 
 @functools.lru_cache(maxsize=256)
-def _kernel(head_dim: int, block_kv: int, stages: int, group: int, scale: float, cap: float | None,
-            causal: bool, window: tuple[int, int] | None) -> Any:
+def _kernel(head_dim: int, block_kv: int, stages: int, pingpong: bool, group: int, scale: float,
+            cap: float | None, causal: bool, window: tuple[int, int] | None) -> Any:
     """One kernel object per static variant (the same object keeps cutlass_call's compile cache warm)."""
     from ejk_cute._attention_kernel import FlashForwardSm90
 
     return FlashForwardSm90(head_dim=head_dim, block_kv=block_kv, stages=stages, group=group,
                             scale_log2=(scale if cap is None else cap) * _LOG2E,
-                            cap_scale=None if cap is None else scale / cap, causal=causal, window=window)
+                            cap_scale=None if cap is None else scale / cap, causal=causal, window=window,
+                            pingpong=pingpong)
 
 
 def _launch(cfg: FlashAttentionConfig, static: dict[str, Any], q: jax.Array, k: jax.Array,
@@ -220,7 +224,8 @@ def _launch(cfg: FlashAttentionConfig, static: dict[str, Any], q: jax.Array, k: 
 
     batch, q_len, q_heads, d = (int(n) for n in q.shape)
     window = static["sliding_window"]
-    kernel = _kernel(d, cfg.block_kv, cfg.stages, q_heads // int(k.shape[2]), float(static["softmax_scale"]),
+    kernel = _kernel(d, cfg.block_kv, cfg.stages, cfg.pingpong, q_heads // int(k.shape[2]),
+                     float(static["softmax_scale"]),
                      static["logits_soft_cap"], bool(static["causal"]),
                      None if window is None else (int(window[0]), int(window[1])))
     qo_modes = TensorSpec(mode=(1, 3, 2, 0))  # [B, S, H, D] -> (S, D, H, B)

@@ -129,18 +129,19 @@ def test_forward_refuses_what_the_gate_refuses() -> None:
     q = jnp.zeros((1, 8, 2, 64), jnp.bfloat16)
     with pytest.raises(ValueError, match="no segment ids or bias"):
         fa.forward(q, q, q, causal=False, softmax_scale=0.125, sliding_window=None, logits_soft_cap=None,
-                   bias=jnp.zeros((1, 1, 8, 8), jnp.float32))
+                   q_segment_ids=None, kv_segment_ids=None, bias=jnp.zeros((1, 1, 8, 8), jnp.float32))
 
 
 def test_empty_problems_need_no_launch() -> None:
     q = jnp.zeros((2, 0, 4, 64), jnp.bfloat16)
     k = jnp.zeros((2, 5, 2, 64), jnp.bfloat16)
+    none = dict(q_segment_ids=None, kv_segment_ids=None, bias=None)
     out, res = fa.forward_with_residuals(q, k, k, causal=False, softmax_scale=0.125, sliding_window=None,
-                                         logits_soft_cap=None)
+                                         logits_soft_cap=None, **none)
     assert out.shape == (2, 0, 4, 64) and res[-1].shape == (2, 4, 0)
     q = jnp.ones((1, 3, 2, 64), jnp.bfloat16)
     (out, lse), _ = fa.lse_forward_with_residuals(q, q[:, :0], q[:, :0], causal=False, softmax_scale=0.125,
-                                                  sliding_window=None, logits_soft_cap=None)
+                                                  sliding_window=None, logits_soft_cap=None, **none)
     assert not np.asarray(out, np.float32).any() and np.all(np.asarray(lse) == -np.inf)
 
 

@@ -38,7 +38,8 @@ def _lowered(fn: Any, *structs: S) -> str:
 
 def _call(d: int, dtype: Any, cfg: fa.FlashAttentionConfig, variant: int, b: int = 2) -> tuple[Any, tuple[S, ...]]:
     _, options, (sq, sk, hq, hkv) = VARIANTS[variant]
-    static = dict(causal=False, softmax_scale=d ** -0.5, sliding_window=None, logits_soft_cap=None) | options
+    static = dict(causal=False, softmax_scale=d ** -0.5, sliding_window=None, logits_soft_cap=None,
+                  q_segment_ids=None, kv_segment_ids=None, bias=None) | options
     fn = functools.partial(fa.forward_lse, cfg=cfg, **static)
     return fn, (S((b, sq, hq, d), dtype), S((b, sk, hkv, d), dtype), S((b, sk, hkv, d), dtype))
 
@@ -77,7 +78,7 @@ def test_without_pingpong_compiles() -> None:
 def test_vmap_folds_into_one_launch() -> None:
     cfg = fa.FlashAttentionConfig()
     fn = functools.partial(fa.forward, causal=True, softmax_scale=0.125, sliding_window=None, logits_soft_cap=None,
-                           cfg=cfg)
+                           q_segment_ids=None, kv_segment_ids=None, bias=None, cfg=cfg)
     q = S((3, 2, 130, 4, 64), jnp.bfloat16)
     k = S((2, 130, 2, 64), jnp.bfloat16)  # unmapped: broadcast along the mapped axis
     text = _lowered(jax.vmap(fn, in_axes=(0, None, None)), q, k, k)

@@ -279,9 +279,9 @@ def forward_with_residuals(
     softmax_scale: float,
     sliding_window: tuple[int, int] | None,
     logits_soft_cap: float | None,
-    q_segment_ids: jax.Array | None = None,
-    kv_segment_ids: jax.Array | None = None,
-    bias: jax.Array | None = None,
+    q_segment_ids: jax.Array | None,
+    kv_segment_ids: jax.Array | None,
+    bias: jax.Array | None,
     cfg: FlashAttentionConfig | None = None,
 ) -> tuple[jax.Array, tuple[Any, ...]]:
     """The output and the residuals any backward of :data:`RESIDUALS` consumes.
@@ -314,9 +314,9 @@ def forward(
     softmax_scale: float,
     sliding_window: tuple[int, int] | None,
     logits_soft_cap: float | None,
-    q_segment_ids: jax.Array | None = None,
-    kv_segment_ids: jax.Array | None = None,
-    bias: jax.Array | None = None,
+    q_segment_ids: jax.Array | None,
+    kv_segment_ids: jax.Array | None,
+    bias: jax.Array | None,
     cfg: FlashAttentionConfig | None = None,
 ) -> jax.Array:
     """``ejk.flash_attention`` forward: ``[B, Sq, Hq, D]`` in ``q.dtype`` (no residuals kept)."""
@@ -341,9 +341,9 @@ def lse_forward_with_residuals(
     softmax_scale: float,
     sliding_window: tuple[int, int] | None,
     logits_soft_cap: float | None,
-    q_segment_ids: jax.Array | None = None,
-    kv_segment_ids: jax.Array | None = None,
-    bias: jax.Array | None = None,
+    q_segment_ids: jax.Array | None,
+    kv_segment_ids: jax.Array | None,
+    bias: jax.Array | None,
     cfg: FlashAttentionConfig | None = None,
 ) -> tuple[tuple[jax.Array, jax.Array], tuple[Any, ...]]:
     """``ejk.flash_attention_lse``'s ``(out, lse)`` (natural, ``-inf`` for empty rows) and the residuals
@@ -364,9 +364,9 @@ def forward_lse(
     softmax_scale: float,
     sliding_window: tuple[int, int] | None,
     logits_soft_cap: float | None,
-    q_segment_ids: jax.Array | None = None,
-    kv_segment_ids: jax.Array | None = None,
-    bias: jax.Array | None = None,
+    q_segment_ids: jax.Array | None,
+    kv_segment_ids: jax.Array | None,
+    bias: jax.Array | None,
     cfg: FlashAttentionConfig | None = None,
 ) -> tuple[jax.Array, jax.Array]:
     """``(out, lse)`` of ``ejk.flash_attention_lse`` (no residuals kept)."""

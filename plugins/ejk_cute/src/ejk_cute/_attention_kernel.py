@@ -16,6 +16,7 @@ Design (one CTA per 128-row query tile of one (batch, q head)):
 - GQA: the kv head is ``q_head // group`` (no repeat in memory). Causal masks and sliding
   windows bound the key-block loop (fully masked blocks are never loaded); only blocks that
   cross a mask or the end of the keys compute per-element masks. Soft cap: ``tanh``.
+- Causal / right-bounded masks launch the query tiles last-first: the longest rows start first.
 - Epilogue: ``O / rowsum`` in the input dtype, and the base-2 log-sum-exp ``[B, Hq, Sq]``
   float32 (``+inf`` for rows that see no key; their output is zeros).
 
@@ -135,6 +136,8 @@ class FlashForwardSm90:
                v_smem: cute.ComposedLayout) -> None:
         tidx, _, _ = cute.arch.thread_idx()
         m_block, head, batch = cute.arch.block_idx()
+        if cutlass.const_expr(self.right_bound):  # causal: the longest rows first (shorter tail)
+            m_block = cute.arch.grid_dim()[0] - 1 - m_block
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         wg = cute.arch.make_warp_uniform(tidx // _WG)
         kv_head = head // self.group

@@ -356,18 +356,19 @@ class FlashForwardSm90:
                 for t in cutlass.range_constexpr(4):
                     acc_s[4 * j + t] = cute.math.tanh(acc_s[4 * j + t] * self.cap_scale)  # accurate: fp16 tolerances
         if self._needs_mask(n, row0, q_len, kv_len):
-            offset = kv_len - q_len
-            col0 = n * self.block_kv
+            # Element 4 j + 2 r + c sits at (row_base + 8 r, col_base + 8 j + c): two live coordinates.
+            row_base, col_base = tScS[0]
+            diag = row_base + row0 + kv_len - q_len - col_base - n * self.block_kv  # row - col of element 0
+            limit = kv_len - n * self.block_kv - col_base  # first column offset past the keys
             for j in cutlass.range_constexpr(quads):
                 for t in cutlass.range_constexpr(4):
-                    row, col = tScS[4 * j + t]
-                    col = col + col0
-                    row = row + row0 + offset
-                    hidden = col >= kv_len
+                    dc = 8 * j + t % 2  # column offset of the element
+                    dr = 8 * (t // 2)  # row offset
+                    hidden = dc >= limit
                     if cutlass.const_expr(self.right_bound):
-                        hidden = hidden or col > row + self.right
+                        hidden = hidden or dc - dr > diag + self.right
                     if cutlass.const_expr(self.left_bound):
-                        hidden = hidden or col < row - self.left
+                        hidden = hidden or dc - dr < diag - self.left
                     if hidden:
                         acc_s[4 * j + t] = -cutlass.Float32.inf
         scale = self.scale_log2

@@ -180,7 +180,9 @@ def capability(
     Runs: bfloat16 / float16 q, k, v of one dtype, head dim 64 or 128 (the same for v), any
     lengths, GQA / MQA, causal, sliding windows, soft cap, on compute capability 9.0+ with
     nvidia-cutlass-dsl installed. Refused (other implementations take them): float32, other head
-    dims, segment ids, a bias, more than 65535 heads or batch rows (grid).
+    dims, segment ids, a bias, more than 65535 heads or batch rows (grid). TMA needs 16-byte
+    strides: every accepted shape has them (a row of q, k, v or out is ``D · 2`` = 128 or 256 bytes),
+    so no length is refused for alignment.
     """
     del causal, softmax_scale, sliding_window, logits_soft_cap
     dtypes = {jnp.dtype(x.dtype).name for x in (q, k, v)}

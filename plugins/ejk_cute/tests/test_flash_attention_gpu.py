@@ -40,10 +40,11 @@ CASES: tuple[dict[str, Any], ...] = (
 )
 
 
-@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16], ids=["bf16", "fp16"])
-def test_conformance_forward_and_gradients(dtype: Any) -> None:
-    """Values and dq, dk, dv through ``ejk.flash_attention(platform="cute")`` against the reference."""
-    assert check_flash_attention("cute", dtypes=(dtype,), cases=CASES, grads=True) == len(CASES)
+@pytest.mark.parametrize(("dtype", "grads"), [(jnp.bfloat16, True), (jnp.float16, False)], ids=["bf16", "fp16"])
+def test_conformance(dtype: Any, grads: bool) -> None:
+    """Values (and in bf16 dq, dk, dv: the paired backward) through ``ejk.flash_attention(platform="cute")``
+    against the reference. The residuals do not depend on the dtype, so fp16 checks the forward only."""
+    assert check_flash_attention("cute", dtypes=(dtype,), cases=CASES, grads=grads) == len(CASES)
 
 
 def _inputs(b: int, sq: int, hq: int, sk: int, hkv: int, d: int, dtype: Any, seed: int = 0) -> tuple[jax.Array, ...]:

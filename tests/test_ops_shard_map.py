@@ -47,6 +47,12 @@ CODE = textwrap.dedent(
     gmm = jax.jit(shard_map(lambda lhs, rhs, sizes: ejk.grouped_matmul(lhs, rhs, sizes), mesh=mesh,
                             in_specs=(P(), P(None, None, "batch"), P()), out_specs=P(None, "batch")))
     assert_close(gmm(lhs, rhs, sizes), reference_grouped_matmul(lhs, rhs, sizes), jnp.float32, kind="matmul")
+    # Gradients: lhs is replicated, so its cotangent is summed over the axis (the implementation's custom VJP).
+    gmm_loss = lambda f: lambda lhs, rhs: (f(lhs, rhs, sizes) * jnp.cos(jnp.arange(8.0))).sum()
+    got = jax.jit(jax.grad(gmm_loss(gmm), argnums=(0, 1)))(lhs, rhs)
+    want = jax.grad(gmm_loss(reference_grouped_matmul), argnums=(0, 1))(lhs, rhs)
+    for name, g, w in zip(("dlhs", "drhs"), got, want):
+        assert_close(g, w, jnp.float32, what=name, kind="matmul")
 
     # Paged attention, head-parallel: q heads and kv heads are split.
     rng = np.random.default_rng(0)

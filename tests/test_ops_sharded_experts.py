@@ -100,6 +100,13 @@ CODE = textwrap.dedent(
             for got, ref in zip(jax.jit(jax.grad(mm, argnums=(0, 1)))(put(a, *sa), put(b, *sb)), want):
                 close(got, ref)
 
+        # Batched matmul: batch over "x" in both operands, columns over "y"; b broadcast along the batch.
+        bb = jax.random.normal(keys[3], (4, 16, 8))
+        out = jax.jit(ejk.matmul)(put(a, "x"), put(bb, "x", None, "y"))
+        assert out.sharding.spec == P("x", None, "y"), out.sharding
+        close(out, jnp.matmul(a, bb, precision="highest"))
+        close(jax.jit(ejk.matmul)(put(a, "x"), bb[:1]), jnp.matmul(a, bb[:1], precision="highest"))
+
         # Paged attention by tokens (and heads): sequences straddle the blocks; windows keep positions.
         rng = np.random.default_rng(0)
         qp = jnp.asarray(rng.standard_normal((16, 4, 16)), jnp.float32)

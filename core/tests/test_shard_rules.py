@@ -64,6 +64,17 @@ def test_matmul_splits_the_contraction_with_a_psum() -> None:
     assert _plan("matmul", (_sds(4, 8, 16), _sds(16, 8)), {0: (("x",),)}).body is None
 
 
+def test_batched_matmul_splits_batch_dims_of_both_operands() -> None:
+    a, b, b1 = _sds(4, 8, 16), _sds(4, 16, 8), _sds(1, 16, 8)
+    plan = _plan("matmul", (a, b), {0: (("x",),), 1: ((), (), ("y",))})
+    assert plan.in_specs == (P("x", None, None), P("x", None, "y")) and plan.out_specs == P("x", None, "y")
+    plan = _plan("matmul", (a, b1), {0: (("x",),)})  # b broadcasts along the batch: it stays whole
+    assert plan.in_specs == (P("x", None, None), P(None, None, None)) and plan.out_specs == P("x", None, None)
+    plan = _plan("matmul", (_sds(8, 16), b), {1: (("x",),)})  # a broadcasts; the batch comes from b
+    assert plan.in_specs == (P(None, None), P("x", None, None)) and plan.out_specs == P("x", None, None)
+    assert _plan("matmul", (_sds(16), b), {1: (("x",),)}) is None  # a vector runs whole
+
+
 def test_paged_attention_splits_tokens() -> None:
     arrays = (_sds(16, 4, 8), _sds(6, 4, 2, 8), _sds(6, 4, 2, 8), _sds(3), _sds(3, 2), _sds(4), _sds())
     plan = _plan("ragged_paged_attention", arrays, {0: (("y",), ("x",))})

@@ -3,10 +3,10 @@
 - ``flash_attention`` / ``flash_attention_lse``: batch and heads (kv heads with them when they
   divide, else a single kv head stays whole); no communication. The sequence is never split
   (that is :func:`ejk.ring_attention`'s job inside ``shard_map``): it is gathered first.
-- ``matmul``: leading dims of ``a`` (batch, rows) and columns of ``b``: no communication; the
-  contraction ``k``: float32 partial products summed with ``psum`` (an all-reduce of the
-  output), cast once — each device does ``1/d`` of the products instead of gathering ``k``
-  and repeating them all.
+- ``matmul``: batch dims (of ``a`` and ``b`` alike; a broadcast size-1 dim stays whole), rows
+  of ``a`` and columns of ``b``: no communication; the contraction ``k``: float32 partial
+  products summed with ``psum`` (an all-reduce of the output), cast once — each device does
+  ``1/d`` of the products instead of gathering ``k`` and repeating them all.
 - ``grouped_matmul``: experts, columns, rows and contraction (:mod:`ejk.ops._shard_grouped`).
 - ``ragged_paged_attention``: query heads (kv heads with them) and query tokens. A token shard
   runs the sequences' rows it holds: their query ranges are clipped to its block and their
@@ -66,21 +66,35 @@ def _attention(lse: bool) -> Rule:
 
 def _matmul(arrays: tuple[Any, ...], axes_of: AxesOf, size: Size) -> ShardPlan | None:
     a, b = arrays
-    if a.ndim < 2 or b.ndim != 2:
-        return None
+    if a.ndim < 2 or b.ndim < 2:
+        return None  # a vector operand: run whole
     taken: set[str] = set()
-    lead: list[Axes] = []
-    for d in range(a.ndim - 1):
-        axes = divides(size, axes_of(a, d), a.shape[d])
-        lead.append(() if set(axes) & taken else axes)
-        taken.update(lead[-1])
-    cols = divides(size, axes_of(b, 1), b.shape[1])
-    cols = () if set(cols) & taken else cols
-    taken.update(cols)
-    k = b.shape[0]
-    contract = divides(size, axes_of(a, a.ndim - 1), k) or divides(size, axes_of(b, 0), k)
-    contract = () if set(contract) & taken else contract
-    return ShardPlan((spec(*lead, contract), spec(contract, cols)), spec(*lead, cols),
+
+    def free(axes: Axes) -> Axes:
+        if set(axes) & taken:
+            return ()
+        taken.update(axes)
+        return axes
+
+    batch = max(a.ndim, b.ndim) - 2
+    a_dims: list[Axes] = [()] * a.ndim
+    b_dims: list[Axes] = [()] * b.ndim
+    out: list[Axes] = []
+    for j in range(batch):  # batch dims, aligned from the right; a size-1 dim broadcasts whole
+        ia, ib = j - (batch - (a.ndim - 2)), j - (batch - (b.ndim - 2))
+        extent = max(a.shape[ia] if ia >= 0 else 1, b.shape[ib] if ib >= 0 else 1)
+        wide = [(x, i, dims) for x, i, dims in ((a, ia, a_dims), (b, ib, b_dims)) if i >= 0 and x.shape[i] == extent]
+        axes = next((found for x, i, _ in wide if (found := divides(size, axes_of(x, i), extent))), ())
+        axes = free(axes) if extent > 1 else ()
+        for _, i, dims in wide:
+            dims[i] = axes
+        out.append(axes)
+    a_dims[-2] = free(divides(size, axes_of(a, a.ndim - 2), a.shape[-2]))
+    b_dims[-1] = free(divides(size, axes_of(b, b.ndim - 1), b.shape[-1]))
+    k = b.shape[-2]
+    contract = free(divides(size, axes_of(a, a.ndim - 1), k) or divides(size, axes_of(b, b.ndim - 2), k))
+    a_dims[-1] = b_dims[-2] = contract
+    return ShardPlan((spec(*a_dims), spec(*b_dims)), spec(*out, a_dims[-2], b_dims[-1]),
                      _contracted(contract) if contract else None)
 
 

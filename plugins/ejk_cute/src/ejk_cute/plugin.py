@@ -1,24 +1,34 @@
-"""The ``cute`` entry point. Needs nvidia-cutlass-dsl and an sm_90+ GPU; imports neither here."""
+"""The ``cute`` entry point: registers the CuTe DSL implementations with their configs, gates and VJPs.
+
+Imports neither CUTLASS nor a GPU runtime: the kernels import CUTLASS when they are first traced
+(``_compile.import_cutlass``), and every gate starts with ``_status.runtime_reason`` (CUTLASS
+installed, an sm_90+ GPU), so the plugin loads everywhere and never crashes a call it cannot run.
+"""
 
 from __future__ import annotations
 
-import ejk
-from ejk.plugins import probe_platform
+from collections.abc import Callable
+from typing import Any
 
+import ejk
+from ejk_cute import _status
+
+#: Compute capability the kernels need (wgmma, TMA, clusters); see ``_device``.
 MIN_COMPUTE_CAPABILITY = (9, 0)
 
 
 @ejk.hookimpl
-def ejk_platform_status() -> ejk.PlatformStatus:
-    status = probe_platform("cute", requires={"cutlass": "nvidia-cutlass-dsl"}, backends=("gpu",))
-    if not status.available:
-        return status
-    import jax
+def ejk_register_kernels(register: Callable[..., Callable[[Any], Any]]) -> None:
+    """Registers only the implementations that have kernels (GPU backend only)."""
+    del register
 
-    capability = str(getattr(jax.devices()[0], "compute_capability", "0.0"))
-    major, _, minor = capability.partition(".")
-    if (int(major or 0), int(minor or 0)) < MIN_COMPUTE_CAPABILITY:
-        return ejk.PlatformStatus(platform="cute", available=False, versions=dict(status.versions),
-                                  reason=f"CuTe kernels need compute capability >= 9.0, this GPU has {capability}",
-                                  fix="run on an NVIDIA Hopper (H100/H200) or newer GPU")
-    return status
+
+@ejk.hookimpl
+def ejk_platform_status() -> ejk.PlatformStatus:
+    return _status.platform_status()  # type: ignore[no-any-return]
+
+
+@ejk.hookimpl
+def ejk_device_fingerprint(device: Any) -> dict[str, str] | None:
+    capability = getattr(device, "compute_capability", None)
+    return {"cc": str(capability)} if capability else None

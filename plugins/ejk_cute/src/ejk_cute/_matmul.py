@@ -216,7 +216,7 @@ def forward(
     a: jax.Array,
     b: jax.Array,
     *,
-    precision: Any = ("highest", "highest"),
+    precision: str | tuple[str, str] = ("highest", "highest"),
     preferred_element_type: Any = None,
     cfg: MatmulConfig | None = None,
 ) -> jax.Array:
@@ -240,7 +240,7 @@ def forward_with_residuals(
     a: jax.Array,
     b: jax.Array,
     *,
-    precision: Any = ("highest", "highest"),
+    precision: str | tuple[str, str] = ("highest", "highest"),
     preferred_element_type: Any = None,
     cfg: MatmulConfig | None = None,
 ) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
@@ -254,7 +254,7 @@ def backward(
     d_out: jax.Array,
     *,
     cfg: MatmulConfig | None = None,
-    precision: Any = ("highest", "highest"),
+    precision: str | tuple[str, str] = ("highest", "highest"),
     preferred_element_type: Any = None,
 ) -> tuple[jax.Array, jax.Array]:
     """``(d a, d b)`` in the dtypes of ``a`` and ``b``: ``d c @ bᵀ`` and ``aᵀ @ d c``, broadcast batches summed."""

@@ -18,8 +18,9 @@ One CTA per SM (persistent), ``1 + consumers`` warpgroups:
   their MMAs retire, then round the float32 accumulators to ``c``'s dtype and write them through
   shared memory with TMA stores (subtiles, double buffered, ``PipelineTmaStore``).
 
-Tiles are handed out by ``StaticPersistentTileScheduler`` (grid = as many clusters as fit on the
-GPU, tiles walked in swizzled groups for L2 reuse). Out-of-range rows and columns need no code:
+The grid is persistent: ``(cluster_m, cluster_n, clusters)`` with as many clusters as fit on the
+GPU; cluster ``z`` walks cluster tiles ``z, z + clusters, ...`` of a swizzled order (``_tile``:
+bands of ``swizzle`` cluster rows, for L2 reuse). Out-of-range rows and columns need no code:
 TMA loads zero-fill past the tensor and TMA stores clip, so any M, N and K run (the strides must
 be 16-byte aligned, which the gate checks).
 """
@@ -28,7 +29,8 @@ import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
 import cutlass.pipeline as pipeline
-import cutlass.utils as utils
+import cutlass.tensor_utils as tensor_utils
+import cutlass.memory as memory
 import cutlass.utils.hopper_helpers as sm90
 
 __all__ = ["WgmmaGemm", "launch"]
@@ -64,9 +66,9 @@ class WgmmaGemm:
     def __call__(self, a: cute.Tensor, b: cute.Tensor, c: cute.Tensor, stream: cuda.CUstream):
         self.ab_dtype = a.element_type
         self.c_dtype = c.element_type
-        a_major = utils.LayoutEnum.from_tensor(a)
-        b_major = utils.LayoutEnum.from_tensor(b)
-        self.c_major = utils.LayoutEnum.from_tensor(c)
+        a_major = tensor_utils.LayoutEnum.from_tensor(a)
+        b_major = tensor_utils.LayoutEnum.from_tensor(b)
+        self.c_major = tensor_utils.LayoutEnum.from_tensor(c)
         tile_m, tile_n, tile_k = self.tile
 
         self.mma = sm90.make_trivial_tiled_mma(
@@ -84,9 +86,11 @@ class WgmmaGemm:
             cute.nvgpu.cpasync.CopyBulkTensorTileS2GOp(), c, cute.slice_(self.c_smem, (None, None, 0)),
             self.epi_tile)
 
-        tiles_mnl = cute.zipped_divide(c, tiler=(tile_m, tile_n))[(0, (None, None, None))].shape
-        sched = utils.PersistentTileSchedulerParams(tiles_mnl, (*self.cluster, 1), self.swizzle, True)
-        grid = utils.StaticPersistentTileScheduler.get_grid_shape(sched, self.max_clusters)
+        # The persistent grid: (cluster_m, cluster_n, clusters), each cluster walking cluster tiles.
+        cluster_rows = (cute.size(c, mode=[0]) + tile_m * self.cluster[0] - 1) // (tile_m * self.cluster[0])
+        cluster_cols = (cute.size(c, mode=[1]) + tile_n * self.cluster[1] - 1) // (tile_n * self.cluster[1])
+        work = cluster_rows * cluster_cols * cute.size(c, mode=[2])
+        grid = (*self.cluster, cutlass.min(work, self.max_clusters))
 
         @cute.struct
         class Shared:
@@ -97,7 +101,7 @@ class WgmmaGemm:
 
         self.shared = Shared
         self.kernel(tma_a, g_a, tma_b, g_b, tma_c, g_c, self.mma, self.a_smem, self.b_smem, self.c_smem,
-                    sched).launch(grid=grid, block=[self.threads, 1, 1], cluster=(*self.cluster, 1),
+                    cluster_rows, cluster_cols, work).launch(grid=grid, block=[self.threads, 1, 1], cluster=(*self.cluster, 1),
                                   min_blocks_per_mp=1, stream=stream)
 
     @staticmethod
@@ -115,7 +119,7 @@ class WgmmaGemm:
     def kernel(self, tma_a: cute.CopyAtom, g_a: cute.Tensor, tma_b: cute.CopyAtom, g_b: cute.Tensor,
                tma_c: cute.CopyAtom, g_c: cute.Tensor, mma: cute.TiledMma, a_smem: cute.ComposedLayout,
                b_smem: cute.ComposedLayout, c_smem: cute.ComposedLayout,
-               sched: utils.PersistentTileSchedulerParams):
+               cluster_rows: cutlass.Int32, cluster_cols: cutlass.Int32, work: cutlass.Int32):
         tile_m, tile_n, tile_k = self.tile
         tidx, _, _ = cute.arch.thread_idx()
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
@@ -132,7 +136,7 @@ class WgmmaGemm:
         mask_a = cute.make_layout_image_mask(cluster_layout, coord, mode=1) if self.mcast_a > 1 else 0
         mask_b = cute.make_layout_image_mask(cluster_layout, coord, mode=0) if self.mcast_b > 1 else 0
 
-        storage = utils.SmemAllocator().allocate(self.shared)
+        storage = memory.SmemAllocator().allocate(self.shared)
         slice_bytes = (cute.size_in_bytes(self.ab_dtype, cute.slice_(a_smem, (None, None, 0)))
                        + cute.size_in_bytes(self.ab_dtype, cute.slice_(b_smem, (None, None, 0))))
         # Every consumer warp of every CTA that reads a multicast slice releases it.
@@ -161,16 +165,16 @@ class WgmmaGemm:
             cute.group_modes(t_b, 0, 2))
 
         pipeline.pipeline_init_wait(cluster_shape_mn=self.cluster)
+        _, _, first = cute.arch.block_idx()
+        _, _, stride = cute.arch.grid_dim()
 
         if warpgroup == 0:
             cute.arch.setmaxregister_decrease(_PRODUCER_REGS)
             if warp == 0:
-                tiles = utils.StaticPersistentTileScheduler.create(sched, cute.arch.block_idx(),
-                                                                   cute.arch.grid_dim())
-                work = tiles.initial_work_tile_info()
                 state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
-                while work.is_valid_tile:
-                    m, n, l = work.tile_idx
+                w = first
+                while w < work:
+                    m, n, l = self._tile(w, cluster_rows, cluster_cols)
                     src_a = ta_g[(None, m, None, l)]
                     src_b = tb_g[(None, n, None, l)]
                     for k in range(k_tiles):
@@ -182,19 +186,38 @@ class WgmmaGemm:
                                   mcast_mask=mask_b)
                         ring.producer_commit(state)
                         state.advance()
-                    tiles.advance_to_next_work()
-                    work = tiles.get_current_work()
+                    w += stride
                 ring.producer_tail(state)
         else:
             cute.arch.setmaxregister_increase(_CONSUMER_REGS)
             self._consume(tidx - _WARPGROUP, warpgroup - 1, warp, ring, mma, s_a, s_b, s_c, t_c, k_tiles,
-                          tma_c, sched)
+                          tma_c, cluster_rows, cluster_cols, first, stride, work)
+
+    def _tile(self, w: cutlass.Int32, cluster_rows: cutlass.Int32, cluster_cols: cutlass.Int32):
+        """The ``(m, n, l)`` tile of this CTA in the cluster tile ``w`` of the swizzled walk.
+
+        Cluster tiles go in bands of ``swizzle`` cluster rows: down a band's rows, then across
+        its columns, so consecutive clusters share ``b``'s columns and, ``swizzle`` steps apart,
+        ``a``'s rows (L2 reuse); bands, then batches, follow each other.
+        """
+        per_batch = cluster_rows * cluster_cols
+        l = w // per_batch
+        r = w - l * per_batch
+        band = self.swizzle * cluster_cols
+        g = r // band
+        within = r - g * band
+        rows = cutlass.min(self.swizzle, cluster_rows - g * self.swizzle)
+        x, y, _ = cute.arch.block_idx()
+        m = (g * self.swizzle + within % rows) * self.cluster[0] + x
+        n = (within // rows) * self.cluster[1] + y
+        return m, n, l
 
     @cute.jit
     def _consume(self, tid: cutlass.Int32, consumer: cutlass.Int32, warp: cutlass.Int32,
                  ring: pipeline.PipelineTmaAsync, mma: cute.TiledMma, s_a: cute.Tensor, s_b: cute.Tensor,
                  s_c: cute.Tensor, t_c: cute.Tensor, k_tiles: cutlass.Int32, tma_c: cute.CopyAtom,
-                 sched: utils.PersistentTileSchedulerParams):
+                 cluster_rows: cutlass.Int32, cluster_cols: cutlass.Int32, first: cutlass.Int32,
+                 stride: cutlass.Int32, work: cutlass.Int32):
         """The consumer warpgroups: wgmma over the ring, then the epilogue, tile after tile."""
         threads = self.consumers * _WARPGROUP
         thr_mma = mma.get_slice(consumer * _WARPGROUP)
@@ -219,12 +242,12 @@ class WgmmaGemm:
         stores = pipeline.PipelineTmaStore.create(
             num_stages=_EPI_STAGES, producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, threads))
 
-        tiles = utils.StaticPersistentTileScheduler.create(sched, cute.arch.block_idx(), cute.arch.grid_dim())
-        work = tiles.initial_work_tile_info()
         read = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
         release = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
         written = cutlass.Int32(0)
-        while work.is_valid_tile:
+        w = first
+        while w < work:
+            m, n, l = self._tile(w, cluster_rows, cluster_cols)
             # Main loop: one slice's MMAs stay in flight while the next slice is awaited.
             acc.fill(0.0)
             mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
@@ -246,7 +269,7 @@ class WgmmaGemm:
                 release.advance()
 
             # Epilogue: subtiles of epi_tile, column-major over the tile (the accumulator's order).
-            out = cute.zipped_divide(t_c[(None, None, *work.tile_idx)], self.epi_tile)
+            out = cute.zipped_divide(t_c[(None, None, m, n, l)], self.epi_tile)
             sc_part, gc_part = cute.nvgpu.cpasync.tma_partition(
                 tma_c, 0, cute.make_layout(1), cute.group_modes(s_c, 0, 2), out)
             grid_shape = out.shape[1]
@@ -265,8 +288,7 @@ class WgmmaGemm:
                     stores.producer_acquire()
                 epi_sync.arrive_and_wait()
             written += cute.size(out, mode=[1])
-            tiles.advance_to_next_work()
-            work = tiles.get_current_work()
+            w += stride
         stores.producer_tail()
 
 

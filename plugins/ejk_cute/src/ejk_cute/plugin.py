@@ -11,16 +11,24 @@ from collections.abc import Callable
 from typing import Any
 
 import ejk
-from ejk_cute import _status
+from ejk_cute import _matmul, _status
 
 #: Compute capability the kernels need (wgmma, TMA, clusters); see ``_device``.
 MIN_COMPUTE_CAPABILITY = (9, 0)
 
+#: matmul: below ejk-xla's ``dot`` (0), like ejk-triton's GEMM: XLA's cuBLAS GEMM is the baseline a
+#: dense matmul must beat, so the heuristics tier keeps it first; autotuning times both and picks
+#: the CuTe kernel where it wins (benchmarks/bench_cute_matmul.py measures both).
+MATMUL_PRIORITY = -5
+
 
 @ejk.hookimpl
 def ejk_register_kernels(register: Callable[..., Callable[[Any], Any]]) -> None:
-    """Registers only the implementations that have kernels (GPU backend only)."""
-    del register
+    """Registers the implementations that have kernels, for the GPU backend only."""
+    mm = _matmul
+    register("matmul", ejk.Platform.CUTE, "gpu", priority=MATMUL_PRIORITY, name="wgmma", cfg_type=mm.MatmulConfig,
+             config_space=mm.config_space, heuristic=mm.heuristic_config, capability=mm.capability,
+             vjp=ejk.VJP(fwd=mm.forward_with_residuals, bwd=mm.backward, residuals=mm.RESIDUALS))(mm.forward)
 
 
 @ejk.hookimpl

@@ -1,4 +1,4 @@
-"""``matmul`` as the CuTe DSL Hopper GEMM (``_matmul_kernel``): ``jnp.matmul`` shapes, float32 accumulation.
+"""``matmul`` as the CuTe DSL Hopper GEMM (``kernels.matmul``): ``jnp.matmul`` shapes, float32 accumulation.
 
 The kernel computes ``c[l] = A[l] @ B[l]`` for ``[L, M, K]`` / ``[L, K, N]`` operands, each read
 as-is or transposed: ``cutlass.jax.TensorSpec.mode`` presents a row-major JAX buffer in either
@@ -105,9 +105,9 @@ def smem_bytes(cfg: MatmulConfig, in_itemsize: int = 2, out_itemsize: int = 2) -
 @functools.cache
 def _kernel() -> Any:
     _compile.import_cutlass()
-    from ejk_cute import _matmul_kernel
+    from ejk_cute.kernels import matmul
 
-    return _matmul_kernel
+    return matmul
 
 
 def _spec(transposed: bool) -> Any:

@@ -1,6 +1,6 @@
 """The Hopper GEMM in the CuTe DSL: ``c[:, :, l] = a[:, :, l] @ b[:, :, l]ᵀ`` with float32 accumulation.
 
-Imports CUTLASS at import time: ``_matmul`` imports this module only when it first traces a call.
+Imports CUTLASS at import time: ``ejk_cute._matmul`` imports this module only when it first traces a call.
 No ``from __future__ import annotations``: the DSL reads the annotations as types.
 
 Logical operands (``cutlass.jax.TensorSpec.mode`` presents the JAX buffers this way, no copies):
@@ -25,12 +25,14 @@ TMA loads zero-fill past the tensor and TMA stores clip, so any M, N and K run (
 be 16-byte aligned, which the gate checks).
 """
 
+from typing import Any
+
 import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
+import cutlass.memory as memory
 import cutlass.pipeline as pipeline
 import cutlass.tensor_utils as tensor_utils
-import cutlass.memory as memory
 import cutlass.utils.hopper_helpers as sm90
 
 __all__ = ["WgmmaGemm", "launch"]
@@ -63,7 +65,7 @@ class WgmmaGemm:
     # ------------------------------------------------------------------------------------------
 
     @cute.jit
-    def __call__(self, a: cute.Tensor, b: cute.Tensor, c: cute.Tensor, stream: cuda.CUstream):
+    def __call__(self, a: cute.Tensor, b: cute.Tensor, c: cute.Tensor, stream: cuda.CUstream) -> None:
         self.ab_dtype = a.element_type
         self.c_dtype = c.element_type
         a_major = tensor_utils.LayoutEnum.from_tensor(a)
@@ -101,11 +103,11 @@ class WgmmaGemm:
 
         self.shared = Shared
         self.kernel(tma_a, g_a, tma_b, g_b, tma_c, g_c, self.mma, self.a_smem, self.b_smem, self.c_smem,
-                    cluster_rows, cluster_cols, work).launch(grid=grid, block=[self.threads, 1, 1], cluster=(*self.cluster, 1),
-                                  min_blocks_per_mp=1, stream=stream)
+                    cluster_rows, cluster_cols, work).launch(
+            grid=grid, block=[self.threads, 1, 1], cluster=(*self.cluster, 1), min_blocks_per_mp=1, stream=stream)
 
     @staticmethod
-    def _tma_load(x: cute.Tensor, staged: cute.ComposedLayout, tile: tuple, mcast: int):
+    def _tma_load(x: cute.Tensor, staged: cute.ComposedLayout, tile: tuple[int, int], mcast: int) -> tuple[Any, Any]:
         op = (cute.nvgpu.cpasync.CopyBulkTensorTileG2SMulticastOp() if mcast > 1
               else cute.nvgpu.cpasync.CopyBulkTensorTileG2SOp())
         return cute.nvgpu.cpasync.make_tiled_tma_atom(op, x, cute.slice_(staged, (None, None, 0)), tile,
@@ -119,7 +121,7 @@ class WgmmaGemm:
     def kernel(self, tma_a: cute.CopyAtom, g_a: cute.Tensor, tma_b: cute.CopyAtom, g_b: cute.Tensor,
                tma_c: cute.CopyAtom, g_c: cute.Tensor, mma: cute.TiledMma, a_smem: cute.ComposedLayout,
                b_smem: cute.ComposedLayout, c_smem: cute.ComposedLayout,
-               cluster_rows: cutlass.Int32, cluster_cols: cutlass.Int32, work: cutlass.Int32):
+               cluster_rows: cutlass.Int32, cluster_cols: cutlass.Int32, work: cutlass.Int32) -> None:
         tile_m, tile_n, tile_k = self.tile
         tidx, _, _ = cute.arch.thread_idx()
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
@@ -174,9 +176,9 @@ class WgmmaGemm:
                 state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
                 w = first
                 while w < work:
-                    m, n, l = self._tile(w, cluster_rows, cluster_cols)
-                    src_a = ta_g[(None, m, None, l)]
-                    src_b = tb_g[(None, n, None, l)]
+                    m, n, batch = self._tile(w, cluster_rows, cluster_cols)
+                    src_a = ta_g[(None, m, None, batch)]
+                    src_b = tb_g[(None, n, None, batch)]
                     for k in range(k_tiles):
                         ring.producer_acquire(state)
                         full = ring.producer_get_barrier(state)
@@ -193,7 +195,8 @@ class WgmmaGemm:
             self._consume(tidx - _WARPGROUP, warpgroup - 1, warp, ring, mma, s_a, s_b, s_c, t_c, k_tiles,
                           tma_c, cluster_rows, cluster_cols, first, stride, work)
 
-    def _tile(self, w: cutlass.Int32, cluster_rows: cutlass.Int32, cluster_cols: cutlass.Int32):
+    def _tile(self, w: cutlass.Int32, cluster_rows: cutlass.Int32,
+              cluster_cols: cutlass.Int32) -> tuple[Any, Any, Any]:
         """The ``(m, n, l)`` tile of this CTA in the cluster tile ``w`` of the swizzled walk.
 
         Cluster tiles go in bands of ``swizzle`` cluster rows: down a band's rows, then across
@@ -201,8 +204,8 @@ class WgmmaGemm:
         ``a``'s rows (L2 reuse); bands, then batches, follow each other.
         """
         per_batch = cluster_rows * cluster_cols
-        l = w // per_batch
-        r = w - l * per_batch
+        batch = w // per_batch
+        r = w - batch * per_batch
         band = self.swizzle * cluster_cols
         g = r // band
         within = r - g * band
@@ -210,14 +213,14 @@ class WgmmaGemm:
         x, y, _ = cute.arch.block_idx()
         m = (g * self.swizzle + within % rows) * self.cluster[0] + x
         n = (within // rows) * self.cluster[1] + y
-        return m, n, l
+        return m, n, batch
 
     @cute.jit
     def _consume(self, tid: cutlass.Int32, consumer: cutlass.Int32, warp: cutlass.Int32,
                  ring: pipeline.PipelineTmaAsync, mma: cute.TiledMma, s_a: cute.Tensor, s_b: cute.Tensor,
                  s_c: cute.Tensor, t_c: cute.Tensor, k_tiles: cutlass.Int32, tma_c: cute.CopyAtom,
                  cluster_rows: cutlass.Int32, cluster_cols: cutlass.Int32, first: cutlass.Int32,
-                 stride: cutlass.Int32, work: cutlass.Int32):
+                 stride: cutlass.Int32, work: cutlass.Int32) -> None:
         """The consumer warpgroups: wgmma over the ring, then the epilogue, tile after tile."""
         threads = self.consumers * _WARPGROUP
         thr_mma = mma.get_slice(consumer * _WARPGROUP)
@@ -247,7 +250,7 @@ class WgmmaGemm:
         written = cutlass.Int32(0)
         w = first
         while w < work:
-            m, n, l = self._tile(w, cluster_rows, cluster_cols)
+            m, n, batch = self._tile(w, cluster_rows, cluster_cols)
             # Main loop: one slice's MMAs stay in flight while the next slice is awaited.
             acc.fill(0.0)
             mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
@@ -269,7 +272,7 @@ class WgmmaGemm:
                 release.advance()
 
             # Epilogue: subtiles of epi_tile, column-major over the tile (the accumulator's order).
-            out = cute.zipped_divide(t_c[(None, None, m, n, l)], self.epi_tile)
+            out = cute.zipped_divide(t_c[(None, None, m, n, batch)], self.epi_tile)
             sc_part, gc_part = cute.nvgpu.cpasync.tma_partition(
                 tma_c, 0, cute.make_layout(1), cute.group_modes(s_c, 0, 2), out)
             grid_shape = out.shape[1]
@@ -295,6 +298,6 @@ class WgmmaGemm:
 @cute.jit
 def launch(stream: cuda.CUstream, a: cute.Tensor, b: cute.Tensor, c: cute.Tensor, *, tile_m: cutlass.Constexpr,
            tile_n: cutlass.Constexpr, cluster_m: cutlass.Constexpr, cluster_n: cutlass.Constexpr,
-           stages: cutlass.Constexpr, swizzle: cutlass.Constexpr, max_clusters: cutlass.Constexpr):
+           stages: cutlass.Constexpr, swizzle: cutlass.Constexpr, max_clusters: cutlass.Constexpr) -> None:
     """``cutlass_call``'s entry: ``c = a @ bᵀ`` per batch with the given compile-time plan."""
     WgmmaGemm(tile_m, tile_n, cluster_m, cluster_n, stages, swizzle, max_clusters)(a, b, c, stream)

@@ -271,12 +271,14 @@ class WgmmaGemm:
                 ring.consumer_release(release)
                 release.advance()
 
-            # Epilogue: subtiles of epi_tile, column-major over the tile (the accumulator's order).
+            # Epilogue: subtiles of epi_tile in the accumulator registers' order: each thread's
+            # fragment runs over all columns of one row repeat before the next repeat (256-row
+            # tiles), so subtiles go row-major, 16 consecutive registers per 128x32 subtile.
             out = cute.zipped_divide(t_c[(None, None, m, n, batch)], self.epi_tile)
             sc_part, gc_part = cute.nvgpu.cpasync.tma_partition(
                 tma_c, 0, cute.make_layout(1), cute.group_modes(s_c, 0, 2), out)
             grid_shape = out.shape[1]
-            order = cute.make_layout(grid_shape, stride=(1, grid_shape[0]))
+            order = cute.make_layout(grid_shape, stride=(grid_shape[1], 1))
             for e in cutlass.range_constexpr(cute.size(out, mode=[1])):
                 for v in cutlass.range_constexpr(chunk_size):
                     chunk[v] = r2s_acc[e * chunk_size + v]

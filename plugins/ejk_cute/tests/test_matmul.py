@@ -68,8 +68,8 @@ def test_backward_compiles_with_transposed_operands(tile: tuple[int, int], dtype
 
 @needs_cutlass
 @pytest.mark.parametrize(("sa", "sb"), [
-    ((3, 40, 24), (24, 56)),  # a's batch folds into its rows
-    ((3, 1, 40, 24), (2, 24, 56)),  # broadcast batches: the kernel's L mode, float32 partial gradients
+    ((3, 41, 24), (24, 56)),  # a's batch folds into its rows (123 rows: m need not be aligned)
+    ((3, 1, 41, 24), (2, 24, 56)),  # broadcast batches: the kernel's L mode, float32 partial gradients
     ((24,), (2, 24, 16)),  # 1-D a: one row
 ], ids=str)
 def test_batched_shapes_compile_forward_and_backward(sa: tuple[int, ...], sb: tuple[int, ...]) -> None:

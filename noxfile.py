@@ -28,9 +28,10 @@ WORKERS = os.environ.get("EJK_TEST_WORKERS", "2")
 # Per plugin: extra requirements and environment of its test session. ejk-triton's tests run the
 # real kernels through Triton's interpreter (EJK_TRITON_INTERPRET=1, read before triton is
 # imported); triton 3.6's interpreter breaks on numpy 2.4 for runtime loop bounds. ejk-pallas's tests
-# run its GPU kernels in Pallas's interpret mode (EJK_PALLAS_INTERPRET=1).
+# run its GPU kernels in Pallas's interpret mode (EJK_PALLAS_INTERPRET=1). ejk-cute's tests compile
+# every CuTe kernel config for Hopper on the CPU (jax.export for CUDA); the DSL reads the target from
+# CUTE_DSL_ARCH when there is no GPU.
 PLUGIN_TEST_DEPS = {"triton": ["numpy<2.4", "triton>=3.6,<3.7"], "cute": ["nvidia-cutlass-dsl==4.8.1"]}
-# ejk-cute's tests compile its kernels for sm_90a on the CPU (the compile path; no GPU needed).
 PLUGIN_TEST_ENV = {"triton": {"EJK_TRITON_INTERPRET": "1"}, "pallas": {"EJK_PALLAS_INTERPRET": "1"},
                    "cute": {"CUTE_DSL_ARCH": "sm_90a"}}
 

@@ -14,6 +14,7 @@ import pytest
 import ejk
 from ejk.testing import AttentionCase, assert_close, reference_flash_attention
 from ejk_cute import _flash_attention as fa
+from ejk_cute import _status
 
 S = jax.ShapeDtypeStruct
 
@@ -51,26 +52,19 @@ def test_gate_refuses_mixed_dtypes() -> None:
 @pytest.mark.parametrize("d", fa.HEAD_DIMS)
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
 def test_gate_on_this_machine(d: int, dtype: Any) -> None:
-    """Supported calls pass the argument checks; what remains is the toolkit / device reason."""
+    """Supported calls pass the argument checks; what remains is the platform's reason (CUTLASS, sm_90+)."""
     q, k, v = _qkv(d=d, dtype=dtype, sq=1, sk=77, hq=8, hkv=1)
     reason = fa.capability(q, k, v, causal=True, sliding_window=(5, 0), logits_soft_cap=30.0)
-    expected = fa._toolkit_reason() or fa._device_reason()
-    assert reason == expected
+    assert reason == _status.runtime_reason()
     if jax.default_backend() == "cpu":
-        assert reason is not None and ("compute capability 9.0" in reason or "not installed" in reason)
+        assert reason is not None and ("9.0" in reason or "nvidia-cutlass-dsl" in reason)
 
 
-def test_device_reason_names_older_gpus(monkeypatch: pytest.MonkeyPatch) -> None:
-    class Ampere:
-        compute_capability = "8.0"
-        device_kind = "NVIDIA A100"
-
-    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
-    monkeypatch.setattr(jax, "devices", lambda *a: [Ampere()])
-    reason = fa._device_reason()
-    assert reason is not None and "9.0+" in reason and "A100 has 8.0" in reason
-    Ampere.compute_capability = "9.0"
-    assert fa._device_reason() is None
+def test_gate_passes_supported_calls_where_the_kernels_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_status, "runtime_reason", lambda: None)
+    assert fa.capability(*_qkv(d=64, sq=1, sk=1, hq=8, hkv=1), causal=True) is None
+    monkeypatch.setattr(_status, "runtime_reason", lambda: "needs sm_90+ (Hopper or newer): this GPU is sm_80")
+    assert fa.capability(*_qkv()) == "needs sm_90+ (Hopper or newer): this GPU is sm_80"
 
 
 # -- configs --------------------------------------------------------------------------------------------

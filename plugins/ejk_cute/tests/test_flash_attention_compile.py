@@ -14,12 +14,13 @@ import jax
 import jax.numpy as jnp
 import pytest
 
+from ejk_cute import _compile
 from ejk_cute import _flash_attention as fa
 
-cutlass_jax = pytest.importorskip("cutlass.jax", reason="nvidia-cutlass-dsl is not installed")
+pytest.importorskip("cutlass.jax", reason="nvidia-cutlass-dsl is not installed")
 
 S = jax.ShapeDtypeStruct
-CUSTOM_CALL = "CuteDSLRT_NvJaxCutlassCall"
+CUSTOM_CALL = _compile.CUSTOM_CALL_TARGET
 
 #: (name, static options, (Sq, Sk, Hq, Hkv)): lengths off the block multiples, Sq != Sk where masks align.
 VARIANTS: tuple[tuple[str, dict[str, Any], tuple[int, int, int, int]], ...] = (
@@ -31,8 +32,8 @@ VARIANTS: tuple[tuple[str, dict[str, Any], tuple[int, int, int, int]], ...] = (
 
 
 def _lowered(fn: Any, *structs: S) -> str:
-    exported = jax.export.export(jax.jit(fn), platforms=["cuda"],
-                                 disabled_checks=cutlass_jax.get_export_disabled_safety_checks())(*structs)
+    exported = _compile.export_for_cuda(fn, *structs)
+    assert len(_compile.kernel_calls(exported)) == 1
     return str(exported.mlir_module())
 
 

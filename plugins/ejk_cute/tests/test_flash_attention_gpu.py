@@ -23,8 +23,9 @@ from ejk.testing import (
     reference_flash_attention_lse,
 )
 from ejk_cute import _flash_attention as fa
+from ejk_cute import _status
 
-REASON = fa._toolkit_reason() or fa._device_reason()
+REASON = _status.runtime_reason()
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(REASON is not None, reason=str(REASON))]
 
 #: (b, sq, hq, sk, hkv, d) and options, as ejk.testing's conformance cases.

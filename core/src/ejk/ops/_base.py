@@ -490,10 +490,10 @@ def run_op(kernel: OpKernel, arrays: tuple[Any, ...], static: dict[str, Any], pl
     plat = resolve_platform(platform)
     choice = None if cfg is None else kernel.choice_for(cfg, plat)
 
-    def call(*given: Any) -> Any:
-        return get_default_executor()(kernel, *given, cfg=choice, platform=plat, **static)
+    def call(*given: Any, **override: Any) -> Any:
+        return get_default_executor()(kernel, *given, cfg=choice, platform=plat, **{**static, **override})
 
     from ejk.ops._sharded import run_sharded  # sharded inputs: one call per shard (shapes per shard)
 
-    split, out = run_sharded(kernel.op_id, arrays, call)
+    split, out = run_sharded(kernel.op_id, arrays, call, static)
     return out if split else call(*arrays)

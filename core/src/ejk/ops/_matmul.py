@@ -9,7 +9,7 @@ import numpy as np
 
 from ejk.execution.kernel import Invocation
 from ejk.ops._base import ImplChoice, OpKernel, run_op
-from ejk.ops._check_common import as_array, matmul_precision
+from ejk.ops._check_common import as_array, matmul_precision, result_dtype
 from ejk.ops._check_common import preferred_element_type as output_dtype
 from ejk.ops._check_grouped import check_grouped_matmul_args, check_matmul_args
 from ejk.ops._definition import define_op
@@ -37,7 +37,7 @@ class MatmulKernel(OpKernel):
         static = {
             "precision": matmul_precision("matmul", precision),
             "preferred_element_type": output_dtype(
-                "matmul", preferred_element_type, jax.numpy.result_type(a.dtype, b.dtype),
+                "matmul", preferred_element_type, result_dtype(a.dtype, b.dtype),
                 default_means="result_type(a, b)",
             ),
         }

@@ -1,8 +1,9 @@
 """Sharded inputs without ``shard_map``: the op layer runs a call per shard where the op allows it.
 
-When an op's leading array carries a :class:`jax.sharding.NamedSharding` over mesh axes the op can
-split independently — batch and heads of attention, rows / columns of matmuls, columns of grouped
-matmul, heads of paged attention — :func:`run_sharded` wraps the call in ``jax.shard_map`` over
+When an op's arrays carry a :class:`jax.sharding.NamedSharding` over mesh axes the op can split —
+batch and heads of attention, rows / columns / contraction of matmuls, experts / rows / columns /
+contraction of grouped matmul, heads and tokens of paged attention (:mod:`ejk.ops._shard_rules`
+says which, and what communicates) — :func:`run_sharded` wraps the call in ``jax.shard_map`` over
 those axes. The Executor then sees per-shard shapes, so the kernel and its config are chosen
 (and tuned) for the shard each device runs; the other inputs are resharded to match, and dims
 that cannot be split (a sequence-sharded ``q``) are gathered first, as the kernels need them whole.
@@ -11,102 +12,24 @@ Where shardings are visible: concrete arrays (eager calls) carry them; under ``j
 are part of the types only for mesh axes of type ``Explicit`` (``jax.make_mesh(...,
 axis_types=(AxisType.Explicit, ...))`` with ``jax.set_mesh``). With ``Auto`` axes a traced
 value's sharding is decided later by the compiler; such calls run as before (XLA partitions
-them as it can). Dimensions that cannot be split (sequence of attention, contraction of
-matmuls, rows of grouped matmul, which depend on the group offsets) are never split here.
+them as it can).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-__all__ = ["SHARD_RULES", "run_sharded"]
+from ejk.ops._shard_plan import Axes, ShardPlan
+from ejk.ops._shard_rules import SHARD_RULES, Rule
+from ejk.parallel._vma import varying_like
 
-Axes = tuple[str, ...]
-AxesOf = Callable[[Any, int], Axes]
-Size = Callable[[Axes], int]
-#: ``rule(arrays, axes_of, size) -> (in_specs per array, out_specs) | None`` (``None``: the op cannot be
-#: wrapped, call it as is): ``axes_of(x, dim)`` gives
-#: the splittable mesh axes one dim of an input is sharded over (``()``: unsplit), ``size(axes)``
-#: the number of shards they make.
-Rule = Callable[[tuple[Any, ...], AxesOf, Size], "tuple[tuple[Any, ...], Any] | None"]
-
-
-def _spec(*dims: Axes | None) -> P:
-    return P(*[None if not d else (d[0] if len(d) == 1 else d) for d in dims])
-
-
-def _heads(axes_of: AxesOf, size: Size, q: Any, q_dim: int, kv: Any,
-           kv_dim: int) -> tuple[Axes, Axes]:
-    """Axes splitting query heads and kv heads so that head ``h`` still uses kv head ``h // G``."""
-    axes = axes_of(q, q_dim)
-    parts = size(axes)
-    if not axes or q.shape[q_dim] % parts:
-        return (), ()
-    if kv.shape[kv_dim] % parts == 0:
-        return axes, axes
-    return (axes, ()) if kv.shape[kv_dim] == 1 else ((), ())
-
-
-def _divides(size: Size, axes: Axes, *extents: int) -> Axes:
-    return axes if axes and all(e % size(axes) == 0 for e in extents) else ()
-
-
-def _attention(lse: bool) -> Rule:
-    def rule(arrays: tuple[Any, ...], axes_of: AxesOf, size: Size) -> Any:
-        q, k, v, q_seg, kv_seg, bias = arrays
-        batch = _divides(size, axes_of(q, 0), q.shape[0])
-        heads, kv_heads = _heads(axes_of, size, q, 2, k, 2)
-        specs: list[P | None] = [_spec(batch, None, heads, None), _spec(batch, None, kv_heads, None),
-                                 _spec(batch, None, kv_heads, None), _spec(batch, None), _spec(batch, None)]
-        bias_spec = None
-        if bias is not None:
-            bias_spec = _spec(batch if bias.shape[0] > 1 else None, heads if bias.shape[1] > 1 else None, None, None)
-        specs = [s if x is not None else None for s, x in zip(specs, (q, k, v, q_seg, kv_seg), strict=True)]
-        out = _spec(batch, None, heads, None)
-        return (*specs, bias_spec), ((out, _spec(batch, heads, None)) if lse else out)
-
-    return rule
-
-
-def _matmul(arrays: tuple[Any, ...], axes_of: AxesOf, size: Size) -> Any:
-    a, b = arrays
-    if a.ndim < 2 or b.ndim != 2:
-        return None
-    lead = [_divides(size, axes_of(a, d), a.shape[d]) for d in range(a.ndim - 1)]
-    cols = _divides(size, axes_of(b, 1), b.shape[1])
-    if set(cols) & {x for axes in lead for x in axes}:
-        cols = ()
-    return (_spec(*lead, None), _spec(None, cols)), _spec(*lead, cols)
-
-
-def _grouped(arrays: tuple[Any, ...], axes_of: AxesOf, size: Size) -> Any:
-    rhs = arrays[1]
-    cols = _divides(size, axes_of(rhs, 2), rhs.shape[2])
-    return (_spec(None, None), _spec(None, None, cols), _spec(None)), _spec(None, cols)
-
-
-def _paged(arrays: tuple[Any, ...], axes_of: AxesOf, size: Size) -> Any:
-    q, k_pages, _, *rest = arrays
-    heads, kv_heads = _heads(axes_of, size, q, 1, k_pages, 2)
-    pages = _spec(None, None, kv_heads, None)
-    return (_spec(None, heads, None), pages, pages, *[_spec(*([None] * x.ndim)) for x in rest]), \
-        _spec(None, heads, None)
-
-
-#: Per op: how a call splits. Third-party ops may add theirs (same signature).
-SHARD_RULES: dict[str, Rule] = {
-    "flash_attention": _attention(lse=False),
-    "flash_attention_lse": _attention(lse=True),
-    "matmul": _matmul,
-    "grouped_matmul": _grouped,
-    "ragged_paged_attention": _paged,
-}
+__all__ = ["SHARD_RULES", "Rule", "ShardPlan", "run_sharded"]
 
 
 def _sharding(x: Any) -> tuple[Any, Any] | None:
@@ -128,8 +51,13 @@ def _sharding(x: Any) -> tuple[Any, Any] | None:
     return mesh, sharding.spec
 
 
-def run_sharded(op_id: str, arrays: tuple[Any, ...], call: Callable[..., Any]) -> tuple[bool, Any]:
-    """Run ``call(*arrays)`` per shard when the op's rule splits it: ``(True, out)``; else ``(False, None)``."""
+def run_sharded(op_id: str, arrays: tuple[Any, ...], call: Callable[..., Any],
+                static: Mapping[str, Any] | None = None) -> tuple[bool, Any]:
+    """Run ``call(*arrays)`` per shard when the op's rule splits it: ``(True, out)``; else ``(False, None)``.
+
+    ``call`` also takes keyword overrides of the op's ``static`` arguments (a rule's body may
+    ask for float32 partial results, for instance).
+    """
     rule = SHARD_RULES.get(op_id)
     if rule is None:
         return False, None
@@ -157,17 +85,24 @@ def run_sharded(op_id: str, arrays: tuple[Any, ...], call: Callable[..., Any]) -
     plan = rule(arrays, axes_of, size)
     if plan is None:
         return False, None
-    in_specs, out_specs = plan
+    if not isinstance(plan, ShardPlan):
+        plan = ShardPlan(*plan)
+    def typed(*given: Any, **override: Any) -> Any:
+        # Every array varies along the same mesh axes: a custom VJP then returns cotangents of
+        # its primals' types, and the cast's transpose sums a replicated operand's gradient.
+        return call(*varying_like(given, *[x for x in given if x is not None]), **override)
+
+    inner = typed if plan.body is None else plan.body(typed, dict(static or {}))
     present = [i for i, x in enumerate(arrays) if x is not None]
 
     def local(*given: Any) -> Any:
         full = list(arrays)
         for i, x in zip(present, given, strict=True):
             full[i] = x
-        return call(*full)
+        return inner(*full)
 
-    specs = tuple(in_specs[i] for i in present)
-    mapped = jax.shard_map(local, mesh=mesh, in_specs=specs, out_specs=out_specs)
+    specs = tuple(plan.in_specs[i] for i in present)
+    mapped = jax.shard_map(local, mesh=mesh, in_specs=specs, out_specs=plan.out_specs)
     return True, mapped(*(_placed(arrays[i], mesh, spec) for i, spec in zip(present, specs, strict=True)))
 
 

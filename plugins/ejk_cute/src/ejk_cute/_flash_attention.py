@@ -1,6 +1,6 @@
 """``flash_attention`` (and ``flash_attention_lse``) as a FlashAttention-3-style CuTe DSL kernel for Hopper.
 
-The forward runs the CuTe kernel of :mod:`ejk_cute._attention_kernel` through CUTLASS's JAX bridge
+The forward runs the CuTe kernel of :mod:`ejk_cute.kernels.attention` through CUTLASS's JAX bridge
 (``cutlass.jax.cutlass_call``); it saves the residuals of every ejk flash attention
 (:data:`RESIDUALS`: the inputs, the output and the base-2 log-sum-exp ``[B, Hq, Sq]`` float32,
 ``+inf`` for rows that see no key), so any installed implementation that declares the same tag
@@ -14,7 +14,6 @@ This module imports neither ``cutlass`` nor a GPU toolkit at import time.
 from __future__ import annotations
 
 import functools
-import importlib.util
 import math
 from collections.abc import Callable
 from typing import Any
@@ -25,6 +24,7 @@ import jax.custom_batching
 import jax.numpy as jnp
 
 from ejk.config.validators import int_in, one_of
+from ejk_cute import _compile, _device, _status
 
 #: The residual format of :func:`forward_with_residuals` (the same as ejk-triton's and ejk-pallas's).
 RESIDUALS = "flash_attention:inputs+out+lse2"
@@ -39,7 +39,7 @@ PRIORITY = 8
 HEAD_DIMS = (64, 128)
 BLOCK_Q = 128
 #: Shared memory one block may opt into on sm_90 (H100 / H200), bytes.
-SMEM_LIMIT = 227 * 1024
+SMEM_LIMIT = _device.HOPPER_SMEM_BYTES
 _DTYPES = ("bfloat16", "float16")
 _MAX_GRID_YZ = 65535
 _LOG2E = math.log2(math.e)
@@ -126,7 +126,7 @@ def config_space(q: Any, k: Any, v: Any, *_: Any, **__: Any) -> list[FlashAttent
     d = _head_dim(q)
     itemsize = jnp.dtype(q.dtype).itemsize
     configs = [FlashAttentionConfig(block_kv=bn, stages=s) for bn, s in _CANDIDATES.get(d, ())]
-    return [c for c in configs if smem_bytes(c, d, itemsize) <= SMEM_LIMIT]
+    return [c for c in configs if smem_bytes(c, d, itemsize) <= _device.smem_capacity()]
 
 
 def heuristic_config(q: Any, k: Any, v: Any, *rest: Any, **static: Any) -> FlashAttentionConfig:
@@ -138,28 +138,6 @@ def heuristic_config(q: Any, k: Any, v: Any, *rest: Any, **static: Any) -> Flash
 # ----------------------------------------------------------------------------------------------
 # Capability gate
 # ----------------------------------------------------------------------------------------------
-
-
-def _toolkit_reason() -> str | None:
-    """Why CUTLASS's DSL cannot be used here (``None`` when it is importable). Imports nothing."""
-    if importlib.util.find_spec("cutlass") is None:
-        return "nvidia-cutlass-dsl is not installed (pip install 'ejk-cute[cutlass]')"
-    return None
-
-
-def _device_reason() -> str | None:
-    """Why JAX's default device cannot run an sm_90a kernel (``None`` when it can)."""
-    backend = jax.default_backend()
-    if backend != "gpu":
-        return f"needs an NVIDIA GPU of compute capability 9.0+ (JAX's default backend is {backend})"
-    device = jax.devices()[0]
-    capability = str(getattr(device, "compute_capability", "") or "")
-    if not capability:
-        return f"needs an NVIDIA GPU of compute capability 9.0+ ({device.device_kind} reports none)"
-    major, _, minor = capability.partition(".")
-    if (int(major or 0), int(minor or 0)) < (9, 0):
-        return f"needs compute capability 9.0+ (Hopper); {device.device_kind} has {capability}"
-    return None
 
 
 def capability(
@@ -200,7 +178,7 @@ def capability(
         return "bias not supported"
     if int(q.shape[2]) > _MAX_GRID_YZ or int(q.shape[0]) > _MAX_GRID_YZ:
         return f"q heads {int(q.shape[2])} / batch {int(q.shape[0])} exceed the grid limit {_MAX_GRID_YZ}"
-    return _toolkit_reason() or _device_reason()
+    return _status.runtime_reason()
 
 
 # ----------------------------------------------------------------------------------------------
@@ -212,7 +190,7 @@ def capability(
 def _kernel(head_dim: int, block_kv: int, stages: int, pingpong: bool, group: int, scale: float,
             cap: float | None, causal: bool, window: tuple[int, int] | None) -> Any:
     """One kernel object per static variant (the same object keeps cutlass_call's compile cache warm)."""
-    from ejk_cute._attention_kernel import FlashForwardSm90
+    from ejk_cute.kernels.attention import FlashForwardSm90
 
     return FlashForwardSm90(head_dim=head_dim, block_kv=block_kv, stages=stages, group=group,
                             scale_log2=(scale if cap is None else cap) * _LOG2E,
@@ -223,7 +201,8 @@ def _kernel(head_dim: int, block_kv: int, stages: int, pingpong: bool, group: in
 def _launch(cfg: FlashAttentionConfig, static: dict[str, Any], q: jax.Array, k: jax.Array,
             v: jax.Array) -> tuple[jax.Array, jax.Array]:
     """One ``cutlass_call``: ``(out [B, Sq, Hq, D], lse2 [B, Hq, Sq] float32)``."""
-    from cutlass.jax import TensorSpec, cutlass_call
+    _compile.import_cutlass()
+    from cutlass.jax import TensorSpec
 
     batch, q_len, q_heads, d = (int(n) for n in q.shape)
     window = static["sliding_window"]
@@ -232,10 +211,9 @@ def _launch(cfg: FlashAttentionConfig, static: dict[str, Any], q: jax.Array, k: 
                      static["logits_soft_cap"], bool(static["causal"]),
                      None if window is None else (int(window[0]), int(window[1])))
     qo_modes = TensorSpec(mode=(1, 3, 2, 0))  # [B, S, H, D] -> (S, D, H, B)
-    call = cutlass_call(
+    call = _compile.cutlass_call(
         kernel,
-        output_shape_dtype=(jax.ShapeDtypeStruct(q.shape, q.dtype),
-                            jax.ShapeDtypeStruct((batch, q_heads, q_len), jnp.float32)),
+        outputs=(jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct((batch, q_heads, q_len), jnp.float32)),
         input_spec=(qo_modes, qo_modes, TensorSpec(mode=(3, 1, 2, 0))),  # v -> (D, S, H, B): N-major B operand
         output_spec=(qo_modes, TensorSpec(mode=(2, 1, 0))),  # lse [B, H, S] -> (S, H, B)
     )

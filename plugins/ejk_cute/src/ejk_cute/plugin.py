@@ -1,4 +1,9 @@
-"""The ``cute`` entry point. Needs nvidia-cutlass-dsl and an sm_90+ GPU; imports neither here."""
+"""The ``cute`` entry point: registers the CuTe DSL implementations with their configs, gates and VJPs.
+
+Imports neither CUTLASS nor a GPU runtime: the kernels import CUTLASS when they are first traced
+(``_compile.import_cutlass``), and every gate starts with ``_status.runtime_reason`` (CUTLASS
+installed, an sm_90+ GPU), so the plugin loads everywhere and never crashes a call it cannot run.
+"""
 
 from __future__ import annotations
 
@@ -6,28 +11,34 @@ from collections.abc import Callable
 from typing import Any
 
 import ejk
-from ejk.plugins import probe_platform
+from ejk_cute import _matmul, _status
 from ejk_cute._flash_attention import register_flash_attention
 
+#: Compute capability the kernels need (wgmma, TMA, clusters); see ``_device``.
 MIN_COMPUTE_CAPABILITY = (9, 0)
+
+#: matmul: below ejk-xla's ``dot`` (0), like ejk-triton's GEMM: XLA's cuBLAS GEMM is the baseline a
+#: dense matmul must beat, so the heuristics tier keeps it first; autotuning times both and picks
+#: the CuTe kernel where it wins (benchmarks/bench_cute_matmul.py measures both).
+MATMUL_PRIORITY = -5
 
 
 @ejk.hookimpl
 def ejk_register_kernels(register: Callable[..., Callable[[Any], Any]]) -> None:
+    """Registers the implementations that have kernels, for the GPU backend only."""
+    mm = _matmul
+    register("matmul", ejk.Platform.CUTE, "gpu", priority=MATMUL_PRIORITY, name="wgmma", cfg_type=mm.MatmulConfig,
+             config_space=mm.config_space, heuristic=mm.heuristic_config, capability=mm.capability,
+             vjp=ejk.VJP(fwd=mm.forward_with_residuals, bwd=mm.backward, residuals=mm.RESIDUALS))(mm.forward)
     register_flash_attention(register)
 
 
 @ejk.hookimpl
 def ejk_platform_status() -> ejk.PlatformStatus:
-    status = probe_platform("cute", requires={"cutlass": "nvidia-cutlass-dsl"}, backends=("gpu",))
-    if not status.available:
-        return status
-    import jax
+    return _status.platform_status()  # type: ignore[no-any-return]
 
-    capability = str(getattr(jax.devices()[0], "compute_capability", "0.0"))
-    major, _, minor = capability.partition(".")
-    if (int(major or 0), int(minor or 0)) < MIN_COMPUTE_CAPABILITY:
-        return ejk.PlatformStatus(platform="cute", available=False, versions=dict(status.versions),
-                                  reason=f"CuTe kernels need compute capability >= 9.0, this GPU has {capability}",
-                                  fix="run on an NVIDIA Hopper (H100/H200) or newer GPU")
-    return status
+
+@ejk.hookimpl
+def ejk_device_fingerprint(device: Any) -> dict[str, str] | None:
+    capability = getattr(device, "compute_capability", None)
+    return {"cc": str(capability)} if capability else None

@@ -25,7 +25,7 @@ import numpy as np
 from jax import lax
 
 from ejk.config.validators import positive_int
-from ejk.parallel import varying_like
+from ejk.parallel import cotangent_like, varying_like
 
 __all__ = ["GroupedMatmulConfig", "config_space", "grouped_matmul", "heuristic_config"]
 
@@ -177,7 +177,8 @@ def _grouped_matmul_bwd(
     lhs, rhs, group_sizes = residuals
     d_lhs = _grouped_product(dout, rhs, group_sizes, block, precision, transpose_w=True).astype(lhs.dtype)
     d_rhs = _grouped_outer(lhs, dout, group_sizes, block, rhs.shape[0], precision).astype(rhs.dtype)
-    return d_lhs, d_rhs, None  # group_sizes is integer: no gradient
+    # Under shard_map a replicated operand's cotangent is the sum over the axes it does not vary along.
+    return cotangent_like(d_lhs, lhs), cotangent_like(d_rhs, rhs), None  # group_sizes is integer: no gradient
 
 
 _grouped_matmul.defvjp(_grouped_matmul_fwd, _grouped_matmul_bwd)

@@ -1,7 +1,7 @@
 """FlashAttention-3-style forward kernel for Hopper (sm_90a), written in the CuTe DSL.
 
-Imported only when a kernel is compiled (it imports ``cutlass`` at the top); see
-``_flash_attention`` for the ejk-facing side.
+Imports CUTLASS at import time: ``ejk_cute._flash_attention`` imports this module only when it
+first traces a call. No ``from __future__ import annotations``: the DSL reads the annotations as types.
 
 Design (one CTA per 128-row query tile of one (batch, q head)):
 
@@ -23,8 +23,6 @@ Design (one CTA per 128-row query tile of one (batch, q head)):
 Tensors arrive through ``cutlass.jax.cutlass_call`` with modes permuted (see ``_flash_attention``):
 q / out ``(Sq, D, Hq, B)``, k ``(Sk, D, Hkv, B)``, v ``(D, Sk, Hkv, B)``, lse ``(Sq, Hq, B)``.
 """
-
-from __future__ import annotations
 
 import math
 from typing import Any

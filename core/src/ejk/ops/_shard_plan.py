@@ -1,0 +1,57 @@
+"""What a shard rule returns: the ``shard_map`` specs of a call and, optionally, its per-shard body.
+
+A rule (see :data:`ejk.ops._sharded.SHARD_RULES`) looks at how a call's arrays are sharded and
+answers with a :class:`ShardPlan`: ``in_specs`` / ``out_specs`` for ``jax.shard_map`` and, where
+a shard cannot simply run the op on its blocks (expert-parallel grouped matmul, a split
+contraction, token-split paged attention), a ``body`` that adapts the call and combines the
+partial results with collectives.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import attrs
+from jax.sharding import PartitionSpec as P
+
+__all__ = ["AxesOf", "Axes", "Body", "Call", "ShardPlan", "Size", "divides", "spec"]
+
+Axes = tuple[str, ...]
+#: ``axes_of(x, dim)``: the splittable mesh axes one dim of an input is sharded over (``()``: unsplit).
+AxesOf = Callable[[Any, int], Axes]
+#: ``size(axes)``: how many shards those mesh axes make.
+Size = Callable[[Axes], int]
+#: The per-shard call of the op: ``call(*arrays, **static_overrides)`` (overrides replace the
+#: op's static arguments, e.g. ``preferred_element_type=float32`` for partial sums).
+Call = Callable[..., Any]
+#: ``body(call, static) -> local``: the function ``shard_map`` runs on each shard's blocks (the
+#: same arguments as ``call``); ``static`` is the op's static arguments.
+Body = Callable[[Call, Mapping[str, Any]], Callable[..., Any]]
+
+
+@attrs.frozen
+class ShardPlan:
+    """How one call runs per shard.
+
+    Attributes:
+        in_specs: One ``PartitionSpec`` per array argument (``None`` for absent arrays).
+        out_specs: The output's spec (a tuple of them for several outputs).
+        body: Adapts the call per shard (``None``: run the op on the blocks as they are).
+    """
+
+    in_specs: tuple[Any, ...]
+    out_specs: Any
+    body: Body | None = None
+
+
+def spec(*dims: Axes | None) -> P:
+    """A ``PartitionSpec`` from per-dim axes (``()`` / ``None``: unsplit)."""
+    return P(*[None if not d else (d[0] if len(d) == 1 else d) for d in dims])
+
+
+def divides(size: Size, axes: Axes, *extents: int) -> Axes:
+    """``axes`` when they split every extent evenly (and some extent is nonzero), else ``()``."""
+    if not axes or not any(extents):
+        return ()
+    return axes if all(e % size(axes) == 0 for e in extents) else ()

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 import ejk
-from ejk_pallas import _env, _flash_attention, _flash_attention_tpu
+from ejk_pallas import _env, _flash_attention, _flash_attention_tpu, _grouped_matmul, _matmul, _paged_attention
 
 #: Same tier as ejk-triton's kernel (5): between ejk-xla's chunked kernel (0) and its cuDNN one (10),
 #: until H100 measurements say where the Pallas kernel wins; autotuning compares them everywhere.
@@ -17,6 +17,10 @@ PRIORITY = 4
 #: Below ejk-xla (0): the Mosaic TPU kernel is untested on TPU hardware, so ``platform="auto"``
 #: keeps choosing XLA there; ``platform="pallas"`` (or autotuning) reaches it.
 TPU_PRIORITY = -1
+#: ragged_paged_attention / grouped_matmul: below ejk-triton's kernels for the same ops (5), above ejk-xla (0).
+OPS_PRIORITY = 3
+#: matmul: below ejk-triton's gemm (-5) and ejk-xla's cuBLAS dot (0); autotuning compares them.
+MATMUL_PRIORITY = -6
 
 
 @ejk.hookimpl
@@ -33,6 +37,24 @@ def ejk_register_kernels(register: Callable[..., Callable[[Any], Any]]) -> None:
         register("flash_attention", ejk.Platform.PALLAS, backend, priority=TPU_PRIORITY, name="mosaic_tpu",
                  cfg_type=tpu.TpuFlashAttentionConfig, config_space=tpu.config_space, heuristic=tpu.heuristic_config,
                  capability=tpu.capability, vjp=tpu_vjp)(tpu.forward)
+    _register_ops(register)
+
+
+def _register_ops(register: Callable[..., Callable[[Any], Any]]) -> None:
+    """ragged_paged_attention (not differentiable), matmul and grouped_matmul (custom VJPs)."""
+    pa, mm, gmm = _paged_attention, _matmul, _grouped_matmul
+    mm_vjp = ejk.VJP(fwd=mm.forward_with_residuals, bwd=mm.backward, residuals=mm.RESIDUALS)
+    gmm_vjp = ejk.VJP(fwd=gmm.forward_with_residuals, bwd=gmm.backward, residuals=gmm.RESIDUALS)
+    for backend in _env.backends():
+        register("ragged_paged_attention", ejk.Platform.PALLAS, backend, priority=OPS_PRIORITY,
+                 name="triton_lowered", cfg_type=pa.PagedAttentionConfig, config_space=pa.config_space,
+                 heuristic=pa.heuristic_config, capability=pa.capability)(pa.ragged_paged_attention)
+        register("matmul", ejk.Platform.PALLAS, backend, priority=MATMUL_PRIORITY, name="triton_lowered",
+                 cfg_type=mm.MatmulConfig, config_space=mm.config_space, heuristic=mm.heuristic_config,
+                 capability=mm.capability, vjp=mm_vjp)(mm.forward)
+        register("grouped_matmul", ejk.Platform.PALLAS, backend, priority=OPS_PRIORITY, name="triton_lowered",
+                 cfg_type=gmm.GroupedMatmulConfig, config_space=gmm.config_space, heuristic=gmm.heuristic_config,
+                 capability=gmm.capability, vjp=gmm_vjp)(gmm.forward)
 
 
 @ejk.hookimpl

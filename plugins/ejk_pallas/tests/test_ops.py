@@ -25,8 +25,9 @@ from ejk.testing import (
     reference_matmul,
     reference_ragged_paged_attention,
 )
-from ejk_pallas import _env, _grouped_matmul, _matmul, _paged_attention
+from ejk_pallas import _env, _grouped_matmul, _matmul, _matmul_tpu, _paged_attention
 from ejk_pallas._group_metadata import work_list
+from ejk_pallas._matmul_tpu import TpuMatmulConfig
 
 ON_GPU = _env.nvidia_gpu()[0]
 ON_TPU = jax.default_backend() == "tpu"
@@ -255,3 +256,41 @@ def test_gpu_every_config_runs() -> None:
         assert_close(got, want, jnp.bfloat16, what=str(gcfg))
         for g, w in zip(grads, want_grads, strict=True):
             assert_close(g, w, jnp.bfloat16, what=f"grad {gcfg}")
+
+
+# ----------------------------------------------------------------------------------------------
+# Mosaic TPU (untested on TPU hardware): the TPU interpret mode on the CPU (slow: tiny shapes)
+# ----------------------------------------------------------------------------------------------
+
+
+@needs_tpu_kernels
+def test_mosaic_tpu_matmul() -> None:
+    cfg = choice("mosaic_tpu", TpuMatmulConfig(block_m=8, block_n=128, block_k=128))
+    shapes = (((2, 1, 12, 9), (3, 9, 7)), ((9,), (9, 5)))
+    check_matmul("pallas", dtypes=(jnp.float32,), cfg=cfg, shapes=shapes)
+
+
+@needs_tpu_kernels
+def test_mosaic_tpu_grouped_matmul() -> None:
+    rng = np.random.default_rng(0)
+    lhs = jnp.asarray(rng.standard_normal((20, 12)), jnp.float32)
+    rhs = jnp.asarray(rng.standard_normal((4, 12, 6)), jnp.float32)
+    gs = jnp.asarray([5, 0, 11, 0], jnp.int32)  # a tile straddling groups, empty groups, trailing rows
+    cfg = choice("mosaic_tpu", TpuMatmulConfig(block_m=8, block_n=128, block_k=128))
+    got, grads = _values_and_grads(lambda x, w: ejk.grouped_matmul(x, w, gs, platform="pallas", cfg=cfg), (lhs, rhs))
+    want, want_grads = _values_and_grads(lambda x, w: reference_grouped_matmul(x, w, gs), (lhs, rhs))
+    assert_close(got, want, jnp.float32, what="grouped (TPU)")
+    for g, w, name in zip(grads, want_grads, ("lhs", "rhs"), strict=True):
+        assert_close(g, w, jnp.float32, what=f"grouped (TPU) d{name}")
+
+
+def test_mosaic_tpu_gates_and_configs() -> None:
+    sds = jax.ShapeDtypeStruct
+    a = sds((4096, 4096), jnp.bfloat16)
+    if not _env.use_interpreter() and not ON_TPU:
+        assert "needs a TPU" in (_matmul_tpu.matmul_capability(a, a) or "")
+    assert "int8" in (_matmul_tpu.matmul_capability(sds((4, 4), jnp.int8), a) or "")
+    space = _matmul_tpu.matmul_config_space(a, a)
+    assert space[0] == _matmul_tpu.heuristic_config(a, a)
+    if not _env.use_interpreter():
+        assert all(_matmul_tpu.vmem_bytes(c, 2) <= 16 * 2**20 for c in space)

@@ -9,7 +9,15 @@ from collections.abc import Callable
 from typing import Any
 
 import ejk
-from ejk_pallas import _env, _flash_attention, _flash_attention_tpu, _grouped_matmul, _matmul, _paged_attention
+from ejk_pallas import (
+    _env,
+    _flash_attention,
+    _flash_attention_tpu,
+    _grouped_matmul,
+    _matmul,
+    _matmul_tpu,
+    _paged_attention,
+)
 
 #: Same tier as ejk-triton's kernel (5): between ejk-xla's chunked kernel (0) and its cuDNN one (10),
 #: until H100 measurements say where the Pallas kernel wins; autotuning compares them everywhere.
@@ -56,8 +64,21 @@ def _register_ops(register: Callable[..., Callable[[Any], Any]]) -> None:
                  cfg_type=gmm.GroupedMatmulConfig, config_space=gmm.config_space, heuristic=gmm.heuristic_config,
                  capability=gmm.capability, vjp=gmm_vjp)(gmm.forward)
 
+    tm = _matmul_tpu
+    tmm_vjp = ejk.VJP(fwd=tm.matmul_forward_with_residuals, bwd=tm.matmul_backward_, residuals=mm.RESIDUALS)
+    tgmm_vjp = ejk.VJP(fwd=tm.grouped_forward_with_residuals, bwd=tm.grouped_backward, residuals=gmm.RESIDUALS)
+    # On the CPU (interpret mode) the TPU kernels rank below the GPU ones: the TPU interpreter is the slower.
+    for backend, prio in (("tpu", TPU_PRIORITY), ("cpu", MATMUL_PRIORITY - 1)):
+        if backend == "cpu" and not _env.interpret_mode():
+            continue
+        register("matmul", ejk.Platform.PALLAS, backend, priority=prio, name="mosaic_tpu",
+                 cfg_type=tm.TpuMatmulConfig, config_space=tm.matmul_config_space, heuristic=tm.heuristic_config,
+                 capability=tm.matmul_capability, vjp=tmm_vjp)(tm.matmul_forward_)
+        register("grouped_matmul", ejk.Platform.PALLAS, backend, priority=prio, name="mosaic_tpu",
+                 cfg_type=tm.TpuMatmulConfig, config_space=tm.grouped_config_space, heuristic=tm.heuristic_config,
+                 capability=tm.grouped_capability, vjp=tgmm_vjp)(tm.grouped_forward)
+
 
 @ejk.hookimpl
 def ejk_platform_status() -> ejk.PlatformStatus:
     return _env.platform_status()  # type: ignore[no-any-return]
-

@@ -170,7 +170,7 @@ def test_work_list_covers_every_row_once() -> None:
     sizes = jnp.asarray([0, 5, 0, 20, 3, 0], jnp.int32)
     m, bm = 40, 8
     work = work_list(sizes, m, bm, zero_group=True, visit_empty=False)
-    count = int(work.count[0])
+    count = int(work.items[0])
     group, tile, offs = (np.asarray(x) for x in (work.group, work.tile, work.offsets))
     covered = np.zeros(m, int)
     for w in range(count):
@@ -179,7 +179,7 @@ def test_work_list_covers_every_row_once() -> None:
     assert (covered == 1).all() and 0 not in group[:count] and 2 not in group[:count]  # empty groups: no item
     assert (group[count:] == group[count - 1]).all() and (tile[count:] == tile[count - 1]).all()
     empty = work_list(sizes, m, bm, zero_group=False, visit_empty=True)
-    assert set(np.asarray(empty.group)[: int(empty.count[0])]) == set(range(6))
+    assert set(np.asarray(empty.group)[: int(empty.items[0])]) == set(range(6))
 
 
 @needs_kernels
@@ -245,8 +245,8 @@ def test_gpu_every_config_runs() -> None:
     a = jnp.asarray(rng.standard_normal((1000, 768)), jnp.bfloat16)
     b = jnp.asarray(rng.standard_normal((768, 1100)), jnp.bfloat16)
     for cfg in _matmul.config_space(a, b):
-        assert_close(ejk.matmul(a, b, platform="pallas", cfg=choice("triton_lowered", cfg)), reference_matmul(a, b), jnp.bfloat16,
-                     what=str(cfg))
+        got = ejk.matmul(a, b, platform="pallas", cfg=choice("triton_lowered", cfg))
+        assert_close(got, reference_matmul(a, b), jnp.bfloat16, what=str(cfg))
     rhs = jnp.asarray(rng.standard_normal((8, 768, 1100)), jnp.bfloat16)
     gs = jnp.asarray([0, 300, 1, 0, 450, 100, 0, 49], jnp.int32)
     for gcfg in _grouped_matmul.config_space(a, rhs, gs):
@@ -294,3 +294,59 @@ def test_mosaic_tpu_gates_and_configs() -> None:
     assert space[0] == _matmul_tpu.heuristic_config(a, a)
     if not _env.use_interpreter():
         assert all(_matmul_tpu.vmem_bytes(c, 2) <= 16 * 2**20 for c in space)
+
+
+# ----------------------------------------------------------------------------------------------
+# Lowering without the hardware: Pallas's Triton lowering for CUDA, Mosaic for TPU
+# ----------------------------------------------------------------------------------------------
+
+
+def _lowered(fn: Any, *args: Any, platform: str) -> str:
+    return str(jax.jit(fn).trace(*args).lower(lowering_platforms=(platform,)).as_text())
+
+
+@pytest.mark.skipif(ON_TPU, reason="lowers for CUDA")
+def test_lowers_for_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Forward and backward kernels pass Pallas's Triton lowering (gathers, masked stores, dot algorithms)."""
+    monkeypatch.setattr(_env, "use_interpreter", lambda: False)
+    sds = jax.ShapeDtypeStruct
+    mm_cfg = _matmul.MatmulConfig()
+    for dtype in (jnp.bfloat16, jnp.float32):
+        a, b, c = sds((256, 512), dtype), sds((512, 384), dtype), sds((256, 384), dtype)
+        text = _lowered(lambda a, b, c: (_matmul.forward(a, b, cfg=mm_cfg, precision=("high", "high")),
+                                         _matmul.backward((a, b), c, cfg=mm_cfg)), a, b, c, platform="cuda")
+        assert text.count("__gpu$xla.gpu.triton") == 3
+    g_cfg = _grouped_matmul.GroupedMatmulConfig()
+    lhs, rhs, out = sds((512, 256), jnp.bfloat16), sds((8, 256, 384), jnp.bfloat16), sds((512, 384), jnp.bfloat16)
+    text = _lowered(lambda x, w, g, d: (_grouped_matmul.forward(x, w, g, cfg=g_cfg),
+                                        _grouped_matmul.backward((x, w, g), d, cfg=g_cfg)),
+                    lhs, rhs, sds((8,), jnp.int32), out, platform="cuda")
+    assert text.count("__gpu$xla.gpu.triton") == 3
+    pages = sds((64, 16, 8, 128), jnp.bfloat16)
+    for splits in (1, 4):
+        p_cfg = _paged_attention.PagedAttentionConfig(block_kv=64, num_splits=splits)
+        text = _lowered(lambda *a, c=p_cfg: _paged_attention.ragged_paged_attention(
+            *a, softmax_scale=0.1, sliding_window=(100, 0), logits_soft_cap=None, cfg=c),
+            sds((8, 32, 128), jnp.bfloat16), pages, pages, sds((8,), jnp.int32), sds((8, 8), jnp.int32),
+            sds((9,), jnp.int32), sds((), jnp.int32), platform="cuda")
+        assert text.count("__gpu$xla.gpu.triton") == 1
+
+
+def test_mosaic_tpu_lowers_for_tpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The TPU kernels pass Pallas's Mosaic lowering (a TPU v5p faked through jax's private ``tpu_info``)."""
+    try:
+        from jax._src.pallas.mosaic import tpu_info
+    except ImportError:  # pragma: no cover - jax moved it
+        pytest.skip("jax._src.pallas.mosaic.tpu_info not found")
+    if not ON_TPU:
+        monkeypatch.setattr(tpu_info, "get_device_kind", lambda: "TPU v5p")
+        monkeypatch.setattr(tpu_info, "get_num_device_cores", lambda: 1)
+    monkeypatch.setattr(_env, "use_interpreter", lambda: False)
+    sds = jax.ShapeDtypeStruct
+    cfg = _matmul_tpu.TpuMatmulConfig()
+    lhs, rhs, out = sds((512, 256), jnp.bfloat16), sds((8, 256, 384), jnp.bfloat16), sds((512, 384), jnp.bfloat16)
+    text = _lowered(lambda x, w, g, d: (_matmul_tpu.grouped_forward(x, w, g, cfg=cfg),
+                                        _matmul_tpu.grouped_backward((x, w, g), d, cfg=cfg),
+                                        _matmul_tpu.matmul_backward_((x, w[0]), d, cfg=cfg)),
+                    lhs, rhs, sds((8,), jnp.int32), out, platform="tpu")
+    assert text.count("tpu_custom_call") == 5

@@ -23,12 +23,12 @@ __all__ = ["Work", "offsets", "work_list"]
 
 
 class Work(NamedTuple):
-    """``group[w]``, ``tile[w]`` (int32 ``[W]``), row ``offsets`` ``[g + 2]`` and ``count`` ``[1]``."""
+    """``group[w]``, ``tile[w]`` (int32 ``[W]``), row ``offsets`` ``[g + 2]`` and the real ``items`` ``[1]``."""
 
     group: jax.Array
     tile: jax.Array
     offsets: jax.Array
-    count: jax.Array
+    items: jax.Array
 
 
 def offsets(group_sizes: jax.Array, m: int) -> jax.Array:

@@ -29,6 +29,7 @@ from ejk.parallel import cotangent_like
 from ejk.tiling import cdiv, fit_block
 from ejk_pallas import _env, _mm
 from ejk_pallas._flash_attention import pl
+from ejk_pallas._flash_attention_tpu import _when
 from ejk_pallas._group_metadata import offsets, work_list
 from ejk_pallas._matmul import _sm_count, fitting
 
@@ -82,7 +83,7 @@ def _gmm_kernel(grp_ref: Any, tile_ref: Any, off_ref: Any, cnt_ref: Any, x_ref: 
     p = pl()
     w, j = p.program_id(0), p.program_id(1)
 
-    @p.when(w < cnt_ref[0])
+    @_when(w < cnt_ref[0])
     def _run() -> None:
         from jax.experimental.pallas import triton as plgpu
 
@@ -122,7 +123,7 @@ def _grouped_product(x: jax.Array, w: jax.Array, group_sizes: jax.Array, *, tb: 
     w = _mm.pad_to(w.astype(dtype), (groups, np_, kp) if tb else (groups, kp, np_))
     work = work_list(group_sizes, m, bm, zero_group=True, visit_empty=False)
     p = pl()
-    out = p.pallas_call(
+    out: jax.Array = p.pallas_call(
         functools.partial(_gmm_kernel, groups=groups, bm=bm, bn=bn, bk=bk, steps=kp // bk, tb=tb,
                           precision=precision),
         grid=(work.group.shape[0], np_ // bn),
@@ -171,7 +172,7 @@ def _grouped_outer(x: jax.Array, dy: jax.Array, group_sizes: jax.Array, groups: 
     dy = _mm.pad_to(dy.astype(dtype), (mp, np_))
     offs = offsets(group_sizes, m)
     p = pl()
-    out = p.pallas_call(
+    out: jax.Array = p.pallas_call(
         functools.partial(_tgmm_kernel, bm=bm, bk=bk, bn=bn, precision=precision),
         grid=(groups, kp // bk, np_ // bn),
         in_specs=[_full(offs), _full(x), _full(dy)],

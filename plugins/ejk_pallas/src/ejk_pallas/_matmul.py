@@ -103,7 +103,7 @@ def _product(x: jax.Array, y: jax.Array, *, ta: bool = False, tb: bool = False, 
               else p.BlockSpec((None, kp, bn), lambda b, t: (b, 0, tile(t)[1])))
     from jax.experimental.pallas import triton as plgpu
 
-    out = p.pallas_call(
+    out: jax.Array = p.pallas_call(
         functools.partial(_kernel, ta=ta, tb=tb, bk=bk, steps=kp // bk, precision=precision),
         grid=(z, tm * tn),
         in_specs=[a_spec, b_spec],
@@ -137,7 +137,8 @@ def forward_with_residuals(a: jax.Array, b: jax.Array, *, precision: Any = ("hig
 
 
 def backward(residuals: tuple[jax.Array, jax.Array], d_out: jax.Array, *, cfg: MatmulConfig | None = None,
-             precision: Any = ("highest", "highest"), preferred_element_type: Any = None) -> tuple[jax.Array, jax.Array]:
+             precision: Any = ("highest", "highest"),
+             preferred_element_type: Any = None) -> tuple[jax.Array, jax.Array]:
     """``(d a, d b)`` in the dtypes of ``a`` and ``b``, through the forward's kernel (transposes read in place)."""
     del preferred_element_type
     a, b = residuals
@@ -182,7 +183,8 @@ def _make(t: tuple[int, ...]) -> MatmulConfig:
     return MatmulConfig(block_m=t[0], block_n=t[1], block_k=t[2], group_m=t[3], num_warps=t[4], num_stages=t[5])
 
 
-def fitting(tiles_16: tuple[tuple[int, ...], ...], tiles_32: tuple[tuple[int, ...], ...], itemsize: int) -> list[Any]:
+def fitting(tiles_16: tuple[tuple[int, ...], ...], tiles_32: tuple[tuple[int, ...], ...],
+            itemsize: int) -> list[MatmulConfig]:
     """The dtype's table pruned to what fits the GPU's shared memory (at least its smallest entry)."""
     table = [_make(t) for t in (tiles_32 if itemsize == 4 else tiles_16)]
     limit = _smem_limit()

@@ -115,7 +115,7 @@ def _product(x: jax.Array, y: jax.Array, *, ta: bool = False, tb: bool = False, 
               else p.BlockSpec((None, bm, bk), lambda b, i, j, kk: (b, i, kk)))
     b_spec = (p.BlockSpec((None, bn, bk), lambda b, i, j, kk: (b, j, kk)) if tb
               else p.BlockSpec((None, bk, bn), lambda b, i, j, kk: (b, kk, j)))
-    out = p.pallas_call(
+    out: jax.Array = p.pallas_call(
         functools.partial(_mm_kernel, ta=ta, tb=tb, steps=kp // bk, precision=precision),
         grid=(z, mp // bm, np_ // bn, kp // bk),
         in_specs=[a_spec, b_spec],
@@ -220,7 +220,7 @@ def _grouped_product(x: jax.Array, w: jax.Array, group_sizes: jax.Array, *, tb: 
         out_specs=p.BlockSpec((bm, bn), lambda j, i, kk, grp, tile, off, cnt: (tile[i], j)),
         scratch_shapes=[_pltpu().VMEM((bm, bn), jnp.float32)],
     )
-    out = p.pallas_call(
+    out: jax.Array = p.pallas_call(
         functools.partial(_gmm_kernel, groups=groups, bm=bm, tb=tb, steps=kp // bk, precision=precision),
         grid_spec=spec,
         out_shape=jax.ShapeDtypeStruct((mp, np_), out_dtype),
@@ -279,7 +279,7 @@ def _grouped_outer(x: jax.Array, dy: jax.Array, group_sizes: jax.Array, groups: 
         out_specs=p.BlockSpec((None, bk, bn), lambda a, j, i, grp, tile, off, cnt: (grp[i], a, j)),
         scratch_shapes=[_pltpu().VMEM((bk, bn), jnp.float32)],
     )
-    out = p.pallas_call(
+    out: jax.Array = p.pallas_call(
         functools.partial(_tgmm_kernel, bm=bm, items=items, precision=precision),
         grid_spec=spec,
         out_shape=jax.ShapeDtypeStruct((groups, kp, np_), out_dtype),

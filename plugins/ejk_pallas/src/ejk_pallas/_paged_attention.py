@@ -30,6 +30,7 @@ from ejk.config.validators import int_in, one_of, power_of_two
 from ejk.tiling import cdiv, next_pow2
 from ejk_pallas import _env, _mm
 from ejk_pallas._flash_attention import pl
+from ejk_pallas._flash_attention_tpu import _when
 from ejk_pallas._matmul import _sm_count
 
 __all__ = ["PagedAttentionConfig", "capability", "config_space", "heuristic_config", "ragged_paged_attention"]
@@ -87,7 +88,7 @@ def _kernel(lens_ref: Any, cu_ref: Any, num_ref: Any, table_ref: Any, q_ref: Any
     s, z = p.program_id(0), p.program_id(2)
     rows, bk, group = st.rows, st.bk, st.group
 
-    @p.when(s < num_ref[0])
+    @_when(s < num_ref[0])
     def _live() -> None:
         q0 = cu_ref[s]
         q_len = jnp.maximum(cu_ref[s + 1] - q0, 0)
@@ -277,7 +278,7 @@ def smem_bytes(cfg: PagedAttentionConfig, q: Any, k_pages: Any, v_pages: Any) ->
     group = int(q.shape[1]) // max(int(k_pages.shape[2]), 1)
     rows = max(16, next_pow2(cfg.block_q * group))
     bk = max(cfg.block_kv, int(k_pages.shape[1]))
-    return (max(1, cfg.num_stages - 1) * bk * (d + dv) + rows * (d + bk)) * itemsize
+    return int((max(1, cfg.num_stages - 1) * bk * (d + dv) + rows * (d + bk)) * itemsize)
 
 
 def _splits(q: Any, k_pages: Any, page_indices: Any, bk: int, block_q: int) -> int:
@@ -286,7 +287,7 @@ def _splits(q: Any, k_pages: Any, page_indices: Any, bk: int, block_q: int) -> i
     if block_q > 1:
         return 1
     capacity = int(page_indices.shape[1]) * int(k_pages.shape[1])
-    return max(1, min(cdiv(2 * _sm_count(), max(programs, 1)), capacity // (4 * bk), _MAX_SPLITS))
+    return int(max(1, min(cdiv(2 * _sm_count(), max(programs, 1)), capacity // (4 * bk), _MAX_SPLITS)))
 
 
 def heuristic_config(q: Any, k_pages: Any, v_pages: Any, kv_lens: Any, page_indices: Any, cu_q_lens: Any,

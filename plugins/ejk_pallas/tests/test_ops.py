@@ -25,7 +25,7 @@ from ejk.testing import (
     reference_matmul,
     reference_ragged_paged_attention,
 )
-from ejk_pallas import _env, _grouped_matmul, _matmul, _matmul_tpu, _paged_attention
+from ejk_pallas import _env, _grouped_matmul, _matmul, _matmul_tpu, _paged_attention, _paged_attention_tpu
 from ejk_pallas._group_metadata import work_list
 from ejk_pallas._matmul_tpu import TpuMatmulConfig
 
@@ -284,6 +284,16 @@ def test_mosaic_tpu_grouped_matmul() -> None:
         assert_close(g, w, jnp.float32, what=f"grouped (TPU) d{name}")
 
 
+@needs_tpu_kernels
+@pytest.mark.parametrize("case", [PAGED_CASES[0], PAGED_CASES[2]], ids=lambda c: f"kv{c[0]}-q{c[1]}")
+def test_mosaic_tpu_paged(case: tuple[Any, ...]) -> None:
+    kv_lens, q_lens, num_seqs, hq, hkv, _, options = case
+    args = paged_case(kv_lens, q_lens, num_seqs, hq, hkv, 8, jnp.float32)
+    cfg = choice("mosaic_tpu", _paged_attention_tpu.TpuPagedAttentionConfig(block_rows=8))
+    got = ejk.ragged_paged_attention(*args, platform="pallas", cfg=cfg, **options)
+    assert_close(got, reference_ragged_paged_attention(*args, **options), jnp.float32, what=f"paged (TPU) {case}")
+
+
 def test_mosaic_tpu_gates_and_configs() -> None:
     sds = jax.ShapeDtypeStruct
     a = sds((4096, 4096), jnp.bfloat16)
@@ -350,3 +360,9 @@ def test_mosaic_tpu_lowers_for_tpu(monkeypatch: pytest.MonkeyPatch) -> None:
                                         _matmul_tpu.matmul_backward_((x, w[0]), d, cfg=cfg)),
                     lhs, rhs, sds((8,), jnp.int32), out, platform="tpu")
     assert text.count("tpu_custom_call") == 5
+    pages = sds((64, 16, 8, 128), jnp.bfloat16)
+    text = _lowered(lambda *a: _paged_attention_tpu.ragged_paged_attention(
+        *a, softmax_scale=0.1, sliding_window=(100, 0), logits_soft_cap=20.0, cfg=None),
+        sds((8, 32, 128), jnp.bfloat16), pages, pages, sds((8,), jnp.int32), sds((8, 8), jnp.int32),
+        sds((9,), jnp.int32), sds((), jnp.int32), platform="tpu")
+    assert text.count("tpu_custom_call") == 1

@@ -17,6 +17,7 @@ from ejk_pallas import (
     _matmul,
     _matmul_tpu,
     _paged_attention,
+    _paged_attention_tpu,
 )
 
 #: Same tier as ejk-triton's kernel (5): between ejk-xla's chunked kernel (0) and its cuDNN one (10),
@@ -49,7 +50,7 @@ def ejk_register_kernels(register: Callable[..., Callable[[Any], Any]]) -> None:
 
 
 def _register_ops(register: Callable[..., Callable[[Any], Any]]) -> None:
-    """ragged_paged_attention (not differentiable), matmul and grouped_matmul (custom VJPs)."""
+    """ragged_paged_attention (not differentiable), matmul and grouped_matmul (custom VJPs), GPU and TPU."""
     pa, mm, gmm = _paged_attention, _matmul, _grouped_matmul
     mm_vjp = ejk.VJP(fwd=mm.forward_with_residuals, bwd=mm.backward, residuals=mm.RESIDUALS)
     gmm_vjp = ejk.VJP(fwd=gmm.forward_with_residuals, bwd=gmm.backward, residuals=gmm.RESIDUALS)
@@ -64,7 +65,7 @@ def _register_ops(register: Callable[..., Callable[[Any], Any]]) -> None:
                  cfg_type=gmm.GroupedMatmulConfig, config_space=gmm.config_space, heuristic=gmm.heuristic_config,
                  capability=gmm.capability, vjp=gmm_vjp)(gmm.forward)
 
-    tm = _matmul_tpu
+    tm, tpa = _matmul_tpu, _paged_attention_tpu
     tmm_vjp = ejk.VJP(fwd=tm.matmul_forward_with_residuals, bwd=tm.matmul_backward_, residuals=mm.RESIDUALS)
     tgmm_vjp = ejk.VJP(fwd=tm.grouped_forward_with_residuals, bwd=tm.grouped_backward, residuals=gmm.RESIDUALS)
     # On the CPU (interpret mode) the TPU kernels rank below the GPU ones: the TPU interpreter is the slower.
@@ -74,6 +75,9 @@ def _register_ops(register: Callable[..., Callable[[Any], Any]]) -> None:
         register("matmul", ejk.Platform.PALLAS, backend, priority=prio, name="mosaic_tpu",
                  cfg_type=tm.TpuMatmulConfig, config_space=tm.matmul_config_space, heuristic=tm.heuristic_config,
                  capability=tm.matmul_capability, vjp=tmm_vjp)(tm.matmul_forward_)
+        register("ragged_paged_attention", ejk.Platform.PALLAS, backend, priority=TPU_PRIORITY, name="mosaic_tpu",
+                 cfg_type=tpa.TpuPagedAttentionConfig, config_space=tpa.config_space, heuristic=tpa.heuristic_config,
+                 capability=tpa.capability)(tpa.ragged_paged_attention)
         register("grouped_matmul", ejk.Platform.PALLAS, backend, priority=prio, name="mosaic_tpu",
                  cfg_type=tm.TpuMatmulConfig, config_space=tm.grouped_config_space, heuristic=tm.heuristic_config,
                  capability=tm.grouped_capability, vjp=tgmm_vjp)(tm.grouped_forward)

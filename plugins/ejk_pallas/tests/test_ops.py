@@ -81,8 +81,8 @@ def test_paged_matches_reference(case: tuple[Any, ...], dtype: Any) -> None:
     kv_lens, q_lens, num_seqs, hq, hkv, page, options = case
     args = paged_case(kv_lens, q_lens, num_seqs, hq, hkv, page, dtype)
     want = reference_ragged_paged_attention(*args, **options)
-    for splits in (1, 3):
-        cfg = _paged_attention.PagedAttentionConfig(block_q=2, block_kv=page, num_splits=splits)
+    for splits, pages_per_step in ((1, 1), (3, 2)):  # one page a step (a 2-D load), two (a gather)
+        cfg = _paged_attention.PagedAttentionConfig(block_q=2, block_kv=page * pages_per_step, num_splits=splits)
         got = ejk.ragged_paged_attention(*args, platform="pallas", cfg=choice("triton_lowered", cfg), **options)
         assert got.dtype == args[0].dtype
         assert_close(got, want, dtype, what=f"paged {case} splits={splits}")
@@ -333,8 +333,8 @@ def test_lowers_for_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
                     lhs, rhs, sds((8,), jnp.int32), out, platform="cuda")
     assert text.count("__gpu$xla.gpu.triton") == 3
     pages = sds((64, 16, 8, 128), jnp.bfloat16)
-    for splits in (1, 4):
-        p_cfg = _paged_attention.PagedAttentionConfig(block_kv=64, num_splits=splits)
+    for splits, block_kv in ((1, 16), (4, 64)):
+        p_cfg = _paged_attention.PagedAttentionConfig(block_kv=block_kv, num_splits=splits)
         text = _lowered(lambda *a, c=p_cfg: _paged_attention.ragged_paged_attention(
             *a, softmax_scale=0.1, sliding_window=(100, 0), logits_soft_cap=None, cfg=c),
             sds((8, 32, 128), jnp.bfloat16), pages, pages, sds((8,), jnp.int32), sds((8, 8), jnp.int32),

@@ -4,13 +4,14 @@ Rows of ``lhs`` form consecutive groups; group ``i`` is multiplied by ``rhs[i]``
 pass on the device (``_group_metadata``) turns ``group_sizes`` into a work list of (group, row
 tile) items; nothing of size ``[g, m, n]`` is built.
 
-- forward: grid ``(work item, column tile)``; each program multiplies one aligned row tile by its
-  group's ``rhs`` tile (``block_k`` steps, float32 accumulation) and stores only its group's
-  rows (a masked store: a tile straddling a boundary is completed by the neighbouring group's
-  item). Empty groups have no item; rows past ``sum(group_sizes)`` are a pseudo-group whose
-  items store zeros; programs past the list's length return at once;
+- forward: grid ``(column tile, work item)`` (the column tiles of one row tile run together, so
+  its rows are read from HBM once); each program multiplies one aligned row tile by its group's
+  ``rhs`` tile (``block_k`` steps, float32 accumulation) and stores only its group's rows (a
+  masked store: a tile straddling a boundary is completed by the neighbouring group's item).
+  Empty groups have no item; rows past ``sum(group_sizes)`` are a pseudo-group whose items
+  store zeros; programs past the list's length return at once;
 - ``d lhs = d out @ rhs[group]ᵀ``: the same kernel, ``rhs`` read transposed in place;
-- ``d rhs[i] = lhs_iᵀ @ d out_i``: grid ``(group, k tile, n tile)``, each program reducing over
+- ``d rhs[i] = lhs_iᵀ @ d out_i``: grid ``(n tile, k tile, group)``, each program reducing over
   its group's row tiles (rows of other groups masked to zero); an empty group writes zeros.
 """
 
@@ -81,7 +82,7 @@ def _params(cfg: GroupedMatmulConfig) -> Any:
 def _gmm_kernel(grp_ref: Any, tile_ref: Any, off_ref: Any, cnt_ref: Any, x_ref: Any, w_ref: Any, o_ref: Any, *,
                 groups: int, bm: int, bn: int, bk: int, steps: int, tb: bool, precision: Any) -> None:
     p = pl()
-    w, j = p.program_id(0), p.program_id(1)
+    j, w = p.program_id(0), p.program_id(1)
 
     @_when(w < cnt_ref[0])
     def _run() -> None:
@@ -126,7 +127,7 @@ def _grouped_product(x: jax.Array, w: jax.Array, group_sizes: jax.Array, *, tb: 
     out: jax.Array = p.pallas_call(
         functools.partial(_gmm_kernel, groups=groups, bm=bm, bn=bn, bk=bk, steps=kp // bk, tb=tb,
                           precision=precision),
-        grid=(work.group.shape[0], np_ // bn),
+        grid=(np_ // bn, work.group.shape[0]),  # axis 0 varies fastest: the column tiles of one row tile
         in_specs=[_full(a) for a in (*work, x, w)],
         out_specs=p.BlockSpec((mp, np_), lambda *_: (0, 0)),
         out_shape=jax.ShapeDtypeStruct((mp, np_), out_dtype),
@@ -140,7 +141,7 @@ def _grouped_product(x: jax.Array, w: jax.Array, group_sizes: jax.Array, *, tb: 
 def _tgmm_kernel(off_ref: Any, x_ref: Any, y_ref: Any, o_ref: Any, *, bm: int, bk: int, bn: int,
                  precision: Any) -> None:
     p = pl()
-    g, a, b = p.program_id(0), p.program_id(1), p.program_id(2)
+    b, a, g = p.program_id(0), p.program_id(1), p.program_id(2)
     lo, hi = off_ref[g], off_ref[g + 1]
     t0 = lo // bm
     t1 = jnp.where(hi > lo, (hi + bm - 1) // bm, t0)
@@ -174,9 +175,9 @@ def _grouped_outer(x: jax.Array, dy: jax.Array, group_sizes: jax.Array, groups: 
     p = pl()
     out: jax.Array = p.pallas_call(
         functools.partial(_tgmm_kernel, bm=bm, bk=bk, bn=bn, precision=precision),
-        grid=(groups, kp // bk, np_ // bn),
+        grid=(np_ // bn, kp // bk, groups),  # the tiles of one group run together (its rows stay in L2)
         in_specs=[_full(offs), _full(x), _full(dy)],
-        out_specs=p.BlockSpec((None, bk, bn), lambda g, a, b: (g, a, b)),
+        out_specs=p.BlockSpec((None, bk, bn), lambda b, a, g: (g, a, b)),
         out_shape=jax.ShapeDtypeStruct((groups, kp, np_), out_dtype),
         compiler_params=_params(cfg),
         interpret=_env.use_interpreter(),

@@ -1,6 +1,6 @@
 """``matmul`` as a Pallas kernel for NVIDIA GPUs (Triton lowering), forward and backward.
 
-One program per ``[block_m, block_n]`` output tile (grid ``(batch, tiles)``; the tile order is
+One program per ``[block_m, block_n]`` output tile (grid ``(tiles, batch)``; the tile order is
 swizzled in groups of ``group_m`` row tiles so that consecutive programs share rows of ``a`` and
 columns of ``b`` in L2); the program loops over the contraction in ``block_k`` steps (a loop
 Triton software-pipelines over ``num_stages``), accumulating in float32. Operands may be read
@@ -97,17 +97,17 @@ def _product(x: jax.Array, y: jax.Array, *, ta: bool = False, tb: bool = False, 
         return _swizzle(t, tm, tn, cfg.group_m)
 
     p = pl()
-    a_spec = (p.BlockSpec((None, kp, bm), lambda b, t: (b, 0, tile(t)[0])) if ta
-              else p.BlockSpec((None, bm, kp), lambda b, t: (b, tile(t)[0], 0)))
-    b_spec = (p.BlockSpec((None, bn, kp), lambda b, t: (b, tile(t)[1], 0)) if tb
-              else p.BlockSpec((None, kp, bn), lambda b, t: (b, 0, tile(t)[1])))
+    a_spec = (p.BlockSpec((None, kp, bm), lambda t, b: (b, 0, tile(t)[0])) if ta
+              else p.BlockSpec((None, bm, kp), lambda t, b: (b, tile(t)[0], 0)))
+    b_spec = (p.BlockSpec((None, bn, kp), lambda t, b: (b, tile(t)[1], 0)) if tb
+              else p.BlockSpec((None, kp, bn), lambda t, b: (b, 0, tile(t)[1])))
     from jax.experimental.pallas import triton as plgpu
 
     out: jax.Array = p.pallas_call(
         functools.partial(_kernel, ta=ta, tb=tb, bk=bk, steps=kp // bk, precision=precision),
-        grid=(z, tm * tn),
+        grid=(tm * tn, z),
         in_specs=[a_spec, b_spec],
-        out_specs=p.BlockSpec((None, bm, bn), lambda b, t: (b, *tile(t))),
+        out_specs=p.BlockSpec((None, bm, bn), lambda t, b: (b, *tile(t))),
         out_shape=jax.ShapeDtypeStruct((z, mp, np_), out_dtype),
         compiler_params=plgpu.CompilerParams(num_warps=cfg.num_warps, num_stages=cfg.num_stages),
         interpret=_env.use_interpreter(),

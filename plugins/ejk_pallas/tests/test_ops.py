@@ -204,10 +204,24 @@ def test_grouped_matches_reference(sizes: list[int], dtype: Any) -> None:
         assert_close(g, w, dtype, what=f"grouped d{name}")
 
 
+@needs_kernels
+def test_grouped_under_vmap() -> None:
+    """Each mapped problem has its own group sizes (the work list is computed per problem)."""
+    rng = np.random.default_rng(0)
+    lhs = jnp.asarray(rng.standard_normal((2, 20, 9)), jnp.float32)
+    rhs = jnp.asarray(rng.standard_normal((2, 3, 9, 7)), jnp.float32)
+    gs = jnp.asarray([[5, 0, 11], [20, 0, 0]], jnp.int32)
+    got = jax.vmap(lambda x, w, s: ejk.grouped_matmul(x, w, s, platform="pallas", cfg=choice("triton_lowered")))(
+        lhs, rhs, gs)
+    assert_close(got, jax.vmap(reference_grouped_matmul)(lhs, rhs, gs), jnp.float32, what="grouped under vmap")
+
+
 def test_grouped_gate_and_configs() -> None:
     sds = jax.ShapeDtypeStruct
     lhs, rhs, gs = sds((4096, 2048), jnp.bfloat16), sds((64, 2048, 1536), jnp.bfloat16), sds((64,), jnp.int32)
     assert "group_sizes of dtype float32" in (_grouped_matmul.capability(lhs, rhs, sds((64,), jnp.float32)) or "")
+    assert "grid limit" in (_grouped_matmul.capability(sds((2**21, 8), jnp.bfloat16), sds((4, 8, 8), jnp.bfloat16),
+                                                       sds((4,), jnp.int32)) or "")
     space = _grouped_matmul.config_space(lhs, rhs, gs)
     assert space[0] == _grouped_matmul.heuristic_config(lhs, rhs, gs)
 

@@ -41,6 +41,7 @@ __all__ = ["RESIDUALS", "GroupedMatmulConfig", "backward", "capability", "config
 RESIDUALS = "grouped_matmul:inputs"
 
 _block = power_of_two(16)
+_MAX_GRID_Y = 65535  # CUDA's limit on the second grid dim (the work list)
 
 
 @attrs.frozen(kw_only=True)
@@ -242,6 +243,8 @@ def capability(lhs: Any, rhs: Any, group_sizes: Any, *, precision: Any = None,
         return why
     m, k = (int(d) for d in lhs.shape)
     n = int(rhs.shape[2])
+    if cdiv(m, 16) + int(rhs.shape[0]) + 1 > _MAX_GRID_Y:
+        return f"{m} rows and {int(rhs.shape[0])} groups exceed the work list's grid limit (at most about 1M rows)"
     return _mm.gpu_gate((("lhs", lhs), ("rhs", rhs)), (("out", m * n), ("d lhs", m * k)), preferred_element_type)
 
 

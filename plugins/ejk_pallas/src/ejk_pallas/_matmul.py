@@ -157,6 +157,8 @@ def capability(a: Any, b: Any, *, precision: Any = None, preferred_element_type:
     del precision
     s = shapes(a, b)
     out = s.z * s.rows * s.n
+    if s.z > 65535:
+        return f"a batch of {s.z} products exceeds CUDA's grid limit (65535; fold the batch into the rows)"
     return _mm.gpu_gate((("a", a), ("b", b)), (("out", out), ("a broadcast", s.z * s.rows * s.k),
                                                ("b broadcast", s.z * s.k * s.n)), preferred_element_type)
 

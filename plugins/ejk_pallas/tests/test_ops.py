@@ -233,8 +233,8 @@ def test_grouped_gate_and_configs() -> None:
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not ON_GPU, reason="needs an NVIDIA GPU")
-@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
-@pytest.mark.parametrize(("hq", "hkv", "page"), [(32, 8, 16), (8, 8, 64), (16, 2, 32)])
+@pytest.mark.parametrize(("hq", "hkv", "page", "dtype"), [(32, 8, 16, jnp.bfloat16), (8, 8, 64, jnp.float16),
+                                                           (16, 2, 32, jnp.bfloat16)])
 def test_gpu_paged(hq: int, hkv: int, page: int, dtype: Any) -> None:
     kv_lens = [2000, 1, 517, 4096]
     for q_lens in ([1, 1, 1, 1], [100, 1, 37, 256]):
@@ -258,12 +258,12 @@ def test_gpu_every_config_runs() -> None:
     rng = np.random.default_rng(0)
     a = jnp.asarray(rng.standard_normal((1000, 768)), jnp.bfloat16)
     b = jnp.asarray(rng.standard_normal((768, 1100)), jnp.bfloat16)
-    for cfg in _matmul.config_space(a, b):
+    for cfg in _matmul.config_space(a, b)[:6]:
         got = ejk.matmul(a, b, platform="pallas", cfg=choice("triton_lowered", cfg))
         assert_close(got, reference_matmul(a, b), jnp.bfloat16, what=str(cfg))
     rhs = jnp.asarray(rng.standard_normal((8, 768, 1100)), jnp.bfloat16)
     gs = jnp.asarray([0, 300, 1, 0, 450, 100, 0, 49], jnp.int32)
-    for gcfg in _grouped_matmul.config_space(a, rhs, gs):
+    for gcfg in _grouped_matmul.config_space(a, rhs, gs)[:4]:
         got, grads = _values_and_grads(lambda x, w, c=gcfg: ejk.grouped_matmul(x, w, gs, platform="pallas", cfg=choice(
             "triton_lowered", c)), (a, rhs))
         want, want_grads = _values_and_grads(lambda x, w: reference_grouped_matmul(x, w, gs), (a, rhs))

@@ -81,8 +81,10 @@ def test_paged_matches_reference(case: tuple[Any, ...], dtype: Any) -> None:
     kv_lens, q_lens, num_seqs, hq, hkv, page, options = case
     args = paged_case(kv_lens, q_lens, num_seqs, hq, hkv, page, dtype)
     want = reference_ragged_paged_attention(*args, **options)
-    for splits, pages_per_step in ((1, 1), (3, 2)):  # one page a step (a 2-D load), two (a gather)
-        cfg = _paged_attention.PagedAttentionConfig(block_q=2, block_kv=page * pages_per_step, num_splits=splits)
+    # one page a step (a 2-D load) and two query programs; two pages a step (a gather) and split-K
+    for splits, pages_per_step, q_programs in ((1, 1, 2), (3, 2, 1)):
+        cfg = _paged_attention.PagedAttentionConfig(block_q=2, block_kv=page * pages_per_step, num_splits=splits,
+                                                    q_programs=q_programs)
         got = ejk.ragged_paged_attention(*args, platform="pallas", cfg=choice("triton_lowered", cfg), **options)
         assert got.dtype == args[0].dtype
         assert_close(got, want, dtype, what=f"paged {case} splits={splits}")

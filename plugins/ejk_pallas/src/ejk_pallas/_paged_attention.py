@@ -12,7 +12,10 @@ row's view are zeroed before the value product, so NaN there cannot leak.
 Split-K: the context of each sequence is cut into ``num_splits`` ranges of whole key steps, one
 program each, so a batch of a few long sequences still fills the GPU; each writes float32
 partials (unnormalised output, base-2 running max and sum) that a small XLA fusion merges with
-a log-sum-exp. One split writes the output directly. Not differentiable (serving-time attention).
+a log-sum-exp. One split writes the output directly. For chunked prefill, ``q_programs``
+programs share one sequence's query blocks instead (block ``b`` goes to program ``b mod
+q_programs``, which balances the causal work), so a few long prompts still fill the GPU. Not
+differentiable (serving-time attention).
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ class PagedAttentionConfig:
         block_q: Query tokens per step of a program (times the GQA ratio: the dot's rows).
         block_kv: Keys per step (whole pages: at least one page).
         num_splits: Programs sharing one sequence's context (split-K), merged afterwards.
+        q_programs: Programs sharing one sequence's query blocks (prefill), each writing its own rows.
         num_warps: Warps per program.
         num_stages: Software-pipelining stages of the key loop.
     """
@@ -56,6 +60,7 @@ class PagedAttentionConfig:
     block_q: int = attrs.field(default=1, validator=power_of_two(1))
     block_kv: int = attrs.field(default=64, validator=power_of_two(16))
     num_splits: int = attrs.field(default=1, validator=int_in(1, _MAX_SPLITS))
+    q_programs: int = attrs.field(default=1, validator=int_in(1, 256))
     num_warps: int = attrs.field(default=4, validator=one_of(1, 2, 4, 8, 16))
     num_stages: int = attrs.field(default=2, validator=int_in(1, 8))
 
@@ -71,6 +76,7 @@ class _Static:
     bk: int
     per_step: int
     splits: int
+    q_programs: int
     num_pages: int
 
 
@@ -85,7 +91,8 @@ def _kernel(lens_ref: Any, cu_ref: Any, num_ref: Any, table_ref: Any, q_ref: Any
     p = pl()
     from jax.experimental.pallas import triton as plgpu
 
-    s, z = p.program_id(0), p.program_id(2)
+    s, zq = p.program_id(0), p.program_id(2)
+    z, qz = zq // st.q_programs, zq % st.q_programs
     rows, bk, group = st.rows, st.bk, st.group
 
     @_when(s < num_ref[0])
@@ -98,7 +105,8 @@ def _kernel(lens_ref: Any, cu_ref: Any, num_ref: Any, table_ref: Any, q_ref: Any
         z_hi = jnp.minimum(kv_len, z_lo + chunk)
         r = jnp.arange(rows, dtype=jnp.int32)
 
-        def q_block(b: Any, carry: Any) -> Any:
+        def q_block(i: Any, carry: Any) -> Any:
+            b = qz + i * st.q_programs
             tok = b * st.bq + r // group
             row_ok = (r < st.bq * group) & (tok < q_len)
             pos = kv_len - q_len + tok
@@ -148,7 +156,8 @@ def _kernel(lens_ref: Any, cu_ref: Any, num_ref: Any, table_ref: Any, q_ref: Any
                 plgpu.store(l_ref.at[at], l_sum, mask=row_ok)
             return carry
 
-        lax.fori_loop(0, (q_len + st.bq - 1) // st.bq, q_block, 0)
+        q_blocks = (q_len + st.bq - 1) // st.bq
+        lax.fori_loop(0, (jnp.maximum(q_blocks - qz, 0) + st.q_programs - 1) // st.q_programs, q_block, 0)
 
 
 def _merge(acc: jax.Array, m: jax.Array, l_sum: jax.Array) -> jax.Array:
@@ -191,7 +200,8 @@ def ragged_paged_attention(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array,
     rows = max(16, next_pow2(cfg.block_q * group))
     st = _Static(scale=float(softmax_scale), cap=None if logits_soft_cap is None else float(logits_soft_cap),
                  left=None if sliding_window is None else int(sliding_window[0]), group=group, bq=cfg.block_q,
-                 rows=rows, bk=per_step * page, per_step=per_step, splits=cfg.num_splits, num_pages=num_pages)
+                 rows=rows, bk=per_step * page, per_step=per_step, splits=cfg.num_splits, q_programs=cfg.q_programs,
+                 num_pages=num_pages)
     cols = cdiv(per_seq, per_step) * per_step
     table = _mm.pad_to(page_indices.astype(jnp.int32), (seqs, cols))
     # Clamp the lengths to what the table holds and the query lengths to the tokens (invalid input stays in bounds).
@@ -206,18 +216,19 @@ def ragged_paged_attention(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array,
     sds = jax.ShapeDtypeStruct
     if splits == 1:
         out_shape: Any = sds((hkv, tg, dv), q.dtype)
-        out_specs: Any = p.BlockSpec((None, tg, dv), lambda s, h, z: (h, 0, 0))
+        out_specs: Any = p.BlockSpec((None, tg, dv), lambda s, h, zq: (h, 0, 0))
     else:
         out_shape = [sds((splits, hkv, tg, dv), jnp.float32), sds((splits, hkv, tg), jnp.float32),
                      sds((splits, hkv, tg), jnp.float32)]
-        out_specs = [p.BlockSpec((None, None, tg, dv), lambda s, h, z: (z, h, 0, 0)),
-                     p.BlockSpec((None, None, tg), lambda s, h, z: (z, h, 0)),
-                     p.BlockSpec((None, None, tg), lambda s, h, z: (z, h, 0))]
+        qp = cfg.q_programs
+        out_specs = [p.BlockSpec((None, None, tg, dv), lambda s, h, zq: (zq // qp, h, 0, 0)),
+                     p.BlockSpec((None, None, tg), lambda s, h, zq: (zq // qp, h, 0)),
+                     p.BlockSpec((None, None, tg), lambda s, h, zq: (zq // qp, h, 0))]
     from jax.experimental.pallas import triton as plgpu
 
     result = p.pallas_call(
         functools.partial(_kernel, st=st),
-        grid=(seqs, hkv, splits),
+        grid=(seqs, hkv, splits * cfg.q_programs),
         in_specs=[
             p.BlockSpec((seqs,), lambda s, h, z: (0,)),
             p.BlockSpec((seqs + 1,), lambda s, h, z: (0,)),
@@ -294,10 +305,20 @@ def _splits(q: Any, k_pages: Any, page_indices: Any, bk: int, block_q: int) -> i
     return int(max(1, min(cdiv(2 * _sm_count(), max(programs, 1)), capacity // (4 * bk), _MAX_SPLITS)))
 
 
+def _q_programs(q: Any, k_pages: Any, page_indices: Any, block_q: int) -> int:
+    """Prefill: enough programs per sequence for about two per SM, at most the average query blocks."""
+    if block_q == 1:
+        return 1
+    programs = int(page_indices.shape[0]) * int(k_pages.shape[2])
+    blocks = cdiv(cdiv(int(q.shape[0]), max(int(page_indices.shape[0]), 1)), block_q)
+    return max(1, min(cdiv(2 * _sm_count(), max(programs, 1)), blocks, 256))
+
+
 def heuristic_config(q: Any, k_pages: Any, v_pages: Any, kv_lens: Any, page_indices: Any, cu_q_lens: Any,
                      num_seqs: Any, **_: Any) -> PagedAttentionConfig:
     """Decode (``T <= S``): one token per step, 64 keys per step (at least a page), split-K for about two
-    programs per SM; prefill: about 64 rows per step, no split. 4 warps (8 from 64 rows), 3 stages for
+    programs per SM; prefill: about 64 rows per step, no split, query blocks shared by enough programs
+    for about two per SM. 4 warps (8 from 64 rows), 3 stages for
     16-bit decode, then shrunk until the shared-memory estimate fits. Interpret mode: 16 keys, 2 splits."""
     del kv_lens, cu_q_lens, num_seqs
     tokens, seqs = int(q.shape[0]), int(page_indices.shape[0])
@@ -307,7 +328,8 @@ def heuristic_config(q: Any, k_pages: Any, v_pages: Any, kv_lens: Any, page_indi
     block_q = 1 if decode else max(1, min(next_pow2(cdiv(tokens, max(seqs, 1))), 64 // next_pow2(group)))
     block_kv = max(64 if int(q.shape[2]) <= 128 else 32, page)
     if _env.use_interpreter():
-        return PagedAttentionConfig(block_q=block_q, block_kv=max(16, page), num_splits=2 if decode else 1)
+        return PagedAttentionConfig(block_q=block_q, block_kv=max(16, page), num_splits=2 if decode else 1,
+                                    q_programs=1 if decode else 2)
     rows = max(16, next_pow2(block_q * group))
     cfg = PagedAttentionConfig(block_q=block_q, block_kv=block_kv, num_warps=8 if rows >= 64 else 4,
                                num_stages=3 if decode and jnp.dtype(q.dtype).itemsize == 2 else 2)
@@ -315,7 +337,8 @@ def heuristic_config(q: Any, k_pages: Any, v_pages: Any, kv_lens: Any, page_indi
 
     while smem_bytes(cfg, q, k_pages, v_pages) > _smem_limit() and cfg.num_stages > 1:
         cfg = attrs.evolve(cfg, num_stages=cfg.num_stages - 1)
-    return attrs.evolve(cfg, num_splits=_splits(q, k_pages, page_indices, max(block_kv, page), block_q))
+    splits = _splits(q, k_pages, page_indices, max(block_kv, page), block_q)
+    return attrs.evolve(cfg, num_splits=splits, q_programs=_q_programs(q, k_pages, page_indices, block_q))
 
 
 def config_space(q: Any, k_pages: Any, v_pages: Any, kv_lens: Any, page_indices: Any, cu_q_lens: Any,
@@ -334,6 +357,9 @@ def config_space(q: Any, k_pages: Any, v_pages: Any, kv_lens: Any, page_indices:
                                                                                                   base.num_splits * 2)),
            evolve(base, block_kv=max(32, page), num_stages=4), evolve(base, num_warps=8 if base.num_warps == 4 else 4),
            evolve(base, num_splits=max(1, base.num_splits // 2)), evolve(base, num_splits=1)]
+    if base.block_q > 1:
+        out[2:2] = [evolve(base, q_programs=min(256, base.q_programs * 2)),
+                    evolve(base, q_programs=max(1, base.q_programs // 2))]
     for block_kv in (32, 64, 128, 256):
         for stages in (2, 3, 4):
             out.append(evolve(base, block_kv=max(block_kv, page), num_stages=stages))

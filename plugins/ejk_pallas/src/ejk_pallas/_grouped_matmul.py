@@ -191,7 +191,8 @@ def _resolve(cfg: GroupedMatmulConfig | None, lhs: Any, rhs: Any, group_sizes: A
     return heuristic_config(lhs, rhs, group_sizes) if cfg is None else cfg
 
 
-def forward(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array, *, precision: Any = ("highest", "highest"),
+def forward(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array, *,
+            precision: str | tuple[str, str] = ("highest", "highest"),
             preferred_element_type: Any = None, cfg: GroupedMatmulConfig | None = None) -> jax.Array:
     """``[m, n]`` in ``preferred_element_type`` (``None``: ``lhs.dtype``): rows of group ``i`` times ``rhs[i]``,
     rows past ``sum(group_sizes)`` zero."""
@@ -201,7 +202,8 @@ def forward(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array, *, precision
 
 
 def forward_with_residuals(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array, *,
-                           precision: Any = ("highest", "highest"), preferred_element_type: Any = None,
+                           precision: str | tuple[str, str] = ("highest", "highest"),
+                           preferred_element_type: Any = None,
                            cfg: GroupedMatmulConfig | None = None) -> tuple[jax.Array, tuple[jax.Array, ...]]:
     """The output of :func:`forward` and the residuals ``(lhs, rhs, group_sizes)``."""
     out = forward(lhs, rhs, group_sizes, precision=precision, preferred_element_type=preferred_element_type, cfg=cfg)
@@ -209,7 +211,7 @@ def forward_with_residuals(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Arra
 
 
 def backward(residuals: tuple[jax.Array, ...], d_out: jax.Array, *, cfg: GroupedMatmulConfig | None = None,
-             precision: Any = ("highest", "highest"),
+             precision: str | tuple[str, str] = ("highest", "highest"),
              preferred_element_type: Any = None) -> tuple[jax.Array, jax.Array, None]:
     """``(d lhs, d rhs, None)`` in the dtypes of ``lhs`` and ``rhs``."""
     del preferred_element_type

@@ -120,7 +120,7 @@ def _resolve(cfg: MatmulConfig | None, a: Any, b: Any) -> MatmulConfig:
     return heuristic_config(a, b) if cfg is None else cfg
 
 
-def forward(a: jax.Array, b: jax.Array, *, precision: Any = ("highest", "highest"),
+def forward(a: jax.Array, b: jax.Array, *, precision: str | tuple[str, str] = ("highest", "highest"),
             preferred_element_type: Any = None, cfg: MatmulConfig | None = None) -> jax.Array:
     """``jnp.matmul(a, b)`` (broadcast batches, 1-D operands) with float32 accumulation, in ``preferred_element_type``
     (``None``: ``result_type(a, b)``)."""
@@ -129,7 +129,7 @@ def forward(a: jax.Array, b: jax.Array, *, precision: Any = ("highest", "highest
     return matmul_forward(product, a, b, out_dtype)
 
 
-def forward_with_residuals(a: jax.Array, b: jax.Array, *, precision: Any = ("highest", "highest"),
+def forward_with_residuals(a: jax.Array, b: jax.Array, *, precision: str | tuple[str, str] = ("highest", "highest"),
                            preferred_element_type: Any = None,
                            cfg: MatmulConfig | None = None) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
     """The output of :func:`forward` and the residuals ``(a, b)``."""
@@ -137,7 +137,7 @@ def forward_with_residuals(a: jax.Array, b: jax.Array, *, precision: Any = ("hig
 
 
 def backward(residuals: tuple[jax.Array, jax.Array], d_out: jax.Array, *, cfg: MatmulConfig | None = None,
-             precision: Any = ("highest", "highest"),
+             precision: str | tuple[str, str] = ("highest", "highest"),
              preferred_element_type: Any = None) -> tuple[jax.Array, jax.Array]:
     """``(d a, d b)`` in the dtypes of ``a`` and ``b``, through the forward's kernel (transposes read in place)."""
     del preferred_element_type

@@ -129,7 +129,7 @@ def _product(x: jax.Array, y: jax.Array, *, ta: bool = False, tb: bool = False, 
     return out[:, :m, :n]
 
 
-def matmul_forward_(a: jax.Array, b: jax.Array, *, precision: Any = ("highest", "highest"),
+def matmul_forward_(a: jax.Array, b: jax.Array, *, precision: str | tuple[str, str] = ("highest", "highest"),
                     preferred_element_type: Any = None, cfg: TpuMatmulConfig | None = None) -> jax.Array:
     """``jnp.matmul(a, b)`` in ``preferred_element_type`` (``None``: ``result_type(a, b)``), float32 accumulation."""
     out_dtype = jnp.result_type(a, b) if preferred_element_type is None else preferred_element_type
@@ -137,7 +137,8 @@ def matmul_forward_(a: jax.Array, b: jax.Array, *, precision: Any = ("highest", 
     return matmul_forward(product, a, b, out_dtype)
 
 
-def matmul_forward_with_residuals(a: jax.Array, b: jax.Array, *, precision: Any = ("highest", "highest"),
+def matmul_forward_with_residuals(a: jax.Array, b: jax.Array, *,
+                                  precision: str | tuple[str, str] = ("highest", "highest"),
                                   preferred_element_type: Any = None, cfg: TpuMatmulConfig | None = None
                                   ) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
     """The output and the residuals ``(a, b)``."""
@@ -146,7 +147,7 @@ def matmul_forward_with_residuals(a: jax.Array, b: jax.Array, *, precision: Any 
 
 
 def matmul_backward_(residuals: tuple[jax.Array, jax.Array], d_out: jax.Array, *, cfg: TpuMatmulConfig | None = None,
-                     precision: Any = ("highest", "highest"),
+                     precision: str | tuple[str, str] = ("highest", "highest"),
                      preferred_element_type: Any = None) -> tuple[jax.Array, jax.Array]:
     """``(d a, d b)`` through the forward's kernel."""
     del preferred_element_type
@@ -291,7 +292,7 @@ def _grouped_outer(x: jax.Array, dy: jax.Array, group_sizes: jax.Array, groups: 
 
 
 def grouped_forward(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array, *,
-                    precision: Any = ("highest", "highest"), preferred_element_type: Any = None,
+                    precision: str | tuple[str, str] = ("highest", "highest"), preferred_element_type: Any = None,
                     cfg: TpuMatmulConfig | None = None) -> jax.Array:
     """``[m, n]``: rows of group ``i`` times ``rhs[i]``, rows past ``sum(group_sizes)`` zero."""
     out_dtype = lhs.dtype if preferred_element_type is None else preferred_element_type
@@ -300,7 +301,8 @@ def grouped_forward(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array, *,
 
 
 def grouped_forward_with_residuals(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array, *,
-                                   precision: Any = ("highest", "highest"), preferred_element_type: Any = None,
+                                   precision: str | tuple[str, str] = ("highest", "highest"),
+                                   preferred_element_type: Any = None,
                                    cfg: TpuMatmulConfig | None = None) -> tuple[jax.Array, tuple[jax.Array, ...]]:
     """The output and the residuals ``(lhs, rhs, group_sizes)``."""
     out = grouped_forward(lhs, rhs, group_sizes, precision=precision, preferred_element_type=preferred_element_type,
@@ -309,7 +311,7 @@ def grouped_forward_with_residuals(lhs: jax.Array, rhs: jax.Array, group_sizes: 
 
 
 def grouped_backward(residuals: tuple[jax.Array, ...], d_out: jax.Array, *, cfg: TpuMatmulConfig | None = None,
-                     precision: Any = ("highest", "highest"),
+                     precision: str | tuple[str, str] = ("highest", "highest"),
                      preferred_element_type: Any = None) -> tuple[jax.Array, jax.Array, None]:
     """``(d lhs, d rhs, None)``: the forward kernel with ``rhs`` transposed, and the per-group reduction kernel."""
     del preferred_element_type

@@ -51,9 +51,9 @@ if [[ $stage == paged ]]; then
   timeout 590 python3 benchmarks/bench_triton_paged.py 2>&1 | tee "$OUT/bench_triton_paged.log" | tail -30
 fi
 if [[ $stage == pallas-ops ]]; then  # ejk-pallas's paged attention, matmul, grouped matmul: GPU tests, benchmark
-  timeout 240 python3 -m pytest -q -m gpu -p no:cacheprovider plugins/ejk_pallas/tests/test_ops.py 2>&1 \
+  timeout 150 python3 -m pytest -q -m gpu -p no:cacheprovider plugins/ejk_pallas/tests/test_ops.py 2>&1 \
     | tee "$OUT/pallas_ops_gpu_tests.log" | tail -15
-  timeout 330 python3 benchmarks/bench_pallas_ops.py 2>&1 | tee "$OUT/bench_pallas_ops.log" | tail -40
+  timeout 210 python3 benchmarks/bench_pallas_ops.py 2>&1 | tee "$OUT/bench_pallas_ops.log" | tail -40
 fi
 if [[ $stage == all || $stage == pallas ]]; then
   timeout 420 python3 -m pytest -q -m gpu -p no:cacheprovider plugins/ejk_pallas/tests 2>&1 \

@@ -383,3 +383,29 @@ def test_mosaic_tpu_lowers_for_tpu(monkeypatch: pytest.MonkeyPatch) -> None:
         sds((8, 32, 128), jnp.bfloat16), pages, pages, sds((8,), jnp.int32), sds((8, 8), jnp.int32),
         sds((9,), jnp.int32), sds((), jnp.int32), platform="tpu")
     assert text.count("tpu_custom_call") == 1
+
+
+@pytest.mark.skipif(ON_TPU, reason="lowers for CUDA")
+def test_lowers_for_cuda_under_shard_map(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Inside ``jax.shard_map`` (``check_vma``) the kernels' outputs vary along the inputs' mesh axes."""
+    monkeypatch.setattr(_env, "use_interpreter", lambda: False)
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    mesh = jax.make_mesh((1,), ("x",))
+
+    def arg(shape: tuple[int, ...], dtype: Any) -> jax.ShapeDtypeStruct:
+        return jax.ShapeDtypeStruct(shape, dtype, sharding=NamedSharding(mesh, P("x")))
+
+    def ops(a: Any, b: Any, rhs: Any, gs: Any, q: Any, pages: Any, lens: Any, table: Any, cu: Any) -> Any:
+        out, res = _matmul.forward_with_residuals(a, b)
+        grouped, g_res = _grouped_matmul.forward_with_residuals(a, rhs, gs)
+        paged = _paged_attention.ragged_paged_attention(q, pages, pages, lens, table, cu, lens[0], softmax_scale=0.1,
+                                                         sliding_window=None, logits_soft_cap=None)
+        return _matmul.backward(res, out), _grouped_matmul.backward(g_res, grouped)[:2], paged
+
+    args = (arg((64, 32), jnp.bfloat16), arg((32, 16), jnp.bfloat16),
+            arg((4, 32, 16), jnp.bfloat16), arg((4,), jnp.int32), arg((4, 8, 64), jnp.bfloat16),
+            arg((16, 16, 2, 64), jnp.bfloat16), arg((4,), jnp.int32), arg((4, 4), jnp.int32), arg((5,), jnp.int32))
+    fn = jax.shard_map(ops, mesh=mesh, in_specs=P("x"), out_specs=P("x"), check_vma=True)
+    assert _lowered(fn, *args, platform="cuda").count("__gpu$xla.gpu.triton") == 7

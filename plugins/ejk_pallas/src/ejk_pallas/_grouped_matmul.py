@@ -131,7 +131,7 @@ def _grouped_product(x: jax.Array, w: jax.Array, group_sizes: jax.Array, *, tb: 
         grid=(np_ // bn, work.group.shape[0]),  # axis 0 varies fastest: the column tiles of one row tile
         in_specs=[_full(a) for a in (*work, x, w)],
         out_specs=p.BlockSpec((mp, np_), lambda *_: (0, 0)),
-        out_shape=jax.ShapeDtypeStruct((mp, np_), out_dtype),
+        out_shape=_mm.out_struct((mp, np_), out_dtype, x),
         compiler_params=_params(cfg),
         interpret=_env.use_interpreter(),
         name="ejk_pallas_grouped_matmul",
@@ -179,7 +179,7 @@ def _grouped_outer(x: jax.Array, dy: jax.Array, group_sizes: jax.Array, groups: 
         grid=(np_ // bn, kp // bk, groups),  # the tiles of one group run together (its rows stay in L2)
         in_specs=[_full(offs), _full(x), _full(dy)],
         out_specs=p.BlockSpec((None, bk, bn), lambda b, a, g: (g, a, b)),
-        out_shape=jax.ShapeDtypeStruct((groups, kp, np_), out_dtype),
+        out_shape=_mm.out_struct((groups, kp, np_), out_dtype, x),
         compiler_params=_params(cfg),
         interpret=_env.use_interpreter(),
         name="ejk_pallas_grouped_matmul_drhs",

@@ -19,7 +19,7 @@ from jax import lax
 
 from ejk_pallas import _env
 
-__all__ = ["DTYPES", "MAX_ELEMENTS", "common_dtype", "dot", "gpu_gate", "pad_to", "tpu_gate"]
+__all__ = ["DTYPES", "MAX_ELEMENTS", "common_dtype", "dot", "gpu_gate", "out_struct", "pad_to", "tpu_gate"]
 
 #: Operand dtypes the kernels take.
 DTYPES = ("bfloat16", "float16", "float32")
@@ -52,6 +52,15 @@ def dot(a: Any, b: Any, dims: tuple[Any, Any], precision: Any, *, gpu: bool) -> 
         return lax.dot_general(a, b, dims, precision=algo, preferred_element_type=jnp.float32)
     prec = (lax.Precision.DEFAULT, lax.Precision.HIGH, lax.Precision.HIGHEST)[level]
     return lax.dot_general(a, b, dims, precision=(prec, prec), preferred_element_type=jnp.float32)
+
+
+def out_struct(shape: Sequence[int], dtype: Any, like: Any) -> jax.ShapeDtypeStruct:
+    """A ``pallas_call`` output typed like the input ``like``: under ``jax.shard_map`` (``check_vma``) it
+    varies along the same mesh axes (the op layer makes every input vary alike); elsewhere a plain one."""
+    manual = getattr(jax.typeof(like), "manual_axis_type", None)
+    if manual is None:
+        return jax.ShapeDtypeStruct(tuple(shape), dtype)
+    return jax.ShapeDtypeStruct(tuple(shape), dtype, manual_axis_type=manual)
 
 
 def pad_to(x: jax.Array, sizes: Sequence[int]) -> jax.Array:

@@ -213,7 +213,9 @@ def ragged_paged_attention(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array,
     q2 = _mm.pad_to(q2, (hkv, tg, d))
     p = pl()
     splits = cfg.num_splits
-    sds = jax.ShapeDtypeStruct
+    def sds(shape: tuple[int, ...], dtype: Any) -> jax.ShapeDtypeStruct:
+        return _mm.out_struct(shape, dtype, q2)
+
     if splits == 1:
         out_shape: Any = sds((hkv, tg, dv), q.dtype)
         out_specs: Any = p.BlockSpec((None, tg, dv), lambda s, h, zq: (h, 0, 0))

@@ -181,7 +181,7 @@ def ragged_paged_attention(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array,
     out2 = p.pallas_call(
         functools.partial(_kernel, st=st),
         grid_spec=spec,
-        out_shape=jax.ShapeDtypeStruct((hkv, tg, dv), q.dtype),
+        out_shape=_mm.out_struct((hkv, tg, dv), q.dtype, q2),
         compiler_params=_pltpu().CompilerParams(dimension_semantics=("parallel", "arbitrary", "arbitrary")),
         interpret=_pltpu().InterpretParams() if _env.use_interpreter() else False,
         name="ejk_pallas_ragged_paged_attention_tpu",

@@ -37,12 +37,12 @@ import cutlass.utils.hopper_helpers as sm90
 
 __all__ = ["WgmmaGemm", "launch"]
 
-_WARPGROUP = 128
+WARPGROUP = 128
 _BLOCK_K = 64  # four k=16 wgmma steps per stage: 128 bytes of 16-bit K per row (the 128B swizzle)
-_PRODUCER_REGS = 40
-_CONSUMER_REGS = 232
-_EPI_STAGES = 2
-_EPI_BARRIER = 1  # named barrier id of the consumers' epilogue sync (0 is __syncthreads)
+PRODUCER_REGS = 40
+CONSUMER_REGS = 232
+EPI_STAGES = 2
+EPI_BARRIER = 1  # named barrier id of the consumers' epilogue sync (0 is __syncthreads)
 
 
 class WgmmaGemm:
@@ -56,7 +56,7 @@ class WgmmaGemm:
         self.swizzle = swizzle
         self.max_clusters = max_clusters
         self.consumers = 2 if tile_m >= 128 else 1
-        self.threads = (1 + self.consumers) * _WARPGROUP
+        self.threads = (1 + self.consumers) * WARPGROUP
         self.mcast_a = cluster_n  # CTAs of a cluster row share a's slice
         self.mcast_b = cluster_m
 
@@ -99,7 +99,7 @@ class WgmmaGemm:
         self.b_smem = sm90.make_smem_layout_b(b_major, self.tile, self.ab_dtype, self.stages)
         self.epi_tile = sm90.compute_tile_shape_or_override(self.tile, self.c_dtype,
                                                             is_cooperative=self.consumers == 2)
-        self.c_smem = sm90.make_smem_layout_epi(self.c_dtype, self.c_major, self.epi_tile, _EPI_STAGES)
+        self.c_smem = sm90.make_smem_layout_epi(self.c_dtype, self.c_major, self.epi_tile, EPI_STAGES)
 
     def _shared_struct(self) -> Any:
         """The CTA's shared memory: the ring's barriers, the ``a`` / ``b`` ring and the epilogue buffers."""
@@ -132,7 +132,7 @@ class WgmmaGemm:
         tile_m, tile_n, tile_k = self.tile
         tidx, _, _ = cute.arch.thread_idx()
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
-        warpgroup = cute.arch.make_warp_uniform(tidx // _WARPGROUP)
+        warpgroup = cute.arch.make_warp_uniform(tidx // WARPGROUP)
         if warp == 0:
             cute.nvgpu.cpasync.prefetch_descriptor(tma_a)
             cute.nvgpu.cpasync.prefetch_descriptor(tma_b)
@@ -162,7 +162,7 @@ class WgmmaGemm:
         _, _, stride = cute.arch.grid_dim()
 
         if warpgroup == 0:
-            cute.arch.setmaxregister_decrease(_PRODUCER_REGS)
+            cute.arch.setmaxregister_decrease(PRODUCER_REGS)
             if warp == 0:
                 state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
                 w = first
@@ -182,8 +182,8 @@ class WgmmaGemm:
                     w += stride
                 ring.producer_tail(state)
         else:
-            cute.arch.setmaxregister_increase(_CONSUMER_REGS)
-            self._consume(tidx - _WARPGROUP, warpgroup - 1, warp, ring, mma, s_a, s_b, s_c, t_c, k_tiles,
+            cute.arch.setmaxregister_increase(CONSUMER_REGS)
+            self._consume(tidx - WARPGROUP, warpgroup - 1, warp, ring, mma, s_a, s_b, s_c, t_c, k_tiles,
                           tma_c, cluster_rows, cluster_cols, first, stride, work)
 
     def _cluster_ring(self, storage: Any, a_smem: cute.ComposedLayout,
@@ -248,13 +248,37 @@ class WgmmaGemm:
         return r2s, thr_r2s.partition_D(s_c), r2s.retile(acc), chunk, chunk_out
 
     @cute.jit
+    def _zero_past(self, ragged: Any, slot: cutlass.Int32) -> None:
+        """Zero K entries ``valid:64`` of this warpgroup's 64 rows of ``a``'s ring slot ``slot``.
+
+        The rows past a ragged reduction's end were loaded (TMA cannot stop there); zeroing one
+        operand removes their products. Each warpgroup only reads its own rows of ``a``, so a
+        warpgroup barrier (after a proxy fence: wgmma reads shared memory through the async
+        proxy) is all the synchronisation needed.
+        """
+        s_a, consumer, valid = ragged
+        if valid < self.tile[2]:
+            tid = cute.arch.thread_idx()[0] % WARPGROUP
+            rows = 64
+            per_thread = rows * self.tile[2] // WARPGROUP
+            for i in cutlass.range_constexpr(per_thread):
+                index = i * WARPGROUP + tid
+                col = index // rows
+                if col >= valid:
+                    s_a[(consumer * rows + index % rows, col, slot)] = self.ab_dtype(0)
+            cute.arch.fence_proxy("async.shared", space="cta")
+            cute.arch.barrier(barrier_id=EPI_BARRIER + 1 + consumer, number_of_threads=WARPGROUP)
+
+    @cute.jit
     def _mainloop(self, ring: pipeline.PipelineTmaAsync, mma: cute.TiledMma, acc: cute.Tensor,
                   frag_a: cute.Tensor, frag_b: cute.Tensor, read: pipeline.PipelineState,
-                  release: pipeline.PipelineState, k_tiles: cutlass.Int32) -> tuple[Any, Any]:
+                  release: pipeline.PipelineState, k_tiles: cutlass.Int32, ragged: Any = None) -> tuple[Any, Any]:
         """``acc = a_tile @ b_tileᵀ`` over ``k_tiles`` ring slices; returns the advanced ring states.
 
         One slice's MMAs stay in flight while the next slice is awaited; a slice is released as
-        soon as the MMAs reading it retire.
+        soon as the MMAs reading it retire. ``ragged`` (a reduction that ends inside its last
+        slice): ``(s_a, consumer, valid)``: only ``valid`` K entries of the last slice count, the
+        rest of this warpgroup's ``a`` rows are zeroed in shared memory first (see :meth:`_zero_past`).
         """
         k_blocks = cute.size(frag_a, mode=[2])
         acc.fill(0.0)
@@ -262,6 +286,9 @@ class WgmmaGemm:
         cute.nvgpu.warpgroup.fence()
         for k in range(k_tiles):
             ring.consumer_wait(read)
+            if cutlass.const_expr(ragged is not None):  # noqa: SIM102 (a compile-time test, then a runtime one)
+                if k == k_tiles - 1:
+                    self._zero_past(ragged, read.index)
             for kb in cutlass.range_constexpr(k_blocks):
                 at = (None, None, kb, read.index)
                 cute.gemm(mma, acc, frag_a[at], frag_b[at], acc)
@@ -278,23 +305,55 @@ class WgmmaGemm:
         return read, release
 
     @cute.jit
+    def _store_tile(self, tile_c: cute.Tensor, tma_c: cute.CopyAtom, s_c: cute.Tensor, r2s: cute.TiledCopy,
+                    r2s_dst: cute.Tensor, r2s_acc: cute.Tensor, chunk: cute.Tensor, chunk_out: cute.Tensor,
+                    epi_sync: pipeline.NamedBarrier, stores: pipeline.PipelineTmaStore, warp: cutlass.Int32,
+                    written: cutlass.Int32) -> cutlass.Int32:
+        """The epilogue of one output tile (``tile_c``: TMA coordinates): returns ``written`` plus its subtiles.
+
+        Subtiles of epi_tile go in the accumulator registers' order: each thread's fragment runs
+        over all columns of one row repeat before the next repeat (256-row tiles), so subtiles go
+        row-major, 16 consecutive registers per 128x32 subtile; each is rounded, written to a
+        shared buffer (two, in turn) and stored by TMA.
+        """
+        chunk_size = cute.size(chunk)
+        out = cute.zipped_divide(tile_c, self.epi_tile)
+        sc_part, gc_part = cute.nvgpu.cpasync.tma_partition(
+            tma_c, 0, cute.make_layout(1), cute.group_modes(s_c, 0, 2), out)
+        grid_shape = out.shape[1]
+        order = cute.make_layout(grid_shape, stride=(grid_shape[1], 1))
+        for e in cutlass.range_constexpr(cute.size(out, mode=[1])):
+            for v in cutlass.range_constexpr(chunk_size):
+                chunk[v] = r2s_acc[e * chunk_size + v]
+            chunk_out.store(chunk.load().to(self.c_dtype))
+            buf = (written + e) % EPI_STAGES
+            cute.copy(r2s, chunk_out, r2s_dst[(None, None, None, buf)])
+            cute.arch.fence_proxy("async.shared", space="cta")
+            epi_sync.arrive_and_wait()
+            if warp == 4:  # the first consumer warp issues the store
+                cute.copy(tma_c, sc_part[(None, buf)], gc_part[(None, order.get_hier_coord(e))])
+                stores.producer_commit()
+                stores.producer_acquire()
+            epi_sync.arrive_and_wait()
+        return written + cute.size(out, mode=[1])
+
+    @cute.jit
     def _consume(self, tid: cutlass.Int32, consumer: cutlass.Int32, warp: cutlass.Int32,
                  ring: pipeline.PipelineTmaAsync, mma: cute.TiledMma, s_a: cute.Tensor, s_b: cute.Tensor,
                  s_c: cute.Tensor, t_c: cute.Tensor, k_tiles: cutlass.Int32, tma_c: cute.CopyAtom,
                  cluster_rows: cutlass.Int32, cluster_cols: cutlass.Int32, first: cutlass.Int32,
                  stride: cutlass.Int32, work: cutlass.Int32) -> None:
         """The consumer warpgroups: wgmma over the ring, then the epilogue, tile after tile."""
-        threads = self.consumers * _WARPGROUP
-        thr_mma = mma.get_slice(consumer * _WARPGROUP)
+        threads = self.consumers * WARPGROUP
+        thr_mma = mma.get_slice(consumer * WARPGROUP)
         frag_a = mma.make_fragment_A(thr_mma.partition_A(s_a))
         frag_b = mma.make_fragment_B(thr_mma.partition_B(s_b))
         acc = cute.make_rmem_tensor(thr_mma.partition_C(t_c).shape[:3], cutlass.Float32)
 
         r2s, r2s_dst, r2s_acc, chunk, chunk_out = self._epilogue_fragments(tid, mma, acc, s_c)
-        chunk_size = cute.size(chunk)
-        epi_sync = pipeline.NamedBarrier(barrier_id=_EPI_BARRIER, num_threads=threads)
+        epi_sync = pipeline.NamedBarrier(barrier_id=EPI_BARRIER, num_threads=threads)
         stores = pipeline.PipelineTmaStore.create(
-            num_stages=_EPI_STAGES, producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, threads))
+            num_stages=EPI_STAGES, producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, threads))
 
         read = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
         release = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
@@ -304,28 +363,8 @@ class WgmmaGemm:
             m, n, batch = self._tile(w, cluster_rows, cluster_cols)
             read, release = self._mainloop(ring, mma, acc, frag_a, frag_b, read, release, k_tiles)
 
-            # Epilogue: subtiles of epi_tile in the accumulator registers' order: each thread's
-            # fragment runs over all columns of one row repeat before the next repeat (256-row
-            # tiles), so subtiles go row-major, 16 consecutive registers per 128x32 subtile.
-            out = cute.zipped_divide(t_c[(None, None, m, n, batch)], self.epi_tile)
-            sc_part, gc_part = cute.nvgpu.cpasync.tma_partition(
-                tma_c, 0, cute.make_layout(1), cute.group_modes(s_c, 0, 2), out)
-            grid_shape = out.shape[1]
-            order = cute.make_layout(grid_shape, stride=(grid_shape[1], 1))
-            for e in cutlass.range_constexpr(cute.size(out, mode=[1])):
-                for v in cutlass.range_constexpr(chunk_size):
-                    chunk[v] = r2s_acc[e * chunk_size + v]
-                chunk_out.store(chunk.load().to(self.c_dtype))
-                buf = (written + e) % _EPI_STAGES
-                cute.copy(r2s, chunk_out, r2s_dst[(None, None, None, buf)])
-                cute.arch.fence_proxy("async.shared", space="cta")
-                epi_sync.arrive_and_wait()
-                if warp == 4:  # the first consumer warp issues the store
-                    cute.copy(tma_c, sc_part[(None, buf)], gc_part[(None, order.get_hier_coord(e))])
-                    stores.producer_commit()
-                    stores.producer_acquire()
-                epi_sync.arrive_and_wait()
-            written += cute.size(out, mode=[1])
+            written = self._store_tile(t_c[(None, None, m, n, batch)], tma_c, s_c, r2s, r2s_dst, r2s_acc, chunk,
+                                       chunk_out, epi_sync, stores, warp, written)
             w += stride
         stores.producer_tail()
 

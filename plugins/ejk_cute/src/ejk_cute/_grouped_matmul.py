@@ -44,6 +44,7 @@ __all__ = [
     "plan",
     "product",
     "shape_reason",
+    "smem_bytes",
 ]
 
 #: The residual format of :func:`forward_with_residuals`: the three inputs.
@@ -76,6 +77,11 @@ class GroupedMatmulConfig:
         """The dense kernel's config of the same tile, cluster and ring (shared memory is the same)."""
         return _matmul.MatmulConfig(tile_m=self.tile_m, tile_n=self.tile_n, cluster_m=self.cluster_m, cluster_n=1,
                                     stages=self.stages)
+
+
+def smem_bytes(cfg: GroupedMatmulConfig, in_itemsize: int = 2, out_itemsize: int = 2) -> int:
+    """Shared memory of a config (bytes): the dense kernel's ring, epilogue buffers and barriers."""
+    return _matmul.smem_bytes(cfg.as_matmul(), in_itemsize, out_itemsize)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -243,26 +243,48 @@ GPU_SIZES = {
 }
 
 
-def _gradients(sizes: jax.Array, cfg: Any, dtype: Any = jnp.bfloat16, out_dtype: Any = None, m: int = GPU_M,
-               k: int = GPU_K, n: int = GPU_N, seed: int = 0) -> None:
-    """Output, d lhs and d rhs of ``ejk.grouped_matmul(platform="cute")`` against the reference."""
+def _loop_reference(lhs: jax.Array, rhs: jax.Array, sizes: np.ndarray, out_dtype: Any = None) -> jax.Array:
+    """The grouped product in float32 as one dense matmul per group (static sizes): a cheap reference for
+    shapes where ``reference_grouped_matmul``'s per-row gather of ``rhs`` would not fit in memory."""
+    starts = np.concatenate([[0], np.cumsum(sizes)])
+    parts = [jnp.matmul(lhs[starts[i]:starts[i + 1]].astype(jnp.float32), rhs[i].astype(jnp.float32),
+                        precision="highest") for i in range(len(sizes))]
+    tail = jnp.zeros((lhs.shape[0] - int(starts[-1]), rhs.shape[2]), jnp.float32)
+    return jnp.concatenate([*parts, tail]).astype(out_dtype or lhs.dtype)
+
+
+def _gradients(sizes: np.ndarray, cfg: Any, dtype: Any = jnp.bfloat16, out_dtype: Any = None, m: int = GPU_M,
+               k: int = GPU_K, n: int = GPU_N, seed: int = 0, loop_reference: bool = False) -> None:
+    """Output, d lhs and d rhs of ``ejk.grouped_matmul(platform="cute")`` against the float32 reference."""
     rng = np.random.default_rng(seed)
     lhs = jnp.asarray(rng.standard_normal((m, k), np.float32), dtype)
-    rhs = jnp.asarray(rng.standard_normal((sizes.shape[0], k, n), np.float32), dtype)
+    rhs = jnp.asarray(rng.standard_normal((len(sizes), k, n), np.float32), dtype)
     cot = jnp.asarray(rng.standard_normal((m, n), np.float32), out_dtype or dtype)
+    group_sizes = jnp.asarray(sizes, jnp.int32)
 
-    def ours(lhs: jax.Array, rhs: jax.Array, cot: jax.Array, sizes: jax.Array) -> tuple[jax.Array, ...]:
-        out, pull = jax.vjp(lambda a, b: ejk.grouped_matmul(a, b, sizes, platform="cute", cfg=cfg,
+    def ours(lhs: jax.Array, rhs: jax.Array, cot: jax.Array, group_sizes: jax.Array) -> tuple[jax.Array, ...]:
+        out, pull = jax.vjp(lambda a, b: ejk.grouped_matmul(a, b, group_sizes, platform="cute", cfg=cfg,
                                                             preferred_element_type=out_dtype), lhs, rhs)
         return (out, *pull(cot))
 
-    got = jax.jit(ours)(lhs, rhs, cot, sizes)
-    out, pull = jax.vjp(lambda a, b: reference_grouped_matmul(a, b, sizes, preferred_element_type=out_dtype), lhs, rhs)
-    tail = int(jnp.sum(jnp.maximum(sizes, 0)))
-    assert not np.asarray(got[0][tail:], np.float32).any(), "rows past the sum must be zeros"
+    def ref(a: jax.Array, b: jax.Array) -> jax.Array:
+        if loop_reference:
+            return _loop_reference(a, b, sizes, out_dtype)
+        return reference_grouped_matmul(a, b, group_sizes, preferred_element_type=out_dtype)
+
+    got = jax.jit(ours)(lhs, rhs, cot, group_sizes)
+    out, pull = jax.vjp(ref, lhs, rhs)
+    assert not np.asarray(got[0][int(sizes.sum()):], np.float32).any(), "rows past the sum must be zeros"
     for name, g, want in zip(("out", "d lhs", "d rhs"), got, (out, *pull(cot)), strict=True):
         assert g.dtype == want.dtype, name
         assert_close(g, want, dtype, what=name)
+
+
+def _skewed(groups: int, m: int, seed: int) -> np.ndarray:
+    """A Dirichlet split of ``m`` rows (every row in a group), as ``ejk.bench``'s skewed MoE case."""
+    sizes = np.floor(np.random.default_rng(seed).dirichlet(np.ones(groups)) * m).astype(np.int64)
+    sizes[0] += m - int(sizes.sum())
+    return sizes
 
 
 @pytest.mark.gpu
@@ -270,7 +292,7 @@ def test_group_patterns_on_gpu() -> None:
     """Equal, skewed, empty groups, one group with all rows, rows past the sum; output and gradients."""
     for label, sizes in GPU_SIZES.items():
         try:
-            _gradients(jnp.asarray(sizes, jnp.int32), None)
+            _gradients(np.asarray(sizes), None)
         except AssertionError as exc:
             raise AssertionError(f"{label}: {exc}") from exc
 
@@ -278,23 +300,34 @@ def test_group_patterns_on_gpu() -> None:
 @pytest.mark.gpu
 @pytest.mark.parametrize("cfg", SPACE, ids=_label)
 def test_every_config_on_gpu(cfg: GroupedMatmulConfig) -> None:
-    _gradients(jnp.asarray(GPU_SIZES["skewed"], jnp.int32), cfg, seed=1)
+    """16 skewed groups over 4096 rows, n 1032: several items per CTA, a partial column tile, every K edge."""
+    sizes = _skewed(16, 4000, seed=1)  # 96 rows past the sum
+    _gradients(sizes, cfg, m=4096, k=264, n=1032, seed=1, loop_reference=True)
 
 
 @pytest.mark.gpu
 def test_float16_with_float32_output_on_gpu() -> None:
-    _gradients(jnp.asarray(GPU_SIZES["empty groups, rows past the sum"], jnp.int32), None, jnp.float16, jnp.float32)
+    _gradients(np.asarray(GPU_SIZES["empty groups, rows past the sum"]), None, jnp.float16, jnp.float32)
 
 
 @pytest.mark.gpu
-def test_moe_sized_problem_on_gpu() -> None:
-    """64 experts of k 512, n 768 over 8192 skewed rows: many items per CTA, both clusters' walks."""
-    weights = np.random.default_rng(2).dirichlet(np.ones(64))
-    sizes = np.floor(weights * 8192).astype(np.int32)
-    sizes[0] += 8192 - int(sizes.sum())
-    _gradients(jnp.asarray(sizes), None, m=8192, k=512, n=768, seed=2)
+@pytest.mark.skipif(importlib.util.find_spec("ejk_triton") is None, reason="ejk-triton not installed")
+def test_forward_pairs_with_the_triton_backward_on_gpu() -> None:
+    """``ImplChoice(backward=...)``: the CuTe forward's residuals feed ejk-triton's backward."""
+    sizes = jnp.asarray(GPU_SIZES["skewed"], jnp.int32)
+    rng = np.random.default_rng(3)
+    lhs, rhs = (jnp.asarray(rng.standard_normal(s, np.float32), jnp.bfloat16) for s in ((GPU_M, GPU_K),
+                                                                                        (5, GPU_K, GPU_N)))
+    choice = ejk.ImplChoice(platform="cute", backend="gpu", implementation="grouped",
+                            backward=ejk.ImplChoice(platform="triton", backend="gpu", implementation="persistent"))
 
+    def loss(fn: Any) -> Any:
+        return jax.jit(jax.grad(lambda a, b: jnp.sum(fn(a, b).astype(jnp.float32) ** 2), argnums=(0, 1)))
 
+    got = loss(lambda a, b: ejk.grouped_matmul(a, b, sizes, platform="cute", cfg=choice))(lhs, rhs)
+    want = loss(lambda a, b: reference_grouped_matmul(a, b, sizes))(lhs, rhs)
+    for name, g, w in zip(("d lhs", "d rhs"), got, want, strict=True):
+        assert_close(g, w, jnp.bfloat16, what=name)
 @pytest.mark.gpu
 def test_gate_on_this_gpu() -> None:
     args = (S((64, 64), jnp.bfloat16), S((2, 64, 64), jnp.bfloat16), S((2,), jnp.int32))

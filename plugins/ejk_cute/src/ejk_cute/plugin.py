@@ -11,7 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 import ejk
-from ejk_cute import _matmul, _status
+from ejk_cute import _grouped_matmul, _matmul, _status
 from ejk_cute._flash_attention import register_flash_attention
 
 #: Compute capability the kernels need (wgmma, TMA, clusters); see ``_device``.
@@ -22,6 +22,10 @@ MIN_COMPUTE_CAPABILITY = (9, 0)
 #: the CuTe kernel where it wins (benchmarks/bench_cute_matmul.py measures both).
 MATMUL_PRIORITY = -5
 
+#: grouped_matmul: above ejk-xla's scan (0), below ejk-triton's persistent kernel (5) until H100
+#: measurements (benchmarks/bench_cute_grouped.py) say where it wins; autotuning compares them.
+GROUPED_MATMUL_PRIORITY = 4
+
 
 @ejk.hookimpl
 def ejk_register_kernels(register: Callable[..., Callable[[Any], Any]]) -> None:
@@ -30,6 +34,11 @@ def ejk_register_kernels(register: Callable[..., Callable[[Any], Any]]) -> None:
     register("matmul", ejk.Platform.CUTE, "gpu", priority=MATMUL_PRIORITY, name="wgmma", cfg_type=mm.MatmulConfig,
              config_space=mm.config_space, heuristic=mm.heuristic_config, capability=mm.capability,
              vjp=ejk.VJP(fwd=mm.forward_with_residuals, bwd=mm.backward, residuals=mm.RESIDUALS))(mm.forward)
+    gmm = _grouped_matmul
+    register("grouped_matmul", ejk.Platform.CUTE, "gpu", priority=GROUPED_MATMUL_PRIORITY, name="grouped",
+             cfg_type=gmm.GroupedMatmulConfig, config_space=gmm.config_space, heuristic=gmm.heuristic_config,
+             capability=gmm.capability,
+             vjp=ejk.VJP(fwd=gmm.forward_with_residuals, bwd=gmm.backward, residuals=gmm.RESIDUALS))(gmm.forward)
     register_flash_attention(register)
 
 

@@ -1,0 +1,542 @@
+"""Flash attention forward for Hopper written with Pallas's Mosaic GPU backend (``plgpu``).
+
+One CTA per (query block of ``block_q`` rows, q head, batch) runs three warpgroups:
+
+* two consumer warpgroups, ``block_q / 2`` rows each: ``S = Q·Kᵀ`` and ``O += P·V`` with
+  warpgroup MMA (``plgpu.wgmma``; P stays in registers), an online softmax in float32 with
+  ``exp2`` (``log2(e)`` and the logit scale folded into one multiply), soft cap through ``tanh``;
+  a shared "schedule" barrier staggers them so one runs its softmax while the other's MMAs run;
+* one producer warpgroup that streams K and V blocks with TMA into a ring of
+  ``max_concurrent_steps`` shared-memory slots (one "ready" barrier per slot and operand that the
+  TMA completes, one "free" barrier per slot that both consumers arrive on).
+
+Causal masks and sliding windows bound the key loop: the CTA loads only the key blocks its 128 rows
+can see, and each consumer splits its own range into masked edge blocks and unmasked interior
+blocks; blocks of the CTA's range that a consumer's rows cannot see cost it only barrier traffic.
+GQA reads the kv head ``h // group`` (never repeated). Rows that see no key give zeros and
+``lse = +inf``. Ragged lengths are padded to the blocks (padded keys masked, padded rows dropped).
+
+The forward saves the residuals of ``ejk_pallas._flash_attention`` (:data:`RESIDUALS`: inputs,
+output and base-2 log-sum-exp), so :func:`backward` is the Triton-lowered Pallas backward; the
+core can pair this forward with that implementation's tuned backward too (``ImplChoice.backward``).
+
+With ``EJK_PALLAS_INTERPRET=1`` on a CPU the same kernel runs in Pallas's Mosaic GPU interpret
+mode (``jax._src.pallas.mosaic_gpu.interpret``: simulated shared memory, barriers and TMA).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Any
+
+import attrs
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from ejk.config.validators import int_in, one_of
+from ejk.tiling import cdiv as _cdiv
+from ejk_pallas import _env
+from ejk_pallas import _flash_attention as _fa
+from ejk_pallas._flash_attention import RESIDUALS, _key_blocks, _make_mask, _Mask, _pad, _q_block
+
+__all__ = [
+    "RESIDUALS",
+    "MosaicFlashAttentionConfig",
+    "backward",
+    "capability",
+    "config_space",
+    "forward",
+    "forward_with_residuals",
+    "heuristic_config",
+    "interpret_params",
+]
+
+_LOG2E = math.log2(math.e)
+_DTYPES = ("bfloat16", "float16")
+_HEAD_DIMS = (64, 128)
+#: Consumer warpgroups per CTA; each owns ``block_q / 2`` rows (one 64-row WGMMA tile).
+_CONSUMERS = 2
+#: Hopper's opt-in shared memory per block (227 KiB), less a margin for barriers and alignment.
+_SMEM_BUDGET = 227 * 1024 - 2 * 1024
+#: Register split: the consumers take what the producer gives back (65536 per SM / 384 threads).
+_CONSUMER_REGS = 232
+_PRODUCER_REGS = 40
+
+
+@attrs.frozen(kw_only=True)
+class MosaicFlashAttentionConfig:
+    """Tiles of the Mosaic GPU flash attention forward.
+
+    Attributes:
+        block_q: Query rows per CTA, split between the two consumer warpgroups (64 each at 128).
+        block_kv: Keys per step (one TMA of K and one of V per step).
+        max_concurrent_steps: Shared-memory slots of the K/V ring (TMA runs this many steps ahead).
+    """
+
+    block_q: int = attrs.field(default=128, validator=one_of(128))
+    block_kv: int = attrs.field(default=128, validator=one_of(64, 128, 192, 256))
+    max_concurrent_steps: int = attrs.field(default=2, validator=int_in(2, 6))
+
+
+@attrs.frozen(kw_only=True)
+class _Static:
+    """Everything the kernel body needs that is known when tracing."""
+
+    mask: _Mask
+    scale: float
+    cap: float | None
+    dtype: Any
+    d: int
+    bq: int
+    bk: int
+    steps: int
+    nq: int
+    nk: int
+    group: int
+    ragged_keys: bool
+    interpret: bool
+
+
+# ----------------------------------------------------------------------------------------------
+# The kernel
+# ----------------------------------------------------------------------------------------------
+
+
+def _mods() -> tuple[Any, Any]:
+    from jax.experimental import pallas as pl
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+
+    return pl, plgpu
+
+
+def _loop(lo: Any, hi: Any, body: Any, carry: Any) -> Any:
+    if isinstance(lo, int) and isinstance(hi, int) and lo >= hi:
+        return carry
+    return lax.fori_loop(lo, hi, body, carry)
+
+
+def _max(a: Any, b: Any) -> Any:
+    return max(a, b) if isinstance(a, int) and isinstance(b, int) else jnp.maximum(a, b)
+
+
+def _when(cond: Any, fn: Any) -> None:
+    """``pl.when`` that also takes a Python bool (a bound known when tracing)."""
+    if isinstance(cond, bool):
+        if cond:
+            fn()
+        return
+    pl, _ = _mods()
+    pl.when(cond)(fn)
+
+
+def _logits(s: Any, st: _Static) -> Any:
+    """Base-2 logits from raw ``q·k`` (float32), soft-capped when asked."""
+    if st.cap is None:
+        return s * (st.scale * _LOG2E)
+    return jnp.tanh(s * (st.scale / st.cap)) * (st.cap * _LOG2E)
+
+
+def _cast(x: Any, layout: Any, st: _Static) -> Any:
+    """``plgpu.layout_cast`` (register layouts); the identity in interpret mode, which has no layouts."""
+    if st.interpret:
+        return x
+    _, plgpu = _mods()
+    return plgpu.layout_cast(x, layout)
+
+
+def _visible(st: _Static, row0: Any, col0: Any, shape: tuple[int, int]) -> Any:
+    """Boolean visibility of a ``[rows, keys]`` tile (bottom-right aligned masks, see ``_Mask``)."""
+    _, plgpu = _mods()
+    wgmma = plgpu.Layout.WGMMA
+    rows = _cast(lax.broadcasted_iota(jnp.int32, shape, 0), wgmma, st) + row0
+    cols = _cast(lax.broadcasted_iota(jnp.int32, shape, 1), wgmma, st) + col0
+    mask = st.mask
+    conds = []
+    if st.ragged_keys:
+        conds.append(cols < mask.sk)
+    if mask.right is not None:
+        conds.append(cols <= rows + (mask.offset + mask.right))
+    if mask.left is not None:
+        conds.append(cols >= rows + (mask.offset - mask.left))
+    return functools.reduce(jnp.logical_and, conds) if conds else None
+
+
+def _kernel(q_ref: Any, k_ref: Any, v_ref: Any, out_ref: Any, lse_ref: Any, scoped: Any, *, st: _Static) -> None:
+    pl, plgpu = _mods()
+    (qo_smem2, k_smem, v_smem, lse_smem2), (k_ready, v_ready, q_ready), (k_free, v_free), sched = scoped
+    wg = lax.axis_index("wg")
+    batch = lax.axis_index("batch")
+    head = lax.axis_index("heads")
+    bw = st.bq // _CONSUMERS
+    row0 = _q_block(lax.axis_index("q_seq"), st.mask, st.nq) * st.bq
+    lo, _, _, hi = _key_blocks(st.mask, row0, st.bq, st.bk, st.nk)  # the CTA's key blocks
+
+    def slot(t: Any) -> Any:
+        return lax.rem(t - lo, jnp.array(st.steps, jnp.int32))
+
+    def sync() -> None:  # both consumers meet: staggers one's softmax against the other's MMAs
+        plgpu.barrier_arrive(sched)
+        plgpu.barrier_wait(sched)
+
+    @pl.when(wg < _CONSUMERS)
+    def _consumer() -> None:
+        plgpu.set_max_registers(_CONSUMER_REGS, action="increase")
+        q_smem = qo_smem2.at[wg]
+        lse_smem = lse_smem2.at[wg]
+        r0 = row0 + wg * bw
+        plgpu.copy_gmem_to_smem(q_ref.at[batch, pl.ds(r0, bw), head], q_smem, q_ready.at[wg])
+        plgpu.barrier_wait(q_ready.at[wg])
+        w_lo, w_lo_full, w_hi_full, w_hi = _key_blocks(st.mask, r0, bw, st.bk, st.nk)
+
+        def step(t: Any, carry: Any, *, masked: bool) -> Any:
+            acc, m, l = carry
+            s = slot(t)
+            plgpu.barrier_wait(k_ready.at[s])
+
+            if st.interpret:  # the interpreter's wgmma takes no transposed operand nor registers
+                z = jnp.dot(q_smem[...], k_smem[s].T, preferred_element_type=jnp.float32)
+                sync()
+            else:
+                def qk(acc_ref: Any) -> Any:
+                    plgpu.wgmma(acc_ref, q_smem, plgpu.transpose_ref(k_smem.at[s], (1, 0)))
+                    sync()  # the other consumer's softmax runs while this MMA does
+                    return acc_ref[...]
+
+                z = pl.run_scoped(qk, plgpu.ACC((bw, st.bk), jnp.float32))
+            plgpu.barrier_arrive(k_free.at[s])
+            z = _logits(z, st)
+            if masked:
+                vis = _visible(st, r0, t * st.bk, (bw, st.bk))
+                if vis is not None:
+                    z = jnp.where(vis, z, -jnp.inf)
+            m_new = jnp.maximum(m, z.max(axis=1))
+            # A row may see no key yet: keep exp2 away from (-inf) - (-inf).
+            m_use = jnp.where(m_new == -jnp.inf, 0.0, m_new) if masked else m_new
+            alpha = jnp.exp2(m - m_use)
+            p = jnp.exp2(z - lax.broadcast_in_dim(m_use, z.shape, [0]))
+            l = l * alpha + p.sum(axis=1)
+            acc = acc * lax.broadcast_in_dim(alpha, acc.shape, [0])
+            p16 = p.astype(st.dtype)
+            acc, l, m_new, p16 = lax.optimization_barrier((acc, l, m_new, p16))
+            plgpu.barrier_arrive(sched)
+            plgpu.barrier_wait(v_ready.at[s])
+            plgpu.barrier_wait(sched)
+
+            if st.interpret:
+                acc = acc + jnp.dot(p16, v_smem[s], preferred_element_type=jnp.float32)
+            else:  # the MMA accumulates into the running output in place
+                def pv(acc_ref: Any) -> None:
+                    plgpu.wgmma(acc_ref, p16, v_smem.at[s])
+
+                acc = pl.run_state(pv)(plgpu.ACC.init(acc))
+            plgpu.barrier_arrive(v_free.at[s])
+            return acc, m_new, l
+
+        def skip(t: Any, carry: Any) -> Any:
+            """A block of the CTA's range that these rows cannot see: keep the barriers in step."""
+            s = slot(t)
+            plgpu.barrier_wait(k_ready.at[s])
+            plgpu.barrier_arrive(k_free.at[s])
+            sync()
+            plgpu.barrier_wait(v_ready.at[s])
+            plgpu.barrier_arrive(v_free.at[s])
+            sync()
+            return carry
+
+        rows = plgpu.Layout.WGMMA.reduce(1)
+        carry = (
+            _cast(jnp.zeros((bw, st.d), jnp.float32), plgpu.Layout.WGMMA, st),
+            _cast(jnp.full((bw,), -jnp.inf, jnp.float32), rows, st),
+            _cast(jnp.zeros((bw,), jnp.float32), rows, st),
+        )
+        masked = functools.partial(step, masked=True)
+        _when(wg == 1, sync)  # the second consumer starts half a step behind
+        carry = _loop(lo, w_lo, skip, carry)
+        carry = _loop(w_lo, w_lo_full, masked, carry)
+        carry = _loop(w_lo_full, w_hi_full, functools.partial(step, masked=False), carry)
+        carry = _loop(w_hi_full, w_hi, masked, carry)
+        acc, m, l = _loop(w_hi, hi, skip, carry)
+        _when(wg == 0, sync)
+
+        empty = l == 0.0
+        safe = jnp.where(empty, 1.0, l)
+        acc = acc * lax.broadcast_in_dim(1.0 / safe, acc.shape, [0])
+        q_smem[...] = acc.astype(st.dtype)
+        lse_smem[...] = jnp.where(empty, jnp.inf, m + jnp.log(safe) * (1.0 / math.log(2.0)))
+        plgpu.commit_smem()
+        plgpu.copy_smem_to_gmem(q_smem, out_ref.at[batch, pl.ds(r0, bw), head])
+        plgpu.copy_smem_to_gmem(lse_smem, lse_ref.at[batch, head, pl.ds(r0, bw)])
+        plgpu.wait_smem_to_gmem(0)
+
+    @pl.when(wg == _CONSUMERS)
+    def _producer() -> None:
+        plgpu.set_max_registers(_PRODUCER_REGS, action="decrease")
+        kv_head = lax.div(head, jnp.array(st.group, head.dtype))
+
+        def load(t: Any, s: Any) -> None:
+            block = (batch, pl.ds(t * st.bk, st.bk), kv_head)
+            plgpu.copy_gmem_to_smem(k_ref.at[block], k_smem.at[s], k_ready.at[s])
+            plgpu.copy_gmem_to_smem(v_ref.at[block], v_smem.at[s], v_ready.at[s])
+
+        for i in range(st.steps):
+            _when(lo + i < hi, functools.partial(load, lo + i, i))
+
+        def refill(t: Any, carry: Any) -> Any:
+            s = slot(t)
+            block = (batch, pl.ds((t + st.steps) * st.bk, st.bk), kv_head)
+            plgpu.barrier_wait(k_free.at[s])
+            plgpu.copy_gmem_to_smem(k_ref.at[block], k_smem.at[s], k_ready.at[s])
+            plgpu.barrier_wait(v_free.at[s])
+            plgpu.copy_gmem_to_smem(v_ref.at[block], v_smem.at[s], v_ready.at[s])
+            return carry
+
+        def drain(t: Any, carry: Any) -> Any:  # observe the last steps' releases (every phase is awaited)
+            plgpu.barrier_wait(k_free.at[slot(t)])
+            plgpu.barrier_wait(v_free.at[slot(t)])
+            return carry
+
+        _loop(lo, hi - st.steps, refill, 0)
+        _loop(_max(lo, hi - st.steps), hi, drain, 0)
+
+
+def _entry(q_ref: Any, k_ref: Any, v_ref: Any, out_ref: Any, lse_ref: Any, *, st: _Static) -> None:
+    pl, plgpu = _mods()
+    transforms = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
+    smem = (
+        plgpu.SMEM((_CONSUMERS, st.bq // _CONSUMERS, st.d), st.dtype, transforms=transforms),
+        plgpu.SMEM((st.steps, st.bk, st.d), st.dtype, transforms=transforms),
+        plgpu.SMEM((st.steps, st.bk, st.d), st.dtype, transforms=transforms),
+        plgpu.SMEM((_CONSUMERS, st.bq // _CONSUMERS), jnp.float32),
+    )
+    ready = (plgpu.Barrier(num_barriers=st.steps), plgpu.Barrier(num_barriers=st.steps),
+             plgpu.Barrier(num_barriers=_CONSUMERS))
+    free = (plgpu.Barrier(num_arrivals=_CONSUMERS, num_barriers=st.steps),) * 2
+    pl.run_scoped(
+        lambda *scoped: _kernel(q_ref, k_ref, v_ref, out_ref, lse_ref, scoped, st=st),
+        smem, ready, free, plgpu.Barrier(num_arrivals=_CONSUMERS),
+        collective_axes="wg",
+    )
+
+
+def interpret_params() -> Any:
+    """Pallas's Mosaic GPU interpret mode parameters (a private jax module: ``None`` when it is absent)."""
+    try:
+        from jax._src.pallas.mosaic_gpu.interpret.params import InterpretGPUParams
+    except ImportError:  # pragma: no cover - depends on the jax version
+        return None
+    return InterpretGPUParams()
+
+
+def _forward_impl(q: Any, k: Any, v: Any, *, cfg: MosaicFlashAttentionConfig, causal: bool, softmax_scale: float,
+                  sliding_window: tuple[int, int] | None, logits_soft_cap: float | None,
+                  interpret: bool) -> tuple[Any, Any]:
+    """``(out [B, Sq, Hq, D], lse [B, Hq, Sq] float32, base 2)``."""
+    _, plgpu = _mods()
+    batch, sq, hq, d = q.shape
+    sk, hkv = k.shape[1], k.shape[2]
+    bq, bk = cfg.block_q, cfg.block_kv
+    sqp, skp = _cdiv(sq, bq) * bq, _cdiv(sk, bk) * bk
+    nq, nk = sqp // bq, skp // bk
+    st = _Static(mask=_make_mask(sq, sk, causal, sliding_window, False), scale=float(softmax_scale),
+                 cap=logits_soft_cap, dtype=jnp.dtype(q.dtype), d=d, bq=bq, bk=bk,
+                 steps=max(2, min(cfg.max_concurrent_steps, nk)), nq=nq, nk=nk, group=hq // hkv,
+                 ragged_keys=skp != sk, interpret=interpret)
+    qp, kp, vp = _pad(q, 1, sqp), _pad(k, 1, skp), _pad(v, 1, skp)
+    kwargs: dict[str, Any] = {}
+    if interpret:
+        params = interpret_params()
+        if params is None:
+            raise RuntimeError("this jax has no Mosaic GPU interpret mode; run on a Hopper GPU")
+        kwargs["interpret"] = params
+    out, lse = plgpu.kernel(
+        functools.partial(_entry, st=st),
+        out_type=(jax.ShapeDtypeStruct((batch, sqp, hq, d), q.dtype),
+                  jax.ShapeDtypeStruct((batch, hq, sqp), jnp.float32)),
+        grid=(nq, hq, batch),
+        grid_names=("q_seq", "heads", "batch"),
+        num_threads=_CONSUMERS + 1,
+        thread_name="wg",
+        compiler_params=plgpu.CompilerParams(approx_math=True),
+        **kwargs,
+    )(qp, kp, vp)
+    return out[:, :sq], lse[:, :, :sq]
+
+
+# ----------------------------------------------------------------------------------------------
+# The registered functions
+# ----------------------------------------------------------------------------------------------
+
+
+def forward_with_residuals(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    *,
+    causal: bool,
+    softmax_scale: float,
+    sliding_window: tuple[int, int] | None,
+    logits_soft_cap: float | None,
+    q_segment_ids: jax.Array | None,
+    kv_segment_ids: jax.Array | None,
+    bias: jax.Array | None,
+    cfg: MosaicFlashAttentionConfig | None = None,
+) -> tuple[jax.Array, tuple[Any, ...]]:
+    """The output and the residuals of :data:`RESIDUALS` (those of the Triton-lowered forward).
+
+    Returns:
+        ``(out, (q, k, v, None, None, None, out, lse))``: ``out`` ``[B, Sq, Hq, D]`` in ``q.dtype``,
+        ``lse`` the base-2 log-sum-exp ``[B, Hq, Sq]`` float32 (``+inf`` for rows that see no key).
+    """
+    if q_segment_ids is not None or kv_segment_ids is not None or bias is not None:
+        raise ValueError("pallas/gpu:mosaic supports neither segment ids nor bias (its capability gate says so)")
+    batch, sq, hq, _ = q.shape
+    if min(batch, sq, hq, k.shape[1]) == 0:
+        out = jnp.zeros((batch, sq, hq, v.shape[3]), q.dtype)
+        return out, (q, k, v, None, None, None, out, jnp.full((batch, hq, sq), jnp.inf, jnp.float32))
+    out, lse = _forward_impl(q, k, v, cfg=heuristic_config(q, k, v) if cfg is None else cfg, causal=causal,
+                             softmax_scale=softmax_scale, sliding_window=sliding_window,
+                             logits_soft_cap=logits_soft_cap, interpret=_env.use_interpreter())
+    return out, (q, k, v, None, None, None, out, lse)
+
+
+def forward(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    *,
+    causal: bool,
+    softmax_scale: float,
+    sliding_window: tuple[int, int] | None,
+    logits_soft_cap: float | None,
+    q_segment_ids: jax.Array | None,
+    kv_segment_ids: jax.Array | None,
+    bias: jax.Array | None,
+    cfg: MosaicFlashAttentionConfig | None = None,
+) -> jax.Array:
+    """The attention output ``[B, Sq, Hq, D]`` (no residuals kept). See ``ejk.flash_attention``."""
+    out, _ = forward_with_residuals(
+        q, k, v, causal=causal, softmax_scale=softmax_scale, sliding_window=sliding_window,
+        logits_soft_cap=logits_soft_cap, q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids, bias=bias,
+        cfg=cfg,
+    )
+    return out
+
+
+def backward(
+    residuals: tuple[Any, ...],
+    d_out: jax.Array,
+    *,
+    cfg: MosaicFlashAttentionConfig | None = None,
+    causal: bool,
+    softmax_scale: float,
+    sliding_window: tuple[int, int] | None,
+    logits_soft_cap: float | None,
+) -> tuple[Any, ...]:
+    """Gradients through the Triton-lowered Pallas backward (its heuristic config) from the shared residuals.
+
+    Returns:
+        ``(dq, dk, dv, None, None, None)``.
+    """
+    del cfg  # forward tiles; the backward kernels choose their own
+    return _fa.backward(residuals, d_out, cfg=None, causal=causal, softmax_scale=softmax_scale,
+                        sliding_window=sliding_window, logits_soft_cap=logits_soft_cap)
+
+
+# ----------------------------------------------------------------------------------------------
+# Capability gate and configs
+# ----------------------------------------------------------------------------------------------
+
+
+def _compute_capability() -> str:
+    return str(getattr(jax.devices()[0], "compute_capability", "") or "")
+
+
+def capability(
+    q: Any,
+    k: Any,
+    v: Any,
+    *,
+    causal: bool = False,
+    softmax_scale: float | None = None,
+    sliding_window: tuple[int, int] | None = None,
+    logits_soft_cap: float | None = None,
+    q_segment_ids: Any = None,
+    kv_segment_ids: Any = None,
+    bias: Any = None,
+) -> str | None:
+    """Why this implementation cannot run a call, or ``None`` when it can (abstract arguments suffice).
+
+    Supported: bfloat16 / float16 q, k, v with one head dim of 64 or 128 for q, k and v; any
+    lengths (padded to the blocks); GQA / MQA; causal; sliding windows; soft cap. Not supported:
+    segment ids, bias, float32, other head dims. Needs a Hopper GPU (compute capability 9.0:
+    warpgroup MMA), except in interpret mode (``EJK_PALLAS_INTERPRET=1`` on a CPU).
+    """
+    del causal, softmax_scale, sliding_window, logits_soft_cap
+    dtypes = {jnp.dtype(x.dtype).name for x in (q, k, v)}
+    unsupported = sorted(dtypes - set(_DTYPES))
+    if unsupported:
+        return f"{', '.join(unsupported)} not supported (bfloat16 and float16 only)"
+    if len(dtypes) > 1:
+        return f"q, k, v must share one dtype (got {', '.join(sorted(dtypes))})"
+    d, dv = int(q.shape[3]), int(v.shape[3])
+    if d != dv:
+        return f"v head_dim {dv} differs from head_dim {d} (mosaic_gpu needs them equal)"
+    if d not in _HEAD_DIMS:
+        return f"head_dim {d} not supported (mosaic_gpu: 64 or 128)"
+    if q_segment_ids is not None or kv_segment_ids is not None:
+        return "segment ids not supported by mosaic_gpu"
+    if bias is not None:
+        return "bias not supported by mosaic_gpu"
+    if _env.use_interpreter():
+        return None if interpret_params() is not None else "this jax has no Mosaic GPU interpret mode"
+    on_gpu, why = _env.nvidia_gpu()
+    if not on_gpu:
+        return f"mosaic_gpu: needs sm_90 ({why})"
+    raw = _compute_capability()
+    if raw.split(".")[0] != "9":
+        return f"mosaic_gpu: needs sm_90 (found compute capability {raw or 'unknown'})"
+    return None
+
+
+def smem_bytes(cfg: MosaicFlashAttentionConfig, d: int, itemsize: int) -> int:
+    """Shared memory (bytes) of a config: the Q/O tiles, the K and V rings and the lse rows."""
+    return (cfg.block_q * d + 2 * cfg.max_concurrent_steps * cfg.block_kv * d) * itemsize + cfg.block_q * 4
+
+
+#: Candidates by head dim, the heuristic's choice first: (block_q, block_kv, max_concurrent_steps).
+_CANDIDATES: dict[int, tuple[tuple[int, int, int], ...]] = {
+    64: ((128, 128, 2), (128, 64, 2), (128, 128, 3), (128, 128, 4), (128, 64, 4), (128, 192, 2),
+         (128, 256, 2)),
+    128: ((128, 128, 2), (128, 64, 2), (128, 64, 3), (128, 64, 4), (128, 128, 3), (128, 128, 4),
+          (128, 192, 2)),
+}
+
+
+def _fitting(q: Any) -> list[MosaicFlashAttentionConfig]:
+    d, itemsize = int(q.shape[3]), jnp.dtype(q.dtype).itemsize
+    configs = [MosaicFlashAttentionConfig(block_q=a, block_kv=b, max_concurrent_steps=c)
+               for a, b, c in _CANDIDATES[64 if d <= 64 else 128]]
+    return [c for c in configs if smem_bytes(c, d, itemsize) <= _SMEM_BUDGET]
+
+
+def config_space(q: Any, k: Any, v: Any, *rest: Any, **__: Any) -> list[MosaicFlashAttentionConfig]:
+    """Autotuning candidates by head dim (the heuristic's choice first), pruned by :func:`smem_bytes`.
+
+    One config in interpret mode. Arguments: abstract ``q``, ``k``, ``v`` and the op's others (ignored).
+    """
+    del k, v, rest
+    if _env.use_interpreter():
+        return [heuristic_config(q, q, q)]
+    return _fitting(q)
+
+
+def heuristic_config(q: Any, k: Any, v: Any, *rest: Any, **__: Any) -> MosaicFlashAttentionConfig:
+    """128 query rows (two warpgroups of 64) by 128 keys with a two-slot K/V ring (FlashAttention-3's
+    Hopper tiles; untimed here); 64 keys when the kv length fits in one block of 64 or in interpret mode
+    (fewer interpreted steps wasted on padding)."""
+    del v, rest
+    if _env.use_interpreter() or int(k.shape[1]) <= 64:
+        return MosaicFlashAttentionConfig(block_q=128, block_kv=64, max_concurrent_steps=2)
+    return _fitting(q)[0]

@@ -12,6 +12,7 @@ import ejk
 from ejk_pallas import (
     _env,
     _flash_attention,
+    _flash_attention_mgpu,
     _flash_attention_tpu,
     _grouped_matmul,
     _matmul,
@@ -30,6 +31,9 @@ TPU_PRIORITY = -1
 OPS_PRIORITY = 3
 #: matmul: below ejk-triton's gemm (-5) and ejk-xla's cuBLAS dot (0); autotuning compares them.
 MATMUL_PRIORITY = -6
+#: Below the Triton-lowered kernel until H100 measurements rank it: the Mosaic GPU forward (Hopper
+#: only, its gate says so elsewhere) is reached through its config type, autotuning or this order.
+MOSAIC_GPU_PRIORITY = 3
 
 
 @ejk.hookimpl
@@ -40,6 +44,12 @@ def ejk_register_kernels(register: Callable[..., Callable[[Any], Any]]) -> None:
         register("flash_attention", ejk.Platform.PALLAS, backend, priority=PRIORITY, name="triton_lowered",
                  cfg_type=fa.FlashAttentionConfig, config_space=fa.config_space, heuristic=fa.heuristic_config,
                  capability=fa.capability, vjp=vjp)(fa.forward)
+    mg = _flash_attention_mgpu
+    mg_vjp = ejk.VJP(fwd=mg.forward_with_residuals, bwd=mg.backward, residuals=mg.RESIDUALS)
+    for backend in _env.backends():
+        register("flash_attention", ejk.Platform.PALLAS, backend, priority=MOSAIC_GPU_PRIORITY, name="mosaic",
+                 cfg_type=mg.MosaicFlashAttentionConfig, config_space=mg.config_space,
+                 heuristic=mg.heuristic_config, capability=mg.capability, vjp=mg_vjp)(mg.forward)
     tpu = _flash_attention_tpu
     tpu_vjp = ejk.VJP(fwd=tpu.forward_with_residuals, bwd=tpu.backward, residuals=tpu.RESIDUALS)
     for backend in ("tpu", "cpu") if _env.interpret_mode() else ("tpu",):

@@ -1,0 +1,300 @@
+"""The Mosaic GPU flash attention forward (``pallas/gpu:mosaic``): numerics, gate, configs, lowering.
+
+On a CPU (no GPU):
+
+* the kernel runs in Pallas's Mosaic GPU interpret mode (``EJK_PALLAS_INTERPRET=1``, see
+  conftest.py), which simulates the warpgroups, barriers, TMA and shared memory, but has no
+  register layouts, no transposed / register WGMMA operands and no ``run_state``, so there the
+  two matmuls are plain dots (see ``_flash_attention_mgpu``): the pipeline, loop bounds, masks and
+  softmax are checked, the WGMMA calls are not;
+* every config of the space and each dtype and mask kind is lowered through the real Mosaic GPU
+  lowering for the CUDA platform (``jax.jit(...).trace(...).lower(lowering_platforms=("cuda",))``
+  runs without a GPU), which checks the WGMMA operands, layouts, transforms and barriers.
+
+Tests marked ``gpu`` run the compiled kernel on a Hopper GPU at real sizes (gradients through the
+Triton-lowered Pallas backward, which consumes this forward's residuals).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import attrs
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import ejk
+from ejk.testing import AttentionCase, assert_close, attention_values_and_grads, reference_flash_attention
+from ejk_pallas import _env
+from ejk_pallas import _flash_attention_mgpu as mg
+from ejk_pallas._flash_attention import FlashAttentionConfig
+from ejk_pallas._flash_attention_mgpu import MosaicFlashAttentionConfig
+
+ON_GPU = _env.nvidia_gpu()[0]
+ON_HOPPER = ON_GPU and mg.capability(*(jax.ShapeDtypeStruct((1, 8, 1, 64), jnp.bfloat16),) * 3) is None
+needs_kernels = pytest.mark.skipif(
+    not (ON_HOPPER or (_env.use_interpreter() and mg.interpret_params() is not None)),
+    reason="needs a Hopper GPU, or EJK_PALLAS_INTERPRET=1 and jax's Mosaic GPU interpret mode on a CPU")
+
+
+def choice(cfg: MosaicFlashAttentionConfig | None = None, backward: Any = None) -> ejk.ImplChoice:
+    return ejk.ImplChoice(platform="pallas", backend="gpu" if ON_GPU else "cpu", implementation="mosaic",
+                          cfg=cfg, backward=backward)
+
+
+@attrs.frozen(kw_only=True)
+class Case(AttentionCase):
+    """An attention problem (see :class:`ejk.testing.AttentionCase`) with the Mosaic GPU tiles to run it."""
+
+    d: int = 64
+    dtype: str = "bfloat16"
+    block_kv: int = 64
+    steps: int = 2
+
+    def label_parts(self) -> list[str]:
+        return [*super().label_parts(), f"kv{self.block_kv}s{self.steps}"]
+
+    @property
+    def cfg(self) -> MosaicFlashAttentionConfig:
+        return MosaicFlashAttentionConfig(block_q=128, block_kv=self.block_kv, max_concurrent_steps=self.steps)
+
+
+def check_case(case: Case, impl: ejk.ImplChoice | None = None, grads: bool = True) -> jax.Array:
+    inputs = case.inputs()
+    cot = case.cotangent()
+    ours = functools.partial(ejk.flash_attention, platform="pallas", cfg=impl or choice(case.cfg), **case.options())
+    ref = functools.partial(reference_flash_attention, **case.options())
+    if not grads:
+        out = jax.jit(ours)(inputs["q"], inputs["k"], inputs["v"])
+        assert_close(out, ref(inputs["q"], inputs["k"], inputs["v"]), case.dtype, what=f"{case} out")
+        return out
+    out, got = attention_values_and_grads(ours, inputs, cot)
+    want_out, want = attention_values_and_grads(ref, inputs, cot)
+    assert out.dtype == inputs["q"].dtype
+    assert np.isfinite(np.asarray(out, np.float32)).all(), f"{case}: non-finite output"
+    assert_close(out, want_out, case.dtype, what=f"{case} out")
+    for name, grad in want.items():
+        assert np.isfinite(np.asarray(got[name], np.float32)).all(), f"{case}: non-finite d{name}"
+        assert_close(got[name], grad, case.dtype, what=f"{case} d{name}")
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# Interpret mode (CPU): small shapes, one or two CTAs each
+# ----------------------------------------------------------------------------------------------
+
+CASES = [
+    # Sq > Sk, causal: rows 0..27 see nothing, the first consumer skips the last key block, ragged
+    # Sk (masked padded keys); GQA 2. Gradients through the Triton-lowered backward (its heuristic).
+    (Case(sq=128, sk=100, hq=2, hkv=1, causal=True), None),
+    # Two-sided window + soft cap, Sq < Sk (the second consumer skips the first key block of the
+    # CTA's range), ragged Sq, float16, a 3-slot ring that wraps, GQA 3.
+    (Case(sq=100, sk=300, hq=3, hkv=1, window=(40, 20), cap=5.0, dtype="float16", steps=3), None),
+    # Head dim 128, no mask, 128-key blocks, two batches; the core pairs this forward with a
+    # Triton-lowered backward of a chosen config (same residual format).
+    (Case(b=2, sq=64, sk=256, hq=1, hkv=1, d=128, block_kv=128),
+     FlashAttentionConfig(block_q=64, block_k=64, bwd_block_q=32, bwd_block_k=64)),
+]
+
+
+@needs_kernels
+@pytest.mark.parametrize("case,bwd", CASES,
+                         ids=lambda x: str(x) if isinstance(x, Case) else ("tuned-bwd" if x else "heuristic-bwd"))
+def test_matches_reference(case: Case, bwd: FlashAttentionConfig | None) -> None:
+    backward = None if bwd is None else ejk.ImplChoice(
+        platform="pallas", backend="gpu" if ON_GPU else "cpu", implementation="triton_lowered", cfg=bwd)
+    check_case(case, impl=choice(case.cfg, backward=backward))
+
+
+@needs_kernels
+@pytest.mark.skipif(ON_GPU, reason="the race detector is part of the CPU interpret mode")
+def test_no_races_and_lse_residual(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Sq = 1 (one row, 127 padded), a window over 5 key blocks: the interpreter's race detector finds
+    no unordered shared-memory access (it does when the producer skips waiting for a free slot), and
+    the saved base-2 lse is the reference's."""
+    from jax._src.pallas.mosaic_gpu.interpret import interpret_pallas_call
+    from jax._src.pallas.mosaic_gpu.interpret.params import InterpretGPUParams
+
+    monkeypatch.setattr(mg, "interpret_params", lambda: InterpretGPUParams(detect_races=True))
+    case = Case(sq=1, sk=300, hq=1, hkv=1, window=(200, 0))
+    inputs = case.inputs()
+    q, k, v = inputs["q"], inputs["k"], inputs["v"]
+    static = dict(causal=False, softmax_scale=64 ** -0.5, sliding_window=(200, 0), logits_soft_cap=None,
+                  q_segment_ids=None, kv_segment_ids=None, bias=None)
+    out, res = mg.forward_with_residuals(q, k, v, cfg=case.cfg, **static)  # type: ignore[arg-type]
+    races = interpret_pallas_call.get_races()
+    assert races.reads and not races.races_found
+    assert_close(out, reference_flash_attention(q, k, v, sliding_window=(200, 0)), case.dtype, what="out")
+    s = jnp.einsum("bqhd,bkhd->bhqk", q.astype(jnp.float32), k.astype(jnp.float32)) * 64 ** -0.5
+    s = jnp.where((jnp.arange(300) >= 299 - 200)[None, None, None], s, -jnp.inf)
+    want = jax.nn.logsumexp(s, axis=-1) / np.log(2.0)
+    np.testing.assert_allclose(np.asarray(res[-1]), np.asarray(want), rtol=1e-4, atol=1e-4)
+
+
+# ----------------------------------------------------------------------------------------------
+# Gate, configs, registration (anywhere)
+# ----------------------------------------------------------------------------------------------
+
+
+def _abstract(b: int, sq: int, sk: int, hq: int, hkv: int, d: int, dtype: Any = jnp.bfloat16,
+              dv: int | None = None) -> tuple[jax.ShapeDtypeStruct, ...]:
+    return (jax.ShapeDtypeStruct((b, sq, hq, d), dtype), jax.ShapeDtypeStruct((b, sk, hkv, d), dtype),
+            jax.ShapeDtypeStruct((b, sk, hkv, dv or d), dtype))
+
+
+def test_gate(monkeypatch: pytest.MonkeyPatch) -> None:
+    q, k, v = _abstract(1, 256, 256, 4, 2, 128)
+    assert "float32 not supported" in (mg.capability(*_abstract(1, 16, 16, 2, 2, 64, jnp.float32)) or "")
+    assert "share one dtype" in (mg.capability(q, k, _abstract(1, 256, 256, 4, 2, 128, jnp.float16)[2]) or "")
+    assert "head_dim 96 not supported" in (mg.capability(*_abstract(1, 16, 16, 2, 2, 96)) or "")
+    assert "v head_dim 64 differs" in (mg.capability(*_abstract(1, 16, 16, 2, 2, 128, dv=64)) or "")
+    seg = jax.ShapeDtypeStruct((1, 256), jnp.int32)
+    assert "segment ids" in (mg.capability(q, k, v, q_segment_ids=seg, kv_segment_ids=seg) or "")
+    assert "bias" in (mg.capability(q, k, v, bias=jax.ShapeDtypeStruct((1, 4, 256, 256), jnp.bfloat16)) or "")
+    # The hardware gate: Hopper (sm_90) only; the reason names the implementation.
+    monkeypatch.setattr(_env, "use_interpreter", lambda: False)
+    monkeypatch.setattr(_env, "nvidia_gpu", lambda: (False, "JAX's default backend is cpu"))
+    assert (mg.capability(q, k, v) or "").startswith("mosaic_gpu: needs sm_90")
+    monkeypatch.setattr(_env, "nvidia_gpu", lambda: (True, "NVIDIA H100"))
+    for cc, ok in (("9.0", True), ("8.0", False), ("8.9", False), ("10.0", False)):
+        monkeypatch.setattr(mg, "_compute_capability", lambda cc=cc: cc)
+        reason = mg.capability(q, k, v, causal=True, sliding_window=(64, 0), logits_soft_cap=30.0)
+        assert (reason is None) == ok, (cc, reason)
+        assert ok or f"needs sm_90 (found compute capability {cc})" in (reason or "")
+
+
+def test_refuses_segments_and_bias_through_the_op() -> None:
+    q = jnp.zeros((1, 16, 2, 64), jnp.bfloat16)
+    seg = jnp.zeros((1, 16), jnp.int32)
+    with pytest.raises(ValueError, match="segment ids not supported by mosaic_gpu"):
+        ejk.flash_attention(q, q, q, q_segment_ids=seg, kv_segment_ids=seg, platform="pallas", cfg=choice())
+
+
+def test_configs() -> None:
+    for d in (64, 128):
+        for dtype in (jnp.bfloat16, jnp.float16):
+            q, k, v = _abstract(2, 4096, 4096, 16, 16, d, dtype)
+            space = mg.config_space(q, k, v)
+            assert space and all(isinstance(c, MosaicFlashAttentionConfig) for c in space)
+            assert len(set(space)) == len(space)
+            assert mg.heuristic_config(q, k, v) in space
+            assert all(mg.smem_bytes(c, d, 2) <= mg._SMEM_BUDGET for c in space)
+    # The shared-memory estimate prunes: four 128-key slots of K and V at D = 128 need 288 KiB.
+    big = MosaicFlashAttentionConfig(block_q=128, block_kv=128, max_concurrent_steps=4)
+    assert mg.smem_bytes(big, 128, 2) > mg._SMEM_BUDGET
+    if not _env.use_interpreter():
+        assert big not in mg.config_space(*_abstract(1, 4096, 4096, 8, 8, 128))
+        assert big in mg.config_space(*_abstract(1, 4096, 4096, 8, 8, 64))
+    for bad in (dict(block_q=64), dict(block_kv=96), dict(max_concurrent_steps=1)):
+        with pytest.raises(ValueError):
+            MosaicFlashAttentionConfig(**bad)  # type: ignore[arg-type]
+
+
+def test_registered() -> None:
+    backend = "gpu"
+    spec = ejk.kernel_registry.get_spec("flash_attention", platform="pallas", backend=backend, name="mosaic")
+    assert spec.label == "pallas/gpu:mosaic"
+    assert spec.cfg_type is MosaicFlashAttentionConfig
+    assert spec.vjp is not None and spec.vjp.residuals == "flash_attention:inputs+out+lse2"
+    triton = ejk.kernel_registry.get_spec("flash_attention", platform="pallas", backend=backend,
+                                          name="triton_lowered")
+    assert triton.vjp is not None and triton.vjp.residuals == spec.vjp.residuals
+
+
+# ----------------------------------------------------------------------------------------------
+# Lowering for CUDA on the CPU: the real Mosaic GPU lowering of every config, dtype and mask kind
+# ----------------------------------------------------------------------------------------------
+
+MASKS: dict[str, dict[str, Any]] = {
+    "none": dict(causal=False, sliding_window=None, logits_soft_cap=None),
+    "causal": dict(causal=True, sliding_window=None, logits_soft_cap=None),
+    "window": dict(causal=False, sliding_window=(300, 100), logits_soft_cap=None),
+    "causal_window_cap": dict(causal=True, sliding_window=(256, 0), logits_soft_cap=30.0),
+}
+
+
+def _lower(cfg: MosaicFlashAttentionConfig, d: int, dtype: Any, mask: dict[str, Any], sq: int = 1000,
+           sk: int = 1100) -> str:
+    q, k, v = _abstract(2, sq, sk, 8, 2, d, dtype)
+
+    def f(q: Any, k: Any, v: Any) -> Any:
+        return mg._forward_impl(q, k, v, cfg=cfg, softmax_scale=d ** -0.5, interpret=False, **mask)
+
+    text: str = jax.jit(f).trace(q, k, v).lower(lowering_platforms=("cuda",)).as_text()
+    assert text.count("mosaic_gpu") >= 1, "no Mosaic GPU custom call in the lowered module"
+    return text
+
+
+def _all_configs(d: int) -> list[MosaicFlashAttentionConfig]:
+    return [MosaicFlashAttentionConfig(block_q=a, block_kv=b, max_concurrent_steps=c)
+            for a, b, c in mg._CANDIDATES[d] if mg.smem_bytes(MosaicFlashAttentionConfig(
+                block_q=a, block_kv=b, max_concurrent_steps=c), d, 2) <= mg._SMEM_BUDGET]
+
+
+@pytest.mark.parametrize("d,cfg", [(d, c) for d in (64, 128) for c in _all_configs(d)],
+                         ids=lambda x: str(x) if isinstance(x, int) else f"kv{x.block_kv}s{x.max_concurrent_steps}")
+def test_every_config_lowers_for_cuda(d: int, cfg: MosaicFlashAttentionConfig) -> None:
+    _lower(cfg, d, jnp.bfloat16, MASKS["causal_window_cap"])
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("mask", list(MASKS))
+def test_dtypes_and_masks_lower_for_cuda(dtype: str, mask: str) -> None:
+    cfg = MosaicFlashAttentionConfig(block_q=128, block_kv=128, max_concurrent_steps=2)
+    _lower(cfg, 128 if dtype == "bfloat16" else 64, jnp.dtype(dtype), MASKS[mask], sq=512, sk=512)
+
+
+# ----------------------------------------------------------------------------------------------
+# GPU (marker `gpu`): the compiled kernel on a Hopper GPU at real sizes
+# ----------------------------------------------------------------------------------------------
+
+needs_hopper = pytest.mark.skipif(not ON_HOPPER, reason="needs a Hopper (sm_90) GPU")
+
+GPU_CASES = [
+    Case(b=2, sq=1024, sk=1024, hq=8, hkv=2, d=128, causal=True, block_kv=128),
+    Case(b=2, sq=1024, sk=1024, hq=8, hkv=8, d=64, block_kv=128, dtype="float16"),
+    Case(b=1, sq=1000, sk=1500, hq=8, hkv=8, d=64, window=(128, 64), cap=30.0, dtype="float16"),
+    Case(b=1, sq=1500, sk=700, hq=4, hkv=1, d=128, causal=True, steps=3),  # rows that see nothing
+    Case(b=1, sq=1, sk=4096, hq=16, hkv=4, d=128, causal=True, block_kv=128),  # decode-like
+    Case(b=1, sq=777, sk=1234, hq=6, hkv=2, d=128, causal=True, window=(200, 0), cap=20.0, block_kv=64, steps=4),
+]
+
+
+@pytest.mark.gpu
+@needs_hopper
+@pytest.mark.parametrize("case", GPU_CASES, ids=str)
+def test_gpu_matches_reference(case: Case) -> None:
+    check_case(case)
+
+
+@pytest.mark.gpu
+@needs_hopper
+def test_gpu_every_config_runs() -> None:
+    for d in (64, 128):
+        q, k, v = _abstract(1, 1024, 1024, 4, 2, d)
+        for cfg in mg.config_space(q, k, v):
+            case = Case(b=1, sq=1024, sk=1024, hq=4, hkv=2, d=d, causal=True, block_kv=cfg.block_kv,
+                        steps=cfg.max_concurrent_steps)
+            check_case(case, grads=False)
+            check_case(attrs.evolve(case, causal=False, window=(300, 100)), grads=False)
+
+
+@pytest.mark.gpu
+@needs_hopper
+def test_gpu_lse_matches_the_triton_lowered_forward() -> None:
+    """Same residuals as the Triton-lowered forward (what its backward consumes)."""
+    from ejk_pallas import _flash_attention as fa
+
+    case = Case(b=2, sq=1024, sk=1024, hq=8, hkv=2, d=128, causal=True)
+    inputs = case.inputs()
+    static = dict(causal=True, softmax_scale=128 ** -0.5, sliding_window=None, logits_soft_cap=None,
+                  q_segment_ids=None, kv_segment_ids=None, bias=None)
+    _, ours = jax.jit(functools.partial(mg.forward_with_residuals, **static))(
+        inputs["q"], inputs["k"], inputs["v"])
+    _, theirs = jax.jit(functools.partial(fa.forward_with_residuals, **static))(
+        inputs["q"], inputs["k"], inputs["v"])
+    assert len(ours) == len(theirs)
+    np.testing.assert_allclose(np.asarray(ours[-1]), np.asarray(theirs[-1]), rtol=1e-3, atol=1e-3)

@@ -133,11 +133,16 @@ def _when(cond: Any, fn: Any) -> None:
     pl.when(cond)(fn)
 
 
-def _logits(s: Any, st: _Static) -> Any:
-    """Base-2 logits from raw ``q·k`` (float32), soft-capped when asked."""
+def _logits(s: Any, st: _Static) -> tuple[Any, float]:
+    """``(z, c)`` with ``c·z`` the base-2 logits of raw ``q·k`` (float32), soft-capped when asked.
+
+    Without a cap (and a positive scale) ``z`` is ``q·k`` itself: ``c`` goes into the running max
+    and into ``exp2(c·z - m)``, one fused multiply-add per logit.
+    """
     if st.cap is None:
-        return s * (st.scale * _LOG2E)
-    return jnp.tanh(s * (st.scale / st.cap)) * (st.cap * _LOG2E)
+        c = st.scale * _LOG2E
+        return (s, c) if c > 0 else (s * c, 1.0)
+    return jnp.tanh(s * (st.scale / st.cap)) * (st.cap * _LOG2E), 1.0
 
 
 def _cast(x: Any, layout: Any, st: _Static) -> Any:
@@ -207,16 +212,18 @@ def _kernel(q_ref: Any, k_ref: Any, v_ref: Any, out_ref: Any, lse_ref: Any, scop
 
                 z = pl.run_scoped(qk, plgpu.ACC((bw, st.bk), jnp.float32))
             plgpu.barrier_arrive(k_free.at[s])
-            z = _logits(z, st)
+            z, c = _logits(z, st)
             if masked:
                 vis = _visible(st, r0, t * st.bk, (bw, st.bk))
                 if vis is not None:
                     z = jnp.where(vis, z, -jnp.inf)
-            m_new = jnp.maximum(m, z.max(axis=1))
+            row_max = z.max(axis=1)
+            m_new = jnp.maximum(m, row_max * c if c != 1.0 else row_max)
             # A row may see no key yet: keep exp2 away from (-inf) - (-inf).
             m_use = jnp.where(m_new == -jnp.inf, 0.0, m_new) if masked else m_new
             alpha = jnp.exp2(m - m_use)
-            p = jnp.exp2(z - lax.broadcast_in_dim(m_use, z.shape, [0]))
+            zc = z * c if c != 1.0 else z
+            p = jnp.exp2(zc - lax.broadcast_in_dim(m_use, z.shape, [0]))
             denom = denom * alpha + p.sum(axis=1)
             acc = acc * lax.broadcast_in_dim(alpha, acc.shape, [0])
             p16 = p.astype(st.dtype)

@@ -154,6 +154,7 @@ def test_gate(monkeypatch: pytest.MonkeyPatch) -> None:
     seg = jax.ShapeDtypeStruct((1, 256), jnp.int32)
     assert "segment ids" in (mg.capability(q, k, v, q_segment_ids=seg, kv_segment_ids=seg) or "")
     assert "bias" in (mg.capability(q, k, v, bias=jax.ShapeDtypeStruct((1, 4, 256, 256), jnp.bfloat16)) or "")
+    assert mg._missing_api() is None  # this jax has every Mosaic GPU name the kernel uses
     # The hardware gate: Hopper (sm_90) only; the reason names the implementation.
     monkeypatch.setattr(_env, "use_interpreter", lambda: False)
     monkeypatch.setattr(_env, "nvidia_gpu", lambda: (False, "JAX's default backend is cpu"))

@@ -459,6 +459,26 @@ def backward(
 # ----------------------------------------------------------------------------------------------
 
 
+#: The Mosaic GPU API the kernel uses (present from jax 0.10 on; checked against 0.10.2 and jax's
+#: main branch of 2026-08, the base of 0.11).
+_PLGPU_API = ("kernel", "SMEM", "Barrier", "ACC", "TilingTransform", "SwizzleTransform", "CompilerParams",
+              "copy_gmem_to_smem", "copy_smem_to_gmem", "wait_smem_to_gmem", "commit_smem", "barrier_arrive",
+              "barrier_wait", "wgmma", "transpose_ref", "layout_cast", "set_max_registers", "Layout")
+
+
+@functools.cache
+def _missing_api() -> str | None:
+    """Why this jax cannot build the kernel (a Mosaic GPU name it lacks), or ``None``."""
+    try:
+        from jax.experimental.pallas import mosaic_gpu as plgpu
+    except ImportError as exc:
+        return f"mosaic_gpu: jax {jax.__version__} has no Pallas Mosaic GPU backend ({exc})"
+    missing = [name for name in _PLGPU_API if not hasattr(plgpu, name)]
+    if missing:
+        return f"mosaic_gpu: jax {jax.__version__} lacks plgpu.{', plgpu.'.join(missing)}"
+    return None
+
+
 def _compute_capability() -> str:
     return str(getattr(jax.devices()[0], "compute_capability", "") or "")
 
@@ -499,6 +519,8 @@ def capability(
         return "segment ids not supported by mosaic_gpu"
     if bias is not None:
         return "bias not supported by mosaic_gpu"
+    if (missing := _missing_api()) is not None:
+        return missing
     if _env.use_interpreter():
         return None if interpret_params() is not None else "this jax has no Mosaic GPU interpret mode"
     on_gpu, why = _env.nvidia_gpu()

@@ -6,7 +6,7 @@ Lines (same process, same inputs, bf16 by default):
   ``ejk_pallas._flash_attention.config_space`` (or only the heuristic's, ``--configs heuristic``);
   the best is reported and named, the heuristic's time is in the note,
 - ``ejk pallas mosaic``: the Mosaic GPU forward (``pallas/gpu:mosaic``, Hopper only) with each
-  config of ``ejk_pallas._flash_attention_mgpu.config_space`` (``--mosaic-configs heuristic``: one);
+  config of ``ejk_pallas._flash_attention_mgpu.config_space`` (``--mosaic-configs all``; default: the heuristic's);
   ``fwd+bwd`` pairs it with the Triton-lowered backward (its heuristic config) and times only the
   heuristic's and the best forward config,
 - ``jax.nn cudnn``: ``jax.nn.dot_product_attention(implementation="cudnn")`` (the ratio's base),
@@ -26,6 +26,7 @@ Usage (on the GPU host; see ../shared/gpu/README.md):
     python benchmarks/bench_pallas_attention.py --configs heuristic # one config per shape (faster)
     python benchmarks/bench_pallas_attention.py --d64               # also head_dim 64
     python benchmarks/bench_pallas_attention.py --impl mosaic --mode fwd --d64   # the Mosaic GPU forward only
+    python benchmarks/bench_pallas_attention.py --impl mosaic --mode fwd --mosaic-configs all   # its config sweep
     EJK_PALLAS_INTERPRET=1 python benchmarks/bench_pallas_attention.py --smoke   # CPU, interpret mode
 
 Output: ``$OUT/pallas_attention.md`` when ``OUT`` is set, else ``benchmarks/results/pallas_attention.md``.
@@ -155,7 +156,7 @@ def main() -> None:
     parser.add_argument("--no-attention-mgpu", action="store_true", help="skip jax's own Mosaic GPU attention")
     parser.add_argument("--impl", choices=("triton_lowered", "mosaic", "all"), default="all",
                         help="which ejk Pallas implementations to time")
-    parser.add_argument("--mosaic-configs", choices=("all", "heuristic"), default="all",
+    parser.add_argument("--mosaic-configs", choices=("all", "heuristic"), default="heuristic",
                         help="the Mosaic GPU forward's whole config space (best reported) or its heuristic's")
     parser.add_argument("--mode", choices=(*MODES, "both"), default="both", help="forward, forward+backward or both")
     args = _harness.parse(parser)

@@ -12,7 +12,7 @@ export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 EJK_CACHE_DIR=/tmp/ejk-cache
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/device.txt"
 python3 -c "import jax, ejk; print('jax', jax.__version__, 'ejk', ejk.__version__, jax.devices())" | tee -a "$OUT/device.txt"
 python3 -m ejk.cli plugins | tee "$OUT/plugins.txt"
-stage=${1:-all}  # all | tests | bench | core | attention | moe | triton | triton-mm | paged | pallas | pallas-ops (several: run once per stage)
+stage=${1:-all}  # all | tests | bench | core | attention | moe | triton | triton-mm | paged | pallas | pallas-ops | pallas-mosaic (several: run once per stage)
 # bench: `ejk bench` with its default presets (the committed results, benchmarks/results/bench_h100/);
 # attention / moe (not in all): `ejk bench` on those presets with every implementation's best config too.
 # paged (not in all; triton runs its GPU tests too): the Triton paged attention's GPU tests and decode benchmark.
@@ -58,5 +58,20 @@ fi
 if [[ $stage == all || $stage == pallas ]]; then
   timeout 420 python3 -m pytest -q -m gpu -p no:cacheprovider plugins/ejk_pallas/tests 2>&1 \
     | tee "$OUT/pallas_gpu_tests.log" | tail -15
-  timeout 590 python3 benchmarks/bench_pallas_attention.py 2>&1 | tee "$OUT/bench_pallas_attention.log" | tail -30
+  timeout 590 python3 benchmarks/bench_pallas_attention.py --impl triton_lowered 2>&1 \
+    | tee "$OUT/bench_pallas_attention.log" | tail -30
+fi
+if [[ $stage == pallas-mosaic ]]; then  # ejk-pallas's Mosaic GPU flash attention forward (Hopper), about 5 minutes
+  timeout 170 python3 -m pytest -q -x -p no:cacheprovider plugins/ejk_pallas/tests/test_flash_attention_mgpu.py \
+    -k "not for_cuda" 2>&1 | tee "$OUT/pallas_mosaic_gpu_tests.log" | tail -20
+  EJK_BENCH_TRACEBACK=1 timeout 130 python3 benchmarks/bench_pallas_attention.py --impl mosaic --d64 --mode fwd \
+    --out "$OUT/pallas_mosaic_fwd.md" 2>&1 | tee "$OUT/bench_pallas_mosaic_fwd.log" | grep -E '^\||diff|rror' | tail -30
+  EJK_BENCH_TRACEBACK=1 timeout 100 python3 benchmarks/bench_pallas_attention.py --impl mosaic --mode fwd+bwd \
+    --no-mha --out "$OUT/pallas_mosaic_fwdbwd.md" 2>&1 | tee "$OUT/bench_pallas_mosaic_fwdbwd.log" \
+    | grep -E '^\||rror' | tail -20
+fi
+if [[ $stage == pallas-mosaic-sweep ]]; then  # every Mosaic GPU config, forward (best and heuristic named)
+  EJK_BENCH_TRACEBACK=1 timeout 590 python3 benchmarks/bench_pallas_attention.py --impl mosaic --d64 --mode fwd \
+    --mosaic-configs all --no-mha --no-attention-mgpu --out "$OUT/pallas_mosaic_sweep.md" 2>&1 \
+    | tee "$OUT/bench_pallas_mosaic_sweep.log" | grep -E '^\||rror' | tail -30
 fi

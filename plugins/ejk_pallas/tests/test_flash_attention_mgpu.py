@@ -279,8 +279,7 @@ def test_gpu_every_config_runs() -> None:
         for cfg in mg.config_space(q, k, v):
             case = Case(b=1, sq=1024, sk=1024, hq=4, hkv=2, d=d, causal=True, block_kv=cfg.block_kv,
                         steps=cfg.max_concurrent_steps)
-            check_case(case, grads=False)
-            check_case(attrs.evolve(case, causal=False, window=(300, 100)), grads=False)
+            check_case(case if d == 128 else attrs.evolve(case, causal=False, window=(300, 100)), grads=False)
 
 
 @pytest.mark.gpu

@@ -72,8 +72,8 @@ def test_triton_status_names_what_to_install(host: PluginHost) -> None:
 def test_cute_status_names_what_to_install(host: PluginHost) -> None:
     status = host.platform_statuses()["cute"]
     if importlib.util.find_spec("cutlass") is None:
-        assert status.reason == "nvidia-cutlass-dsl not installed"
-        assert status.fix == "pip install nvidia-cutlass-dsl"
+        assert (status.reason or "").startswith("nvidia-cutlass-dsl not installed")
+        assert status.fix == "pip install 'ejk-cute[cutlass]'"
     else:
         assert "default backend is cpu" in (status.reason or "")
 

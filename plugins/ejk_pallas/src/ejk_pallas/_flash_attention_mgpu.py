@@ -27,6 +27,7 @@ mode (``jax._src.pallas.mosaic_gpu.interpret``: simulated shared memory, barrier
 from __future__ import annotations
 
 import functools
+import warnings
 import math
 from typing import Any
 
@@ -206,7 +207,7 @@ def _kernel(q_ref: Any, k_ref: Any, v_ref: Any, out_ref: Any, lse_ref: Any, scop
                 sync()
             else:
                 def qk(acc_ref: Any) -> Any:
-                    plgpu.wgmma(acc_ref, q_smem, plgpu.transpose_ref(k_smem.at[s], (1, 0)))
+                    plgpu.wgmma(acc_ref, q_smem, k_smem.at[s].transpose((1, 0)))
                     sync()  # the other consumer's softmax runs while this MMA does
                     return acc_ref[...]
 
@@ -463,7 +464,7 @@ def backward(
 #: main branch of 2026-08, the base of 0.11).
 _PLGPU_API = ("kernel", "SMEM", "Barrier", "ACC", "TilingTransform", "SwizzleTransform", "CompilerParams",
               "copy_gmem_to_smem", "copy_smem_to_gmem", "wait_smem_to_gmem", "commit_smem", "barrier_arrive",
-              "barrier_wait", "wgmma", "transpose_ref", "layout_cast", "set_max_registers", "Layout")
+              "barrier_wait", "wgmma", "layout_cast", "set_max_registers", "Layout")
 
 
 @functools.cache
@@ -473,7 +474,9 @@ def _missing_api() -> str | None:
         from jax.experimental.pallas import mosaic_gpu as plgpu
     except ImportError as exc:
         return f"mosaic_gpu: jax {jax.__version__} has no Pallas Mosaic GPU backend ({exc})"
-    missing = [name for name in _PLGPU_API if not hasattr(plgpu, name)]
+    with warnings.catch_warnings():  # a deprecated name warns on access (and is still there)
+        warnings.simplefilter("ignore")
+        missing = [name for name in _PLGPU_API if not hasattr(plgpu, name)]
     if missing:
         return f"mosaic_gpu: jax {jax.__version__} lacks plgpu.{', plgpu.'.join(missing)}"
     return None

@@ -41,11 +41,23 @@ CASES: tuple[dict[str, Any], ...] = (
 )
 
 
-@pytest.mark.parametrize(("dtype", "grads"), [(jnp.bfloat16, True), (jnp.float16, False)], ids=["bf16", "fp16"])
-def test_conformance(dtype: Any, grads: bool) -> None:
-    """Values (and in bf16 dq, dk, dv: the paired backward) through ``ejk.flash_attention(platform="cute")``
-    against the reference. The residuals do not depend on the dtype, so fp16 checks the forward only."""
-    assert check_flash_attention("cute", dtypes=(dtype,), cases=CASES, grads=grads) == len(CASES)
+def test_conformance() -> None:
+    """Values and dq, dk, dv (the paired backward) through ``ejk.flash_attention(platform="cute")``
+    against the reference, bfloat16 (passed on the H100, 2026-11-23)."""
+    assert check_flash_attention("cute", dtypes=(jnp.bfloat16,), cases=CASES, grads=True) == len(CASES)
+
+
+@pytest.mark.parametrize("case", CASES[:3], ids=lambda c: str(c["shape"]))
+def test_float16_kernel_directly(case: dict[str, Any]) -> None:
+    """The float16 kernel, called past the gate that holds it back (``FLOAT16_PENDING``): run this
+    one case at a time on a GPU; when all finish and match, lift the gate."""
+    q, k, v = _inputs(*case["shape"], jnp.float16)
+    options = {"causal": case.get("causal", False), "sliding_window": case.get("sliding_window"),
+               "logits_soft_cap": case.get("logits_soft_cap")}
+    got = jax.jit(functools.partial(fa.forward, softmax_scale=q.shape[3] ** -0.5, q_segment_ids=None,
+                                    kv_segment_ids=None, bias=None, **options))(q, k, v)
+    want = reference_flash_attention(q, k, v, **options)
+    assert_close(got, want, jnp.float16, what="float16 out")
 
 
 def _inputs(b: int, sq: int, hq: int, sk: int, hkv: int, d: int, dtype: Any, seed: int = 0) -> tuple[jax.Array, ...]:

@@ -27,8 +27,8 @@ mode (``jax._src.pallas.mosaic_gpu.interpret``: simulated shared memory, barrier
 from __future__ import annotations
 
 import functools
-import warnings
 import math
+import warnings
 from typing import Any
 
 import attrs

@@ -12,7 +12,7 @@ export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 EJK_CACHE_DIR=/tmp/ejk-cache
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/device.txt"
 python3 -c "import jax, ejk; print('jax', jax.__version__, 'ejk', ejk.__version__, jax.devices())" | tee -a "$OUT/device.txt"
 python3 -m ejk.cli plugins | tee "$OUT/plugins.txt"
-stage=${1:-all}  # all | tests | bench | core | attention | moe | triton | triton-mm | paged | pallas | pallas-ops | pallas-mosaic (several: run once per stage)
+stage=${1:-all}  # all | tests | bench | core | attention | moe | triton | triton-mm | paged | pallas | pallas-ops | pallas-mosaic | cute (several: run once per stage)
 # bench: `ejk bench` with its default presets (the committed results, benchmarks/results/bench_h100/);
 # attention / moe (not in all): `ejk bench` on those presets with every implementation's best config too.
 # paged (not in all; triton runs its GPU tests too): the Triton paged attention's GPU tests and decode benchmark.
@@ -74,4 +74,13 @@ if [[ $stage == pallas-mosaic-sweep ]]; then  # every Mosaic GPU config, forward
   EJK_BENCH_TRACEBACK=1 timeout 590 python3 benchmarks/bench_pallas_attention.py --impl mosaic --d64 --mode fwd \
     --mosaic-configs all --no-mha --no-attention-mgpu --out "$OUT/pallas_mosaic_sweep.md" 2>&1 \
     | tee "$OUT/bench_pallas_mosaic_sweep.log" | grep -E '^\||rror' | tail -30
+fi
+if [[ $stage == cute ]]; then  # ejk-cute on Hopper (CuTe DSL installed first: ../shared/gpu/README.md), about 9 minutes
+  export PYTHONPATH=$HOME/cute-site/nvidia_cutlass_dsl/dsl_packages:$HOME/cute-site:$PYTHONPATH
+  export XLA_PYTHON_CLIENT_PREALLOCATE=false
+  # One process per test with its own limit: a hang (pipeline / barrier deadlock) or a slow compile is named.
+  bash benchmarks/gpu_tests_one_by_one.sh "$OUT/cute_gpu_tests.md" 90 330 plugins/ejk_cute/tests
+  timeout 60 python3 benchmarks/bench_cute_matmul.py 2>&1 | tee "$OUT/bench_cute_matmul.log" | tail -16
+  timeout 60 python3 benchmarks/bench_cute_attention.py --configs heuristic 2>&1 | tee "$OUT/bench_cute_attention.log" | tail -16
+  OUT=$OUT timeout 80 python3 benchmarks/bench_cute_grouped.py 2>&1 | tee "$OUT/bench_cute_grouped.log" | tail -20
 fi

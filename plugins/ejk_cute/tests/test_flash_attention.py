@@ -67,7 +67,9 @@ def test_gate_on_this_machine(d: int, dtype: Any) -> None:
 
 def test_gate_passes_supported_calls_where_the_kernels_run(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(_status, "runtime_reason", lambda: None)
+    monkeypatch.setattr(fa, "paired_backward", lambda *args, **kwargs: object())  # a backward is installed
     assert fa.capability(*_qkv(d=64, sq=1, sk=1, hq=8, hkv=1), causal=True) is None
+    assert fa.lse_capability(*_qkv(d=64, sq=1, sk=1, hq=8, hkv=1), causal=True) is None
     monkeypatch.setattr(_status, "runtime_reason", lambda: "needs sm_90+ (Hopper or newer): this GPU is sm_80")
     assert fa.capability(*_qkv()) == "needs sm_90+ (Hopper or newer): this GPU is sm_80"
 
@@ -193,6 +195,23 @@ def test_pairing_picks_the_best_backward_with_the_same_residuals() -> None:
     chosen = fa.paired_backward("flash_attention", fa.RESIDUALS, residuals, STATIC,
                                 registry=_Registry(specs[:4], unavailable=("triton",)))
     assert chosen.label == "triton/gpu:flash"
+
+
+def test_gate_refuses_where_no_backward_pairs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without a backward to pair with, gradients would fail at ``jax.grad``: the gate refuses instead,
+    so ``platform="auto"`` takes an implementation whose gradients work; it names what to install."""
+    monkeypatch.setattr(_status, "runtime_reason", lambda: None)
+    asked = []
+
+    def no_backward(op: str, tag: str, *args: Any, **kwargs: Any) -> Any:
+        asked.append((op, tag))
+        raise NotImplementedError("none is installed ... Install ejk-triton")
+
+    monkeypatch.setattr(fa, "paired_backward", no_backward)
+    for gate in (fa.capability, fa.lse_capability):
+        reason = gate(*_qkv(), causal=True)
+        assert reason is not None and "no installed backward" in reason and "ejk-triton" in reason
+    assert asked == [("flash_attention", fa.RESIDUALS), ("flash_attention_lse", fa.LSE_RESIDUALS)]
 
 
 def test_pairing_without_a_backward_says_what_to_install() -> None:

@@ -165,9 +165,36 @@ def capability(
     nvidia-cutlass-dsl installed. Refused (other implementations take them): float32, other head
     dims, segment ids, a bias, more than 65535 heads or batch rows (grid). TMA needs 16-byte
     strides: every accepted shape has them (a row of q, k, v or out is ``D · 2`` = 128 or 256 bytes),
-    so no length is refused for alignment.
+    so no length is refused for alignment. Refused too where no installed implementation's
+    backward pairs with the call (this one has none of its own): gradients through
+    ``platform="auto"`` then come from an implementation that has one.
     """
-    del causal, softmax_scale, sliding_window, logits_soft_cap
+    return _gate("flash_attention", RESIDUALS, q, k, v, _static(causal, softmax_scale, sliding_window,
+                                                                 logits_soft_cap),
+                 q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids, bias=bias)
+
+
+def lse_capability(
+    q: Any,
+    k: Any,
+    v: Any,
+    *,
+    causal: bool = False,
+    softmax_scale: float | None = None,
+    sliding_window: tuple[int, int] | None = None,
+    logits_soft_cap: float | None = None,
+    q_segment_ids: Any = None,
+    kv_segment_ids: Any = None,
+    bias: Any = None,
+) -> str | None:
+    """:func:`capability` for ``ejk.flash_attention_lse``, whose backward pairs through :data:`LSE_RESIDUALS`."""
+    return _gate("flash_attention_lse", LSE_RESIDUALS, q, k, v, _static(causal, softmax_scale, sliding_window,
+                                                                         logits_soft_cap),
+                 q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids, bias=bias)
+
+
+def _gate(op: str, tag: str, q: Any, k: Any, v: Any, static: dict[str, Any], *, q_segment_ids: Any,
+          kv_segment_ids: Any, bias: Any) -> str | None:
     dtypes = {jnp.dtype(x.dtype).name for x in (q, k, v)}
     if not dtypes <= set(_DTYPES):
         return f"{', '.join(sorted(dtypes - set(_DTYPES)))} not supported (bfloat16 and float16 only)"
@@ -185,7 +212,23 @@ def capability(
         return "bias not supported"
     if int(q.shape[2]) > _MAX_GRID_YZ or int(q.shape[0]) > _MAX_GRID_YZ:
         return f"q heads {int(q.shape[2])} / batch {int(q.shape[0])} exceed the grid limit {_MAX_GRID_YZ}"
-    return _status.runtime_reason()
+    runtime = _status.runtime_reason()
+    if runtime is not None:
+        return runtime
+    return _pairing_reason(op, tag, q, k, v, static)
+
+
+def _pairing_reason(op: str, tag: str, q: Any, k: Any, v: Any, static: dict[str, Any]) -> str | None:
+    """Why gradients could not be taken (no installed backward pairs with this call), else ``None``.
+
+    This implementation has no backward of its own: refusing here, rather than when ``jax.grad``
+    runs, lets ``platform="auto"`` pick an implementation whose gradients work.
+    """
+    try:
+        paired_backward(op, tag, (q, k, v), static)
+    except NotImplementedError as exc:
+        return f"no installed backward pairs with it for gradients ({exc})"
+    return None
 
 
 # ----------------------------------------------------------------------------------------------
@@ -246,7 +289,7 @@ def _fold_vmap(fn: Callable[..., tuple[jax.Array, jax.Array]]) -> Callable[..., 
     return wrapped
 
 
-def _static(causal: bool, softmax_scale: float, sliding_window: tuple[int, int] | None,
+def _static(causal: bool, softmax_scale: float | None, sliding_window: tuple[int, int] | None,
             logits_soft_cap: float | None) -> dict[str, Any]:
     return dict(causal=causal, softmax_scale=softmax_scale, sliding_window=sliding_window,
                 logits_soft_cap=logits_soft_cap)
@@ -463,8 +506,8 @@ def register_flash_attention(register: Callable[..., Callable[[Any], Any]]) -> N
     import ejk
 
     common = dict(priority=PRIORITY, name=NAME, cfg_type=FlashAttentionConfig, config_space=config_space,
-                  heuristic=heuristic_config, capability=capability)
-    register("flash_attention", ejk.Platform.CUTE, ejk.Backend.GPU, **common,
+                  heuristic=heuristic_config)
+    register("flash_attention", ejk.Platform.CUTE, ejk.Backend.GPU, **common, capability=capability,
              vjp=ejk.VJP(fwd=forward_with_residuals, bwd=backward, residuals=RESIDUALS))(forward)
-    register("flash_attention_lse", ejk.Platform.CUTE, ejk.Backend.GPU, **common,
+    register("flash_attention_lse", ejk.Platform.CUTE, ejk.Backend.GPU, **common, capability=lse_capability,
              vjp=ejk.VJP(fwd=lse_forward_with_residuals, bwd=lse_backward, residuals=LSE_RESIDUALS))(forward_lse)

@@ -18,8 +18,17 @@ from ejk.ops._explain import Explanation, ImplementationReport, explain
 from ejk.ops._generic import AlgorithmKernel, run
 from ejk.ops._matmul import GroupedMatmulKernel, MatmulKernel, grouped_matmul, matmul
 from ejk.ops._paged import RaggedPagedAttentionKernel, ragged_paged_attention
+from ejk.ops._residuals import (
+    FLASH_LSE_RESIDUALS,
+    FLASH_RESIDUALS,
+    natural_lse,
+    with_natural_lse,
+    without_residuals,
+)
 
 __all__ = [
+    "FLASH_LSE_RESIDUALS",
+    "FLASH_RESIDUALS",
     "OPS",
     "AlgorithmKernel",
     "Candidate",
@@ -41,9 +50,12 @@ __all__ = [
     "get_op",
     "grouped_matmul",
     "matmul",
+    "natural_lse",
     "ragged_paged_attention",
     "run",
     "run_op",
     "set_default_executor",
     "use_executor",
+    "with_natural_lse",
+    "without_residuals",
 ]

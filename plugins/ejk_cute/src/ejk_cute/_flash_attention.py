@@ -24,12 +24,13 @@ import jax.custom_batching
 import jax.numpy as jnp
 
 from ejk.config.validators import int_in, one_of
+from ejk.ops import FLASH_LSE_RESIDUALS, FLASH_RESIDUALS, with_natural_lse, without_residuals
 from ejk_cute import _compile, _device, _status
 
 #: The residual format of :func:`forward_with_residuals` (the same as ejk-triton's and ejk-pallas's).
-RESIDUALS = "flash_attention:inputs+out+lse2"
+RESIDUALS = FLASH_RESIDUALS
 #: The residual format of :func:`lse_forward_with_residuals` (``ejk.flash_attention_lse``).
-LSE_RESIDUALS = "flash_attention_lse:inputs+out+lse2"
+LSE_RESIDUALS = FLASH_LSE_RESIDUALS
 #: Implementation name: ``cute/gpu:fa3``.
 NAME = "fa3"
 #: Above ejk-triton's FlashAttention-2 kernel (5), below ejk-xla's cuDNN one (10) until H100
@@ -48,7 +49,6 @@ FLOAT16_PENDING = ("float16 not enabled yet: its H100 test did not finish in tim
                    "bfloat16 is verified, float16 goes to the other implementations")
 _MAX_GRID_YZ = 65535
 _LOG2E = math.log2(math.e)
-_LN2 = math.log(2.0)
 
 __all__ = [
     "LSE_RESIDUALS",
@@ -336,76 +336,9 @@ def forward_with_residuals(
     return out, (q, k, v, None, None, None, out, lse)
 
 
-def forward(
-    q: jax.Array,
-    k: jax.Array,
-    v: jax.Array,
-    *,
-    causal: bool,
-    softmax_scale: float,
-    sliding_window: tuple[int, int] | None,
-    logits_soft_cap: float | None,
-    q_segment_ids: jax.Array | None,
-    kv_segment_ids: jax.Array | None,
-    bias: jax.Array | None,
-    cfg: FlashAttentionConfig | None = None,
-) -> jax.Array:
-    """``ejk.flash_attention`` forward: ``[B, Sq, Hq, D]`` in ``q.dtype`` (no residuals kept)."""
-    out, _ = forward_with_residuals(
-        q, k, v, causal=causal, softmax_scale=softmax_scale, sliding_window=sliding_window,
-        logits_soft_cap=logits_soft_cap, q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids, bias=bias,
-        cfg=cfg)
-    return out
-
-
-def _natural_lse(lse2: jax.Array) -> jax.Array:
-    """The kernel's base-2 log-sum-exp (``+inf`` for rows that see no key) as the op's natural one (``-inf``)."""
-    return jnp.where(lse2 == jnp.inf, -jnp.inf, lse2 * _LN2)
-
-
-def lse_forward_with_residuals(
-    q: jax.Array,
-    k: jax.Array,
-    v: jax.Array,
-    *,
-    causal: bool,
-    softmax_scale: float,
-    sliding_window: tuple[int, int] | None,
-    logits_soft_cap: float | None,
-    q_segment_ids: jax.Array | None,
-    kv_segment_ids: jax.Array | None,
-    bias: jax.Array | None,
-    cfg: FlashAttentionConfig | None = None,
-) -> tuple[tuple[jax.Array, jax.Array], tuple[Any, ...]]:
-    """``ejk.flash_attention_lse``'s ``(out, lse)`` (natural, ``-inf`` for empty rows) and the residuals
-    of :data:`LSE_RESIDUALS` (the same tuple as :func:`forward_with_residuals`)."""
-    out, residuals = forward_with_residuals(
-        q, k, v, causal=causal, softmax_scale=softmax_scale, sliding_window=sliding_window,
-        logits_soft_cap=logits_soft_cap, q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids, bias=bias,
-        cfg=cfg)
-    return (out, _natural_lse(residuals[-1])), residuals
-
-
-def forward_lse(
-    q: jax.Array,
-    k: jax.Array,
-    v: jax.Array,
-    *,
-    causal: bool,
-    softmax_scale: float,
-    sliding_window: tuple[int, int] | None,
-    logits_soft_cap: float | None,
-    q_segment_ids: jax.Array | None,
-    kv_segment_ids: jax.Array | None,
-    bias: jax.Array | None,
-    cfg: FlashAttentionConfig | None = None,
-) -> tuple[jax.Array, jax.Array]:
-    """``(out, lse)`` of ``ejk.flash_attention_lse`` (no residuals kept)."""
-    outputs, _ = lse_forward_with_residuals(
-        q, k, v, causal=causal, softmax_scale=softmax_scale, sliding_window=sliding_window,
-        logits_soft_cap=logits_soft_cap, q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids, bias=bias,
-        cfg=cfg)
-    return outputs
+forward = without_residuals(forward_with_residuals)
+lse_forward_with_residuals = with_natural_lse(forward_with_residuals)
+forward_lse = without_residuals(lse_forward_with_residuals, name="forward_lse")
 
 
 # ----------------------------------------------------------------------------------------------

@@ -37,6 +37,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from ejk.config.validators import int_in, one_of, power_of_two
+from ejk.ops import FLASH_RESIDUALS, without_residuals
 from ejk.tiling import cdiv as _cdiv
 from ejk.tiling import fit_block as _fit
 from ejk.tiling import padded_dim as _pad_dim
@@ -54,7 +55,7 @@ __all__ = [
 ]
 
 #: The residual format of :func:`forward_with_residuals`: inputs, output and base-2 log-sum-exp.
-RESIDUALS = "flash_attention:inputs+out+lse2"
+RESIDUALS = FLASH_RESIDUALS
 
 _LOG2E = math.log2(math.e)
 _MAX_HEAD_DIM = 256
@@ -685,27 +686,7 @@ def forward_with_residuals(
     return out, (q, k, v, *seg, bias, out, lse)
 
 
-def forward(
-    q: jax.Array,
-    k: jax.Array,
-    v: jax.Array,
-    *,
-    causal: bool,
-    softmax_scale: float,
-    sliding_window: tuple[int, int] | None,
-    logits_soft_cap: float | None,
-    q_segment_ids: jax.Array | None,
-    kv_segment_ids: jax.Array | None,
-    bias: jax.Array | None,
-    cfg: FlashAttentionConfig | None = None,
-) -> jax.Array:
-    """The attention output ``[B, Sq, Hq, Dv]`` (no residuals kept). See ``ejk.flash_attention``."""
-    out, _ = forward_with_residuals(
-        q, k, v, causal=causal, softmax_scale=softmax_scale, sliding_window=sliding_window,
-        logits_soft_cap=logits_soft_cap, q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids, bias=bias,
-        cfg=cfg,
-    )
-    return out
+forward = without_residuals(forward_with_residuals)
 
 
 def backward(

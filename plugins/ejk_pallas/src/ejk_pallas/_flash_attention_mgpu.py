@@ -37,6 +37,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from ejk.config.validators import int_in, one_of
+from ejk.ops import without_residuals
 from ejk.tiling import cdiv as _cdiv
 from ejk_pallas import _env
 from ejk_pallas import _flash_attention as _fa
@@ -412,27 +413,7 @@ def forward_with_residuals(
     return out, (q, k, v, None, None, None, out, lse)
 
 
-def forward(
-    q: jax.Array,
-    k: jax.Array,
-    v: jax.Array,
-    *,
-    causal: bool,
-    softmax_scale: float,
-    sliding_window: tuple[int, int] | None,
-    logits_soft_cap: float | None,
-    q_segment_ids: jax.Array | None,
-    kv_segment_ids: jax.Array | None,
-    bias: jax.Array | None,
-    cfg: MosaicFlashAttentionConfig | None = None,
-) -> jax.Array:
-    """The attention output ``[B, Sq, Hq, D]`` (no residuals kept). See ``ejk.flash_attention``."""
-    out, _ = forward_with_residuals(
-        q, k, v, causal=causal, softmax_scale=softmax_scale, sliding_window=sliding_window,
-        logits_soft_cap=logits_soft_cap, q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids, bias=bias,
-        cfg=cfg,
-    )
-    return out
+forward = without_residuals(forward_with_residuals)
 
 
 def backward(

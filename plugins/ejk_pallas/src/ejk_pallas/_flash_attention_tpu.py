@@ -28,6 +28,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from ejk.config.validators import multiple_of
+from ejk.ops import FLASH_RESIDUALS, without_residuals
 from ejk.tiling import cdiv as _cdiv
 from ejk_pallas import _env
 from ejk_pallas._flash_attention import _LOG2E, _key_blocks, _make_mask, _Mask, _pad, _query_blocks
@@ -44,7 +45,7 @@ __all__ = [
 ]
 
 #: Residual format: inputs, output and base-2 log-sum-exp ``[B, Hq, Sq]`` (the GPU kernel's too).
-RESIDUALS = "flash_attention:inputs+out+lse2"
+RESIDUALS = FLASH_RESIDUALS
 
 _DTYPES = ("bfloat16", "float16", "float32")
 _NT = (((1,), (1,)), ((), ()))  # a @ b.T
@@ -425,27 +426,7 @@ def forward_with_residuals(
     return out, (q, k, v, *seg, bias, out, lse)
 
 
-def forward(
-    q: jax.Array,
-    k: jax.Array,
-    v: jax.Array,
-    *,
-    causal: bool,
-    softmax_scale: float,
-    sliding_window: tuple[int, int] | None,
-    logits_soft_cap: float | None,
-    q_segment_ids: jax.Array | None,
-    kv_segment_ids: jax.Array | None,
-    bias: jax.Array | None,
-    cfg: TpuFlashAttentionConfig | None = None,
-) -> jax.Array:
-    """The attention output ``[B, Sq, Hq, Dv]``. See ``ejk.flash_attention``."""
-    out, _ = forward_with_residuals(
-        q, k, v, causal=causal, softmax_scale=softmax_scale, sliding_window=sliding_window,
-        logits_soft_cap=logits_soft_cap, q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids, bias=bias,
-        cfg=cfg,
-    )
-    return out
+forward = without_residuals(forward_with_residuals)
 
 
 def backward(

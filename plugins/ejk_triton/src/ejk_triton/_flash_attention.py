@@ -18,7 +18,6 @@ VJP, plus :func:`config_space`, :func:`heuristic_config` and :func:`capability`.
 from __future__ import annotations
 
 import functools
-import math
 from collections.abc import Callable
 from typing import Any
 
@@ -28,6 +27,7 @@ import jax.custom_batching
 import jax.numpy as jnp
 
 from ejk.config.validators import int_in, one_of, power_of_two
+from ejk.ops import FLASH_LSE_RESIDUALS, FLASH_RESIDUALS, with_natural_lse, without_residuals
 from ejk.tiling import cdiv as _cdiv
 from ejk.tiling import fit_block as _fit
 from ejk.tiling import padded_dim as _head_dim
@@ -37,10 +37,9 @@ from ejk_triton._device import smem_limit as _smem_limit
 from ejk_triton._launch import kernels, launch
 
 #: The residual format of :func:`forward_with_residuals`: inputs, output and base-2 log-sum-exp.
-RESIDUALS = "flash_attention:inputs+out+lse2"
+RESIDUALS = FLASH_RESIDUALS
 #: The residual format of :func:`lse_forward_with_residuals` (``ejk.flash_attention_lse``).
-LSE_RESIDUALS = "flash_attention_lse:inputs+out+lse2"
-_LN2 = math.log(2.0)
+LSE_RESIDUALS = FLASH_LSE_RESIDUALS
 
 __all__ = [
     "LSE_RESIDUALS",
@@ -303,27 +302,9 @@ def forward_with_residuals(
     return out, (q, k, v, *seg, bias, out, lse)
 
 
-def forward(
-    q: jax.Array,
-    k: jax.Array,
-    v: jax.Array,
-    *,
-    causal: bool,
-    softmax_scale: float,
-    sliding_window: tuple[int, int] | None,
-    logits_soft_cap: float | None,
-    q_segment_ids: jax.Array | None,
-    kv_segment_ids: jax.Array | None,
-    bias: jax.Array | None,
-    cfg: FlashAttentionConfig | None = None,
-) -> jax.Array:
-    """The attention output ``[B, Sq, Hq, Dv]`` (no residuals kept). See :func:`flash_attention`."""
-    out, _ = forward_with_residuals(
-        q, k, v, causal=causal, softmax_scale=softmax_scale, sliding_window=sliding_window,
-        logits_soft_cap=logits_soft_cap, q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids, bias=bias,
-        cfg=cfg,
-    )
-    return out
+forward = without_residuals(forward_with_residuals)
+lse_forward_with_residuals = with_natural_lse(forward_with_residuals)
+forward_lse = without_residuals(lse_forward_with_residuals, name="forward_lse")
 
 
 def backward(
@@ -361,61 +342,6 @@ def _backward(residuals: tuple[Any, ...], d_out: jax.Array, d_lse: jax.Array | N
         axes = tuple(a for a in range(4) if bias.shape[a] == 1 and ds.shape[a] != 1)
         dbias = (jnp.sum(ds, axis=axes, keepdims=True) if axes else ds).astype(bias.dtype)
     return dq, dk, dv, None, None, dbias
-
-
-def _natural_lse(lse2: jax.Array) -> jax.Array:
-    """The kernels' base-2 log-sum-exp (``+inf`` for rows that see no key) as the op's natural one (``-inf``)."""
-    return jnp.where(lse2 == jnp.inf, -jnp.inf, lse2 * _LN2)
-
-
-def lse_forward_with_residuals(
-    q: jax.Array,
-    k: jax.Array,
-    v: jax.Array,
-    *,
-    causal: bool,
-    softmax_scale: float,
-    sliding_window: tuple[int, int] | None,
-    logits_soft_cap: float | None,
-    q_segment_ids: jax.Array | None,
-    kv_segment_ids: jax.Array | None,
-    bias: jax.Array | None,
-    cfg: FlashAttentionConfig | None = None,
-) -> tuple[tuple[jax.Array, jax.Array], tuple[Any, ...]]:
-    """``ejk.flash_attention_lse``'s outputs ``(out, lse)`` and the residuals :func:`lse_backward` needs.
-
-    The same kernels and residuals as :func:`forward_with_residuals` (arguments alike); ``lse``
-    is ``[B, Hq, Sq]`` float32, natural, ``-inf`` for rows that see no key.
-    """
-    out, residuals = forward_with_residuals(
-        q, k, v, causal=causal, softmax_scale=softmax_scale, sliding_window=sliding_window,
-        logits_soft_cap=logits_soft_cap, q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids, bias=bias,
-        cfg=cfg,
-    )
-    return (out, _natural_lse(residuals[-1])), residuals
-
-
-def forward_lse(
-    q: jax.Array,
-    k: jax.Array,
-    v: jax.Array,
-    *,
-    causal: bool,
-    softmax_scale: float,
-    sliding_window: tuple[int, int] | None,
-    logits_soft_cap: float | None,
-    q_segment_ids: jax.Array | None,
-    kv_segment_ids: jax.Array | None,
-    bias: jax.Array | None,
-    cfg: FlashAttentionConfig | None = None,
-) -> tuple[jax.Array, jax.Array]:
-    """``(out, lse)`` of ``ejk.flash_attention_lse`` (no residuals kept)."""
-    outputs, _ = lse_forward_with_residuals(
-        q, k, v, causal=causal, softmax_scale=softmax_scale, sliding_window=sliding_window,
-        logits_soft_cap=logits_soft_cap, q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids, bias=bias,
-        cfg=cfg,
-    )
-    return outputs
 
 
 def lse_backward(

@@ -12,7 +12,7 @@ export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 EJK_CACHE_DIR=/tmp/ejk-cache
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/device.txt"
 python3 -c "import jax, ejk; print('jax', jax.__version__, 'ejk', ejk.__version__, jax.devices())" | tee -a "$OUT/device.txt"
 python3 -m ejk.cli plugins | tee "$OUT/plugins.txt"
-stage=${1:-all}  # all | tests | bench | core | attention | moe | triton | triton-mm | paged | pallas | pallas-ops | pallas-mosaic | cute (several: run once per stage)
+stage=${1:-all}  # all | tests | bench | core | attention | moe | triton | triton-mm | paged | pallas | pallas-ops | pallas-mosaic | cute | ring (several: run once per stage)
 # bench: `ejk bench` with its default presets (the committed results, benchmarks/results/bench_h100/);
 # attention / moe (not in all): `ejk bench` on those presets with every implementation's best config too.
 # paged (not in all; triton runs its GPU tests too): the Triton paged attention's GPU tests and decode benchmark.
@@ -83,4 +83,10 @@ if [[ $stage == cute ]]; then  # ejk-cute on Hopper (CuTe DSL installed first: .
   timeout 60 python3 benchmarks/bench_cute_matmul.py 2>&1 | tee "$OUT/bench_cute_matmul.log" | tail -16
   timeout 60 python3 benchmarks/bench_cute_attention.py --configs heuristic 2>&1 | tee "$OUT/bench_cute_attention.log" | tail -16
   OUT=$OUT timeout 80 python3 benchmarks/bench_cute_grouped.py 2>&1 | tee "$OUT/bench_cute_grouped.log" | tail -20
+fi
+if [[ $stage == ring ]]; then  # ring attention on 1 vs 2 GPUs (kind nvidia-h200-x2), about 6 minutes
+  export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1  # never NVLink multicast
+  nvidia-smi topo -m 2>&1 | tee "$OUT/topology.txt"
+  OUT=$OUT timeout 590 python3 benchmarks/bench_ring_attention.py ${RING_ARGS:-} 2>&1 | tee "$OUT/bench_ring.log" \
+    | grep -E '^\||rror' | tail -60
 fi

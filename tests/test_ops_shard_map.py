@@ -7,6 +7,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 CODE = textwrap.dedent(
     """
     import jax, jax.numpy as jnp, numpy as np
@@ -117,3 +119,40 @@ def test_ops_compose_with_shard_map() -> None:
     result = subprocess.run([sys.executable, "-c", CODE], capture_output=True, text=True, env=env, timeout=600)
     assert result.returncode == 0, result.stdout + result.stderr
     assert result.stdout.strip().endswith("ok 8")
+
+
+@pytest.mark.gpu
+def test_flash_attention_gradients_under_shard_map_on_gpus() -> None:
+    """bf16 attention (cuDNN where it is installed) per batch shard on every visible GPU, gradients
+    taken outside ``shard_map``, against the unsharded op. jax 0.11.2's Shardy pass segfaulted
+    compiling this while the Executor kept each kernel as a nested ``jit`` call (see executor.py)."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from jax.sharding import Mesh
+    from jax.sharding import PartitionSpec as P
+
+    import ejk
+
+    devices = jax.devices()
+    if len(devices) < 2:
+        pytest.skip(f"needs two GPUs, found {len(devices)}")
+    n = len(devices)
+    keys = jax.random.split(jax.random.key(0), 4)
+    q = jax.random.normal(keys[0], (2 * n, 1024, 8, 128), jnp.bfloat16)
+    k = jax.random.normal(keys[1], (2 * n, 1024, 4, 128), jnp.bfloat16)
+    v = jax.random.normal(keys[2], (2 * n, 1024, 4, 128), jnp.bfloat16)
+    ct = jax.random.normal(keys[3], q.shape, jnp.bfloat16)
+    spec = P("batch")
+    local = jax.shard_map(lambda q, k, v: ejk.flash_attention(q, k, v, causal=True),
+                          mesh=Mesh(np.array(devices), ("batch",)), in_specs=(spec,) * 3, out_specs=spec)
+
+    def run(fn: object) -> list[jax.Array]:
+        def both(q: jax.Array, k: jax.Array, v: jax.Array) -> list[jax.Array]:
+            out, vjp = jax.vjp(fn, q, k, v)  # type: ignore[arg-type]
+            return [out, *vjp(ct)]
+        return jax.jit(both)(q, k, v)  # type: ignore[no-any-return]
+
+    single = run(lambda q, k, v: ejk.flash_attention(q, k, v, causal=True))
+    for got, want in zip(run(local), single, strict=True):
+        np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want, np.float32), atol=2e-2, rtol=2e-2)

@@ -164,6 +164,23 @@ def test_causal_layouts_balance_work() -> None:
     assert len(window) == 2 and window[1][0] == 0 and min(window[1][1:]) > 0
 
 
+def test_ring_gradient_lowers_without_zero_size_arrays() -> None:
+    """The ring's backward accumulates by padded adds, not ``.at[].add`` scatters: no empty
+    scatter-index constant enters the ``shard_map`` body (jax 0.11.2's Shardy pass segfaulted on it
+    compiling the ring's gradient for two GPUs)."""
+    from jax.sharding import Mesh
+    from jax.sharding import PartitionSpec as P
+
+    q = jnp.ones((1, 64, 4, 16))
+    k = jnp.ones((1, 64, 2, 16))
+    spec = P(None, "sp")
+    ring = jax.shard_map(lambda q, k, v: ejk.ring_attention(q, k, v, axis_name="sp", causal=True),
+                         mesh=Mesh(np.array(jax.devices()[:1]), ("sp",)), in_specs=(spec,) * 3, out_specs=spec)
+    grad = jax.grad(lambda q, k, v: ring(q, k, v).sum(), argnums=(0, 1, 2))
+    text = jax.jit(grad).lower(q, k, k).as_text()
+    assert "tensor<0x" not in text
+
+
 def test_ring_attention_errors() -> None:
     q = jnp.zeros((1, 4, 2, 8))
     with pytest.raises(ValueError, match="axis_name 'sp' is not a bound mesh axis"):

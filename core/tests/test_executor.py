@@ -314,3 +314,13 @@ def test_invalid_stamp_value(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("EJKERNEL_OPS_STAMP", "verbose")
     with pytest.raises(ValueError, match=r"EJKERNEL_OPS_STAMP='verbose'.*hash, json, none"):
         Executor(CountingChooser())(Scale(), X)
+
+
+def test_under_jit_the_kernel_is_inlined_not_a_nested_call() -> None:
+    """Traced inside a caller's ``jit`` the bound kernel leaves no nested call in the lowered module
+    (jax 0.11.2's Shardy pass segfaulted on GPUs on such a call inside ``shard_map`` bodies)."""
+    ex: Executor[Cfg, jax.Array] = Executor(CountingChooser(Cfg(factor=2.0)))
+    kernel = Scale()
+    text = jax.jit(lambda x: ex(kernel, x) + 1).lower(X).as_text()
+    assert "@scale" not in text, text
+    np.testing.assert_allclose(ex(kernel, X), X * 2)  # eager calls still run through the cached jit

@@ -212,7 +212,10 @@ class Executor(Generic[Cfg, Out]):
                 return body(*args)
 
         stamped.__name__ = f"{kernel.op_id}"
-        return jax.jit(stamped) if self.jit else stamped
+        # inline=True: traced inside a caller's jit the kernel is inlined rather than kept as a nested
+        # call (jax 0.11.2's Shardy pass segfaulted on GPUs on a nested call inside a shard_map body
+        # whose results held a zero-size residual, e.g. cuDNN attention's); eager calls are unchanged.
+        return jax.jit(stamped, inline=True) if self.jit else stamped
 
     # -- public API -----------------------------------------------------------------------------
 

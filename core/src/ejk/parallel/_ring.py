@@ -266,10 +266,21 @@ def _bwd_plan(ring: _Ring, plan: Plan, q: jax.Array, q_seg: Any, out: jax.Array,
         dot = jnp.swapaxes(jnp.sum(g_out.astype(jnp.float32) * o_b.astype(jnp.float32), axis=-1), 1, 2)
         g_lse = dot - w * delta[:, :, rows]
         dq_b, dk_b, dv_b = vjp((g_out, g_lse))
-        dq = dq.at[:, rows].add(dq_b.astype(jnp.float32))
-        dk = dk.at[:, keys].add(dk_b.astype(jnp.float32))
-        dv = dv.at[:, keys].add(dv_b.astype(jnp.float32))
+        dq = dq + _rows_at(dq_b, block.q0, dq.shape[1])
+        dk = dk + _rows_at(dk_b, block.k0, dk.shape[1])
+        dv = dv + _rows_at(dv_b, block.k0, dv.shape[1])
     return varying_like((dq, dk, dv), q, k, v, d_out)
+
+
+def _rows_at(part: jax.Array, start: int, rows: int) -> jax.Array:
+    """``part`` (float32) zero-padded along axis 1 to ``rows`` rows, starting at ``start``.
+
+    A padded add instead of ``x.at[:, a:b].add``: no scatter (and no empty scatter-index constant,
+    which jax 0.11.2's Shardy pass crashed on when it entered a ``shard_map`` body on GPUs).
+    """
+    pad = [(0, 0)] * part.ndim
+    pad[1] = (start, rows - start - part.shape[1])
+    return jnp.pad(part.astype(jnp.float32), pad)
 
 
 def _block_fn(ring: _Ring, window: tuple[int, int] | None, q_seg: Any, kv_seg: Any, q: jax.Array, k: jax.Array,
@@ -343,8 +354,10 @@ def _ring_bwd(ring: _Ring, residuals: tuple[Any, ...], d_out: jax.Array) -> tupl
             grads = _shift(ring, grads, distance)
         held = following
     assert grads is not None
-    dk, dv = _shift(ring, grads, -steps[-1])  # home: the block of device d - last step sits on d
-    return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), None, None
+    # Home: the block of device d - last step sits on d. The sums are final, so they travel in the
+    # inputs' dtype (half the bytes of float32 for bf16): this last transfer has no compute to hide behind.
+    dk, dv = _shift(ring, (grads[0].astype(k.dtype), grads[1].astype(v.dtype)), -steps[-1])
+    return dq.astype(q.dtype), dk, dv, None, None
 
 
 _ring = jax.custom_vjp(_ring_out, nondiff_argnums=(0,))

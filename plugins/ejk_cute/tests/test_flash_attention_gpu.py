@@ -47,10 +47,17 @@ def test_conformance() -> None:
     assert check_flash_attention("cute", dtypes=(jnp.bfloat16,), cases=CASES, grads=True) == len(CASES)
 
 
+@pytest.mark.parametrize("case", CASES, ids=lambda c: str(c))
+def test_float16_conformance(case: dict[str, Any]) -> None:
+    """float16 through the public op, values and paired gradients, one case per test (each compiles
+    its own kernels: apart, a slow case is named rather than timing out the whole list)."""
+    assert check_flash_attention("cute", dtypes=(jnp.float16,), cases=(case,), grads=True) == 1
+
+
 @pytest.mark.parametrize("case", CASES[:3], ids=lambda c: str(c["shape"]))
 def test_float16_kernel_directly(case: dict[str, Any]) -> None:
-    """The float16 kernel, called past the gate that holds it back (``FLOAT16_PENDING``): run this
-    one case at a time on a GPU; when all finish and match, lift the gate."""
+    """The float16 kernel itself, forward (passed on the H100, 2026-11-23, all three cases; the
+    first float16 run had put every case into one test, which did not finish in its time limit)."""
     q, k, v = _inputs(*case["shape"], jnp.float16)
     options = {"causal": case.get("causal", False), "sliding_window": case.get("sliding_window"),
                "logits_soft_cap": case.get("logits_soft_cap")}

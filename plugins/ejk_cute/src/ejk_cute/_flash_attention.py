@@ -42,11 +42,6 @@ BLOCK_Q = 128
 #: Shared memory one block may opt into on sm_90 (H100 / H200), bytes.
 SMEM_LIMIT = _device.HOPPER_SMEM_BYTES
 _DTYPES = ("bfloat16", "float16")
-#: float16 compiles (CI) but its first H100 test (2026-11-23) did not finish within its time limit
-#: while bfloat16 passed the same cases: until a GPU run shows it terminates and matches, the gate
-#: sends float16 calls to the other implementations (the kernel itself still takes them).
-FLOAT16_PENDING = ("float16 not enabled yet: its H100 test did not finish in time (possible hang); "
-                   "bfloat16 is verified, float16 goes to the other implementations")
 _MAX_GRID_YZ = 65535
 _LOG2E = math.log2(math.e)
 
@@ -160,7 +155,7 @@ def capability(
 ) -> str | None:
     """Why this implementation cannot run a call, or ``None`` when it can (abstract arguments suffice).
 
-    Runs: bfloat16 q, k, v (float16: see :data:`FLOAT16_PENDING`), head dim 64 or 128 (the same for v), any
+    Runs: bfloat16 or float16 q, k, v, head dim 64 or 128 (the same for v), any
     lengths, GQA / MQA, causal, sliding windows, soft cap, on compute capability 9.0+ with
     nvidia-cutlass-dsl installed. Refused (other implementations take them): float32, other head
     dims, segment ids, a bias, more than 65535 heads or batch rows (grid). TMA needs 16-byte
@@ -200,8 +195,6 @@ def _gate(op: str, tag: str, q: Any, k: Any, v: Any, static: dict[str, Any], *, 
         return f"{', '.join(sorted(dtypes - set(_DTYPES)))} not supported (bfloat16 and float16 only)"
     if len(dtypes) > 1:
         return f"q, k, v must share one dtype (got {', '.join(sorted(dtypes))})"
-    if dtypes == {"float16"}:
-        return FLOAT16_PENDING
     d, dv = _head_dim(q), int(v.shape[3])
     if d not in HEAD_DIMS or dv != d:
         built = " and ".join(map(str, HEAD_DIMS))

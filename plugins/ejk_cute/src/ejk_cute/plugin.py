@@ -22,9 +22,10 @@ MIN_COMPUTE_CAPABILITY = (9, 0)
 #: the CuTe kernel where it wins (benchmarks/bench_cute_matmul.py measures both).
 MATMUL_PRIORITY = -5
 
-#: grouped_matmul: above ejk-xla's scan (0), below ejk-triton's persistent kernel (5) until H100
-#: measurements (benchmarks/bench_cute_grouped.py) say where it wins; autotuning compares them.
-GROUPED_MATMUL_PRIORITY = 4
+#: grouped_matmul: above ejk-triton's persistent kernel (5): on the H100 (2026-11-23, two sessions,
+#: benchmarks/results/cute_grouped_h100.md) 0.86-0.89x a dense einsum on equal groups against
+#: ejk-triton's 0.58-0.70x, and level with it on skewed groups; autotuning still compares them.
+GROUPED_MATMUL_PRIORITY = 6
 
 
 @ejk.hookimpl

@@ -138,7 +138,8 @@ def test_a_plugin_can_mark_its_own_implementations_unavailable(host: PluginHost,
     rows = {row["name"]: row for row in json.loads(capsys.readouterr().out)}
     assert rows["fancy"]["implementations"] == [{
         "algorithm": "toy_avail", "implementation": "xla/any:fancy", "priority": 9, "config": None, "gated": False,
-        "status": "unavailable", "reason": "platform xla: fancy needs mylib", "fix": "pip install mylib"}]
+        "backward": None, "status": "unavailable", "reason": "platform xla: fancy needs mylib",
+        "fix": "pip install mylib"}]
     assert rows["base"]["implementations"][0]["status"] == "available"
     assert cli.main(["kernels", "toy_avail", "--json"]) == 0
     assert {r["name"]: r["available"] for r in json.loads(capsys.readouterr().out)} == {"fancy": False, "plain": True}

@@ -117,7 +117,8 @@ def run(args: argparse.Namespace) -> int:
                "not requested": "dim"}
     for report in found.implementations:
         colour = colours.get(report.status, "white")
-        table.add_row(report.label, report.plugin or "-", f"[{colour}]{report.status}[/{colour}]",
+        label = report.label if report.backward is None else f"{report.label}\nbackward: {report.backward}"
+        table.add_row(label, report.plugin or "-", f"[{colour}]{report.status}[/{colour}]",
                       report.reason or "")
     console.print(table)
     return 0

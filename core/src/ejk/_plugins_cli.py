@@ -16,8 +16,9 @@ __all__ = ["cmd_plugins", "implementation_rows", "plugin_rows", "problems"]
 
 def implementation_rows(host: Any, plugin: str | None) -> list[dict[str, Any]]:
     """One row per implementation registered by ``plugin`` (``None``: registered outside any plugin):
-    its label, priority, config class, and ``status`` ``available`` or ``unavailable`` with ``reason``
-    and ``fix``."""
+    its label, priority, config class, ``backward`` (``None``: JAX differentiates the forward; ``own``;
+    ``paired by residuals '<tag>'`` for a forward-only one), and ``status`` ``available`` or
+    ``unavailable`` with ``reason`` and ``fix``."""
     from ejk.registry import Backend, default_backend
 
     backend = default_backend()
@@ -28,6 +29,7 @@ def implementation_rows(host: Any, plugin: str | None) -> list[dict[str, Any]]:
         row: dict[str, Any] = {
             "algorithm": spec.algorithm, "implementation": spec.label, "priority": spec.priority,
             "config": spec.cfg_type.__name__ if spec.cfg_type else None, "gated": spec.capability is not None,
+            "backward": None if spec.vjp is None else spec.vjp.describe_backward(),
             "status": "available", "reason": None, "fix": None,
         }
         status = (host.plugin_status(plugin, spec.platform) if plugin is not None else None) \
@@ -101,7 +103,10 @@ def print_plugin_table(host: Any, rows: list[dict[str, Any]] | None = None) -> N
                 why = why.split(":")[0] + " is unavailable (above)"
             elif impl["fix"]:
                 why += f"\nfix: {impl['fix']}"
-            table.add_row(row["name"], dist, state, f"{impl['algorithm']} {impl['implementation']}", why)
+            label = f"{impl['algorithm']} {impl['implementation']}"
+            if impl["backward"] not in (None, "own"):  # a forward-only one: say whose backward runs
+                label += f"\nbackward: {impl['backward']}"
+            table.add_row(row["name"], dist, state, label, why)
         if not row["platforms"] and not row["implementations"]:
             table.add_row(row["name"], dist, "[green]loaded[/green]", "-", "registers nothing")
         for error in row["hook_errors"]:

@@ -45,6 +45,7 @@ def cmd_kernels(args: argparse.Namespace) -> int:
     rows = [{
         "algorithm": s.algorithm, "platform": str(s.platform), "backend": str(s.backend), "name": s.name,
         "priority": s.priority, "gated": s.capability is not None, "custom_vjp": s.vjp is not None,
+        "backward": None if s.vjp is None else s.vjp.describe_backward(),
         "plugin": str(s.plugin) if s.plugin else "-", "available": registry.spec_available(s)[0],
         "config": s.cfg_type.__name__ if s.cfg_type else "-",
     } for s in registry if args.algorithm is None or s.algorithm == args.algorithm.lower()]

@@ -13,7 +13,7 @@ import enum
 import inspect
 import threading
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Literal, TypeVar
 
 import attrs
@@ -93,13 +93,34 @@ class VJP:
         fwd: ``fwd(*arrays, **static, cfg=cfg) -> (out, residuals)``, called like the implementation.
         bwd: ``bwd(residuals, cotangent, *, cfg, **static) -> tuple`` with one cotangent per array
             argument of the op, in the op's layout (``None`` for a non-differentiable one).
+            ``None`` (omitted): a forward-only implementation whose backward is *paired* — the
+            core runs the best other implementation of the op that declares the same
+            ``residuals`` and accepts the call, and its capability gate refuses calls for
+            which none does (see :attr:`paired`).
         residuals: Names the residual format. The backward of any implementation with the same
             ``residuals`` tag may be paired with this forward (see :class:`ejk.ops.ImplChoice`).
+        fix: For a paired backward: what to install (or do) when no backward pairs with a call,
+            ending the error and the gate's reason (default: a generic hint naming the tag).
     """
 
     fwd: Callable[..., Any]
-    bwd: Callable[..., Any]
+    bwd: Callable[..., Any] | None = None
     residuals: str = attrs.field(validator=attrs.validators.min_len(1))
+    fix: str | None = attrs.field(default=None)
+
+    @fix.validator
+    def _fix_only_when_paired(self, attribute: Any, value: str | None) -> None:
+        if value is not None and self.bwd is not None:
+            raise ValueError("VJP(fix=...) is for a forward-only VJP (bwd omitted): its own bwd never needs one")
+
+    @property
+    def paired(self) -> bool:
+        """Whether the backward is another implementation's, found by :attr:`residuals` (``bwd`` is ``None``)."""
+        return self.bwd is None
+
+    def describe_backward(self) -> str:
+        """``own`` or ``paired by residuals '<tag>'`` (for listings)."""
+        return f"paired by residuals {self.residuals!r}" if self.paired else "own"
 
 
 @attrs.frozen(kw_only=True)
@@ -125,7 +146,9 @@ class KernelSpec:
             (``"soft cap not supported"``), or ``None`` when it can.
         rank: ``rank(**call) -> int``: preference in the heuristics tier for one call (default:
             ``priority``); lets a plugin prefer an implementation by device and shape class.
-        vjp: Optional forward/backward pair; without one, JAX differentiates the forward.
+        vjp: Optional forward/backward pair; without one, JAX differentiates the forward. With a
+            paired one (``bwd`` omitted), ``capability`` is the plugin's gate wrapped so that it
+            also refuses calls for which no other implementation's backward pairs.
 
     ``call`` is the implementation's own keyword view of an invocation: array arguments as
     ``jax.ShapeDtypeStruct`` (or ``None``) and static arguments as values, without ``cfg``.
@@ -151,6 +174,18 @@ class KernelSpec:
         ``xla/gpu:cudnn`` — how errors, events and the CLI name this implementation."""
         base = f"{self.platform}/{self.backend}"
         return base if self.name == self.platform else f"{base}:{self.name}"
+
+
+def capability_reason(spec: KernelSpec, call: Mapping[str, Any]) -> str | None:
+    """``spec``'s capability gate on ``call``: its reason, ``None`` when it accepts (or has no gate).
+    A gate that raises refuses, with the exception as its reason: it never takes the op down."""
+    if spec.capability is None:
+        return None
+    try:
+        reason = spec.capability(**call)
+    except Exception as exc:
+        return f"capability check raised {type(exc).__name__}: {exc}"
+    return None if reason is None else str(reason)
 
 
 def _implementation_name(name: str) -> str:
@@ -342,6 +377,10 @@ class KernelRegistry:
                 rank=rank,
                 vjp=vjp,
             )
+            if vjp is not None and vjp.paired:  # refuse calls no backward pairs with (see ejk._pairing)
+                from ejk._pairing import paired_capability
+
+                spec = attrs.evolve(spec, capability=paired_capability(self, spec))
             self._add(spec)
             return fn
 

@@ -18,16 +18,18 @@ from typing import Any
 import attrs
 import jax
 
+from ejk._pairing import paired_backward
 from ejk._versions import installed_version
 from ejk.config.selection import ConfigSelectorChain
 from ejk.config.serialization import from_jsonable, to_jsonable
 from ejk.errors import KernelNotFoundError
 from ejk.execution.executor import Executor
-from ejk.execution.kernel import Invocation, Kernel
+from ejk.execution.kernel import Invocation, Kernel, abstract_args
 from ejk.registry import (
     Backend,
     KernelRegistry,
     KernelSpec,
+    capability_reason,
     default_backend,
     kernel_registry,
     normalize_backend,
@@ -145,13 +147,7 @@ class OpKernel(Kernel[ImplChoice, Any]):
         return view
 
     def _gate(self, spec: KernelSpec, call: Mapping[str, Any]) -> str | None:
-        if spec.capability is None:
-            return None
-        try:
-            reason = spec.capability(**call)
-        except Exception as exc:  # a broken gate refuses; it never takes the op down
-            return f"capability check raised {type(exc).__name__}: {exc}"
-        return None if reason is None else str(reason)
+        return capability_reason(spec, call)  # a broken gate refuses; it never takes the op down
 
     def candidates(self, inv: Invocation[ImplChoice]) -> list[Candidate]:
         """Every registered implementation of this op, each with why it cannot run ``inv`` (if so).
@@ -325,6 +321,8 @@ class OpKernel(Kernel[ImplChoice, Any]):
         if spec.vjp is None or other.vjp is None:
             missing = spec.label if spec.vjp is None else other.label
             return f"{missing} has no forward/backward pair to combine"
+        if other.vjp.paired:
+            return f"backward {other.label} has no backward of its own (it is {other.vjp.describe_backward()})"
         if spec.vjp.residuals != other.vjp.residuals:
             return (f"backward {other.label} consumes residuals {other.vjp.residuals!r}, but {spec.label} "
                     f"saves {spec.vjp.residuals!r}")
@@ -365,19 +363,28 @@ class OpKernel(Kernel[ImplChoice, Any]):
         return self.spec_for(cfg).vjp is not None
 
     def fwd(self, *arrays: Any, cfg: ImplChoice, platform: str = "auto", **static: Any) -> tuple[Any, Any]:
-        vjp = self.spec_for(cfg).vjp
-        assert vjp is not None
+        spec = self.spec_for(cfg)
+        assert spec.vjp is not None
         pos, named = self._split(arrays)
-        return vjp.fwd(*pos, **named, **static, cfg=cfg.cfg)  # type: ignore[no-any-return]
+        out, residuals = spec.vjp.fwd(*pos, **named, **static, cfg=cfg.cfg)
+        if spec.vjp.paired and cfg.backward is None:  # which other implementation's backward, for this call
+            call = {**dict(zip(self.array_names, abstract_args(arrays), strict=True)), **static}
+            residuals = (residuals, _PairedWith(paired_backward(self.registry, spec, call)))
+        return out, residuals
 
     def bwd(self, residuals: Any, cotangent: Any, *, cfg: ImplChoice, platform: str = "auto",
             **static: Any) -> tuple[Any, ...]:
-        backward = cfg if cfg.backward is None else cfg.backward
-        vjp = self.spec_for(backward).vjp
-        assert vjp is not None
-        grads = tuple(vjp.bwd(residuals, cotangent, cfg=backward.cfg, **static))
+        if cfg.backward is not None:
+            spec, backward_cfg = self.spec_for(cfg.backward), cfg.backward.cfg
+        elif isinstance(residuals, tuple) and len(residuals) == 2 and isinstance(residuals[1], _PairedWith):
+            # a forward-only implementation's: the paired one's backward, with its heuristic config
+            residuals, spec, backward_cfg = residuals[0], residuals[1].spec, None
+        else:
+            spec, backward_cfg = self.spec_for(cfg), cfg.cfg
+        assert spec.vjp is not None and spec.vjp.bwd is not None
+        grads = tuple(spec.vjp.bwd(residuals, cotangent, cfg=backward_cfg, **static))
         if len(grads) != len(self.array_names):
-            raise ValueError(f"{self.op_id} {self.spec_for(backward).label}: backward returned {len(grads)} "
+            raise ValueError(f"{self.op_id} {spec.label}: backward returned {len(grads)} "
                              f"cotangents; it must return one per array argument {self.array_names}")
         return grads
 
@@ -439,6 +446,15 @@ class OpKernel(Kernel[ImplChoice, Any]):
 
     def describe_cfg(self, cfg: ImplChoice) -> str:
         return str(cfg)
+
+
+@jax.tree_util.register_static
+@attrs.frozen
+class _PairedWith:
+    """The implementation whose backward runs on a forward-only one's residuals (carried with them,
+    as a pytree without leaves, from :meth:`OpKernel.fwd` to :meth:`OpKernel.bwd`)."""
+
+    spec: KernelSpec
 
 
 _default: Executor[Any, Any] | None = None

@@ -6,8 +6,11 @@ from typing import Any
 
 import attrs
 
+from ejk._pairing import paired_backward
 from ejk.execution.executor import Executor
+from ejk.execution.kernel import Invocation
 from ejk.ops._base import ImplChoice, OpKernel, get_default_executor, resolve_platform
+from ejk.registry import KernelSpec
 
 __all__ = ["Explanation", "ImplementationReport", "explain"]
 
@@ -24,6 +27,10 @@ class ImplementationReport:
             forced ``platform=`` excludes it).
         reason: Why it is not chosen (a gate's reason, the platform's problem and fix).
         slowdown: Its best tuned time over the chosen one's, when tuning data exists.
+        backward: For a forward-only implementation (``ejk.VJP`` without ``bwd``): ``paired by
+            residuals '<tag>'``, and for a usable one whose backward would run on this call,
+            e.g. ``paired by residuals 'flash_attention:inputs+out+lse2': triton/gpu:flash``;
+            ``None`` for the others.
     """
 
     label: str
@@ -31,6 +38,7 @@ class ImplementationReport:
     status: str
     reason: str | None = None
     slowdown: float | None = None
+    backward: str | None = None
 
 
 @attrs.frozen(kw_only=True)
@@ -66,6 +74,22 @@ def _status(usable: bool, requested: bool, reason: str | None) -> str:
     if usable:
         return "usable"
     return "unavailable" if reason is not None and reason.startswith("platform ") else "refused"
+
+
+def _backward(kernel: OpKernel, spec: KernelSpec, inv: Invocation[ImplChoice], status: str,
+              chosen: ImplChoice | None) -> str | None:
+    """Whose backward a forward-only implementation's gradients would run (``None``: it has its own)."""
+    if spec.vjp is None or not spec.vjp.paired:
+        return None
+    text = spec.vjp.describe_backward()
+    if status == "chosen" and chosen is not None and chosen.backward is not None:
+        return f"{text}; this choice names {kernel.cfg_label(chosen.backward)}"
+    if status not in ("chosen", "usable"):
+        return text
+    try:
+        return f"{text}: {paired_backward(kernel.registry, spec, kernel.call_view(inv)).label}"
+    except NotImplementedError:  # its gate refuses such calls; a forced choice says why when run
+        return text
 
 
 def _kernel_named(name: str, arity: int) -> OpKernel:
@@ -128,7 +152,8 @@ def explain(op: str | OpKernel, *args: Any, platform: str = "auto", cfg: Any = N
                 reason = (f"{slowdown:.2f}x the chosen one's time" if slowdown is not None
                           else f"not chosen by the {event.tier} tier")
         reports.append(ImplementationReport(label=spec.label, plugin=str(spec.plugin) if spec.plugin else None,
-                                            status=status, reason=reason, slowdown=slowdown))
+                                            status=status, reason=reason, slowdown=slowdown,
+                                            backward=_backward(kernel, spec, inv, status, chosen)))
     reports.sort(key=lambda r: r.status != "chosen")
     return Explanation(call=inv.describe(), tier=event.tier, chosen=chosen, detail=event.detail,
                        implementations=tuple(reports))

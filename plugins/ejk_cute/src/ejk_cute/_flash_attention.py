@@ -5,8 +5,9 @@ The forward runs the CuTe kernel of :mod:`ejk_cute.kernels.attention` through CU
 (:data:`RESIDUALS`: the inputs, the output and the base-2 log-sum-exp ``[B, Hq, Sq]`` float32,
 ``+inf`` for rows that see no key), so any installed implementation that declares the same tag
 (ejk-triton's ``triton/gpu:flash``, ejk-pallas's GPU kernel) can run the backward. There is no
-CuTe backward yet: :func:`backward` hands the residuals to the highest-priority such
-implementation that can run the call, and says what to install when none can.
+CuTe backward yet: it is registered forward-only (``ejk.VJP`` without ``bwd``), so the core runs
+the highest-priority such implementation that can run the call, and its gate refuses calls for
+which none can (saying what to install: :data:`PAIRING_FIX`).
 
 This module imports neither ``cutlass`` nor a GPU toolkit at import time.
 """
@@ -31,6 +32,9 @@ from ejk_cute import _compile, _device, _status
 RESIDUALS = FLASH_RESIDUALS
 #: The residual format of :func:`lse_forward_with_residuals` (``ejk.flash_attention_lse``).
 LSE_RESIDUALS = FLASH_LSE_RESIDUALS
+#: What to install when no backward pairs with a call (ends the core's error and gate reason).
+PAIRING_FIX = ("Install ejk-triton (pip install ejk-triton triton jax-triton) or ejk-pallas, or differentiate "
+               "through another platform (platform='triton' / 'xla').")
 #: Implementation name: ``cute/gpu:fa3``.
 NAME = "fa3"
 #: Above ejk-triton's FlashAttention-2 kernel (5), below ejk-xla's cuDNN one (10) until H100
@@ -47,16 +51,15 @@ _LOG2E = math.log2(math.e)
 
 __all__ = [
     "LSE_RESIDUALS",
+    "PAIRING_FIX",
     "RESIDUALS",
     "FlashAttentionConfig",
-    "backward",
     "capability",
     "config_space",
     "forward",
     "forward_lse",
     "forward_with_residuals",
     "heuristic_config",
-    "lse_backward",
     "lse_forward_with_residuals",
     "register_flash_attention",
 ]
@@ -160,36 +163,13 @@ def capability(
     nvidia-cutlass-dsl installed. Refused (other implementations take them): float32, other head
     dims, segment ids, a bias, more than 65535 heads or batch rows (grid). TMA needs 16-byte
     strides: every accepted shape has them (a row of q, k, v or out is ``D · 2`` = 128 or 256 bytes),
-    so no length is refused for alignment. Refused too where no installed implementation's
-    backward pairs with the call (this one has none of its own): gradients through
-    ``platform="auto"`` then come from an implementation that has one.
+    so no length is refused for alignment. The same gate serves ``ejk.flash_attention_lse``.
+
+    The registered gate also refuses calls no installed backward pairs with (this forward has no
+    backward of its own; the core wraps this gate, see ``ejk.VJP``), so gradients through
+    ``platform="auto"`` come from an implementation that has one.
     """
-    return _gate("flash_attention", RESIDUALS, q, k, v, _static(causal, softmax_scale, sliding_window,
-                                                                 logits_soft_cap),
-                 q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids, bias=bias)
-
-
-def lse_capability(
-    q: Any,
-    k: Any,
-    v: Any,
-    *,
-    causal: bool = False,
-    softmax_scale: float | None = None,
-    sliding_window: tuple[int, int] | None = None,
-    logits_soft_cap: float | None = None,
-    q_segment_ids: Any = None,
-    kv_segment_ids: Any = None,
-    bias: Any = None,
-) -> str | None:
-    """:func:`capability` for ``ejk.flash_attention_lse``, whose backward pairs through :data:`LSE_RESIDUALS`."""
-    return _gate("flash_attention_lse", LSE_RESIDUALS, q, k, v, _static(causal, softmax_scale, sliding_window,
-                                                                         logits_soft_cap),
-                 q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids, bias=bias)
-
-
-def _gate(op: str, tag: str, q: Any, k: Any, v: Any, static: dict[str, Any], *, q_segment_ids: Any,
-          kv_segment_ids: Any, bias: Any) -> str | None:
+    del causal, softmax_scale, sliding_window, logits_soft_cap  # every mask and scale runs
     dtypes = {jnp.dtype(x.dtype).name for x in (q, k, v)}
     if not dtypes <= set(_DTYPES):
         return f"{', '.join(sorted(dtypes - set(_DTYPES)))} not supported (bfloat16 and float16 only)"
@@ -205,23 +185,7 @@ def _gate(op: str, tag: str, q: Any, k: Any, v: Any, static: dict[str, Any], *, 
         return "bias not supported"
     if int(q.shape[2]) > _MAX_GRID_YZ or int(q.shape[0]) > _MAX_GRID_YZ:
         return f"q heads {int(q.shape[2])} / batch {int(q.shape[0])} exceed the grid limit {_MAX_GRID_YZ}"
-    runtime = _status.runtime_reason()
-    if runtime is not None:
-        return runtime
-    return _pairing_reason(op, tag, q, k, v, static)
-
-
-def _pairing_reason(op: str, tag: str, q: Any, k: Any, v: Any, static: dict[str, Any]) -> str | None:
-    """Why gradients could not be taken (no installed backward pairs with this call), else ``None``.
-
-    This implementation has no backward of its own: refusing here, rather than when ``jax.grad``
-    runs, lets ``platform="auto"`` pick an implementation whose gradients work.
-    """
-    try:
-        paired_backward(op, tag, (q, k, v), static)
-    except NotImplementedError as exc:
-        return f"no installed backward pairs with it for gradients ({exc})"
-    return None
+    return _status.runtime_reason()
 
 
 # ----------------------------------------------------------------------------------------------
@@ -335,105 +299,21 @@ forward_lse = without_residuals(lse_forward_with_residuals, name="forward_lse")
 
 
 # ----------------------------------------------------------------------------------------------
-# Backward: another implementation's, paired through the residual format
-# ----------------------------------------------------------------------------------------------
-
-
-def paired_backward(op: str, residuals_tag: str, residuals: tuple[Any, ...], static: dict[str, Any],
-                    registry: Any = None) -> Any:
-    """The other implementation of ``op`` whose backward runs for this one's residuals.
-
-    Candidates declare ``residuals_tag``, target JAX's default backend and pass their capability
-    gate for this call; the highest-priority one whose platform is available wins, else (an
-    interpreter mode on a CPU, where a platform reports itself unavailable but its gate accepts
-    the call) the highest-priority one whose gate accepts it.
-
-    Raises:
-        NotImplementedError: naming every candidate's reason (or that none is installed) and the fix.
-    """
-    from ejk.registry import Backend, default_backend, kernel_registry
-
-    registry = kernel_registry if registry is None else registry
-    q, k, v = residuals[:3]
-    call = dict(q=q, k=k, v=v, q_segment_ids=None, kv_segment_ids=None, bias=None, **static)
-    backend = default_backend()
-    reasons, fallback = [], None
-    for spec in registry.list_implementations(op):
-        if str(spec.platform) == "cute" or spec.vjp is None or spec.vjp.residuals != residuals_tag:
-            continue
-        if spec.backend not in (Backend.ANY, backend):
-            reasons.append(f"{spec.label}: targets {spec.backend}, not JAX's default backend {backend}")
-            continue
-        gate = None if spec.capability is None else spec.capability(**call)
-        if gate is not None:
-            reasons.append(f"{spec.label}: {gate}")
-            continue
-        available, why = registry.spec_available(spec)
-        if available:
-            return spec
-        reasons.append(f"{spec.label}: platform {spec.platform} is unavailable: {why}")
-        fallback = fallback or spec
-    if fallback is not None:
-        return fallback
-    found = "; ".join(reasons) if reasons else "none is installed"
-    raise NotImplementedError(
-        f"{op}: cute/gpu:{NAME} has no backward of its own; it pairs with another implementation whose "
-        f"backward consumes residuals {residuals_tag!r}, and none can run this call ({found}). Install ejk-triton "
-        "(pip install ejk-triton triton jax-triton) or ejk-pallas, or differentiate through another platform "
-        "(platform='triton' / 'xla')."
-    )
-
-
-def backward(
-    residuals: tuple[Any, ...],
-    d_out: jax.Array,
-    *,
-    cfg: Any = None,
-    causal: bool,
-    softmax_scale: float,
-    sliding_window: tuple[int, int] | None,
-    logits_soft_cap: float | None,
-) -> tuple[Any, ...]:
-    """Gradients ``(dq, dk, dv, None, None, None)`` by another implementation's backward (see :func:`paired_backward`).
-
-    ``cfg`` is this implementation's config and means nothing to the other one, which uses its heuristic.
-    An explicit ``ImplChoice(..., backward=ImplChoice(...))`` skips this function (the core calls that backward).
-    """
-    del cfg
-    static = _static(causal, softmax_scale, sliding_window, logits_soft_cap)
-    spec = paired_backward("flash_attention", RESIDUALS, residuals, static)
-    return tuple(spec.vjp.bwd(residuals, d_out, cfg=None, **static))
-
-
-def lse_backward(
-    residuals: tuple[Any, ...],
-    cotangents: tuple[jax.Array, jax.Array],
-    *,
-    cfg: Any = None,
-    causal: bool,
-    softmax_scale: float,
-    sliding_window: tuple[int, int] | None,
-    logits_soft_cap: float | None,
-) -> tuple[Any, ...]:
-    """Gradients of ``ejk.flash_attention_lse`` by another implementation's backward of :data:`LSE_RESIDUALS`."""
-    del cfg
-    static = _static(causal, softmax_scale, sliding_window, logits_soft_cap)
-    spec = paired_backward("flash_attention_lse", LSE_RESIDUALS, residuals, static)
-    return tuple(spec.vjp.bwd(residuals, cotangents, cfg=None, **static))
-
-
-# ----------------------------------------------------------------------------------------------
 # Registration
 # ----------------------------------------------------------------------------------------------
 
 
 def register_flash_attention(register: Callable[..., Callable[[Any], Any]]) -> None:
-    """Register ``cute/gpu:fa3`` for ``flash_attention`` and ``flash_attention_lse`` (from ``ejk_register_kernels``)."""
+    """Register ``cute/gpu:fa3`` for ``flash_attention`` and ``flash_attention_lse`` (from ``ejk_register_kernels``).
+
+    Forward-only: the VJPs name no ``bwd``, so the core runs another implementation's backward of
+    the same residuals and refuses (in the registered gate) calls for which none pairs.
+    """
     import ejk
 
     common = dict(priority=PRIORITY, name=NAME, cfg_type=FlashAttentionConfig, config_space=config_space,
-                  heuristic=heuristic_config)
-    register("flash_attention", ejk.Platform.CUTE, ejk.Backend.GPU, **common, capability=capability,
-             vjp=ejk.VJP(fwd=forward_with_residuals, bwd=backward, residuals=RESIDUALS))(forward)
-    register("flash_attention_lse", ejk.Platform.CUTE, ejk.Backend.GPU, **common, capability=lse_capability,
-             vjp=ejk.VJP(fwd=lse_forward_with_residuals, bwd=lse_backward, residuals=LSE_RESIDUALS))(forward_lse)
+                  heuristic=heuristic_config, capability=capability)
+    register("flash_attention", ejk.Platform.CUTE, ejk.Backend.GPU, **common,
+             vjp=ejk.VJP(fwd=forward_with_residuals, residuals=RESIDUALS, fix=PAIRING_FIX))(forward)
+    register("flash_attention_lse", ejk.Platform.CUTE, ejk.Backend.GPU, **common,
+             vjp=ejk.VJP(fwd=lse_forward_with_residuals, residuals=LSE_RESIDUALS, fix=PAIRING_FIX))(forward_lse)

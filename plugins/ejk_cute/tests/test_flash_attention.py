@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Any
 
-import attrs
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import ejk
-from ejk.testing import AttentionCase, assert_close, reference_flash_attention
+from ejk.testing import AttentionCase, assert_close, reference_flash_attention, reference_flash_attention_lse
 from ejk_cute import _flash_attention as fa
 from ejk_cute import _status
 
@@ -61,10 +61,9 @@ def test_gate_on_this_machine(d: int, dtype: Any) -> None:
 
 
 def test_gate_passes_supported_calls_where_the_kernels_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The plugin's own gate (the registered one also asks the core whether a backward pairs: below)."""
     monkeypatch.setattr(_status, "runtime_reason", lambda: None)
-    monkeypatch.setattr(fa, "paired_backward", lambda *args, **kwargs: object())  # a backward is installed
     assert fa.capability(*_qkv(d=64, sq=1, sk=1, hq=8, hkv=1), causal=True) is None
-    assert fa.lse_capability(*_qkv(d=64, sq=1, sk=1, hq=8, hkv=1), causal=True) is None
     assert fa.capability(*_qkv(dtype=jnp.float16)) is None  # float16: verified on the H100 (2026-11-23)
     monkeypatch.setattr(_status, "runtime_reason", lambda: "needs sm_90+ (Hopper or newer): this GPU is sm_80")
     assert fa.capability(*_qkv()) == "needs sm_90+ (Hopper or newer): this GPU is sm_80"
@@ -105,12 +104,14 @@ def test_smem_estimate_prunes_deep_pipelines() -> None:
 # -- registration ---------------------------------------------------------------------------------------
 
 
-def test_registered_for_both_attention_ops() -> None:
+def test_registered_forward_only_for_both_attention_ops() -> None:
     for op, tag in (("flash_attention", fa.RESIDUALS), ("flash_attention_lse", fa.LSE_RESIDUALS)):
         (spec,) = [s for s in ejk.kernel_registry.list_implementations(op) if str(s.platform) == "cute"]
         assert spec.label == "cute/gpu:fa3"
         assert spec.cfg_type is fa.FlashAttentionConfig and spec.priority == fa.PRIORITY
         assert spec.vjp is not None and spec.vjp.residuals == tag
+        assert spec.vjp.paired and spec.vjp.fix == fa.PAIRING_FIX  # the core runs another's backward
+        assert spec.capability is not fa.capability and spec.capability.__wrapped__ is fa.capability
 
 
 def test_residual_tag_matches_the_other_flash_attentions() -> None:
@@ -142,82 +143,46 @@ def test_empty_problems_need_no_launch() -> None:
     assert not np.asarray(out, np.float32).any() and np.all(np.asarray(lse) == -np.inf)
 
 
-# -- pairing with another implementation's backward -------------------------------------------------
+# -- pairing with another implementation's backward (the core's, through the registered gate) --------
 
 
-@attrs.frozen
-class _Spec:
-    platform: str
-    label: str
-    priority: int
-    vjp: Any
-    capability: Any = None
-    backend: ejk.Backend = ejk.Backend.ANY
+OPS = (("flash_attention", fa.RESIDUALS), ("flash_attention_lse", fa.LSE_RESIDUALS))
 
 
-class _Registry:
-    def __init__(self, specs: list[_Spec], unavailable: tuple[str, ...] = ()) -> None:
-        self.specs, self.unavailable = specs, unavailable
-
-    def list_implementations(self, op: str) -> list[_Spec]:
-        return sorted(self.specs, key=lambda s: -s.priority)
-
-    def spec_available(self, spec: _Spec) -> tuple[bool, str | None]:
-        return (False, "no GPU") if spec.platform in self.unavailable else (True, None)
-
-
-def _vjp(tag: str) -> ejk.VJP:
-    return ejk.VJP(fwd=lambda *a, **k: None, bwd=lambda *a, **k: None, residuals=tag)
+def _registered(*partners: tuple[str, str, int, Any]) -> ejk.KernelRegistry:
+    """A registry holding cute/gpu:fa3 and fake full implementations ``(op, name, priority, capability)``
+    of the same residuals (portable, so they target this machine's backend)."""
+    registry = ejk.KernelRegistry()
+    fa.register_flash_attention(registry.register)
+    for op, name, priority, gate in partners:
+        tag = dict(OPS)[op]
+        registry.register(op, "fake", "any", priority, name=name, capability=gate,
+                          vjp=ejk.VJP(fwd=lambda *a, **k: None, bwd=lambda *a, **k: None, residuals=tag))(
+            lambda *a, **k: None)
+    return registry
 
 
-STATIC = dict(causal=True, softmax_scale=0.1, sliding_window=None, logits_soft_cap=None)
-
-
-def test_pairing_picks_the_best_backward_with_the_same_residuals() -> None:
-    residuals = (*_qkv(), None, None, None, None, None)
-    specs = [
-        _Spec("cute", "cute/gpu:fa3", 8, _vjp(fa.RESIDUALS)),
-        _Spec("xla", "xla/gpu:cudnn", 10, _vjp("flash_attention:other")),
-        _Spec("pallas", "pallas/gpu:flash", 6, _vjp(fa.RESIDUALS), capability=lambda **c: "too big"),
-        _Spec("triton", "triton/gpu:flash", 5, _vjp(fa.RESIDUALS)),
-        _Spec("slow", "slow/any:flash", 1, _vjp(fa.RESIDUALS)),
-    ]
-    chosen = fa.paired_backward("flash_attention", fa.RESIDUALS, residuals, STATIC, registry=_Registry(specs))
-    assert chosen.label == "triton/gpu:flash"
-    # An unavailable platform (an interpreter on a CPU) is taken only when no available one passes.
-    chosen = fa.paired_backward("flash_attention", fa.RESIDUALS, residuals, STATIC,
-                                registry=_Registry(specs, unavailable=("triton",)))
-    assert chosen.label == "slow/any:flash"
-    chosen = fa.paired_backward("flash_attention", fa.RESIDUALS, residuals, STATIC,
-                                registry=_Registry(specs[:4], unavailable=("triton",)))
-    assert chosen.label == "triton/gpu:flash"
+def _gate(registry: ejk.KernelRegistry, op: str) -> Any:
+    """The registered gate, called as the core calls it: with the call's keyword view."""
+    (spec,) = [s for s in registry.list_implementations(op) if str(s.platform) == "cute"]
+    return lambda q, k, v, **options: spec.capability(q=q, k=k, v=v, **options)
 
 
 def test_gate_refuses_where_no_backward_pairs(monkeypatch: pytest.MonkeyPatch) -> None:
     """Without a backward to pair with, gradients would fail at ``jax.grad``: the gate refuses instead,
     so ``platform="auto"`` takes an implementation whose gradients work; it names what to install."""
     monkeypatch.setattr(_status, "runtime_reason", lambda: None)
-    asked = []
-
-    def no_backward(op: str, tag: str, *args: Any, **kwargs: Any) -> Any:
-        asked.append((op, tag))
-        raise NotImplementedError("none is installed ... Install ejk-triton")
-
-    monkeypatch.setattr(fa, "paired_backward", no_backward)
-    for gate in (fa.capability, fa.lse_capability):
-        reason = gate(*_qkv(), causal=True)
-        assert reason is not None and "no installed backward" in reason and "ejk-triton" in reason
-    assert asked == [("flash_attention", fa.RESIDUALS), ("flash_attention_lse", fa.LSE_RESIDUALS)]
-
-
-def test_pairing_without_a_backward_says_what_to_install() -> None:
-    residuals = (*_qkv(), None, None, None, None, None)
-    specs = [_Spec("cute", "cute/gpu:fa3", 8, _vjp(fa.RESIDUALS)),
-             _Spec("pallas", "pallas/gpu:flash", 6, _vjp(fa.RESIDUALS), capability=lambda **c: "too big")]
-    with pytest.raises(NotImplementedError, match=r"no backward of its own.*pallas/gpu:flash: too big.*ejk-triton"):
-        fa.paired_backward("flash_attention", fa.RESIDUALS, residuals, STATIC, registry=_Registry(specs))
-    with pytest.raises(NotImplementedError, match="none is installed"):
-        fa.paired_backward("flash_attention", fa.RESIDUALS, residuals, STATIC, registry=_Registry(specs[:1]))
+    for op, tag in OPS:
+        reason = _gate(_registered(), op)(*_qkv(), causal=True)
+        assert reason is not None and reason.startswith("no installed backward pairs with it for gradients")
+        assert "cute/gpu:fa3 has no backward of its own" in reason and repr(tag) in reason
+        assert "none is installed" in reason and reason.endswith(f"{fa.PAIRING_FIX})")
+        too_big = _registered((op, "flash", 6, lambda **c: "too big"))
+        reason = _gate(too_big, op)(*_qkv(), causal=True)
+        assert reason is not None and "fake/any:flash: too big" in reason and "ejk-triton" in reason
+        assert _gate(_registered((op, "flash", 6, None)), op)(*_qkv(), causal=True) is None
+    # the plugin's own reasons come first
+    assert _gate(_registered(), "flash_attention")(*_qkv(d=96)) == fa.capability(*_qkv(d=96))
 
 
 def _lse2_reference(q: jax.Array, k: jax.Array, causal: bool, scale: float) -> jax.Array:
@@ -233,28 +198,70 @@ def _lse2_reference(q: jax.Array, k: jax.Array, causal: bool, scale: float) -> j
     return jnp.where(jnp.isneginf(lse), jnp.inf, lse / math.log(2.0))
 
 
+def _reference_launch(cfg: Any, static: dict[str, Any], q: jax.Array, k: jax.Array,
+                      v: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """The kernel's outputs from the reference (so the forward runs on a CPU): out, base-2 lse."""
+    causal, scale = static["causal"], static["softmax_scale"]
+    out = reference_flash_attention(q, k, v, causal=causal, softmax_scale=scale)
+    return out.astype(q.dtype), _lse2_reference(q, k, causal, scale)
+
+
+def _on_this_machine(op: str) -> Any:
+    """``op``'s kernel over a registry where cute/gpu:fa3 is registered for this machine's backend
+    (``Backend.CPU``; its forward is the reference, see :func:`_reference_launch`) beside the installed
+    implementations of the op, so the core's whole path runs here."""
+    registry = ejk.KernelRegistry()
+
+    def here(algorithm: str, platform: Any, backend: Any, **options: Any) -> Any:
+        return registry.register(algorithm, platform, jax.default_backend(), **options)
+
+    fa.register_flash_attention(here)
+    for spec in ejk.kernel_registry.list_implementations(op):
+        if str(spec.platform) != "cute":
+            registry.register(op, spec.platform, spec.backend, spec.priority, name=spec.name, cfg_type=spec.cfg_type,
+                              config_space=spec.config_space, heuristic=spec.heuristic, capability=spec.capability,
+                              rank=spec.rank, vjp=spec.vjp)(spec.implementation)
+    return type(ejk.ops.get_op(op).kernel)(registry)
+
+
+@pytest.mark.parametrize("op", [op for op, _ in OPS])
 @pytest.mark.parametrize("causal", [False, True])
-def test_backward_runs_the_paired_implementation_on_our_residuals(causal: bool) -> None:
-    """Residuals in this kernel's format (reference output, base-2 lse) through ``backward``: the
-    gradients equal the reference's. Needs another installed backward that runs here (ejk-triton in
-    its interpreter mode, ejk-pallas in its)."""
-    case = AttentionCase(b=1, sq=12, sk=16, hq=4, hkv=2, d=16, causal=causal, dtype="float32")
+def test_gradients_run_the_paired_backward_on_our_residuals(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                                            op: str, causal: bool) -> None:
+    """``jax.grad`` through platform ``cute``: the forward's residuals (the kernel's outputs, from the
+    reference here) go to another installed implementation's backward, which the core picks; the
+    gradients equal the reference's. Needs one that runs here (ejk-triton or ejk-pallas in their
+    interpreter modes)."""
+    monkeypatch.setattr(_status, "runtime_reason", lambda: None)
+    monkeypatch.setattr(fa, "_launch", _reference_launch)
+    kernel = _on_this_machine(op)
+    case = AttentionCase(b=1, sq=12, sk=16, hq=4, hkv=2, d=64, causal=causal, dtype="bfloat16")
     x = case.inputs()
     q, k, v = x["q"], x["k"], x["v"]
-    scale = 0.25
-    static = dict(causal=causal, softmax_scale=scale, sliding_window=None, logits_soft_cap=None)
-    try:
-        spec = fa.paired_backward("flash_attention", fa.RESIDUALS, (q, k, v), static)
-    except NotImplementedError as exc:
-        pytest.skip(str(exc))
+    executor = ejk.Executor(ejk.ConfigSelectorChain(persistent_dir=tmp_path))
+    found = ejk.explain(kernel, q, k, v, causal=causal, softmax_scale=0.125, platform="cute", executor=executor)
+    (report,) = [r for r in found.implementations if str(r.label).startswith("cute/")]
+    if report.status != "chosen":
+        pytest.skip(str(report.reason))
+    assert report.backward is not None and report.backward.startswith(f"paired by residuals {dict(OPS)[op]!r}: ")
 
-    def ref(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
-        return reference_flash_attention(q, k, v, causal=causal, softmax_scale=scale)
+    def public(q: jax.Array, k: jax.Array, v: jax.Array) -> Any:  # what ejk.<op>(..., platform="cute") runs
+        arrays, static = kernel.normalize(q, k, v, causal=causal, softmax_scale=0.125)
+        return executor(kernel, *arrays, platform="cute", **static)
 
-    out, pullback = jax.vjp(ref, q, k, v)
-    d_out = case.cotangent()
-    residuals = (q, k, v, None, None, None, out, _lse2_reference(q, k, causal, scale))
-    grads = fa.backward(residuals, d_out, **static)
-    assert len(grads) == 6 and grads[3:] == (None, None, None)
-    for name, got, want in zip("qkv", grads[:3], pullback(d_out), strict=True):
-        assert_close(got, want, jnp.float32, what=f"d{name} via {spec.label}")
+    def reference(q: jax.Array, k: jax.Array, v: jax.Array) -> Any:
+        fn = reference_flash_attention if op == "flash_attention" else reference_flash_attention_lse
+        return fn(q, k, v, causal=causal, softmax_scale=0.125)
+
+    def grads(fn: Any, *args: jax.Array) -> Any:
+        def loss(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
+            out = fn(q, k, v)
+            out, lse = out if isinstance(out, tuple) else (out, None)
+            total = jnp.sum(out.astype(jnp.float32) * case.cotangent().astype(jnp.float32))
+            return total if lse is None else total + 0.5 * jnp.sum(lse)  # every row sees a key: lse is finite
+        return jax.grad(loss, argnums=(0, 1, 2))(*args)
+
+    got = grads(public, q, k, v)
+    want = grads(reference, *(t.astype(jnp.float32) for t in (q, k, v)))
+    for name, g, w in zip("qkv", got, want, strict=True):
+        assert_close(g, w, jnp.bfloat16, what=f"d{name} of {op} via {report.backward}")

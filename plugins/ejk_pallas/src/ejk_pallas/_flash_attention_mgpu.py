@@ -457,6 +457,11 @@ def backward(
         raise ValueError(f"MosaicFlashAttentionConfig: bwd_block_q={cfg.bwd_block_q}, bwd_block_kv={cfg.bwd_block_kv}, "
                          f"bwd_max_concurrent_steps={cfg.bwd_max_concurrent_steps} need {need} bytes of shared "
                          f"memory at head_dim {d} (budget {_SMEM_BUDGET}); use fewer steps or smaller blocks")
+    _, plgpu = _mods()
+    missing = [name for name in _PLGPU_BWD_API if not hasattr(plgpu, name)]
+    if missing:
+        raise RuntimeError(f"MosaicFlashAttentionConfig.backward='mosaic': jax {jax.__version__} lacks plgpu."
+                           f"{', plgpu.'.join(missing)}; use backward='triton_lowered'")
     params = None
     if _env.use_interpreter():
         params = interpret_params()
@@ -479,6 +484,10 @@ def backward(
 _PLGPU_API = ("kernel", "SMEM", "Barrier", "ACC", "TilingTransform", "SwizzleTransform", "CompilerParams",
               "copy_gmem_to_smem", "copy_smem_to_gmem", "wait_smem_to_gmem", "commit_smem", "barrier_arrive",
               "barrier_wait", "wgmma", "layout_cast", "set_max_registers", "Layout")
+
+
+#: What the Mosaic GPU backward (``backward="mosaic"``) uses on top of :data:`_PLGPU_API`.
+_PLGPU_BWD_API = ("load",)
 
 
 @functools.cache

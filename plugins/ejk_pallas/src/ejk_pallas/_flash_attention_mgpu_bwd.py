@@ -30,6 +30,7 @@ which takes neither transposed nor register WGMMA operands: there the matmuls ar
 from __future__ import annotations
 
 import functools
+import inspect
 import math
 from typing import Any
 
@@ -115,7 +116,22 @@ def _vector(ref: Any, axis: int, st: _Static) -> Any:
     if st.interpret:
         return ref[...]
     _, plgpu = _mods()
-    return plgpu.load(ref, (), layout=plgpu.Layout.WGMMA.reduce(1 - axis))
+    layout = plgpu.Layout.WGMMA.reduce(1 - axis)
+    if _load_takes_index():
+        return plgpu.load(ref, (), layout=layout)
+    return plgpu.load(ref, layout=layout)
+
+
+@functools.cache
+def _load_takes_index() -> bool:
+    """Whether ``plgpu.load`` needs its ``idx`` argument (jax 0.10's ``load(src, idx, *, layout)``; later
+    versions dropped or defaulted it)."""
+    _, plgpu = _mods()
+    try:
+        param = inspect.signature(plgpu.load).parameters.get("idx")
+    except (TypeError, ValueError):  # pragma: no cover - not introspectable
+        return True
+    return param is not None and param.default is inspect.Parameter.empty
 
 
 def _logits(s: Any, st: _Static) -> tuple[Any, Any]:
@@ -440,7 +456,7 @@ def backward_impl(q: Any, k: Any, v: Any, out: Any, lse: Any, d_out: Any, *, blo
     args = (qp, kp, vp, dop, lsep, deltap)
 
     st_kv = _Static(blk=block_q, steps=min(steps, sqp // block_q), n_blk=sqp // block_q, n_tile=skp // _TILE,
-                    **common)  # type: ignore[arg-type]
+                    **common)
     t = _tiles()
     smem_kv = (plgpu.SMEM((_CONSUMERS, _ROWS, d), dtype, transforms=t),
                plgpu.SMEM((_CONSUMERS, _ROWS, d), dtype, transforms=t),
@@ -453,7 +469,7 @@ def backward_impl(q: Any, k: Any, v: Any, out: Any, lse: Any, d_out: Any, *, blo
                      interpret_params=interpret_params)(*args)
 
     st_q = _Static(blk=block_kv, steps=min(steps, skp // block_kv), n_blk=skp // block_kv, n_tile=sqp // _TILE,
-                   **common)  # type: ignore[arg-type]
+                   **common)
     smem_q = (plgpu.SMEM((_CONSUMERS, _ROWS, d), dtype, transforms=t),
               plgpu.SMEM((_CONSUMERS, _ROWS, d), dtype, transforms=t),
               plgpu.SMEM((_CONSUMERS, _ROWS), jnp.float32),

@@ -297,6 +297,7 @@ def _dkdv_kernel(q_ref: Any, k_ref: Any, v_ref: Any, do_ref: Any, lse_ref: Any, 
             if tanh is not None:
                 ds = ds * (1.0 - tanh * tanh)
             dk = _mma(dk, ds.astype(st.dtype), q_s, st)
+            plgpu.commit_smem()  # order the generic lse / delta reads before the TMA refills the slot
             return dk, dv
 
         def head(g: Any, carry: Any) -> Any:

@@ -54,11 +54,11 @@ _PRODUCER_REGS = 40
 
 
 def smem_bytes(block: int, steps: int, d: int, itemsize: int) -> int:
-    """Shared memory (bytes) of either backward kernel streaming ``block`` rows / keys in ``steps`` slots.
+    """Shared memory (bytes) of a backward kernel streaming ``block`` rows / keys in ``steps`` slots.
 
     dK / dV: the consumers' K and V (reused for dK / dV) plus rings of Q, dO (``block x d``), lse and
-    delta (``block`` float32). dQ: the consumers' Q and dO plus rings of K and V (its lse / delta rows
-    are smaller than the former's rings); the larger of the two is returned.
+    delta (``block`` float32). dQ: the consumers' Q and dO plus rings of K and V and 2 x 128 float32
+    lse / delta rows (within the first's ``steps x block x 8`` bytes, so one formula bounds both).
     """
     tiles = 2 * _TILE * d * itemsize
     return tiles + steps * block * (2 * d * itemsize + 2 * 4)

@@ -186,6 +186,37 @@ def _mma(acc: Any, a: Any, b_ref: Any, st: _Static) -> Any:
     return pl.run_state(body)(plgpu.ACC.init(acc))
 
 
+def _mm_pair(a: Any, b_ref: Any, c: Any, d_ref: Any, shape: tuple[int, int], st: _Static) -> tuple[Any, Any]:
+    """``(a · b_refᵀ, c · d_refᵀ)`` in float32 (all shared-memory refs), both MMAs in flight at once."""
+    pl, plgpu = _mods()
+    if st.interpret:
+        return (_mm(a, b_ref, shape, st, transpose_b=True), _mm(c, d_ref, shape, st, transpose_b=True))
+
+    def body(acc1: Any, acc2: Any) -> tuple[Any, Any]:
+        plgpu.wgmma(acc1, a, b_ref.transpose((1, 0)))
+        plgpu.wgmma(acc2, c, d_ref.transpose((1, 0)))
+        return acc1[...], acc2[...]
+
+    return pl.run_scoped(body, plgpu.ACC(shape, jnp.float32), plgpu.ACC(shape, jnp.float32))  # type: ignore[no-any-return]
+
+
+def _mma_and_mm(acc: Any, a: Any, b_ref: Any, c: Any, d_ref: Any, shape: tuple[int, int],
+                st: _Static) -> tuple[Any, Any]:
+    """``(acc + a · b_ref, c · d_refᵀ)``: ``a`` in registers, ``c`` and the refs in shared memory, both
+    MMAs in flight at once (one wait)."""
+    pl, plgpu = _mods()
+    if st.interpret:
+        return _mma(acc, a, b_ref, st), _mm(c, d_ref, shape, st, transpose_b=True)
+
+    def body(refs: Any) -> None:
+        acc_ref, out_ref = refs
+        plgpu.wgmma(acc_ref, a, b_ref)
+        plgpu.wgmma(out_ref, c, d_ref.transpose((1, 0)))
+
+    zeros = _cast(jnp.zeros(shape, jnp.float32), plgpu.Layout.WGMMA, st)
+    return pl.run_state(body)((plgpu.ACC.init(acc), plgpu.ACC.init(zeros)))  # type: ignore[no-any-return]
+
+
 class _Ring:
     """Slot arithmetic and the producer's fill / refill / drain of a TMA ring over flat steps ``[0, total)``."""
 
@@ -290,8 +321,7 @@ def _dkdv_kernel(q_ref: Any, k_ref: Any, v_ref: Any, do_ref: Any, lse_ref: Any, 
                     z = jnp.where(vis, z, -jnp.inf)
             lse = _vector(lse_ring.at[s], 1, st)
             p = jnp.exp2(z - lax.broadcast_in_dim(lse, shape, [1]))  # Pᵀ: keys x rows
-            dv = _mma(dv, p.astype(st.dtype), do_s, st)
-            dp = _mm(v_smem, do_s, shape, st, transpose_b=True)
+            dv, dp = _mma_and_mm(dv, p.astype(st.dtype), do_s, v_smem, do_s, shape, st)  # dV += Pᵀ·dO; dPᵀ = V·dOᵀ
             delta = _vector(delta_ring.at[s], 1, st)
             ds = p * (dp - lax.broadcast_in_dim(delta, shape, [1]))
             if tanh is not None:
@@ -369,13 +399,13 @@ def _dq_kernel(q_ref: Any, k_ref: Any, v_ref: Any, do_ref: Any, lse_ref: Any, de
 
         def step(t: Any, s: Any, dq: Any, *, masked: bool) -> Any:
             k_s, v_s = k_ring.at[s], v_ring.at[s]
-            z, tanh = _logits(_mm(q_smem, k_s, shape, st, transpose_b=True), st)
+            s_raw, dp = _mm_pair(q_smem, k_s, do_smem, v_s, shape, st)  # S = Q·Kᵀ, dP = dO·Vᵀ
+            z, tanh = _logits(s_raw, st)
             if masked:
                 vis = _visible(st, row0, t * st.blk, shape, rows_axis=0)
                 if vis is not None:
                     z = jnp.where(vis, z, -jnp.inf)
             p = jnp.exp2(z - lax.broadcast_in_dim(lse, shape, [0]))
-            dp = _mm(do_smem, v_s, shape, st, transpose_b=True)
             ds = p * (dp - lax.broadcast_in_dim(delta, shape, [0]))
             if tanh is not None:
                 ds = ds * (1.0 - tanh * tanh)

@@ -1,4 +1,4 @@
-"""The Mosaic GPU flash attention forward (``pallas/gpu:mosaic``): numerics, gate, configs, lowering.
+"""The Mosaic GPU flash attention (``pallas/gpu:mosaic``): forward and opt-in backward, gate, configs, lowering.
 
 On a CPU (no GPU):
 
@@ -11,8 +11,11 @@ On a CPU (no GPU):
   lowering for the CUDA platform (``jax.jit(...).trace(...).lower(lowering_platforms=("cuda",))``
   runs without a GPU), which checks the WGMMA operands, layouts, transforms and barriers.
 
+The opt-in Mosaic GPU backward (``backward="mosaic"``) is checked the same two ways: its gradients in
+interpret mode on edge cases, its two kernels lowered for CUDA.
+
 Tests marked ``gpu`` run the compiled kernel on a Hopper GPU at real sizes (gradients through the
-Triton-lowered Pallas backward, which consumes this forward's residuals).
+Triton-lowered Pallas backward, which consumes this forward's residuals, and through the Mosaic one).
 """
 
 from __future__ import annotations

@@ -17,8 +17,10 @@ GQA reads the kv head ``h // group`` (never repeated). Rows that see no key give
 ``lse = +inf``. Ragged lengths are padded to the blocks (padded keys masked, padded rows dropped).
 
 The forward saves the residuals of ``ejk_pallas._flash_attention`` (:data:`RESIDUALS`: inputs,
-output and base-2 log-sum-exp), so :func:`backward` is the Triton-lowered Pallas backward; the
-core can pair this forward with that implementation's tuned backward too (``ImplChoice.backward``).
+output and base-2 log-sum-exp), so :func:`backward` is the Triton-lowered Pallas backward by default;
+the core can pair this forward with that implementation's tuned backward too (``ImplChoice.backward``).
+``MosaicFlashAttentionConfig(backward="mosaic")`` opts into the Mosaic GPU backward of
+``ejk_pallas._flash_attention_mgpu_bwd`` (interpret-mode tested, untested on hardware).
 
 With ``EJK_PALLAS_INTERPRET=1`` on a CPU the same kernel runs in Pallas's Mosaic GPU interpret
 mode (``jax._src.pallas.mosaic_gpu.interpret``: simulated shared memory, barriers and TMA).

@@ -8,7 +8,9 @@ Lines (same process, same inputs, bf16 by default):
 - ``ejk pallas mosaic``: the Mosaic GPU forward (``pallas/gpu:mosaic``, Hopper only) with each
   config of ``ejk_pallas._flash_attention_mgpu.config_space`` (``--mosaic-configs all``; default: the heuristic's);
   ``fwd+bwd`` pairs it with the Triton-lowered backward (its heuristic config) and times only the
-  heuristic's and the best forward config,
+  heuristic's and the best forward config; ``--mosaic-backward mosaic`` (or ``both``) times the Mosaic
+  GPU backward (``MosaicFlashAttentionConfig(backward="mosaic")``, line ``ejk pallas mosaic+mbwd``,
+  its gradients checked against jax.nn's),
 - ``jax.nn cudnn``: ``jax.nn.dot_product_attention(implementation="cudnn")`` (the ratio's base),
 - ``jax pallas mha``: ``jax.experimental.pallas.ops.gpu.attention.mha`` with its default blocks
   (128 x 128 forward, 32 x 32 backward),
@@ -28,6 +30,7 @@ Usage (on the GPU host; see ../shared/gpu/README.md):
     python benchmarks/bench_pallas_attention.py --d64               # also head_dim 64
     python benchmarks/bench_pallas_attention.py --impl mosaic --mode fwd --d64   # the Mosaic GPU forward only
     python benchmarks/bench_pallas_attention.py --impl mosaic --mode fwd --mosaic-configs all   # its config sweep
+    python benchmarks/bench_pallas_attention.py --impl mosaic --mode fwd+bwd --mosaic-backward both  # both backwards
     EJK_PALLAS_INTERPRET=1 python benchmarks/bench_pallas_attention.py --smoke   # CPU, interpret mode
 
 Output: ``$OUT/pallas_attention.md`` when ``OUT`` is set, else ``benchmarks/results/pallas_attention.md``.
@@ -36,8 +39,10 @@ Output: ``$OUT/pallas_attention.md`` when ``OUT`` is set, else ``benchmarks/resu
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import _harness
+import attrs
 import jax
 import jax.numpy as jnp
 from _harness import error_text
@@ -81,6 +86,30 @@ def mosaic_attention(shape: Shape, cfg: MosaicFlashAttentionConfig) -> Callable[
 
 def mosaic_label(cfg: MosaicFlashAttentionConfig) -> str:
     return f"{cfg.block_q}x{cfg.block_kv} slots {cfg.max_concurrent_steps}"
+
+
+def grad_check(shape: Shape, name: str, attention: Callable[..., jax.Array], inputs: tuple[jax.Array, ...],
+               on_gpu: bool) -> str:
+    """Max abs differences of dq, dk, dv (cotangent ``inputs[3]``) against jax.nn's attention."""
+    impl = "cudnn" if on_gpu else "xla"
+
+    def grads(fn: Callable[..., jax.Array]) -> Any:
+        return jax.jit(jax.grad(lambda q, k, v: jnp.sum(fn(q, k, v).astype(jnp.float32)
+                                                        * inputs[3].astype(jnp.float32)), argnums=(0, 1, 2)))
+
+    try:
+        got = grads(attention)(*inputs[:3])
+        want = grads(lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=shape.causal,
+                                                                  implementation=impl))(*inputs[:3])
+        diffs = ", ".join(f"d{n} {float(jnp.max(jnp.abs(a.astype(jnp.float32) - b.astype(jnp.float32)))):.3g}"
+                          for n, a, b in zip("qkv", got, want, strict=True))
+        return f"max abs grad diff of {name} vs jax.nn {impl}: {diffs}"
+    except Exception as exc:
+        return f"{name}: gradient check failed: {error_text(exc)}"
+
+
+def mbwd_label(cfg: MosaicFlashAttentionConfig) -> str:
+    return f"dkdv rows {cfg.bwd_block_q}, dq keys {cfg.bwd_block_kv}, slots {cfg.bwd_max_concurrent_steps}"
 
 
 def jax_attention_mgpu(shape: Shape, mode: str) -> Callable[..., jax.Array]:
@@ -161,6 +190,11 @@ def main() -> None:
                         help="which ejk Pallas implementations to time")
     parser.add_argument("--mosaic-configs", choices=("all", "heuristic"), default="heuristic",
                         help="the Mosaic GPU forward's whole config space (best reported) or its heuristic's")
+    parser.add_argument("--mosaic-backward", choices=("triton_lowered", "mosaic", "both"), default="triton_lowered",
+                        help="the backward paired with the Mosaic GPU forward in fwd+bwd: the Triton-lowered one "
+                             "(default), the Mosaic GPU one (backward='mosaic', opt-in) or both")
+    parser.add_argument("--mosaic-bwd-tiles", default="64,64,2",
+                        help="the Mosaic GPU backward's bwd_block_q,bwd_block_kv,bwd_max_concurrent_steps")
     parser.add_argument("--mode", choices=(*MODES, "both"), default="both", help="forward, forward+backward or both")
     args = _harness.parse(parser)
     on_gpu = jax.default_backend() == "gpu"
@@ -178,6 +212,9 @@ def main() -> None:
     print("\n".join(lines), flush=True)
     triton_on = args.impl in ("triton_lowered", "all")
     mosaic_on = args.impl in ("mosaic", "all")
+    bq, bk, slots = (int(x) for x in args.mosaic_bwd_tiles.split(","))
+    mbwd_fields = dict(bwd_block_q=bq, bwd_block_kv=bk, bwd_max_concurrent_steps=slots)
+    backwards = (("triton_lowered", "mosaic") if args.mosaic_backward == "both" else (args.mosaic_backward,))
     for shape in shapes:
         inputs = make_inputs(shape, jnp.dtype(args.dtype))
         heuristic = heuristic_config(*inputs[:3])
@@ -198,6 +235,10 @@ def main() -> None:
         if mosaic_on and mosaic_reason is None:
             check = output_check(shape, "ejk pallas mosaic", mosaic_attention(shape, mosaic_heuristic), inputs, on_gpu)
             checks.append(f"- {shape}: {check}")
+            if "mosaic" in backwards and args.mode != "fwd":
+                mbwd = attrs.evolve(mosaic_heuristic, backward="mosaic", **mbwd_fields)
+                check = grad_check(shape, "ejk pallas mosaic+mbwd", mosaic_attention(shape, mbwd), inputs, on_gpu)
+                checks.append(f"- {shape}: {check}")
         for mode in MODES if args.mode == "both" else (args.mode,):
             flops = shape.fwd_flops() * (1.0 if mode == "fwd" else BWD_FACTOR)
             rows = []
@@ -228,15 +269,19 @@ def main() -> None:
             elif mosaic_on:
                 cfgs = mosaic_space if mode == "fwd" or mosaic_best is None else list(
                     dict.fromkeys([mosaic_heuristic, mosaic_best]))
-                candidates = {mosaic_label(c): mosaic_attention(shape, c) for c in cfgs}
-                times, errors = best_of(candidates, mode, inputs, args.reps)
-                if mode == "fwd" and times:
-                    best_label = min(times.items(), key=lambda kv: kv[1])[0]
-                    mosaic_best = next(c for c in cfgs if mosaic_label(c) == best_label)
-                note = best_note(times, mosaic_label(mosaic_heuristic), flops)
-                if mode != "fwd":
-                    note += "; backward: ejk pallas (Triton-lowered) heuristic"
-                rows.append(row(shape, mode, "ejk pallas mosaic", times, errors, flops, base_ms, note))
+                for bwd in ("triton_lowered",) if mode == "fwd" else backwards:
+                    bcfgs = [attrs.evolve(c, backward=bwd, **(mbwd_fields if bwd == "mosaic" else {})) for c in cfgs]
+                    candidates = {mosaic_label(c): mosaic_attention(shape, c) for c in bcfgs}
+                    times, errors = best_of(candidates, mode, inputs, args.reps)
+                    if mode == "fwd" and times:
+                        best_label = min(times.items(), key=lambda kv: kv[1])[0]
+                        mosaic_best = next(c for c in cfgs if mosaic_label(c) == best_label)
+                    note = best_note(times, mosaic_label(mosaic_heuristic), flops)
+                    if mode != "fwd":
+                        note += ("; backward: ejk pallas (Triton-lowered) heuristic" if bwd == "triton_lowered"
+                                 else f"; backward: Mosaic GPU (bwd {mbwd_label(bcfgs[0])})")
+                    name = "ejk pallas mosaic" if bwd == "triton_lowered" else "ejk pallas mosaic+mbwd"
+                    rows.append(row(shape, mode, name, times, errors, flops, base_ms, note))
             for line in rows:
                 print(line, flush=True)
             lines += rows

@@ -12,7 +12,7 @@ export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 EJK_CACHE_DIR=/tmp/ejk-cache
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/device.txt"
 python3 -c "import jax, ejk; print('jax', jax.__version__, 'ejk', ejk.__version__, jax.devices())" | tee -a "$OUT/device.txt"
 python3 -m ejk.cli plugins | tee "$OUT/plugins.txt"
-stage=${1:-all}  # all | tests | bench | core | attention | moe | triton | triton-mm | paged | pallas | pallas-ops | pallas-mosaic | cute | ring (several: run once per stage)
+stage=${1:-all}  # all | tests | bench | core | attention | moe | triton | triton-mm | paged | pallas | pallas-ops | pallas-mosaic | pallas-mosaic-bwd | cute | ring (several: run once per stage)
 # bench: `ejk bench` with its default presets (the committed results, benchmarks/results/bench_h100/);
 # attention / moe (not in all): `ejk bench` on those presets with every implementation's best config too.
 # paged (not in all; triton runs its GPU tests too): the Triton paged attention's GPU tests and decode benchmark.
@@ -69,6 +69,13 @@ if [[ $stage == pallas-mosaic ]]; then  # ejk-pallas's Mosaic GPU flash attentio
   EJK_BENCH_TRACEBACK=1 timeout 100 python3 benchmarks/bench_pallas_attention.py --impl mosaic --mode fwd+bwd \
     --no-mha --out "$OUT/pallas_mosaic_fwdbwd.md" 2>&1 | tee "$OUT/bench_pallas_mosaic_fwdbwd.log" \
     | grep -E '^\||rror' | tail -20
+fi
+if [[ $stage == pallas-mosaic-bwd ]]; then  # the opt-in Mosaic GPU backward (Hopper): tests, then both backwards timed, about 4 minutes
+  timeout 120 python3 -m pytest -q -p no:cacheprovider plugins/ejk_pallas/tests/test_flash_attention_mgpu.py \
+    -k "gpu_mosaic_backward" 2>&1 | tee "$OUT/pallas_mosaic_bwd_gpu_tests.log" | tail -20
+  EJK_BENCH_TRACEBACK=1 timeout 110 python3 benchmarks/bench_pallas_attention.py --impl mosaic --mode fwd+bwd \
+    --mosaic-backward both --no-mha --no-attention-mgpu --out "$OUT/pallas_mosaic_bwd.md" 2>&1 \
+    | tee "$OUT/bench_pallas_mosaic_bwd.log" | grep -E '^\||diff|rror' | tail -20
 fi
 if [[ $stage == pallas-mosaic-sweep ]]; then  # every Mosaic GPU config, forward (best and heuristic named)
   EJK_BENCH_TRACEBACK=1 timeout 590 python3 benchmarks/bench_pallas_attention.py --impl mosaic --d64 --mode fwd \

@@ -18,7 +18,7 @@ from typing import Any
 
 import attrs
 
-__all__ = ["int_in", "multiple_of", "one_of", "positive_int", "power_of_two"]
+__all__ = ["int_in", "multiple_of", "one_of", "one_of_str", "positive_int", "power_of_two"]
 
 Validator = Callable[[Any, "attrs.Attribute[Any]", Any], None]
 
@@ -48,6 +48,11 @@ def multiple_of(step: int) -> Validator:
 def one_of(*values: int) -> Validator:
     """One of ``values``."""
     return _validator(lambda v: _is_int(v) and v in values, f"one of {', '.join(map(str, values))}")
+
+
+def one_of_str(*values: str) -> Validator:
+    """One of the strings ``values``."""
+    return _validator(lambda v: isinstance(v, str) and v in values, f"one of {', '.join(map(repr, values))}")
 
 
 def int_in(low: int, high: int) -> Validator:

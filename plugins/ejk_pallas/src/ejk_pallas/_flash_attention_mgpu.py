@@ -17,8 +17,10 @@ GQA reads the kv head ``h // group`` (never repeated). Rows that see no key give
 ``lse = +inf``. Ragged lengths are padded to the blocks (padded keys masked, padded rows dropped).
 
 The forward saves the residuals of ``ejk_pallas._flash_attention`` (:data:`RESIDUALS`: inputs,
-output and base-2 log-sum-exp), so :func:`backward` is the Triton-lowered Pallas backward; the
-core can pair this forward with that implementation's tuned backward too (``ImplChoice.backward``).
+output and base-2 log-sum-exp), so :func:`backward` is the Triton-lowered Pallas backward by default;
+the core can pair this forward with that implementation's tuned backward too (``ImplChoice.backward``).
+``MosaicFlashAttentionConfig(backward="mosaic")`` opts into the Mosaic GPU backward of
+``ejk_pallas._flash_attention_mgpu_bwd`` (interpret-mode tested, untested on hardware).
 
 With ``EJK_PALLAS_INTERPRET=1`` on a CPU the same kernel runs in Pallas's Mosaic GPU interpret
 mode (``jax._src.pallas.mosaic_gpu.interpret``: simulated shared memory, barriers and TMA).
@@ -29,24 +31,26 @@ from __future__ import annotations
 import functools
 import math
 import warnings
-from typing import Any
+from typing import Any, Literal
 
 import attrs
 import jax
 import jax.numpy as jnp
 from jax import lax
 
-from ejk.config.validators import int_in, one_of
+from ejk.config.validators import int_in, one_of, one_of_str
 from ejk.ops import without_residuals
 from ejk.tiling import cdiv as _cdiv
 from ejk_pallas import _env
 from ejk_pallas import _flash_attention as _fa
+from ejk_pallas import _flash_attention_mgpu_bwd as _bwd
 from ejk_pallas._flash_attention import RESIDUALS, _key_blocks, _make_mask, _Mask, _pad, _q_block
 
 __all__ = [
     "RESIDUALS",
     "MosaicFlashAttentionConfig",
     "backward",
+    "bwd_smem_bytes",
     "capability",
     "config_space",
     "forward",
@@ -77,11 +81,22 @@ class MosaicFlashAttentionConfig:
         block_kv: Keys per step (one TMA of K and one of V per step).
         max_concurrent_steps: Shared-memory slots of the K/V ring (TMA runs this many steps ahead;
             fewer when the keys have fewer blocks).
+        backward: ``"triton_lowered"`` (default: the Triton-lowered Pallas backward, verified on the
+            H100) or ``"mosaic"`` (the Mosaic GPU backward of ``_flash_attention_mgpu_bwd``: opt-in,
+            interpret-mode tested, untested on hardware).
+        bwd_block_q: Query rows per step of the Mosaic dK / dV kernel (``backward="mosaic"`` only).
+        bwd_block_kv: Keys per step of the Mosaic dQ kernel (``backward="mosaic"`` only).
+        bwd_max_concurrent_steps: TMA ring slots of both Mosaic backward kernels.
     """
 
     block_q: int = attrs.field(default=128, validator=one_of(128))
     block_kv: int = attrs.field(default=128, validator=one_of(64, 128, 192, 256))
     max_concurrent_steps: int = attrs.field(default=2, validator=int_in(2, 6))
+    backward: Literal["triton_lowered", "mosaic"] = attrs.field(
+        default="triton_lowered", validator=one_of_str("triton_lowered", "mosaic"))
+    bwd_block_q: int = attrs.field(default=64, validator=one_of(64, 128))
+    bwd_block_kv: int = attrs.field(default=64, validator=one_of(64, 128))
+    bwd_max_concurrent_steps: int = attrs.field(default=2, validator=int_in(2, 4))
 
 
 @attrs.frozen(kw_only=True)
@@ -426,14 +441,39 @@ def backward(
     sliding_window: tuple[int, int] | None,
     logits_soft_cap: float | None,
 ) -> tuple[Any, ...]:
-    """Gradients through the Triton-lowered Pallas backward (its heuristic config) from the shared residuals.
+    """Gradients from the shared residuals: the Triton-lowered Pallas backward (its heuristic config) by
+    default, the Mosaic GPU backward when ``cfg.backward == "mosaic"``.
 
     Returns:
         ``(dq, dk, dv, None, None, None)``.
     """
-    del cfg  # forward tiles; the backward kernels choose their own
-    return _fa.backward(residuals, d_out, cfg=None, causal=causal, softmax_scale=softmax_scale,
-                        sliding_window=sliding_window, logits_soft_cap=logits_soft_cap)
+    if not isinstance(cfg, MosaicFlashAttentionConfig) or cfg.backward == "triton_lowered":
+        return _fa.backward(residuals, d_out, cfg=None, causal=causal, softmax_scale=softmax_scale,
+                            sliding_window=sliding_window, logits_soft_cap=logits_soft_cap)
+    q, k, v, _, _, _, out, lse = residuals
+    if min(q.shape[0], q.shape[1], q.shape[2], k.shape[1]) == 0:
+        return jnp.zeros_like(q), jnp.zeros_like(k), jnp.zeros_like(v), None, None, None
+    d, itemsize = int(q.shape[3]), jnp.dtype(q.dtype).itemsize
+    need = bwd_smem_bytes(cfg, d, itemsize)
+    if need > _SMEM_BUDGET:
+        raise ValueError(f"MosaicFlashAttentionConfig: bwd_block_q={cfg.bwd_block_q}, bwd_block_kv={cfg.bwd_block_kv}, "
+                         f"bwd_max_concurrent_steps={cfg.bwd_max_concurrent_steps} need {need} bytes of shared "
+                         f"memory at head_dim {d} (budget {_SMEM_BUDGET}); use fewer steps or smaller blocks")
+    _, plgpu = _mods()
+    missing = [name for name in _PLGPU_BWD_API if not hasattr(plgpu, name)]
+    if missing:
+        raise RuntimeError(f"MosaicFlashAttentionConfig.backward='mosaic': jax {jax.__version__} lacks plgpu."
+                           f"{', plgpu.'.join(missing)}; use backward='triton_lowered'")
+    params = None
+    if _env.use_interpreter():
+        params = interpret_params()
+        if params is None:
+            raise RuntimeError("this jax has no Mosaic GPU interpret mode; run on a Hopper GPU")
+    dq, dk, dv = _bwd.backward_impl(
+        q, k, v, out, lse, d_out, block_q=cfg.bwd_block_q, block_kv=cfg.bwd_block_kv,
+        steps=cfg.bwd_max_concurrent_steps, causal=causal, softmax_scale=softmax_scale,
+        sliding_window=sliding_window, logits_soft_cap=logits_soft_cap, interpret_params=params)
+    return dq, dk, dv, None, None, None
 
 
 # ----------------------------------------------------------------------------------------------
@@ -446,6 +486,10 @@ def backward(
 _PLGPU_API = ("kernel", "SMEM", "Barrier", "ACC", "TilingTransform", "SwizzleTransform", "CompilerParams",
               "copy_gmem_to_smem", "copy_smem_to_gmem", "wait_smem_to_gmem", "commit_smem", "barrier_arrive",
               "barrier_wait", "wgmma", "layout_cast", "set_max_registers", "Layout")
+
+
+#: What the Mosaic GPU backward (``backward="mosaic"``) uses on top of :data:`_PLGPU_API`.
+_PLGPU_BWD_API = ("load",)
 
 
 @functools.cache
@@ -521,6 +565,12 @@ def smem_bytes(cfg: MosaicFlashAttentionConfig, d: int, itemsize: int) -> int:
     return (cfg.block_q * d + 2 * cfg.max_concurrent_steps * cfg.block_kv * d) * itemsize + cfg.block_q * 4
 
 
+def bwd_smem_bytes(cfg: MosaicFlashAttentionConfig, d: int, itemsize: int) -> int:
+    """Shared memory (bytes) of the Mosaic backward's larger kernel under ``cfg`` (see ``_bwd.smem_bytes``)."""
+    return max(_bwd.smem_bytes(cfg.bwd_block_q, cfg.bwd_max_concurrent_steps, d, itemsize),
+               _bwd.smem_bytes(cfg.bwd_block_kv, cfg.bwd_max_concurrent_steps, d, itemsize))
+
+
 #: Candidates by head dim, the heuristic's choice first: (block_q, block_kv, max_concurrent_steps).
 _CANDIDATES: dict[int, tuple[tuple[int, int, int], ...]] = {
     64: ((128, 128, 2), (128, 64, 2), (128, 128, 3), (128, 128, 4), (128, 64, 4), (128, 192, 2),
@@ -530,6 +580,8 @@ _CANDIDATES: dict[int, tuple[tuple[int, int, int], ...]] = {
 }
 
 
+# The config space keeps every backward field at its default (the Triton-lowered backward): the Mosaic
+# backward is opt-in until it is measured on the H100.
 def _fitting(q: Any) -> list[MosaicFlashAttentionConfig]:
     d, itemsize = int(q.shape[3]), jnp.dtype(q.dtype).itemsize
     configs = [MosaicFlashAttentionConfig(block_q=a, block_kv=b, max_concurrent_steps=c)

@@ -1,0 +1,512 @@
+"""Flash attention backward for Hopper written with Pallas's Mosaic GPU backend (``plgpu``).
+
+Opt-in backward of ``pallas/gpu:mosaic`` (``MosaicFlashAttentionConfig(backward="mosaic")``); it
+consumes the forward's residuals (:data:`ejk_pallas._flash_attention.RESIDUALS`: inputs, output and
+the base-2 log-sum-exp, ``+inf`` for rows that see no key). ``delta = rowsum(dO * O)`` is computed in
+JAX. Two kernels, each with two consumer warpgroups (64 rows of the output tile each) and one
+producer warpgroup that streams blocks over TMA into a ring of ``bwd_max_concurrent_steps`` slots
+(one "ready" barrier per slot and operand, one "free" barrier per slot both consumers arrive on):
+
+* dK / dV: one CTA per (128 keys, kv head, batch). The producer streams ``bwd_block_q`` rows of Q,
+  dO, lse and delta for every q head of the kv head's group (GQA: dK / dV are summed over the group
+  inside the kernel, K / V are never repeated). Each consumer keeps its 64 keys' K and V in shared
+  memory and per step computes ``Sᵀ = K·Qᵀ``, ``Pᵀ = exp2(Sᵀ·c - lse)``, ``dV += Pᵀ·dO``,
+  ``dPᵀ = V·dOᵀ``, ``dSᵀ = Pᵀ∘(dPᵀ - delta)`` (times ``1 - tanh²`` under a soft cap) and
+  ``dK += dSᵀ·Q``.
+* dQ: one CTA per (128 query rows, q head, batch), the forward's structure: the producer streams
+  ``bwd_block_kv`` keys of K and V of the kv head ``h // group``; each consumer keeps its 64 rows of
+  Q, dO, lse and delta and accumulates ``dQ += dS·K``.
+
+Causal masks and sliding windows bound both loops to the blocks the CTA can see (fully masked blocks
+are never loaded); each consumer splits its own range into masked edge blocks and unmasked interior
+blocks and only passes the barriers of the CTA's blocks its rows cannot see. Ragged lengths are padded
+to 128 (padded rows carry ``lse = +inf`` and ``dO = 0``; padded keys are masked in dQ, their dK / dV
+dropped).
+
+With ``EJK_PALLAS_INTERPRET=1`` on a CPU the kernels run in Pallas's Mosaic GPU interpret mode,
+which takes neither transposed nor register WGMMA operands: there the matmuls are plain dots.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import math
+from typing import Any
+
+import attrs
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from ejk.tiling import cdiv as _cdiv
+from ejk_pallas._flash_attention import _key_blocks, _make_mask, _Mask, _pad, _q_block, _query_blocks
+
+__all__ = ["backward_impl", "smem_bytes"]
+
+_LOG2E = math.log2(math.e)
+#: Consumer warpgroups per CTA; each owns 64 rows of the output tile (one WGMMA tile).
+_CONSUMERS = 2
+_ROWS = 64
+_TILE = _CONSUMERS * _ROWS
+_CONSUMER_REGS = 232
+_PRODUCER_REGS = 40
+
+
+def smem_bytes(block: int, steps: int, d: int, itemsize: int) -> int:
+    """Shared memory (bytes) of a backward kernel streaming ``block`` rows / keys in ``steps`` slots.
+
+    dK / dV: the consumers' K and V (reused for dK / dV) plus rings of Q, dO (``block x d``), lse and
+    delta (``block`` float32). dQ: the consumers' Q and dO plus rings of K and V and 2 x 128 float32
+    lse / delta rows (within the first's ``steps x block x 8`` bytes, so one formula bounds both).
+    """
+    tiles = 2 * _TILE * d * itemsize
+    return tiles + steps * block * (2 * d * itemsize + 2 * 4)
+
+
+@attrs.frozen(kw_only=True)
+class _Static:
+    """What the kernel bodies need that is known when tracing."""
+
+    mask: _Mask
+    scale: float
+    cap: float | None
+    dtype: Any
+    d: int
+    blk: int  # rows (dK / dV) or keys (dQ) per streamed step
+    steps: int
+    n_blk: int  # streamed blocks in the padded length
+    n_tile: int  # CTA tiles (128) in the padded length of the other axis
+    group: int
+    ragged_keys: bool
+    interpret: bool
+
+
+def _mods() -> tuple[Any, Any]:
+    from jax.experimental import pallas as pl
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+
+    return pl, plgpu
+
+
+def _loop(lo: Any, hi: Any, body: Any, carry: Any) -> Any:
+    if isinstance(lo, int) and isinstance(hi, int) and lo >= hi:
+        return carry
+    return lax.fori_loop(lo, hi, body, carry)
+
+
+def _when(cond: Any, fn: Any) -> None:
+    if isinstance(cond, bool):
+        if cond:
+            fn()
+        return
+    pl, _ = _mods()
+    pl.when(cond)(fn)
+
+
+def _cast(x: Any, layout: Any, st: _Static) -> Any:
+    if st.interpret:
+        return x
+    _, plgpu = _mods()
+    return plgpu.layout_cast(x, layout)
+
+
+def _vector(ref: Any, axis: int, st: _Static) -> Any:
+    """A float32 vector from shared memory that indexes ``axis`` of a WGMMA tile (broadcast along the other)."""
+    if st.interpret:
+        return ref[...]
+    _, plgpu = _mods()
+    layout = plgpu.Layout.WGMMA.reduce(1 - axis)
+    if _load_takes_index():
+        return plgpu.load(ref, (), layout=layout)
+    return plgpu.load(ref, layout=layout)
+
+
+@functools.cache
+def _load_takes_index() -> bool:
+    """Whether ``plgpu.load`` needs its ``idx`` argument (jax 0.10's ``load(src, idx, *, layout)``; later
+    versions dropped or defaulted it)."""
+    _, plgpu = _mods()
+    try:
+        param = inspect.signature(plgpu.load).parameters.get("idx")
+    except (TypeError, ValueError):  # pragma: no cover - not introspectable
+        return True
+    return param is not None and param.default is inspect.Parameter.empty
+
+
+def _logits(s: Any, st: _Static) -> tuple[Any, Any]:
+    """Base-2 logits of raw ``q·k`` (float32) and the ``tanh`` of a soft cap (or ``None``)."""
+    if st.cap is None:
+        return s * (st.scale * _LOG2E), None
+    t = jnp.tanh(s * (st.scale / st.cap))
+    return t * (st.cap * _LOG2E), t
+
+
+def _visible(st: _Static, row0: Any, col0: Any, shape: tuple[int, int], *, rows_axis: int) -> Any:
+    """Visibility of a WGMMA tile whose ``rows_axis`` indexes queries from ``row0`` and other axis keys
+    from ``col0`` (bottom-right aligned masks, see ``_Mask``); ``None`` when everything is visible."""
+    _, plgpu = _mods()
+    wgmma = plgpu.Layout.WGMMA
+    rows = _cast(lax.broadcasted_iota(jnp.int32, shape, rows_axis), wgmma, st) + row0
+    cols = _cast(lax.broadcasted_iota(jnp.int32, shape, 1 - rows_axis), wgmma, st) + col0
+    mask = st.mask
+    conds = []
+    if st.ragged_keys:
+        conds.append(cols < mask.sk)
+    if mask.right is not None:
+        conds.append(cols <= rows + (mask.offset + mask.right))
+    if mask.left is not None:
+        conds.append(cols >= rows + (mask.offset - mask.left))
+    return functools.reduce(jnp.logical_and, conds) if conds else None
+
+
+def _mm(a: Any, b_ref: Any, shape: tuple[int, int], st: _Static, *, transpose_b: bool) -> Any:
+    """``a · b`` (or ``a · bᵀ``) in float32 with ``a`` a shared-memory ref; a fresh accumulator."""
+    pl, plgpu = _mods()
+    if st.interpret:
+        b = b_ref[...]
+        return jnp.dot(a[...], b.T if transpose_b else b, preferred_element_type=jnp.float32)
+
+    def body(acc: Any) -> Any:
+        plgpu.wgmma(acc, a, b_ref.transpose((1, 0)) if transpose_b else b_ref)
+        return acc[...]
+
+    return pl.run_scoped(body, plgpu.ACC(shape, jnp.float32))
+
+
+def _mma(acc: Any, a: Any, b_ref: Any, st: _Static) -> Any:
+    """``acc + a · b`` with ``a`` in registers (16-bit) and ``b`` a shared-memory ref, in place on Hopper."""
+    pl, plgpu = _mods()
+    if st.interpret:
+        return acc + jnp.dot(a, b_ref[...], preferred_element_type=jnp.float32)
+
+    def body(acc_ref: Any) -> None:
+        plgpu.wgmma(acc_ref, a, b_ref)
+
+    return pl.run_state(body)(plgpu.ACC.init(acc))
+
+
+def _mm_pair(a: Any, b_ref: Any, c: Any, d_ref: Any, shape: tuple[int, int], st: _Static) -> tuple[Any, Any]:
+    """``(a · b_refᵀ, c · d_refᵀ)`` in float32 (all shared-memory refs), both MMAs in flight at once."""
+    pl, plgpu = _mods()
+    if st.interpret:
+        return (_mm(a, b_ref, shape, st, transpose_b=True), _mm(c, d_ref, shape, st, transpose_b=True))
+
+    def body(acc1: Any, acc2: Any) -> tuple[Any, Any]:
+        plgpu.wgmma(acc1, a, b_ref.transpose((1, 0)))
+        plgpu.wgmma(acc2, c, d_ref.transpose((1, 0)))
+        return acc1[...], acc2[...]
+
+    return pl.run_scoped(body, plgpu.ACC(shape, jnp.float32), plgpu.ACC(shape, jnp.float32))  # type: ignore[no-any-return]
+
+
+def _mma_and_mm(acc: Any, a: Any, b_ref: Any, c: Any, d_ref: Any, shape: tuple[int, int],
+                st: _Static) -> tuple[Any, Any]:
+    """``(acc + a · b_ref, c · d_refᵀ)``: ``a`` in registers, ``c`` and the refs in shared memory, both
+    MMAs in flight at once (one wait)."""
+    pl, plgpu = _mods()
+    if st.interpret:
+        return _mma(acc, a, b_ref, st), _mm(c, d_ref, shape, st, transpose_b=True)
+
+    def body(refs: Any) -> None:
+        acc_ref, out_ref = refs
+        plgpu.wgmma(acc_ref, a, b_ref)
+        plgpu.wgmma(out_ref, c, d_ref.transpose((1, 0)))
+
+    zeros = _cast(jnp.zeros(shape, jnp.float32), plgpu.Layout.WGMMA, st)
+    return pl.run_state(body)((plgpu.ACC.init(acc), plgpu.ACC.init(zeros)))  # type: ignore[no-any-return]
+
+
+class _Ring:
+    """Slot arithmetic and the producer's fill / refill / drain of a TMA ring over flat steps ``[0, total)``."""
+
+    def __init__(self, st: _Static, total: Any) -> None:
+        self.st, self.total = st, total
+
+    def slot(self, i: Any) -> Any:
+        return lax.rem(i, jnp.array(self.st.steps, jnp.int32))
+
+    def produce(self, load: Any, free: Any) -> None:
+        """``load(i, slot)`` issues step ``i``'s copies; ``free`` are the slots' release barriers."""
+        _, plgpu = _mods()
+        steps = self.st.steps
+        total = self.total
+        for i in range(steps):
+            _when(i < total if isinstance(total, int) else jnp.int32(i) < total,
+                  functools.partial(load, jnp.int32(i), i))
+
+        def refill(i: Any, carry: Any) -> Any:
+            s = self.slot(i)
+            plgpu.barrier_wait(free.at[s])
+            load(i + steps, s)
+            return carry
+
+        def drain(i: Any, carry: Any) -> Any:  # every phase is awaited
+            plgpu.barrier_wait(free.at[self.slot(i)])
+            return carry
+
+        last = max(total - steps, 0) if isinstance(total, int) else jnp.maximum(total - steps, 0)
+        _loop(0, last, refill, 0)
+        _loop(last, total, drain, 0)
+
+
+def _consume(ring: _Ring, ready: tuple[Any, ...], free: Any, lo: Any, hi: Any, bounds: tuple[Any, ...],
+             base: Any, step: Any, carry: Any) -> Any:
+    """One consumer's pass over the CTA's blocks ``[lo, hi)`` (flat steps ``base + t``): its own blocks
+    ``bounds = (w_lo, w_lo_full, w_hi_full, w_hi)`` through ``step(t, slot, carry, masked=)``, the others
+    only through their barriers."""
+    _, plgpu = _mods()
+
+    def run(t: Any, carry: Any, *, masked: bool) -> Any:
+        s = ring.slot(base + t)
+        for bar in ready:
+            plgpu.barrier_wait(bar.at[s])
+        carry = step(t, s, carry, masked=masked)
+        plgpu.barrier_arrive(free.at[s])
+        return carry
+
+    def skip(t: Any, carry: Any) -> Any:
+        s = ring.slot(base + t)
+        for bar in ready:
+            plgpu.barrier_wait(bar.at[s])
+        plgpu.barrier_arrive(free.at[s])
+        return carry
+
+    w_lo, w_lo_full, w_hi_full, w_hi = bounds
+    masked = functools.partial(run, masked=True)
+    carry = _loop(lo, w_lo, skip, carry)
+    carry = _loop(w_lo, w_lo_full, masked, carry)
+    carry = _loop(w_lo_full, w_hi_full, functools.partial(run, masked=False), carry)
+    carry = _loop(w_hi_full, w_hi, masked, carry)
+    return _loop(w_hi, hi, skip, carry)
+
+
+# ----------------------------------------------------------------------------------------------
+# dK / dV
+# ----------------------------------------------------------------------------------------------
+
+
+def _dkdv_kernel(q_ref: Any, k_ref: Any, v_ref: Any, do_ref: Any, lse_ref: Any, delta_ref: Any, dk_ref: Any,
+                 dv_ref: Any, scoped: Any, *, st: _Static) -> None:
+    pl, plgpu = _mods()
+    (k_smem2, v_smem2, q_ring, do_ring, lse_ring, delta_ring), ready, kv_ready, free = scoped
+    wg = lax.axis_index("wg")
+    batch = lax.axis_index("batch")
+    kv_head = lax.axis_index("heads")
+    col_cta = lax.axis_index("kv_seq") * _TILE
+    lo, _, _, hi = _query_blocks(st.mask, col_cta, _TILE, st.blk, st.n_blk)
+    n = hi - lo
+    ring = _Ring(st, n * st.group)
+
+    def consumer() -> None:
+        plgpu.set_max_registers(_CONSUMER_REGS, action="increase")
+        k_smem, v_smem = k_smem2.at[wg], v_smem2.at[wg]
+        col0 = col_cta + wg * _ROWS
+        block = (batch, pl.ds(col0, _ROWS), kv_head)
+        plgpu.copy_gmem_to_smem(k_ref.at[block], k_smem, kv_ready.at[wg])
+        plgpu.barrier_wait(kv_ready.at[wg])
+        plgpu.copy_gmem_to_smem(v_ref.at[block], v_smem, kv_ready.at[wg])
+        plgpu.barrier_wait(kv_ready.at[wg])
+        bounds = _query_blocks(st.mask, col0, _ROWS, st.blk, st.n_blk)
+        q_r, do_r, lse_r, delta_r = ready
+        shape = (_ROWS, st.blk)
+
+        def step(t: Any, s: Any, carry: Any, *, masked: bool) -> Any:
+            dk, dv = carry
+            q_s, do_s = q_ring.at[s], do_ring.at[s]
+            z, tanh = _logits(_mm(k_smem, q_s, shape, st, transpose_b=True), st)
+            if masked:
+                vis = _visible(st, t * st.blk, col0, shape, rows_axis=1)
+                if vis is not None:
+                    z = jnp.where(vis, z, -jnp.inf)
+            lse = _vector(lse_ring.at[s], 1, st)
+            p = jnp.exp2(z - lax.broadcast_in_dim(lse, shape, [1]))  # Pᵀ: keys x rows
+            dv, dp = _mma_and_mm(dv, p.astype(st.dtype), do_s, v_smem, do_s, shape, st)  # dV += Pᵀ·dO; dPᵀ = V·dOᵀ
+            delta = _vector(delta_ring.at[s], 1, st)
+            ds = p * (dp - lax.broadcast_in_dim(delta, shape, [1]))
+            if tanh is not None:
+                ds = ds * (1.0 - tanh * tanh)
+            dk = _mma(dk, ds.astype(st.dtype), q_s, st)
+            plgpu.commit_smem()  # order the generic lse / delta reads before the TMA refills the slot
+            return dk, dv
+
+        def head(g: Any, carry: Any) -> Any:
+            return _consume(ring, (q_r, do_r, lse_r, delta_r), free, lo, hi, bounds, g * n - lo, step, carry)
+
+        zeros = _cast(jnp.zeros((_ROWS, st.d), jnp.float32), plgpu.Layout.WGMMA, st)
+        carry = (zeros, zeros)
+        dk, dv = head(0, carry) if st.group == 1 else lax.fori_loop(0, st.group, head, carry)
+        k_smem[...] = (dk * st.scale).astype(st.dtype)
+        v_smem[...] = dv.astype(st.dtype)
+        plgpu.commit_smem()
+        plgpu.copy_smem_to_gmem(k_smem, dk_ref.at[block])
+        plgpu.copy_smem_to_gmem(v_smem, dv_ref.at[block])
+        plgpu.wait_smem_to_gmem(0)
+
+    def producer() -> None:
+        plgpu.set_max_registers(_PRODUCER_REGS, action="decrease")
+        q_r, do_r, lse_r, delta_r = ready
+        first_head = kv_head * st.group
+        safe_n = max(n, 1) if isinstance(n, int) else jnp.maximum(n, 1)
+
+        def load(i: Any, s: Any) -> None:
+            g = lax.div(i, jnp.int32(safe_n) if isinstance(safe_n, int) else safe_n)
+            rows = pl.ds((lo + lax.rem(i, jnp.int32(safe_n) if isinstance(safe_n, int) else safe_n)) * st.blk,
+                         st.blk)
+            h = first_head + g
+            plgpu.copy_gmem_to_smem(q_ref.at[batch, rows, h], q_ring.at[s], q_r.at[s])
+            plgpu.copy_gmem_to_smem(do_ref.at[batch, rows, h], do_ring.at[s], do_r.at[s])
+            plgpu.copy_gmem_to_smem(lse_ref.at[batch, h, rows], lse_ring.at[s], lse_r.at[s])
+            plgpu.copy_gmem_to_smem(delta_ref.at[batch, h, rows], delta_ring.at[s], delta_r.at[s])
+
+        ring.produce(load, free)
+
+    _when(wg < _CONSUMERS, consumer)
+    _when(wg == _CONSUMERS, producer)
+
+
+# ----------------------------------------------------------------------------------------------
+# dQ
+# ----------------------------------------------------------------------------------------------
+
+
+def _dq_kernel(q_ref: Any, k_ref: Any, v_ref: Any, do_ref: Any, lse_ref: Any, delta_ref: Any, dq_ref: Any,
+               scoped: Any, *, st: _Static) -> None:
+    pl, plgpu = _mods()
+    (q_smem2, do_smem2, lse_smem2, delta_smem2, k_ring, v_ring), ready, row_ready, free = scoped
+    wg = lax.axis_index("wg")
+    batch = lax.axis_index("batch")
+    head = lax.axis_index("heads")
+    row_cta = _q_block(lax.axis_index("q_seq"), st.mask, st.n_tile) * _TILE
+    lo, _, _, hi = _key_blocks(st.mask, row_cta, _TILE, st.blk, st.n_blk)
+    ring = _Ring(st, hi - lo)
+
+    def consumer() -> None:
+        plgpu.set_max_registers(_CONSUMER_REGS, action="increase")
+        q_smem, do_smem = q_smem2.at[wg], do_smem2.at[wg]
+        row0 = row_cta + wg * _ROWS
+        rows = pl.ds(row0, _ROWS)
+        bar = row_ready.at[wg]
+        for src, dst in ((q_ref.at[batch, rows, head], q_smem), (do_ref.at[batch, rows, head], do_smem),
+                         (lse_ref.at[batch, head, rows], lse_smem2.at[wg]),
+                         (delta_ref.at[batch, head, rows], delta_smem2.at[wg])):
+            plgpu.copy_gmem_to_smem(src, dst, bar)
+            plgpu.barrier_wait(bar)
+        lse = _vector(lse_smem2.at[wg], 0, st)
+        delta = _vector(delta_smem2.at[wg], 0, st)
+        bounds = _key_blocks(st.mask, row0, _ROWS, st.blk, st.n_blk)
+        shape = (_ROWS, st.blk)
+
+        def step(t: Any, s: Any, dq: Any, *, masked: bool) -> Any:
+            k_s, v_s = k_ring.at[s], v_ring.at[s]
+            s_raw, dp = _mm_pair(q_smem, k_s, do_smem, v_s, shape, st)  # S = Q·Kᵀ, dP = dO·Vᵀ
+            z, tanh = _logits(s_raw, st)
+            if masked:
+                vis = _visible(st, row0, t * st.blk, shape, rows_axis=0)
+                if vis is not None:
+                    z = jnp.where(vis, z, -jnp.inf)
+            p = jnp.exp2(z - lax.broadcast_in_dim(lse, shape, [0]))
+            ds = p * (dp - lax.broadcast_in_dim(delta, shape, [0]))
+            if tanh is not None:
+                ds = ds * (1.0 - tanh * tanh)
+            return _mma(dq, ds.astype(st.dtype), k_s, st)
+
+        zeros = _cast(jnp.zeros((_ROWS, st.d), jnp.float32), plgpu.Layout.WGMMA, st)
+        dq = _consume(ring, ready, free, lo, hi, bounds, -lo, step, zeros)
+        q_smem[...] = (dq * st.scale).astype(st.dtype)
+        plgpu.commit_smem()
+        plgpu.copy_smem_to_gmem(q_smem, dq_ref.at[batch, rows, head])
+        plgpu.wait_smem_to_gmem(0)
+
+    def producer() -> None:
+        plgpu.set_max_registers(_PRODUCER_REGS, action="decrease")
+        kv_head = lax.div(head, jnp.array(st.group, head.dtype))
+        k_r, v_r = ready
+
+        def load(i: Any, s: Any) -> None:
+            block = (batch, pl.ds((lo + i) * st.blk, st.blk), kv_head)
+            plgpu.copy_gmem_to_smem(k_ref.at[block], k_ring.at[s], k_r.at[s])
+            plgpu.copy_gmem_to_smem(v_ref.at[block], v_ring.at[s], v_r.at[s])
+
+        ring.produce(load, free)
+
+    _when(wg < _CONSUMERS, consumer)
+    _when(wg == _CONSUMERS, producer)
+
+
+# ----------------------------------------------------------------------------------------------
+# Launch
+# ----------------------------------------------------------------------------------------------
+
+
+def _tiles() -> tuple[Any, ...]:
+    _, plgpu = _mods()
+    return (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
+
+
+def _launch(body: Any, st: _Static, *, outs: Any, grid: tuple[int, ...], names: tuple[str, ...], smem: Any,
+            ready: int, interpret_params: Any) -> Any:
+    pl, plgpu = _mods()
+
+    def entry(*refs: Any) -> None:
+        pl.run_scoped(
+            lambda *scoped: body(*refs, scoped, st=st),
+            smem,
+            tuple(plgpu.Barrier(num_barriers=st.steps) for _ in range(ready)),
+            plgpu.Barrier(num_barriers=_CONSUMERS),
+            plgpu.Barrier(num_arrivals=_CONSUMERS, num_barriers=st.steps),
+            collective_axes="wg",
+        )
+
+    kwargs: dict[str, Any] = {} if interpret_params is None else {"interpret": interpret_params}
+    return plgpu.kernel(entry, out_type=outs, grid=grid, grid_names=names, num_threads=_CONSUMERS + 1,
+                        thread_name="wg", compiler_params=plgpu.CompilerParams(approx_math=True), **kwargs)
+
+
+def backward_impl(q: Any, k: Any, v: Any, out: Any, lse: Any, d_out: Any, *, block_q: int, block_kv: int,
+                  steps: int, causal: bool, softmax_scale: float, sliding_window: tuple[int, int] | None,
+                  logits_soft_cap: float | None, interpret_params: Any) -> tuple[Any, Any, Any]:
+    """``(dq, dk, dv)`` from the forward's residuals (``lse`` base 2, ``[B, Hq, Sq]``, ``+inf`` for empty rows).
+
+    ``block_q``: query rows per step of the dK / dV kernel; ``block_kv``: keys per step of the dQ
+    kernel; ``steps``: TMA ring slots of both; ``interpret_params``: Mosaic GPU interpret mode's
+    parameters, or ``None`` to compile for the GPU.
+    """
+    _, plgpu = _mods()
+    batch, sq, hq, d = q.shape
+    sk, hkv = k.shape[1], k.shape[2]
+    sqp, skp = _cdiv(sq, _TILE) * _TILE, _cdiv(sk, _TILE) * _TILE
+    dtype = jnp.dtype(q.dtype)
+    common = dict(mask=_make_mask(sq, sk, causal, sliding_window, False), scale=float(softmax_scale),
+                  cap=logits_soft_cap, dtype=dtype, d=d, group=hq // hkv, ragged_keys=skp != sk,
+                  interpret=interpret_params is not None)
+    delta = jnp.einsum("bqhd,bqhd->bhq", out.astype(jnp.float32), d_out.astype(jnp.float32))
+    qp, dop = _pad(q, 1, sqp), _pad(d_out.astype(dtype), 1, sqp)
+    kp, vp = _pad(k, 1, skp), _pad(v, 1, skp)
+    lsep, deltap = _pad(lse, 2, sqp, jnp.inf), _pad(delta, 2, sqp)  # padded rows: p = 0
+    args = (qp, kp, vp, dop, lsep, deltap)
+
+    st_kv = _Static(blk=block_q, steps=min(steps, sqp // block_q), n_blk=sqp // block_q, n_tile=skp // _TILE,
+                    **common)
+    t = _tiles()
+    smem_kv = (plgpu.SMEM((_CONSUMERS, _ROWS, d), dtype, transforms=t),
+               plgpu.SMEM((_CONSUMERS, _ROWS, d), dtype, transforms=t),
+               plgpu.SMEM((st_kv.steps, block_q, d), dtype, transforms=t),
+               plgpu.SMEM((st_kv.steps, block_q, d), dtype, transforms=t),
+               plgpu.SMEM((st_kv.steps, block_q), jnp.float32),
+               plgpu.SMEM((st_kv.steps, block_q), jnp.float32))
+    dk, dv = _launch(_dkdv_kernel, st_kv, outs=(jax.ShapeDtypeStruct(kp.shape, dtype),) * 2,
+                     grid=(skp // _TILE, hkv, batch), names=("kv_seq", "heads", "batch"), smem=smem_kv, ready=4,
+                     interpret_params=interpret_params)(*args)
+
+    st_q = _Static(blk=block_kv, steps=min(steps, skp // block_kv), n_blk=skp // block_kv, n_tile=sqp // _TILE,
+                   **common)
+    smem_q = (plgpu.SMEM((_CONSUMERS, _ROWS, d), dtype, transforms=t),
+              plgpu.SMEM((_CONSUMERS, _ROWS, d), dtype, transforms=t),
+              plgpu.SMEM((_CONSUMERS, _ROWS), jnp.float32),
+              plgpu.SMEM((_CONSUMERS, _ROWS), jnp.float32),
+              plgpu.SMEM((st_q.steps, block_kv, d), dtype, transforms=t),
+              plgpu.SMEM((st_q.steps, block_kv, d), dtype, transforms=t))
+    dq = _launch(_dq_kernel, st_q, outs=jax.ShapeDtypeStruct(qp.shape, dtype), grid=(sqp // _TILE, hq, batch),
+                 names=("q_seq", "heads", "batch"), smem=smem_q, ready=2, interpret_params=interpret_params)(*args)
+    return dq[:, :sq], dk[:, :sk], dv[:, :sk]

@@ -24,6 +24,7 @@ Triton-lowered Pallas backward, which consumes this forward's residuals, and thr
 from __future__ import annotations
 
 import functools
+import os
 from typing import Any
 
 import attrs
@@ -152,6 +153,15 @@ def test_no_races_and_lse_residual(monkeypatch: pytest.MonkeyPatch) -> None:
 # ----------------------------------------------------------------------------------------------
 
 M64 = (64, 64)
+#: The interpreter runs each simulated warpgroup (two consumers and a producer) as a thread whose
+#: barrier waits block inside host callbacks. On a 2-core machine a run of these tests stalled for
+#: good (threads parked in the interpreter's ``_barrier_wait``) about once in seven, apparently when
+#: XLA's CPU worker threads are all held by blocked callbacks; the race-free kernel logic is not in
+#: question (the race detector and every other run pass), but a CI run must not hang. So the
+#: interpret-mode numerics of the opt-in backward run where at least 4 cores are available; the CUDA
+#: lowering tests below run everywhere.
+needs_cores = pytest.mark.skipif((os.cpu_count() or 1) < 4, reason="the Mosaic GPU interpreter can stall "
+                                 "on fewer than 4 cores with this backward's three simulated threads")
 BWD_CASES = [
     # Causal, Sq > Sk ragged: rows 0..27 see no key (zero dq), padded keys; GQA 2 (dK / dV summed over
     # the group in the kernel); the dK / dV consumers' query ranges differ (masked edges, skips).
@@ -167,6 +177,7 @@ BWD_CASES = [
 
 
 @needs_kernels
+@needs_cores
 @pytest.mark.parametrize("case", BWD_CASES, ids=str)
 def test_mosaic_backward_matches_reference(case: Case, monkeypatch: pytest.MonkeyPatch) -> None:
     from ejk_pallas import _flash_attention_mgpu_bwd as bwd
@@ -199,6 +210,7 @@ def test_backward_config() -> None:
 
 
 @needs_kernels
+@needs_cores
 @pytest.mark.skipif(ON_GPU, reason="the race detector is part of the CPU interpret mode")
 def test_mosaic_backward_no_races(monkeypatch: pytest.MonkeyPatch) -> None:
     """Both backward kernels under the interpreter's race detector: causal with a left window (skipped

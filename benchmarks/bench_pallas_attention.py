@@ -85,7 +85,7 @@ def mosaic_attention(shape: Shape, cfg: MosaicFlashAttentionConfig) -> Callable[
 
 
 def mosaic_label(cfg: MosaicFlashAttentionConfig) -> str:
-    return f"{cfg.block_q}x{cfg.block_kv} slots {cfg.max_concurrent_steps}"
+    return f"{cfg.block_q}x{cfg.block_kv} slots {cfg.max_concurrent_steps}{' overlap' if cfg.overlap else ''}"
 
 
 def grad_check(shape: Shape, name: str, attention: Callable[..., jax.Array], inputs: tuple[jax.Array, ...],

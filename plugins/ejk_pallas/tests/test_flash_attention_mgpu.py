@@ -62,19 +62,23 @@ class Case(AttentionCase):
     dtype: str = "bfloat16"
     block_kv: int = 64
     steps: int = 2
+    #: The intra-warpgroup overlap of the forward (``MosaicFlashAttentionConfig.overlap``).
+    overlap: bool = False
     #: The Mosaic GPU backward's step blocks (dK / dV rows, dQ keys), or ``None`` for the Triton-lowered one.
     mosaic_bwd: tuple[int, int] | None = None
 
     def label_parts(self) -> list[str]:
         bwd = [] if self.mosaic_bwd is None else [f"mbwd{self.mosaic_bwd[0]}x{self.mosaic_bwd[1]}"]
-        return [*super().label_parts(), f"kv{self.block_kv}s{self.steps}", *bwd]
+        return [*super().label_parts(), f"kv{self.block_kv}s{self.steps}", *(["overlap"] if self.overlap else []),
+                *bwd]
 
     @property
     def cfg(self) -> MosaicFlashAttentionConfig:
         if self.mosaic_bwd is None:
-            return MosaicFlashAttentionConfig(block_q=128, block_kv=self.block_kv, max_concurrent_steps=self.steps)
+            return MosaicFlashAttentionConfig(block_q=128, block_kv=self.block_kv, max_concurrent_steps=self.steps,
+                                              overlap=self.overlap)
         return MosaicFlashAttentionConfig(block_q=128, block_kv=self.block_kv, max_concurrent_steps=self.steps,
-                                          backward="mosaic", bwd_block_q=self.mosaic_bwd[0],
+                                          overlap=self.overlap, backward="mosaic", bwd_block_q=self.mosaic_bwd[0],
                                           bwd_block_kv=self.mosaic_bwd[1], bwd_max_concurrent_steps=self.steps)
 
 
@@ -125,9 +129,27 @@ def test_matches_reference(case: Case, bwd: FlashAttentionConfig | None) -> None
     check_case(case, impl=choice(case.cfg, backward=backward))
 
 
+#: The intra-warpgroup overlap (``overlap=True``): the first case's empty rows and skipped blocks (a
+#: consumer whose visible range is empty still takes its turn at every step), and the wrapping 3-slot ring.
+OVERLAP_CASES = [
+    Case(sq=128, sk=100, hq=2, hkv=1, causal=True, overlap=True),
+    Case(sq=100, sk=300, hq=3, hkv=1, window=(40, 20), cap=5.0, dtype="float16", steps=3, overlap=True),
+]
+
+
+@needs_kernels
+@pytest.mark.parametrize("case", OVERLAP_CASES, ids=str)
+def test_overlap_matches_reference(case: Case) -> None:
+    """Forward values (the lse residual: ``test_no_races_and_lse_residual``). Gradients are the
+    Triton-lowered backward's, checked above and on the GPU: in interpret mode, a jitted value-and-grad
+    around this kernel parks the interpreter's simulated threads on 2 cores (the forward alone runs)."""
+    check_case(case, grads=ON_GPU)
+
+
 @needs_kernels
 @pytest.mark.skipif(ON_GPU, reason="the race detector is part of the CPU interpret mode")
-def test_no_races_and_lse_residual(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("overlap", [False, True], ids=["pingpong", "overlap"])
+def test_no_races_and_lse_residual(overlap: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     """Sq = 1 (one row, 127 padded), a window over 5 key blocks: the interpreter's race detector finds
     no unordered shared-memory access (it does when the producer skips waiting for a free slot), and
     the saved base-2 lse is the reference's."""
@@ -135,7 +157,7 @@ def test_no_races_and_lse_residual(monkeypatch: pytest.MonkeyPatch) -> None:
     from jax._src.pallas.mosaic_gpu.interpret.params import InterpretGPUParams
 
     monkeypatch.setattr(mg, "interpret_params", lambda: InterpretGPUParams(detect_races=True))
-    case = Case(sq=1, sk=300, hq=1, hkv=1, window=(200, 0))
+    case = Case(sq=1, sk=300, hq=1, hkv=1, window=(200, 0), overlap=overlap)
     inputs = case.inputs()
     q, k, v = inputs["q"], inputs["k"], inputs["v"]
     static = dict(causal=False, softmax_scale=64 ** -0.5, sliding_window=(200, 0), logits_soft_cap=None,
@@ -214,7 +236,7 @@ def test_mosaic_backward_in_a_child_process() -> None:
 
 def test_backward_config() -> None:
     cfg = MosaicFlashAttentionConfig()
-    assert cfg.backward == "triton_lowered"  # opt-in until measured on the H100
+    assert cfg.backward == "auto"  # the Mosaic GPU backward on a GPU, the Triton-lowered one interpreted
     with pytest.raises(ValueError, match=r"MosaicFlashAttentionConfig\.backward is 'cute'"):
         MosaicFlashAttentionConfig(backward="cute")  # type: ignore[arg-type]
     for bad in (dict(bwd_block_q=32), dict(bwd_block_kv=256), dict(bwd_max_concurrent_steps=5)):
@@ -222,7 +244,7 @@ def test_backward_config() -> None:
             MosaicFlashAttentionConfig(**bad)  # type: ignore[arg-type]
     # The space keeps the default backward; the estimate refuses what does not fit.
     q = _abstract(1, 4096, 4096, 8, 8, 128)
-    assert all(c.backward == "triton_lowered" for c in mg.config_space(*q))
+    assert all(c.backward == "auto" for c in mg.config_space(*q))
     big = MosaicFlashAttentionConfig(backward="mosaic", bwd_block_q=128, bwd_max_concurrent_steps=3)
     assert mg.bwd_smem_bytes(big, 128, 2) > mg._SMEM_BUDGET >= mg.bwd_smem_bytes(
         attrs.evolve(big, bwd_max_concurrent_steps=2), 128, 2)
@@ -230,6 +252,20 @@ def test_backward_config() -> None:
     res = (out, out, out, None, None, None, out, jnp.zeros((1, 1, 8), jnp.float32))
     with pytest.raises(ValueError, match="bwd_max_concurrent_steps=3 need"):
         mg.backward(res, out, cfg=big, causal=False, softmax_scale=1.0, sliding_window=None, logits_soft_cap=None)
+
+
+def test_auto_backward(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``backward="auto"``: the Mosaic GPU backward where it can run (a GPU, tiles that fit), else the
+    Triton-lowered one; ``"mosaic"`` runs it or says why not."""
+    big = dict(bwd_block_q=128, bwd_max_concurrent_steps=3)
+    monkeypatch.setattr(_env, "use_interpreter", lambda: False)
+    assert mg._mosaic_backward_refusal(MosaicFlashAttentionConfig(), 128, 2) is None
+    assert "shared memory" in (mg._mosaic_backward_refusal(MosaicFlashAttentionConfig(**big), 128, 2) or "")
+    assert mg._mosaic_backward_refusal(MosaicFlashAttentionConfig(backward="triton_lowered"), 128, 2)
+    assert mg._mosaic_backward_refusal(None, 128, 2)  # a cfg of another implementation
+    monkeypatch.setattr(_env, "use_interpreter", lambda: True)
+    assert "interpret mode" in (mg._mosaic_backward_refusal(MosaicFlashAttentionConfig(), 128, 2) or "")
+    assert mg._mosaic_backward_refusal(MosaicFlashAttentionConfig(backward="mosaic"), 128, 2) is None
 
 
 @needs_kernels
@@ -353,13 +389,12 @@ def _lower(cfg: MosaicFlashAttentionConfig, d: int, dtype: Any, mask: dict[str, 
 
 
 def _all_configs(d: int) -> list[MosaicFlashAttentionConfig]:
-    return [MosaicFlashAttentionConfig(block_q=a, block_kv=b, max_concurrent_steps=c)
-            for a, b, c in mg._CANDIDATES[d] if mg.smem_bytes(MosaicFlashAttentionConfig(
-                block_q=a, block_kv=b, max_concurrent_steps=c), d, 2) <= mg._SMEM_BUDGET]
+    return mg._fitting(jax.ShapeDtypeStruct((1, 1, 1, d), jnp.bfloat16))
 
 
 @pytest.mark.parametrize("d,cfg", [(d, c) for d in (64, 128) for c in _all_configs(d)],
-                         ids=lambda x: str(x) if isinstance(x, int) else f"kv{x.block_kv}s{x.max_concurrent_steps}")
+                         ids=lambda x: str(x) if isinstance(x, int) else
+                         f"kv{x.block_kv}s{x.max_concurrent_steps}{'o' if x.overlap else ''}")
 def test_every_config_lowers_for_cuda(d: int, cfg: MosaicFlashAttentionConfig) -> None:
     _lower(cfg, d, jnp.bfloat16, MASKS["causal_window_cap"])
 
@@ -412,6 +447,11 @@ GPU_CASES = [
     Case(b=1, sq=1500, sk=700, hq=4, hkv=1, d=128, causal=True, steps=3),  # rows that see nothing
     Case(b=1, sq=1, sk=4096, hq=16, hkv=4, d=128, causal=True, block_kv=128),  # decode-like
     Case(b=1, sq=777, sk=1234, hq=6, hkv=2, d=128, causal=True, window=(200, 0), cap=20.0, block_kv=64, steps=4),
+    # The intra-warpgroup overlap: rows that see nothing, a ragged window with soft cap, float16.
+    Case(b=1, sq=1500, sk=700, hq=4, hkv=1, d=128, causal=True, block_kv=128, overlap=True),
+    Case(b=1, sq=777, sk=1234, hq=6, hkv=2, d=128, causal=True, window=(200, 0), cap=20.0, block_kv=64, steps=3,
+         overlap=True),
+    Case(b=2, sq=1024, sk=1024, hq=8, hkv=8, d=64, block_kv=128, dtype="float16", overlap=True),
 ]
 
 
@@ -442,7 +482,7 @@ def test_gpu_every_config_runs() -> None:
         q, k, v = _abstract(1, 1024, 1024, 4, 2, d)
         for cfg in mg.config_space(q, k, v):
             case = Case(b=1, sq=1024, sk=1024, hq=4, hkv=2, d=d, causal=True, block_kv=cfg.block_kv,
-                        steps=cfg.max_concurrent_steps)
+                        steps=cfg.max_concurrent_steps, overlap=cfg.overlap)
             check_case(case if d == 128 else attrs.evolve(case, causal=False, window=(300, 100)), grads=False)
 
 

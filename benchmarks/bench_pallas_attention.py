@@ -7,10 +7,10 @@ Lines (same process, same inputs, bf16 by default):
   the best is reported and named, the heuristic's time is in the note,
 - ``ejk pallas mosaic``: the Mosaic GPU forward (``pallas/gpu:mosaic``, Hopper only) with each
   config of ``ejk_pallas._flash_attention_mgpu.config_space`` (``--mosaic-configs all``; default: the heuristic's);
-  ``fwd+bwd`` pairs it with the Triton-lowered backward (its heuristic config) and times only the
-  heuristic's and the best forward config; ``--mosaic-backward mosaic`` (or ``both``) times the Mosaic
-  GPU backward (``MosaicFlashAttentionConfig(backward="mosaic")``, line ``ejk pallas mosaic+mbwd``,
-  its gradients checked against jax.nn's),
+  ``fwd+bwd`` pairs it with the Mosaic GPU backward (its default on a GPU, line ``ejk pallas
+  mosaic+mbwd``, its gradients checked against jax.nn's) and times only the heuristic's and the best
+  forward config; ``--mosaic-backward triton_lowered`` (or ``both``) times the Triton-lowered backward
+  (its heuristic config, line ``ejk pallas mosaic``),
 - ``jax.nn cudnn``: ``jax.nn.dot_product_attention(implementation="cudnn")`` (the ratio's base),
 - ``jax pallas mha``: ``jax.experimental.pallas.ops.gpu.attention.mha`` with its default blocks
   (128 x 128 forward, 32 x 32 backward),
@@ -190,9 +190,9 @@ def main() -> None:
                         help="which ejk Pallas implementations to time")
     parser.add_argument("--mosaic-configs", choices=("all", "heuristic"), default="heuristic",
                         help="the Mosaic GPU forward's whole config space (best reported) or its heuristic's")
-    parser.add_argument("--mosaic-backward", choices=("triton_lowered", "mosaic", "both"), default="triton_lowered",
-                        help="the backward paired with the Mosaic GPU forward in fwd+bwd: the Triton-lowered one "
-                             "(default), the Mosaic GPU one (backward='mosaic', opt-in) or both")
+    parser.add_argument("--mosaic-backward", choices=("triton_lowered", "mosaic", "both"), default="mosaic",
+                        help="the backward paired with the Mosaic GPU forward in fwd+bwd: the Mosaic GPU one "
+                             "(default), the Triton-lowered one or both")
     parser.add_argument("--mosaic-bwd-tiles", default="64,64,2",
                         help="the Mosaic GPU backward's bwd_block_q,bwd_block_kv,bwd_max_concurrent_steps")
     parser.add_argument("--mode", choices=(*MODES, "both"), default="both", help="forward, forward+backward or both")

@@ -1,4 +1,4 @@
-"""The Mosaic GPU flash attention (``pallas/gpu:mosaic``): forward and opt-in backward, gate, configs, lowering.
+"""The Mosaic GPU flash attention (``pallas/gpu:mosaic``): forward and backward, gate, configs, lowering.
 
 On a CPU (no GPU):
 
@@ -11,7 +11,7 @@ On a CPU (no GPU):
   lowering for the CUDA platform (``jax.jit(...).trace(...).lower(lowering_platforms=("cuda",))``
   runs without a GPU), which checks the WGMMA operands, layouts, transforms and barriers.
 
-The opt-in Mosaic GPU backward (``backward="mosaic"``) is checked the same two ways: its gradients in
+The Mosaic GPU backward (``backward="mosaic"``, ``"auto"`` on a GPU) is checked the same two ways: its gradients in
 interpret mode on edge cases, its two kernels lowered for CUDA. Its interpret-mode cases stay small:
 on a 2-core CPU a larger one (Sq 300, Sk 400, GQA 2, causal window, D 128) hung inside the
 interpreter's barrier callbacks when run as one jitted forward + backward, although the same kernels

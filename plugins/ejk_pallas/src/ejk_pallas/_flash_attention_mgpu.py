@@ -17,10 +17,14 @@ GQA reads the kv head ``h // group`` (never repeated). Rows that see no key give
 ``lse = +inf``. Ragged lengths are padded to the blocks (padded keys masked, padded rows dropped).
 
 The forward saves the residuals of ``ejk_pallas._flash_attention`` (:data:`RESIDUALS`: inputs,
-output and base-2 log-sum-exp), so :func:`backward` is the Triton-lowered Pallas backward by default;
-the core can pair this forward with that implementation's tuned backward too (``ImplChoice.backward``).
-``MosaicFlashAttentionConfig(backward="mosaic")`` opts into the Mosaic GPU backward of
-``ejk_pallas._flash_attention_mgpu_bwd`` (interpret-mode tested, untested on hardware).
+output and base-2 log-sum-exp). :func:`backward` runs the Mosaic GPU backward of
+``ejk_pallas._flash_attention_mgpu_bwd`` on a GPU (``backward="auto"``, the default) and the
+Triton-lowered Pallas backward otherwise or when asked; the core can pair this forward with that
+implementation's tuned backward too (``ImplChoice.backward``).
+
+``overlap=True`` pipelines a consumer's two matmuls across key blocks (FlashAttention-3's
+intra-warpgroup overlap, see :class:`MosaicFlashAttentionConfig`); the consumers then pass a turn
+for issuing MMAs instead of meeting on the schedule barrier.
 
 With ``EJK_PALLAS_INTERPRET=1`` on a CPU the same kernel runs in Pallas's Mosaic GPU interpret
 mode (``jax._src.pallas.mosaic_gpu.interpret``: simulated shared memory, barriers and TMA).

@@ -1,7 +1,7 @@
 """Time a list of Mosaic GPU flash attention forward configs side by side (one line per config).
 
 Usage (GPU host): ``python benchmarks/probe_mosaic_fa.py 4,4096,16,128 "128,2,0 128,2,1"`` with configs
-``block_kv,max_concurrent_steps,overlap``; add ``--causal``. Set ``MOSAIC_GPU_DUMP_PTXAS=1
+``block_kv,max_concurrent_steps,overlap[,block_q]``; add ``--causal``. Set ``MOSAIC_GPU_DUMP_PTXAS=1
 MOSAIC_GPU_DUMP_SASS=1 MOSAIC_GPU_DUMP_TO=<dir>`` to keep each kernel's ptxas report and SASS.
 """
 
@@ -33,8 +33,8 @@ def main() -> None:
     print(f"{args.shape} causal={args.causal} cudnn {cudnn:.3f} ms {flops / cudnn / 1e9:.1f} TFLOP/s", flush=True)
     want = jax.nn.dot_product_attention(q, k, v, is_causal=args.causal, implementation="cudnn")
     for spec in args.configs.split():
-        bk, steps, overlap = (int(x) for x in spec.split(","))
-        cfg = MosaicFlashAttentionConfig(block_kv=bk, max_concurrent_steps=steps, overlap=bool(overlap))
+        bk, steps, overlap, bq = ([int(x) for x in spec.split(",")] + [128])[:4]
+        cfg = MosaicFlashAttentionConfig(block_q=bq, block_kv=bk, max_concurrent_steps=steps, overlap=bool(overlap))
         choice = ejk.ImplChoice(platform="pallas", backend="gpu", implementation="mosaic", cfg=cfg)
 
         def f(q: jax.Array, k: jax.Array, v: jax.Array, choice: ejk.ImplChoice = choice) -> jax.Array:
@@ -43,7 +43,7 @@ def main() -> None:
         try:
             ms = _harness.time_ms(f, (q, k, v), args.reps)
             diff = float(jnp.max(jnp.abs(jax.jit(f)(q, k, v).astype(jnp.float32) - want.astype(jnp.float32))))
-            print(f"  kv{bk} s{steps} overlap={bool(overlap)}: {ms:.3f} ms {flops / ms / 1e9:.1f} TFLOP/s "
+            print(f"  q{bq} kv{bk} s{steps} overlap={bool(overlap)}: {ms:.3f} ms {flops / ms / 1e9:.1f} TFLOP/s "
                   f"({cudnn / ms:.2f}x cudnn) max diff {diff:.4f}", flush=True)
         except Exception as exc:  # report and go on
             print(f"  kv{bk} s{steps} overlap={bool(overlap)}: failed: {_harness.error_text(exc)}", flush=True)

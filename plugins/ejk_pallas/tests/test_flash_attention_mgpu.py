@@ -64,20 +64,22 @@ class Case(AttentionCase):
     steps: int = 2
     #: The intra-warpgroup overlap of the forward (``MosaicFlashAttentionConfig.overlap``).
     overlap: bool = False
+    #: Query rows per CTA: 64 per consumer warpgroup (192: three, with the overlap).
+    block_q: int = 128
     #: The Mosaic GPU backward's step blocks (dK / dV rows, dQ keys), or ``None`` for the Triton-lowered one.
     mosaic_bwd: tuple[int, int] | None = None
 
     def label_parts(self) -> list[str]:
         bwd = [] if self.mosaic_bwd is None else [f"mbwd{self.mosaic_bwd[0]}x{self.mosaic_bwd[1]}"]
-        return [*super().label_parts(), f"kv{self.block_kv}s{self.steps}", *(["overlap"] if self.overlap else []),
-                *bwd]
+        return [*super().label_parts(), f"q{self.block_q}kv{self.block_kv}s{self.steps}",
+                *(["overlap"] if self.overlap else []), *bwd]
 
     @property
     def cfg(self) -> MosaicFlashAttentionConfig:
         if self.mosaic_bwd is None:
-            return MosaicFlashAttentionConfig(block_q=128, block_kv=self.block_kv, max_concurrent_steps=self.steps,
-                                              overlap=self.overlap)
-        return MosaicFlashAttentionConfig(block_q=128, block_kv=self.block_kv, max_concurrent_steps=self.steps,
+            return MosaicFlashAttentionConfig(block_q=self.block_q, block_kv=self.block_kv,
+                                              max_concurrent_steps=self.steps, overlap=self.overlap)
+        return MosaicFlashAttentionConfig(block_q=self.block_q, block_kv=self.block_kv, max_concurrent_steps=self.steps,
                                           overlap=self.overlap, backward="mosaic", bwd_block_q=self.mosaic_bwd[0],
                                           bwd_block_kv=self.mosaic_bwd[1], bwd_max_concurrent_steps=self.steps)
 
@@ -134,6 +136,9 @@ def test_matches_reference(case: Case, bwd: FlashAttentionConfig | None) -> None
 OVERLAP_CASES = [
     Case(sq=128, sk=100, hq=2, hkv=1, causal=True, overlap=True),
     Case(sq=100, sk=300, hq=3, hkv=1, window=(40, 20), cap=5.0, dtype="float16", steps=3, overlap=True),
+    # Three consumer warpgroups passing the turn round: 192 rows (the third consumer's past Sq = 150 are
+    # padding), Sq > Sk causal (rows 0..19 see no key).
+    Case(sq=150, sk=130, hq=2, hkv=1, causal=True, overlap=True, block_q=192),
 ]
 
 
@@ -235,6 +240,8 @@ def test_mosaic_backward_in_a_child_process() -> None:
 
 
 def test_backward_config() -> None:
+    with pytest.raises(ValueError, match=r"block_q=192 .* needs overlap=True"):
+        MosaicFlashAttentionConfig(block_q=192)
     cfg = MosaicFlashAttentionConfig()
     assert cfg.backward == "auto"  # the Mosaic GPU backward on a GPU, the Triton-lowered one interpreted
     with pytest.raises(ValueError, match=r"MosaicFlashAttentionConfig\.backward is 'cute'"):
@@ -452,6 +459,8 @@ GPU_CASES = [
     Case(b=1, sq=777, sk=1234, hq=6, hkv=2, d=128, causal=True, window=(200, 0), cap=20.0, block_kv=64, steps=3,
          overlap=True),
     Case(b=2, sq=1024, sk=1024, hq=8, hkv=8, d=64, block_kv=128, dtype="float16", overlap=True),
+    Case(b=1, sq=1000, sk=1500, hq=8, hkv=8, d=64, window=(128, 64), cap=30.0, overlap=True, block_q=192),
+    Case(b=2, sq=1024, sk=1024, hq=8, hkv=2, d=64, causal=True, block_kv=128, overlap=True, block_q=192),
 ]
 
 
@@ -482,7 +491,7 @@ def test_gpu_every_config_runs() -> None:
         q, k, v = _abstract(1, 1024, 1024, 4, 2, d)
         for cfg in mg.config_space(q, k, v):
             case = Case(b=1, sq=1024, sk=1024, hq=4, hkv=2, d=d, causal=True, block_kv=cfg.block_kv,
-                        steps=cfg.max_concurrent_steps, overlap=cfg.overlap)
+                        block_q=cfg.block_q, steps=cfg.max_concurrent_steps, overlap=cfg.overlap)
             check_case(case if d == 128 else attrs.evolve(case, causal=False, window=(300, 100)), grads=False)
 
 

@@ -153,6 +153,20 @@ def test_matmul_matches_reference(sa: tuple[int, ...], sb: tuple[int, ...], dtyp
         assert_close(g, w, dtype, what=f"matmul d{name}")
 
 
+@pytest.mark.parametrize("b,ctx,want", [(8, 2048, 6), (16, 2048, 3), (64, 2048, 1), (1, 2048, 8), (1, 128, 1)])
+def test_paged_splits_load_the_sms_evenly(b: int, ctx: int, want: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Decode split-K on 132 SMs (8 kv heads, page 64, 64 keys a step): at least about two programs per SM
+    and 4 key steps a split, then the count that loads the SMs most evenly (6 splits, not 5, at batch 8)."""
+    monkeypatch.setattr(_paged_attention, "_sm_count", lambda: 132)
+    per = ctx // 64
+    k = jax.ShapeDtypeStruct((b * per, 64, 8, 128), jnp.bfloat16)
+    table = jax.ShapeDtypeStruct((b, per), jnp.int32)
+    q = jax.ShapeDtypeStruct((b, 32, 128), jnp.bfloat16)
+    splits = _paged_attention._splits(q, k, table, 64, 1)
+    assert splits == want
+    assert splits <= max(1, per // 4)  # every split keeps at least 4 key steps
+
+
 def test_matmul_gate_and_configs() -> None:
     sds = jax.ShapeDtypeStruct
     a, b = sds((4096, 4096), jnp.bfloat16), sds((4096, 4096), jnp.bfloat16)

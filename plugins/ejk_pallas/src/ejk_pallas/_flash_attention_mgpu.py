@@ -1,14 +1,15 @@
 """Flash attention forward for Hopper written with Pallas's Mosaic GPU backend (``plgpu``).
 
-One CTA per (query block of ``block_q`` rows, q head, batch) runs three warpgroups:
+One CTA per (query block of ``block_q`` rows, q head, batch) runs ``block_q / 64 + 1`` warpgroups:
 
-* two consumer warpgroups, ``block_q / 2`` rows each: ``S = Q·Kᵀ`` and ``O += P·V`` with
-  warpgroup MMA (``plgpu.wgmma``; P stays in registers), an online softmax in float32 with
-  ``exp2`` (``log2(e)`` and the logit scale folded into one multiply), soft cap through ``tanh``;
-  a shared "schedule" barrier staggers them so one runs its softmax while the other's MMAs run;
+* ``block_q / 64`` consumer warpgroups (two, or three with the overlap), 64 rows each:
+  ``S = Q·Kᵀ`` and ``O += P·V`` with warpgroup MMA (``plgpu.wgmma``; P stays in registers), an
+  online softmax in float32 with ``exp2`` (``log2(e)`` and the logit scale folded into one
+  multiply), soft cap through ``tanh``; a shared "schedule" barrier staggers them so one runs its
+  softmax while the other's MMAs run;
 * one producer warpgroup that streams K and V blocks with TMA into a ring of
   ``max_concurrent_steps`` shared-memory slots (one "ready" barrier per slot and operand that the
-  TMA completes, one "free" barrier per slot that both consumers arrive on).
+  TMA completes, one "free" barrier per slot that every consumer arrives on).
 
 Causal masks and sliding windows bound the key loop: the CTA loads only the key blocks its 128 rows
 can see, and each consumer splits its own range into masked edge blocks and unmasked interior
@@ -66,14 +67,16 @@ __all__ = [
 _LOG2E = math.log2(math.e)
 _DTYPES = ("bfloat16", "float16")
 _HEAD_DIMS = (64, 128)
-#: Consumer warpgroups per CTA; each owns ``block_q / 2`` rows (one 64-row WGMMA tile).
+#: Query rows of a consumer warpgroup (one 64-row WGMMA tile); ``block_q / 64`` consumers per CTA.
+_ROWS = 64
+#: Consumer warpgroups of the ping-pong (``overlap=False``), whose meets pair exactly two.
 _CONSUMERS = 2
 #: Hopper's opt-in shared memory per block (227 KiB), less 4 KiB for barriers and alignment (the
 #: lowering counted 2.6 KiB more than :func:`smem_bytes` for a 128 x 128 x 3 config at D = 128).
 _SMEM_BUDGET = 227 * 1024 - 4 * 1024
-#: Register split: the consumers take what the producer gives back (65536 per SM / 384 threads).
-_CONSUMER_REGS = 232
-_PRODUCER_REGS = 40
+#: Register split by consumer count: the consumers take what the producer gives back (65536 registers
+#: per SM over 128 threads a warpgroup: 2 x 232 + 40 = 3 x 160 + 32 = 512).
+_REGS = {2: (232, 40), 3: (160, 32)}
 
 
 @attrs.frozen(kw_only=True)
@@ -81,7 +84,8 @@ class MosaicFlashAttentionConfig:
     """Tiles of the Mosaic GPU flash attention forward.
 
     Attributes:
-        block_q: Query rows per CTA, split between the two consumer warpgroups (64 each at 128).
+        block_q: Query rows per CTA, 64 per consumer warpgroup: 128 (two) or 192 (three; needs
+            ``overlap=True`` and head dim 64: each consumer has 160 registers).
         block_kv: Keys per step (one TMA of K and one of V per step).
         max_concurrent_steps: Shared-memory slots of the K/V ring (TMA runs this many steps ahead;
             fewer when the keys have fewer blocks).
@@ -100,7 +104,7 @@ class MosaicFlashAttentionConfig:
         bwd_max_concurrent_steps: TMA ring slots of both Mosaic backward kernels.
     """
 
-    block_q: int = attrs.field(default=128, validator=one_of(128))
+    block_q: int = attrs.field(default=128, validator=one_of(128, 192))
     block_kv: int = attrs.field(default=128, validator=one_of(64, 128, 192, 256))
     max_concurrent_steps: int = attrs.field(default=2, validator=int_in(2, 6))
     overlap: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
@@ -109,6 +113,11 @@ class MosaicFlashAttentionConfig:
     bwd_block_q: int = attrs.field(default=64, validator=one_of(64, 128))
     bwd_block_kv: int = attrs.field(default=64, validator=one_of(64, 128))
     bwd_max_concurrent_steps: int = attrs.field(default=2, validator=int_in(2, 4))
+
+    def __attrs_post_init__(self) -> None:
+        if self.block_q != 128 and not self.overlap:
+            raise ValueError(f"MosaicFlashAttentionConfig: block_q={self.block_q} (three consumer warpgroups) needs "
+                             "overlap=True (the ping-pong pairs two); use block_q=128 or overlap=True")
 
 
 @attrs.frozen(kw_only=True)
@@ -241,7 +250,8 @@ def _kernel(q_ref: Any, k_ref: Any, v_ref: Any, out_ref: Any, lse_ref: Any, scop
     wg = lax.axis_index("wg")
     batch = lax.axis_index("batch")
     head = lax.axis_index("heads")
-    bw = st.bq // _CONSUMERS
+    consumers = st.bq // _ROWS
+    bw = _ROWS
     row0 = _q_block(lax.axis_index("q_seq"), st.mask, st.nq) * st.bq
     lo, _, _, hi = _key_blocks(st.mask, row0, st.bq, st.bk, st.nk)  # the CTA's key blocks
 
@@ -264,12 +274,12 @@ def _kernel(q_ref: Any, k_ref: Any, v_ref: Any, out_ref: Any, lse_ref: Any, scop
         plgpu.barrier_wait(turn.at[wg])
 
     def pass_turn() -> None:
-        plgpu.barrier_arrive(turn.at[1 - wg])
+        plgpu.barrier_arrive(turn.at[lax.rem(wg + 1, jnp.array(consumers, wg.dtype))])
 
     issue_begin, issue_end = (my_turn, pass_turn) if st.overlap else (sync, sync)
 
     def consumer() -> None:
-        plgpu.set_max_registers(_CONSUMER_REGS, action="increase")
+        plgpu.set_max_registers(_REGS[consumers][0], action="increase")
         q_smem = qo_smem2.at[wg]
         lse_smem = lse_smem2.at[wg]
         r0 = row0 + wg * bw
@@ -397,8 +407,8 @@ def _kernel(q_ref: Any, k_ref: Any, v_ref: Any, out_ref: Any, lse_ref: Any, scop
         )
         body = overlapped_step if st.overlap else step
         masked = functools.partial(body, masked=True)
-        if st.overlap:  # the first turn is the first consumer's
-            _when(wg == 1, lambda: plgpu.barrier_arrive(turn.at[0]))
+        if st.overlap:  # the first turn is the first consumer's (the last passes it)
+            _when(wg == consumers - 1, lambda: plgpu.barrier_arrive(turn.at[0]))
         else:  # the second consumer starts half a step behind
             _when(wg == 1, sync)
         carry = _loop(lo, w_lo, skip, carry)
@@ -425,7 +435,7 @@ def _kernel(q_ref: Any, k_ref: Any, v_ref: Any, out_ref: Any, lse_ref: Any, scop
         plgpu.wait_smem_to_gmem(0)
 
     def producer() -> None:
-        plgpu.set_max_registers(_PRODUCER_REGS, action="decrease")
+        plgpu.set_max_registers(_REGS[consumers][1], action="decrease")
         kv_head = lax.div(head, jnp.array(st.group, head.dtype))
 
         def load(t: Any, s: Any) -> None:
@@ -453,24 +463,25 @@ def _kernel(q_ref: Any, k_ref: Any, v_ref: Any, out_ref: Any, lse_ref: Any, scop
         _loop(lo, hi - st.steps, refill, 0)
         _loop(_max(lo, hi - st.steps), hi, drain, 0)
 
-    _when(wg < _CONSUMERS, consumer)
-    _when(wg == _CONSUMERS, producer)
+    _when(wg < consumers, consumer)
+    _when(wg == consumers, producer)
 
 
 def _entry(q_ref: Any, k_ref: Any, v_ref: Any, out_ref: Any, lse_ref: Any, *, st: _Static) -> None:
     pl, plgpu = _mods()
+    consumers = st.bq // _ROWS
     transforms = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
     smem = (
-        plgpu.SMEM((_CONSUMERS, st.bq // _CONSUMERS, st.d), st.dtype, transforms=transforms),
+        plgpu.SMEM((consumers, _ROWS, st.d), st.dtype, transforms=transforms),
         plgpu.SMEM((2 * st.steps, st.bk, st.d), st.dtype, transforms=transforms),  # K and V rings
-        plgpu.SMEM((_CONSUMERS, st.bq // _CONSUMERS), jnp.float32),
+        plgpu.SMEM((consumers, _ROWS), jnp.float32),
     )
     ready = (plgpu.Barrier(num_barriers=st.steps), plgpu.Barrier(num_barriers=st.steps),
-             plgpu.Barrier(num_barriers=_CONSUMERS))
-    free = (plgpu.Barrier(num_arrivals=_CONSUMERS, num_barriers=st.steps),) * 2
+             plgpu.Barrier(num_barriers=consumers))
+    free = (plgpu.Barrier(num_arrivals=consumers, num_barriers=st.steps),) * 2
     pl.run_scoped(
         lambda *scoped: _kernel(q_ref, k_ref, v_ref, out_ref, lse_ref, scoped, st=st),
-        smem, ready, free, plgpu.Barrier(num_arrivals=_CONSUMERS), plgpu.Barrier(num_barriers=_CONSUMERS),
+        smem, ready, free, plgpu.Barrier(num_arrivals=_CONSUMERS), plgpu.Barrier(num_barriers=consumers),
         collective_axes="wg",
     )
 
@@ -492,6 +503,9 @@ def _forward_impl(q: Any, k: Any, v: Any, *, cfg: MosaicFlashAttentionConfig, ca
     batch, sq, hq, d = q.shape
     sk, hkv = k.shape[1], k.shape[2]
     bq, bk = cfg.block_q, cfg.block_kv
+    if bq // _ROWS > 2 and d > 64:
+        raise ValueError(f"MosaicFlashAttentionConfig: block_q={bq} (three consumer warpgroups of {_REGS[3][0]} "
+                         f"registers) supports head_dim 64, not {d}; use block_q=128")
     sqp, skp = _cdiv(sq, bq) * bq, _cdiv(sk, bk) * bk
     nq, nk = sqp // bq, skp // bk
     st = _Static(mask=_make_mask(sq, sk, causal, sliding_window, False), scale=float(softmax_scale),
@@ -511,7 +525,7 @@ def _forward_impl(q: Any, k: Any, v: Any, *, cfg: MosaicFlashAttentionConfig, ca
                   jax.ShapeDtypeStruct((batch, hq, sqp), jnp.float32)),
         grid=(nq, hq, batch),
         grid_names=("q_seq", "heads", "batch"),
-        num_threads=_CONSUMERS + 1,
+        num_threads=cfg.block_q // _ROWS + 1,
         thread_name="wg",
         compiler_params=plgpu.CompilerParams(approx_math=True),
         **kwargs,
@@ -715,7 +729,7 @@ def bwd_smem_bytes(cfg: MosaicFlashAttentionConfig, d: int, itemsize: int) -> in
 #: The overlap holds a second score accumulator and a second ``P`` tile in registers, so it is offered
 #: only where ``block_kv`` leaves room for them (at most 192 keys at head dim 64, 128 at 128).
 _CANDIDATES: dict[int, tuple[tuple[int, int, int, bool], ...]] = {
-    64: ((128, 128, 2, False), (128, 128, 2, True), (128, 128, 3, True), (128, 192, 2, True), (128, 64, 2, False),
+    64: ((192, 128, 2, True), (128, 128, 2, False), (128, 128, 2, True), (192, 128, 3, True), (128, 64, 2, False),
          (128, 128, 3, False), (128, 192, 2, False), (128, 256, 2, False)),
     128: ((128, 128, 2, True), (128, 128, 2, False), (128, 64, 2, True), (128, 64, 2, False),
           (128, 64, 3, False), (128, 128, 3, False), (128, 192, 2, False)),
@@ -742,10 +756,11 @@ def config_space(q: Any, k: Any, v: Any, *rest: Any, **__: Any) -> list[MosaicFl
 
 
 def heuristic_config(q: Any, k: Any, v: Any, *rest: Any, **__: Any) -> MosaicFlashAttentionConfig:
-    """128 query rows (two warpgroups of 64) by 128 keys with a two-slot K/V ring; at head dim 128 with
-    the intra-warpgroup overlap (H100, 2026-11-23: 538 against 527 TFLOP/s on [4,4096,16,128], 583
-    against 559 causal on [2,8192,16,128]), at 64 without it (356 against 340 TFLOP/s). 64 keys when the
-    kv length fits in one block of 64 or in interpret mode (fewer interpreted steps wasted on padding)."""
+    """128 keys a step with a two-slot K/V ring and the intra-warpgroup overlap; at head dim 128, 128 query
+    rows (two consumer warpgroups; H100, 2026-11-23: 538 against 527 TFLOP/s for the ping-pong on
+    [4,4096,16,128], 583 against 559 causal on [2,8192,16,128]); at 64, 192 rows (three consumers: 398
+    against 356 TFLOP/s on [4,4096,32,64], 340 against 336 causal). 128 rows and 64 keys when the kv
+    length fits in one block of 64 or in interpret mode (fewer interpreted steps wasted on padding)."""
     del v, rest
     if _env.use_interpreter() or int(k.shape[1]) <= 64:
         return MosaicFlashAttentionConfig(block_q=128, block_kv=64, max_concurrent_steps=2)

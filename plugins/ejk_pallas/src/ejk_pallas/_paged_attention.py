@@ -299,12 +299,23 @@ def smem_bytes(cfg: PagedAttentionConfig, q: Any, k_pages: Any, v_pages: Any) ->
 
 
 def _splits(q: Any, k_pages: Any, page_indices: Any, bk: int, block_q: int) -> int:
-    """Enough splits for about two programs per SM, each with at least 4 key steps of the longest context."""
-    programs = int(page_indices.shape[0]) * int(k_pages.shape[2])
+    """Split-K for decode: at least about two programs per SM, each with at least 4 key steps of the
+    longest context; from there up to twice as many splits, the count that loads the SMs most evenly
+    (programs / (SMs x programs per SM rounded up); the fewest splits among equals). On the H100, 8
+    sequences x 8 kv heads at 2k context: 6 splits (384 programs, 97% even) rather than 5 (320, 81%)."""
+    programs = max(int(page_indices.shape[0]) * int(k_pages.shape[2]), 1)
     if block_q > 1:
         return 1
     capacity = int(page_indices.shape[1]) * int(k_pages.shape[1])
-    return int(max(1, min(cdiv(2 * _sm_count(), max(programs, 1)), capacity // (4 * bk), _MAX_SPLITS)))
+    most = max(1, min(capacity // (4 * bk), _MAX_SPLITS))
+    sms = _sm_count()
+    least = min(cdiv(2 * sms, programs), most)
+
+    def evenness(splits: int) -> float:
+        n = programs * splits
+        return n / (cdiv(n, sms) * sms)
+
+    return max(range(least, min(2 * least, most) + 1), key=lambda s: (round(evenness(s), 3), -s))
 
 
 def _q_programs(q: Any, k_pages: Any, page_indices: Any, block_q: int) -> int:

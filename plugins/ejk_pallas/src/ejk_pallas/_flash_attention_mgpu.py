@@ -420,8 +420,8 @@ def _kernel(q_ref: Any, k_ref: Any, v_ref: Any, out_ref: Any, lse_ref: Any, scop
         if st.overlap:
             carry = last_pv(carry)
         acc, m, denom = _loop(w_hi, hi, skip, carry)
-        # The second consumer's meets (or turn passes) are one ahead: the first observes the last one
-        # (every barrier phase is awaited).
+        # One meet (ping-pong: the second consumer's extra one) or turn pass (the last consumer's) is
+        # left over: the first consumer observes it, so every barrier phase is awaited.
         _when(wg == 0, my_turn if st.overlap else sync)
 
         empty = denom == 0.0

@@ -239,7 +239,7 @@ def test_mosaic_backward_in_a_child_process() -> None:
     pytest.skip("the Mosaic GPU interpreter stalled twice on this machine (see needs_cores)")
 
 
-def test_backward_config() -> None:
+def test_backward_config(monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(ValueError, match=r"block_q=192 .* needs overlap=True"):
         MosaicFlashAttentionConfig(block_q=192)
     cfg = MosaicFlashAttentionConfig()
@@ -252,6 +252,11 @@ def test_backward_config() -> None:
     # The space keeps the default backward; the estimate refuses what does not fit.
     q = _abstract(1, 4096, 4096, 8, 8, 128)
     assert all(c.backward == "auto" for c in mg.config_space(*q))
+    monkeypatch.setattr(_env, "use_interpreter", lambda: False)  # the GPU's space, not the interpreter's one config
+    for d, tiles in ((128, (64, 128)), (64, (128, 128))):  # the backward tiles measured best per head dim
+        space = mg.config_space(*_abstract(1, 4096, 4096, 8, 8, d))
+        assert all((c.bwd_block_q, c.bwd_block_kv) == tiles for c in space)
+        assert all(mg.bwd_smem_bytes(c, d, 2) <= mg._SMEM_BUDGET for c in space)
     big = MosaicFlashAttentionConfig(backward="mosaic", bwd_block_q=128, bwd_max_concurrent_steps=3)
     assert mg.bwd_smem_bytes(big, 128, 2) > mg._SMEM_BUDGET >= mg.bwd_smem_bytes(
         attrs.evolve(big, bwd_max_concurrent_steps=2), 128, 2)

@@ -736,11 +736,21 @@ _CANDIDATES: dict[int, tuple[tuple[int, int, int, bool], ...]] = {
 }
 
 
-# The config space keeps every backward field at its default ("auto": the Mosaic GPU backward on a GPU).
+# The config space keeps ``backward="auto"`` (the Mosaic GPU backward on a GPU) with the head dim's
+# backward tiles.
+#: The Mosaic GPU backward's tiles by head dim, (bwd_block_q, bwd_block_kv), 2 slots. H100 forward+backward,
+#: 2026-11-23, against cuDNN: head dim 128, 64 x 128: 0.89 / 1.00 / 0.95x on [4,4096,16,128] full / causal
+#: and [2,8192,16,128] causal (64 x 64: 0.85 / 1.02 / 0.97x; 128-row dK/dV blocks: 0.77-0.84x); head dim 64,
+#: 128 x 128: 0.83 / 0.86x on [4,4096,32,64] full / causal (64 x 128: 0.78 / 0.84x).
+_BWD_TILES = {64: (128, 128), 128: (64, 128)}
+
+
 def _fitting(q: Any) -> list[MosaicFlashAttentionConfig]:
     d, itemsize = int(q.shape[3]), jnp.dtype(q.dtype).itemsize
-    configs = [MosaicFlashAttentionConfig(block_q=a, block_kv=b, max_concurrent_steps=c, overlap=o)
-               for a, b, c, o in _CANDIDATES[64 if d <= 64 else 128]]
+    head = 64 if d <= 64 else 128
+    bq, bk = _BWD_TILES[head]
+    configs = [MosaicFlashAttentionConfig(block_q=a, block_kv=b, max_concurrent_steps=c, overlap=o, bwd_block_q=bq,
+                                          bwd_block_kv=bk) for a, b, c, o in _CANDIDATES[head]]
     return [c for c in configs if smem_bytes(c, d, itemsize) <= _SMEM_BUDGET]
 
 
@@ -760,7 +770,8 @@ def heuristic_config(q: Any, k: Any, v: Any, *rest: Any, **__: Any) -> MosaicFla
     rows (two consumer warpgroups; H100, 2026-11-23: 538 against 527 TFLOP/s for the ping-pong on
     [4,4096,16,128], 583 against 559 causal on [2,8192,16,128]); at 64, 192 rows (three consumers: 398
     against 356 TFLOP/s on [4,4096,32,64], 340 against 336 causal). 128 rows and 64 keys when the kv
-    length fits in one block of 64 or in interpret mode (fewer interpreted steps wasted on padding)."""
+    length fits in one block of 64 or in interpret mode (fewer interpreted steps wasted on padding).
+    The Mosaic GPU backward's tiles by head dim: :data:`_BWD_TILES`."""
     del v, rest
     if _env.use_interpreter() or int(k.shape[1]) <= 64:
         return MosaicFlashAttentionConfig(block_q=128, block_kv=64, max_concurrent_steps=2)

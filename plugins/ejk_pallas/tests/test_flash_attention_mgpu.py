@@ -108,6 +108,26 @@ def check_case(case: Case, impl: ejk.ImplChoice | None = None, grads: bool = Tru
 # Interpret mode (CPU): small shapes, one or two CTAs each
 # ----------------------------------------------------------------------------------------------
 
+#: The interpreter runs each simulated warpgroup (consumers and a producer) as a thread whose barrier
+#: waits block inside host callbacks. On a 2-core machine a run of the backward's tests stalled for good
+#: (threads parked in the interpreter's ``_barrier_wait``) about once in seven, apparently when XLA's CPU
+#: worker threads are all held by blocked callbacks, and two forward tests run at once by two pytest-xdist
+#: workers stalled both; the race-free kernel logic is not in question (the race detector and every
+#: other run pass), but a CI run must not hang. So on fewer than 4 cores every interpret-mode numerics
+#: test of these kernels runs in one child process, one test at a time, under a time limit
+#: (:func:`test_mosaic_interpreted_in_a_child_process`): a stall is retried once, and only two stalls in
+#: a row skip; a wrong result fails as usual.
+_CHILD = "EJK_MGPU_BWD_CHILD"
+_FEW_CORES = (os.cpu_count() or 1) < 4
+needs_cores = pytest.mark.skipif(_FEW_CORES and os.environ.get(_CHILD) != "1",
+                                 reason="fewer than 4 cores: run by test_mosaic_interpreted_in_a_child_process")
+#: The tests the child process runs, and how many they are.
+_CHILD_TESTS = ("test_matches_reference or test_overlap_matches_reference or test_no_races_and_lse_residual or "
+                "test_mosaic_backward_matches_reference or test_mosaic_backward_no_races")
+_CHILD_COUNT = 13
+
+
+
 CASES = [
     # Sq > Sk, causal: rows 0..27 see nothing, the first consumer skips the last key block, ragged
     # Sk (masked padded keys); GQA 2. Gradients through the Triton-lowered backward (its heuristic).
@@ -123,6 +143,7 @@ CASES = [
 
 
 @needs_kernels
+@needs_cores
 @pytest.mark.parametrize("case,bwd", CASES,
                          ids=lambda x: str(x) if isinstance(x, Case) else ("tuned-bwd" if x else "heuristic-bwd"))
 def test_matches_reference(case: Case, bwd: FlashAttentionConfig | None) -> None:
@@ -143,6 +164,7 @@ OVERLAP_CASES = [
 
 
 @needs_kernels
+@needs_cores
 @pytest.mark.parametrize("case", OVERLAP_CASES, ids=str)
 def test_overlap_matches_reference(case: Case) -> None:
     """Forward values (the lse residual: ``test_no_races_and_lse_residual``). Gradients are the
@@ -152,6 +174,7 @@ def test_overlap_matches_reference(case: Case) -> None:
 
 
 @needs_kernels
+@needs_cores
 @pytest.mark.skipif(ON_GPU, reason="the race detector is part of the CPU interpret mode")
 @pytest.mark.parametrize("overlap", [False, True], ids=["pingpong", "overlap"])
 def test_no_races_and_lse_residual(overlap: bool, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -182,18 +205,7 @@ def test_no_races_and_lse_residual(overlap: bool, monkeypatch: pytest.MonkeyPatc
 # ----------------------------------------------------------------------------------------------
 
 M64 = (64, 64)
-#: The interpreter runs each simulated warpgroup (two consumers and a producer) as a thread whose
-#: barrier waits block inside host callbacks. On a 2-core machine a run of these tests stalled for
-#: good (threads parked in the interpreter's ``_barrier_wait``) about once in seven, apparently when
-#: XLA's CPU worker threads are all held by blocked callbacks; the race-free kernel logic is not in
-#: question (the race detector and every other run pass), but a CI run must not hang. So on fewer
-#: than 4 cores these tests run in a child process under a time limit
-#: (:func:`test_mosaic_backward_in_a_child_process`): a stall is retried once, and only two stalls in
-#: a row skip; a wrong result fails as usual.
-_CHILD = "EJK_MGPU_BWD_CHILD"
-_FEW_CORES = (os.cpu_count() or 1) < 4
-needs_cores = pytest.mark.skipif(_FEW_CORES and os.environ.get(_CHILD) != "1",
-                                 reason="fewer than 4 cores: run by test_mosaic_backward_in_a_child_process")
+
 BWD_CASES = [
     # Causal, Sq > Sk ragged: rows 0..27 see no key (zero dq), padded keys; GQA 2 (dK / dV summed over
     # the group in the kernel); the dK / dV consumers' query ranges differ (masked edges, skips).
@@ -223,10 +235,11 @@ def test_mosaic_backward_matches_reference(case: Case, monkeypatch: pytest.Monke
 
 @needs_kernels
 @pytest.mark.skipif(not _FEW_CORES or ON_GPU, reason="4+ cores or a GPU: the tests run in this process")
-def test_mosaic_backward_in_a_child_process() -> None:
-    """The two interpret-mode backward tests in a child process, under a time limit (see ``needs_cores``)."""
-    names = "test_mosaic_backward_matches_reference or test_mosaic_backward_no_races"
-    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist", __file__, "-k", names]
+def test_mosaic_interpreted_in_a_child_process() -> None:
+    """The interpret-mode numerics tests of the forward and the backward in a child process, one at a time,
+    under a time limit (see ``needs_cores``)."""
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist", __file__, "-k",
+               _CHILD_TESTS]
     for _attempt in range(2):
         try:
             proc = subprocess.run(command, env={**os.environ, _CHILD: "1"}, capture_output=True, text=True,
@@ -234,7 +247,7 @@ def test_mosaic_backward_in_a_child_process() -> None:
         except subprocess.TimeoutExpired:
             continue  # the interpreter stalled (see needs_cores): once more
         assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
-        assert "\n5 passed" in "\n" + proc.stdout, proc.stdout[-2000:]  # every one of the five ran
+        assert f"\n{_CHILD_COUNT} passed" in "\n" + proc.stdout, proc.stdout[-2000:]  # every one of them ran
         return
     pytest.skip("the Mosaic GPU interpreter stalled twice on this machine (see needs_cores)")
 

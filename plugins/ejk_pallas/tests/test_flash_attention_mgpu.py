@@ -249,7 +249,7 @@ def test_mosaic_interpreted_in_a_child_process() -> None:
     for test_id in ids:
         for _attempt in range(2):
             try:
-                proc = subprocess.run([*child, test_id], env=env, capture_output=True, text=True, timeout=150)
+                proc = subprocess.run([*child, test_id], env=env, capture_output=True, text=True, timeout=90)
             except subprocess.TimeoutExpired:
                 continue  # the interpreter stalled (see needs_cores): once more
             assert proc.returncode == 0 and "1 passed" in proc.stdout, \

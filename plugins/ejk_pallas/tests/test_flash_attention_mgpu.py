@@ -117,14 +117,14 @@ def check_case(case: Case, impl: ejk.ImplChoice | None = None, grads: bool = Tru
 #: test of these kernels runs in one child process, one test at a time, under a time limit
 #: (:func:`test_mosaic_interpreted_in_a_child_process`): a stall is retried once, and only two stalls in
 #: a row skip; a wrong result fails as usual.
-_CHILD = "EJK_MGPU_BWD_CHILD"
+_CHILD = "EJK_MGPU_INTERPRET_CHILD"
 _FEW_CORES = (os.cpu_count() or 1) < 4
 needs_cores = pytest.mark.skipif(_FEW_CORES and os.environ.get(_CHILD) != "1",
                                  reason="fewer than 4 cores: run by test_mosaic_interpreted_in_a_child_process")
 #: The tests the child process runs, and how many they are.
-_CHILD_TESTS = ("test_matches_reference or test_overlap_matches_reference or test_no_races_and_lse_residual or "
-                "test_mosaic_backward_matches_reference or test_mosaic_backward_no_races")
-_CHILD_COUNT = 13
+_CHILD_TESTS = ("(test_matches_reference or test_overlap_matches_reference or test_no_races_and_lse_residual or "
+                "test_mosaic_backward_matches_reference or test_mosaic_backward_no_races) and not q192")
+_CHILD_COUNT = 12
 
 
 
@@ -158,8 +158,12 @@ OVERLAP_CASES = [
     Case(sq=128, sk=100, hq=2, hkv=1, causal=True, overlap=True),
     Case(sq=100, sk=300, hq=3, hkv=1, window=(40, 20), cap=5.0, dtype="float16", steps=3, overlap=True),
     # Three consumer warpgroups passing the turn round: 192 rows (the third consumer's past Sq = 150 are
-    # padding), Sq > Sk causal (rows 0..19 see no key).
-    Case(sq=150, sk=130, hq=2, hkv=1, causal=True, overlap=True, block_q=192),
+    # padding), Sq > Sk causal (rows 0..19 see no key). Four simulated threads stalled the interpreter in
+    # every run on 2 cores, even alone in a child process; there the 192-row configs are covered by
+    # test_every_config_lowers_for_cuda and, on the GPU, by test_gpu_matches_reference.
+    pytest.param(Case(sq=150, sk=130, hq=2, hkv=1, causal=True, overlap=True, block_q=192),
+                 marks=pytest.mark.skipif(_FEW_CORES, reason="fewer than 4 cores: four simulated warpgroups stall "
+                                          "the Mosaic GPU interpreter (lowered for CUDA and run on the GPU instead)")),
 ]
 
 
@@ -235,21 +239,23 @@ def test_mosaic_backward_matches_reference(case: Case, monkeypatch: pytest.Monke
 
 @needs_kernels
 @pytest.mark.skipif(not _FEW_CORES or ON_GPU, reason="4+ cores or a GPU: the tests run in this process")
-def test_mosaic_interpreted_in_a_child_process() -> None:
+def test_mosaic_interpreted_in_a_child_process(pytestconfig: pytest.Config) -> None:
     """The interpret-mode numerics tests of the forward and the backward, each in its own child process
     under a time limit (see ``needs_cores``): a stall costs one test's limit, is retried once, and a test
     that stalls twice is named in a skip after every other one has passed."""
     child = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist"]
     env = {**os.environ, _CHILD: "1"}
+    root = pytestconfig.rootpath  # the collected ids are relative to it
     listed = subprocess.run([*child, "--collect-only", __file__, "-k", _CHILD_TESTS], env=env, capture_output=True,
-                            text=True, timeout=120)
+                            text=True, timeout=120, cwd=root)
     ids = [line for line in listed.stdout.splitlines() if "::" in line]
     assert len(ids) == _CHILD_COUNT, listed.stdout[-2000:]
     stalled = []
     for test_id in ids:
         for _attempt in range(2):
             try:
-                proc = subprocess.run([*child, test_id], env=env, capture_output=True, text=True, timeout=90)
+                proc = subprocess.run([*child, test_id], env=env, capture_output=True, text=True, timeout=90,
+                                      cwd=root)
             except subprocess.TimeoutExpired:
                 continue  # the interpreter stalled (see needs_cores): once more
             assert proc.returncode == 0 and "1 passed" in proc.stdout, \

@@ -34,16 +34,26 @@ import numpy as np
 from _harness import error_text
 
 import ejk
-from ejk_pallas import _grouped_matmul, _matmul, _paged_attention
+from ejk_pallas import _grouped_matmul, _grouped_matmul_mgpu, _matmul, _paged_attention
 
 HBM_GBS = 3000.0  # an H100 SXM copies about 3.0 TB/s
 PAGED = [(b, c, 64) for b in (8, 16, 64) for c in (2048, 8192, 16384)] + [(16, 8192, 16)]
 SMOKE_PAGED = [(2, 64, 16)]
 
 
-def pallas(cfg: Any) -> ejk.ImplChoice:
+def pallas(cfg: Any, implementation: str = "triton_lowered") -> ejk.ImplChoice:
     backend = "gpu" if jax.default_backend() == "gpu" else "cpu"
-    return ejk.ImplChoice(platform="pallas", backend=backend, implementation="triton_lowered", cfg=cfg)
+    return ejk.ImplChoice(platform="pallas", backend=backend, implementation=implementation, cfg=cfg)
+
+
+def grouped_label(cfg: Any) -> str:
+    if isinstance(cfg, _grouped_matmul_mgpu.MosaicGroupedMatmulConfig):
+        return f"mosaic 128x{cfg.block_n}x64/s{cfg.max_concurrent_steps}"
+    return f"{cfg.block_m}x{cfg.block_n}x{cfg.block_k}/w{cfg.num_warps}/s{cfg.num_stages}"
+
+
+#: grouped_matmul's implementations: (name, module with its config space).
+GROUPED_IMPLS = {"triton_lowered": _grouped_matmul, "mosaic": _grouped_matmul_mgpu}
 
 
 def best(candidates: list[tuple[str, Callable[..., Any]]], args: tuple[Any, ...],
@@ -127,21 +137,23 @@ def grouped_section(args: Any, lines: list[str]) -> None:
     for skewed in (False, True):
         gs = jnp.asarray(grouped_sizes(m, g, skewed), jnp.int32)
         mode = "skewed" if skewed else "equal"
-        space = _grouped_matmul.config_space(lhs, rhs, gs)[: 1 + args.configs]
-        cands = [(f"{c.block_m}x{c.block_n}x{c.block_k}/w{c.num_warps}/s{c.num_stages}",
-                  lambda x, w, c=c, gs=gs: ejk.grouped_matmul(x, w, gs, platform="pallas", cfg=pallas(c)))
-                 for c in space]
-        label, ms, note = best(cands, (lhs, rhs), args.reps)
-        lines.append(f"| {case} | fwd {mode} | ejk pallas ({label}) | {ms:.3f} | {flops / ms / 1e9:.0f} TFLOP/s "
-                     f"({dense_ms / ms:.2f}x dense) | {note} |")
+        for impl in args.grouped_impls.split(","):
+            space = GROUPED_IMPLS[impl].config_space(lhs, rhs, gs)[: 1 + args.configs]
+            cands = [(grouped_label(c), lambda x, w, c=c, gs=gs, i=impl: ejk.grouped_matmul(
+                x, w, gs, platform="pallas", cfg=pallas(c, i))) for c in space]
+            label, ms, note = best(cands, (lhs, rhs), args.reps)
+            lines.append(f"| {case} | fwd {mode} | ejk pallas ({label}) | {ms:.3f} | {flops / ms / 1e9:.0f} TFLOP/s "
+                         f"({dense_ms / ms:.2f}x dense) | {note} |")
 
-        def fwd_bwd(x: jax.Array, w: jax.Array, gs: jax.Array = gs, cfg: Any = space[0]) -> Any:
-            out, vjp = jax.vjp(lambda x, w: ejk.grouped_matmul(x, w, gs, platform="pallas", cfg=pallas(cfg)), x, w)
-            return vjp(out)
+            def fwd_bwd(x: jax.Array, w: jax.Array, gs: jax.Array = gs, cfg: Any = space[0], i: str = impl) -> Any:
+                out, vjp = jax.vjp(lambda x, w: ejk.grouped_matmul(x, w, gs, platform="pallas", cfg=pallas(cfg, i)),
+                                   x, w)
+                return vjp(out)
 
-        ms2, err = timed(fwd_bwd, (lhs, rhs), args.reps)
-        lines.append(f"| {case} | fwd+bwd {mode} | ejk pallas (heuristic) | {ms2:.3f} | "
-                     f"{3 * flops / ms2 / 1e9:.0f} TFLOP/s | {err} |")
+            ms2, err = timed(fwd_bwd, (lhs, rhs), args.reps)
+            lines.append(f"| {case} | fwd+bwd {mode} | ejk pallas {impl} (heuristic) | {ms2:.3f} | "
+                         f"{3 * flops / ms2 / 1e9:.0f} TFLOP/s | {err} |")
+            _harness.write(lines, args, "pallas_ops.md")
         if not args.smoke:
             ms3, err = timed(lambda x, w, gs=gs: jax.lax.ragged_dot(x, w, gs), (lhs, rhs), args.reps)
             lines.append(f"| {case} | fwd {mode} | jax.lax.ragged_dot | {ms3:.3f} | {flops / ms3 / 1e9:.0f} TFLOP/s "
@@ -170,6 +182,8 @@ def main() -> None:
     p = _harness.parser(__doc__)
     p.add_argument("--configs", type=int, default=2, help="config-space entries timed after the heuristic's")
     p.add_argument("--sections", default="matmul,grouped,paged", help="comma-separated: matmul, grouped, paged")
+    p.add_argument("--grouped-impls", default="triton_lowered,mosaic",
+                   help="comma-separated grouped_matmul implementations: triton_lowered, mosaic (Hopper)")
     args = _harness.parse(p)
     sections = {"matmul": matmul_section, "grouped": grouped_section, "paged": paged_section}
     unknown = set(args.sections.split(",")) - set(sections)

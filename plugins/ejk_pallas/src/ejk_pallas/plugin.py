@@ -15,6 +15,7 @@ from ejk_pallas import (
     _flash_attention_mgpu,
     _flash_attention_tpu,
     _grouped_matmul,
+    _grouped_matmul_mgpu,
     _matmul,
     _matmul_tpu,
     _paged_attention,
@@ -29,6 +30,9 @@ PRIORITY = 3
 TPU_PRIORITY = -1
 #: grouped_matmul: below ejk-triton's kernel for the same op (5), above ejk-xla (0).
 OPS_PRIORITY = 3
+#: grouped_matmul's Mosaic GPU kernel (Hopper): above the Triton-lowered one (3), below ejk-triton's (5)
+#: until measured.
+MOSAIC_GMM_PRIORITY = 4
 #: ragged_paged_attention: above ejk-triton's (5). H100, 2026-11-23, one run: 924-2876 GB/s against
 #: ejk-triton's 390-2330 GB/s on every measured shape (batch 8/16/64, context 2k-16k, 32/8 heads).
 PAGED_PRIORITY = 6
@@ -65,7 +69,7 @@ def ejk_register_kernels(register: Callable[..., Callable[[Any], Any]]) -> None:
 
 def _register_ops(register: Callable[..., Callable[[Any], Any]]) -> None:
     """ragged_paged_attention (not differentiable), matmul and grouped_matmul (custom VJPs), GPU and TPU."""
-    pa, mm, gmm = _paged_attention, _matmul, _grouped_matmul
+    pa, mm, gmm, mgmm = _paged_attention, _matmul, _grouped_matmul, _grouped_matmul_mgpu
     mm_vjp = ejk.VJP(fwd=mm.forward_with_residuals, bwd=mm.backward, residuals=mm.RESIDUALS)
     gmm_vjp = ejk.VJP(fwd=gmm.forward_with_residuals, bwd=gmm.backward, residuals=gmm.RESIDUALS)
     for backend in _env.backends():
@@ -78,6 +82,10 @@ def _register_ops(register: Callable[..., Callable[[Any], Any]]) -> None:
         register("grouped_matmul", ejk.Platform.PALLAS, backend, priority=OPS_PRIORITY, name="triton_lowered",
                  cfg_type=gmm.GroupedMatmulConfig, config_space=gmm.config_space, heuristic=gmm.heuristic_config,
                  capability=gmm.capability, vjp=gmm_vjp)(gmm.forward)
+        register("grouped_matmul", ejk.Platform.PALLAS, backend, priority=MOSAIC_GMM_PRIORITY, name="mosaic",
+                 cfg_type=mgmm.MosaicGroupedMatmulConfig, config_space=mgmm.config_space,
+                 heuristic=mgmm.heuristic_config, capability=mgmm.capability,
+                 vjp=ejk.VJP(fwd=mgmm.forward_with_residuals, bwd=mgmm.backward, residuals=gmm.RESIDUALS))(mgmm.forward)
 
     tm, tpa = _matmul_tpu, _paged_attention_tpu
     tmm_vjp = ejk.VJP(fwd=tm.matmul_forward_with_residuals, bwd=tm.matmul_backward_, residuals=mm.RESIDUALS)

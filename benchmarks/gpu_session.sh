@@ -12,7 +12,7 @@ export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 EJK_CACHE_DIR=/tmp/ejk-cache
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/device.txt"
 python3 -c "import jax, ejk; print('jax', jax.__version__, 'ejk', ejk.__version__, jax.devices())" | tee -a "$OUT/device.txt"
 python3 -m ejk.cli plugins | tee "$OUT/plugins.txt"
-stage=${1:-all}  # all | tests | bench | core | attention | moe | triton | triton-mm | paged | pallas | pallas-ops | pallas-mosaic | pallas-mosaic-bwd | cute | ring (several: run once per stage)
+stage=${1:-all}  # all | tests | bench | core | attention | moe | triton | triton-mm | paged | pallas | pallas-ops | pallas-mosaic | pallas-mosaic-bwd | pallas-gmm | cute | ring (several: run once per stage)
 # bench: `ejk bench` with its default presets (the committed results, benchmarks/results/bench_h100/);
 # attention / moe (not in all): `ejk bench` on those presets with every implementation's best config too.
 # paged (not in all; triton runs its GPU tests too): the Triton paged attention's GPU tests and decode benchmark.
@@ -69,6 +69,12 @@ if [[ $stage == pallas-mosaic ]]; then  # ejk-pallas's Mosaic GPU flash attentio
   EJK_BENCH_TRACEBACK=1 timeout 100 python3 benchmarks/bench_pallas_attention.py --impl mosaic --mode fwd+bwd \
     --no-mha --out "$OUT/pallas_mosaic_fwdbwd.md" 2>&1 | tee "$OUT/bench_pallas_mosaic_fwdbwd.log" \
     | grep -E '^\||rror' | tail -20
+fi
+if [[ $stage == pallas-gmm ]]; then  # the Mosaic GPU grouped matmul (Hopper): its GPU tests, then grouped_matmul timed (both kernels)
+  timeout 240 python3 -m pytest -q -p no:cacheprovider -m gpu plugins/ejk_pallas/tests/test_grouped_matmul_mgpu.py \
+    2>&1 | tee "$OUT/pallas_gmm_gpu_tests.log" | tail -20
+  EJK_BENCH_TRACEBACK=1 timeout 240 python3 benchmarks/bench_pallas_ops.py --sections grouped --configs 6 \
+    --out "$OUT/pallas_gmm.md" 2>&1 | tee "$OUT/bench_pallas_gmm.log" | grep -E '^\||rror' | tail -30
 fi
 if [[ $stage == pallas-mosaic-bwd ]]; then  # the Mosaic GPU backward (Hopper): its 14 GPU tests (4 minutes), then both backwards timed (2)
   timeout 330 python3 -m pytest -q -p no:cacheprovider plugins/ejk_pallas/tests/test_flash_attention_mgpu.py \

@@ -150,9 +150,10 @@ def test_configs_fit_shared_memory(monkeypatch: pytest.MonkeyPatch) -> None:
         space = mg.config_space(lhs, rhs, gs, preferred_element_type=out)
         assert space[0] == mg.heuristic_config(lhs, rhs, gs, preferred_element_type=out)
         size = jnp.dtype(jnp.bfloat16 if out is None else out).itemsize
-        assert space and all(mg.smem_bytes(c, 2, size) <= mg._fa._SMEM_BUDGET for c in space)
-    assert mg.heuristic_config(lhs, rhs, gs) == MosaicGroupedMatmulConfig(block_n=256, max_concurrent_steps=3)
-    assert mg.heuristic_config(lhs, rhs, gs, preferred_element_type=jnp.float32).block_n == 128
+        assert space and all(mg.smem_bytes(c, 2, size) <= mg._SMEM_BUDGET for c in space)
+    assert mg.heuristic_config(lhs, rhs, gs) == MosaicGroupedMatmulConfig(block_n=256, max_concurrent_steps=4)
+    assert mg.heuristic_config(lhs, rhs, gs, preferred_element_type=jnp.float32) == MosaicGroupedMatmulConfig(
+        block_n=256, max_concurrent_steps=3)
     with pytest.raises(ValueError):
         MosaicGroupedMatmulConfig(block_n=512)
 

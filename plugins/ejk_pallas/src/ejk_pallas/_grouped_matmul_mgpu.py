@@ -55,9 +55,14 @@ _CONSUMERS = 2
 _BLOCK_M = _ROWS * _CONSUMERS
 #: The contraction step: one 128-byte swizzle row of 16-bit elements.
 _BLOCK_K = 64
+#: Output columns per epilogue chunk (two chunk slots per consumer in shared memory).
+_EPI_N = 64
 _REGS = (232, 40)  # consumer / producer registers per thread (2 x 232 + 40 = 512 x 128 threads = 64K)
 _DTYPES = ("bfloat16", "float16")
 _OUT_DTYPES = ("bfloat16", "float16", "float32")
+#: Hopper's opt-in shared memory per block (227 KiB, what the Mosaic GPU lowering allows), less 2 KiB for
+#: the barriers and the 1 KiB alignment of each of the three buffers.
+_SMEM_BUDGET = 227 * 1024 - 2 * 1024
 #: CTAs in interpret mode: two, so the persistent loop's stride is exercised.
 _INTERPRET_CTAS = 2
 
@@ -198,16 +203,21 @@ def _kernel(first_ref: Any, count_ref: Any, offs_ref: Any, x_ref: Any, w_ref: An
                     plgpu.barrier_wait(ready.at[s])
                     if keep is None:
                         plgpu.wgmma(acc_ref, a_tile(s), b_operand(s))
+                        plgpu.wgmma_wait(1)  # the previous step's MMA is done: release its slot
+                        _fa._when(kk > 0, lambda: plgpu.barrier_arrive(free.at[slot(it + kk - 1)]))
                     else:
+                        # lhs from registers: the next step must not overwrite them while this MMA reads
+                        # them (on the H100 it did, from the third step on), so it completes first.
                         a = a_tile(s)[...]
                         plgpu.wgmma(acc_ref, jnp.where(keep, a, jnp.zeros_like(a)), b_operand(s))
-                    plgpu.wgmma_wait(1)  # the previous step's MMA is done: release its slot
-                    _fa._when(kk > 0, lambda: plgpu.barrier_arrive(free.at[slot(it + kk - 1)]))
+                        plgpu.wgmma_wait(0)
+                        plgpu.barrier_arrive(free.at[s])
                     return carry
 
                 lax.fori_loop(0, st.k_steps, step, 0)
-                plgpu.wgmma_wait(0)
-                plgpu.barrier_arrive(free.at[slot(it + st.k_steps - 1)])
+                if keep is None:
+                    plgpu.wgmma_wait(0)
+                    plgpu.barrier_arrive(free.at[slot(it + st.k_steps - 1)])
 
             return pl.run_state(run)(plgpu.ACC.init(acc))
 
@@ -246,11 +256,15 @@ def _kernel(first_ref: Any, count_ref: Any, offs_ref: Any, x_ref: Any, w_ref: An
 
             acc = _wgmma(jnp.zeros((_ROWS, bn), jnp.float32), st)
             acc, it = lax.fori_loop(0, count, group, (acc, it))
-            out = o_smem.at[wg]
-            plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # the last tile's store has read o_smem
-            out[...] = acc.astype(st.out_dtype)
-            plgpu.commit_smem()
-            plgpu.copy_smem_to_gmem(out, out_ref.at[pl.ds(r0, _ROWS), pl.ds(j * bn, bn)])
+            # The epilogue in 64-column chunks through two smem slots (a chunk's store overlaps the next
+            # chunk's conversion); a slot is rewritten once its store two chunks back has read it.
+            for c in range(bn // _EPI_N):
+                out = o_smem.at[wg * 2 + c % 2]
+                plgpu.wait_smem_to_gmem(1, wait_read_only=True)
+                chunk = acc if bn == _EPI_N else acc[:, c * _EPI_N:(c + 1) * _EPI_N]
+                out[...] = chunk.astype(st.out_dtype)
+                plgpu.commit_smem()
+                plgpu.copy_smem_to_gmem(out, out_ref.at[pl.ds(r0, _ROWS), pl.ds(j * bn + c * _EPI_N, _EPI_N)])
             return it
 
         lax.fori_loop(0, my_units, unit, jnp.int32(0))
@@ -268,7 +282,7 @@ def _entry(first_ref: Any, count_ref: Any, offs_ref: Any, x_ref: Any, w_ref: Any
     smem = (
         plgpu.SMEM((st.steps * _CONSUMERS, _ROWS, _BLOCK_K), dtype, transforms=_transforms(dtype)),
         plgpu.SMEM((st.steps, *b_shape), dtype, transforms=_transforms(dtype)),
-        plgpu.SMEM((_CONSUMERS, _ROWS, st.bn), st.out_dtype, transforms=_transforms(st.out_dtype)),
+        plgpu.SMEM((_CONSUMERS * 2, _ROWS, _EPI_N), st.out_dtype, transforms=_transforms(st.out_dtype)),
     )
     ready = plgpu.Barrier(num_arrivals=_CONSUMERS + 1, num_barriers=st.steps)  # two lhs halves and rhs
     free = plgpu.Barrier(num_arrivals=_CONSUMERS, num_barriers=st.steps)
@@ -435,19 +449,19 @@ def capability(lhs: Any, rhs: Any, group_sizes: Any, *, precision: Any = None,
 
 
 def smem_bytes(cfg: MosaicGroupedMatmulConfig, itemsize: int, out_itemsize: int) -> int:
-    """Shared memory (bytes) of a config: the ring of ``lhs`` and ``rhs`` tiles and the output tile."""
+    """Shared memory (bytes) of a config: the ring of ``lhs`` and ``rhs`` tiles and the epilogue's chunk slots."""
     ring = cfg.max_concurrent_steps * (_BLOCK_M + cfg.block_n) * _BLOCK_K * itemsize
-    return ring + _BLOCK_M * cfg.block_n * out_itemsize
+    return ring + _CONSUMERS * 2 * _ROWS * _EPI_N * out_itemsize
 
 
 #: (block_n, max_concurrent_steps), the heuristic's first; pruned by :func:`smem_bytes`.
-_CANDIDATES = ((256, 3), (256, 2), (128, 5), (128, 4), (192, 3), (128, 3), (64, 6))
+_CANDIDATES = ((256, 4), (256, 3), (128, 6), (128, 5), (192, 4), (128, 4), (64, 8))
 
 
 def _fitting(lhs: Any, out_dtype: Any) -> list[MosaicGroupedMatmulConfig]:
     itemsize, out_size = jnp.dtype(lhs.dtype).itemsize, jnp.dtype(out_dtype).itemsize
     configs = [MosaicGroupedMatmulConfig(block_n=n, max_concurrent_steps=s) for n, s in _CANDIDATES]
-    return [c for c in configs if smem_bytes(c, itemsize, out_size) <= _fa._SMEM_BUDGET]
+    return [c for c in configs if smem_bytes(c, itemsize, out_size) <= _SMEM_BUDGET]
 
 
 def _out_dtype(lhs: Any, preferred_element_type: Any) -> Any:

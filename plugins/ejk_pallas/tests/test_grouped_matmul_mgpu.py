@@ -109,6 +109,16 @@ def test_transposed_rhs_product() -> None:
 
 
 @needs_kernel
+def test_under_vmap() -> None:
+    """Each mapped problem has its own group sizes."""
+    lhs, rhs, _ = _inputs(20, 16, 8, [0, 0, 0], jnp.bfloat16)
+    lhs, rhs = jnp.stack([lhs, -lhs]), jnp.stack([rhs, 2 * rhs])
+    gs = jnp.asarray([[5, 0, 11], [20, 0, 0]], jnp.int32)
+    got = jax.vmap(lambda x, w, s: ejk.grouped_matmul(x, w, s, platform="pallas", cfg=choice()))(lhs, rhs, gs)
+    assert_close(got, jax.vmap(reference_grouped_matmul)(lhs, rhs, gs), jnp.bfloat16, what="grouped under vmap")
+
+
+@needs_kernel
 @pytest.mark.skipif(ON_GPU, reason="the race detector is part of the CPU interpret mode")
 def test_no_races(monkeypatch: pytest.MonkeyPatch) -> None:
     """The interpreter's race detector finds no unordered shared-memory access: the ring (2 slots over 3 k

@@ -256,10 +256,12 @@ def _kernel(first_ref: Any, count_ref: Any, offs_ref: Any, x_ref: Any, w_ref: An
 
             acc = _wgmma(jnp.zeros((_ROWS, bn), jnp.float32), st)
             acc, it = lax.fori_loop(0, count, group, (acc, it))
-            # The epilogue in 64-column chunks through two smem slots (a chunk's store overlaps the next
-            # chunk's conversion); a slot is rewritten once its store two chunks back has read it.
-            for c in range(bn // _EPI_N):
-                out = o_smem.at[wg * 2 + c % 2]
+            # The epilogue in 64-column chunks through two smem slots taken in turn across tiles too (a
+            # chunk's store overlaps the next chunk's conversion); a slot is rewritten once its store two
+            # chunks back has read it.
+            chunks = bn // _EPI_N
+            for c in range(chunks):
+                out = o_smem.at[wg * 2 + lax.rem(i * chunks + c, 2)]
                 plgpu.wait_smem_to_gmem(1, wait_read_only=True)
                 chunk = acc if bn == _EPI_N else acc[:, c * _EPI_N:(c + 1) * _EPI_N]
                 out[...] = chunk.astype(st.out_dtype)

@@ -12,9 +12,8 @@ group's ``rhs`` columns stay in L2 while its row tiles pass). Each CTA runs thre
   and store their rows with TMA.
 
 A tile that straddles a group boundary is multiplied once per group it meets, into one accumulator: a
-consumer whose 64 rows all belong to the group reads ``lhs`` from shared memory; one whose rows are
-partly the group's loads its ``lhs`` tile into registers and zeroes the other rows first; one that has
-no row of the group only keeps the barriers in step. Every output tile is therefore stored once, whole,
+consumer whose 64 rows are partly the group's first zeroes the other rows of its ``lhs`` tile in shared
+memory (its own half of the slot); one that has no row of the group only keeps the barriers in step. Every output tile is therefore stored once, whole,
 by one CTA. Empty groups cost nothing; rows past ``sum(group_sizes)`` belong to no group and get zeros.
 Ragged row counts need no padding: TMA fills out-of-bounds loads with zeros and clips stores. Its
 swizzled tiling needs ``k`` and ``n`` to be multiples of 64 (and ``m`` of 8): other sizes are padded (a
@@ -182,16 +181,23 @@ def _kernel(first_ref: Any, count_ref: Any, offs_ref: Any, x_ref: Any, w_ref: An
         def b_value(s: Any) -> Any:
             return b_ring[s].T if st.transpose_rhs else b_ring[s]
 
+        def mask_rows(s: Any, keep: Any) -> None:
+            """Zero the rows of this consumer's ``lhs`` tile in slot ``s`` that are not the group's, in place
+            (the tile is this consumer's alone; the MMA reads it through the async proxy, hence the fence)."""
+            tile = a_tile(s)
+            a = tile[...]
+            tile[...] = jnp.where(keep, a, jnp.zeros_like(a))
+            plgpu.commit_smem()
+
         def k_loop(acc: Any, it: Any, keep: Any) -> Any:
             """``acc + (lhs rows where keep)·rhs[g]`` over every k step (``keep`` ``None``: all rows)."""
             if st.interpret:
                 def step(kk: Any, acc: Any) -> Any:
                     s = slot(it + kk)
                     plgpu.barrier_wait(ready.at[s])
-                    a = a_ring[s * _CONSUMERS + wg]
                     if keep is not None:
-                        a = jnp.where(keep, a, jnp.zeros_like(a))
-                    acc = acc + jnp.dot(a, b_value(s), preferred_element_type=jnp.float32)
+                        mask_rows(s, keep)
+                    acc = acc + jnp.dot(a_ring[s * _CONSUMERS + wg], b_value(s), preferred_element_type=jnp.float32)
                     plgpu.barrier_arrive(free.at[s])
                     return acc
 
@@ -201,23 +207,16 @@ def _kernel(first_ref: Any, count_ref: Any, offs_ref: Any, x_ref: Any, w_ref: An
                 def step(kk: Any, carry: Any) -> Any:
                     s = slot(it + kk)
                     plgpu.barrier_wait(ready.at[s])
-                    if keep is None:
-                        plgpu.wgmma(acc_ref, a_tile(s), b_operand(s))
-                        plgpu.wgmma_wait(1)  # the previous step's MMA is done: release its slot
-                        _fa._when(kk > 0, lambda: plgpu.barrier_arrive(free.at[slot(it + kk - 1)]))
-                    else:
-                        # lhs from registers: the next step must not overwrite them while this MMA reads
-                        # them (on the H100 it did, from the third step on), so it completes first.
-                        a = a_tile(s)[...]
-                        plgpu.wgmma(acc_ref, jnp.where(keep, a, jnp.zeros_like(a)), b_operand(s))
-                        plgpu.wgmma_wait(0)
-                        plgpu.barrier_arrive(free.at[s])
+                    if keep is not None:
+                        mask_rows(s, keep)
+                    plgpu.wgmma(acc_ref, a_tile(s), b_operand(s))
+                    plgpu.wgmma_wait(1)  # the previous step's MMA is done: release its slot
+                    _fa._when(kk > 0, lambda: plgpu.barrier_arrive(free.at[slot(it + kk - 1)]))
                     return carry
 
                 lax.fori_loop(0, st.k_steps, step, 0)
-                if keep is None:
-                    plgpu.wgmma_wait(0)
-                    plgpu.barrier_arrive(free.at[slot(it + st.k_steps - 1)])
+                plgpu.wgmma_wait(0)
+                plgpu.barrier_arrive(free.at[slot(it + st.k_steps - 1)])
 
             return pl.run_state(run)(plgpu.ACC.init(acc))
 

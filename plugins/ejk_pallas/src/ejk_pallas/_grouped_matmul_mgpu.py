@@ -12,19 +12,19 @@ group's ``rhs`` columns stay in L2 while its row tiles pass). Each CTA runs thre
   and store their rows with TMA.
 
 A tile that straddles a group boundary is multiplied once per group it meets, into one accumulator: a
-consumer whose 64 rows are partly the group's first zeroes the other rows of its ``lhs`` tile in shared
-memory (its own half of the slot); one that has no row of the group only keeps the barriers in step. Every output tile is therefore stored once, whole,
-by one CTA. Empty groups cost nothing; rows past ``sum(group_sizes)`` belong to no group and get zeros.
-Ragged row counts need no padding: TMA fills out-of-bounds loads with zeros and clips stores. Its
-swizzled tiling needs ``k`` and ``n`` to be multiples of 64 (and ``m`` of 8): other sizes are padded (a
-copy of the operand).
+consumer with only some of its 64 rows in the group zeroes the others in its own half of the ``lhs``
+slot in shared memory before its MMA; one with none of them only keeps the barriers in step. Every
+output tile is therefore stored once, whole, by one CTA. Empty groups cost nothing; rows past
+``sum(group_sizes)`` belong to no group and get zeros. TMA fills out-of-bounds loads with zeros and clips
+stores, so ragged sizes need no masking; its swizzled tiling needs ``k`` and ``n`` to be multiples of 64
+and ``m`` of 8 (at least one tile each): other sizes are padded (a copy of the operand).
 
 ``transpose_rhs`` multiplies by ``rhs[g]ᵀ`` (``rhs`` read as ``[g, n, k]`` tiles and transposed in
 shared memory): the backward's ``d lhs = d out · rhs[g]ᵀ``. ``d rhs`` comes from the Triton-lowered
 kernel of :mod:`ejk_pallas._grouped_matmul` (same residuals).
 
 With ``EJK_PALLAS_INTERPRET=1`` on a CPU the same kernel runs in Pallas's Mosaic GPU interpret mode (its
-MMAs as plain dots: the interpreter has no warpgroup MMA on register operands).
+MMAs as plain dots: the interpreter has no warpgroup MMA).
 """
 
 from __future__ import annotations
@@ -44,6 +44,7 @@ from ejk_pallas import _env
 from ejk_pallas import _flash_attention_mgpu as _fa
 from ejk_pallas import _grouped_matmul as _tl
 from ejk_pallas._group_metadata import offsets
+from ejk_pallas._matmul import _sm_count
 
 __all__ = ["MosaicGroupedMatmulConfig", "backward", "capability", "config_space", "forward",
            "forward_with_residuals", "heuristic_config", "smem_bytes"]
@@ -336,7 +337,7 @@ def grouped_product(x: jax.Array, w: jax.Array, group_sizes: jax.Array, *, trans
     first, count, offs = _tile_groups(group_sizes, m)
     m_tiles, n_tiles = cdiv(mp, _BLOCK_M), cdiv(np_, bn)
     units = m_tiles * n_tiles
-    ctas = min(units, _INTERPRET_CTAS if interpret else _tl._sm_count())
+    ctas = min(units, _INTERPRET_CTAS if interpret else _sm_count())
     st = _Static(bn=bn, steps=cfg.max_concurrent_steps, k_steps=cdiv(kp, _BLOCK_K), m_tiles=m_tiles,
                  n_tiles=n_tiles, ctas=ctas, transpose_rhs=transpose_rhs, out_dtype=jnp.dtype(out_dtype),
                  interpret=interpret)

@@ -7,8 +7,8 @@ Sections (bf16, same process; the report is rewritten as results come, so a time
   fraction of 3.0 TB/s (what an H100 copies); ``ejk triton`` lines for reference (``ejk xla`` at 8k);
 - grouped_matmul forward: 64 experts, k = 2048, n = 1536, 32k tokens, equal and skewed groups
   (a Zipf-like split with empty experts), against a dense batched einsum over equal groups
-  (``[64, 512, 2048] x [64, 2048, 1536]``, the ratio's base) and ``jax.lax.ragged_dot``; plus the
-  heuristic's forward+backward;
+  (``[64, 512, 2048] x [64, 2048, 1536]``, the ratio's base), ``jax.lax.ragged_dot`` and (with the
+  ``mosaic`` implementation) jax's own Mosaic GPU ragged dot; plus the heuristic's forward+backward;
 - matmul 8192³: against XLA's ``a @ b``.
 
 Each ejk-pallas line is the best of the heuristic's config and the next ``--configs`` entries of
@@ -123,6 +123,19 @@ def grouped_sizes(m: int, g: int, skewed: bool) -> np.ndarray:
     return np.random.default_rng(0).permutation(sizes)
 
 
+#: Configs of jax's own Mosaic GPU ragged dot timed as a baseline: (block_m, block_n, max steps, grid_block_n).
+JAX_MOSAIC_RAGGED_DOT = ((128, 128, 4, 4), (128, 192, 4, 4), (128, 128, 5, 2))
+
+
+def jax_mosaic_ragged_dot(gs: jax.Array) -> list[tuple[str, Callable[..., Any]]]:
+    """jax's example Hopper ragged dot (``jax.experimental.pallas.ops.gpu.ragged_dot_mgpu``), a baseline."""
+    from jax.experimental.pallas.ops.gpu import ragged_dot_mgpu
+
+    return [(f"{bm}x{bn}x64/s{steps}/g{gb}", lambda x, w, bm=bm, bn=bn, steps=steps, gb=gb: ragged_dot_mgpu.ragged_dot(
+        x, w, group_sizes=gs, block_m=bm, block_n=bn, block_k=64, max_concurrent_steps=steps, grid_block_n=gb))
+        for bm, bn, steps, gb in JAX_MOSAIC_RAGGED_DOT]
+
+
 def grouped_section(args: Any, lines: list[str]) -> None:
     m, k, n, g = (64, 128, 128, 4) if args.smoke else (32768, 2048, 1536, 64)
     keys = jax.random.split(jax.random.key(1), 2)
@@ -154,6 +167,10 @@ def grouped_section(args: Any, lines: list[str]) -> None:
             lines.append(f"| {case} | fwd+bwd {mode} | ejk pallas {impl} (heuristic) | {ms2:.3f} | "
                          f"{3 * flops / ms2 / 1e9:.0f} TFLOP/s | {err} |")
             _harness.write(lines, args, "pallas_ops.md")
+        if not args.smoke and "mosaic" in args.grouped_impls:
+            label, ms4, note = best(jax_mosaic_ragged_dot(gs), (lhs, rhs), args.reps)
+            lines.append(f"| {case} | fwd {mode} | jax's Pallas ragged_dot_mgpu ({label}) | {ms4:.3f} | "
+                         f"{flops / ms4 / 1e9:.0f} TFLOP/s ({dense_ms / ms4:.2f}x dense) | {note} |")
         if not args.smoke:
             ms3, err = timed(lambda x, w, gs=gs: jax.lax.ragged_dot(x, w, gs), (lhs, rhs), args.reps)
             lines.append(f"| {case} | fwd {mode} | jax.lax.ragged_dot | {ms3:.3f} | {flops / ms3 / 1e9:.0f} TFLOP/s "

@@ -321,9 +321,12 @@ def test_heuristic_on_gpu_shapes(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(pa, "_sm_count", lambda: 132)
     monkeypatch.setattr(pa, "_smem_limit", lambda: 227 * 1024)
     decode = heuristic_config(*abstract(8, 8, 2048))
-    assert (decode.block_q, decode.block_kv, decode.num_warps, decode.num_stages) == (1, 64, 4, 3)
+    # 2 stages: 2048 keys over 6 splits are 6 steps of 64 (3 stages, the splits' basis, at 8k context)
+    assert (decode.block_q, decode.block_kv, decode.num_warps, decode.num_stages) == (1, 64, 4, 2)
     programs = 8 * 8 * decode.num_splits  # tiles x kv heads x splits: about one wave of 3 per SM
     assert 264 < programs <= 3 * 132
+    long_decode = heuristic_config(*abstract(8, 8, 8192))
+    assert long_decode.num_stages == 3 and long_decode.num_splits == decode.num_splits
     assert heuristic_config(*abstract(32, 32, 16384)).num_splits == 1  # 256 programs already
     assert heuristic_config(*abstract(8, 8, 128)).num_splits == 1  # 128 keys: too short to split
     prefill = heuristic_config(*abstract(1024, 4, 2048))

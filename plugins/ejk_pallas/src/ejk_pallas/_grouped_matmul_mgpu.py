@@ -388,7 +388,7 @@ def forward_with_residuals(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Arra
                            precision: str | tuple[str, str] = ("highest", "highest"),
                            preferred_element_type: Any = None,
                            cfg: MosaicGroupedMatmulConfig | None = None) -> tuple[jax.Array, tuple[jax.Array, ...]]:
-    """The output of :func:`forward` and the residuals ``(lhs, rhs, group_sizes)`` (:data:`RESIDUALS`)."""
+    """The output of :func:`forward` and the residuals ``(lhs, rhs, group_sizes)``."""
     out = forward(lhs, rhs, group_sizes, precision=precision, preferred_element_type=preferred_element_type, cfg=cfg)
     return out, (lhs, rhs, group_sizes)
 

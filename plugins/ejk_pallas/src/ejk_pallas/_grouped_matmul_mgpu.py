@@ -481,8 +481,8 @@ def config_space(lhs: Any, rhs: Any, group_sizes: Any, *, preferred_element_type
 
 def heuristic_config(lhs: Any, rhs: Any, group_sizes: Any, *, preferred_element_type: Any = None,
                      **_: Any) -> MosaicGroupedMatmulConfig:
-    """256 columns and a 3-slot ring (128 columns, 4 slots, for float32 outputs: shared memory); in interpret
-    mode 64 columns and 2 slots (fewer simulated steps)."""
+    """256 columns and a 4-slot ring (3 slots for float32 outputs, whose epilogue chunks take more shared
+    memory); in interpret mode 64 columns and 2 slots (fewer simulated steps)."""
     del rhs, group_sizes
     if _env.use_interpreter():
         return MosaicGroupedMatmulConfig(block_n=64, max_concurrent_steps=2)

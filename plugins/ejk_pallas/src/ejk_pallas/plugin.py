@@ -31,8 +31,8 @@ TPU_PRIORITY = -1
 #: grouped_matmul: below ejk-triton's kernel for the same op (5), above ejk-xla (0).
 OPS_PRIORITY = 3
 #: grouped_matmul's Mosaic GPU kernel (Hopper): below the Triton-lowered one (3). H100, 2026-11-25, 64 experts,
-#: k 2048, n 1536, 32k tokens: forward 0.446 against 0.434 ms with equal groups, 0.595 against 0.503 skewed
-#: (forward+backward 1.54 against 1.61 / 1.99 against 1.78 ms); autotuning compares them.
+#: k 2048, n 1536, 32k tokens: forward 0.440 against 0.427 ms with equal groups, 0.606 against 0.497 skewed
+#: (forward+backward 1.52 against 1.60 / 1.95 against 1.77 ms); autotuning compares them.
 MOSAIC_GMM_PRIORITY = 2
 #: ragged_paged_attention: above ejk-triton's (5). H100, 2026-11-23, one run: 924-2876 GB/s against
 #: ejk-triton's 390-2330 GB/s on every measured shape (batch 8/16/64, context 2k-16k, 32/8 heads).

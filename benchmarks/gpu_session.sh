@@ -12,7 +12,7 @@ export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 EJK_CACHE_DIR=/tmp/ejk-cache
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/device.txt"
 python3 -c "import jax, ejk; print('jax', jax.__version__, 'ejk', ejk.__version__, jax.devices())" | tee -a "$OUT/device.txt"
 python3 -m ejk.cli plugins | tee "$OUT/plugins.txt"
-stage=${1:-all}  # all | tests | bench | core | attention | moe | triton | triton-mm | paged | pallas | pallas-ops | pallas-mosaic | pallas-mosaic-bwd | pallas-gmm | cute | ring (several: run once per stage)
+stage=${1:-all}  # all | tests | bench | core | attention | moe | triton | triton-mm | triton-overhead | paged | pallas | pallas-ops | pallas-mosaic | pallas-mosaic-bwd | pallas-gmm | cute | ring (several: run once per stage)
 # bench: `ejk bench` with its default presets (the committed results, benchmarks/results/bench_h100/);
 # attention / moe (not in all): `ejk bench` on those presets with every implementation's best config too.
 # paged (not in all; triton runs its GPU tests too): the Triton paged attention's GPU tests and decode benchmark.
@@ -44,6 +44,9 @@ if [[ $stage == all || $stage == triton-mm ]]; then
   timeout 420 python3 -m pytest -q -m gpu -p no:cacheprovider plugins/ejk_triton/tests/test_matmul.py \
     plugins/ejk_triton/tests/test_grouped_matmul.py 2>&1 | tee "$OUT/triton_mm_gpu_tests.log" | tail -15
   timeout 590 python3 benchmarks/bench_triton_moe.py 2>&1 | tee "$OUT/bench_triton_moe.log" | tail -30
+fi
+if [[ $stage == triton-overhead ]]; then  # a jitted ejk.matmul(platform="triton") against a bare triton_call (about 1 minute)
+  timeout 240 python3 benchmarks/bench_triton_overhead.py 2>&1 | tee "$OUT/bench_triton_overhead.log" | grep -E '^\||rror'
 fi
 if [[ $stage == paged ]]; then
   timeout 300 python3 -m pytest -q -m gpu -p no:cacheprovider plugins/ejk_triton/tests/test_paged_attention.py 2>&1 \

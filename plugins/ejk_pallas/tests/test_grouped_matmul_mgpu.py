@@ -4,7 +4,8 @@ On a CPU the kernel runs in Pallas's Mosaic GPU interpret mode (``EJK_PALLAS_INT
 loop over two CTAs, the TMA ring and its barriers, the per-group row masks of tiles that straddle groups and
 the skipped empty groups are checked, with the MMAs as plain dots. Every config of the space is lowered
 through the real Mosaic GPU lowering for CUDA (which checks the WGMMA operands, the in-place masking of a
-straddling tile's ``lhs`` in shared memory, layouts and transforms). Tests marked ``gpu`` run the compiled kernel on a Hopper GPU.
+straddling tile's ``lhs`` in shared memory, layouts and transforms). Tests marked ``gpu`` run the compiled
+kernel on a Hopper GPU.
 """
 
 from __future__ import annotations

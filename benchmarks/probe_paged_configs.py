@@ -66,7 +66,7 @@ def main() -> None:
     for shape in args.shapes:
         b, ctx = (int(x) for x in shape.split(","))
         inputs = paged_inputs(b, ctx, 64, 32, 8, 128)
-        gbytes = 2.0 * b * ctx * 8 * 128 * 2 / 1e9
+        gbytes = (inputs[1].nbytes + inputs[2].nbytes) / 1e9  # the KV cache, read once
         chosen = paged.heuristic_config(*inputs)
         configs = [chosen, *(c for c in grid(paged.PagedAttentionConfig, extra, args) if c != chosen)]
         times = {}

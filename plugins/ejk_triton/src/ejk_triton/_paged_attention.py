@@ -300,6 +300,11 @@ def _block_q(q: Any, k_pages: Any, page_indices: Any) -> int:
     return max(1, min(_next_pow2(average), _PREFILL_ROWS // _next_pow2(groups)))
 
 
+def _capacity(k_pages: Any, page_indices: Any) -> int:
+    """Keys of the longest context the page table can hold (pages per sequence x page size)."""
+    return int(page_indices.shape[1]) * int(k_pages.shape[1])
+
+
 def _splits(cfg: PagedAttentionConfig, q: Any, k_pages: Any, v_pages: Any, page_indices: Any) -> int:
     """Split-K so that the programs fill the GPU's resident slots in about one wave.
 
@@ -313,8 +318,7 @@ def _splits(cfg: PagedAttentionConfig, q: Any, k_pages: Any, v_pages: Any, page_
     by_smem = _SM_SMEM // max(smem_bytes(cfg, q, v_pages) + 1024, 1)
     by_regs = _SM_REGS // (cfg.num_warps * 32 * _REGS_PER_THREAD)
     slots = _sm_count() * max(1, min(_MAX_CTAS_PER_SM, by_smem, by_regs))
-    capacity = int(page_indices.shape[1]) * int(k_pages.shape[1])
-    pieces = max(1, capacity // (_MIN_STEPS_PER_SPLIT * cfg.block_kv))
+    pieces = max(1, _capacity(k_pages, page_indices) // (_MIN_STEPS_PER_SPLIT * cfg.block_kv))
     return max(1, min(slots // max(programs, 1), pieces, _MAX_SPLITS))
 
 
@@ -361,8 +365,8 @@ def heuristic_config(q: Any, k_pages: Any, v_pages: Any, kv_lens: Any, page_indi
         cfg = (attrs.evolve(cfg, num_stages=cfg.num_stages - 1) if cfg.num_stages > 1
                else attrs.evolve(cfg, block_kv=cfg.block_kv // 2))
     cfg = attrs.evolve(cfg, num_splits=_splits(cfg, q, k_pages, v_pages, page_indices))
-    capacity = int(page_indices.shape[1]) * int(k_pages.shape[1])
-    if _is_decode(q, page_indices) and _cdiv(capacity, cfg.num_splits * cfg.block_kv) <= _SHORT_SPLIT_STEPS:
+    steps_per_split = _cdiv(_capacity(k_pages, page_indices), cfg.num_splits * cfg.block_kv)
+    if _is_decode(q, page_indices) and steps_per_split <= _SHORT_SPLIT_STEPS:
         cfg = attrs.evolve(cfg, num_stages=min(cfg.num_stages, 2))
     return cfg
 

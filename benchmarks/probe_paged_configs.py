@@ -33,9 +33,12 @@ def ints(text: str) -> tuple[int, ...]:
 def grid(config: Any, extra: dict[str, tuple[Any, ...]], args: argparse.Namespace) -> list[Any]:
     """Keys x splits x stages (4 warps; no 4 stages at 128 keys), then other warps and the extra fields'
     other values at 64 keys, 3 stages."""
-    out = [config(block_kv=kv, num_splits=z, num_stages=s)
+    merge = {"fused_merge": False} if args.jax_merge else {}
+    out = [config(block_kv=kv, num_splits=z, num_stages=s, **merge)
            for kv, z, s in itertools.product(ints(args.keys), ints(args.splits), ints(args.stages))
            if not (kv == 128 and s == 4)]
+    if args.no_extras:
+        return out
     out += [config(block_kv=64, num_splits=z, num_stages=3, num_warps=w)
             for z, w in itertools.product((4, 6, 8), ints(args.warps))]
     for name, values in extra.items():
@@ -49,6 +52,32 @@ def label(cfg: Any) -> str:
     return f"kv{cfg.block_kv}/z{cfg.num_splits}/s{cfg.num_stages}/w{cfg.num_warps}{merge}"
 
 
+def parse_label(config: Any, text: str) -> Any:
+    """The config a :func:`label` names (``kv64/z6/s2/w4`` with an optional ``/jax-merge``)."""
+    fields = {"kv": "block_kv", "z": "num_splits", "s": "num_stages", "w": "num_warps"}
+    kwargs: dict[str, Any] = {}
+    for part in text.split("/"):
+        if part == "jax-merge":
+            kwargs["fused_merge"] = False
+            continue
+        key = part.rstrip("0123456789")
+        if key not in fields or key == part:
+            raise SystemExit(f"--profile {text!r}: {part!r} is not one of kvN, zN, sN, wN, jax-merge")
+        kwargs[fields[key]] = int(part[len(key):])
+    return config(**kwargs)
+
+
+def profile(config: Any, chosen: Any, args: argparse.Namespace, implementation: str, inputs: tuple[Any, ...],
+            backend: str) -> None:
+    """Run one config ``args.calls`` times (compiled once), untimed."""
+    cfg = chosen if args.profile == "heuristic" else parse_label(config, args.profile)
+    choice = ejk.ImplChoice(platform=args.platform, backend=backend, implementation=implementation, cfg=cfg)
+    run = jax.jit(lambda *a: ejk.ragged_paged_attention(*a, platform=args.platform, cfg=choice))
+    for _ in range(args.calls):
+        jax.block_until_ready(run(*inputs))
+    print(f"profiled {args.platform} {label(cfg)} x{args.calls}", flush=True)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("shapes", nargs="+")
@@ -58,7 +87,13 @@ def main() -> None:
     p.add_argument("--stages", default="2,3,4")
     p.add_argument("--warps", default="2,8", help="warps other than 4 (at 64 keys, 3 stages)")
     p.add_argument("--top", type=int, default=8)
+    p.add_argument("--no-extras", action="store_true", help="only the keys x splits x stages grid")
+    p.add_argument("--jax-merge", action="store_true", help="ejk-triton: the keys x splits x stages grid merges "
+                   "the splits in JAX")
     p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--profile", metavar="LABEL", help="only run this config (a label as printed, or 'heuristic') "
+                   "--calls times, untimed: for a profiler such as ncu")
+    p.add_argument("--calls", type=int, default=5)
     args = p.parse_args()
     module, implementation, extra = PLATFORMS[args.platform]
     paged = importlib.import_module(module)
@@ -69,6 +104,9 @@ def main() -> None:
         gbytes = (inputs[1].nbytes + inputs[2].nbytes) / 1e9  # the KV cache, read once
         chosen = paged.heuristic_config(*inputs)
         configs = [chosen, *(c for c in grid(paged.PagedAttentionConfig, extra, args) if c != chosen)]
+        if args.profile:
+            profile(paged.PagedAttentionConfig, chosen, args, implementation, inputs, backend)
+            continue
         times = {}
         for cfg in configs:
             try:

@@ -122,13 +122,24 @@ def _patch_interpreter() -> None:
     builder._ejk_bf16_dot = True
 
 
+def _unwritten(shape: tuple[int, ...], dtype: Any, zeroed: bool) -> np.ndarray:
+    """A fresh interpreted output: zeros where asked for, else NaN (floats) or a non-zero pattern (ints), as
+    a GPU output buffer holds whatever was there before, so a kernel that relies on zeros it did not
+    ask for fails the CPU tests too."""
+    if zeroed:
+        return np.zeros(shape, dtype)
+    if jax.numpy.issubdtype(dtype, jax.numpy.floating):
+        return np.full(shape, np.nan, dtype)
+    return np.full(shape, 0x5A5A5A5A if np.dtype(dtype).itemsize >= 4 else 0x5A, dtype)
+
+
 def _interpret(kernel: Any, grid: Grid, inputs: Sequence[jax.Array], out_shapes: Sequence[jax.ShapeDtypeStruct],
-               constexprs: Mapping[str, Any]) -> tuple[jax.Array, ...]:
+               zeroed_outputs: Sequence[int], constexprs: Mapping[str, Any]) -> tuple[jax.Array, ...]:
     _patch_interpreter()
 
     def host(*arrays: np.ndarray) -> tuple[np.ndarray, ...]:
         ins = [HostTensor(np.ascontiguousarray(a)) for a in arrays]
-        outs = [np.zeros(s.shape, s.dtype) for s in out_shapes]
+        outs = [_unwritten(s.shape, s.dtype, i in zeroed_outputs) for i, s in enumerate(out_shapes)]
         # The interpreter keeps global state (the grid index) and XLA may run independent callbacks
         # at once (the dk/dv and dq kernels): one interpreted launch at a time.
         with _INTERPRETER_LOCK, warnings.catch_warnings():
@@ -162,11 +173,12 @@ def launch(
         out_shapes: Shapes and dtypes of the outputs.
         num_warps: Warps per program (ignored by the interpreter).
         num_stages: Software-pipelining stages (ignored by the interpreter).
-        zeroed_outputs: Indices of outputs that must start as zeros (interpreted outputs always do).
+        zeroed_outputs: Indices of outputs that must start as zeros (each costs a memset before the
+            launch); the others start with whatever the buffer held (NaN in the interpreter).
         **constexprs: The kernel's ``constexpr`` arguments.
     """
     if _env.interpret_mode():
-        return varying_like(_interpret(kernel, grid, inputs, out_shapes, constexprs), *inputs)
+        return varying_like(_interpret(kernel, grid, inputs, out_shapes, tuple(zeroed_outputs), constexprs), *inputs)
     try:
         import jax_triton as jt
     except ImportError as exc:  # the platform reports itself unavailable; a forced platform lands here

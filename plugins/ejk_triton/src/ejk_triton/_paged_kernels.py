@@ -19,8 +19,8 @@ and programs past the last tile return at once.
 
 Keys are read through the page table: per step, the page id of each of the ``BLOCK_N`` keys
 (``table[seq, key // page]``, clipped into ``[0, P)``) and then its row ``[D]``. Loops run only
-over the tile's visible keys (causal end, sliding-window start); blocks every row sees in full
-skip the position mask. Keys no row of the tile sees are never loaded (masked to 0), so NaN
+over the tile's visible keys (causal end, sliding-window start); in prefill tiles, blocks every
+row sees in full skip the position mask (decode tiles run one masked loop: one pipeline ramp). Keys no row of the tile sees are never loaded (masked to 0), so NaN
 there cannot leak into ``0 · v``.
 """
 
@@ -90,7 +90,7 @@ def _merge_splits(acc_part, max_part, sum_part, rows, row_ok, offs_dv, SPLIT_STR
     l_all = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM_V], tl.float32)
     mask = row_ok[:, None] & (offs_dv[None, :] < DV)
-    for z in range(NUM_SPLITS):
+    for z in tl.static_range(NUM_SPLITS):  # unrolled: every split's loads in flight at once
         part = z * SPLIT_STRIDE + rows
         m_z = tl.load(max_part + part, mask=row_ok, other=_NEG_INF, cache_modifier=".cg")
         l_z = tl.load(sum_part + part, mask=row_ok, other=0.0, cache_modifier=".cg")
@@ -120,10 +120,12 @@ def paged_attention_kernel(Q, K, V, KvLens, Table, CuQ, NumSeqs, Out, AccPart, M
                            PAGES_PER_SEQ: tl.constexpr, SEQS: tl.constexpr, SEQS_POW2: tl.constexpr,
                            WINDOW: tl.constexpr, WIN_L: tl.constexpr, HAS_CAP: tl.constexpr,
                            DOT_PREC: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr,
-                           BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr, MERGE: tl.constexpr):
+                           BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr, MERGE: tl.constexpr,
+                           ONE_LOOP: tl.constexpr):
     """Grid ``(max tiles, Hkv, NUM_SPLITS)``.
 
-    With one split the program writes ``Out`` (the attention, zeroed beforehand). With several, each
+    With one split the program writes ``Out`` (the rows of its tile; the caller zeroes the rows of no
+    live sequence, which no program writes). With several, each
     writes its partials ``AccPart``, ``MaxPart``, ``SumPart``; with ``MERGE`` it then counts itself in
     ``Arrived[tile, kv head]`` (zeroed beforehand; an acquire-release atomic after a block barrier),
     and the split that arrives last merges all of them into ``Out``. Without ``MERGE`` the caller
@@ -191,15 +193,20 @@ def paged_attention_kernel(Q, K, V, KvLens, Table, CuQ, NumSeqs, Out, AccPart, M
     m_i = tl.full([BLOCK_M], _NEG_INF, tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM_V], tl.float32)
-    acc, l_i, m_i = _paged_inner(acc, l_i, m_i, q, pos, row_ok, k_base, v_base, table_row, key_lo, key_hi, kv_len,
-                                 lo, mid_lo, SCALE, CAP, HAS_CAP, WINDOW, WIN_L, NUM_PAGES, PAGE, PAGES_PER_SEQ,
-                                 HKV, D, DV, HEAD_DIM, HEAD_DIM_V, DOT_PREC, True, BLOCK_N)
-    acc, l_i, m_i = _paged_inner(acc, l_i, m_i, q, pos, row_ok, k_base, v_base, table_row, key_lo, key_hi, kv_len,
-                                 mid_lo, mid_hi, SCALE, CAP, HAS_CAP, WINDOW, WIN_L, NUM_PAGES, PAGE, PAGES_PER_SEQ,
-                                 HKV, D, DV, HEAD_DIM, HEAD_DIM_V, DOT_PREC, False, BLOCK_N)
-    acc, l_i, m_i = _paged_inner(acc, l_i, m_i, q, pos, row_ok, k_base, v_base, table_row, key_lo, key_hi, kv_len,
-                                 mid_hi, hi, SCALE, CAP, HAS_CAP, WINDOW, WIN_L, NUM_PAGES, PAGE, PAGES_PER_SEQ,
-                                 HKV, D, DV, HEAD_DIM, HEAD_DIM_V, DOT_PREC, True, BLOCK_N)
+    if ONE_LOOP:  # decode: one masked loop, one pipeline ramp (the masks cost nothing next to the loads)
+        acc, l_i, m_i = _paged_inner(acc, l_i, m_i, q, pos, row_ok, k_base, v_base, table_row, key_lo, key_hi,
+                                     kv_len, lo, hi, SCALE, CAP, HAS_CAP, WINDOW, WIN_L, NUM_PAGES, PAGE,
+                                     PAGES_PER_SEQ, HKV, D, DV, HEAD_DIM, HEAD_DIM_V, DOT_PREC, True, BLOCK_N)
+    else:
+        acc, l_i, m_i = _paged_inner(acc, l_i, m_i, q, pos, row_ok, k_base, v_base, table_row, key_lo, key_hi,
+                                     kv_len, lo, mid_lo, SCALE, CAP, HAS_CAP, WINDOW, WIN_L, NUM_PAGES, PAGE,
+                                     PAGES_PER_SEQ, HKV, D, DV, HEAD_DIM, HEAD_DIM_V, DOT_PREC, True, BLOCK_N)
+        acc, l_i, m_i = _paged_inner(acc, l_i, m_i, q, pos, row_ok, k_base, v_base, table_row, key_lo, key_hi,
+                                     kv_len, mid_lo, mid_hi, SCALE, CAP, HAS_CAP, WINDOW, WIN_L, NUM_PAGES, PAGE,
+                                     PAGES_PER_SEQ, HKV, D, DV, HEAD_DIM, HEAD_DIM_V, DOT_PREC, False, BLOCK_N)
+        acc, l_i, m_i = _paged_inner(acc, l_i, m_i, q, pos, row_ok, k_base, v_base, table_row, key_lo, key_hi,
+                                     kv_len, mid_hi, hi, SCALE, CAP, HAS_CAP, WINDOW, WIN_L, NUM_PAGES, PAGE,
+                                     PAGES_PER_SEQ, HKV, D, DV, HEAD_DIM, HEAD_DIM_V, DOT_PREC, True, BLOCK_N)
 
     out_mask = row_ok[:, None] & (offs_dv[None, :] < DV)
     out_ptrs = Out + q_rows[:, None] * DV + offs_dv[None, :]

@@ -12,7 +12,7 @@ export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 EJK_CACHE_DIR=/tmp/ejk-cache
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/device.txt"
 python3 -c "import jax, ejk; print('jax', jax.__version__, 'ejk', ejk.__version__, jax.devices())" | tee -a "$OUT/device.txt"
 python3 -m ejk.cli plugins | tee "$OUT/plugins.txt"
-stage=${1:-all}  # all | tests | bench | core | attention | moe | triton | triton-mm | triton-overhead | paged | pallas | pallas-ops | pallas-mosaic | pallas-mosaic-bwd | pallas-gmm | cute | ring (several: run once per stage)
+stage=${1:-all}  # all | tests | bench | core | attention | moe | triton | triton-mm | triton-overhead | paged | paged-probe | pallas | pallas-ops | pallas-mosaic | pallas-mosaic-bwd | pallas-gmm | cute | ring (several: run once per stage)
 # bench: `ejk bench` with its default presets (the committed results, benchmarks/results/bench_h100/);
 # attention / moe (not in all): `ejk bench` on those presets with every implementation's best config too.
 # paged (not in all; triton runs its GPU tests too): the Triton paged attention's GPU tests and decode benchmark.
@@ -52,6 +52,17 @@ if [[ $stage == paged ]]; then
   timeout 300 python3 -m pytest -q -m gpu -p no:cacheprovider plugins/ejk_triton/tests/test_paged_attention.py 2>&1 \
     | tee "$OUT/triton_paged_gpu_tests.log" | tail -15
   timeout 590 python3 benchmarks/bench_triton_paged.py 2>&1 | tee "$OUT/bench_triton_paged.log" | tail -30
+fi
+if [[ $stage == paged-probe ]]; then  # paged decode, ejk-triton against ejk-pallas: per call and per execution, heuristics, ncu (about 4 minutes)
+  (cd benchmarks && timeout 150 python3 probe_dispatch.py 8,2048 8,8192 2>&1 | grep -E '^B=|Error' | tee "$OUT/paged_dispatch.txt")
+  for platform in triton pallas; do
+    (cd benchmarks && timeout 150 python3 probe_paged_configs.py 8,2048 16,2048 8,8192 4,8192 32,2048 64,1024 \
+      --platform $platform --no-extras --keys 64 --splits 4 --stages 3 --top 2 2>&1 | grep -E '^ |^[a-z]+ B=' \
+      | tee "$OUT/paged_probe_$platform.txt")
+    (cd benchmarks && timeout 90 ncu --clock-control none -k regex:paged --launch-skip 3 --launch-count 1 \
+      --section SpeedOfLight python3 probe_paged_configs.py 8,2048 --platform $platform --profile heuristic \
+      > "$OUT/paged_ncu_$platform.txt" 2>&1; grep -E 'profiled|Duration|DRAM Throughput' "$OUT/paged_ncu_$platform.txt")
+  done
 fi
 if [[ $stage == pallas-ops ]]; then  # ejk-pallas's paged attention, matmul, grouped matmul: GPU tests, benchmark
   timeout 150 python3 -m pytest -q -m gpu -p no:cacheprovider plugins/ejk_pallas/tests/test_ops.py 2>&1 \

@@ -23,7 +23,7 @@ import ejk
 
 #: platform: (module with the config class and heuristic, implementation name, extra config fields to vary)
 PLATFORMS = {"pallas": ("ejk_pallas._paged_attention", "triton_lowered", {}),
-             "triton": ("ejk_triton._paged_attention", "paged", {"fused_merge": (True, False)})}
+             "triton": ("ejk_triton._paged_attention", "paged", {"fused_merge": (False, True)})}
 
 
 def ints(text: str) -> tuple[int, ...]:
@@ -33,7 +33,7 @@ def ints(text: str) -> tuple[int, ...]:
 def grid(config: Any, extra: dict[str, tuple[Any, ...]], args: argparse.Namespace) -> list[Any]:
     """Keys x splits x stages (4 warps; no 4 stages at 128 keys), then other warps and the extra fields'
     other values at 64 keys, 3 stages."""
-    merge = {"fused_merge": False} if args.jax_merge else {}
+    merge = {"fused_merge": True} if args.fused_merge else {}
     out = [config(block_kv=kv, num_splits=z, num_stages=s, **merge)
            for kv, z, s in itertools.product(ints(args.keys), ints(args.splits), ints(args.stages))
            if not (kv == 128 and s == 4)]
@@ -48,21 +48,21 @@ def grid(config: Any, extra: dict[str, tuple[Any, ...]], args: argparse.Namespac
 
 
 def label(cfg: Any) -> str:
-    merge = "" if getattr(cfg, "fused_merge", True) else "/jax-merge"
+    merge = "/fused-merge" if getattr(cfg, "fused_merge", False) else ""
     return f"kv{cfg.block_kv}/z{cfg.num_splits}/s{cfg.num_stages}/w{cfg.num_warps}{merge}"
 
 
 def parse_label(config: Any, text: str) -> Any:
-    """The config a :func:`label` names (``kv64/z6/s2/w4`` with an optional ``/jax-merge``)."""
+    """The config a :func:`label` names (``kv64/z6/s2/w4`` with an optional ``/fused-merge``)."""
     fields = {"kv": "block_kv", "z": "num_splits", "s": "num_stages", "w": "num_warps"}
     kwargs: dict[str, Any] = {}
     for part in text.split("/"):
-        if part == "jax-merge":
-            kwargs["fused_merge"] = False
+        if part == "fused-merge":
+            kwargs["fused_merge"] = True
             continue
         key = part.rstrip("0123456789")
         if key not in fields or key == part:
-            raise SystemExit(f"--profile {text!r}: {part!r} is not one of kvN, zN, sN, wN, jax-merge")
+            raise SystemExit(f"--profile {text!r}: {part!r} is not one of kvN, zN, sN, wN, fused-merge")
         kwargs[fields[key]] = int(part[len(key):])
     return config(**kwargs)
 
@@ -88,8 +88,8 @@ def main() -> None:
     p.add_argument("--warps", default="2,8", help="warps other than 4 (at 64 keys, 3 stages)")
     p.add_argument("--top", type=int, default=8)
     p.add_argument("--no-extras", action="store_true", help="only the keys x splits x stages grid")
-    p.add_argument("--jax-merge", action="store_true", help="ejk-triton: the keys x splits x stages grid merges "
-                   "the splits in JAX")
+    p.add_argument("--fused-merge", action="store_true", help="ejk-triton: the keys x splits x stages grid merges "
+                   "the splits in the kernel (the default merges them in JAX)")
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--profile", metavar="LABEL", help="only run this config (a label as printed, or 'heuristic') "
                    "--calls times, untimed: for a profiler such as ncu")

@@ -20,8 +20,9 @@ and programs past the last tile return at once.
 Keys are read through the page table: per step, the page id of each of the ``BLOCK_N`` keys
 (``table[seq, key // page]``, clipped into ``[0, P)``) and then its row ``[D]``. Loops run only
 over the tile's visible keys (causal end, sliding-window start); in prefill tiles, blocks every
-row sees in full skip the position mask (decode tiles run one masked loop: one pipeline ramp). Keys no row of the tile sees are never loaded (masked to 0), so NaN
-there cannot leak into ``0 · v``.
+row sees in full skip the position mask (decode tiles run one masked loop: one pipeline ramp).
+Keys no row of the tile sees are never loaded (masked to 0), so NaN there cannot leak into
+``0 · v``.
 """
 
 from __future__ import annotations

@@ -13,10 +13,12 @@ windows and the causal end bound each tile's loop: pages outside are never loade
 Split-K: the keys a tile sees are cut into ``num_splits`` ranges of whole blocks, one program
 each (grid ``(tiles, Hkv, splits)``), so a few long sequences still fill the GPU at batch 8.
 Each split writes its unnormalised float32 output with its base-2 running max and sum
-(``O(splits · T · Hq · Dv)`` bytes, at most about 3% of the KV read for decode at 2k+ context), then
-counts itself in an arrival counter of its tile; the split that arrives last merges them and
-writes the output, so decode is one launch (``fused_merge=False`` merges in JAX instead). With
-one split the kernel writes the normalised output directly.
+(``O(splits · T · Hq · Dv)`` bytes, at most about 3% of the KV read for decode at 2k+ context),
+merged by a small JAX computation after the launch (``fused_merge=True``: each split counts itself
+in an arrival counter of its tile and the one that arrives last merges in the kernel, at the price
+of a memset of the counters before the launch). With one split the kernel writes the normalised
+output directly. No output is zeroed before the launch: the rows of no live sequence, which no
+program writes, are zeroed after it.
 
 ``num_seqs``, ``cu_q_lens`` and ``kv_lens`` are device values, so the grid is static: it has
 ``min(T, cdiv(T, block_q) + min(S, T))`` tile slots (an upper bound of the tiles of any valid

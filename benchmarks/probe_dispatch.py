@@ -15,23 +15,19 @@ from typing import Any
 import _harness
 import attrs
 from bench_pallas_ops import paged_inputs
-
-import ejk
+from probe_paged_configs import paged_call
 
 
 def cases(inputs: tuple[Any, ...]) -> list[tuple[str, Any]]:
     import ejk_pallas._paged_attention as pallas_paged
     import ejk_triton._paged_attention as triton_paged
 
-    def call(platform: str, implementation: str, cfg: Any) -> Any:
-        choice = ejk.ImplChoice(platform=platform, backend="gpu", implementation=implementation, cfg=cfg)
-        return lambda *a: ejk.ragged_paged_attention(*a, platform=platform, cfg=choice)
-
     triton = triton_paged.heuristic_config(*inputs)
     fused = attrs.evolve(triton, fused_merge=True)
-    return [("ejk-triton heuristic", call("triton", "paged", triton)),
-            ("ejk-triton heuristic, merge in the kernel", call("triton", "paged", fused)),
-            ("ejk-pallas heuristic", call("pallas", "triton_lowered", pallas_paged.heuristic_config(*inputs)))]
+    pallas = pallas_paged.heuristic_config(*inputs)
+    return [("ejk-triton heuristic", paged_call("triton", "paged", triton, "gpu")),
+            ("ejk-triton heuristic, merge in the kernel", paged_call("triton", "paged", fused, "gpu")),
+            ("ejk-pallas heuristic", paged_call("pallas", "triton_lowered", pallas, "gpu"))]
 
 
 def main() -> None:

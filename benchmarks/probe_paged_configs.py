@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import itertools
+from collections.abc import Callable
 from typing import Any
 
 import _harness
@@ -67,12 +68,17 @@ def parse_label(config: Any, text: str) -> Any:
     return config(**kwargs)
 
 
+def paged_call(platform: str, implementation: str, cfg: Any, backend: str) -> Callable[..., Any]:
+    """``ejk.ragged_paged_attention`` pinned to one implementation and config."""
+    choice = ejk.ImplChoice(platform=platform, backend=backend, implementation=implementation, cfg=cfg)
+    return lambda *a: ejk.ragged_paged_attention(*a, platform=platform, cfg=choice)
+
+
 def profile(config: Any, chosen: Any, args: argparse.Namespace, implementation: str, inputs: tuple[Any, ...],
             backend: str) -> None:
     """Run one config ``args.calls`` times (compiled once), untimed."""
     cfg = chosen if args.profile == "heuristic" else parse_label(config, args.profile)
-    choice = ejk.ImplChoice(platform=args.platform, backend=backend, implementation=implementation, cfg=cfg)
-    run = jax.jit(lambda *a: ejk.ragged_paged_attention(*a, platform=args.platform, cfg=choice))
+    run = jax.jit(paged_call(args.platform, implementation, cfg, backend))
     for _ in range(args.calls):
         jax.block_until_ready(run(*inputs))
     print(f"profiled {args.platform} {label(cfg)} x{args.calls}", flush=True)
@@ -110,10 +116,8 @@ def main() -> None:
         times = {}
         for cfg in configs:
             try:
-                times[cfg] = _harness.device_ms(
-                    lambda *a, c=cfg: ejk.ragged_paged_attention(*a, platform=args.platform, cfg=ejk.ImplChoice(
-                        platform=args.platform, backend=backend, implementation=implementation, cfg=c)),
-                    inputs, args.reps)
+                times[cfg] = _harness.device_ms(paged_call(args.platform, implementation, cfg, backend), inputs,
+                                                args.reps)
             except Exception as exc:  # report and go on
                 print(f"  {cfg}: failed: {_harness.error_text(exc)}", flush=True)
         print(f"{args.platform} B={b} ctx={ctx}: {len(times)} configs; heuristic {label(chosen)} "

@@ -94,3 +94,16 @@ def test_one_floating_dtype_rule_for_every_op(dtype: Any) -> None:
         check_matmul_args(_sds((4, 4), dtype), _sds((4, 4)))
     with pytest.raises(ValueError, match=rf"grouped_matmul: lhs has dtype {name} but {needs}"):
         check_grouped_matmul_args(_sds((4, 4), dtype), _sds((1, 4, 4)), _sds((1,), jnp.int32))
+
+
+@pytest.mark.parametrize(("cu_q_lens", "num_seqs", "owned"), [
+    ([0, 2, 3, 5], 3, [1, 1, 1, 1, 1, 0]),  # a trailing padding row
+    ([1, 2, 4, 5], 2, [0, 1, 1, 1, 0, 0]),  # rows before the first sequence and of a dead one
+    ([0, 2, 3, 5], 0, [0, 0, 0, 0, 0, 0]),  # no live sequence
+    ([0, 2, 9, 9], 7, [1, 1, 1, 1, 1, 1]),  # out-of-range lengths and count are clipped
+])
+def test_paged_owned_rows(cu_q_lens: list[int], num_seqs: int, owned: list[int]) -> None:
+    from ejk.ops import paged_owned_rows
+
+    got = paged_owned_rows(6, jnp.asarray(cu_q_lens, jnp.int32), jnp.int32(num_seqs))
+    assert got.tolist() == [bool(x) for x in owned]

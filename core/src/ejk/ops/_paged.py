@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from ejk.execution.kernel import Invocation
@@ -13,7 +14,19 @@ from ejk.ops._check_common import as_array, scalar_count
 from ejk.ops._check_grouped import check_ragged_paged_attention_args
 from ejk.ops._definition import define_op
 
-__all__ = ["RaggedPagedAttentionKernel", "ragged_paged_attention"]
+__all__ = ["RaggedPagedAttentionKernel", "paged_owned_rows", "ragged_paged_attention"]
+
+
+def paged_owned_rows(tokens: int, cu_q_lens: jax.Array, num_seqs: jax.Array) -> jax.Array:
+    """``[tokens]`` bool: the query rows a live sequence owns, ``cu_q_lens[0] <= row < cu_q_lens[num_seqs]``.
+
+    The contract's other rows are zeros; kernels that leave them unwritten mask their output with this
+    (``cu_q_lens`` and ``num_seqs`` are clipped into range, so invalid input stays in bounds).
+    """
+    cu = jnp.clip(cu_q_lens.astype(jnp.int32), 0, tokens)
+    live = jnp.clip(jnp.reshape(num_seqs, ()).astype(jnp.int32), 0, cu.shape[0] - 1)
+    rows = jnp.arange(tokens, dtype=jnp.int32)
+    return (rows >= cu[0]) & (rows < cu[live])
 
 
 class RaggedPagedAttentionKernel(OpKernel):

@@ -30,6 +30,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from ejk.config.validators import int_in, one_of, power_of_two
+from ejk.ops import paged_owned_rows
 from ejk.tiling import cdiv, next_pow2
 from ejk_pallas import _env, _mm
 from ejk_pallas._flash_attention import pl
@@ -170,14 +171,6 @@ def _merge(acc: jax.Array, m: jax.Array, l_sum: jax.Array) -> jax.Array:
     return merged / jnp.where(total == 0.0, 1.0, total)[..., None]
 
 
-def owned_rows(tokens: int, cu_q_lens: jax.Array, num_seqs: jax.Array) -> jax.Array:
-    """``[T]`` bool: rows owned by a live sequence (``cu_q_lens[0] <= row < cu_q_lens[num_seqs]``)."""
-    cu = jnp.clip(cu_q_lens.astype(jnp.int32), 0, tokens)
-    live = jnp.clip(jnp.reshape(num_seqs, ()).astype(jnp.int32), 0, cu.shape[0] - 1)
-    rows = jnp.arange(tokens, dtype=jnp.int32)
-    return (rows >= cu[0]) & (rows < cu[live])
-
-
 def ragged_paged_attention(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array, kv_lens: jax.Array,
                            page_indices: jax.Array, cu_q_lens: jax.Array, num_seqs: jax.Array, *,
                            softmax_scale: float, sliding_window: tuple[int, int] | None,
@@ -248,7 +241,7 @@ def ragged_paged_attention(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array,
     )(lens, cu, num, table, q2, k_pages, v_pages)
     out2 = result if splits == 1 else _merge(*result)
     out = out2[:, :tokens * group].reshape(hkv, tokens, group, dv).transpose(1, 0, 2, 3).reshape(tokens, hq, dv)
-    keep = owned_rows(tokens, cu_q_lens, jnp.asarray(num_seqs))
+    keep = paged_owned_rows(tokens, cu_q_lens, jnp.asarray(num_seqs))
     return jnp.where(keep[:, None, None], out, 0).astype(q.dtype)
 
 

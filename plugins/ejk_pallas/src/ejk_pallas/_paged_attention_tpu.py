@@ -24,10 +24,11 @@ import jax.numpy as jnp
 from jax import lax
 
 from ejk.config.validators import multiple_of
+from ejk.ops import paged_owned_rows
 from ejk.tiling import cdiv
 from ejk_pallas import _env, _mm
 from ejk_pallas._flash_attention_tpu import _pl, _pltpu, _when
-from ejk_pallas._paged_attention import gate_shapes, owned_rows
+from ejk_pallas._paged_attention import gate_shapes
 
 __all__ = ["TpuPagedAttentionConfig", "capability", "config_space", "heuristic_config", "ragged_paged_attention"]
 
@@ -187,7 +188,7 @@ def ragged_paged_attention(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array,
         name="ejk_pallas_ragged_paged_attention_tpu",
     )(lens, table, cu, num, q2, k_pages.reshape(num_pages, page, hkv * d), v_pages.reshape(num_pages, page, hkv * dv))
     out = out2[:, :tokens * group].reshape(hkv, tokens, group, dv).transpose(1, 0, 2, 3).reshape(tokens, hq, dv)
-    keep = owned_rows(tokens, cu_q_lens, jnp.asarray(num_seqs))
+    keep = paged_owned_rows(tokens, cu_q_lens, jnp.asarray(num_seqs))
     return jnp.where(keep[:, None, None], out, 0).astype(q.dtype)
 
 

@@ -38,6 +38,7 @@ import jax.custom_batching
 import jax.numpy as jnp
 
 from ejk.config.validators import int_in, one_of, power_of_two
+from ejk.ops import paged_owned_rows
 from ejk.tiling import cdiv as _cdiv
 from ejk.tiling import next_pow2 as _next_pow2
 from ejk.tiling import padded_dim as _head_dim
@@ -152,12 +153,8 @@ def _launch(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array, kv_lens: jax.A
 
 
 def _owned_only(out: jax.Array, cu_q_lens: jax.Array, num_seqs: jax.Array) -> jax.Array:
-    """``out`` with the rows outside ``cu_q_lens[0]:cu_q_lens[num_seqs]`` zeroed (no program writes them)."""
-    tokens = out.shape[0]
-    cu = jnp.clip(cu_q_lens.astype(jnp.int32), 0, tokens)
-    live = jnp.clip(jnp.reshape(num_seqs, ()).astype(jnp.int32), 0, cu.shape[0] - 1)
-    rows = jnp.arange(tokens, dtype=jnp.int32)
-    owned = (rows >= cu[0]) & (rows < cu[live])
+    """``out`` with the rows of no live sequence zeroed (no program writes them)."""
+    owned = paged_owned_rows(out.shape[0], cu_q_lens, num_seqs)
     return jnp.where(owned[:, None, None], out, jnp.zeros((), out.dtype))
 
 

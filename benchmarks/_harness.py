@@ -27,6 +27,18 @@ def parser(doc: str | None) -> argparse.ArgumentParser:
     return p
 
 
+def add_timer_option(p: argparse.ArgumentParser) -> None:
+    """``--timer span|loop``, read back by :func:`timer`."""
+    p.add_argument("--timer", choices=("span", "loop"), default="span",
+                   help="span: per-call time on the GPU's own timeline (span_ms; host time the device never "
+                        "waits for is left out); loop: wall time of back-to-back calls (time_ms)")
+
+
+def timer(args: argparse.Namespace) -> Callable[..., float]:
+    """The timer ``--timer`` names (:func:`time_ms` for smoke runs, which may have no GPU)."""
+    return span_ms if getattr(args, "timer", "loop") == "span" and not args.smoke else time_ms
+
+
 def parse(p: argparse.ArgumentParser) -> argparse.Namespace:
     args = p.parse_args()
     args.reps = args.reps or (2 if args.smoke else 10)
@@ -55,6 +67,47 @@ def time_ms(fn: Callable[..., Any], args: tuple[Any, ...], reps: int, *, min_sam
         jax.block_until_ready(out)
         samples.append((time.perf_counter() - start) / calls)
     return statistics.median(samples) * 1e3
+
+
+def gpu_timeline(compiled: Callable[..., Any], args: tuple[Any, ...], calls: int) -> list[tuple[str, int, int]]:
+    """``(kernel name, start ns, end ns)`` of every GPU activity while ``calls`` back-to-back calls of
+    ``compiled`` run (outputs dropped as they come), from a ``jax.profiler`` trace, in start order."""
+    import tempfile
+
+    from jax.profiler import ProfileData
+
+    with tempfile.TemporaryDirectory() as trace_dir:
+        jax.profiler.start_trace(trace_dir)
+        out = None
+        for _ in range(calls):
+            out = compiled(*args)
+        jax.block_until_ready(out)
+        jax.profiler.stop_trace()
+        (path,) = Path(trace_dir).rglob("*.xplane.pb")
+        profile = ProfileData.from_file(str(path))
+    events = [(e.name, e.start_ns, e.start_ns + e.duration_ns) for plane in profile.planes
+              if plane.name.startswith("/device:GPU") for line in plane.lines for e in line.events]
+    if not events:
+        raise RuntimeError("the profiler recorded no GPU activity (a GPU timeline needs a GPU)")
+    return sorted(events, key=lambda e: e[1])
+
+
+def span_ms(fn: Callable[..., Any], args: tuple[Any, ...], reps: int, *, calls: int = 10) -> float:
+    """Median milliseconds per call on the device's own timeline (:func:`gpu_timeline`).
+
+    Each of the ``reps`` samples traces ``calls`` back-to-back calls and takes the span from the
+    first kernel's start to the last one's end over ``calls``: gaps between calls count, host time
+    the device never waits for does not. Use it where :func:`time_ms` measures the host (a slow
+    dispatch path) instead of the device.
+    """
+    compiled = jax.jit(fn).lower(*args).compile()
+    for _ in range(WARMUP):
+        jax.block_until_ready(compiled(*args))
+    samples = []
+    for _ in range(reps):
+        events = gpu_timeline(compiled, args, calls)
+        samples.append((max(end for _, _, end in events) - events[0][1]) / calls / 1e6)
+    return float(statistics.median(samples))
 
 
 def chained(fn: Callable[..., Any], n: int) -> Callable[..., Any]:
@@ -103,8 +156,10 @@ def header(title: str, args: argparse.Namespace, *notes: str, case: str = "case"
         f"- device: {getattr(device, 'device_kind', device.platform)} ({jax.default_backend()}), "
         f"host {platform.node() or '?'}, python {platform.python_version()}, jax {jax.__version__}, "
         f"jaxlib {version('jaxlib')}, ejk {version('ejk-core')}, ejk-xla {version('ejk-xla')}",
-        f"- median of {args.reps} samples after {WARMUP} warm-ups; each sample a loop of calls lasting >= 20 ms "
-        "(dispatch amortised)" + ("; SMOKE RUN (tiny shapes)" if args.smoke else ""),
+        f"- median of {args.reps} samples after {WARMUP} warm-ups; "
+        + ("each sample 10 back-to-back calls timed on the GPU's own timeline (span_ms)" if timer(args) is span_ms
+           else "each sample a loop of calls lasting >= 20 ms (dispatch amortised)")
+        + ("; SMOKE RUN (tiny shapes)" if args.smoke else ""),
         *(f"- {note}" for note in notes),
         "",
         f"| {case} | mode | implementation | ms | {rate} | note |",

@@ -90,12 +90,12 @@ PLUGIN_SMOKE_SHAPES = (Shape(batch=1, seq=64, heads=2, dim=64, causal=False),
 
 
 def best_of(candidates: dict[str, Callable[..., jax.Array]], mode: str, inputs: tuple[jax.Array, ...],
-            reps: int) -> tuple[dict[str, float], list[str]]:
+            reps: int, timer: Callable[..., float] = time_ms) -> tuple[dict[str, float], list[str]]:
     times: dict[str, float] = {}
     errors: list[str] = []
     for label, attention in candidates.items():
         try:
-            times[label] = measure(attention, mode, inputs, reps)
+            times[label] = measure(attention, mode, inputs, reps, timer)
             print(f"  {mode} {label}: {times[label]:.3f} ms", flush=True)
         except Exception as exc:  # report per line, keep going
             errors.append(f"{label}: {error_text(exc)}")
@@ -158,10 +158,12 @@ def make_inputs(shape: Shape, dtype: Any) -> tuple[jax.Array, ...]:
     return tuple(jnp.asarray(rng.standard_normal(dims, dtype=np.float32)).astype(dtype) for _ in range(4))
 
 
-def measure(attention: Callable[..., jax.Array], mode: str, inputs: tuple[jax.Array, ...], reps: int) -> float:
+def measure(attention: Callable[..., jax.Array], mode: str, inputs: tuple[jax.Array, ...], reps: int,
+            timer: Callable[..., float] = time_ms) -> float:
+    """Milliseconds per call of the forward (``fwd``) or of the output and its VJP (``fwd+bwd``)."""
     if mode == "fwd":
-        return time_ms(attention, inputs[:3], reps)
-    return time_ms(with_backward(attention), inputs, reps)
+        return timer(attention, inputs[:3], reps)
+    return timer(with_backward(attention), inputs, reps)
 
 
 def bench_line(

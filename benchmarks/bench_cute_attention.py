@@ -76,7 +76,9 @@ def main() -> None:
     parser.add_argument("--configs", choices=("all", "heuristic"), default="all")
     parser.add_argument("--wide", action="store_true", help="also the 176 / 192-key tiles (they spill registers)")
     parser.add_argument("--mode", choices=(*MODES, "both"), default="fwd")
+    _harness.add_timer_option(parser)
     args = _harness.parse(parser)
+    clock = _harness.timer(args)
     if jax.default_backend() != "gpu":
         raise SystemExit("bench_cute_attention.py needs an NVIDIA Hopper GPU")
     lines = _harness.header(
@@ -105,13 +107,14 @@ def main() -> None:
         for mode in MODES if args.mode == "both" else (args.mode,):
             flops = shape.fwd_flops() * (1.0 if mode == "fwd" else BWD_FACTOR)
             rows = []
-            cudnn_times, cudnn_errors = best_of({"cudnn": jax_nn_attention(shape, "cudnn")}, mode, inputs, args.reps)
+            cudnn_times, cudnn_errors = best_of({"cudnn": jax_nn_attention(shape, "cudnn")}, mode, inputs, args.reps,
+                                                clock)
             base_ms = cudnn_times.get("cudnn")
             if base_ms is not None:
                 rows.append(f"| {shape} | {mode} | jax.nn cudnn | {base_ms:,.2f} | {tflops(flops, base_ms)} | 1.00 | |")
             else:
                 rows.append(f"| {shape} | {mode} | jax.nn cudnn | failed | | | {'; '.join(cudnn_errors)} |")
-            times, errors = best_of(ours, mode, inputs, args.reps)
+            times, errors = best_of(ours, mode, inputs, args.reps, clock)
             if times:
                 label, ms = min(times.items(), key=lambda kv: kv[1])
                 ratio = f"{base_ms / ms:.2f}" if base_ms else ""

@@ -196,7 +196,9 @@ def main() -> None:
     parser.add_argument("--mosaic-bwd-tiles", default="64,64,2",
                         help="the Mosaic GPU backward's bwd_block_q,bwd_block_kv,bwd_max_concurrent_steps")
     parser.add_argument("--mode", choices=(*MODES, "both"), default="both", help="forward, forward+backward or both")
+    _harness.add_timer_option(parser)
     args = _harness.parse(parser)
+    clock = _harness.timer(args)
     on_gpu = jax.default_backend() == "gpu"
     shapes = SMOKE_SHAPES if args.smoke else FULL_SHAPES + (D64_SHAPES if args.d64 else ())
     lines = _harness.header(
@@ -244,11 +246,11 @@ def main() -> None:
             rows = []
             base_ms = None
             if on_gpu:
-                cudnn_times, cudnn_errors = best_of({"cudnn": cudnn_attention(shape)}, mode, inputs, args.reps)
+                cudnn_times, cudnn_errors = best_of({"cudnn": cudnn_attention(shape)}, mode, inputs, args.reps, clock)
                 base_ms = cudnn_times.get("cudnn")
                 rows.append(row(shape, mode, "jax.nn cudnn", cudnn_times, cudnn_errors, flops, base_ms))
                 if not args.no_mha:
-                    mha_times, mha_errors = best_of({"mha": jax_mha(shape)}, mode, inputs, args.reps)
+                    mha_times, mha_errors = best_of({"mha": jax_mha(shape)}, mode, inputs, args.reps, clock)
                     rows.append(row(shape, mode, "jax pallas mha", mha_times, mha_errors, flops, base_ms))
                 if not args.no_attention_mgpu:
                     if mode != "fwd" and shape.causal:
@@ -256,12 +258,12 @@ def main() -> None:
                                     "its backward has no causal mask |")
                     else:
                         amg_times, amg_errors = best_of({"attention_mgpu": jax_attention_mgpu(shape, mode)}, mode,
-                                                        inputs, args.reps)
+                                                        inputs, args.reps, clock)
                         rows.append(row(shape, mode, "jax attention_mgpu", amg_times, amg_errors, flops, base_ms))
             else:
                 rows.append(f"| {shape} | {mode} | jax.nn cudnn | skipped | | | needs a GPU |")
             if triton_on:
-                times, errors = best_of(ours, mode, inputs, args.reps)
+                times, errors = best_of(ours, mode, inputs, args.reps, clock)
                 rows.append(row(shape, mode, "ejk pallas", times, errors, flops, base_ms,
                                 best_note(times, cfg_label(heuristic), flops)))
             if mosaic_on and mosaic_reason is not None:
@@ -272,7 +274,7 @@ def main() -> None:
                 for bwd in ("triton_lowered",) if mode == "fwd" else backwards:
                     bcfgs = [attrs.evolve(c, backward=bwd, **(mbwd_fields if bwd == "mosaic" else {})) for c in cfgs]
                     candidates = {mosaic_label(c): mosaic_attention(shape, c) for c in bcfgs}
-                    times, errors = best_of(candidates, mode, inputs, args.reps)
+                    times, errors = best_of(candidates, mode, inputs, args.reps, clock)
                     if mode == "fwd" and times:
                         best_label = min(times.items(), key=lambda kv: kv[1])[0]
                         mosaic_best = next(c for c in cfgs if mosaic_label(c) == best_label)

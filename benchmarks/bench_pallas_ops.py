@@ -12,8 +12,9 @@ Sections (bf16, same process; the report is rewritten as results come, so a time
 - matmul 8192³: against XLA's ``a @ b``.
 
 Each ejk-pallas line is the best of the heuristic's config and the next ``--configs`` entries of
-the config space (the heuristic's time is in the note). Timing: ``_harness.time_ms`` (compile,
-warm-up, median of ``--reps`` samples of back-to-back calls); the paged decode, whose kernels are
+the config space (the heuristic's time is in the note). Timing: ``--timer span`` (the default,
+``_harness.span_ms``: per-call time on the GPU's own timeline) or ``loop`` (``_harness.time_ms``:
+wall time of back-to-back calls), median of ``--reps`` samples; the paged decode, whose kernels are
 shorter than a host dispatch (about 40 µs), by ``_harness.device_ms`` (20 dependent calls in one
 program, so the host is out of the way; each call adds one tiny elementwise op on q).
 
@@ -143,8 +144,9 @@ def grouped_section(args: Any, lines: list[str]) -> None:
     rhs = jax.random.normal(keys[1], (g, k, n), jnp.bfloat16) * 0.02
     flops = 2.0 * m * k * n
     case = f"m={m} k={k} n={n} g={g}"
+    clock = _harness.timer(args)
     dense_ms, err = timed(lambda x, w: jnp.einsum("gmk,gkn->gmn", x.reshape(g, m // g, k), w,
-                                                  preferred_element_type=jnp.bfloat16), (lhs, rhs), args.reps)
+                                                  preferred_element_type=jnp.bfloat16), (lhs, rhs), args.reps, clock)
     lines.append(f"| {case} | dense einsum | jnp.einsum (equal groups) | {dense_ms:.3f} | "
                  f"{flops / dense_ms / 1e9:.0f} TFLOP/s | {err} |")
     for skewed in (False, True):
@@ -154,7 +156,7 @@ def grouped_section(args: Any, lines: list[str]) -> None:
             space = GROUPED_IMPLS[impl].config_space(lhs, rhs, gs)[: 1 + args.configs]
             cands = [(grouped_label(c), lambda x, w, c=c, gs=gs, i=impl: ejk.grouped_matmul(
                 x, w, gs, platform="pallas", cfg=pallas(c, i))) for c in space]
-            label, ms, note = best(cands, (lhs, rhs), args.reps)
+            label, ms, note = best(cands, (lhs, rhs), args.reps, clock)
             lines.append(f"| {case} | fwd {mode} | ejk pallas ({label}) | {ms:.3f} | {flops / ms / 1e9:.0f} TFLOP/s "
                          f"({dense_ms / ms:.2f}x dense) | {note} |")
 
@@ -163,16 +165,16 @@ def grouped_section(args: Any, lines: list[str]) -> None:
                                    x, w)
                 return vjp(out)
 
-            ms2, err = timed(fwd_bwd, (lhs, rhs), args.reps)
+            ms2, err = timed(fwd_bwd, (lhs, rhs), args.reps, clock)
             lines.append(f"| {case} | fwd+bwd {mode} | ejk pallas {impl} (heuristic) | {ms2:.3f} | "
                          f"{3 * flops / ms2 / 1e9:.0f} TFLOP/s | {err} |")
             _harness.write(lines, args, "pallas_ops.md")
         if not args.smoke and "mosaic" in args.grouped_impls:
-            label, ms4, note = best(jax_mosaic_ragged_dot(gs), (lhs, rhs), args.reps)
+            label, ms4, note = best(jax_mosaic_ragged_dot(gs), (lhs, rhs), args.reps, clock)
             lines.append(f"| {case} | fwd {mode} | jax's Pallas ragged_dot_mgpu ({label}) | {ms4:.3f} | "
                          f"{flops / ms4 / 1e9:.0f} TFLOP/s ({dense_ms / ms4:.2f}x dense) | {note} |")
         if not args.smoke:
-            ms3, err = timed(lambda x, w, gs=gs: jax.lax.ragged_dot(x, w, gs), (lhs, rhs), args.reps)
+            ms3, err = timed(lambda x, w, gs=gs: jax.lax.ragged_dot(x, w, gs), (lhs, rhs), args.reps, clock)
             lines.append(f"| {case} | fwd {mode} | jax.lax.ragged_dot | {ms3:.3f} | {flops / ms3 / 1e9:.0f} TFLOP/s "
                          f"| {err} |")
 
@@ -184,13 +186,14 @@ def matmul_section(args: Any, lines: list[str]) -> None:
     b = jax.random.normal(keys[1], (size, size), jnp.bfloat16)
     flops = 2.0 * size**3
     case = f"{size}^3"
-    xla_ms, err = timed(lambda a, b: a @ b, (a, b), args.reps)
+    clock = _harness.timer(args)
+    xla_ms, err = timed(lambda a, b: a @ b, (a, b), args.reps, clock)
     lines.append(f"| {case} | fwd | XLA a @ b | {xla_ms:.3f} | {flops / xla_ms / 1e9:.0f} TFLOP/s | {err} |")
     space = _matmul.config_space(a, b)[: 1 + args.configs]
     cands = [(f"{c.block_m}x{c.block_n}x{c.block_k}/g{c.group_m}/w{c.num_warps}/s{c.num_stages}",
               lambda a, b, c=c: ejk.matmul(a, b, platform="pallas", precision="default", cfg=pallas(c)))
              for c in space]
-    label, ms, note = best(cands, (a, b), args.reps)
+    label, ms, note = best(cands, (a, b), args.reps, clock)
     lines.append(f"| {case} | fwd | ejk pallas ({label}) | {ms:.3f} | {flops / ms / 1e9:.0f} TFLOP/s "
                  f"({xla_ms / ms:.2f}x a @ b) | {note} |")
 
@@ -201,6 +204,7 @@ def main() -> None:
     p.add_argument("--sections", default="matmul,grouped,paged", help="comma-separated: matmul, grouped, paged")
     p.add_argument("--grouped-impls", default="triton_lowered,mosaic",
                    help="comma-separated grouped_matmul implementations: triton_lowered, mosaic (Hopper)")
+    _harness.add_timer_option(p)
     args = _harness.parse(p)
     sections = {"matmul": matmul_section, "grouped": grouped_section, "paged": paged_section}
     unknown = set(args.sections.split(",")) - set(sections)

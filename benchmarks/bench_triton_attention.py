@@ -98,7 +98,9 @@ def main() -> None:
     parser.add_argument("--bwd-tiles", default=None,
                         help="instead of the config space: the heuristic's forward with each of these backward "
                              "tiles, e.g. 32x128w8s3,64x128w8s1 (bwd_block_m x bwd_block_n, warps, stages)")
+    _harness.add_timer_option(parser)
     args = _harness.parse(parser)
+    clock = _harness.timer(args)
     on_gpu = jax.default_backend() == "gpu"
     shapes = SMOKE_SHAPES if args.smoke else FULL_SHAPES + (D64_SHAPES if args.d64 else ())
     lines = _harness.header(
@@ -128,7 +130,7 @@ def main() -> None:
             rows = []
             base_ms = None
             if on_gpu:
-                (cudnn_times, cudnn_errors) = best_of({"cudnn": cudnn_attention(shape)}, mode, inputs, args.reps)
+                (cudnn_times, cudnn_errors) = best_of({"cudnn": cudnn_attention(shape)}, mode, inputs, args.reps, clock)
                 if cudnn_times:
                     base_ms = cudnn_times["cudnn"]
                     rows.append(f"| {shape} | {mode} | jax.nn cudnn | {base_ms:,.2f} | {tflops(flops, base_ms)} "
@@ -137,7 +139,7 @@ def main() -> None:
                     rows.append(f"| {shape} | {mode} | jax.nn cudnn | failed | | | {'; '.join(cudnn_errors)} |")
             else:
                 rows.append(f"| {shape} | {mode} | jax.nn cudnn | skipped | | | needs a GPU |")
-            times, errors = best_of(ours, mode, inputs, args.reps)
+            times, errors = best_of(ours, mode, inputs, args.reps, clock)
             if times:
                 label, ms = min(times.items(), key=lambda kv: kv[1])
                 ratio = f"{base_ms / ms:.2f}" if base_ms else ""

@@ -63,13 +63,13 @@ def rate(flops: float, ms: float) -> str:
 
 
 def timed(candidates: dict[str, tuple[Callable[..., Any], tuple[Any, ...]]],
-          reps: int) -> tuple[dict[str, float], list[str]]:
-    """Milliseconds per candidate (label -> (fn, args)) and the failures."""
+          reps: int, timer: Callable[..., float] = time_ms) -> tuple[dict[str, float], list[str]]:
+    """Milliseconds per candidate (label -> (fn, args)) by ``timer`` and the failures."""
     times: dict[str, float] = {}
     errors: list[str] = []
     for label, (fn, args) in candidates.items():
         try:
-            times[label] = time_ms(fn, args, reps)
+            times[label] = timer(fn, args, reps)
             print(f"  {label or 'baseline'}: {times[label]:.3f} ms", flush=True)
         except Exception as exc:  # report per line, keep going
             errors.append(f"{label}: {error_text(exc)}" if label else error_text(exc))
@@ -122,7 +122,7 @@ def max_abs_diff(ours: tuple[Callable[..., Any], tuple[Any, ...]],
 
 
 def bench_case(label: str, workload: Workload, ours: dict[str, Any], heuristic: Any, extra: dict[str, Any],
-               reps: int) -> tuple[list[str], list[str]]:
+               reps: int, timer: Callable[..., float] = time_ms) -> tuple[list[str], list[str]]:
     """Rows of one case: ``ejk.bench``'s baselines, ``extra`` (name -> cfg of another ejk implementation
     through the public op) and the Triton configs ``ours`` (label -> cfg); then a numerics line."""
     inputs, ct = workload.inputs(), workload.cotangent()
@@ -138,17 +138,17 @@ def bench_case(label: str, workload: Workload, ours: dict[str, Any], heuristic: 
                 lines.append(f"| {label} | {mode} | {baseline.name} | skipped | | | {why} |")
                 continue
             prepared = baseline.build(workload, inputs)
-            times, errors = timed({"": in_mode(prepared.fn, prepared.args, prepared.diff, mode, ct)}, reps)
+            times, errors = timed({"": in_mode(prepared.fn, prepared.args, prepared.diff, mode, ct)}, reps, timer)
             if baseline.name == RATIO_BASE[workload.op]:
                 base_ms = times.get("")
             lines.append((baseline.name, times, errors))  # type: ignore[arg-type]
         for name, (platform, cfg) in extra.items():
             times, errors = timed({"": in_mode(workload.call(platform=platform, cfg=cfg), inputs, diff, mode, ct)},
-                                  reps)
+                                  reps, timer)
             lines.append((name, times, errors))  # type: ignore[arg-type]
         candidates = {cfg_label(c): in_mode(workload.call(platform="triton", cfg=c), inputs, diff, mode, ct)
                       for c in ours.values()}
-        times, errors = timed(candidates, reps)
+        times, errors = timed(candidates, reps, timer)
         lines.append(("ejk triton", times, errors, cfg_label(heuristic)))  # type: ignore[arg-type]
         for line in lines:
             text = line if isinstance(line, str) else row(label, mode, line[0], line[1], line[2], flops, base_ms,
@@ -174,7 +174,9 @@ def main() -> None:
     parser.add_argument("--configs", choices=("heuristic", "space"), default="heuristic",
                         help="only the heuristic's config, or every config of the config space (best reported)")
     parser.add_argument("--only", choices=("all", "moe", "matmul"), default="all")
+    _harness.add_timer_option(parser)
     args = _harness.parse(parser)
+    timer = _harness.timer(args)
     lines = _harness.header(
         "MoE grouped matmul and matmul: ejk Triton kernels vs XLA", args,
         "bfloat16, precision 'default' (ejk bench's workloads and baselines); grouped FLOPs 2·m·k·n, fwd+bwd 3x; "
@@ -198,7 +200,7 @@ def main() -> None:
             label = f"g={case.experts} k={case.k} n={case.n} m={case.tokens} {groups} (groups " \
                     f"{int(sizes.min())}..{int(sizes.max())})"
             extra = {f"ejk xla tiled (block_m {xla_block})": ("xla", XlaGroupedConfig(block_m=xla_block))}
-            rows, more = bench_case(label, workload, ours, heuristic, extra, args.reps)
+            rows, more = bench_case(label, workload, ours, heuristic, extra, args.reps, timer)
             lines += rows
             checks += more
     if args.only in ("all", "matmul"):
@@ -207,7 +209,8 @@ def main() -> None:
         a, b = workload.inputs()
         heuristic = _matmul.heuristic_config(a, b)
         ours = configs(_matmul.config_space(a, b), heuristic, args.configs)
-        rows, more = bench_case(f"matmul {case.m}x{case.k}x{case.n}", workload, ours, heuristic, {}, args.reps)
+        rows, more = bench_case(f"matmul {case.m}x{case.k}x{case.n}", workload, ours, heuristic, {}, args.reps,
+                                timer)
         lines += rows
         checks += more
     lines += ["", "Numerics: max abs diff (and max |ref|) of each ejk triton heuristic line against a baseline:",

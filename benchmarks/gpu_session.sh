@@ -12,7 +12,7 @@ export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 EJK_CACHE_DIR=/tmp/ejk-cache
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/device.txt"
 python3 -c "import jax, ejk; print('jax', jax.__version__, 'ejk', ejk.__version__, jax.devices())" | tee -a "$OUT/device.txt"
 python3 -m ejk.cli plugins | tee "$OUT/plugins.txt"
-stage=${1:-all}  # all | tests | bench | core | attention | moe | triton | triton-mm | triton-overhead | paged | paged-probe | pallas | pallas-ops | pallas-mosaic | pallas-mosaic-bwd | pallas-gmm | cute | ring (several: run once per stage)
+stage=${1:-all}  # all | tests | bench | core | attention | moe | triton | triton-mm | triton-overhead | paged | paged-probe | pallas | pallas-ops | pallas-mosaic | pallas-mosaic-bwd | pallas-gmm | cute | ring | timeline (several: run once per stage)
 # bench: `ejk bench` with its default presets (the committed results, benchmarks/results/bench_h100/);
 # attention / moe (not in all): `ejk bench` on those presets with every implementation's best config too.
 # paged (not in all; triton runs its GPU tests too): the Triton paged attention's GPU tests and decode benchmark.
@@ -63,6 +63,10 @@ if [[ $stage == paged-probe ]]; then  # paged decode, ejk-triton against ejk-pal
       --section SpeedOfLight python3 probe_paged_configs.py 8,2048 --platform $platform --profile heuristic \
       > "$OUT/paged_ncu_$platform.txt" 2>&1; grep -E 'profiled|Duration|DRAM Throughput' "$OUT/paged_ncu_$platform.txt")
   done
+fi
+if [[ $stage == timeline ]]; then  # GPU timelines of back-to-back grouped matmuls and matmuls, device vs wall time (about 1 minute)
+  (cd benchmarks && timeout 200 python3 probe_timeline.py grouped-equal grouped-skewed grouped-pallas-skewed matmul einsum \
+    2>&1 | tee "$OUT/timeline.txt" | grep -E '^==|per call|rror')
 fi
 if [[ $stage == pallas-ops ]]; then  # ejk-pallas's paged attention, matmul, grouped matmul: GPU tests, benchmark
   timeout 150 python3 -m pytest -q -m gpu -p no:cacheprovider plugins/ejk_pallas/tests/test_ops.py 2>&1 \

@@ -31,12 +31,14 @@ def add_timer_option(p: argparse.ArgumentParser) -> None:
     """``--timer span|loop``, read back by :func:`timer`."""
     p.add_argument("--timer", choices=("span", "loop"), default="span",
                    help="span: per-call time on the GPU's own timeline (span_ms; host time the device never "
-                        "waits for is left out); loop: wall time of back-to-back calls (time_ms)")
+                        "waits for is left out; without a GPU, as loop); loop: wall time of back-to-back calls "
+                        "(time_ms)")
 
 
 def timer(args: argparse.Namespace) -> Callable[..., float]:
-    """The timer ``--timer`` names (:func:`time_ms` for smoke runs, which may have no GPU)."""
-    return span_ms if getattr(args, "timer", "loop") == "span" and not args.smoke else time_ms
+    """The timer ``--timer`` names; :func:`time_ms` for smoke runs and wherever JAX has no GPU."""
+    span = getattr(args, "timer", "loop") == "span" and not args.smoke and jax.default_backend() == "gpu"
+    return span_ms if span else time_ms
 
 
 def parse(p: argparse.ArgumentParser) -> argparse.Namespace:

@@ -49,6 +49,10 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--max-configs", type=int, default=8, help="configs tuned per implementation (default 8)")
     p.add_argument("--tune-seconds", type=float, default=60.0, help="tuning budget per implementation (default 60)")
     p.add_argument("--reps", type=int, default=None, help="timed samples per line (default 10, --quick 3)")
+    p.add_argument("--clock", choices=("wall", "device"), default="wall",
+                   help="time samples by the host's clock (default) or by the GPU's own timeline, one jax.profiler "
+                        "trace per sample, leaving out host time the device never waits for (jax-triton's launch "
+                        "can wait on the host); without a GPU, as wall")
     p.add_argument("--no-plot", action="store_true", help="write no PNG")
     p.add_argument("--quiet", action="store_true", help="no progress lines, only the final tables")
     p.add_argument("--from-json", metavar="FILE", type=Path,
@@ -75,7 +79,8 @@ def _options(args: argparse.Namespace) -> Any:
 
     reps = args.reps or (3 if args.quick else 10)
     policy = AutotunePolicy(warmup=1 if args.quick else 2, repeats=max(1, reps),
-                            min_sample_seconds=0.002 if args.quick else 0.02, progress=False, persist=False)
+                            min_sample_seconds=0.002 if args.quick else 0.02, progress=False, persist=False,
+                            clock=args.clock)
     baselines = None if args.baseline is None else tuple(b for b in args.baseline if b != "none")
     return Options(dtype=args.dtype, modes=MODES if args.mode == "all" else (args.mode,), impls=tuple(args.impl),
                    baselines=baselines, best_config=args.best_config, max_configs=max(1, args.max_configs),
@@ -121,7 +126,7 @@ def run(args: argparse.Namespace) -> int:
                 "impls": list(options.impls), "baselines": options.baselines, "best_config": options.best_config,
                 "cases": [c.label for c in cases],
                 **attrs.asdict(options.policy, filter=lambda a, v: a.name in (
-                    "warmup", "repeats", "min_sample_seconds", "flush_l2", "l2_flush_bytes"))}
+                    "warmup", "repeats", "min_sample_seconds", "flush_l2", "l2_flush_bytes", "clock"))}
     console.print(f"ejk bench: {len(cases)} shape(s) on {env['device_kind']} ({env['backend']}); "
                   f"peak: {peak.name if peak else 'unknown device'}; writing to {out}")
     if not args.no_plot and not plotting_available():

@@ -37,6 +37,7 @@ import jax
 import numpy as np
 
 from ejk import environment
+from ejk.config._device_clock import device_seconds_per_call
 from ejk.execution.kernel import bind_kernel
 
 if TYPE_CHECKING:
@@ -46,6 +47,8 @@ __all__ = ["AutotunePolicy", "Trial", "TuneResult", "autotune", "l2_flusher", "m
 
 Cfg = TypeVar("Cfg")
 OBJECTIVES = ("forward", "forward_backward")
+#: How a sample is timed, see :attr:`AutotunePolicy.clock`.
+CLOCKS = ("wall", "device")
 #: The config policies on a cache miss, see :meth:`AutotunePolicy.effective_mode`.
 MODES = environment.AUTOTUNE_MODES
 #: Trial outcomes: timed, failed (compile, run or a check), pruned by the kernel, skipped by the budget.
@@ -88,6 +91,11 @@ class AutotunePolicy:
         objective: ``"forward"`` times the output alone; ``"forward_backward"`` times the output
             plus its VJP with respect to every floating-point input (for training, where the
             backward pass dominates). The objective is recorded with each persisted config.
+        clock: ``"wall"`` times a sample by the host's clock; ``"device"`` by the GPU's own
+            timeline, one ``jax.profiler`` trace per sample, leaving out host time the device
+            never waits for (a slow launch path such as jax-triton's). It falls back to the
+            wall clock where no timeline can be read: no GPU, or a profiler session already
+            running. Opt-in: each trace costs host time.
     """
 
     autotune: bool | None = None
@@ -108,6 +116,7 @@ class AutotunePolicy:
     check_finite: bool = True
     check_outputs: bool = True
     objective: str = attrs.field(default="forward", validator=attrs.validators.in_(OBJECTIVES))
+    clock: str = attrs.field(default="wall", validator=attrs.validators.in_(CLOCKS))
 
     def effective_mode(self) -> str:
         """The policy on a cache miss: ``"autotune"``, ``"heuristics"`` or ``"frozen"``.
@@ -521,10 +530,16 @@ def _make_flusher(policy: AutotunePolicy, args: tuple[Any, ...]) -> _L2Flusher |
     return _L2Flusher(policy.l2_flush_bytes, device) if flush and policy.l2_flush_bytes > 0 else None
 
 
-def _sample(call: Callable[[], Any], calls: int, flush: Callable[[], None] | None = None) -> float:
-    """Seconds per call of ``calls`` back-to-back calls, blocking only after the last."""
+def _sample(call: Callable[[], Any], calls: int, flush: Callable[[], None] | None = None,
+            clock: str = "wall") -> float:
+    """Seconds per call of ``calls`` back-to-back calls, blocking only after the last (``clock``:
+    see :class:`AutotunePolicy`; the flush, which blocks, stays outside a device trace)."""
     if flush is not None:
         flush()
+    if clock == "device":
+        seconds = device_seconds_per_call(call, calls)
+        if seconds is not None:
+            return seconds
     out = None
     start = _clock()
     for _ in range(calls):
@@ -556,7 +571,8 @@ def measure(call: Callable[[], Any], policy: AutotunePolicy,
 
     ``policy.warmup`` untimed calls, then ``policy.repeats`` samples, each a loop of N
     back-to-back calls blocking only at its end (N chosen so that a sample lasts about
-    ``policy.min_sample_seconds``), ``flush`` (e.g. :func:`l2_flusher`) called before each.
+    ``policy.min_sample_seconds`` by the wall clock), ``flush`` (e.g. :func:`l2_flusher`) called
+    before each, timed by ``policy.clock``.
 
     Returns:
         ``(N, seconds per call of each sample)``.
@@ -564,7 +580,7 @@ def measure(call: Callable[[], Any], policy: AutotunePolicy,
     for _ in range(policy.warmup):
         jax.block_until_ready(call())
     calls = _calls_per_sample(call, policy)
-    return calls, tuple(_sample(call, calls, flush) for _ in range(policy.repeats))
+    return calls, tuple(_sample(call, calls, flush, policy.clock) for _ in range(policy.repeats))
 
 
 def l2_flusher(policy: AutotunePolicy, args: tuple[Any, ...]) -> Callable[[], None] | None:

@@ -1,0 +1,79 @@
+"""Per-call time on the GPU's own timeline, for ``AutotunePolicy(clock="device")``.
+
+A timed sample runs inside its own ``jax.profiler`` trace, read back with
+``jax.profiler.ProfileData``. Its time is the span from the first GPU activity's start to the
+last one's end, over the sample's calls: gaps between calls count, host time the device never
+waits for does not. The wall clock counts such host time. jax-triton's launch, for one, was
+seen waiting on the host: on an H100 the device ran a grouped matmul's 330 µs kernels back to
+back while the wall clock said 0.47–0.64 ms per call in some runs.
+
+Where no timeline can be read the caller times the sample by the wall clock instead:
+- no GPU activity was recorded (a CPU, or a jax without ``ProfileData``);
+- a profiler session of the user's is already running (a warning says so, once).
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import warnings
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+import jax
+
+__all__ = ["device_seconds_per_call", "gpu_span_ns"]
+
+_GPU_PLANE = "/device:GPU"
+_warned_busy = False
+
+
+def gpu_span_ns(planes: Iterable[Any]) -> int | None:
+    """Nanoseconds from the first GPU activity's start to the last one's end, or ``None`` if none.
+
+    ``planes`` are a trace's planes (``ProfileData.planes``): each has a ``name`` and ``lines``
+    of ``events`` with ``start_ns`` and ``duration_ns``; only planes named ``/device:GPU…`` count.
+    """
+    spans = [(event.start_ns, event.start_ns + event.duration_ns) for plane in planes
+             if plane.name.startswith(_GPU_PLANE) for line in plane.lines for event in line.events]
+    if not spans:
+        return None
+    return int(max(end for _, end in spans) - min(start for start, _ in spans))
+
+
+def device_seconds_per_call(call: Callable[[], Any], calls: int) -> float | None:
+    """Seconds per call of ``calls`` back-to-back calls of ``call`` on the GPU's timeline.
+
+    Returns ``None`` where no timeline can be read: no GPU activity recorded, no
+    ``jax.profiler.ProfileData`` in this jax, or a profiler session already running.
+    """
+    global _warned_busy
+    try:
+        from jax.profiler import ProfileData
+    except ImportError:  # pragma: no cover - jax before ProfileData
+        return None
+    trace_dir = tempfile.mkdtemp(prefix="ejk-device-clock-")
+    try:
+        try:
+            jax.profiler.start_trace(trace_dir)
+        except RuntimeError as exc:  # one profiler session at a time: the user's own is running
+            if not _warned_busy:
+                _warned_busy = True
+                warnings.warn(f"ejk: clock='device' timed by the wall clock instead ({exc})", RuntimeWarning,
+                              stacklevel=2)
+            return None
+        try:
+            out = None
+            for _ in range(calls):
+                out = call()
+            jax.block_until_ready(out)
+        finally:
+            jax.profiler.stop_trace()
+        traces = list(Path(trace_dir).rglob("*.xplane.pb"))
+        if len(traces) != 1:
+            return None
+        span = gpu_span_ns(ProfileData.from_file(str(traces[0])).planes)
+        return None if span is None else span / max(calls, 1) / 1e9
+    finally:
+        shutil.rmtree(trace_dir, ignore_errors=True)

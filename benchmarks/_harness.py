@@ -15,6 +15,8 @@ from typing import Any
 
 import jax
 
+from ejk.config import _device_clock
+
 WARMUP = 2
 
 
@@ -73,25 +75,11 @@ def time_ms(fn: Callable[..., Any], args: tuple[Any, ...], reps: int, *, min_sam
 
 def gpu_timeline(compiled: Callable[..., Any], args: tuple[Any, ...], calls: int) -> list[tuple[str, int, int]]:
     """``(kernel name, start ns, end ns)`` of every GPU activity while ``calls`` back-to-back calls of
-    ``compiled`` run (outputs dropped as they come), from a ``jax.profiler`` trace, in start order."""
-    import tempfile
-
-    from jax.profiler import ProfileData
-
-    with tempfile.TemporaryDirectory() as trace_dir:
-        jax.profiler.start_trace(trace_dir)
-        out = None
-        for _ in range(calls):
-            out = compiled(*args)
-        jax.block_until_ready(out)
-        jax.profiler.stop_trace()
-        (path,) = Path(trace_dir).rglob("*.xplane.pb")
-        profile = ProfileData.from_file(str(path))
-    events = [(e.name, e.start_ns, e.start_ns + e.duration_ns) for plane in profile.planes
-              if plane.name.startswith("/device:GPU") for line in plane.lines for e in line.events]
+    ``compiled`` run, from a ``jax.profiler`` trace (``ejk.config._device_clock``), in start order."""
+    events = _device_clock.trace_gpu_events(lambda: compiled(*args), calls)
     if not events:
-        raise RuntimeError("the profiler recorded no GPU activity (a GPU timeline needs a GPU)")
-    return sorted(events, key=lambda e: e[1])
+        raise RuntimeError("no GPU timeline was recorded (it needs a GPU and no other profiler session)")
+    return events
 
 
 def span_ms(fn: Callable[..., Any], args: tuple[Any, ...], reps: int, *, calls: int = 10) -> float:
@@ -100,7 +88,8 @@ def span_ms(fn: Callable[..., Any], args: tuple[Any, ...], reps: int, *, calls: 
     Each of the ``reps`` samples traces ``calls`` back-to-back calls and takes the span from the
     first kernel's start to the last one's end over ``calls``: gaps between calls count, host time
     the device never waits for does not. Use it where :func:`time_ms` measures the host (a slow
-    dispatch path) instead of the device.
+    dispatch path) instead of the device. The autotuner's ``AutotunePolicy(clock="device")`` times
+    the same way.
     """
     compiled = jax.jit(fn).lower(*args).compile()
     for _ in range(WARMUP):

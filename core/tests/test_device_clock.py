@@ -24,6 +24,7 @@ def test_the_span_covers_every_gpu_event_and_nothing_else() -> None:
               plane("/device:GPU:0", [(1_000, 300), (1_400, 300)], [(1_200, 900)]),
               plane("/device:GPU:1", [])]
     assert _device_clock.gpu_span_ns(planes) == 2_100 - 1_000
+    assert [start for _, start, _ in _device_clock.gpu_events(planes)] == [1_000, 1_200, 1_400]  # start order
     assert _device_clock.gpu_span_ns([plane("/host:CPU", [(0, 5)])]) is None
 
 

@@ -23,30 +23,38 @@ from typing import Any
 
 import jax
 
-__all__ = ["device_seconds_per_call", "gpu_span_ns"]
+__all__ = ["device_seconds_per_call", "gpu_events", "gpu_span_ns", "trace_gpu_events"]
 
 _GPU_PLANE = "/device:GPU"
 _warned_busy = False
 
 
-def gpu_span_ns(planes: Iterable[Any]) -> int | None:
-    """Nanoseconds from the first GPU activity's start to the last one's end, or ``None`` if none.
+def gpu_events(planes: Iterable[Any]) -> list[tuple[str, int, int]]:
+    """``(name, start ns, end ns)`` of every GPU activity in a trace's planes, in start order.
 
     ``planes`` are a trace's planes (``ProfileData.planes``): each has a ``name`` and ``lines``
-    of ``events`` with ``start_ns`` and ``duration_ns``; only planes named ``/device:GPU…`` count.
+    of ``events`` with ``name``, ``start_ns`` and ``duration_ns``; only planes named
+    ``/device:GPU…`` count.
     """
-    spans = [(event.start_ns, event.start_ns + event.duration_ns) for plane in planes
-             if plane.name.startswith(_GPU_PLANE) for line in plane.lines for event in line.events]
-    if not spans:
+    events = [(str(getattr(event, "name", "")), int(event.start_ns), int(event.start_ns + event.duration_ns))
+              for plane in planes if plane.name.startswith(_GPU_PLANE) for line in plane.lines
+              for event in line.events]
+    return sorted(events, key=lambda event: event[1])
+
+
+def gpu_span_ns(planes: Iterable[Any]) -> int | None:
+    """Nanoseconds from the first GPU activity's start to the last one's end, or ``None`` if none."""
+    events = gpu_events(planes)
+    if not events:
         return None
-    return int(max(end for _, end in spans) - min(start for start, _ in spans))
+    return max(end for _, _, end in events) - events[0][1]
 
 
-def device_seconds_per_call(call: Callable[[], Any], calls: int) -> float | None:
-    """Seconds per call of ``calls`` back-to-back calls of ``call`` on the GPU's timeline.
+def trace_gpu_events(call: Callable[[], Any], calls: int) -> list[tuple[str, int, int]] | None:
+    """:func:`gpu_events` of ``calls`` back-to-back calls of ``call`` (outputs dropped as they come).
 
-    Returns ``None`` where no timeline can be read: no GPU activity recorded, no
-    ``jax.profiler.ProfileData`` in this jax, or a profiler session already running.
+    Returns ``None`` where no trace can be taken: no ``jax.profiler.ProfileData`` in this jax, or
+    a profiler session already running (warned once). An empty list: no GPU activity recorded.
     """
     global _warned_busy
     try:
@@ -61,7 +69,7 @@ def device_seconds_per_call(call: Callable[[], Any], calls: int) -> float | None
             if not _warned_busy:
                 _warned_busy = True
                 warnings.warn(f"ejk: clock='device' timed by the wall clock instead ({exc})", RuntimeWarning,
-                              stacklevel=2)
+                              stacklevel=3)
             return None
         try:
             out = None
@@ -71,9 +79,15 @@ def device_seconds_per_call(call: Callable[[], Any], calls: int) -> float | None
         finally:
             jax.profiler.stop_trace()
         traces = list(Path(trace_dir).rglob("*.xplane.pb"))
-        if len(traces) != 1:
-            return None
-        span = gpu_span_ns(ProfileData.from_file(str(traces[0])).planes)
-        return None if span is None else span / max(calls, 1) / 1e9
+        return gpu_events(ProfileData.from_file(str(traces[0])).planes) if len(traces) == 1 else None
     finally:
         shutil.rmtree(trace_dir, ignore_errors=True)
+
+
+def device_seconds_per_call(call: Callable[[], Any], calls: int) -> float | None:
+    """Seconds per call of ``calls`` back-to-back calls of ``call`` on the GPU's timeline: the span
+    of :func:`trace_gpu_events` over ``calls``; ``None`` where there is none to read."""
+    events = trace_gpu_events(call, calls)
+    if not events:
+        return None
+    return (max(end for _, _, end in events) - events[0][1]) / max(calls, 1) / 1e9

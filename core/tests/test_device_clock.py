@@ -58,6 +58,8 @@ def test_measure_uses_the_device_clock_where_it_reads_and_the_wall_clock_where_n
         return 2e-6
 
     monkeypatch.setattr(tuning, "device_seconds_per_call", on_device)
+    assert tuning._clock_kind(policy) == "wall"  # no GPU here: not even a trace is tried
+    monkeypatch.setattr(tuning, "_clock_kind", lambda policy: policy.clock)  # as on a GPU
     assert tuning.measure(lambda: x + 1, policy) == (5, (2e-6, 2e-6, 2e-6))
     assert seen == [5, 5, 5]
     monkeypatch.setattr(tuning, "device_seconds_per_call", lambda call, calls: None)

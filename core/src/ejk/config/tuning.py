@@ -580,7 +580,13 @@ def measure(call: Callable[[], Any], policy: AutotunePolicy,
     for _ in range(policy.warmup):
         jax.block_until_ready(call())
     calls = _calls_per_sample(call, policy)
-    return calls, tuple(_sample(call, calls, flush, policy.clock) for _ in range(policy.repeats))
+    clock = _clock_kind(policy)
+    return calls, tuple(_sample(call, calls, flush, clock) for _ in range(policy.repeats))
+
+
+def _clock_kind(policy: AutotunePolicy) -> str:
+    """``policy.clock``, except ``"wall"`` where JAX has no GPU (no device timeline to trace)."""
+    return policy.clock if jax.default_backend() in _GPU_PLATFORMS else "wall"
 
 
 def l2_flusher(policy: AutotunePolicy, args: tuple[Any, ...]) -> Callable[[], None] | None:

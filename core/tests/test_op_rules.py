@@ -11,6 +11,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 from ejk.ops.validate import (
@@ -107,3 +108,31 @@ def test_paged_owned_rows(cu_q_lens: list[int], num_seqs: int, owned: list[int])
 
     got = paged_owned_rows(6, jnp.asarray(cu_q_lens, jnp.int32), jnp.int32(num_seqs))
     assert got.tolist() == [bool(x) for x in owned]
+
+
+def test_paged_merge_splits_equals_one_softmax_over_every_split() -> None:
+    from ejk.ops import paged_merge_splits
+
+    rng = np.random.default_rng(0)
+    logits = rng.standard_normal((3, 8)).astype(np.float32)  # 3 rows, 8 keys (base-2 logits)
+    logits[2] = -np.inf  # a row that sees no key
+    values = rng.standard_normal((8, 4)).astype(np.float32)
+    parts = [(0, 3), (3, 3), (3, 8)]  # the middle split is empty
+    acc, row_max, row_sum = [], [], []
+    for lo, hi in parts:
+        s = logits[:, lo:hi]
+        m = s.max(axis=1, initial=-np.inf)
+        p = np.exp2(s - np.where(m == -np.inf, 0.0, m)[:, None])
+        acc.append(p @ values[lo:hi])
+        row_max.append(m)
+        row_sum.append(p.sum(axis=1))
+    got = np.asarray(paged_merge_splits(jnp.asarray(np.stack(acc)), jnp.asarray(np.stack(row_max)),
+                                        jnp.asarray(np.stack(row_sum))))
+    p = np.exp2(logits[:2] - logits[:2].max(axis=1, keepdims=True))
+    np.testing.assert_allclose(got[:2], (p / p.sum(axis=1, keepdims=True)) @ values, rtol=1e-5, atol=1e-6)
+    assert not got[2].any()  # no key in any split: zeros
+    nan_sum = np.stack(row_sum)
+    nan_sum[1, 0] = np.nan
+    got = np.asarray(paged_merge_splits(jnp.asarray(np.stack(acc)), jnp.asarray(np.stack(row_max)),
+                                        jnp.asarray(nan_sum)))
+    assert np.isnan(got[0]).all() and np.isfinite(got[1]).all()  # NaN propagates to its row only

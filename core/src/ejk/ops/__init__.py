@@ -17,7 +17,7 @@ from ejk.ops._definition import OPS, OpDefinition, define_op, get_op
 from ejk.ops._explain import Explanation, ImplementationReport, explain
 from ejk.ops._generic import AlgorithmKernel, run
 from ejk.ops._matmul import GroupedMatmulKernel, MatmulKernel, grouped_matmul, matmul
-from ejk.ops._paged import RaggedPagedAttentionKernel, paged_owned_rows, ragged_paged_attention
+from ejk.ops._paged import RaggedPagedAttentionKernel, paged_merge_splits, paged_owned_rows, ragged_paged_attention
 from ejk.ops._residuals import (
     FLASH_LSE_RESIDUALS,
     FLASH_RESIDUALS,
@@ -51,6 +51,7 @@ __all__ = [
     "grouped_matmul",
     "matmul",
     "natural_lse",
+    "paged_merge_splits",
     "paged_owned_rows",
     "ragged_paged_attention",
     "run",

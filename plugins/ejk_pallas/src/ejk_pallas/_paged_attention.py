@@ -30,7 +30,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from ejk.config.validators import int_in, one_of, power_of_two
-from ejk.ops import paged_owned_rows
+from ejk.ops import paged_merge_splits, paged_owned_rows
 from ejk.tiling import cdiv, next_pow2
 from ejk_pallas import _env, _mm
 from ejk_pallas._flash_attention import pl
@@ -161,16 +161,6 @@ def _kernel(lens_ref: Any, cu_ref: Any, num_ref: Any, table_ref: Any, q_ref: Any
         lax.fori_loop(0, (jnp.maximum(q_blocks - qz, 0) + st.q_programs - 1) // st.q_programs, q_block, 0)
 
 
-def _merge(acc: jax.Array, m: jax.Array, l_sum: jax.Array) -> jax.Array:
-    """Merge the splits' partials ``[Z, ...]`` (base-2 max and sum); rows that saw nothing are zeros."""
-    top = jnp.max(m, axis=0)
-    top = jnp.where(top == -jnp.inf, 0.0, top)
-    weight = jnp.exp2(m - top)
-    total = jnp.sum(weight * l_sum, axis=0)
-    merged = jnp.sum(weight[..., None] * acc, axis=0)
-    return merged / jnp.where(total == 0.0, 1.0, total)[..., None]
-
-
 def ragged_paged_attention(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array, kv_lens: jax.Array,
                            page_indices: jax.Array, cu_q_lens: jax.Array, num_seqs: jax.Array, *,
                            softmax_scale: float, sliding_window: tuple[int, int] | None,
@@ -239,7 +229,7 @@ def ragged_paged_attention(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array,
         interpret=_env.use_interpreter(),
         name="ejk_pallas_ragged_paged_attention",
     )(lens, cu, num, table, q2, k_pages, v_pages)
-    out2 = result if splits == 1 else _merge(*result)
+    out2 = result if splits == 1 else paged_merge_splits(*result)
     out = out2[:, :tokens * group].reshape(hkv, tokens, group, dv).transpose(1, 0, 2, 3).reshape(tokens, hq, dv)
     keep = paged_owned_rows(tokens, cu_q_lens, jnp.asarray(num_seqs))
     return jnp.where(keep[:, None, None], out, 0).astype(q.dtype)

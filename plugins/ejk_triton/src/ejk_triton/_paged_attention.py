@@ -38,7 +38,7 @@ import jax.custom_batching
 import jax.numpy as jnp
 
 from ejk.config.validators import int_in, one_of, power_of_two
-from ejk.ops import paged_owned_rows
+from ejk.ops import paged_merge_splits, paged_owned_rows
 from ejk.tiling import cdiv as _cdiv
 from ejk.tiling import next_pow2 as _next_pow2
 from ejk.tiling import padded_dim as _head_dim
@@ -149,27 +149,13 @@ def _launch(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array, kv_lens: jax.A
                     num_warps=cfg.num_warps, num_stages=cfg.num_stages, zeroed_outputs=zeroed, **consts)
     if splits == 1 or cfg.fused_merge:
         return _owned_only(result[0], cu_q_lens, num_seqs)
-    return _owned_only(_combine(result[1], result[2], result[3]), cu_q_lens, num_seqs).astype(q.dtype)
+    return _owned_only(paged_merge_splits(result[1], result[2], result[3]), cu_q_lens, num_seqs).astype(q.dtype)
 
 
 def _owned_only(out: jax.Array, cu_q_lens: jax.Array, num_seqs: jax.Array) -> jax.Array:
     """``out`` with the rows of no live sequence zeroed (no program writes them)."""
     owned = paged_owned_rows(out.shape[0], cu_q_lens, num_seqs)
     return jnp.where(owned[:, None, None], out, jnp.zeros((), out.dtype))
-
-
-def _combine(acc: jax.Array, row_max: jax.Array, row_sum: jax.Array) -> jax.Array:
-    """Merge the splits' partials ``[Z, T, Hq(, Dv)]`` (float32; rows that saw no key are zeros).
-
-    A NaN max or sum (NaN in the row's query or a key or value it sees) propagates to the row.
-    """
-    top = jnp.max(row_max, axis=0)
-    top = jnp.where(top == -jnp.inf, 0.0, top)
-    weight = jnp.exp2(row_max - top)  # 0 for splits that saw nothing
-    total = jnp.sum(weight * row_sum, axis=0)
-    merged = jnp.sum(weight[..., None] * acc, axis=0)
-    empty = total == 0.0
-    return jnp.where(empty[..., None], 0.0, merged / jnp.where(empty, 1.0, total)[..., None])
 
 
 def ragged_paged_attention(

@@ -96,8 +96,7 @@ def span_ms(fn: Callable[..., Any], args: tuple[Any, ...], reps: int, *, calls: 
         jax.block_until_ready(compiled(*args))
     samples = []
     for _ in range(reps):
-        events = gpu_timeline(compiled, args, calls)
-        samples.append((max(end for _, _, end in events) - events[0][1]) / calls / 1e6)
+        samples.append((_device_clock.events_span_ns(gpu_timeline(compiled, args, calls)) or 0) / calls / 1e6)
     return float(statistics.median(samples))
 
 

@@ -23,6 +23,7 @@ from bench_triton_moe import FULL_MOE
 
 import ejk
 from ejk.bench import workload_for
+from ejk.config import _device_clock
 
 
 def case(name: str) -> tuple[Callable[..., Any], tuple[Any, ...]]:
@@ -56,7 +57,7 @@ def main() -> None:
             print(f"  {kernel[:56]:56s} start {(start - events[0][1]) / 1e3:9.1f} us  dur {(end - start) / 1e3:8.1f}"
                   f"  gap {(start - prev_end) / 1e3:6.1f}")
             prev_end = max(prev_end, end)
-        span = (max(end for _, _, end in events) - events[0][1]) / args.calls / 1e6
+        span = (_device_clock.events_span_ns(events) or 0) / args.calls / 1e6
         wall = _harness.time_ms(fn, inputs, 5)
         print(f"  per call: span {span:.3f} ms on the device, {wall:.3f} ms wall (time_ms)", flush=True)
 

@@ -23,7 +23,7 @@ from typing import Any
 
 import jax
 
-__all__ = ["device_seconds_per_call", "gpu_events", "gpu_span_ns", "trace_gpu_events"]
+__all__ = ["device_seconds_per_call", "events_span_ns", "gpu_events", "gpu_span_ns", "trace_gpu_events"]
 
 _GPU_PLANE = "/device:GPU"
 _warned_busy = False
@@ -42,12 +42,16 @@ def gpu_events(planes: Iterable[Any]) -> list[tuple[str, int, int]]:
     return sorted(events, key=lambda event: event[1])
 
 
-def gpu_span_ns(planes: Iterable[Any]) -> int | None:
-    """Nanoseconds from the first GPU activity's start to the last one's end, or ``None`` if none."""
-    events = gpu_events(planes)
+def events_span_ns(events: list[tuple[str, int, int]]) -> int | None:
+    """Nanoseconds from the first of :func:`gpu_events`' starts to the last end, or ``None`` if none."""
     if not events:
         return None
     return max(end for _, _, end in events) - events[0][1]
+
+
+def gpu_span_ns(planes: Iterable[Any]) -> int | None:
+    """Nanoseconds from the first GPU activity's start to the last one's end, or ``None`` if none."""
+    return events_span_ns(gpu_events(planes))
 
 
 def trace_gpu_events(call: Callable[[], Any], calls: int) -> list[tuple[str, int, int]] | None:
@@ -87,7 +91,5 @@ def trace_gpu_events(call: Callable[[], Any], calls: int) -> list[tuple[str, int
 def device_seconds_per_call(call: Callable[[], Any], calls: int) -> float | None:
     """Seconds per call of ``calls`` back-to-back calls of ``call`` on the GPU's timeline: the span
     of :func:`trace_gpu_events` over ``calls``; ``None`` where there is none to read."""
-    events = trace_gpu_events(call, calls)
-    if not events:
-        return None
-    return (max(end for _, _, end in events) - events[0][1]) / max(calls, 1) / 1e9
+    span = events_span_ns(trace_gpu_events(call, calls) or [])
+    return None if span is None else span / max(calls, 1) / 1e9

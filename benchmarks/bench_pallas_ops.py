@@ -1,4 +1,5 @@
-"""ejk-pallas's ragged_paged_attention, grouped_matmul and matmul (Triton-lowered) on one GPU, in one run.
+"""ejk-pallas's ragged_paged_attention, grouped_matmul and matmul (Triton-lowered and Mosaic GPU) on one GPU,
+in one run.
 
 Sections (bf16, same process; the report is rewritten as results come, so a timeout keeps them):
 
@@ -9,7 +10,8 @@ Sections (bf16, same process; the report is rewritten as results come, so a time
   (a Zipf-like split with empty experts), against a dense batched einsum over equal groups
   (``[64, 512, 2048] x [64, 2048, 1536]``, the ratio's base), ``jax.lax.ragged_dot`` and (with the
   ``mosaic`` implementation) jax's own Mosaic GPU ragged dot; plus the heuristic's forward+backward;
-- matmul 8192³: against XLA's ``a @ b``.
+- matmul 8192³, both implementations (Triton-lowered and Mosaic GPU), forward and the heuristic's
+  forward+backward: against XLA's ``a @ b`` and its gradient.
 
 Each ejk-pallas line is the best of the heuristic's config and the next ``--configs`` entries of
 the config space (the heuristic's time is in the note). Timing: ``--timer span`` (the default,
@@ -35,7 +37,7 @@ import numpy as np
 from _harness import error_text
 
 import ejk
-from ejk_pallas import _grouped_matmul, _grouped_matmul_mgpu, _matmul, _paged_attention
+from ejk_pallas import _grouped_matmul, _grouped_matmul_mgpu, _matmul, _matmul_mgpu, _paged_attention
 
 HBM_GBS = 3000.0  # an H100 SXM copies about 3.0 TB/s
 PAGED = [(b, c, 64) for b in (8, 16, 64) for c in (2048, 8192, 16384)] + [(16, 8192, 16)]
@@ -179,6 +181,26 @@ def grouped_section(args: Any, lines: list[str]) -> None:
                          f"| {err} |")
 
 
+def matmul_label(cfg: Any) -> str:
+    if isinstance(cfg, _matmul_mgpu.MosaicMatmulConfig):
+        return (f"mosaic {cfg.block_m}x{cfg.block_n}/{cfg.split}/c{cfg.cluster}/s{cfg.stages}/"
+                f"{cfg.order}{cfg.band}")
+    return f"{cfg.block_m}x{cfg.block_n}x{cfg.block_k}/g{cfg.group_m}/w{cfg.num_warps}/s{cfg.num_stages}"
+
+
+#: matmul's implementations: (name, module with its config space).
+MATMUL_IMPLS = {"triton_lowered": _matmul, "mosaic": _matmul_mgpu}
+
+
+def fwd_bwd_of(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``(a, b) -> (d a, d b)`` of ``fn`` with a cotangent of ones (forward and backward in one program)."""
+    def run(a: jax.Array, b: jax.Array) -> Any:
+        out, vjp = jax.vjp(fn, a, b)
+        return vjp(jnp.ones_like(out))
+
+    return run
+
+
 def matmul_section(args: Any, lines: list[str]) -> None:
     size = 64 if args.smoke else 8192
     keys = jax.random.split(jax.random.key(2), 2)
@@ -189,19 +211,30 @@ def matmul_section(args: Any, lines: list[str]) -> None:
     clock = _harness.timer(args)
     xla_ms, err = timed(lambda a, b: a @ b, (a, b), args.reps, clock)
     lines.append(f"| {case} | fwd | XLA a @ b | {xla_ms:.3f} | {flops / xla_ms / 1e9:.0f} TFLOP/s | {err} |")
-    space = _matmul.config_space(a, b)[: 1 + args.configs]
-    cands = [(f"{c.block_m}x{c.block_n}x{c.block_k}/g{c.group_m}/w{c.num_warps}/s{c.num_stages}",
-              lambda a, b, c=c: ejk.matmul(a, b, platform="pallas", precision="default", cfg=pallas(c)))
-             for c in space]
-    label, ms, note = best(cands, (a, b), args.reps, clock)
-    lines.append(f"| {case} | fwd | ejk pallas ({label}) | {ms:.3f} | {flops / ms / 1e9:.0f} TFLOP/s "
-                 f"({xla_ms / ms:.2f}x a @ b) | {note} |")
+    xla_bwd_ms, err = timed(fwd_bwd_of(lambda a, b: a @ b), (a, b), args.reps, clock)
+    lines.append(f"| {case} | fwd+bwd | XLA a @ b | {xla_bwd_ms:.3f} | {3 * flops / xla_bwd_ms / 1e9:.0f} TFLOP/s "
+                 f"| {err} |")
+    for impl in args.matmul_impls.split(","):
+        module = MATMUL_IMPLS[impl]
+        space = module.config_space(a, b)[: 1 + args.configs]
+        cands = [(matmul_label(c), lambda a, b, c=c, i=impl: ejk.matmul(a, b, platform="pallas", precision="default",
+                                                                       cfg=pallas(c, i)))
+                 for c in space]
+        label, ms, note = best(cands, (a, b), args.reps, clock)
+        lines.append(f"| {case} | fwd | ejk pallas ({label}) | {ms:.3f} | {flops / ms / 1e9:.0f} TFLOP/s "
+                     f"({xla_ms / ms:.2f}x a @ b) | {note} |")
+        bwd_ms, err = timed(fwd_bwd_of(lambda a, b, i=impl: ejk.matmul(a, b, platform="pallas", precision="default",
+                                                                      cfg=pallas(None, i))), (a, b), args.reps, clock)
+        lines.append(f"| {case} | fwd+bwd | ejk pallas {impl} (heuristic) | {bwd_ms:.3f} | "
+                     f"{3 * flops / bwd_ms / 1e9:.0f} TFLOP/s ({xla_bwd_ms / bwd_ms:.2f}x a @ b) | {err} |")
 
 
 def main() -> None:
     p = _harness.parser(__doc__)
     p.add_argument("--configs", type=int, default=2, help="config-space entries timed after the heuristic's")
     p.add_argument("--sections", default="matmul,grouped,paged", help="comma-separated: matmul, grouped, paged")
+    p.add_argument("--matmul-impls", default="triton_lowered,mosaic",
+                   help="comma-separated matmul implementations: triton_lowered, mosaic (Hopper)")
     p.add_argument("--grouped-impls", default="triton_lowered,mosaic",
                    help="comma-separated grouped_matmul implementations: triton_lowered, mosaic (Hopper)")
     _harness.add_timer_option(p)

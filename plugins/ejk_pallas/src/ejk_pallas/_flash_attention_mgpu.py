@@ -701,8 +701,20 @@ def capability(
         return "segment ids not supported by mosaic_gpu"
     if bias is not None:
         return "bias not supported by mosaic_gpu"
+    return hopper_reason()
+
+
+def hopper_reason(*api: str) -> str | None:
+    """The common tail of the Mosaic GPU kernels' gates: why this jax or machine cannot run them, or ``None``.
+
+    This jax must have the Mosaic GPU names the kernels use (:data:`_PLGPU_API` and ``api``); in interpret
+    mode, the Mosaic GPU interpreter; else an NVIDIA Hopper GPU (compute capability 9.0: warpgroup MMA).
+    """
     if (missing := _missing_api()) is not None:
         return missing
+    _, plgpu = _mods()
+    if absent := [name for name in api if not hasattr(plgpu, name)]:
+        return f"mosaic_gpu: jax {jax.__version__} lacks plgpu.{', plgpu.'.join(absent)}"
     if _env.use_interpreter():
         return None if interpret_params() is not None else "this jax has no Mosaic GPU interpret mode"
     on_gpu, why = _env.nvidia_gpu()

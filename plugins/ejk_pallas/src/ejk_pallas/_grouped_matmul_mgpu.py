@@ -435,19 +435,7 @@ def capability(lhs: Any, rhs: Any, group_sizes: Any, *, precision: Any = None,
     k, n = int(lhs.shape[1]), int(rhs.shape[2])
     if int(lhs.shape[0]) * max(k, n) >= 2 ** 31:
         return "arrays of 2**31 elements or more not supported"
-    if (missing := _fa._missing_api()) is not None:
-        return missing
-    if not hasattr(_fa._mods()[1], "wgmma_wait"):
-        return f"mosaic_gpu: jax {jax.__version__} lacks plgpu.wgmma_wait"
-    if _env.use_interpreter():
-        return None if _fa.interpret_params() is not None else "this jax has no Mosaic GPU interpret mode"
-    on_gpu, why_not = _env.nvidia_gpu()
-    if not on_gpu:
-        return f"mosaic_gpu: needs sm_90 ({why_not})"
-    raw = _fa._compute_capability()
-    if raw.split(".")[0] != "9":
-        return f"mosaic_gpu: needs sm_90 (found compute capability {raw or 'unknown'})"
-    return None
+    return _fa.hopper_reason("wgmma_wait")
 
 
 def smem_bytes(cfg: MosaicGroupedMatmulConfig, itemsize: int, out_itemsize: int) -> int:

@@ -17,6 +17,7 @@ from ejk_pallas import (
     _grouped_matmul,
     _grouped_matmul_mgpu,
     _matmul,
+    _matmul_mgpu,
     _matmul_tpu,
     _paged_attention,
     _paged_attention_tpu,
@@ -39,6 +40,9 @@ MOSAIC_GMM_PRIORITY = 2
 PAGED_PRIORITY = 6
 #: matmul: below ejk-triton's gemm (-5) and ejk-xla's cuBLAS dot (0); autotuning compares them.
 MATMUL_PRIORITY = -6
+#: matmul's Mosaic GPU kernel (Hopper): below ejk-xla's cuBLAS dot (0), above ejk-triton's gemm (-5) and the
+#: Triton-lowered kernel (-6); autotuning compares them.
+MOSAIC_MATMUL_PRIORITY = -4
 #: Above the Triton-lowered kernel: on the H100 (2026-11-23) its forward ran at 0.84-0.98x cuDNN at
 #: head dim 128 and 0.78x at 64, the Triton-lowered one at 0.64-0.71x; Hopper only (its gate says so
 #: elsewhere, where the Triton-lowered kernel takes the call). Below ejk-triton (5).
@@ -80,6 +84,11 @@ def _register_ops(register: Callable[..., Callable[[Any], Any]]) -> None:
         register("matmul", ejk.Platform.PALLAS, backend, priority=MATMUL_PRIORITY, name="triton_lowered",
                  cfg_type=mm.MatmulConfig, config_space=mm.config_space, heuristic=mm.heuristic_config,
                  capability=mm.capability, vjp=mm_vjp)(mm.forward)
+        mmm = _matmul_mgpu
+        register("matmul", ejk.Platform.PALLAS, backend, priority=MOSAIC_MATMUL_PRIORITY, name="mosaic",
+                 cfg_type=mmm.MosaicMatmulConfig, config_space=mmm.config_space, heuristic=mmm.heuristic_config,
+                 capability=mmm.capability,
+                 vjp=ejk.VJP(fwd=mmm.forward_with_residuals, bwd=mmm.backward, residuals=mm.RESIDUALS))(mmm.forward)
         register("grouped_matmul", ejk.Platform.PALLAS, backend, priority=OPS_PRIORITY, name="triton_lowered",
                  cfg_type=gmm.GroupedMatmulConfig, config_space=gmm.config_space, heuristic=gmm.heuristic_config,
                  capability=gmm.capability, vjp=gmm_vjp)(gmm.forward)

@@ -51,7 +51,7 @@ def pallas(cfg: Any, implementation: str = "triton_lowered") -> ejk.ImplChoice:
 
 def grouped_label(cfg: Any) -> str:
     if isinstance(cfg, _grouped_matmul_mgpu.MosaicGroupedMatmulConfig):
-        return f"mosaic 128x{cfg.block_n}x64/s{cfg.max_concurrent_steps}"
+        return f"mosaic 128x{cfg.block_n}x64/{cfg.split}/c{cfg.cluster}/s{cfg.stages}"
     return f"{cfg.block_m}x{cfg.block_n}x{cfg.block_k}/w{cfg.num_warps}/s{cfg.num_stages}"
 
 

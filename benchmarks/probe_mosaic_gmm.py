@@ -1,10 +1,11 @@
 """Time a list of Mosaic GPU grouped matmul configs side by side (one line per config), optionally with
 the MMAs removed (what the loads alone cost).
 
-Usage (GPU host): ``python benchmarks/probe_mosaic_gmm.py "256,4 256,3 128,6" [--groups equal,skewed,one]
-[--no-mma]`` with configs ``block_n,max_concurrent_steps``. Shapes: 64 experts, k = 2048, n = 1536,
-32k tokens (``bench_pallas_ops.py``'s); ``one`` puts every token in the first expert (its ``rhs`` stays
-in L2). Each line checks the values against ``jax.lax.ragged_dot`` in float32 (skipped with ``--no-mma``).
+Usage (GPU host): ``python benchmarks/probe_mosaic_gmm.py "256,n,3,n 256,m,3,none" [--groups equal,skewed,one]
+[--no-mma]`` with configs ``block_n,split,stages,cluster``, timed on the GPU's timeline (``_harness.span_ms``).
+Shapes: 64 experts, k = 2048, n = 1536, 32k tokens (``bench_pallas_ops.py``'s); ``one`` puts every token in
+the first expert (its ``rhs`` stays in L2). Each line checks the values against ``jax.lax.ragged_dot`` in
+float32 (skipped with ``--no-mma``).
 Set ``MOSAIC_GPU_DUMP_PTXAS=1`` for the ptxas report. ``bench_pallas_ops.py`` reports only the best of
 the config space.
 """
@@ -39,8 +40,8 @@ def main() -> None:
     lhs = jax.random.normal(jax.random.key(0), (m, k), jnp.bfloat16)
     rhs = jax.random.normal(jax.random.key(1), (g, k, n), jnp.bfloat16) * 0.02
     flops = 2.0 * m * k * n
-    dense = _harness.time_ms(jax.jit(lambda x, w: jnp.einsum("gmk,gkn->gmn", x.reshape(g, m // g, k), w)),
-                             (lhs, rhs), args.reps)
+    dense = _harness.span_ms(lambda x, w: jnp.einsum("gmk,gkn->gmn", x.reshape(g, m // g, k), w), (lhs, rhs),
+                             args.reps)
     print(f"dense einsum {dense:.3f} ms {flops / dense / 1e9:.0f} TFLOP/s", flush=True)
     if args.no_mma:
         plgpu.wgmma = lambda *a, **kw: None  # the kernel module looks it up on each trace
@@ -49,18 +50,19 @@ def main() -> None:
         want = None if args.no_mma else np.asarray(jax.lax.ragged_dot(lhs.astype(jnp.float32),
                                                                       rhs.astype(jnp.float32), gs))
         for spec in args.configs.split():
-            block_n, steps = (int(x) for x in spec.split(","))
-            cfg = mgpu.MosaicGroupedMatmulConfig(block_n=block_n, max_concurrent_steps=steps)
+            block_n, split, stages, cluster = spec.split(",")
+            cfg = mgpu.MosaicGroupedMatmulConfig(block_n=int(block_n), split=split, stages=int(stages),
+                                                 cluster=cluster)
             fn = jax.jit(lambda x, w, c=cfg, gs=gs: mgpu.grouped_product(x, w, gs, transpose_rhs=False,
                                                                          out_dtype=jnp.bfloat16, cfg=c))
             try:
-                ms = _harness.time_ms(fn, (lhs, rhs), args.reps)
+                ms = _harness.span_ms(fn, (lhs, rhs), args.reps)
                 diff = "" if want is None else \
                     f" max diff {float(np.max(np.abs(np.asarray(fn(lhs, rhs), np.float32) - want))):.4f}"
-                print(f"{kind:6s} n{block_n} s{steps}: {ms:.3f} ms {flops / ms / 1e9:.0f} TFLOP/s "
+                print(f"{kind:6s} {spec}: {ms:.3f} ms {flops / ms / 1e9:.0f} TFLOP/s "
                       f"({dense / ms:.2f}x dense){diff}", flush=True)
             except Exception as exc:  # report and go on
-                print(f"{kind:6s} n{block_n} s{steps}: failed: {_harness.error_text(exc)}", flush=True)
+                print(f"{kind:6s} {spec}: failed: {_harness.error_text(exc)}", flush=True)
 
 
 if __name__ == "__main__":

@@ -1,11 +1,11 @@
 """The Mosaic GPU grouped matmul (``pallas/gpu:mosaic`` for ``grouped_matmul``): values, gradients, gate, lowering.
 
 On a CPU the kernel runs in Pallas's Mosaic GPU interpret mode (``EJK_PALLAS_INTERPRET=1``): the persistent
-loop over two CTAs, the TMA ring and its barriers, the per-group row masks of tiles that straddle groups and
-the skipped empty groups are checked, with the MMAs as plain dots. Every config of the space is lowered
-through the real Mosaic GPU lowering for CUDA (which checks the WGMMA operands, the in-place masking of a
-straddling tile's ``lhs`` in shared memory, layouts and transforms). Tests marked ``gpu`` run the compiled
-kernel on a Hopper GPU.
+walk of the work list over two CTAs, the warp-specialised TMA ring, the per-group visits of tiles that
+straddle groups and their ladders of row stores, the skipped empty groups and list entries, and the zero rows
+past the sum are checked, with the MMAs as plain dots. Every config of the space is lowered through the real
+Mosaic GPU lowering for CUDA (which checks the WGMMA operands, layouts, transforms and the TMA stores). Tests
+marked ``gpu`` run the compiled kernel on a Hopper GPU.
 """
 
 from __future__ import annotations
@@ -94,7 +94,7 @@ CASES = [
 @needs_kernel
 @pytest.mark.parametrize("m,k,n,sizes,dtype,out_dtype", CASES, ids=lambda x: str(x) if isinstance(x, int) else None)
 def test_matches_reference(m: int, k: int, n: int, sizes: list[int], dtype: Any, out_dtype: Any) -> None:
-    check(m, k, n, sizes, dtype, cfg=MosaicGroupedMatmulConfig(block_n=64, max_concurrent_steps=2),
+    check(m, k, n, sizes, dtype, cfg=MosaicGroupedMatmulConfig(block_n=64, split="m", stages=2),
           out_dtype=out_dtype)
 
 
@@ -104,7 +104,7 @@ def test_transposed_rhs_product() -> None:
     lhs, rhs, gs = _inputs(300, 128, 100, [120, 0, 30, 110], jnp.bfloat16, seed=3)
     rhs_t = jnp.swapaxes(rhs, 1, 2)  # [g, n, k]
     got = mg.grouped_product(lhs, rhs_t, gs, transpose_rhs=True, out_dtype=jnp.float32,
-                             cfg=MosaicGroupedMatmulConfig(block_n=64, max_concurrent_steps=3))
+                             cfg=MosaicGroupedMatmulConfig(block_n=64, split="m", stages=3))
     assert_close(got, reference_grouped_matmul(lhs, rhs, gs, preferred_element_type=jnp.float32), jnp.bfloat16,
                  what="x @ w[g].T")
 
@@ -130,11 +130,20 @@ def test_no_races(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(mg._fa, "interpret_params", lambda: InterpretGPUParams(detect_races=True))
     lhs, rhs, gs = _inputs(400, 192, 64, [100, 0, 250, 20], jnp.bfloat16, seed=5)
     got = mg.grouped_product(lhs, rhs, gs, transpose_rhs=False, out_dtype=jnp.float32,
-                             cfg=MosaicGroupedMatmulConfig(block_n=64, max_concurrent_steps=2))
+                             cfg=MosaicGroupedMatmulConfig(block_n=64, split="m", stages=2))
     races = interpret_pallas_call.get_races()
     assert races.reads and not races.races_found
     assert_close(got, reference_grouped_matmul(lhs, rhs, gs, preferred_element_type=jnp.float32), jnp.bfloat16,
                  what="out")
+
+
+@needs_kernel
+@pytest.mark.skipif(ON_GPU, reason="the interpreter has no clusters; on a GPU they run")
+def test_interpret_mode_refuses_clusters() -> None:
+    lhs, rhs, gs = _inputs(64, 64, 64, [64], jnp.bfloat16)
+    with pytest.raises(ValueError, match="cluster='none'"):
+        mg.grouped_product(lhs, rhs, gs, transpose_rhs=False, out_dtype=jnp.bfloat16,
+                           cfg=MosaicGroupedMatmulConfig(block_n=64, split="m", cluster="n"))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -162,11 +171,14 @@ def test_configs_fit_shared_memory(monkeypatch: pytest.MonkeyPatch) -> None:
         assert space[0] == mg.heuristic_config(lhs, rhs, gs, preferred_element_type=out)
         size = jnp.dtype(jnp.bfloat16 if out is None else out).itemsize
         assert space and all(mg.smem_bytes(c, 2, size) <= mg._SMEM_BUDGET for c in space)
-    assert mg.heuristic_config(lhs, rhs, gs) == MosaicGroupedMatmulConfig(block_n=256, max_concurrent_steps=4)
+    assert mg.heuristic_config(lhs, rhs, gs) == MosaicGroupedMatmulConfig(block_n=256, split="n", stages=3)
     assert mg.heuristic_config(lhs, rhs, gs, preferred_element_type=jnp.float32) == MosaicGroupedMatmulConfig(
-        block_n=256, max_concurrent_steps=3)
+        block_n=256, split="n", stages=2)
+    assert {c.cluster for c in mg.config_space(lhs, rhs, gs)} == {"none", "n"}
     with pytest.raises(ValueError):
         MosaicGroupedMatmulConfig(block_n=512)
+    with pytest.raises(ValueError, match="split the other way"):
+        MosaicGroupedMatmulConfig(block_n=64, split="n")  # 32-column halves
 
 
 def test_registered() -> None:
@@ -195,7 +207,7 @@ def _lower(cfg: MosaicGroupedMatmulConfig, transpose_rhs: bool, dtype: Any = jnp
 
 @pytest.mark.parametrize("transpose_rhs", [False, True], ids=["rhs", "rhs_t"])
 @pytest.mark.parametrize("cfg", mg._fitting(sds((1, 1), jnp.bfloat16), jnp.bfloat16),
-                         ids=lambda c: f"n{c.block_n}s{c.max_concurrent_steps}")
+                         ids=lambda c: f"n{c.block_n}{c.split}c{c.cluster}s{c.stages}")
 def test_every_config_lowers_for_cuda(cfg: MosaicGroupedMatmulConfig, transpose_rhs: bool,
                                       monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(_env, "use_interpreter", lambda: False)
@@ -204,8 +216,8 @@ def test_every_config_lowers_for_cuda(cfg: MosaicGroupedMatmulConfig, transpose_
 
 def test_float16_and_float32_out_lower_for_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(_env, "use_interpreter", lambda: False)
-    _lower(MosaicGroupedMatmulConfig(block_n=128, max_concurrent_steps=4), False, jnp.float16, jnp.float32)
-    _lower(MosaicGroupedMatmulConfig(), True, jnp.float16, m=5, k=20, n=3)  # every dim below one block
+    _lower(MosaicGroupedMatmulConfig(block_n=128, split="m", stages=2), False, jnp.float16, jnp.float32)
+    _lower(MosaicGroupedMatmulConfig(cluster="n"), True, jnp.float16, m=5, k=20, n=3)  # every dim below one block
 
 
 # ----------------------------------------------------------------------------------------------

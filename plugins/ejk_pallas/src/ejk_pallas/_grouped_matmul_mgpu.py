@@ -1,30 +1,31 @@
 """``grouped_matmul`` (mixture of experts) for Hopper, written with Pallas's Mosaic GPU backend (``plgpu``).
 
-A persistent kernel: one CTA per SM walks the output tiles ``[128 rows, block_n columns]`` in row-major
-order (the column tiles of one row tile next to each other, so the rows are read from HBM once and the
-group's ``rhs`` columns stay in L2 while its row tiles pass). Each CTA runs three warpgroups:
+The kernel of :mod:`ejk_pallas._matmul_mgpu` (persistent, warp-specialised: a memory warpgroup feeding a TMA
+ring, two compute warpgroups with warpgroup MMA, chunked TMA-store epilogue) walked over a *work list* instead
+of a dense tile grid. Each group's rows are cut into 128-row tiles from the group's own first row (rounded
+down to a multiple of 8, which TMA's swizzled tiling needs), so a group's tiles are whole but its last and
+sometimes a few rows of its first (about ``sum(cdiv(size, 128))`` tiles in all, against up to twice as many
+partial ones for tiles aligned to multiples of 128); a partial tile still multiplies 128 rows (TMA reads
+whatever is there) and stores only its group's. The persistent CTAs walk (item, column tile) pairs in a
+banded snake order. Empty groups have no item (they cost nothing); rows past ``sum(group_sizes)`` form a last
+pseudo-group whose items store zeros without any MMA; list entries past the real item count are skipped.
 
-* a producer that streams, for every (tile, group, k step), the tile's 128 rows of ``lhs`` (two 64-row
-  TMA copies) and the group's ``[block_k, block_n]`` slice of ``rhs`` into a ring of
-  ``max_concurrent_steps`` shared-memory slots; it runs on into the next tile while the consumers store
-  the last one, so the pipeline never drains between tiles;
-* two consumers, 64 rows each, that accumulate ``lhs·rhs[g]`` with warpgroup MMA (float32 registers)
-  and store their rows with TMA.
+Stores: a compute warpgroup whose rows all belong to the item's group stores its share through swizzled
+chunk slots, as the dense kernel does. One whose rows pass the group's end stores its 64x64 chunks one by one:
+a chunk wholly in the group through a swizzled slot, one partly in it through an unswizzled slot in a ladder
+of TMA stores of 32, 16, ..., 1 rows (TMA boxes are static; any row count is a sum of powers of two), so no
+visit writes another group's rows. With the tile split by rows (``split="m"``), a warpgroup whose 64 rows miss
+the group skips its MMAs.
 
-A tile that straddles a group boundary is multiplied once per group it meets, into one accumulator: a
-consumer with only some of its 64 rows in the group zeroes the others in its own half of the ``lhs``
-slot in shared memory before its MMA; one with none of them only keeps the barriers in step. Every
-output tile is therefore stored once, whole, by one CTA. Empty groups cost nothing; rows past
-``sum(group_sizes)`` belong to no group and get zeros. TMA fills out-of-bounds loads with zeros and clips
-stores, so ragged sizes need no masking; its swizzled tiling needs ``k`` and ``n`` to be multiples of 64
-and ``m`` of 8 (at least one tile each): other sizes are padded (a copy of the operand).
+``transpose_rhs`` multiplies by ``rhs[g]ᵀ`` (``rhs`` read as ``[g, n, k]`` tiles, the MMA taking them
+transposed from shared memory): the backward's ``d lhs = d out · rhs[g]ᵀ``. ``d rhs`` comes from the
+Triton-lowered kernel of :mod:`ejk_pallas._grouped_matmul` (same residuals).
 
-``transpose_rhs`` multiplies by ``rhs[g]ᵀ`` (``rhs`` read as ``[g, n, k]`` tiles and transposed in
-shared memory): the backward's ``d lhs = d out · rhs[g]ᵀ``. ``d rhs`` comes from the Triton-lowered
-kernel of :mod:`ejk_pallas._grouped_matmul` (same residuals).
-
-With ``EJK_PALLAS_INTERPRET=1`` on a CPU the same kernel runs in Pallas's Mosaic GPU interpret mode (its
-MMAs as plain dots: the interpreter has no warpgroup MMA).
+TMA fills out-of-bounds loads with zeros and clips stores, so ragged sizes need no masking; the swizzled
+tiling needs ``k`` and ``n`` to be multiples of 64 and ``m`` of 8 (at least one tile each): other sizes are
+padded (a copy of the operand). With ``EJK_PALLAS_INTERPRET=1`` on a CPU the same kernel runs in Pallas's
+Mosaic GPU interpret mode (whole tiles; ``rhs`` transposed by a copy there, whose MMA takes no transposed
+operand).
 """
 
 from __future__ import annotations
@@ -37,280 +38,216 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from ejk.config.validators import int_in, one_of
+from ejk.config.validators import int_in, one_of, one_of_str
 from ejk.parallel import cotangent_like
 from ejk.tiling import cdiv
 from ejk_pallas import _env
 from ejk_pallas import _flash_attention_mgpu as _fa
 from ejk_pallas import _grouped_matmul as _tl
+from ejk_pallas import _matmul_mgpu as _mm
 from ejk_pallas._group_metadata import offsets
 from ejk_pallas._matmul import _sm_count
 
 __all__ = ["MosaicGroupedMatmulConfig", "backward", "capability", "config_space", "forward",
-           "forward_with_residuals", "heuristic_config", "smem_bytes"]
+           "forward_with_residuals", "grouped_product", "heuristic_config", "smem_bytes"]
 
-#: Rows per consumer warpgroup (one 64-row WGMMA tile) and consumers per CTA: 128-row output tiles.
-_ROWS = 64
-_CONSUMERS = 2
-_BLOCK_M = _ROWS * _CONSUMERS
-#: The contraction step: one 128-byte swizzle row of 16-bit elements.
-_BLOCK_K = 64
-#: Output columns per epilogue chunk (two chunk slots per consumer in shared memory).
-_EPI_N = 64
-_REGS = (232, 40)  # consumer / producer registers per thread (2 x 232 + 40 = 512 x 128 threads = 64K)
+#: Rows of a tile (the work list's row tiles).
+_BLOCK_M = 128
+_BLOCK_K = _mm._BLOCK_K
+_EPI = _mm._EPI
 _DTYPES = ("bfloat16", "float16")
 _OUT_DTYPES = ("bfloat16", "float16", "float32")
-#: Hopper's opt-in shared memory per block (227 KiB, what the Mosaic GPU lowering allows), less 2 KiB for
-#: the barriers and the 1 KiB alignment of each of the three buffers.
-_SMEM_BUDGET = 227 * 1024 - 2 * 1024
+#: Hopper's opt-in shared memory per block, less the barriers and the buffers' alignment.
+_SMEM_BUDGET = _mm._SMEM_BUDGET
 #: CTAs in interpret mode: two, so the persistent loop's stride is exercised.
 _INTERPRET_CTAS = 2
 
 
 @attrs.frozen(kw_only=True)
 class MosaicGroupedMatmulConfig:
-    """Tiles of the Mosaic GPU grouped matmul (128 rows a tile, 64 a contraction step).
+    """Tiles and schedule of the Mosaic GPU grouped matmul (128 rows a tile, 64 a contraction step).
 
     Attributes:
-        block_n: Output columns per tile (the MMA's N; 256 at most).
-        max_concurrent_steps: Shared-memory slots of the TMA ring (how far the producer runs ahead).
+        block_n: Output columns per tile.
+        split: How the two compute warpgroups share a tile: ``"m"`` (64 rows each) or ``"n"`` (half the
+            columns each, at least 64); a half holds at most 128x128 float32 accumulators.
+        stages: Shared-memory slots of the TMA ring.
+        cluster: ``"n"``: CTA pairs take neighbouring column tiles of one item and share its ``lhs`` slices
+            (TMA multicast: each CTA reads half of them from L2); ``"none"``: no cluster.
+        band: Width of the snake's bands, in column tiles (or tile pairs).
     """
 
     block_n: int = attrs.field(default=256, validator=one_of(64, 128, 192, 256))
-    max_concurrent_steps: int = attrs.field(default=3, validator=int_in(2, 8))
+    split: str = attrs.field(default="n", validator=one_of_str("m", "n"))
+    cluster: str = attrs.field(default="none", validator=one_of_str("none", "n"))
+    stages: int = attrs.field(default=3, validator=int_in(2, 8))
+    band: int = attrs.field(default=8, validator=one_of(1, 2, 4, 8, 16, 32))
+
+    def __attrs_post_init__(self) -> None:
+        wm, wn = self.warpgroup_tile
+        if wn < 64 or wm * wn > _mm._MAX_ACC:
+            raise ValueError(
+                f"block_n {self.block_n} split along {self.split} gives each compute warpgroup {wm}x{wn}: it needs "
+                "at least 64 columns and at most 128x128 (accumulator registers); split the other way")
+
+    @property
+    def warpgroup_tile(self) -> tuple[int, int]:
+        """``(rows, columns)`` of one compute warpgroup's share of a tile."""
+        return (_BLOCK_M // 2, self.block_n) if self.split == "m" else (_BLOCK_M, self.block_n // 2)
 
 
 @attrs.frozen(kw_only=True)
 class _Static:
     """What the kernel body needs that is known when tracing."""
 
-    bn: int
-    steps: int
+    cfg: MosaicGroupedMatmulConfig
+    groups: int
+    items: int  # the work list's static length
+    n_tiles: int  # column tiles (tile pairs with a cluster)
     k_steps: int
-    m_tiles: int
-    n_tiles: int
-    ctas: int
     transpose_rhs: bool
     out_dtype: Any
-    interpret: bool
-
-    @property
-    def units(self) -> int:
-        return self.m_tiles * self.n_tiles
 
 
-def _transforms(dtype: Any) -> tuple[Any, ...]:
-    _, plgpu = _fa._mods()
-    return (plgpu.TilingTransform((8, 128 // jnp.dtype(dtype).itemsize)), plgpu.SwizzleTransform(128))
-
-
-def _wgmma(x: Any, st: _Static) -> Any:
-    """``x`` in the WGMMA register layout (the interpreter has no layouts: ``x`` itself)."""
-    if st.interpret:
-        return x
-    _, plgpu = _fa._mods()
-    return plgpu.layout_cast(x, plgpu.Layout.WGMMA)
-
-
-def _kernel(first_ref: Any, count_ref: Any, offs_ref: Any, x_ref: Any, w_ref: Any, out_ref: Any, scoped: Any, *,
-            st: _Static) -> None:
+def _ladder_store(slot: Any, dst: Any, start: Any, count: Any) -> None:
+    """Store rows ``[start, start + count)`` of the unswizzled 64-row ``slot`` to the same rows of ``dst``, as TMA
+    stores of 64, 32, ..., 1 rows (one per set bit of ``count``)."""
     pl, plgpu = _fa._mods()
-    (a_ring, b_ring, o_smem), ready, free = scoped
-    wg = lax.axis_index("wg")
-    cta = lax.axis_index("sm")
-    my_units = lax.div(st.units - 1 - cta, st.ctas) + 1  # units cta, cta + ctas, ... (cta < units)
-    bn, bk = st.bn, _BLOCK_K
+    size = _EPI[0]
+    while size >= 1:
+        def store(size: int = size, start: Any = start) -> None:
+            plgpu.copy_smem_to_gmem(slot.at[pl.ds(start, size)], dst.at[pl.ds(start, size)])
 
-    def unit_at(i: Any) -> tuple[Any, Any]:
-        u = cta + i * st.ctas
-        return lax.div(u, st.n_tiles), lax.rem(u, st.n_tiles)  # (row tile, column tile)
+        pl.when((count & size) != 0)(store)
+        start = start + (count & size)
+        size //= 2
 
-    def slot(it: Any) -> Any:
-        return lax.rem(it, st.steps)
 
-    def groups_of(t: Any) -> tuple[Any, Any]:
-        return first_ref[t], count_ref[t]
+def _store_rows(acc: Any, slots: Any, part: Any, dst: Any, first: Any, lo: Any, hi: Any) -> None:
+    """Store the rows ``[lo, hi)`` (absolute) of a compute warpgroup's ``acc``, whose row 0 is row ``first``, to
+    ``dst`` (the gmem view of its share): whole through ``slots`` when every row is in range; else chunk by chunk,
+    a chunk wholly in range through a swizzled slot, one partly in range through the unswizzled slot ``part``
+    in a ladder."""
+    pl, plgpu = _fa._mods()
+    rows = acc.shape[0]
+    whole = (lo <= first) & (hi >= first + rows)
+    pl.when(whole)(lambda: _mm.store_tile(acc, slots, dst))
 
-    def group_rows(g: Any) -> tuple[Any, Any]:
-        return offs_ref[g], offs_ref[g + 1]
+    @pl.when(jnp.logical_not(whole))  # type: ignore[untyped-decorator]
+    def _by_chunk() -> None:
+        for er, ec in _mm.chunks(*acc.shape):
+            top = first + er.start
+            start = jnp.clip(lo - top, 0, _EPI[0])
+            stop = jnp.clip(hi - top, 0, _EPI[0])
+            full = (start == 0) & (stop == _EPI[0])
 
-    def producer() -> None:
-        plgpu.set_max_registers(_REGS[1], action="decrease")
-
-        def unit(i: Any, it: Any) -> Any:
-            t, j = unit_at(i)
-            first, count = groups_of(t)
-
-            def group(gi: Any, it: Any) -> Any:
-                g = first + gi
-                lo, hi = group_rows(g)
-
-                def k_step(kk: Any, it: Any) -> Any:
-                    s = slot(it)
-                    _fa._when(it >= st.steps, lambda: plgpu.barrier_wait(free.at[s]))
-                    k0 = kk * bk
-                    for h in range(_CONSUMERS):
-                        rows = pl.ds(t * _BLOCK_M + h * _ROWS, _ROWS)
-                        plgpu.copy_gmem_to_smem(x_ref.at[rows, pl.ds(k0, bk)], a_ring.at[s * _CONSUMERS + h],
-                                                ready.at[s])
-                    cols = pl.ds(j * bn, bn)
-                    src = w_ref.at[g, cols, pl.ds(k0, bk)] if st.transpose_rhs else w_ref.at[g, pl.ds(k0, bk), cols]
-                    plgpu.copy_gmem_to_smem(src, b_ring.at[s], ready.at[s])
-                    return it + 1
-
-                return lax.cond(hi > lo, lambda it: lax.fori_loop(0, st.k_steps, k_step, it), lambda it: it, it)
-
-            return lax.fori_loop(0, count, group, it)
-
-        issued = lax.fori_loop(0, my_units, unit, jnp.int32(0))
-
-        def drain(q: Any, carry: Any) -> Any:  # observe the last slots' releases (every phase awaited)
-            plgpu.barrier_wait(free.at[slot(q)])
-            return carry
-
-        lax.fori_loop(jnp.maximum(issued - st.steps, 0), issued, drain, 0)
-
-    def consumer() -> None:
-        plgpu.set_max_registers(_REGS[0], action="increase")
-
-        def a_tile(s: Any) -> Any:
-            return a_ring.at[s * _CONSUMERS + wg]
-
-        def b_operand(s: Any) -> Any:
-            return b_ring.at[s].transpose((1, 0)) if st.transpose_rhs else b_ring.at[s]
-
-        def b_value(s: Any) -> Any:
-            return b_ring[s].T if st.transpose_rhs else b_ring[s]
-
-        def mask_rows(s: Any, keep: Any) -> None:
-            """Zero the rows of this consumer's ``lhs`` tile in slot ``s`` that are not the group's, in place
-            (the tile is this consumer's alone; the MMA reads it through the async proxy, hence the fence)."""
-            tile = a_tile(s)
-            a = tile[...]
-            tile[...] = jnp.where(keep, a, jnp.zeros_like(a))
-            plgpu.commit_smem()
-
-        def k_loop(acc: Any, it: Any, keep: Any) -> Any:
-            """``acc + (lhs rows where keep)·rhs[g]`` over every k step (``keep`` ``None``: all rows)."""
-            if st.interpret:
-                def step(kk: Any, acc: Any) -> Any:
-                    s = slot(it + kk)
-                    plgpu.barrier_wait(ready.at[s])
-                    if keep is not None:
-                        mask_rows(s, keep)
-                    acc = acc + jnp.dot(a_ring[s * _CONSUMERS + wg], b_value(s), preferred_element_type=jnp.float32)
-                    plgpu.barrier_arrive(free.at[s])
-                    return acc
-
-                return lax.fori_loop(0, st.k_steps, step, acc)
-
-            def run(acc_ref: Any) -> None:
-                def step(kk: Any, carry: Any) -> Any:
-                    s = slot(it + kk)
-                    plgpu.barrier_wait(ready.at[s])
-                    if keep is not None:
-                        mask_rows(s, keep)
-                    plgpu.wgmma(acc_ref, a_tile(s), b_operand(s))
-                    plgpu.wgmma_wait(1)  # the previous step's MMA is done: release its slot
-                    _fa._when(kk > 0, lambda: plgpu.barrier_arrive(free.at[slot(it + kk - 1)]))
-                    return carry
-
-                lax.fori_loop(0, st.k_steps, step, 0)
-                plgpu.wgmma_wait(0)
-                plgpu.barrier_arrive(free.at[slot(it + st.k_steps - 1)])
-
-            return pl.run_state(run)(plgpu.ACC.init(acc))
-
-        def skip_loop(acc: Any, it: Any) -> Any:
-            """This consumer has no row of the group: keep the ring's barriers in step."""
-            def step(kk: Any, carry: Any) -> Any:
-                s = slot(it + kk)
-                plgpu.barrier_wait(ready.at[s])
-                plgpu.barrier_arrive(free.at[s])
-                return carry
-
-            lax.fori_loop(0, st.k_steps, step, 0)
-            return acc
-
-        def unit(i: Any, it: Any) -> Any:
-            t, j = unit_at(i)
-            first, count = groups_of(t)
-            r0 = t * _BLOCK_M + wg * _ROWS
-
-            def group(gi: Any, carry: Any) -> Any:
-                acc, it = carry
-                lo, hi = group_rows(first + gi)
-                nonempty = hi > lo
-                whole = (lo <= r0) & (hi >= r0 + _ROWS)
-                none = (hi <= r0) | (lo >= r0 + _ROWS)
-
-                def partial(acc: Any) -> Any:
-                    rows = _wgmma(lax.broadcasted_iota(jnp.int32, (_ROWS, bk), 0), st) + r0
-                    return k_loop(acc, it, (rows >= lo) & (rows < hi))
-
-                branch = jnp.where(whole, 0, jnp.where(none, 1, 2)).astype(jnp.int32)
-                acc = lax.cond(nonempty, lambda acc: lax.switch(branch, [
-                    lambda acc: k_loop(acc, it, None), lambda acc: skip_loop(acc, it), partial], acc),
-                    lambda acc: acc, acc)
-                return acc, it + jnp.where(nonempty, st.k_steps, 0)
-
-            acc = _wgmma(jnp.zeros((_ROWS, bn), jnp.float32), st)
-            acc, it = lax.fori_loop(0, count, group, (acc, it))
-            # The epilogue in 64-column chunks through two smem slots taken in turn across tiles too (a
-            # chunk's store overlaps the next chunk's conversion); a slot is rewritten once its store two
-            # chunks back has read it.
-            chunks = bn // _EPI_N
-            for c in range(chunks):
-                out = o_smem.at[wg * 2 + lax.rem(i * chunks + c, 2)]
-                plgpu.wait_smem_to_gmem(1, wait_read_only=True)
-                chunk = acc if bn == _EPI_N else acc[:, c * _EPI_N:(c + 1) * _EPI_N]
-                out[...] = chunk.astype(st.out_dtype)
+            @pl.when(full)  # type: ignore[untyped-decorator]
+            def _full(er: slice = er, ec: slice = ec) -> None:
+                plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # the slots' earlier stores have left them
+                slots.at[0][...] = acc[er, ec]
                 plgpu.commit_smem()
-                plgpu.copy_smem_to_gmem(out, out_ref.at[pl.ds(r0, _ROWS), pl.ds(j * bn + c * _EPI_N, _EPI_N)])
-            return it
+                plgpu.copy_smem_to_gmem(slots.at[0], dst.at[er, ec])
 
-        lax.fori_loop(0, my_units, unit, jnp.int32(0))
-        plgpu.wait_smem_to_gmem(0)
+            @pl.when((stop > start) & jnp.logical_not(full))  # type: ignore[untyped-decorator]
+            def _rows(er: slice = er, ec: slice = ec, start: Any = start, stop: Any = stop) -> None:
+                plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+                part[...] = acc[er, ec]
+                plgpu.commit_smem()
+                _ladder_store(part, dst.at[er, ec], start, stop - start)
 
-    _fa._when(wg < _CONSUMERS, consumer)
-    _fa._when(wg == _CONSUMERS, producer)
 
-
-def _entry(first_ref: Any, count_ref: Any, offs_ref: Any, x_ref: Any, w_ref: Any, out_ref: Any, *,
-           st: _Static) -> None:
+def _kernel(group_ref: Any, start_ref: Any, stop_ref: Any, count_ref: Any, x_gmem: Any, w_gmem: Any, out_gmem: Any,
+            *, st: _Static) -> None:
     pl, plgpu = _fa._mods()
-    dtype = x_ref.dtype
-    b_shape = (st.bn, _BLOCK_K) if st.transpose_rhs else (_BLOCK_K, st.bn)
-    smem = (
-        plgpu.SMEM((st.steps * _CONSUMERS, _ROWS, _BLOCK_K), dtype, transforms=_transforms(dtype)),
-        plgpu.SMEM((st.steps, *b_shape), dtype, transforms=_transforms(dtype)),
-        plgpu.SMEM((_CONSUMERS * 2, _ROWS, _EPI_N), st.out_dtype, transforms=_transforms(st.out_dtype)),
-    )
-    ready = plgpu.Barrier(num_arrivals=_CONSUMERS + 1, num_barriers=st.steps)  # two lhs halves and rhs
-    free = plgpu.Barrier(num_arrivals=_CONSUMERS, num_barriers=st.steps)
-    pl.run_scoped(
-        lambda *scoped: _kernel(first_ref, count_ref, offs_ref, x_ref, w_ref, out_ref, scoped, st=st),
-        smem, ready, free, collective_axes="wg",
-    )
+    cfg = st.cfg
+    wm, wn = cfg.warpgroup_tile
+    bm, bn, bk = _BLOCK_M, cfg.block_n, _BLOCK_K
+    in_transforms = _mm._transforms(x_gmem.dtype, bk * jnp.dtype(x_gmem.dtype).itemsize)
+    a_spec = plgpu.BlockSpec((bm, bk), lambda k: (0, k), transforms=in_transforms, memory_space=plgpu.SMEM,
+                             collective_axes=("cluster",) if cfg.cluster == "n" else ())
+    b_spec = plgpu.BlockSpec((bn, bk) if st.transpose_rhs else (bk, bn),
+                             (lambda k: (0, k)) if st.transpose_rhs else (lambda k: (k, 0)),
+                             transforms=in_transforms, memory_space=plgpu.SMEM)
+    pipeline = _mm.warp_specialized(a_spec, b_spec, st.k_steps, cfg.stages)
+    b0 = w_gmem.at[0, :bn, :bk] if st.transpose_rhs else w_gmem.at[0, :bk, :bn]
+    part_smem = plgpu.SMEM((2, *_EPI), st.out_dtype)  # unswizzled: sliced at any row
+
+    def scope(allocations: Any, out_smem: Any, part_smem: Any) -> None:
+        wg = lax.axis_index("wg")
+        count = count_ref[0]
+
+        @plgpu.nd_loop((st.items * st.n_tiles,), collective_axes="cluster_grid")  # type: ignore[untyped-decorator]
+        def _item(info: Any) -> None:
+            (lin,) = info.index
+            item, j = plgpu.planar_snake(lin, (st.items, st.n_tiles), 1, cfg.band)
+            if cfg.cluster == "n":  # both CTAs of a pair visit the same items (the multicast needs both)
+                j = j * 2 + lax.axis_index("cluster")
+            g, lo, hi = group_ref[item], start_ref[item], stop_ref[item]
+            row0 = lax.div(lo, 8) * 8  # the tile's first row (TMA's swizzled tiling: rows of 8)
+            live = item < count
+            wg_rows = pl.ds(wg * wm, wm) if cfg.split == "m" else slice(None)
+            wg_cols = pl.ds(wg * wn, wn) if cfg.split == "n" else slice(None)
+            first = row0 + wg * wm if cfg.split == "m" else row0
+            dst = out_gmem.at[pl.ds(row0, bm), pl.ds(j * bn, bn)].at[wg_rows, wg_cols]
+
+            def store(acc: Any) -> None:
+                _store_rows(acc, out_smem.at[wg], part_smem.at[wg], dst, first, lo, hi)
+
+            def mma(_: Any, a_smem: Any, b_smem: Any, acc_ref: Any) -> Any:
+                b_op = b_smem.at[wg_cols].transpose((1, 0)) if st.transpose_rhs else b_smem.at[:, wg_cols]
+
+                def multiply() -> None:
+                    plgpu.wgmma(acc_ref, a_smem.at[wg_rows], b_op)
+                    plgpu.wgmma_wait(0)
+
+                if cfg.split == "m":  # a warpgroup whose 64 rows miss the group has nothing to multiply
+                    pl.when((hi > first) & (lo < first + wm))(multiply)
+                else:
+                    multiply()
+                return acc_ref
+
+            def context(run_pipeline: Any) -> None:
+                def with_acc(acc_ref: Any) -> None:
+                    run_pipeline(acc_ref)
+                    store(acc_ref[...].astype(st.out_dtype))
+
+                pl.run_scoped(with_acc, plgpu.ACC((wm, wn), jnp.float32))
+
+            cols = pl.ds(j * bn, bn)
+            b_src = w_gmem.at[g, cols, :] if st.transpose_rhs else w_gmem.at[g, :, cols]
+
+            @pl.when(live & (g < st.groups))  # type: ignore[untyped-decorator]
+            def _multiply() -> None:
+                pipeline(mma, context)(x_gmem.at[pl.ds(row0, bm), :], b_src, allocations=allocations)
+
+            @pl.when(live & (g == st.groups) & (wg < 2))  # type: ignore[untyped-decorator]
+            def _zeros() -> None:  # rows past the sum: no MMA
+                store(jnp.zeros((wm, wn), st.out_dtype))
+
+        plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+
+    pl.run_scoped(scope, pipeline(_mm._ignore, _mm._ignore).get_allocations(x_gmem.at[:bm, :bk], b0),
+                  _mm.epilogue_smem(st.out_dtype), part_smem, collective_axes="wg")
 
 
-def _tile_groups(group_sizes: jax.Array, m: int) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """``(first, count, offsets)``: row tile ``t`` meets groups ``first[t] .. first[t] + count[t] - 1``
-    (empty ones among them included; the kernel skips those), ``offsets`` as :func:`offsets` gives them."""
+def _tiles(group_sizes: jax.Array, m: int) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+    """The work list: ``(group, start, stop, count)``. Item ``i`` covers rows ``start[i]:stop[i]`` of group
+    ``group[i]``, inside the 128-row tile starting at ``start[i] // 8 * 8``: each group's rows are cut into tiles
+    from its first row rounded down to a multiple of 8, and the rows past ``sum(group_sizes)`` form a last
+    pseudo-group ``g`` (zeros). ``count`` (``[1]``) items are real; the static length bounds them (each group
+    adds at most two tiles: its rounded-down head and its tail)."""
     groups = group_sizes.shape[0]
-    offs = offsets(group_sizes, m)
-    ends = offs[1:groups + 1]
-    r0 = jnp.arange(cdiv(m, _BLOCK_M), dtype=jnp.int32) * _BLOCK_M
-    r1 = jnp.minimum(r0 + _BLOCK_M, m) - 1
-    first = jnp.searchsorted(ends, r0, side="right").astype(jnp.int32)  # the group holding row r0
-    last = jnp.minimum(jnp.searchsorted(ends, r1, side="right"), groups - 1).astype(jnp.int32)
-    return jnp.minimum(first, groups - 1), jnp.maximum(last - first + 1, 0).astype(jnp.int32), offs
-
-
-def _at_least(x: jax.Array, sizes: tuple[int, ...]) -> jax.Array:
-    """``x`` zero-padded at the end of each axis to at least ``sizes`` (TMA boxes must fit the array)."""
-    pads = [(0, max(s - d, 0)) for d, s in zip(x.shape, sizes, strict=True)]
-    return jnp.pad(x, pads) if any(p for _, p in pads) else x
+    offs = offsets(group_sizes, m)  # [g + 2]: the pseudo-group's rows end at m
+    sizes = offs[1:] - offs[:-1]
+    first_row = offs[:-1] // 8 * 8  # tiles start on rows of 8 (TMA's swizzled tiling)
+    per_group = jnp.where(sizes > 0, (offs[1:] - first_row + _BLOCK_M - 1) // _BLOCK_M, 0)
+    ends = jnp.cumsum(per_group).astype(jnp.int32)
+    i = jnp.arange(cdiv(m, _BLOCK_M) + 2 * (groups + 1), dtype=jnp.int32)
+    group = jnp.minimum(jnp.searchsorted(ends, i, side="right"), groups).astype(jnp.int32)
+    tile_row = first_row[group] + (i - (ends[group] - per_group[group])) * _BLOCK_M
+    start = jnp.maximum(tile_row, offs[group])
+    stop = jnp.minimum(tile_row + _BLOCK_M, offs[group + 1])
+    return group, start.astype(jnp.int32), stop.astype(jnp.int32), ends[-1:]
 
 
 def grouped_product(x: jax.Array, w: jax.Array, group_sizes: jax.Array, *, transpose_rhs: bool, out_dtype: Any,
@@ -324,42 +261,37 @@ def grouped_product(x: jax.Array, w: jax.Array, group_sizes: jax.Array, *, trans
     if m * n == 0 or groups == 0 or k == 0:
         return jnp.zeros((m, n), out_dtype)
     interpret = _env.use_interpreter()
-    bn = min(cfg.block_n, 64 * cdiv(n, 64))
-    # Hardware TMA clips ragged tiles, but its swizzled (8, 64) tiling needs array dims that are multiples
-    # of the tiling (rows of 8, columns of 64) and boxes that fit the array; the interpreter's copies clamp
-    # their starts, so it gets whole tiles.
-    if interpret:
-        mp, kp, np_ = cdiv(m, _BLOCK_M) * _BLOCK_M, cdiv(k, _BLOCK_K) * _BLOCK_K, cdiv(n, bn) * bn
-    else:
-        mp, kp, np_ = max(cdiv(m, 8) * 8, _BLOCK_M), cdiv(k, _BLOCK_K) * _BLOCK_K, max(cdiv(n, 64) * 64, bn)
-    xp = _at_least(x, (mp, kp))
-    wp = _at_least(w, (groups, np_, kp) if transpose_rhs else (groups, kp, np_))
-    first, count, offs = _tile_groups(group_sizes, m)
-    m_tiles, n_tiles = cdiv(mp, _BLOCK_M), cdiv(np_, bn)
-    units = m_tiles * n_tiles
-    ctas = min(units, _INTERPRET_CTAS if interpret else _sm_count())
-    st = _Static(bn=bn, steps=cfg.max_concurrent_steps, k_steps=cdiv(kp, _BLOCK_K), m_tiles=m_tiles,
-                 n_tiles=n_tiles, ctas=ctas, transpose_rhs=transpose_rhs, out_dtype=jnp.dtype(out_dtype),
-                 interpret=interpret)
-    if m_tiles > first.shape[0]:  # the padded rows of a short lhs meet no group
-        extra = m_tiles - first.shape[0]
-        first = jnp.concatenate([first, jnp.zeros((extra,), jnp.int32)])
-        count = jnp.concatenate([count, jnp.zeros((extra,), jnp.int32)])
-    kwargs: dict[str, Any] = {}
-    if interpret:
-        params = _fa.interpret_params()
-        if params is None:
-            raise RuntimeError("this jax has no Mosaic GPU interpret mode; run on a Hopper GPU")
-        kwargs["interpret"] = params
+    if interpret and cfg.cluster != "none":
+        raise ValueError(f"{cfg} runs in clusters, which Pallas's Mosaic GPU interpret mode lacks; use cluster='none'")
+    if interpret and transpose_rhs:  # the interpreter's MMA takes no transposed operand: transpose a copy
+        w, transpose_rhs = jnp.swapaxes(w, 1, 2), False
+    bn = cfg.block_n
+    kp = cdiv(k, _BLOCK_K) * _BLOCK_K
+    if interpret:  # its copies raise past the array: a whole tile past every row (tiles start at any row)
+        mp, np_ = cdiv(m, _BLOCK_M) * _BLOCK_M + _BLOCK_M, cdiv(n, bn) * bn
+    else:  # the swizzled tiling wants rows of 8 and columns of 64, and every TMA box inside the array
+        mp, np_ = max(cdiv(m, 8) * 8, _BLOCK_M), max(cdiv(n, 64) * 64, bn)
+    xp = _mm._padded(x, (mp, kp))
+    wp = _mm._padded(w, (groups, np_, kp) if transpose_rhs else (groups, kp, np_))
+    group, start, stop, count = _tiles(group_sizes, m)
+    st = _Static(cfg=cfg, groups=groups, items=int(group.shape[0]), n_tiles=cdiv(cdiv(np_, bn), 2 if cfg.cluster == "n"
+                 else 1), k_steps=kp // _BLOCK_K,
+                 transpose_rhs=transpose_rhs, out_dtype=jnp.dtype(out_dtype))
+    pair = 2 if cfg.cluster == "n" else 1
+    clusters = min(st.items * st.n_tiles, _INTERPRET_CTAS if interpret else _sm_count() // pair)
+    kwargs: dict[str, Any] = {"interpret": _fa.interpret_params()} if interpret else {}
     out: jax.Array = plgpu.kernel(
-        functools.partial(_entry, st=st),
+        functools.partial(_kernel, st=st),
         out_type=jax.ShapeDtypeStruct((mp, np_), out_dtype),
-        grid=(ctas,),
-        grid_names=("sm",),
-        num_threads=_CONSUMERS + 1,
+        grid=(clusters,),
+        grid_names=("cluster_grid",),
+        cluster=(pair,),
+        cluster_names=("cluster",),
+        num_threads=3,
         thread_name="wg",
+        compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Warpgroup),
         **kwargs,
-    )(first, count, offs, xp, wp)
+    )(group, start, stop, count, xp, wp)
     return out if (mp, np_) == (m, n) else out[:m, :n]
 
 
@@ -439,19 +371,28 @@ def capability(lhs: Any, rhs: Any, group_sizes: Any, *, precision: Any = None,
 
 
 def smem_bytes(cfg: MosaicGroupedMatmulConfig, itemsize: int, out_itemsize: int) -> int:
-    """Shared memory (bytes) of a config: the ring of ``lhs`` and ``rhs`` tiles and the epilogue's chunk slots."""
-    ring = cfg.max_concurrent_steps * (_BLOCK_M + cfg.block_n) * _BLOCK_K * itemsize
-    return ring + _CONSUMERS * 2 * _ROWS * _EPI_N * out_itemsize
+    """Shared memory (bytes) of a config: the TMA ring, the swizzled chunk slots and the unswizzled ones."""
+    ring = cfg.stages * (_BLOCK_M + cfg.block_n) * _BLOCK_K * itemsize
+    return ring + (2 * 2 + 2) * _EPI[0] * _EPI[1] * out_itemsize
 
 
-#: (block_n, max_concurrent_steps), the heuristic's first; pruned by :func:`smem_bytes`.
-_CANDIDATES = ((256, 4), (256, 3), (128, 6), (128, 5), (192, 4), (128, 4), (64, 8))
+#: (block_n, split, cluster), the heuristic's first; each with the deepest ring (<= 6) that fits.
+_TILES = ((256, "n", "none"), (256, "m", "none"), (256, "n", "n"), (256, "m", "n"), (128, "n", "none"),
+          (128, "n", "n"), (192, "m", "none"), (64, "m", "none"))
 
 
-def _fitting(lhs: Any, out_dtype: Any) -> list[MosaicGroupedMatmulConfig]:
+def _fitting(lhs: Any, out_dtype: Any, clusters: bool = True) -> list[MosaicGroupedMatmulConfig]:
     itemsize, out_size = jnp.dtype(lhs.dtype).itemsize, jnp.dtype(out_dtype).itemsize
-    configs = [MosaicGroupedMatmulConfig(block_n=n, max_concurrent_steps=s) for n, s in _CANDIDATES]
-    return [c for c in configs if smem_bytes(c, itemsize, out_size) <= _SMEM_BUDGET]
+    found = []
+    for block_n, split, cluster in _TILES:
+        if cluster != "none" and not clusters:
+            continue
+        fits = [s for s in range(2, 7)
+                if smem_bytes(MosaicGroupedMatmulConfig(block_n=block_n, split=split, stages=s), itemsize,
+                              out_size) <= _SMEM_BUDGET]
+        if fits:
+            found.append(MosaicGroupedMatmulConfig(block_n=block_n, split=split, cluster=cluster, stages=max(fits)))
+    return found
 
 
 def _out_dtype(lhs: Any, preferred_element_type: Any) -> Any:
@@ -460,18 +401,20 @@ def _out_dtype(lhs: Any, preferred_element_type: Any) -> Any:
 
 def config_space(lhs: Any, rhs: Any, group_sizes: Any, *, preferred_element_type: Any = None,
                  **_: Any) -> list[MosaicGroupedMatmulConfig]:
-    """Autotuning candidates pruned by :func:`smem_bytes`, the heuristic's first (one in interpret mode)."""
-    if _env.use_interpreter():
-        return [heuristic_config(lhs, rhs, group_sizes)]
+    """Autotuning candidates (tiles, each with the deepest ring that fits), the heuristic's first (one in
+    interpret mode)."""
     first = heuristic_config(lhs, rhs, group_sizes, preferred_element_type=preferred_element_type)
+    if _env.use_interpreter():
+        return [first]
     return [first, *(c for c in _fitting(lhs, _out_dtype(lhs, preferred_element_type)) if c != first)]
 
 
 def heuristic_config(lhs: Any, rhs: Any, group_sizes: Any, *, preferred_element_type: Any = None,
                      **_: Any) -> MosaicGroupedMatmulConfig:
-    """256 columns and a 4-slot ring (3 slots for float32 outputs, whose epilogue chunks take more shared
-    memory); in interpret mode 64 columns and 2 slots (fewer simulated steps)."""
+    """256 columns split between the compute warpgroups, no cluster (CTA pairs sharing ``lhs`` measured no
+    faster on the H100), the deepest ring that fits (3 slots for 16-bit outputs); in interpret mode 64
+    columns, 64 rows a warpgroup and 2 slots (fewer simulated steps)."""
     del rhs, group_sizes
     if _env.use_interpreter():
-        return MosaicGroupedMatmulConfig(block_n=64, max_concurrent_steps=2)
+        return MosaicGroupedMatmulConfig(block_n=64, split="m", cluster="none", stages=2)
     return _fitting(lhs, _out_dtype(lhs, preferred_element_type))[0]

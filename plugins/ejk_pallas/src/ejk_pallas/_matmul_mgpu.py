@@ -122,6 +122,49 @@ def _transforms(dtype: Any, row_bytes: int) -> tuple[Any, ...]:
     return plgpu.TilingTransform((8, swizzle // jnp.dtype(dtype).itemsize)), plgpu.SwizzleTransform(swizzle)
 
 
+def _ignore(*_: Any, **__: Any) -> None:
+    return None
+
+
+def warp_specialized(a_spec: Any, b_spec: Any, k_steps: int, stages: int) -> Any:
+    """``(mma_body, compute_context) -> pipeline``: the contraction's TMA ring over ``k_steps`` steps, fed by a
+    memory warpgroup to two compute warpgroups (``plgpu.emit_pipeline_warp_specialized``)."""
+    _, plgpu = _fa._mods()
+
+    def pipeline(body: Any, context: Any) -> Any:
+        return plgpu.emit_pipeline_warp_specialized(
+            body, grid=(k_steps,), memory_registers=_MEMORY_REGISTERS, in_specs=[a_spec, b_spec], wg_axis="wg",
+            num_compute_wgs=2, max_concurrent_steps=stages, compute_context=context)
+
+    return pipeline
+
+
+def chunks(rows: int, cols: int) -> list[tuple[slice, slice]]:
+    """The epilogue's ``_EPI`` chunks of a ``[rows, cols]`` tile, row by row."""
+    er, ec = _EPI
+    return [(slice(r, r + er), slice(c, c + ec)) for r in range(0, rows, er) for c in range(0, cols, ec)]
+
+
+def epilogue_smem(out_dtype: Any) -> Any:
+    """Two swizzled ``_EPI`` chunk slots per compute warpgroup, ``[2, 2, 64, 64]``."""
+    _, plgpu = _fa._mods()
+    row_bytes = _EPI[1] * jnp.dtype(out_dtype).itemsize
+    return plgpu.SMEM((2, 2, *_EPI), out_dtype, transforms=_transforms(out_dtype, row_bytes))
+
+
+def store_tile(acc: Any, slots: Any, dst: Any) -> None:
+    """Store a compute warpgroup's ``acc`` (its output dtype) to the gmem view ``dst`` by TMA, chunk by chunk
+    through its two ``slots`` taken in turn (a chunk's conversion overlaps the store of the one before)."""
+    _, plgpu = _fa._mods()
+    plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # the last tile's chunks have left
+    for i, (er, ec) in enumerate(chunks(*acc.shape)):
+        slot = slots.at[i % 2]
+        plgpu.wait_smem_to_gmem(1, wait_read_only=True)  # the chunk two back has left this slot
+        slot[...] = acc[er, ec]
+        plgpu.commit_smem()
+        plgpu.copy_smem_to_gmem(slot, dst.at[er, ec])
+
+
 def _kernel(a_gmem: Any, b_gmem: Any, out_gmem: Any, *, st: _Static) -> None:
     pl, plgpu = _fa._mods()
     cfg = st.cfg
@@ -137,16 +180,7 @@ def _kernel(a_gmem: Any, b_gmem: Any, out_gmem: Any, *, st: _Static) -> None:
                              transforms=in_transforms, memory_space=plgpu.SMEM,
                              collective_axes=("cluster",) if cfg.cluster == "m" else ())
 
-    def pipeline(body: Any, context: Any) -> Any:
-        return plgpu.emit_pipeline_warp_specialized(
-            body, grid=(st.k_steps,), memory_registers=_MEMORY_REGISTERS, in_specs=[a_spec, b_spec], wg_axis="wg",
-            num_compute_wgs=2, max_concurrent_steps=cfg.stages, compute_context=context)
-
-    def ignore(*_: Any, **__: Any) -> None:
-        return None
-
-    out_isz = jnp.dtype(st.out_dtype).itemsize
-    out_smem = plgpu.SMEM((2, 2, *_EPI), st.out_dtype, transforms=_transforms(st.out_dtype, _EPI[1] * out_isz))
+    pipeline = warp_specialized(a_spec, b_spec, st.k_steps, cfg.stages)
     a0 = a_gmem.at[0, :bk, :bm] if st.ta else a_gmem.at[0, :bm, :bk]
     b0 = b_gmem.at[0, :bn, :bk] if st.tb else b_gmem.at[0, :bk, :bn]
 
@@ -180,17 +214,8 @@ def _kernel(a_gmem: Any, b_gmem: Any, out_gmem: Any, *, st: _Static) -> None:
             def context(run_pipeline: Any) -> None:
                 def with_acc(acc_ref: Any) -> None:
                     run_pipeline(acc_ref)
-                    acc = acc_ref[...].astype(st.out_dtype)
-                    out_tile = out_gmem.at[z, rows, cols].at[wg_rows, wg_cols]
-                    plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # the last tile's chunks have left
-                    chunks = [(r, c) for r in range(wm // _EPI[0]) for c in range(wn // _EPI[1])]
-                    for i, (r, c) in enumerate(chunks):
-                        er, ec = slice(r * _EPI[0], (r + 1) * _EPI[0]), slice(c * _EPI[1], (c + 1) * _EPI[1])
-                        slot = out_smem.at[wg, i % 2]
-                        plgpu.wait_smem_to_gmem(1, wait_read_only=True)  # the chunk two back has left this slot
-                        slot[...] = acc[er, ec]
-                        plgpu.commit_smem()
-                        plgpu.copy_smem_to_gmem(slot, out_tile.at[er, ec])
+                    store_tile(acc_ref[...].astype(st.out_dtype), out_smem.at[wg],
+                               out_gmem.at[z, rows, cols].at[wg_rows, wg_cols])
 
                 pl.run_scoped(with_acc, plgpu.ACC((wm, wn), jnp.float32))
 
@@ -200,7 +225,8 @@ def _kernel(a_gmem: Any, b_gmem: Any, out_gmem: Any, *, st: _Static) -> None:
 
         plgpu.wait_smem_to_gmem(0, wait_read_only=True)
 
-    pl.run_scoped(scope, pipeline(ignore, ignore).get_allocations(a0, b0), out_smem, collective_axes="wg")
+    pl.run_scoped(scope, pipeline(_ignore, _ignore).get_allocations(a0, b0), epilogue_smem(st.out_dtype),
+                  collective_axes="wg")
 
 
 def _padded(x: jax.Array, sizes: tuple[int, ...]) -> jax.Array:

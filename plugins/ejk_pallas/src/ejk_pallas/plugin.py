@@ -31,17 +31,18 @@ PRIORITY = 3
 TPU_PRIORITY = -1
 #: grouped_matmul: below ejk-triton's kernel for the same op (5), above ejk-xla (0).
 OPS_PRIORITY = 3
-#: grouped_matmul's Mosaic GPU kernel (Hopper): below the Triton-lowered one (3). H100, 2026-11-25, 64 experts,
-#: k 2048, n 1536, 32k tokens: forward 0.440 against 0.427 ms with equal groups, 0.606 against 0.497 skewed
-#: (forward+backward 1.52 against 1.60 / 1.95 against 1.77 ms); autotuning compares them.
-MOSAIC_GMM_PRIORITY = 2
+#: grouped_matmul's Mosaic GPU kernel (Hopper): above the Triton-lowered one (3), below ejk-triton's (5). H100,
+#: 2026-11-26, 64 experts, k 2048, n 1536, 32k tokens, forward: 0.391-0.404 against 0.417 ms with equal groups,
+#: 0.414 against 0.481 skewed (forward+backward 1.46 against 1.54 / 1.59 against 1.71 ms); autotuning compares them.
+MOSAIC_GMM_PRIORITY = 4
 #: ragged_paged_attention: above ejk-triton's (5). H100, 2026-11-23, one run: 924-2876 GB/s against
 #: ejk-triton's 390-2330 GB/s on every measured shape (batch 8/16/64, context 2k-16k, 32/8 heads).
 PAGED_PRIORITY = 6
 #: matmul: below ejk-triton's gemm (-5) and ejk-xla's cuBLAS dot (0); autotuning compares them.
 MATMUL_PRIORITY = -6
 #: matmul's Mosaic GPU kernel (Hopper): below ejk-xla's cuBLAS dot (0), above ejk-triton's gemm (-5) and the
-#: Triton-lowered kernel (-6); autotuning compares them.
+#: Triton-lowered kernel (-6). H100, 2026-11-26: 0.98x a @ b at 8192^3, 4096^3 and 8192x2048x8192 (ejk-triton
+#: 0.85-0.89x); autotuning compares them.
 MOSAIC_MATMUL_PRIORITY = -4
 #: Above the Triton-lowered kernel: on the H100 (2026-11-23) its forward ran at 0.84-0.98x cuDNN at
 #: head dim 128 and 0.78x at 64, the Triton-lowered one at 0.64-0.71x; Hopper only (its gate says so

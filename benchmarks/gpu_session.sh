@@ -68,9 +68,9 @@ if [[ $stage == timeline ]]; then  # GPU timelines of back-to-back grouped matmu
   (cd benchmarks && timeout 200 python3 probe_timeline.py grouped-equal grouped-skewed grouped-pallas-skewed matmul einsum \
     2>&1 | tee "$OUT/timeline.txt" | grep -E '^==|per call|rror')
 fi
-if [[ $stage == pallas-ops ]]; then  # ejk-pallas's paged attention, matmul, grouped matmul: GPU tests, benchmark
-  timeout 150 python3 -m pytest -q -m gpu -p no:cacheprovider plugins/ejk_pallas/tests/test_ops.py 2>&1 \
-    | tee "$OUT/pallas_ops_gpu_tests.log" | tail -15
+if [[ $stage == pallas-ops ]]; then  # ejk-pallas's paged attention, matmuls (both kernels), grouped matmul: GPU tests, benchmark
+  timeout 240 python3 -m pytest -q -m gpu -p no:cacheprovider plugins/ejk_pallas/tests/test_ops.py \
+    plugins/ejk_pallas/tests/test_matmul_mgpu.py 2>&1 | tee "$OUT/pallas_ops_gpu_tests.log" | tail -15
   timeout 210 python3 benchmarks/bench_pallas_ops.py 2>&1 | tee "$OUT/bench_pallas_ops.log" | tail -40
 fi
 if [[ $stage == all || $stage == pallas ]]; then

@@ -22,6 +22,7 @@ from bench_pallas_ops import grouped_sizes
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from ejk_pallas import _grouped_matmul_mgpu as mgpu
+from ejk_pallas import _matmul_mgpu
 
 
 def group_sizes(kind: str, m: int, g: int) -> jax.Array:
@@ -35,6 +36,8 @@ def main() -> None:
     p.add_argument("--groups", default="equal,skewed")
     p.add_argument("--no-mma", action="store_true", help="replace every warpgroup MMA by nothing")
     p.add_argument("--reps", type=int, default=10)
+    p.add_argument("--dense", default="", help="also time ejk's Mosaic GPU matmul on one [m, k] x [k, n] product of "
+                   "the same FLOPs, configs block_m,block_n,split,cluster,stages (what the grouping costs)")
     args = p.parse_args()
     m, k, n, g = 32768, 2048, 1536, 64
     lhs = jax.random.normal(jax.random.key(0), (m, k), jnp.bfloat16)
@@ -43,6 +46,14 @@ def main() -> None:
     dense = _harness.span_ms(lambda x, w: jnp.einsum("gmk,gkn->gmn", x.reshape(g, m // g, k), w), (lhs, rhs),
                              args.reps)
     print(f"dense einsum {dense:.3f} ms {flops / dense / 1e9:.0f} TFLOP/s", flush=True)
+    for spec in args.dense.split():
+        bm, bn, split, cluster, stages = spec.split(",")
+        mcfg = _matmul_mgpu.MosaicMatmulConfig(block_m=int(bm), block_n=int(bn), split=split, cluster=cluster,
+                                               stages=int(stages))
+        ms = _harness.span_ms(lambda x, w, c=mcfg: _matmul_mgpu.product(x[None], w[:1], out_dtype=jnp.bfloat16,
+                                                                        cfg=c), (lhs, rhs), args.reps)
+        print(f"dense  {spec}: {ms:.3f} ms {flops / ms / 1e9:.0f} TFLOP/s ({dense / ms:.2f}x dense einsum)",
+              flush=True)
     if args.no_mma:
         plgpu.wgmma = lambda *a, **kw: None  # the kernel module looks it up on each trace
     for kind in args.groups.split(","):

@@ -278,6 +278,9 @@ def test_headlines_and_markdown_of_measurements() -> None:
                                         "0.50–0.50x)"]
     text = _report.markdown(group, {"versions": {"jax": "1"}, "date": "d"}, {"dtype": "bfloat16"}, None)
     assert "| 8x8x8 | a @ b | 1.000 |" in text and "failed: boom \\| bad" in text and "jax 1" in text
+    assert "timed by the wall clock" in text  # the report names its clock
+    device = _report.markdown(group, {"date": "d"}, {"dtype": "bfloat16", "clock": "device"}, None)
+    assert "timed by the GPU's own timeline" in device
 
 
 def test_aliases_cover_every_preset() -> None:

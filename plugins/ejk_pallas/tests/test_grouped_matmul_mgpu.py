@@ -171,9 +171,9 @@ def test_configs_fit_shared_memory(monkeypatch: pytest.MonkeyPatch) -> None:
         assert space[0] == mg.heuristic_config(lhs, rhs, gs, preferred_element_type=out)
         size = jnp.dtype(jnp.bfloat16 if out is None else out).itemsize
         assert space and all(mg.smem_bytes(c, 2, size) <= mg._SMEM_BUDGET for c in space)
-    assert mg.heuristic_config(lhs, rhs, gs) == MosaicGroupedMatmulConfig(block_n=256, split="n", stages=3)
+    assert mg.heuristic_config(lhs, rhs, gs) == MosaicGroupedMatmulConfig(block_n=256, split="n", stages=4)
     assert mg.heuristic_config(lhs, rhs, gs, preferred_element_type=jnp.float32) == MosaicGroupedMatmulConfig(
-        block_n=256, split="n", stages=2)
+        block_n=256, split="n", stages=3)
     assert {c.cluster for c in mg.config_space(lhs, rhs, gs)} == {"none", "n"}
     with pytest.raises(ValueError):
         MosaicGroupedMatmulConfig(block_n=512)

@@ -17,6 +17,8 @@ __all__ = ["FORMAT", "by_op_and_mode", "headlines", "markdown", "read_json", "ta
 FORMAT = "ejk-bench"
 SCHEMA = 1
 _STATUS_STYLE = {"ok": "green", "skipped": "yellow", "failed": "red", "oom": "red"}
+#: How the report names each ``--clock``.
+_CLOCKS = {"wall": "the wall clock", "device": "the GPU's own timeline (the wall clock where none can be read)"}
 
 
 def by_op_and_mode(measurements: Iterable[Measurement]) -> dict[tuple[str, str], list[Measurement]]:
@@ -152,7 +154,8 @@ def markdown(measurements: Sequence[Measurement], environment: dict[str, Any], o
         f"- peak: {peak_text}",
         f"- dtype {options.get('dtype')}; median of {options.get('repeats')} samples after {options.get('warmup')} "
         "warm-ups, each sample a loop of back-to-back calls lasting >= "
-        f"{options.get('min_sample_seconds')} s (L2 flushed before each on GPUs); IQR = interquartile range; "
+        f"{options.get('min_sample_seconds')} s (L2 flushed before each on GPUs), timed by "
+        f"{_CLOCKS.get(str(options.get('clock', 'wall')), options.get('clock'))}; IQR = interquartile range; "
         "compile time apart",
         "- TFLOP/s: attention 4·B·H·Sq·Sk·D (causal halved), fwd+bwd 3.5x; matmuls 2·m·k·n, fwd+bwd 3x; "
         "paged decode GB/s of KV read",

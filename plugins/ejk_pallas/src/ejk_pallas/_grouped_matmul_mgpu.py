@@ -10,9 +10,10 @@ whatever is there) and stores only its group's. The persistent CTAs walk (item, 
 banded snake order. Empty groups have no item (they cost nothing); rows past ``sum(group_sizes)`` form a last
 pseudo-group whose items store zeros without any MMA; list entries past the real item count are skipped.
 
-Stores: a compute warpgroup whose rows all belong to the item's group stores its share through swizzled
-chunk slots, as the dense kernel does. One whose rows pass the group's end stores its 64x64 chunks one by one:
-a chunk wholly in the group through a swizzled slot, one partly in it through an unswizzled slot in a ladder
+Stores: a compute warpgroup whose rows all belong to the item's group stores its share chunk by chunk through
+its swizzled chunk slot (one, not the dense kernel's two: the shared memory goes to a fourth ring slot, which
+pays more while ``rhs`` streams from HBM). One whose rows pass the group's end stores its 64x64 chunks one by
+one: a chunk wholly in the group through the swizzled slot, one partly in it through an unswizzled slot in a ladder
 of TMA stores of 32, 16, ..., 1 rows (TMA boxes are static; any row count is a sum of powers of two), so no
 visit writes another group's rows. With the tile split by rows (``split="m"``), a warpgroup whose 64 rows miss
 the group skips its MMAs.
@@ -143,7 +144,7 @@ def _store_rows(acc: Any, slots: Any, part: Any, dst: Any, first: Any, lo: Any, 
 
             @pl.when(full)  # type: ignore[untyped-decorator]
             def _full(er: slice = er, ec: slice = ec) -> None:
-                plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # the slots' earlier stores have left them
+                plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # the slot's earlier stores have left it
                 slots.at[0][...] = acc[er, ec]
                 plgpu.commit_smem()
                 plgpu.copy_smem_to_gmem(slots.at[0], dst.at[er, ec])
@@ -227,7 +228,8 @@ def _kernel(group_ref: Any, start_ref: Any, stop_ref: Any, count_ref: Any, x_gme
         plgpu.wait_smem_to_gmem(0, wait_read_only=True)
 
     pl.run_scoped(scope, pipeline(_mm._ignore, _mm._ignore).get_allocations(x_gmem.at[:bm, :bk], b0),
-                  _mm.epilogue_smem(st.out_dtype), part_smem, collective_axes="wg")
+                  _mm.epilogue_smem(st.out_dtype, slots=1), part_smem,
+                  collective_axes="wg")
 
 
 def _tiles(group_sizes: jax.Array, m: int) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
@@ -371,9 +373,10 @@ def capability(lhs: Any, rhs: Any, group_sizes: Any, *, precision: Any = None,
 
 
 def smem_bytes(cfg: MosaicGroupedMatmulConfig, itemsize: int, out_itemsize: int) -> int:
-    """Shared memory (bytes) of a config: the TMA ring, the swizzled chunk slots and the unswizzled ones."""
+    """Shared memory (bytes) of a config: the TMA ring, one swizzled chunk slot and one unswizzled per compute
+    warpgroup."""
     ring = cfg.stages * (_BLOCK_M + cfg.block_n) * _BLOCK_K * itemsize
-    return ring + (2 * 2 + 2) * _EPI[0] * _EPI[1] * out_itemsize
+    return ring + 2 * 2 * _EPI[0] * _EPI[1] * out_itemsize
 
 
 #: (block_n, split, cluster), the heuristic's first; each with the deepest ring (<= 6) that fits.
@@ -412,7 +415,7 @@ def config_space(lhs: Any, rhs: Any, group_sizes: Any, *, preferred_element_type
 def heuristic_config(lhs: Any, rhs: Any, group_sizes: Any, *, preferred_element_type: Any = None,
                      **_: Any) -> MosaicGroupedMatmulConfig:
     """256 columns split between the compute warpgroups, no cluster (CTA pairs sharing ``lhs`` measured no
-    faster on the H100), the deepest ring that fits (3 slots for 16-bit outputs); in interpret mode 64
+    faster on the H100), the deepest ring that fits (4 slots for 16-bit outputs); in interpret mode 64
     columns, 64 rows a warpgroup and 2 slots (fewer simulated steps)."""
     del rhs, group_sizes
     if _env.use_interpreter():

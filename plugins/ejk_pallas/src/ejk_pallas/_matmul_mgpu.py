@@ -145,21 +145,22 @@ def chunks(rows: int, cols: int) -> list[tuple[slice, slice]]:
     return [(slice(r, r + er), slice(c, c + ec)) for r in range(0, rows, er) for c in range(0, cols, ec)]
 
 
-def epilogue_smem(out_dtype: Any) -> Any:
-    """Two swizzled ``_EPI`` chunk slots per compute warpgroup, ``[2, 2, 64, 64]``."""
+def epilogue_smem(out_dtype: Any, slots: int = 2) -> Any:
+    """``slots`` swizzled ``_EPI`` chunk slots per compute warpgroup, ``[2, slots, 64, 64]``."""
     _, plgpu = _fa._mods()
     row_bytes = _EPI[1] * jnp.dtype(out_dtype).itemsize
-    return plgpu.SMEM((2, 2, *_EPI), out_dtype, transforms=_transforms(out_dtype, row_bytes))
+    return plgpu.SMEM((2, slots, *_EPI), out_dtype, transforms=_transforms(out_dtype, row_bytes))
 
 
 def store_tile(acc: Any, slots: Any, dst: Any) -> None:
     """Store a compute warpgroup's ``acc`` (its output dtype) to the gmem view ``dst`` by TMA, chunk by chunk
-    through its two ``slots`` taken in turn (a chunk's conversion overlaps the store of the one before)."""
+    through its ``slots`` taken in turn (with two, a chunk's conversion overlaps the store of the one before)."""
     _, plgpu = _fa._mods()
+    count = slots.shape[0]
     plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # the last tile's chunks have left
     for i, (er, ec) in enumerate(chunks(*acc.shape)):
-        slot = slots.at[i % 2]
-        plgpu.wait_smem_to_gmem(1, wait_read_only=True)  # the chunk two back has left this slot
+        slot = slots.at[i % count]
+        plgpu.wait_smem_to_gmem(count - 1, wait_read_only=True)  # the slot's last chunk has left it
         slot[...] = acc[er, ec]
         plgpu.commit_smem()
         plgpu.copy_smem_to_gmem(slot, dst.at[er, ec])

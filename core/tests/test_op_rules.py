@@ -136,3 +136,20 @@ def test_paged_merge_splits_equals_one_softmax_over_every_split() -> None:
     got = np.asarray(paged_merge_splits(jnp.asarray(np.stack(acc)), jnp.asarray(np.stack(row_max)),
                                         jnp.asarray(nan_sum)))
     assert np.isnan(got[0]).all() and np.isfinite(got[1]).all()  # NaN propagates to its row only
+
+
+def test_values_and_grads_takes_one_cotangent_per_seed() -> None:
+    """``ejk.testing.values_and_grads``: the output and ``vjp(cotangent)``; a seed fixes the cotangent, so two
+    functions computing the same thing give the same gradients."""
+    from ejk.testing import values_and_grads
+
+    a = jnp.arange(6.0, dtype=jnp.float32).reshape(2, 3)
+    b = jnp.ones((3, 2), jnp.float32)
+    out, (da, db) = values_and_grads(lambda x, y: x @ y, (a, b))
+    _, (da2, db2) = values_and_grads(lambda x, y: jnp.einsum("ik,kj->ij", x, y), (a, b))
+    np.testing.assert_allclose(out, a @ b)
+    np.testing.assert_allclose(da, da2, rtol=1e-6)
+    np.testing.assert_allclose(db, db2, rtol=1e-6)
+    cot = jnp.ones((2, 2), jnp.float32)
+    _, (da3, _) = values_and_grads(lambda x, y: x @ y, (a, b), cotangent=cot)
+    np.testing.assert_allclose(da3, cot @ b.T)

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 import ejk
-from ejk.testing import assert_close, check_grouped_matmul, reference_grouped_matmul
+from ejk.testing import assert_close, check_grouped_matmul, reference_grouped_matmul, values_and_grads
 from ejk_pallas import _env
 from ejk_pallas import _grouped_matmul_mgpu as mg
 from ejk_pallas._grouped_matmul_mgpu import MosaicGroupedMatmulConfig
@@ -43,24 +43,13 @@ def _inputs(m: int, k: int, n: int, sizes: list[int], dtype: Any, seed: int = 0)
     return lhs, rhs, jnp.asarray(sizes, jnp.int32)
 
 
-def _values_and_grads(fn: Any, args: tuple[Any, ...]) -> tuple[Any, Any]:
-    out = jax.eval_shape(fn, *args)
-    cot = jnp.asarray(np.random.default_rng(7).standard_normal(out.shape), out.dtype)
-
-    def run(*xs: Any) -> Any:
-        y, vjp = jax.vjp(fn, *xs)
-        return y, vjp(cot)
-
-    return jax.jit(run)(*args)
-
-
 def check(m: int, k: int, n: int, sizes: list[int], dtype: Any, cfg: MosaicGroupedMatmulConfig | None = None,
           out_dtype: Any = None) -> None:
     lhs, rhs, gs = _inputs(m, k, n, sizes, dtype)
     options = {"preferred_element_type": out_dtype}
-    got, grads = _values_and_grads(
-        lambda x, w: ejk.grouped_matmul(x, w, gs, platform="pallas", cfg=choice(cfg), **options), (lhs, rhs))
-    want, want_grads = _values_and_grads(lambda x, w: reference_grouped_matmul(x, w, gs, **options), (lhs, rhs))
+    got, grads = values_and_grads(
+        lambda x, w: ejk.grouped_matmul(x, w, gs, platform="pallas", cfg=choice(cfg), **options), (lhs, rhs), seed=7)
+    want, want_grads = values_and_grads(lambda x, w: reference_grouped_matmul(x, w, gs, **options), (lhs, rhs), seed=7)
     assert got.dtype == jnp.dtype(dtype if out_dtype is None else out_dtype)
     assert_close(got, want, dtype, what=f"out {sizes}")
     for g, w, name in zip(grads, want_grads, ("lhs", "rhs"), strict=True):

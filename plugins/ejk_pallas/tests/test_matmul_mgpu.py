@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 import ejk
-from ejk.testing import assert_close, check_matmul, reference_matmul
+from ejk.testing import assert_close, check_matmul, reference_matmul, values_and_grads
 from ejk_pallas import _env
 from ejk_pallas import _matmul_mgpu as mm
 from ejk_pallas._matmul_mgpu import MosaicMatmulConfig
@@ -35,25 +35,14 @@ def choice(cfg: MosaicMatmulConfig | None = None) -> ejk.ImplChoice:
     return ejk.ImplChoice(platform="pallas", backend="gpu" if ON_GPU else "cpu", implementation="mosaic", cfg=cfg)
 
 
-def _values_and_grads(fn: Any, args: tuple[Any, ...]) -> tuple[Any, Any]:
-    out = jax.eval_shape(fn, *args)
-    cot = jnp.asarray(np.random.default_rng(7).standard_normal(out.shape), out.dtype)
-
-    def run(*xs: Any) -> Any:
-        y, vjp = jax.vjp(fn, *xs)
-        return y, vjp(cot)
-
-    return jax.jit(run)(*args)
-
-
 def check(sa: tuple[int, ...], sb: tuple[int, ...], dtype: Any, cfg: MosaicMatmulConfig | None = None,
           out_dtype: Any = None, seed: int = 0) -> None:
     rng = np.random.default_rng(seed)
     a, b = (jnp.asarray(rng.standard_normal(s), dtype) for s in (sa, sb))
     options = {"preferred_element_type": out_dtype}
-    got, grads = _values_and_grads(lambda a, b: ejk.matmul(a, b, platform="pallas", cfg=choice(cfg), **options),
-                                   (a, b))
-    want, want_grads = _values_and_grads(lambda a, b: reference_matmul(a, b, **options), (a, b))
+    got, grads = values_and_grads(lambda a, b: ejk.matmul(a, b, platform="pallas", cfg=choice(cfg), **options),
+                                  (a, b), seed=7)
+    want, want_grads = values_and_grads(lambda a, b: reference_matmul(a, b, **options), (a, b), seed=7)
     assert got.shape == want.shape and got.dtype == want.dtype
     assert_close(got, want, dtype, what=f"out {sa} x {sb}")
     for g, w, name in zip(grads, want_grads, "ab", strict=True):

@@ -24,6 +24,7 @@ from ejk.testing import (
     reference_grouped_matmul,
     reference_matmul,
     reference_ragged_paged_attention,
+    values_and_grads,
 )
 from ejk_pallas import _env, _grouped_matmul, _matmul, _matmul_tpu, _paged_attention, _paged_attention_tpu
 from ejk_pallas._group_metadata import work_list
@@ -41,17 +42,6 @@ needs_tpu_kernels = pytest.mark.skipif(not (ON_TPU or _env.use_interpreter()),
 def choice(implementation: str, cfg: Any = None) -> ejk.ImplChoice:
     backend = "cpu" if _env.use_interpreter() else BACKEND
     return ejk.ImplChoice(platform="pallas", backend=backend, implementation=implementation, cfg=cfg)
-
-
-def _values_and_grads(fn: Any, args: tuple[Any, ...], seed: int = 1) -> tuple[Any, Any]:
-    out = jax.eval_shape(fn, *args)
-    cot = jnp.asarray(np.random.default_rng(seed).standard_normal(out.shape), out.dtype)
-
-    def run(*xs: Any) -> Any:
-        y, vjp = jax.vjp(fn, *xs)
-        return y, vjp(cot)
-
-    return jax.jit(run)(*args)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -143,9 +133,9 @@ def test_matmul_conformance() -> None:
 def test_matmul_matches_reference(sa: tuple[int, ...], sb: tuple[int, ...], dtype: Any, out: Any) -> None:
     rng = np.random.default_rng(0)
     a, b = (jnp.asarray(rng.standard_normal(s), dtype) for s in (sa, sb))
-    got, grads = _values_and_grads(lambda a, b: ejk.matmul(a, b, preferred_element_type=out, platform="pallas",
+    got, grads = values_and_grads(lambda a, b: ejk.matmul(a, b, preferred_element_type=out, platform="pallas",
                                                            cfg=choice("triton_lowered")), (a, b))
-    want, want_grads = _values_and_grads(lambda a, b: reference_matmul(a, b, preferred_element_type=out), (a, b))
+    want, want_grads = values_and_grads(lambda a, b: reference_matmul(a, b, preferred_element_type=out), (a, b))
     assert got.shape == want.shape and got.dtype == want.dtype
     assert_close(got, want, dtype, what="matmul")
     for g, w, name in zip(grads, want_grads, "ab", strict=True):
@@ -212,10 +202,10 @@ def test_grouped_matches_reference(sizes: list[int], dtype: Any) -> None:
     lhs = jnp.asarray(rng.standard_normal((m, k)), dtype)
     rhs = jnp.asarray(rng.standard_normal((len(sizes), k, n)), dtype)
     gs = jnp.asarray(sizes, jnp.int32)
-    got, grads = _values_and_grads(lambda x, w: ejk.grouped_matmul(x, w, gs, platform="pallas",
+    got, grads = values_and_grads(lambda x, w: ejk.grouped_matmul(x, w, gs, platform="pallas",
                                                                                  cfg=choice("triton_lowered")),
                                    (lhs, rhs))
-    want, want_grads = _values_and_grads(lambda x, w: reference_grouped_matmul(x, w, gs), (lhs, rhs))
+    want, want_grads = values_and_grads(lambda x, w: reference_grouped_matmul(x, w, gs), (lhs, rhs))
     assert_close(got, want, dtype, what="grouped")
     for g, w, name in zip(grads, want_grads, ("lhs", "rhs"), strict=True):
         assert_close(g, w, dtype, what=f"grouped d{name}")
@@ -281,9 +271,9 @@ def test_gpu_every_config_runs() -> None:
     rhs = jnp.asarray(rng.standard_normal((8, 768, 1100)), jnp.bfloat16)
     gs = jnp.asarray([0, 300, 1, 0, 450, 100, 0, 49], jnp.int32)
     for gcfg in _grouped_matmul.config_space(a, rhs, gs)[:4]:
-        got, grads = _values_and_grads(lambda x, w, c=gcfg: ejk.grouped_matmul(x, w, gs, platform="pallas", cfg=choice(
+        got, grads = values_and_grads(lambda x, w, c=gcfg: ejk.grouped_matmul(x, w, gs, platform="pallas", cfg=choice(
             "triton_lowered", c)), (a, rhs))
-        want, want_grads = _values_and_grads(lambda x, w: reference_grouped_matmul(x, w, gs), (a, rhs))
+        want, want_grads = values_and_grads(lambda x, w: reference_grouped_matmul(x, w, gs), (a, rhs))
         assert_close(got, want, jnp.bfloat16, what=str(gcfg))
         for g, w in zip(grads, want_grads, strict=True):
             assert_close(g, w, jnp.bfloat16, what=f"grad {gcfg}")
@@ -308,8 +298,8 @@ def test_mosaic_tpu_grouped_matmul() -> None:
     rhs = jnp.asarray(rng.standard_normal((4, 12, 6)), jnp.float32)
     gs = jnp.asarray([5, 0, 11, 0], jnp.int32)  # a tile straddling groups, empty groups, trailing rows
     cfg = choice("mosaic_tpu", TpuMatmulConfig(block_m=8, block_n=128, block_k=128))
-    got, grads = _values_and_grads(lambda x, w: ejk.grouped_matmul(x, w, gs, platform="pallas", cfg=cfg), (lhs, rhs))
-    want, want_grads = _values_and_grads(lambda x, w: reference_grouped_matmul(x, w, gs), (lhs, rhs))
+    got, grads = values_and_grads(lambda x, w: ejk.grouped_matmul(x, w, gs, platform="pallas", cfg=cfg), (lhs, rhs))
+    want, want_grads = values_and_grads(lambda x, w: reference_grouped_matmul(x, w, gs), (lhs, rhs))
     assert_close(got, want, jnp.float32, what="grouped (TPU)")
     for g, w, name in zip(grads, want_grads, ("lhs", "rhs"), strict=True):
         assert_close(g, w, jnp.float32, what=f"grouped (TPU) d{name}")

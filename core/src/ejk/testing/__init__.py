@@ -8,7 +8,14 @@ builders (:class:`AttentionCase`, :func:`paged_batch`) and a cheaply compiled ji
 
 from __future__ import annotations
 
-from ejk.testing._cases import FAST_COMPILE, AttentionCase, attention_values_and_grads, fast_jit, paged_batch
+from ejk.testing._cases import (
+    FAST_COMPILE,
+    AttentionCase,
+    attention_values_and_grads,
+    fast_jit,
+    paged_batch,
+    values_and_grads,
+)
 from ejk.testing._conformance import (
     ConformanceError,
     check_discovered_plugins,
@@ -63,4 +70,5 @@ __all__ = [
     "reference_matmul",
     "reference_ragged_paged_attention",
     "tolerance",
+    "values_and_grads",
 ]

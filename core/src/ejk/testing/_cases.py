@@ -95,6 +95,26 @@ class AttentionCase:
         return _normal(np.random.default_rng(seed), (self.b, self.sq, self.hq, self.dv or self.d), self.dtype)
 
 
+def values_and_grads(fn: Callable[..., Any], args: tuple[Any, ...], *, cotangent: Any = None, seed: int = 7,
+                     jit: Callable[..., Any] = fast_jit) -> tuple[Any, Any]:
+    """``fn(*args)`` and the gradients of ``<out, cotangent>`` with respect to every argument, computed in one
+    ``jit``-compiled program. ``cotangent`` defaults to standard normal values drawn from ``seed``, shaped and
+    typed like the output (so two functions called with the same ``seed`` see the same cotangent).
+
+    Returns:
+        ``(out, (d arg0, d arg1, ...))``.
+    """
+    if cotangent is None:
+        out = jax.eval_shape(fn, *args)
+        cotangent = _normal(np.random.default_rng(seed), out.shape, out.dtype)
+
+    def run(*xs: Any) -> Any:
+        y, vjp = jax.vjp(fn, *xs)
+        return y, vjp(cotangent)
+
+    return jit(run)(*args)  # type: ignore[no-any-return]
+
+
 def attention_values_and_grads(fn: Callable[..., Any], inputs: dict[str, Any], cotangent: jax.Array, *,
                                jit: Callable[..., Any] = fast_jit) -> tuple[jax.Array, dict[str, Any]]:
     """``fn(**inputs)`` and the gradients of ``<out, cotangent>`` with respect to q, k, v and bias

@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ejk.testing._cases import fast_jit, paged_batch
+from ejk.testing._cases import paged_batch, values_and_grads
 from ejk.testing._reference_attention import reference_flash_attention
 from ejk.testing._reference_matmul import reference_grouped_matmul, reference_matmul
 from ejk.testing._reference_paged import reference_ragged_paged_attention
@@ -169,17 +169,8 @@ def _compare(ours: Callable[..., Any], ref: Callable[..., Any], args: tuple[Any,
     if not grads:
         assert_close(ours(*args), ref(*args), dtype, what=label)
         return
-    shape = jax.eval_shape(ours, *args)
-    cotangent = _normal(np.random.default_rng(7), shape.shape, shape.dtype)
-
-    def values_and_grads(fn: Callable[..., Any]) -> Any:
-        def run(*args: Any) -> Any:
-            out, vjp = jax.vjp(fn, *args)
-            return out, vjp(cotangent)
-        return fast_jit(run)(*args)  # one cheaply compiled program per case
-
-    out, got_grads = values_and_grads(ours)
-    want, want_grads = values_and_grads(ref)
+    out, got_grads = values_and_grads(ours, args)  # one cheaply compiled program per case
+    want, want_grads = values_and_grads(ref, args)  # the same cotangent (seed 7)
     assert_close(out, want, dtype, what=label)
     names = ("d" + str(i) for i in range(len(args)))
     for name, got_g, want_g in zip(names, got_grads, want_grads, strict=True):

@@ -56,8 +56,6 @@ __all__ = ["MosaicGroupedMatmulConfig", "backward", "capability", "config_space"
 _BLOCK_M = 128
 _BLOCK_K = _mm._BLOCK_K
 _EPI = _mm._EPI
-_DTYPES = ("bfloat16", "float16")
-_OUT_DTYPES = ("bfloat16", "float16", "float32")
 #: Hopper's opt-in shared memory per block, less the barriers and the buffers' alignment.
 _SMEM_BUDGET = _mm._SMEM_BUDGET
 #: CTAs in interpret mode: two, so the persistent loop's stride is exercised.
@@ -360,16 +358,13 @@ def capability(lhs: Any, rhs: Any, group_sizes: Any, *, precision: Any = None,
     why = _tl.gate_args(lhs, rhs, group_sizes, preferred_element_type)
     if why is not None:
         return why
-    names = {jnp.dtype(lhs.dtype).name, jnp.dtype(rhs.dtype).name}
-    if not names <= set(_DTYPES) or len(names) > 1:
-        return f"lhs and rhs of dtypes {', '.join(sorted(names))} not supported (one of bfloat16, float16)"
-    out = jnp.dtype(lhs.dtype if preferred_element_type is None else preferred_element_type).name
-    if out not in _OUT_DTYPES:
-        return f"preferred_element_type {out} not supported (bfloat16, float16 or float32)"
+    why = _mm.dtype_reason(("lhs", "rhs"), lhs, rhs, preferred_element_type)
+    if why is not None:
+        return why
     k, n = int(lhs.shape[1]), int(rhs.shape[2])
     if int(lhs.shape[0]) * max(k, n) >= 2 ** 31:
         return "arrays of 2**31 elements or more not supported"
-    return _fa.hopper_reason("wgmma_wait")
+    return _fa.hopper_reason(*_mm.PLGPU_API)
 
 
 def smem_bytes(cfg: MosaicGroupedMatmulConfig, itemsize: int, out_itemsize: int) -> int:

@@ -58,6 +58,8 @@ _DTYPES = ("bfloat16", "float16")
 _OUT_DTYPES = ("bfloat16", "float16", "float32")
 #: CTAs in interpret mode: two, so the persistent loop's stride is exercised.
 _INTERPRET_CTAS = 2
+#: The ``plgpu`` names the matmul kernels use beyond the common ones (their gates check this jax has them).
+PLGPU_API = ("wgmma_wait", "emit_pipeline_warp_specialized", "nd_loop", "planar_snake", "find_swizzle")
 #: Largest float32 accumulator of one compute warpgroup (elements): 128 registers a thread.
 _MAX_ACC = 128 * 128
 
@@ -334,18 +336,28 @@ def capability(a: Any, b: Any, *, precision: Any = None, preferred_element_type:
     except in interpret mode.
     """
     del precision
-    names = {jnp.dtype(a.dtype).name, jnp.dtype(b.dtype).name}
-    if not names <= set(_DTYPES) or len(names) > 1:
-        return f"a and b of dtypes {', '.join(sorted(names))} not supported (both bfloat16 or both float16)"
-    out = jnp.dtype(a.dtype if preferred_element_type is None else preferred_element_type).name
-    if out not in _OUT_DTYPES:
-        return f"preferred_element_type {out} not supported (bfloat16, float16 or float32)"
+    why = dtype_reason(("a", "b"), a, b, preferred_element_type)
+    if why is not None:
+        return why
     s = shapes(a, b)
     for name, size in (("out", s.z * s.rows * s.n), ("a broadcast", s.z * s.rows * s.k),
                        ("b broadcast", s.z * s.k * s.n)):
         if size >= 2 ** 31:
             return f"{name} has {size} elements; TMA coordinates are int32 (fewer than 2**31 elements)"
-    return _fa.hopper_reason("wgmma_wait", "emit_pipeline_warp_specialized", "nd_loop", "planar_snake", "find_swizzle")
+    return _fa.hopper_reason(*PLGPU_API)
+
+
+def dtype_reason(names: tuple[str, str], x: Any, y: Any, preferred_element_type: Any) -> str | None:
+    """Why the Mosaic GPU matmul kernels cannot take operands ``x``, ``y`` (called ``names``) and the output
+    dtype, or ``None``: bfloat16 or float16 operands of one dtype, a bfloat16, float16 or float32 output."""
+    dtypes = {jnp.dtype(x.dtype).name, jnp.dtype(y.dtype).name}
+    if not dtypes <= set(_DTYPES) or len(dtypes) > 1:
+        return (f"{' and '.join(names)} of dtypes {', '.join(sorted(dtypes))} not supported "
+                "(both bfloat16 or both float16)")
+    out = jnp.dtype(x.dtype if preferred_element_type is None else preferred_element_type).name
+    if out not in _OUT_DTYPES:
+        return f"preferred_element_type {out} not supported (bfloat16, float16 or float32)"
+    return None
 
 
 def smem_bytes(cfg: MosaicMatmulConfig, itemsize: int, out_itemsize: int) -> int:

@@ -48,6 +48,7 @@ from ejk_pallas import _grouped_matmul as _tl
 from ejk_pallas import _matmul_mgpu as _mm
 from ejk_pallas._group_metadata import offsets
 from ejk_pallas._matmul import _sm_count
+from ejk_pallas._mm import pad_to
 
 __all__ = ["MosaicGroupedMatmulConfig", "backward", "capability", "config_space", "forward",
            "forward_with_residuals", "grouped_product", "heuristic_config", "smem_bytes"]
@@ -271,8 +272,8 @@ def grouped_product(x: jax.Array, w: jax.Array, group_sizes: jax.Array, *, trans
         mp, np_ = cdiv(m, _BLOCK_M) * _BLOCK_M + _BLOCK_M, cdiv(n, bn) * bn
     else:  # the swizzled tiling wants rows of 8 and columns of 64, and every TMA box inside the array
         mp, np_ = max(cdiv(m, 8) * 8, _BLOCK_M), max(cdiv(n, 64) * 64, bn)
-    xp = _mm._padded(x, (mp, kp))
-    wp = _mm._padded(w, (groups, np_, kp) if transpose_rhs else (groups, kp, np_))
+    xp = pad_to(x, (mp, kp))
+    wp = pad_to(w, (groups, np_, kp) if transpose_rhs else (groups, kp, np_))
     group, start, stop, count = _tiles(group_sizes, m)
     st = _Static(cfg=cfg, groups=groups, items=int(group.shape[0]), n_tiles=cdiv(cdiv(np_, bn), 2 if cfg.cluster == "n"
                  else 1), k_steps=kp // _BLOCK_K,

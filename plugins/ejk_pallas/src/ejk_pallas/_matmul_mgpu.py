@@ -42,6 +42,7 @@ from ejk_pallas import _env
 from ejk_pallas import _flash_attention_mgpu as _fa
 from ejk_pallas._matmul import RESIDUALS, _sm_count
 from ejk_pallas._matmul_shapes import matmul_backward, matmul_forward, shapes
+from ejk_pallas._mm import pad_to
 
 __all__ = ["RESIDUALS", "MosaicMatmulConfig", "backward", "capability", "config_space", "forward",
            "forward_with_residuals", "heuristic_config", "smem_bytes"]
@@ -232,11 +233,6 @@ def _kernel(a_gmem: Any, b_gmem: Any, out_gmem: Any, *, st: _Static) -> None:
                   collective_axes="wg")
 
 
-def _padded(x: jax.Array, sizes: tuple[int, ...]) -> jax.Array:
-    pads = [(0, s - d) for d, s in zip(x.shape, sizes, strict=True)]
-    return jnp.pad(x, pads) if any(p for _, p in pads) else x
-
-
 def product(x: jax.Array, y: jax.Array, *, ta: bool = False, tb: bool = False, out_dtype: Any,
             cfg: MosaicMatmulConfig) -> jax.Array:
     """``[Z, m, n]``: ``x [Z, m, k]`` (``[Z, k, m]``: ``ta``) times ``y [Z, k, n]`` (``[Z, n, k]``: ``tb``)."""
@@ -261,8 +257,8 @@ def product(x: jax.Array, y: jax.Array, *, ta: bool = False, tb: bool = False, o
         # every TMA box inside the array
         mp, np_ = max(cdiv(m, 64 if ta else 8) * (64 if ta else 8), bm), max(cdiv(n, 64) * 64, bn)
     kp = cdiv(k, _BLOCK_K) * _BLOCK_K
-    x = _padded(x, (z, kp, mp) if ta else (z, mp, kp))
-    y = _padded(y, (z, np_, kp) if tb else (z, kp, np_))
+    x = pad_to(x, (z, kp, mp) if ta else (z, mp, kp))
+    y = pad_to(y, (z, np_, kp) if tb else (z, kp, np_))
     st = _Static(cfg=cfg, z=z, m_iters=cdiv(cdiv(mp, bm), pair_m), n_iters=cdiv(cdiv(np_, bn), pair_n),
                  k_steps=kp // _BLOCK_K, ta=ta, tb=tb, out_dtype=jnp.dtype(out_dtype))
     pairs = z * st.m_iters * st.n_iters

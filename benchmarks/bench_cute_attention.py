@@ -58,7 +58,8 @@ def cute_attention(shape: Shape, cfg: FlashAttentionConfig) -> Callable[..., jax
 
 
 def cfg_label(cfg: FlashAttentionConfig) -> str:
-    return f"{cfg.block_q}x{cfg.block_kv} s{cfg.stages}" + ("" if cfg.pingpong else " no-pingpong")
+    return (f"{cfg.block_q}x{cfg.block_kv} s{cfg.stages}" + ("" if cfg.pingpong else " no-pingpong")
+            + (" persistent" if cfg.persistent else ""))
 
 
 def output_check(shape: Shape, cfg: FlashAttentionConfig, inputs: tuple[jax.Array, ...]) -> str:

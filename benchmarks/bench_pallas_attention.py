@@ -85,7 +85,8 @@ def mosaic_attention(shape: Shape, cfg: MosaicFlashAttentionConfig) -> Callable[
 
 
 def mosaic_label(cfg: MosaicFlashAttentionConfig) -> str:
-    return f"{cfg.block_q}x{cfg.block_kv} slots {cfg.max_concurrent_steps}{' overlap' if cfg.overlap else ''}"
+    return (f"{cfg.block_q}x{cfg.block_kv} slots {cfg.max_concurrent_steps}{' overlap' if cfg.overlap else ''}"
+            f"{' persistent' if cfg.persistent else ''}")
 
 
 def grad_check(shape: Shape, name: str, attention: Callable[..., jax.Array], inputs: tuple[jax.Array, ...],
@@ -193,8 +194,9 @@ def main() -> None:
     parser.add_argument("--mosaic-backward", choices=("triton_lowered", "mosaic", "both"), default="mosaic",
                         help="the backward paired with the Mosaic GPU forward in fwd+bwd: the Mosaic GPU one "
                              "(default), the Triton-lowered one or both")
-    parser.add_argument("--mosaic-bwd-tiles", default="64,64,2",
-                        help="the Mosaic GPU backward's bwd_block_q,bwd_block_kv,bwd_max_concurrent_steps")
+    parser.add_argument("--mosaic-bwd-tiles", default="heuristic",
+                        help="the Mosaic GPU backward's bwd_block_q,bwd_block_kv,bwd_max_concurrent_steps, or "
+                             "'heuristic' (the forward config's, by head dim)")
     parser.add_argument("--mode", choices=(*MODES, "both"), default="both", help="forward, forward+backward or both")
     _harness.add_timer_option(parser)
     args = _harness.parse(parser)
@@ -214,8 +216,10 @@ def main() -> None:
     print("\n".join(lines), flush=True)
     triton_on = args.impl in ("triton_lowered", "all")
     mosaic_on = args.impl in ("mosaic", "all")
-    bq, bk, slots = (int(x) for x in args.mosaic_bwd_tiles.split(","))
-    mbwd_fields = dict(bwd_block_q=bq, bwd_block_kv=bk, bwd_max_concurrent_steps=slots)
+    mbwd_fields: dict[str, int] = {}
+    if args.mosaic_bwd_tiles != "heuristic":
+        bq, bk, slots = (int(x) for x in args.mosaic_bwd_tiles.split(","))
+        mbwd_fields = dict(bwd_block_q=bq, bwd_block_kv=bk, bwd_max_concurrent_steps=slots)
     backwards = (("triton_lowered", "mosaic") if args.mosaic_backward == "both" else (args.mosaic_backward,))
     for shape in shapes:
         inputs = make_inputs(shape, jnp.dtype(args.dtype))
@@ -225,7 +229,7 @@ def main() -> None:
             space.insert(0, heuristic)
         ours = {cfg_label(cfg): pallas_attention(shape, cfg) for cfg in space} if triton_on else {}
         mosaic_reason = mosaic.capability(*inputs[:3], causal=shape.causal)
-        mosaic_heuristic = mosaic.heuristic_config(*inputs[:3])
+        mosaic_heuristic = mosaic.heuristic_config(*inputs[:3], causal=shape.causal)
         mosaic_space = ([mosaic_heuristic] if args.mosaic_configs == "heuristic"
                         else mosaic.config_space(*inputs[:3]))
         if mosaic_heuristic not in mosaic_space:

@@ -98,6 +98,16 @@ def test_config_space_fits_shared_memory_and_starts_with_the_heuristic(d: int) -
 def test_smem_estimate_prunes_deep_pipelines() -> None:
     assert fa.smem_bytes(fa.FlashAttentionConfig(block_kv=128, stages=3), 128) <= fa.SMEM_LIMIT
     assert fa.smem_bytes(fa.FlashAttentionConfig(block_kv=128, stages=4), 128) > fa.SMEM_LIMIT
+    # A persistent grid holds two Q stages: at D = 128 three K/V stages no longer fit beside them.
+    assert fa.smem_bytes(fa.FlashAttentionConfig(block_kv=128, stages=2, persistent=True), 128) <= fa.SMEM_LIMIT
+    assert fa.smem_bytes(fa.FlashAttentionConfig(block_kv=128, stages=3, persistent=True), 128) > fa.SMEM_LIMIT
+
+
+@pytest.mark.parametrize("d", fa.HEAD_DIMS)
+def test_heuristic_runs_the_persistent_grid(d: int) -> None:
+    q, k, v = _qkv(d=d)
+    cfg = fa.heuristic_config(q, k, v, None, None, None, causal=True)
+    assert cfg.persistent and cfg.block_kv == 128 and cfg.stages == (2 if d == 128 else 3)
     assert fa.config_space(*_qkv(d=96)) == []
 
 

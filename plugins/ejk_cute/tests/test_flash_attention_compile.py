@@ -51,7 +51,8 @@ CASES = [(d, i, cfg) for d in fa.HEAD_DIMS
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 @pytest.mark.parametrize(("d", "index", "cfg"), CASES,
-                         ids=[f"d{d}-kv{c.block_kv}x{c.stages}-{VARIANTS[i % len(VARIANTS)][0]}" for d, i, c in CASES])
+                         ids=[f"d{d}-kv{c.block_kv}x{c.stages}{'-persistent' * c.persistent}-"
+                              f"{VARIANTS[i % len(VARIANTS)][0]}" for d, i, c in CASES])
 def test_every_config_compiles_for_sm90a(d: int, index: int, cfg: fa.FlashAttentionConfig, dtype: str) -> None:
     variant = (index + (dtype == "float16")) % len(VARIANTS)
     fn, structs = _call(d, jnp.dtype(dtype), cfg, variant)
@@ -70,6 +71,27 @@ def test_every_variant_compiles_with_the_heuristic_config(d: int, variant: int) 
     q = S((1, 1, 1, d), jnp.bfloat16)
     fn, structs = _call(d, jnp.bfloat16, fa.heuristic_config(q, q, q), variant)
     assert CUSTOM_CALL in _lowered(fn, *structs)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_persistent_grid_with_more_items_than_sms_compiles(causal: bool) -> None:
+    """2048 work items on the persistent grid: each CTA walks a snake of them (``ejk.tiling``)."""
+    cfg = fa.FlashAttentionConfig(block_kv=128, stages=2, persistent=True)
+    assert fa._grid_ctas(cfg, 8, 2048, 16, 2048, causal, None) in range(120, 133)
+    fn = functools.partial(fa.forward_lse, cfg=cfg, causal=causal, softmax_scale=0.125, sliding_window=None,
+                           logits_soft_cap=None, q_segment_ids=None, kv_segment_ids=None, bias=None)
+    q = S((8, 2048, 16, 128), jnp.bfloat16)
+    assert CUSTOM_CALL in _lowered(fn, q, S((8, 2048, 4, 128), jnp.bfloat16), S((8, 2048, 4, 128), jnp.bfloat16))
+
+
+def test_tile_blocks_match_the_kernel_bounds() -> None:
+    """The host's per-tile key block counts (what the persistent grid balances), last tiles first when causal."""
+    assert fa._tile_blocks(512, 512, 128, False, None) == [4, 4, 4, 4]
+    assert fa._tile_blocks(512, 512, 128, True, None) == [4, 3, 2, 1]
+    assert fa._tile_blocks(200, 333, 64, True, None) == [6, 5]  # bottom-right aligned: rows 0..127 see keys < 261
+    assert fa._tile_blocks(256, 256, 64, False, (70, 20)) == [4, 3]  # rows 128..255 see keys 58..255; 0..127 < 148
+    assert fa._tile_blocks(1, 77, 64, True, (100, 0)) == [2]
+    assert fa._grid_ctas(fa.FlashAttentionConfig(), 8, 2048, 16, 2048, True, None) == 0  # one CTA per item
 
 
 def test_without_pingpong_compiles() -> None:

@@ -101,6 +101,18 @@ def test_every_config_with_masks(d: int) -> None:
     _check_lse(q, k, v, fa.heuristic_config(q, k, v), sliding_window=(150, 40))
 
 
+@pytest.mark.parametrize("d", fa.HEAD_DIMS)
+def test_persistent_grid_walks_many_items(d: int) -> None:
+    """More work items than SMs (8 x 16 query tiles x 16 heads at most 2048): each persistent CTA walks
+    a snake of them, its K / V pipelines and Q stages running on across items. Ragged lengths, GQA 4,
+    causal (unequal items), a window, and no mask."""
+    q, k, v = _inputs(8, 1000, 16, 1100, 4, d, jnp.bfloat16, seed=d)
+    cfg = next(c for c in fa.config_space(q, k, v) if c.persistent)
+    assert fa._grid_ctas(cfg, 8, 1000, 16, 1100, True, None) < 8 * 8 * 16
+    for options in (dict(causal=True), dict(sliding_window=(300, 50)), dict()):
+        _check_lse(q, k, v, cfg, **options)
+
+
 def test_rows_that_see_no_key_are_zeros_with_zero_gradients() -> None:
     q, k, v = _inputs(1, 300, 2, 100, 2, 64, jnp.bfloat16)
     out = jax.jit(lambda q, k, v: ejk.flash_attention(q, k, v, causal=True, platform="cute"))(q, k, v)

@@ -66,21 +66,23 @@ class Case(AttentionCase):
     overlap: bool = False
     #: Query rows per CTA: 64 per consumer warpgroup (192: three, with the overlap).
     block_q: int = 128
+    #: One CTA walks several work items (``MosaicFlashAttentionConfig.persistent``; two CTAs in interpret mode).
+    persistent: bool = False
     #: The Mosaic GPU backward's step blocks (dK / dV rows, dQ keys), or ``None`` for the Triton-lowered one.
     mosaic_bwd: tuple[int, int] | None = None
 
     def label_parts(self) -> list[str]:
         bwd = [] if self.mosaic_bwd is None else [f"mbwd{self.mosaic_bwd[0]}x{self.mosaic_bwd[1]}"]
         return [*super().label_parts(), f"q{self.block_q}kv{self.block_kv}s{self.steps}",
-                *(["overlap"] if self.overlap else []), *bwd]
+                *(["overlap"] if self.overlap else []), *(["persistent"] if self.persistent else []), *bwd]
 
     @property
     def cfg(self) -> MosaicFlashAttentionConfig:
+        tiles = dict(block_q=self.block_q, block_kv=self.block_kv, max_concurrent_steps=self.steps,
+                     overlap=self.overlap, persistent=self.persistent)
         if self.mosaic_bwd is None:
-            return MosaicFlashAttentionConfig(block_q=self.block_q, block_kv=self.block_kv,
-                                              max_concurrent_steps=self.steps, overlap=self.overlap)
-        return MosaicFlashAttentionConfig(block_q=self.block_q, block_kv=self.block_kv, max_concurrent_steps=self.steps,
-                                          overlap=self.overlap, backward="mosaic", bwd_block_q=self.mosaic_bwd[0],
+            return MosaicFlashAttentionConfig(**tiles)
+        return MosaicFlashAttentionConfig(**tiles, backward="mosaic", bwd_block_q=self.mosaic_bwd[0],
                                           bwd_block_kv=self.mosaic_bwd[1], bwd_max_concurrent_steps=self.steps)
 
 
@@ -123,8 +125,9 @@ needs_cores = pytest.mark.skipif(_FEW_CORES and os.environ.get(_CHILD) != "1",
                                  reason="fewer than 4 cores: run by test_mosaic_interpreted_in_a_child_process")
 #: The tests the child process runs, and how many they are.
 _CHILD_TESTS = ("(test_matches_reference or test_overlap_matches_reference or test_no_races_and_lse_residual or "
+                "test_persistent_matches_reference or test_persistent_has_no_races or "
                 "test_mosaic_backward_matches_reference or test_mosaic_backward_no_races) and not q192")
-_CHILD_COUNT = 12
+_CHILD_COUNT = 15
 
 
 
@@ -175,6 +178,48 @@ def test_overlap_matches_reference(case: Case) -> None:
     Triton-lowered backward's, checked above and on the GPU: in interpret mode, a jitted value-and-grad
     around this kernel parks the interpreter's simulated threads on 2 cores (the forward alone runs)."""
     check_case(case, grads=ON_GPU)
+
+
+#: Persistent CTAs (two in interpret mode) walking several work items each: the K / V ring runs on across
+#: items (its slots do not restart at an item's first block), Q tiles alternate, outputs leave through them.
+PERSISTENT_CASES = [
+    # 12 items (2 query blocks x 3 heads x 2 batches), causal Sq > Sk ragged: items whose rows see no key,
+    # and items of different key counts in a row; GQA 3; the ping-pong.
+    Case(b=2, sq=200, sk=150, hq=3, hkv=1, causal=True, persistent=True),
+    # A two-sided window with soft cap, Sq < Sk, the overlap and a 3-slot ring: items of 2 to 4 blocks
+    # that wrap the ring at different points.
+    Case(b=1, sq=256, sk=300, hq=3, hkv=3, window=(100, 30), cap=5.0, dtype="float16", steps=3, overlap=True,
+         persistent=True),
+]
+
+
+@needs_kernels
+@needs_cores
+@pytest.mark.parametrize("case", PERSISTENT_CASES, ids=str)
+def test_persistent_matches_reference(case: Case) -> None:
+    """Forward values, as ``test_overlap_matches_reference`` (the residuals are the same kernel's)."""
+    check_case(case, grads=ON_GPU)
+
+
+@needs_kernels
+@needs_cores
+@pytest.mark.skipif(ON_GPU, reason="the race detector is part of the CPU interpret mode")
+def test_persistent_has_no_races(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two CTAs of four items each: the next item's Q load, the output store through the Q tiles and the
+    K / V ring that runs on across items are ordered (the race detector finds no unordered access)."""
+    from jax._src.pallas.mosaic_gpu.interpret import interpret_pallas_call
+    from jax._src.pallas.mosaic_gpu.interpret.params import InterpretGPUParams
+
+    monkeypatch.setattr(mg, "interpret_params", lambda: InterpretGPUParams(detect_races=True))
+    case = Case(b=2, sq=130, sk=200, hq=2, hkv=1, causal=True, overlap=True, persistent=True)
+    inputs = case.inputs()
+    q, k, v = inputs["q"], inputs["k"], inputs["v"]
+    out, _ = mg.forward_with_residuals(q, k, v, cfg=case.cfg, causal=True, softmax_scale=64 ** -0.5,
+                                       sliding_window=None, logits_soft_cap=None, q_segment_ids=None,
+                                       kv_segment_ids=None, bias=None)
+    races = interpret_pallas_call.get_races()
+    assert races.reads and not races.races_found
+    assert_close(out, reference_flash_attention(q, k, v, causal=True), case.dtype, what="out")
 
 
 @needs_kernels
@@ -392,6 +437,42 @@ def test_configs() -> None:
     for bad in (dict(block_q=64), dict(block_kv=96), dict(max_concurrent_steps=1)):
         with pytest.raises(ValueError):
             MosaicFlashAttentionConfig(**bad)  # type: ignore[arg-type]
+    # A persistent config holds two Q tiles.
+    one = MosaicFlashAttentionConfig(block_q=128, block_kv=128, max_concurrent_steps=2, overlap=True)
+    two = attrs.evolve(one, persistent=True)
+    assert mg.smem_bytes(two, 128, 2) - mg.smem_bytes(one, 128, 2) == 128 * 128 * 2
+
+
+def test_heuristic_by_head_dim_and_mask(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Persistent everywhere; at head dim 64 three overlapped consumers unmasked, the ping-pong under a mask."""
+    monkeypatch.setattr(_env, "use_interpreter", lambda: False)  # interpret mode has its own small one
+    q128 = _abstract(4, 4096, 4096, 16, 16, 128)
+    q64 = _abstract(4, 4096, 4096, 32, 32, 64)
+    for causal in (False, True):
+        cfg = mg.heuristic_config(*q128, causal=causal)
+        assert (cfg.block_q, cfg.block_kv, cfg.overlap, cfg.persistent) == (128, 128, True, True)
+    full = mg.heuristic_config(*q64, causal=False)
+    assert (full.block_q, full.max_concurrent_steps, full.overlap, full.persistent) == (192, 3, True, True)
+    for options in (dict(causal=True), dict(sliding_window=(256, 0))):
+        masked = mg.heuristic_config(*q64, **options)
+        assert (masked.block_q, masked.overlap, masked.persistent) == (128, False, True)
+
+
+def test_persistent_schedule() -> None:
+    """The kernel's snake walks ``ejk.tiling.snake_owner``'s order, every item once; the item costs it
+    balances are the CTA's key blocks, the longest query blocks first under a causal mask."""
+    from ejk.tiling import snake_owner
+    from ejk_pallas._flash_attention import _make_mask
+
+    for items, ctas in ((10, 3), (12, 3), (9, 4), (7, 7), (2816, 131)):
+        owners = snake_owner(items, ctas)
+        for c in range(ctas):
+            mine = [int(mg._snake(jnp.int32(j), jnp.int32(c), ctas))
+                    for j in range(int(mg._items_of(jnp.int32(c), items, ctas)))]
+            assert mine == list(np.flatnonzero(owners == c)), (items, ctas, c)
+    blocks = mg._item_blocks(_make_mask(4096, 4096, True, None, False), 192, 128, 22, 32)
+    assert blocks[0] == 32 and blocks[-1] == 2 and (np.diff(blocks) <= 0).all()
+    assert (mg._item_blocks(_make_mask(4096, 4096, False, None, False), 128, 128, 32, 32) == 32).all()
 
 
 def test_registered() -> None:
@@ -435,15 +516,17 @@ def _all_configs(d: int) -> list[MosaicFlashAttentionConfig]:
 
 @pytest.mark.parametrize("d,cfg", [(d, c) for d in (64, 128) for c in _all_configs(d)],
                          ids=lambda x: str(x) if isinstance(x, int) else
-                         f"kv{x.block_kv}s{x.max_concurrent_steps}{'o' if x.overlap else ''}")
+                         f"q{x.block_q}kv{x.block_kv}s{x.max_concurrent_steps}{'o' if x.overlap else ''}"
+                         f"{'p' if x.persistent else ''}")
 def test_every_config_lowers_for_cuda(d: int, cfg: MosaicFlashAttentionConfig) -> None:
     _lower(cfg, d, jnp.bfloat16, MASKS["causal_window_cap"])
 
 
+@pytest.mark.parametrize("persistent", [False, True], ids=["per_item", "persistent"])
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 @pytest.mark.parametrize("mask", list(MASKS))
-def test_dtypes_and_masks_lower_for_cuda(dtype: str, mask: str) -> None:
-    cfg = MosaicFlashAttentionConfig(block_q=128, block_kv=128, max_concurrent_steps=2)
+def test_dtypes_and_masks_lower_for_cuda(dtype: str, mask: str, persistent: bool) -> None:
+    cfg = MosaicFlashAttentionConfig(block_q=128, block_kv=128, max_concurrent_steps=2, persistent=persistent)
     _lower(cfg, 128 if dtype == "bfloat16" else 64, jnp.dtype(dtype), MASKS[mask], sq=512, sk=512)
 
 
@@ -495,6 +578,11 @@ GPU_CASES = [
     Case(b=2, sq=1024, sk=1024, hq=8, hkv=8, d=64, block_kv=128, dtype="float16", overlap=True),
     Case(b=1, sq=1000, sk=1500, hq=8, hkv=8, d=64, window=(128, 64), cap=30.0, overlap=True, block_q=192),
     Case(b=2, sq=1024, sk=1024, hq=8, hkv=2, d=64, causal=True, block_kv=128, overlap=True, block_q=192),
+    # Persistent CTAs: more items (8 x 16 x 4 = 512) than SMs, with and without the overlap.
+    Case(b=4, sq=1000, sk=1100, hq=16, hkv=4, d=128, causal=True, block_kv=128, overlap=True, persistent=True),
+    Case(b=4, sq=1024, sk=1024, hq=16, hkv=16, d=64, block_kv=128, persistent=True),
+    Case(b=2, sq=2048, sk=2048, hq=8, hkv=8, d=64, window=(128, 64), block_kv=128, overlap=True, block_q=192,
+         persistent=True, steps=3),
 ]
 
 
@@ -525,7 +613,8 @@ def test_gpu_every_config_runs() -> None:
         q, k, v = _abstract(1, 1024, 1024, 4, 2, d)
         for cfg in mg.config_space(q, k, v):
             case = Case(b=1, sq=1024, sk=1024, hq=4, hkv=2, d=d, causal=True, block_kv=cfg.block_kv,
-                        block_q=cfg.block_q, steps=cfg.max_concurrent_steps, overlap=cfg.overlap)
+                        block_q=cfg.block_q, steps=cfg.max_concurrent_steps, overlap=cfg.overlap,
+                        persistent=cfg.persistent)
             check_case(case if d == 128 else attrs.evolve(case, causal=False, window=(300, 100)), grads=False)
 
 

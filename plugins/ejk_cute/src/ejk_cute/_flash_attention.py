@@ -26,6 +26,7 @@ import jax.numpy as jnp
 
 from ejk.config.validators import int_in, one_of
 from ejk.ops import FLASH_LSE_RESIDUALS, FLASH_RESIDUALS, with_natural_lse, without_residuals
+from ejk.tiling import cdiv, persistent_ctas
 from ejk_cute import _compile, _device, _status
 
 #: The residual format of :func:`forward_with_residuals` (the same as ejk-triton's and ejk-pallas's).
@@ -81,19 +82,24 @@ class FlashAttentionConfig:
         stages: Depth of the K and V TMA pipelines (2 to 4; shared memory permitting).
         pingpong: Alternate the two consumer warpgroups' GEMM issues with named barriers, so one's
             softmax overlaps the other's GEMMs (FlashAttention-3's warpgroup ping-pong).
+        persistent: One CTA per SM walks the work items (query tile, head, batch) in a snake
+            (``ejk.tiling.persistent_ctas``): the K / V pipelines run on across items and the next
+            item's Q lands in a second stage while this one runs. Costs a second Q tile of shared memory.
     """
 
     block_q: int = attrs.field(default=BLOCK_Q, validator=one_of(BLOCK_Q))
     block_kv: int = attrs.field(default=128, validator=_block_kv)
     stages: int = attrs.field(default=2, validator=int_in(2, 4))
     pingpong: bool = attrs.field(default=True, validator=attrs.validators.instance_of(bool))
+    persistent: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
 
 
 def smem_bytes(cfg: FlashAttentionConfig, head_dim: int, itemsize: int = 2) -> int:
-    """Shared memory of one CTA: the barriers (padded to the tiles' 1 KiB alignment), the Q tile and
-    ``stages`` K and V tiles (each a multiple of 1 KiB)."""
-    barriers = 8 * (2 + 4 * cfg.stages)
-    tiles = (cfg.block_q * head_dim + 2 * cfg.stages * cfg.block_kv * head_dim) * itemsize
+    """Shared memory of one CTA: the barriers (padded to the tiles' 1 KiB alignment), the Q tile (two
+    when persistent) and ``stages`` K and V tiles (each a multiple of 1 KiB)."""
+    q_stages = 2 if cfg.persistent else 1
+    barriers = 8 * (2 * q_stages + 4 * cfg.stages)
+    tiles = (q_stages * cfg.block_q * head_dim + 2 * cfg.stages * cfg.block_kv * head_dim) * itemsize
     return -(-barriers // 1024) * 1024 + tiles
 
 
@@ -102,9 +108,10 @@ def smem_bytes(cfg: FlashAttentionConfig, head_dim: int, itemsize: int = 2) -> i
 # tiles get warpgroup fences injected by ptxas (C7519), so they come last. FlashAttention-3's wider
 # key tiles (176 at D = 128, 192 at D = 64) spill in this kernel and are left out
 # (benchmarks/bench_cute_attention.py --wide times them). Shared memory prunes the rest.
-_CANDIDATES: dict[int, tuple[tuple[int, int], ...]] = {
-    64: ((128, 3), (128, 2), (128, 4), (64, 4), (144, 3)),
-    128: ((128, 2), (128, 3), (64, 4), (144, 2)),
+_CANDIDATES: dict[int, tuple[tuple[int, int, bool], ...]] = {
+    64: ((128, 3, True), (128, 2, True), (128, 3, False), (128, 2, False), (128, 4, False), (64, 4, False),
+         (144, 3, False)),
+    128: ((128, 2, True), (128, 2, False), (128, 3, False), (64, 4, False), (64, 3, True), (144, 2, False)),
 }
 
 
@@ -128,12 +135,14 @@ def config_space(q: Any, k: Any, v: Any, *_: Any, **__: Any) -> list[FlashAttent
     del k, v
     d = _head_dim(q)
     itemsize = jnp.dtype(q.dtype).itemsize
-    configs = [FlashAttentionConfig(block_kv=bn, stages=s) for bn, s in _CANDIDATES.get(d, ())]
+    configs = [FlashAttentionConfig(block_kv=bn, stages=s, persistent=p) for bn, s, p in _CANDIDATES.get(d, ())]
     return [c for c in configs if smem_bytes(c, d, itemsize) <= _device.smem_capacity()]
 
 
 def heuristic_config(q: Any, k: Any, v: Any, *rest: Any, **static: Any) -> FlashAttentionConfig:
-    """128 query rows x 128 keys; 2 K/V stages at D = 128 (3 would leave no shared memory to spare), 3 at D = 64."""
+    """128 query rows x 128 keys on the persistent grid; 2 K/V stages at D = 128 (3 would leave no shared
+    memory for the second Q stage), 3 at D = 64. H100, 2026-11-26: the persistent grid ran 1.02-1.11x
+    cuDNN against 0.99-1.06x for one CTA per tile (``benchmarks/results/cute_attention_h100_20261126.md``)."""
     space = config_space(q, k, v, *rest, **static)
     return space[0] if space else FlashAttentionConfig()
 
@@ -195,14 +204,40 @@ def capability(
 
 @functools.lru_cache(maxsize=256)
 def _kernel(head_dim: int, block_kv: int, stages: int, pingpong: bool, group: int, scale: float,
-            cap: float | None, causal: bool, window: tuple[int, int] | None) -> Any:
+            cap: float | None, causal: bool, window: tuple[int, int] | None, ctas: int) -> Any:
     """One kernel object per static variant (the same object keeps cutlass_call's compile cache warm)."""
     from ejk_cute.kernels.attention import FlashForwardSm90
 
     return FlashForwardSm90(head_dim=head_dim, block_kv=block_kv, stages=stages, group=group,
                             scale_log2=(scale if cap is None else cap) * _LOG2E,
                             cap_scale=None if cap is None else scale / cap, causal=causal, window=window,
-                            pingpong=pingpong)
+                            pingpong=pingpong, ctas=ctas)
+
+
+def _tile_blocks(q_len: int, kv_len: int, block_kv: int, causal: bool, window: tuple[int, int] | None) -> list[int]:
+    """Key blocks each query tile loads, in the kernel's item order (last-first under a right bound);
+    the host-side twin of ``FlashForwardSm90._block_range``."""
+    right_bound = causal or window is not None
+    right = 0 if window is None else window[1]
+    offset = kv_len - q_len
+    n_m = cdiv(q_len, BLOCK_Q)
+    blocks = []
+    for index in range(n_m):
+        first = (n_m - 1 - index if right_bound else index) * BLOCK_Q
+        last = min(first + BLOCK_Q, q_len) - 1
+        hi = min(kv_len, last + offset + right + 1) if right_bound else kv_len
+        lo = 0 if window is None else max(0, first + offset - window[0])
+        blocks.append(cdiv(hi, block_kv) - lo // block_kv if hi > lo else 0)
+    return blocks
+
+
+def _grid_ctas(cfg: FlashAttentionConfig, batch: int, q_len: int, q_heads: int, kv_len: int, causal: bool,
+               window: tuple[int, int] | None) -> int:
+    """The persistent grid's CTA count (0: one CTA per work item)."""
+    if not cfg.persistent:
+        return 0
+    costs = [n + 1 for n in _tile_blocks(q_len, kv_len, cfg.block_kv, causal, window)]  # + Q and epilogue
+    return persistent_ctas(_device.sm_count(), cdiv(q_len, BLOCK_Q) * q_heads * batch, costs)
 
 
 def _launch(cfg: FlashAttentionConfig, static: dict[str, Any], q: jax.Array, k: jax.Array,
@@ -213,10 +248,11 @@ def _launch(cfg: FlashAttentionConfig, static: dict[str, Any], q: jax.Array, k: 
 
     batch, q_len, q_heads, d = (int(n) for n in q.shape)
     window = static["sliding_window"]
+    window = None if window is None else (int(window[0]), int(window[1]))
+    causal = bool(static["causal"])
     kernel = _kernel(d, cfg.block_kv, cfg.stages, cfg.pingpong, q_heads // int(k.shape[2]),
-                     float(static["softmax_scale"]),
-                     static["logits_soft_cap"], bool(static["causal"]),
-                     None if window is None else (int(window[0]), int(window[1])))
+                     float(static["softmax_scale"]), static["logits_soft_cap"], causal, window,
+                     _grid_ctas(cfg, batch, q_len, q_heads, int(k.shape[1]), causal, window))
     qo_modes = TensorSpec(mode=(1, 3, 2, 0))  # [B, S, H, D] -> (S, D, H, B)
     call = _compile.cutlass_call(
         kernel,

@@ -1,6 +1,9 @@
 """Flash attention forward for Hopper written with Pallas's Mosaic GPU backend (``plgpu``).
 
-One CTA per (query block of ``block_q`` rows, q head, batch) runs ``block_q / 64 + 1`` warpgroups:
+A work item is (query block of ``block_q`` rows, q head, batch), query blocks varying fastest so the
+CTAs running at once share a few heads' K and V in L2. One CTA runs each item, or with
+``persistent=True`` one CTA per SM walks items in turn (``ejk.tiling.persistent_ctas``). A CTA runs
+``block_q / 64 + 1`` warpgroups:
 
 * ``block_q / 64`` consumer warpgroups (two, or three with the overlap), 64 rows each:
   ``S = Q·Kᵀ`` and ``O += P·V`` with warpgroup MMA (``plgpu.wgmma``; P stays in registers), an
@@ -41,15 +44,18 @@ from typing import Any, Literal
 import attrs
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 from ejk.config.validators import int_in, one_of, one_of_str
 from ejk.ops import without_residuals
 from ejk.tiling import cdiv as _cdiv
+from ejk.tiling import persistent_ctas
 from ejk_pallas import _env
 from ejk_pallas import _flash_attention as _fa
 from ejk_pallas import _flash_attention_mgpu_bwd as _bwd
 from ejk_pallas._flash_attention import RESIDUALS, _key_blocks, _make_mask, _Mask, _pad, _q_block
+from ejk_pallas._matmul import _sm_count
 
 __all__ = [
     "RESIDUALS",
@@ -77,6 +83,8 @@ _SMEM_BUDGET = 227 * 1024 - 4 * 1024
 #: Register split by consumer count: the consumers take what the producer gives back (65536 registers
 #: per SM over 128 threads a warpgroup: 2 x 232 + 40 = 3 x 160 + 32 = 512).
 _REGS = {2: (232, 40), 3: (160, 32)}
+#: CTAs of a persistent kernel in interpret mode (each walks several items there too).
+_INTERPRET_CTAS = 2
 
 
 @attrs.frozen(kw_only=True)
@@ -94,6 +102,10 @@ class MosaicFlashAttentionConfig:
             back to back, then runs the softmax of ``S_j`` while ``P_{j-1}·V_{j-1}`` is in flight.
             Costs registers for a second accumulator and a second ``P`` tile, and one extra
             (zero) ``P·V`` per CTA.
+        persistent: One CTA per SM walks the work items (query block, head, batch) in turn: the K / V
+            ring streams on from one item into the next, and the next item's Q lands in a second tile
+            while this one runs, so neither the pipeline fill nor the output store stalls the MMAs
+            between items. Costs a second Q tile of shared memory. ``False``: one CTA per item.
         backward: ``"auto"`` (default: the Mosaic GPU backward of ``_flash_attention_mgpu_bwd`` on a
             GPU whose jax has its API, else the Triton-lowered Pallas backward; the Triton-lowered one
             in interpret mode, where the Mosaic GPU interpreter is slow and stalls on small machines),
@@ -108,6 +120,7 @@ class MosaicFlashAttentionConfig:
     block_kv: int = attrs.field(default=128, validator=one_of(64, 128, 192, 256))
     max_concurrent_steps: int = attrs.field(default=2, validator=int_in(2, 6))
     overlap: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
+    persistent: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
     backward: Literal["auto", "triton_lowered", "mosaic"] = attrs.field(
         default="auto", validator=one_of_str("auto", "triton_lowered", "mosaic"))
     bwd_block_q: int = attrs.field(default=64, validator=one_of(64, 128))
@@ -138,6 +151,12 @@ class _Static:
     ragged_keys: bool
     interpret: bool
     overlap: bool = False
+    #: Query heads, work items (query blocks x heads x batches) and CTAs (items / CTA: see ``persistent``).
+    hq: int = 1
+    items: int = 1
+    ctas: int = 1
+    #: Q / O tiles per consumer: 2 when persistent (the next item's Q lands while this one runs).
+    q_buffers: int = 1
 
 
 # ----------------------------------------------------------------------------------------------
@@ -160,6 +179,10 @@ def _loop(lo: Any, hi: Any, body: Any, carry: Any) -> Any:
 
 def _max(a: Any, b: Any) -> Any:
     return max(a, b) if isinstance(a, int) and isinstance(b, int) else jnp.maximum(a, b)
+
+
+def _min(a: Any, b: Any) -> Any:
+    return min(a, b) if isinstance(a, int) and isinstance(b, int) else jnp.minimum(a, b)
 
 
 def _when(cond: Any, fn: Any) -> None:
@@ -242,21 +265,61 @@ def _cond(pred: Any, true_fn: Any, false_fn: Any, *operands: Any) -> Any:
     return lax.cond(pred, true_fn, false_fn, *operands)
 
 
+def _item(i: Any, st: _Static) -> tuple[Any, Any, Any]:
+    """``(batch, head, row0)`` of work item ``i``: query blocks vary fastest (a head's K and V stay in L2
+    while its query blocks run), then heads, then batches."""
+    head_batch = lax.div(i, jnp.array(st.nq, i.dtype))
+    row0 = _q_block(lax.rem(i, jnp.array(st.nq, i.dtype)), st.mask, st.nq) * st.bq
+    return lax.div(head_batch, jnp.array(st.hq, i.dtype)), lax.rem(head_batch, jnp.array(st.hq, i.dtype)), row0
+
+
+def _item_blocks(mask: _Mask, bq: int, bk: int, nq: int, nk: int) -> np.ndarray:
+    """Key blocks each query block index of :func:`_item` streams (its CTA's range), as numpy ints."""
+    row0 = _q_block(np.arange(nq, dtype=np.int32), mask, nq) * bq
+    with jax.ensure_compile_time_eval():  # concrete values inside a trace
+        lo, _, _, hi = _key_blocks(mask, jnp.asarray(row0), bq, bk, nk)
+    return np.broadcast_to(np.asarray(hi) - np.asarray(lo), (nq,)).astype(np.int64)
+
+
+def _snake(j: Any, cta: Any, ctas: int) -> Any:
+    """The ``j``-th work item of CTA ``cta`` (``ejk.tiling.snake_owner``'s order)."""
+    return j * ctas + jnp.where(lax.rem(j, 2) == 0, cta, ctas - 1 - cta)
+
+
+def _items_of(cta: Any, items: int, ctas: int) -> Any:
+    """How many work items CTA ``cta`` runs under :func:`_snake`."""
+    rounds, rest = divmod(items, ctas)
+    if rest == 0:
+        return jnp.int32(rounds)
+    takes_last = cta < rest if rounds % 2 == 0 else cta >= ctas - rest
+    return rounds + takes_last.astype(jnp.int32)
+
+
+def _items_loop(mine: Any, body: Any, st: _Static) -> Any:
+    """``body(j, blocks)`` over this CTA's work items, ``blocks`` counting the key blocks streamed so far;
+    one plain call when every CTA has one item (no loop for the interpreter to run)."""
+    if st.ctas == st.items:
+        return body(jnp.int32(0), jnp.int32(0))
+    return lax.fori_loop(0, mine, body, jnp.int32(0))
+
+
 def _kernel(q_ref: Any, k_ref: Any, v_ref: Any, out_ref: Any, lse_ref: Any, scoped: Any, *, st: _Static) -> None:
     pl, plgpu = _mods()
     # One ring of 2 * steps tiles: K of slot s at s, V of slot s at steps + s (every index into it is
     # traced or a Python int, never a static index followed by a traced one).
-    (qo_smem2, kv_smem, lse_smem2), (k_ready, v_ready, q_ready), (k_free, v_free), sched, turn = scoped
+    (qo_smem, kv_smem, lse_smem2), (k_ready, v_ready, q_ready), (k_free, v_free), sched, turn = scoped
     wg = lax.axis_index("wg")
-    batch = lax.axis_index("batch")
-    head = lax.axis_index("heads")
+    cta = lax.axis_index("cta")
+    mine = _items_of(cta, st.items, st.ctas)  # one per CTA unless persistent
     consumers = st.bq // _ROWS
     bw = _ROWS
-    row0 = _q_block(lax.axis_index("q_seq"), st.mask, st.nq) * st.bq
-    lo, _, _, hi = _key_blocks(st.mask, row0, st.bq, st.bk, st.nk)  # the CTA's key blocks
 
-    def slot(t: Any) -> Any:
-        return lax.rem(t - lo, jnp.array(st.steps, jnp.int32))
+    def item_of(j: Any) -> tuple[Any, Any, Any]:
+        return _item(_snake(j, cta, st.ctas), st)
+
+    def cta_blocks(row0: Any) -> tuple[Any, Any]:  # the key blocks of a CTA's rows
+        lo, _, _, hi = _key_blocks(st.mask, row0, st.bq, st.bk, st.nk)
+        return lo, hi
 
     def k_tile(s: Any) -> Any:
         return kv_smem.at[s]
@@ -280,188 +343,236 @@ def _kernel(q_ref: Any, k_ref: Any, v_ref: Any, out_ref: Any, lse_ref: Any, scop
 
     def consumer() -> None:
         plgpu.set_max_registers(_REGS[consumers][0], action="increase")
-        q_smem = qo_smem2.at[wg]
         lse_smem = lse_smem2.at[wg]
-        r0 = row0 + wg * bw
-        plgpu.copy_gmem_to_smem(q_ref.at[batch, pl.ds(r0, bw), head], q_smem, q_ready.at[wg])
-        plgpu.barrier_wait(q_ready.at[wg])
-        w_lo, w_lo_full, w_hi_full, w_hi = _key_blocks(st.mask, r0, bw, st.bk, st.nk)
 
-        def vis_at(t: Any, masked: bool) -> Any:
-            return functools.partial(_visible, st, r0, t * st.bk, (bw, st.bk)) if masked else None
+        def load_q(j: Any, buf: Any) -> None:
+            batch, head, row0 = item_of(j)
+            plgpu.copy_gmem_to_smem(q_ref.at[batch, pl.ds(row0 + wg * bw, bw), head], qo_smem.at[buf, wg],
+                                    q_ready.at[wg])
 
-        def step(t: Any, carry: Any, *, masked: bool) -> Any:
-            """Ping-pong step: ``S = Q·Kᵀ``, the softmax, then ``O += P·V``."""
-            acc, m, denom = carry
-            s = slot(t)
-            plgpu.barrier_wait(k_ready.at[s])
+        def run_item(j: Any, base: Any) -> Any:
+            """Work item ``j`` of this CTA; ``base`` counts the key blocks its earlier items streamed."""
+            batch, head, row0 = item_of(j)
+            buf = lax.rem(j, jnp.array(st.q_buffers, j.dtype))
+            q_smem = qo_smem.at[buf, wg]
+            walks = st.ctas < st.items  # several items per CTA (persistent)
+            if walks and st.q_buffers == 1:  # Q waits for the last item's output to leave its tile
+                def reload() -> None:
+                    plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+                    load_q(j, 0)
 
-            if st.interpret:  # the interpreter's wgmma takes no transposed operand nor registers
-                z = jnp.dot(q_smem[...], kv_smem[s].T, preferred_element_type=jnp.float32)
-                sync()
-            else:
-                def qk(acc_ref: Any) -> Any:
-                    plgpu.wgmma(acc_ref, q_smem, k_tile(s).transpose((1, 0)))
-                    sync()  # the other consumer's softmax runs while this MMA does
-                    return acc_ref[...]
+                _when(j > 0, reload)
+            plgpu.barrier_wait(q_ready.at[wg])
+            if walks:
+                # The last item's output and lse stores have read their tiles: the next Q may go to the
+                # other buffer (it lands while this item runs), and this item's lse rows may be written.
+                plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+                if st.q_buffers > 1:
+                    _when(j + 1 < mine, lambda: load_q(j + 1, lax.rem(j + 1, jnp.array(st.q_buffers, j.dtype))))
+            r0 = row0 + wg * bw
+            lo, hi = cta_blocks(row0)
+            w_lo, w_lo_full, w_hi_full, w_hi = _key_blocks(st.mask, r0, bw, st.bk, st.nk)
 
-                z = pl.run_scoped(qk, plgpu.ACC((bw, st.bk), jnp.float32))
-            plgpu.barrier_arrive(k_free.at[s])
-            p, m_new, denom, alpha = _softmax_step(z, m, denom, st, vis_at(t, masked))
-            p16 = p.astype(st.dtype)
-            acc = _scale_rows(acc, alpha)
-            acc, denom, m_new, p16 = lax.optimization_barrier((acc, denom, m_new, p16))
-            plgpu.barrier_arrive(sched)
-            plgpu.barrier_wait(v_ready.at[s])
-            plgpu.barrier_wait(sched)
+            def slot(t: Any) -> Any:
+                return lax.rem(base + t - lo, jnp.array(st.steps, jnp.int32))
 
-            if st.interpret:
-                acc = acc + jnp.dot(p16, kv_smem[s + st.steps], preferred_element_type=jnp.float32)
-            else:  # the MMA accumulates into the running output in place
-                def pv(acc_ref: Any) -> None:
-                    plgpu.wgmma(acc_ref, p16, v_tile(s))
+            def vis_at(t: Any, masked: bool) -> Any:
+                return functools.partial(_visible, st, r0, t * st.bk, (bw, st.bk)) if masked else None
 
-                acc = pl.run_state(pv)(plgpu.ACC.init(acc))
-            plgpu.barrier_arrive(v_free.at[s])
-            return acc, m_new, denom
+            def step(t: Any, carry: Any, *, masked: bool) -> Any:
+                """Ping-pong step: ``S = Q·Kᵀ``, the softmax, then ``O += P·V``."""
+                acc, m, denom = carry
+                s = slot(t)
+                plgpu.barrier_wait(k_ready.at[s])
 
-        def overlapped_step(t: Any, carry: Any, *, masked: bool) -> Any:
-            """Intra-warpgroup overlap: issue ``S_t = Q·K_tᵀ`` and ``O += P_{t-1}·V_{t-1}``, then the
-            softmax of ``S_t`` under the ``P·V`` MMA.
+                if st.interpret:  # the interpreter's wgmma takes no transposed operand nor registers
+                    z = jnp.dot(q_smem[...], kv_smem[s].T, preferred_element_type=jnp.float32)
+                    sync()
+                else:
+                    def qk(acc_ref: Any) -> Any:
+                        plgpu.wgmma(acc_ref, q_smem, k_tile(s).transpose((1, 0)))
+                        sync()  # the other consumer's softmax runs while this MMA does
+                        return acc_ref[...]
 
-            The carry holds ``(A, m, denom, P_{t-1})`` with ``A + P_{t-1}·V_{t-1}`` the output so far
-            (``A`` in the basis of ``m``). The first visible block has no ``P_{t-1}``: it multiplies
-            zeros by its own K tile (finite), so every step issues the same two MMAs.
-            """
-            acc, m, denom, p_prev = carry
-            s, prev = slot(t), slot(t - 1)
-            first = t == w_lo
-            later = jnp.logical_not(first)
-            pv_tile = jnp.where(first, s, prev + st.steps).astype(jnp.int32)  # K_t's tile, else V_{t-1}'s
-            plgpu.barrier_wait(k_ready.at[s])
-            pl.when(later)(lambda: plgpu.barrier_wait(v_ready.at[prev]))
-            my_turn()
-
-            if st.interpret:
-                z = jnp.dot(q_smem[...], kv_smem[s].T, preferred_element_type=jnp.float32)
-                acc = acc + jnp.dot(p_prev, kv_smem[pv_tile], preferred_element_type=jnp.float32)
-                pass_turn()
+                    z = pl.run_scoped(qk, plgpu.ACC((bw, st.bk), jnp.float32))
                 plgpu.barrier_arrive(k_free.at[s])
                 p, m_new, denom, alpha = _softmax_step(z, m, denom, st, vis_at(t, masked))
-            else:
-                def mmas(s_ref: Any, o_ref: Any) -> Any:
-                    o_ref[...] = acc
-                    plgpu.wgmma(s_ref, q_smem, k_tile(s).transpose((1, 0)))
-                    plgpu.wgmma(o_ref, p_prev, kv_smem.at[pv_tile])
-                    pass_turn()  # the other consumer issues while this one runs its softmax
-                    z = plgpu.wgmma_accumulator_load(s_ref, wait_n=1)  # S_t done; P·V may still run
-                    plgpu.barrier_arrive(k_free.at[s])
-                    p_t, *rest = lax.optimization_barrier(_softmax_step(z, m, denom, st, vis_at(t, masked)))
-                    # P_t goes to the registers of P_{t-1} only once the P·V MMA reading them is done
-                    # (ptxas serialises every wgmma when registers a wgmma reads are written in flight).
-                    return (*lax.optimization_barrier((o_ref[...], p_t)), *rest)
+                p16 = p.astype(st.dtype)
+                acc = _scale_rows(acc, alpha)
+                acc, denom, m_new, p16 = lax.optimization_barrier((acc, denom, m_new, p16))
+                plgpu.barrier_arrive(sched)
+                plgpu.barrier_wait(v_ready.at[s])
+                plgpu.barrier_wait(sched)
 
-                acc, p, m_new, denom, alpha = pl.run_scoped(
-                    mmas, plgpu.ACC((bw, st.bk), jnp.float32), plgpu.ACC((bw, st.d), jnp.float32))
-            pl.when(later)(lambda: plgpu.barrier_arrive(v_free.at[prev]))
-            return _scale_rows(acc, alpha), m_new, denom, p.astype(st.dtype)
-
-        def last_pv(carry: Any) -> Any:
-            """The overlapped loop's tail: ``O = A + P_last·V_last`` (one turn, like a step)."""
-            acc, m, denom, p_prev = carry
-            nonempty = w_lo < w_hi
-            last = slot(w_hi - 1)
-            _when(nonempty, lambda: plgpu.barrier_wait(v_ready.at[last]))
-            my_turn()
-
-            def pv(a: Any) -> Any:
                 if st.interpret:
-                    return a + jnp.dot(p_prev, kv_smem[last + st.steps], preferred_element_type=jnp.float32)
+                    acc = acc + jnp.dot(p16, kv_smem[s + st.steps], preferred_element_type=jnp.float32)
+                else:  # the MMA accumulates into the running output in place
+                    def pv(acc_ref: Any) -> None:
+                        plgpu.wgmma(acc_ref, p16, v_tile(s))
 
-                def mma(acc_ref: Any) -> None:
-                    plgpu.wgmma(acc_ref, p_prev, v_tile(last))
+                    acc = pl.run_state(pv)(plgpu.ACC.init(acc))
+                plgpu.barrier_arrive(v_free.at[s])
+                return acc, m_new, denom
 
-                return pl.run_state(mma)(plgpu.ACC.init(a))
+            def overlapped_step(t: Any, carry: Any, *, masked: bool) -> Any:
+                """Intra-warpgroup overlap: issue ``S_t = Q·K_tᵀ`` and ``O += P_{t-1}·V_{t-1}``, then the
+                softmax of ``S_t`` under the ``P·V`` MMA.
 
-            acc = _cond(nonempty, pv, lambda a: a, acc)
-            pass_turn()
-            _when(nonempty, lambda: plgpu.barrier_arrive(v_free.at[last]))
-            return acc, m, denom
+                The carry holds ``(A, m, denom, P_{t-1})`` with ``A + P_{t-1}·V_{t-1}`` the output so far
+                (``A`` in the basis of ``m``). The first visible block has no ``P_{t-1}``: it multiplies
+                zeros by its own K tile (finite), so every step issues the same two MMAs.
+                """
+                acc, m, denom, p_prev = carry
+                s, prev = slot(t), slot(t - 1)
+                first = t == w_lo
+                later = jnp.logical_not(first)
+                pv_tile = jnp.where(first, s, prev + st.steps).astype(jnp.int32)  # K_t's tile, else V_{t-1}'s
+                plgpu.barrier_wait(k_ready.at[s])
+                pl.when(later)(lambda: plgpu.barrier_wait(v_ready.at[prev]))
+                my_turn()
 
-        def skip(t: Any, carry: Any) -> Any:
-            """A block of the CTA's range that these rows cannot see: keep the barriers in step."""
-            s = slot(t)
-            plgpu.barrier_wait(k_ready.at[s])
-            plgpu.barrier_arrive(k_free.at[s])
-            issue_begin()
-            plgpu.barrier_wait(v_ready.at[s])
-            plgpu.barrier_arrive(v_free.at[s])
-            issue_end()
-            return carry
+                if st.interpret:
+                    z = jnp.dot(q_smem[...], kv_smem[s].T, preferred_element_type=jnp.float32)
+                    acc = acc + jnp.dot(p_prev, kv_smem[pv_tile], preferred_element_type=jnp.float32)
+                    pass_turn()
+                    plgpu.barrier_arrive(k_free.at[s])
+                    p, m_new, denom, alpha = _softmax_step(z, m, denom, st, vis_at(t, masked))
+                else:
+                    def mmas(s_ref: Any, o_ref: Any) -> Any:
+                        o_ref[...] = acc
+                        plgpu.wgmma(s_ref, q_smem, k_tile(s).transpose((1, 0)))
+                        plgpu.wgmma(o_ref, p_prev, kv_smem.at[pv_tile])
+                        pass_turn()  # the other consumer issues while this one runs its softmax
+                        z = plgpu.wgmma_accumulator_load(s_ref, wait_n=1)  # S_t done; P·V may still run
+                        plgpu.barrier_arrive(k_free.at[s])
+                        p_t, *rest = lax.optimization_barrier(_softmax_step(z, m, denom, st, vis_at(t, masked)))
+                        # P_t goes to the registers of P_{t-1} only once the P·V MMA reading them is done
+                        # (ptxas serialises every wgmma when registers a wgmma reads are written in flight).
+                        return (*lax.optimization_barrier((o_ref[...], p_t)), *rest)
 
-        rows = plgpu.Layout.WGMMA.reduce(1)
-        carry = (
-            _cast(jnp.zeros((bw, st.d), jnp.float32), plgpu.Layout.WGMMA, st),
-            _cast(jnp.full((bw,), -jnp.inf, jnp.float32), rows, st),
-            _cast(jnp.zeros((bw,), jnp.float32), rows, st),
-        )
-        body = overlapped_step if st.overlap else step
-        masked = functools.partial(body, masked=True)
-        if st.overlap:  # the first turn is the first consumer's (the last passes it)
+                    acc, p, m_new, denom, alpha = pl.run_scoped(
+                        mmas, plgpu.ACC((bw, st.bk), jnp.float32), plgpu.ACC((bw, st.d), jnp.float32))
+                pl.when(later)(lambda: plgpu.barrier_arrive(v_free.at[prev]))
+                return _scale_rows(acc, alpha), m_new, denom, p.astype(st.dtype)
+
+            def last_pv(carry: Any) -> Any:
+                """The overlapped loop's tail: ``O = A + P_last·V_last`` (one turn, like a step)."""
+                acc, m, denom, p_prev = carry
+                nonempty = w_lo < w_hi
+                last = slot(w_hi - 1)
+                _when(nonempty, lambda: plgpu.barrier_wait(v_ready.at[last]))
+                my_turn()
+
+                def pv(a: Any) -> Any:
+                    if st.interpret:
+                        return a + jnp.dot(p_prev, kv_smem[last + st.steps], preferred_element_type=jnp.float32)
+
+                    def mma(acc_ref: Any) -> None:
+                        plgpu.wgmma(acc_ref, p_prev, v_tile(last))
+
+                    return pl.run_state(mma)(plgpu.ACC.init(a))
+
+                acc = _cond(nonempty, pv, lambda a: a, acc)
+                pass_turn()
+                _when(nonempty, lambda: plgpu.barrier_arrive(v_free.at[last]))
+                return acc, m, denom
+
+            def skip(t: Any, carry: Any) -> Any:
+                """A block of the CTA's range that these rows cannot see: keep the barriers in step."""
+                s = slot(t)
+                plgpu.barrier_wait(k_ready.at[s])
+                plgpu.barrier_arrive(k_free.at[s])
+                issue_begin()
+                plgpu.barrier_wait(v_ready.at[s])
+                plgpu.barrier_arrive(v_free.at[s])
+                issue_end()
+                return carry
+
+            rows = plgpu.Layout.WGMMA.reduce(1)
+            carry = (
+                _cast(jnp.zeros((bw, st.d), jnp.float32), plgpu.Layout.WGMMA, st),
+                _cast(jnp.full((bw,), -jnp.inf, jnp.float32), rows, st),
+                _cast(jnp.zeros((bw,), jnp.float32), rows, st),
+            )
+            body = overlapped_step if st.overlap else step
+            masked = functools.partial(body, masked=True)
+            carry = _loop(lo, w_lo, skip, carry)
+            if st.overlap:
+                carry = (*carry, _cast(jnp.zeros((bw, st.bk), st.dtype), plgpu.Layout.WGMMA, st))
+            carry = _loop(w_lo, w_lo_full, masked, carry)
+            carry = _loop(w_lo_full, w_hi_full, functools.partial(body, masked=False), carry)
+            carry = _loop(w_hi_full, w_hi, masked, carry)
+            if st.overlap:
+                carry = last_pv(carry)
+            acc, m, denom = _loop(w_hi, hi, skip, carry)
+
+            empty = denom == 0.0
+            safe = jnp.where(empty, 1.0, denom)
+            acc = acc * lax.broadcast_in_dim(1.0 / safe, acc.shape, [0])
+            q_smem[...] = acc.astype(st.dtype)  # Q's tile holds the output (every Q·Kᵀ MMA is done)
+            lse_smem[...] = jnp.where(empty, jnp.inf, m + jnp.log(safe) * (1.0 / math.log(2.0)))
+            plgpu.commit_smem()
+            plgpu.copy_smem_to_gmem(q_smem, out_ref.at[batch, pl.ds(r0, bw), head])
+            plgpu.copy_smem_to_gmem(lse_smem, lse_ref.at[batch, head, pl.ds(r0, bw)])
+            return base + (hi - lo)
+
+        load_q(jnp.int32(0), 0)
+        # The MMA turns and meets run on across items: the first turn is the first consumer's (the last
+        # passes it); in the ping-pong the second consumer starts half a step behind.
+        if st.overlap:
             _when(wg == consumers - 1, lambda: plgpu.barrier_arrive(turn.at[0]))
-        else:  # the second consumer starts half a step behind
+        else:
             _when(wg == 1, sync)
-        carry = _loop(lo, w_lo, skip, carry)
-        if st.overlap:
-            carry = (*carry, _cast(jnp.zeros((bw, st.bk), st.dtype), plgpu.Layout.WGMMA, st))
-        carry = _loop(w_lo, w_lo_full, masked, carry)
-        carry = _loop(w_lo_full, w_hi_full, functools.partial(body, masked=False), carry)
-        carry = _loop(w_hi_full, w_hi, masked, carry)
-        if st.overlap:
-            carry = last_pv(carry)
-        acc, m, denom = _loop(w_hi, hi, skip, carry)
+        _items_loop(mine, run_item, st)
         # One meet (ping-pong: the second consumer's extra one) or turn pass (the last consumer's) is
         # left over: the first consumer observes it, so every barrier phase is awaited.
         _when(wg == 0, my_turn if st.overlap else sync)
-
-        empty = denom == 0.0
-        safe = jnp.where(empty, 1.0, denom)
-        acc = acc * lax.broadcast_in_dim(1.0 / safe, acc.shape, [0])
-        q_smem[...] = acc.astype(st.dtype)
-        lse_smem[...] = jnp.where(empty, jnp.inf, m + jnp.log(safe) * (1.0 / math.log(2.0)))
-        plgpu.commit_smem()
-        plgpu.copy_smem_to_gmem(q_smem, out_ref.at[batch, pl.ds(r0, bw), head])
-        plgpu.copy_smem_to_gmem(lse_smem, lse_ref.at[batch, head, pl.ds(r0, bw)])
         plgpu.wait_smem_to_gmem(0)
 
     def producer() -> None:
         plgpu.set_max_registers(_REGS[consumers][1], action="decrease")
-        kv_head = lax.div(head, jnp.array(st.group, head.dtype))
 
-        def load(t: Any, s: Any) -> None:
-            block = (batch, pl.ds(t * st.bk, st.bk), kv_head)
-            plgpu.copy_gmem_to_smem(k_ref.at[block], k_tile(s), k_ready.at[s])
-            plgpu.copy_gmem_to_smem(v_ref.at[block], v_tile(s), v_ready.at[s])
+        def stream_item(j: Any, base: Any) -> Any:
+            batch, head, row0 = item_of(j)
+            kv_head = lax.div(head, jnp.array(st.group, head.dtype))
+            lo, hi = cta_blocks(row0)
 
-        for i in range(st.steps):
-            _when(lo + i < hi, functools.partial(load, lo + i, i))
+            def load(t: Any, s: Any, *, reused: bool) -> None:
+                block = (batch, pl.ds(t * st.bk, st.bk), kv_head)
+                if reused:  # the slot's last block has been released by every consumer
+                    plgpu.barrier_wait(k_free.at[s])
+                plgpu.copy_gmem_to_smem(k_ref.at[block], k_tile(s), k_ready.at[s])
+                if reused:
+                    plgpu.barrier_wait(v_free.at[s])
+                plgpu.copy_gmem_to_smem(v_ref.at[block], v_tile(s), v_ready.at[s])
 
-        def refill(t: Any, carry: Any) -> Any:
-            s = slot(t)
-            block = (batch, pl.ds((t + st.steps) * st.bk, st.bk), kv_head)
+            def refill(t: Any, carry: Any) -> Any:  # the ring's (base + t - lo)-th block
+                load(t, lax.rem(base + t - lo, jnp.array(st.steps, jnp.int32)), reused=True)
+                return carry
+
+            if st.ctas == st.items:  # the ring's first blocks: unrolled, static slots
+                for i in range(st.steps):
+                    _when(lo + i < hi, functools.partial(load, lo + i, i, reused=False))
+                _loop(_min(lo + st.steps, hi), hi, refill, 0)
+            else:  # the ring's first `steps` blocks overall go to empty slots
+                def fill(t: Any, carry: Any) -> Any:
+                    load(t, lax.rem(base + t - lo, jnp.array(st.steps, jnp.int32)), reused=False)
+                    return carry
+
+                split = jnp.clip(lo + st.steps - base, lo, hi)
+                _loop(lo, split, fill, 0)
+                _loop(split, hi, refill, 0)
+            return base + (hi - lo)
+
+        streamed = _items_loop(mine, stream_item, st)
+
+        def drain(n: Any, carry: Any) -> Any:  # observe the last blocks' releases (every phase is awaited)
+            s = lax.rem(n, jnp.array(st.steps, jnp.int32))
             plgpu.barrier_wait(k_free.at[s])
-            plgpu.copy_gmem_to_smem(k_ref.at[block], k_tile(s), k_ready.at[s])
             plgpu.barrier_wait(v_free.at[s])
-            plgpu.copy_gmem_to_smem(v_ref.at[block], v_tile(s), v_ready.at[s])
             return carry
 
-        def drain(t: Any, carry: Any) -> Any:  # observe the last steps' releases (every phase is awaited)
-            plgpu.barrier_wait(k_free.at[slot(t)])
-            plgpu.barrier_wait(v_free.at[slot(t)])
-            return carry
-
-        _loop(lo, hi - st.steps, refill, 0)
-        _loop(_max(lo, hi - st.steps), hi, drain, 0)
+        lax.fori_loop(jnp.maximum(streamed - st.steps, 0), streamed, drain, 0)
 
     _when(wg < consumers, consumer)
     _when(wg == consumers, producer)
@@ -472,7 +583,7 @@ def _entry(q_ref: Any, k_ref: Any, v_ref: Any, out_ref: Any, lse_ref: Any, *, st
     consumers = st.bq // _ROWS
     transforms = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
     smem = (
-        plgpu.SMEM((consumers, _ROWS, st.d), st.dtype, transforms=transforms),
+        plgpu.SMEM((st.q_buffers, consumers, _ROWS, st.d), st.dtype, transforms=transforms),  # Q, then O
         plgpu.SMEM((2 * st.steps, st.bk, st.d), st.dtype, transforms=transforms),  # K and V rings
         plgpu.SMEM((consumers, _ROWS), jnp.float32),
     )
@@ -508,10 +619,20 @@ def _forward_impl(q: Any, k: Any, v: Any, *, cfg: MosaicFlashAttentionConfig, ca
                          f"registers) supports head_dim 64, not {d}; use block_q=128")
     sqp, skp = _cdiv(sq, bq) * bq, _cdiv(sk, bk) * bk
     nq, nk = sqp // bq, skp // bk
-    st = _Static(mask=_make_mask(sq, sk, causal, sliding_window, False), scale=float(softmax_scale),
+    mask = _make_mask(sq, sk, causal, sliding_window, False)
+    items = nq * hq * batch
+    if not cfg.persistent:
+        ctas = items
+    elif interpret:
+        ctas = min(items, _INTERPRET_CTAS)
+    else:
+        # One unit a work item beside its key blocks: its Q, softmax tail and store.
+        ctas = persistent_ctas(_sm_count(), items, _item_blocks(mask, bq, bk, nq, nk) + 1)
+    st = _Static(mask=mask, scale=float(softmax_scale),
                  cap=logits_soft_cap, dtype=jnp.dtype(q.dtype), d=d, bq=bq, bk=bk,
                  steps=min(cfg.max_concurrent_steps, nk), nq=nq, nk=nk, group=hq // hkv,
-                 ragged_keys=skp != sk, interpret=interpret, overlap=cfg.overlap)
+                 ragged_keys=skp != sk, interpret=interpret, overlap=cfg.overlap, hq=hq, items=items, ctas=ctas,
+                 q_buffers=2 if cfg.persistent else 1)
     qp, kp, vp = _pad(q, 1, sqp), _pad(k, 1, skp), _pad(v, 1, skp)
     kwargs: dict[str, Any] = {}
     if interpret:
@@ -523,8 +644,8 @@ def _forward_impl(q: Any, k: Any, v: Any, *, cfg: MosaicFlashAttentionConfig, ca
         functools.partial(_entry, st=st),
         out_type=(jax.ShapeDtypeStruct((batch, sqp, hq, d), q.dtype),
                   jax.ShapeDtypeStruct((batch, hq, sqp), jnp.float32)),
-        grid=(nq, hq, batch),
-        grid_names=("q_seq", "heads", "batch"),
+        grid=(ctas,),
+        grid_names=("cta",),
         num_threads=cfg.block_q // _ROWS + 1,
         thread_name="wg",
         compiler_params=plgpu.CompilerParams(approx_math=True),
@@ -728,7 +849,8 @@ def hopper_reason(*api: str) -> str | None:
 
 def smem_bytes(cfg: MosaicFlashAttentionConfig, d: int, itemsize: int) -> int:
     """Shared memory (bytes) of a config: the Q/O tiles, the K and V rings and the lse rows."""
-    return (cfg.block_q * d + 2 * cfg.max_concurrent_steps * cfg.block_kv * d) * itemsize + cfg.block_q * 4
+    q_tiles = 2 if cfg.persistent else 1
+    return (q_tiles * cfg.block_q * d + 2 * cfg.max_concurrent_steps * cfg.block_kv * d) * itemsize + cfg.block_q * 4
 
 
 def bwd_smem_bytes(cfg: MosaicFlashAttentionConfig, d: int, itemsize: int) -> int:
@@ -737,14 +859,17 @@ def bwd_smem_bytes(cfg: MosaicFlashAttentionConfig, d: int, itemsize: int) -> in
                _bwd.smem_bytes(cfg.bwd_block_kv, cfg.bwd_max_concurrent_steps, d, itemsize))
 
 
-#: Candidates by head dim, the heuristic's choice first: (block_q, block_kv, max_concurrent_steps, overlap).
-#: The overlap holds a second score accumulator and a second ``P`` tile in registers, so it is offered
-#: only where ``block_kv`` leaves room for them (at most 192 keys at head dim 64, 128 at 128).
-_CANDIDATES: dict[int, tuple[tuple[int, int, int, bool], ...]] = {
-    64: ((192, 128, 2, True), (128, 128, 2, False), (128, 128, 2, True), (192, 128, 3, True), (128, 64, 2, False),
-         (128, 128, 3, False), (128, 192, 2, False), (128, 256, 2, False)),
-    128: ((128, 128, 2, True), (128, 128, 2, False), (128, 64, 2, True), (128, 64, 2, False),
-          (128, 64, 3, False), (128, 128, 3, False), (128, 192, 2, False)),
+#: Candidates by head dim, the heuristic's choice first: (block_q, block_kv, max_concurrent_steps, overlap,
+#: persistent). The overlap holds a second score accumulator and a second ``P`` tile in registers, so it is
+#: offered only where ``block_kv`` leaves room for them (at most 192 keys at head dim 64, 128 at 128).
+_CANDIDATES: dict[int, tuple[tuple[int, int, int, bool, bool], ...]] = {
+    64: ((192, 128, 3, True, True), (128, 128, 2, False, True), (192, 128, 2, True, True), (128, 128, 2, True, True),
+         (192, 128, 2, True, False), (128, 128, 2, False, False), (128, 128, 2, True, False),
+         (192, 128, 3, True, False), (128, 64, 2, False, False), (128, 128, 3, False, False),
+         (128, 192, 2, False, False), (128, 256, 2, False, False)),
+    128: ((128, 128, 2, True, True), (128, 128, 2, False, True), (128, 64, 3, True, True), (128, 128, 2, True, False),
+          (128, 128, 2, False, False), (128, 64, 2, True, False), (128, 64, 2, False, False),
+          (128, 64, 3, False, False), (128, 128, 3, False, False), (128, 192, 2, False, False)),
 }
 
 
@@ -761,8 +886,8 @@ def _fitting(q: Any) -> list[MosaicFlashAttentionConfig]:
     d, itemsize = int(q.shape[3]), jnp.dtype(q.dtype).itemsize
     head = 64 if d <= 64 else 128
     bq, bk = _BWD_TILES[head]
-    configs = [MosaicFlashAttentionConfig(block_q=a, block_kv=b, max_concurrent_steps=c, overlap=o, bwd_block_q=bq,
-                                          bwd_block_kv=bk) for a, b, c, o in _CANDIDATES[head]]
+    configs = [MosaicFlashAttentionConfig(block_q=a, block_kv=b, max_concurrent_steps=c, overlap=o, persistent=p,
+                                          bwd_block_q=bq, bwd_block_kv=bk) for a, b, c, o, p in _CANDIDATES[head]]
     return [c for c in configs if smem_bytes(c, d, itemsize) <= _SMEM_BUDGET]
 
 
@@ -777,14 +902,23 @@ def config_space(q: Any, k: Any, v: Any, *rest: Any, **__: Any) -> list[MosaicFl
     return _fitting(q)
 
 
-def heuristic_config(q: Any, k: Any, v: Any, *rest: Any, **__: Any) -> MosaicFlashAttentionConfig:
-    """128 keys a step with a two-slot K/V ring and the intra-warpgroup overlap; at head dim 128, 128 query
-    rows (two consumer warpgroups; H100, 2026-11-23: 538 against 527 TFLOP/s for the ping-pong on
-    [4,4096,16,128], 583 against 559 causal on [2,8192,16,128]); at 64, 192 rows (three consumers: 398
-    against 356 TFLOP/s on [4,4096,32,64], 340 against 336 causal). 128 rows and 64 keys when the kv
-    length fits in one block of 64 or in interpret mode (fewer interpreted steps wasted on padding).
-    The Mosaic GPU backward's tiles by head dim: :data:`_BWD_TILES`."""
+def heuristic_config(q: Any, k: Any, v: Any, *rest: Any, **options: Any) -> MosaicFlashAttentionConfig:
+    """Persistent CTAs with 128 keys a step (H100, 2026-11-26, against cuDNN: 1.00-1.15x forward on the
+    issue's shapes, see ``benchmarks/results/pallas_mosaic_attention_h100_20261126b.md``):
+
+    * head dim 128: 128 query rows (two consumer warpgroups) with the intra-warpgroup overlap, 2 slots;
+    * head dim 64 without a mask: 192 rows (three consumers, the overlap), 3 slots;
+    * head dim 64 under a causal mask or a window: 128 rows in the ping-pong, 2 slots (there the three
+      consumers' 192-row items balance worse and ran 0.96x against 1.05x).
+
+    128 rows and 64 keys, one CTA per item, when the kv length fits in one block of 64 or in interpret
+    mode (fewer interpreted steps wasted on padding). The Mosaic GPU backward's tiles by head dim:
+    :data:`_BWD_TILES`."""
     del v, rest
     if _env.use_interpreter() or int(k.shape[1]) <= 64:
         return MosaicFlashAttentionConfig(block_q=128, block_kv=64, max_concurrent_steps=2)
-    return _fitting(q)[0]
+    configs = _fitting(q)
+    masked = bool(options.get("causal")) or options.get("sliding_window") is not None
+    if int(q.shape[3]) <= 64 and masked:
+        return next(c for c in configs if c.block_q == 128 and not c.overlap and c.persistent)
+    return configs[0]

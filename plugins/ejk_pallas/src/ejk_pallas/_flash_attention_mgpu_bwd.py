@@ -77,6 +77,7 @@ class _Static:
     steps: int
     n_blk: int  # streamed blocks in the padded length
     n_tile: int  # CTA tiles (128) in the padded length of the other axis
+    heads: int  # heads of the CTA tiles (kv heads for dK / dV, q heads for dQ)
     group: int
     ragged_keys: bool
     interpret: bool
@@ -291,9 +292,8 @@ def _dkdv_kernel(q_ref: Any, k_ref: Any, v_ref: Any, do_ref: Any, lse_ref: Any, 
     pl, plgpu = _mods()
     (k_smem2, v_smem2, q_ring, do_ring, lse_ring, delta_ring), ready, kv_ready, free = scoped
     wg = lax.axis_index("wg")
-    batch = lax.axis_index("batch")
-    kv_head = lax.axis_index("heads")
-    col_cta = lax.axis_index("kv_seq") * _TILE
+    tile, kv_head, batch = _tile_of(st)
+    col_cta = tile * _TILE
     lo, _, _, hi = _query_blocks(st.mask, col_cta, _TILE, st.blk, st.n_blk)
     n = hi - lo
     ring = _Ring(st, n * st.group)
@@ -375,9 +375,8 @@ def _dq_kernel(q_ref: Any, k_ref: Any, v_ref: Any, do_ref: Any, lse_ref: Any, de
     pl, plgpu = _mods()
     (q_smem2, do_smem2, lse_smem2, delta_smem2, k_ring, v_ring), ready, row_ready, free = scoped
     wg = lax.axis_index("wg")
-    batch = lax.axis_index("batch")
-    head = lax.axis_index("heads")
-    row_cta = _q_block(lax.axis_index("q_seq"), st.mask, st.n_tile) * _TILE
+    tile, head, batch = _tile_of(st)
+    row_cta = _q_block(tile, st.mask, st.n_tile) * _TILE
     lo, _, _, hi = _key_blocks(st.mask, row_cta, _TILE, st.blk, st.n_blk)
     ring = _Ring(st, hi - lo)
 
@@ -439,6 +438,16 @@ def _dq_kernel(q_ref: Any, k_ref: Any, v_ref: Any, do_ref: Any, lse_ref: Any, de
 # ----------------------------------------------------------------------------------------------
 
 
+def _tile_of(st: _Static) -> tuple[Any, Any, Any]:
+    """``(tile, head, batch)`` of this CTA: tiles vary fastest, so the CTAs running at once share a few
+    heads' operands in L2 (a grid of ``(tiles, heads, batch)`` launched batches and heads first)."""
+    i = lax.axis_index("cta")
+    tiles = jnp.array(st.n_tile, i.dtype)
+    head_batch = lax.div(i, tiles)
+    heads = jnp.array(st.heads, i.dtype)
+    return lax.rem(i, tiles), lax.rem(head_batch, heads), lax.div(head_batch, heads)
+
+
 def _tiles() -> tuple[Any, ...]:
     _, plgpu = _mods()
     return (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
@@ -487,7 +496,7 @@ def backward_impl(q: Any, k: Any, v: Any, out: Any, lse: Any, d_out: Any, *, blo
     args = (qp, kp, vp, dop, lsep, deltap)
 
     st_kv = _Static(blk=block_q, steps=min(steps, sqp // block_q), n_blk=sqp // block_q, n_tile=skp // _TILE,
-                    **common)
+                    heads=hkv, **common)
     t = _tiles()
     smem_kv = (plgpu.SMEM((_CONSUMERS, _ROWS, d), dtype, transforms=t),
                plgpu.SMEM((_CONSUMERS, _ROWS, d), dtype, transforms=t),
@@ -496,17 +505,17 @@ def backward_impl(q: Any, k: Any, v: Any, out: Any, lse: Any, d_out: Any, *, blo
                plgpu.SMEM((st_kv.steps, block_q), jnp.float32),
                plgpu.SMEM((st_kv.steps, block_q), jnp.float32))
     dk, dv = _launch(_dkdv_kernel, st_kv, outs=(jax.ShapeDtypeStruct(kp.shape, dtype),) * 2,
-                     grid=(skp // _TILE, hkv, batch), names=("kv_seq", "heads", "batch"), smem=smem_kv, ready=4,
+                     grid=(skp // _TILE * hkv * batch,), names=("cta",), smem=smem_kv, ready=4,
                      interpret_params=interpret_params)(*args)
 
     st_q = _Static(blk=block_kv, steps=min(steps, skp // block_kv), n_blk=skp // block_kv, n_tile=sqp // _TILE,
-                   **common)
+                   heads=hq, **common)
     smem_q = (plgpu.SMEM((_CONSUMERS, _ROWS, d), dtype, transforms=t),
               plgpu.SMEM((_CONSUMERS, _ROWS, d), dtype, transforms=t),
               plgpu.SMEM((_CONSUMERS, _ROWS), jnp.float32),
               plgpu.SMEM((_CONSUMERS, _ROWS), jnp.float32),
               plgpu.SMEM((st_q.steps, block_kv, d), dtype, transforms=t),
               plgpu.SMEM((st_q.steps, block_kv, d), dtype, transforms=t))
-    dq = _launch(_dq_kernel, st_q, outs=jax.ShapeDtypeStruct(qp.shape, dtype), grid=(sqp // _TILE, hq, batch),
-                 names=("q_seq", "heads", "batch"), smem=smem_q, ready=2, interpret_params=interpret_params)(*args)
+    dq = _launch(_dq_kernel, st_q, outs=jax.ShapeDtypeStruct(qp.shape, dtype), grid=(sqp // _TILE * hq * batch,),
+                 names=("cta",), smem=smem_q, ready=2, interpret_params=interpret_params)(*args)
     return dq[:, :sq], dk[:, :sk], dv[:, :sk]

@@ -24,7 +24,7 @@ from ejk_pallas import (
 )
 
 #: Below ejk-triton's flash kernel (5, faster on the H100: fwd 0.77-0.87x cuDNN against 0.64-0.71x) and
-#: below the Mosaic GPU forward on Hopper; above ejk-xla's chunked kernel (0).
+#: the Mosaic GPU kernel on Hopper (9); above ejk-xla's chunked kernel (0).
 PRIORITY = 3
 #: Below ejk-xla (0): the Mosaic TPU kernel is untested on TPU hardware, so ``platform="auto"``
 #: keeps choosing XLA there; ``platform="pallas"`` (or autotuning) reaches it.
@@ -44,10 +44,12 @@ MATMUL_PRIORITY = -6
 #: Triton-lowered kernel (-6). H100, 2026-11-26: 0.98x a @ b at 8192^3, 4096^3 and 8192x2048x8192 (ejk-triton
 #: 0.85-0.89x); autotuning compares them.
 MOSAIC_MATMUL_PRIORITY = -4
-#: Above the Triton-lowered kernel: on the H100 (2026-11-23) its forward ran at 0.84-0.98x cuDNN at
-#: head dim 128 and 0.78x at 64, the Triton-lowered one at 0.64-0.71x; Hopper only (its gate says so
-#: elsewhere, where the Triton-lowered kernel takes the call). Below ejk-triton (5).
-MOSAIC_GPU_PRIORITY = 4
+#: flash_attention's Mosaic GPU kernel (Hopper only: elsewhere its gate refuses and the Triton-lowered
+#: kernel takes the call): below ejk-xla's cuDNN attention (10), above ejk-cute's forward (8, which pairs
+#: with ejk-triton's slower backward) and ejk-triton (5). H100, 2026-11-26, heuristic configs, against
+#: cuDNN: forward 1.01-1.15x, forward+backward with its own backward 0.91-1.03x
+#: (``pallas_mosaic_attention_h100_20261126b.md``); ejk-cute's forward 1.02-1.11x, ejk-triton's 0.77-0.80x.
+MOSAIC_GPU_PRIORITY = 9
 
 
 @ejk.hookimpl

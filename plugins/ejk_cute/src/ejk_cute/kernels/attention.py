@@ -3,7 +3,8 @@
 Imports CUTLASS at import time: ``ejk_cute._flash_attention`` imports this module only when it
 first traces a call. No ``from __future__ import annotations``: the DSL reads the annotations as types.
 
-Design (one CTA per 128-row query tile of one (batch, q head)):
+Design (a work item is a 128-row query tile of one (batch, q head); one CTA runs each item, or with
+``ctas > 0`` a persistent grid of ``ctas`` CTAs walks the items, see below):
 
 - Three warpgroups. Warpgroup 0 is the producer: its first warp issues TMA loads of the two
   64-row Q halves (one barrier) and of the K / V tiles into two multistage pipelines
@@ -17,6 +18,10 @@ Design (one CTA per 128-row query tile of one (batch, q head)):
   windows bound the key-block loop (fully masked blocks are never loaded); only blocks that
   cross a mask or the end of the keys compute per-element masks. Soft cap: ``tanh``.
 - Causal / right-bounded masks launch the query tiles last-first: the longest rows start first.
+- Persistent (``ctas > 0``): items vary query tiles fastest, then heads, then batches; CTA ``c`` takes
+  its ``j``-th item at ``j * ctas + (c or ctas - 1 - c, alternately)`` (``ejk.tiling.snake_owner``).
+  The K / V pipelines run on from one item into the next, Q has two stages (the next item's Q lands
+  while this one runs) and the consumers release a Q stage once its item's GEMMs are done.
 - Epilogue: ``O / rowsum`` in the input dtype, and the base-2 log-sum-exp ``[B, Hq, Sq]``
   float32 (``+inf`` for rows that see no key; their output is zeros).
 
@@ -59,12 +64,15 @@ class FlashForwardSm90:
         window: ``(left, right)`` or ``None``.
         pingpong: Order the two consumer warpgroups' GEMM issues with named barriers (each issues
             its ``Q Kᵀ`` and ``P V`` while the other runs its softmax), as FlashAttention-3 does.
+        ctas: CTAs of a persistent grid (0: one CTA per work item).
     """
 
     def __init__(self, *, head_dim: int, block_kv: int, stages: int, group: int, scale_log2: float,
                  cap_scale: float | None, causal: bool, window: tuple[int, int] | None,
-                 pingpong: bool = True) -> None:
+                 pingpong: bool = True, ctas: int = 0) -> None:
         self.pingpong = pingpong
+        self.ctas = ctas
+        self.q_stages = 2 if ctas > 0 else 1
         self.head_dim = head_dim
         self.block_kv = block_kv
         self.stages = stages
@@ -93,8 +101,8 @@ class FlashForwardSm90:
         pv_mma = sm90_utils.make_trivial_tiled_mma(
             dtype, dtype, cute.nvgpu.OperandMajorMode.K, v_major, cutlass.Float32, (1, 1, 1),
             (_ROWS_PER_WG, d), warpgroup.OperandSource.RMEM)
-        q_smem = sm90_utils.make_smem_layout_a(
-            tensor_utils.LayoutEnum.from_tensor(mQ), (_ROWS_PER_WG, bn, d), dtype, _CONSUMER_WGS)
+        q_smem = sm90_utils.make_smem_layout_a(  # stage s, half h at s * _CONSUMER_WGS + h
+            tensor_utils.LayoutEnum.from_tensor(mQ), (_ROWS_PER_WG, bn, d), dtype, _CONSUMER_WGS * self.q_stages)
         k_smem = sm90_utils.make_smem_layout_b(
             tensor_utils.LayoutEnum.from_tensor(mK), (_ROWS_PER_WG, bn, d), dtype, self.stages)
         v_smem = sm90_utils.make_smem_layout_b(
@@ -107,11 +115,11 @@ class FlashForwardSm90:
         self.kv_bytes = cute.size_in_bytes(dtype, cute.slice_(k_smem, (None, None, 0)))
         self.v_bytes = cute.size_in_bytes(dtype, cute.slice_(v_smem, (None, None, 0)))
 
-        stages = self.stages
+        stages, q_stages = self.stages, self.q_stages
 
         @cute.struct
         class Storage:
-            q_bars: cute.struct.MemRange[cutlass.Int64, 2]
+            q_bars: cute.struct.MemRange[cutlass.Int64, 2 * q_stages]
             k_bars: cute.struct.MemRange[cutlass.Int64, 2 * stages]
             v_bars: cute.struct.MemRange[cutlass.Int64, 2 * stages]
             sQ: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(q_smem)], 1024]
@@ -120,6 +128,8 @@ class FlashForwardSm90:
 
         self.storage = Storage
         grid = (cute.ceil_div(mQ.shape[0], TILE_M), mQ.shape[2], mQ.shape[3])
+        if cutlass.const_expr(self.ctas > 0):
+            grid = (self.ctas, 1, 1)
         self.kernel(qk_mma, pv_mma, tma_q, tQ, tma_k, tK, tma_v, tV, mO, mLSE, q_smem, k_smem, v_smem).launch(
             grid=grid, block=[_WG * (1 + _CONSUMER_WGS), 1, 1], stream=stream, min_blocks_per_mp=1)
 
@@ -133,19 +143,16 @@ class FlashForwardSm90:
                mLSE: cute.Tensor, q_smem: cute.ComposedLayout, k_smem: cute.ComposedLayout,
                v_smem: cute.ComposedLayout) -> None:
         tidx, _, _ = cute.arch.thread_idx()
-        m_block, head, batch = cute.arch.block_idx()
-        if cutlass.const_expr(self.right_bound):  # causal: the longest rows first (shorter tail)
-            m_block = cute.arch.grid_dim()[0] - 1 - m_block
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         wg = cute.arch.make_warp_uniform(tidx // _WG)
-        kv_head = head // self.group
         q_len, kv_len = tQ.shape[0], tK.shape[0]
+        mine = self._items_of_cta(cute.ceil_div(q_len, TILE_M) * tQ.shape[2] * tQ.shape[3])
 
         storage = cutlass.memory.SmemAllocator().allocate(self.storage)
         producer = pipeline.CooperativeGroup(pipeline.Agent.Thread, 1)
         consumers = pipeline.CooperativeGroup(pipeline.Agent.Thread, _CONSUMER_WGS * _WG // 32)
         q_pipe = pipeline.PipelineTmaAsync.create(
-            barrier_storage=storage.q_bars.data_ptr(), num_stages=1, producer_group=producer,
+            barrier_storage=storage.q_bars.data_ptr(), num_stages=self.q_stages, producer_group=producer,
             consumer_group=consumers, tx_count=self.q_bytes, defer_sync=True)
         k_pipe = pipeline.PipelineTmaAsync.create(
             barrier_storage=storage.k_bars.data_ptr(), num_stages=self.stages, producer_group=producer,
@@ -159,20 +166,52 @@ class FlashForwardSm90:
         cute.arch.mbarrier_init_fence()
         cute.arch.sync_threads()
 
-        n_lo, n_hi = self._block_range(m_block, q_len, kv_len)
-
         if wg == 0:
             cute.arch.setmaxregister_decrease(_PRODUCER_REGS)
             if warp == 0:
                 cpasync.prefetch_descriptor(tma_q)
                 cpasync.prefetch_descriptor(tma_k)
                 cpasync.prefetch_descriptor(tma_v)
-                self._produce(q_pipe, k_pipe, v_pipe, tma_q, tQ, tma_k, tK, tma_v, tV, sQ, sK, sV,
-                              m_block, head, kv_head, batch, n_lo, n_hi)
+                self._produce(q_pipe, k_pipe, v_pipe, tma_q, tQ, tma_k, tK, tma_v, tV, sQ, sK, sV, mine)
         else:
             cute.arch.setmaxregister_increase(_CONSUMER_REGS)
             self._consume(qk_mma, pv_mma, q_pipe, k_pipe, v_pipe, sQ, sK, sV, mO, mLSE,
-                          tidx % _WG, wg - 1, m_block, head, batch, q_len, kv_len, n_lo, n_hi)
+                          tidx % _WG, wg - 1, q_len, kv_len, mine)
+
+    @cute.jit
+    def _items_of_cta(self, items: cutlass.Int32) -> cutlass.Int32:
+        """How many work items this CTA runs: one, or its share of the persistent grid's snake."""
+        mine = cutlass.Int32(1)
+        if cutlass.const_expr(self.ctas > 0):
+            cta, _, _ = cute.arch.block_idx()
+            rounds = items // self.ctas
+            rest = items - rounds * self.ctas
+            mine = rounds
+            if rounds % 2 == 0:
+                if cta < rest:
+                    mine = rounds + 1
+            else:
+                if cta >= self.ctas - rest:
+                    mine = rounds + 1
+        return mine
+
+    @cute.jit
+    def _work_item(self, j: cutlass.Int32, q_len: cutlass.Int32,
+                   heads: cutlass.Int32) -> tuple[cutlass.Int32, cutlass.Int32, cutlass.Int32]:
+        """``(m_block, head, batch)`` of this CTA's ``j``-th work item (query tiles last-first when causal)."""
+        n_m = (q_len + TILE_M - 1) // TILE_M
+        m_block, head, batch = cute.arch.block_idx()
+        if cutlass.const_expr(self.ctas > 0):
+            slot = m_block  # the CTA
+            if j % 2 == 1:
+                slot = self.ctas - 1 - m_block
+            i = j * self.ctas + slot
+            m_block = i % n_m
+            head = (i // n_m) % heads
+            batch = (i // n_m) // heads
+        if cutlass.const_expr(self.right_bound):  # causal: the longest rows first (shorter tail)
+            m_block = n_m - 1 - m_block
+        return m_block, head, batch
 
     @cute.jit
     def _block_range(self, m_block: cutlass.Int32, q_len: cutlass.Int32,
@@ -196,51 +235,56 @@ class FlashForwardSm90:
     @cute.jit
     def _produce(self, q_pipe: Any, k_pipe: Any, v_pipe: Any, tma_q: cute.CopyAtom, tQ: cute.Tensor,
                  tma_k: cute.CopyAtom, tK: cute.Tensor, tma_v: cute.CopyAtom, tV: cute.Tensor, sQ: cute.Tensor,
-                 sK: cute.Tensor, sV: cute.Tensor, m_block: cutlass.Int32, head: cutlass.Int32,
-                 kv_head: cutlass.Int32, batch: cutlass.Int32, n_lo: cutlass.Int32, n_hi: cutlass.Int32) -> None:
-        """The producer warp: Q once (both halves, one barrier), then K and V block by block."""
+                 sK: cute.Tensor, sV: cute.Tensor, mine: cutlass.Int32) -> None:
+        """The producer warp, per work item: Q (both halves, one barrier), then K and V block by block."""
         d, bn = self.head_dim, self.block_kv
-        gQ = cute.flat_divide(tQ, (_ROWS_PER_WG, d))[None, None, None, 0, head, batch]  # (64, D, m)
-        gK = cute.flat_divide(tK, (bn, d))[None, None, None, 0, kv_head, batch]  # (bn, D, n)
-        gV = cute.flat_divide(tV, (d, bn))[None, None, 0, None, kv_head, batch]  # (D, bn, n)
+        q_len, kv_len = tQ.shape[0], tK.shape[0]
         one = cute.make_layout(1)
-        tQs, tQg = cpasync.tma_partition(tma_q, 0, one, cute.group_modes(sQ, 0, 2), cute.group_modes(gQ, 0, 2))
-        tKs, tKg = cpasync.tma_partition(tma_k, 0, one, cute.group_modes(sK, 0, 2), cute.group_modes(gK, 0, 2))
-        tVs, tVg = cpasync.tma_partition(tma_v, 0, one, cute.group_modes(sV, 0, 2), cute.group_modes(gV, 0, 2))
-
-        q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
-        q_pipe.producer_acquire(q_state)
-        for half in cutlass.range_constexpr(_CONSUMER_WGS):
-            cute.copy(tma_q, tQg[None, m_block * _CONSUMER_WGS + half], tQs[None, half],
-                      tma_bar_ptr=q_pipe.producer_get_barrier(q_state))
+        q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.q_stages)
         k_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
         v_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
-        for n in cutlass.range(n_lo, n_hi, unroll=1):
-            k_pipe.producer_acquire(k_state)
-            cute.copy(tma_k, tKg[None, n], tKs[None, k_state.index], tma_bar_ptr=k_pipe.producer_get_barrier(k_state))
-            k_state.advance()
-            v_pipe.producer_acquire(v_state)
-            cute.copy(tma_v, tVg[None, n], tVs[None, v_state.index], tma_bar_ptr=v_pipe.producer_get_barrier(v_state))
-            v_state.advance()
+        for j in cutlass.range(0, mine, unroll=1):
+            m_block, head, batch = self._work_item(j, q_len, tQ.shape[2])
+            kv_head = head // self.group
+            n_lo, n_hi = self._block_range(m_block, q_len, kv_len)
+            gQ = cute.flat_divide(tQ, (_ROWS_PER_WG, d))[None, None, None, 0, head, batch]  # (64, D, m)
+            gK = cute.flat_divide(tK, (bn, d))[None, None, None, 0, kv_head, batch]  # (bn, D, n)
+            gV = cute.flat_divide(tV, (d, bn))[None, None, 0, None, kv_head, batch]  # (D, bn, n)
+            tQs, tQg = cpasync.tma_partition(tma_q, 0, one, cute.group_modes(sQ, 0, 2), cute.group_modes(gQ, 0, 2))
+            tKs, tKg = cpasync.tma_partition(tma_k, 0, one, cute.group_modes(sK, 0, 2), cute.group_modes(gK, 0, 2))
+            tVs, tVg = cpasync.tma_partition(tma_v, 0, one, cute.group_modes(sV, 0, 2), cute.group_modes(gV, 0, 2))
+            q_pipe.producer_acquire(q_state)
+            for half in cutlass.range_constexpr(_CONSUMER_WGS):
+                cute.copy(tma_q, tQg[None, m_block * _CONSUMER_WGS + half],
+                          tQs[None, q_state.index * _CONSUMER_WGS + half],
+                          tma_bar_ptr=q_pipe.producer_get_barrier(q_state))
+            q_state.advance()
+            for n in cutlass.range(n_lo, n_hi, unroll=1):
+                k_pipe.producer_acquire(k_state)
+                cute.copy(tma_k, tKg[None, n], tKs[None, k_state.index],
+                          tma_bar_ptr=k_pipe.producer_get_barrier(k_state))
+                k_state.advance()
+                v_pipe.producer_acquire(v_state)
+                cute.copy(tma_v, tVg[None, n], tVs[None, v_state.index],
+                          tma_bar_ptr=v_pipe.producer_get_barrier(v_state))
+                v_state.advance()
 
     @cute.jit
     def _consume(self, qk_mma: cute.TiledMma, pv_mma: cute.TiledMma, q_pipe: Any, k_pipe: Any, v_pipe: Any,
                  sQ: cute.Tensor, sK: cute.Tensor, sV: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor,
-                 tid: cutlass.Int32, half: cutlass.Int32, m_block: cutlass.Int32, head: cutlass.Int32,
-                 batch: cutlass.Int32, q_len: cutlass.Int32, kv_len: cutlass.Int32, n_lo: cutlass.Int32,
-                 n_hi: cutlass.Int32) -> None:
-        """One consumer warpgroup: 64 query rows, the key loop and the epilogue."""
+                 tid: cutlass.Int32, half: cutlass.Int32, q_len: cutlass.Int32, kv_len: cutlass.Int32,
+                 mine: cutlass.Int32) -> None:
+        """One consumer warpgroup: 64 query rows of each work item, the key loop and the epilogue."""
         d, bn = self.head_dim, self.block_kv
         dtype = sQ.element_type
         pv_mma.set(warpgroup.Field.ACCUMULATE, True)  # O accumulates from zeros; set once, outside any branch
         qk_thr = qk_mma.get_slice(tid)
         pv_thr = pv_mma.get_slice(tid)
-        tSrQ = qk_thr.make_fragment_A(qk_thr.partition_A(sQ))  # (MMA, M, K, half)
+        tSrQ = qk_thr.make_fragment_A(qk_thr.partition_A(sQ))  # (MMA, M, K, Q stage x half)
         tSrK = qk_thr.make_fragment_B(qk_thr.partition_B(sK))  # (MMA, N, K, stage)
         tOrV = pv_thr.make_fragment_B(pv_thr.partition_B(sV))  # (MMA, N, K, stage)
         acc_s = qk_thr.make_fragment_C(qk_thr.partition_shape_C((_ROWS_PER_WG, bn)))
         acc_o = pv_thr.make_fragment_C(pv_thr.partition_shape_C((_ROWS_PER_WG, d)))
-        acc_o.fill(0.0)
         tScS = qk_thr.partition_C(cute.make_identity_tensor((_ROWS_PER_WG, bn)))  # (row, col) in the tile
         # P as the A operand of P V: same register order as acc_s, 16-bit.
         rP = cute.make_rmem_tensor(cute.make_layout(((2, 2, 2), 1, bn // 16), stride=((1, 2, 4), 0, 8)), dtype)
@@ -248,52 +292,60 @@ class FlashForwardSm90:
         row_max = cute.make_rmem_tensor(cute.make_layout(2), cutlass.Float32)
         row_sum = cute.make_rmem_tensor(cute.make_layout(2), cutlass.Float32)
         corr = cute.make_rmem_tensor(cute.make_layout(2), cutlass.Float32)
-        row_max.fill(-cutlass.Float32.inf)
-        row_sum.fill(0.0)
-        row0 = m_block * TILE_M + half * _ROWS_PER_WG
 
-        q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
+        q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.q_stages)
         k_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
         v_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
         if half == 1:
-            self._pass_turn(1)  # warpgroup 0 issues first (no-op without ping-pong)
-        q_pipe.consumer_wait(q_state)
-        if n_hi > n_lo:
-            # First block: S = Q K^T, softmax, P.
-            k_pipe.consumer_wait(k_state)
-            self._take_turn(half)
-            self._gemm_qk(qk_mma, acc_s, tSrQ, tSrK, half, k_state.index)
-            self._pass_turn(half)
-            warpgroup.wait_group(0)
-            k_pipe.consumer_release(k_state)
-            k_state.advance()
-            self._softmax(acc_s, tScS, row_max, row_sum, corr, n_lo, row0, q_len, kv_len)
-            rP_as_s.store(acc_s.load().to(dtype))
-            for n in cutlass.range(n_lo + 1, n_hi, unroll=1):
+            self._pass_turn(1)  # warpgroup 0 issues first (no-op without ping-pong); turns run on across items
+        for j in cutlass.range(0, mine, unroll=1):
+            m_block, head, batch = self._work_item(j, q_len, mO.shape[2])
+            n_lo, n_hi = self._block_range(m_block, q_len, kv_len)
+            acc_o.fill(0.0)
+            row_max.fill(-cutlass.Float32.inf)
+            row_sum.fill(0.0)
+            row0 = m_block * TILE_M + half * _ROWS_PER_WG
+            q_pipe.consumer_wait(q_state)
+            q_tile = q_state.index * _CONSUMER_WGS + half
+            if n_hi > n_lo:
+                # First block: S = Q K^T, softmax, P.
                 k_pipe.consumer_wait(k_state)
-                v_pipe.consumer_wait(v_state)
                 self._take_turn(half)
-                self._gemm_qk(qk_mma, acc_s, tSrQ, tSrK, half, k_state.index)
-                self._gemm_pv(pv_mma, acc_o, rP, tOrV, v_state.index)
+                self._gemm_qk(qk_mma, acc_s, tSrQ, tSrK, q_tile, k_state.index)
                 self._pass_turn(half)
-                warpgroup.wait_group(1)  # S is ready; P V of the previous block may still run
+                warpgroup.wait_group(0)
                 k_pipe.consumer_release(k_state)
                 k_state.advance()
-                self._softmax(acc_s, tScS, row_max, row_sum, corr, n, row0, q_len, kv_len)
+                self._softmax(acc_s, tScS, row_max, row_sum, corr, n_lo, row0, q_len, kv_len)
+                rP_as_s.store(acc_s.load().to(dtype))
+                for n in cutlass.range(n_lo + 1, n_hi, unroll=1):
+                    k_pipe.consumer_wait(k_state)
+                    v_pipe.consumer_wait(v_state)
+                    self._take_turn(half)
+                    self._gemm_qk(qk_mma, acc_s, tSrQ, tSrK, q_tile, k_state.index)
+                    self._gemm_pv(pv_mma, acc_o, rP, tOrV, v_state.index)
+                    self._pass_turn(half)
+                    warpgroup.wait_group(1)  # S is ready; P V of the previous block may still run
+                    k_pipe.consumer_release(k_state)
+                    k_state.advance()
+                    self._softmax(acc_s, tScS, row_max, row_sum, corr, n, row0, q_len, kv_len)
+                    warpgroup.wait_group(0)
+                    v_pipe.consumer_release(v_state)
+                    v_state.advance()
+                    self._rescale(acc_o, corr)
+                    rP_as_s.store(acc_s.load().to(dtype))
+                v_pipe.consumer_wait(v_state)
+                self._take_turn(half)
+                self._gemm_pv(pv_mma, acc_o, rP, tOrV, v_state.index)
+                self._pass_turn(half)
                 warpgroup.wait_group(0)
                 v_pipe.consumer_release(v_state)
                 v_state.advance()
-                self._rescale(acc_o, corr)
-                rP_as_s.store(acc_s.load().to(dtype))
-            v_pipe.consumer_wait(v_state)
-            self._take_turn(half)
-            self._gemm_pv(pv_mma, acc_o, rP, tOrV, v_state.index)
-            self._pass_turn(half)
-            warpgroup.wait_group(0)
-            v_pipe.consumer_release(v_state)
+            q_pipe.consumer_release(q_state)  # every GEMM reading this Q stage is done
+            q_state.advance()
+            self._epilogue(pv_thr, acc_o, row_max, row_sum, mO, mLSE, row0, head, batch, q_len)
         if half == 0:
             self._take_turn(0)  # the other warpgroup's last hand-over: leave no arrival pending
-        self._epilogue(pv_thr, acc_o, row_max, row_sum, mO, mLSE, row0, head, batch, q_len)
 
     @cute.jit
     def _take_turn(self, half: cutlass.Int32) -> None:
@@ -309,11 +361,11 @@ class FlashForwardSm90:
 
     @cute.jit
     def _gemm_qk(self, mma: cute.TiledMma, acc: cute.Tensor, tSrQ: cute.Tensor, tSrK: cute.Tensor,
-                 half: cutlass.Int32, stage: cutlass.Int32) -> None:
+                 q_tile: cutlass.Int32, stage: cutlass.Int32) -> None:
         warpgroup.fence()
         for kb in cutlass.range_constexpr(cute.size(tSrQ, mode=[2])):
             mma.set(warpgroup.Field.ACCUMULATE, kb != 0)
-            cute.gemm(mma, acc, tSrQ[None, None, kb, half], tSrK[None, None, kb, stage], acc)
+            cute.gemm(mma, acc, tSrQ[None, None, kb, q_tile], tSrK[None, None, kb, stage], acc)
         warpgroup.commit_group()
 
     @cute.jit

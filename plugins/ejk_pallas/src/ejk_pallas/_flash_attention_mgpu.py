@@ -181,10 +181,6 @@ def _max(a: Any, b: Any) -> Any:
     return max(a, b) if isinstance(a, int) and isinstance(b, int) else jnp.maximum(a, b)
 
 
-def _min(a: Any, b: Any) -> Any:
-    return min(a, b) if isinstance(a, int) and isinstance(b, int) else jnp.minimum(a, b)
-
-
 def _when(cond: Any, fn: Any) -> None:
     """``pl.when`` that also takes a Python bool (a bound known when tracing)."""
     if isinstance(cond, bool):
@@ -297,7 +293,7 @@ def _items_of(cta: Any, items: int, ctas: int) -> Any:
 
 def _items_loop(mine: Any, body: Any, st: _Static) -> Any:
     """``body(j, blocks)`` over this CTA's work items, ``blocks`` counting the key blocks streamed so far;
-    one plain call when every CTA has one item (no loop for the interpreter to run)."""
+    one plain call when every CTA has one item."""
     if st.ctas == st.items:
         return body(jnp.int32(0), jnp.int32(0))
     return lax.fori_loop(0, mine, body, jnp.int32(0))
@@ -355,20 +351,12 @@ def _kernel(q_ref: Any, k_ref: Any, v_ref: Any, out_ref: Any, lse_ref: Any, scop
             batch, head, row0 = item_of(j)
             buf = lax.rem(j, jnp.array(st.q_buffers, j.dtype))
             q_smem = qo_smem.at[buf, wg]
-            walks = st.ctas < st.items  # several items per CTA (persistent)
-            if walks and st.q_buffers == 1:  # Q waits for the last item's output to leave its tile
-                def reload() -> None:
-                    plgpu.wait_smem_to_gmem(0, wait_read_only=True)
-                    load_q(j, 0)
-
-                _when(j > 0, reload)
             plgpu.barrier_wait(q_ready.at[wg])
-            if walks:
+            if st.ctas < st.items:  # several items a CTA (persistent, two Q tiles)
                 # The last item's output and lse stores have read their tiles: the next Q may go to the
-                # other buffer (it lands while this item runs), and this item's lse rows may be written.
+                # other tile (it lands while this item runs), and this item's lse rows may be written.
                 plgpu.wait_smem_to_gmem(0, wait_read_only=True)
-                if st.q_buffers > 1:
-                    _when(j + 1 < mine, lambda: load_q(j + 1, lax.rem(j + 1, jnp.array(st.q_buffers, j.dtype))))
+                _when(j + 1 < mine, lambda: load_q(j + 1, lax.rem(j + 1, jnp.array(st.q_buffers, j.dtype))))
             r0 = row0 + wg * bw
             lo, hi = cta_blocks(row0)
             w_lo, w_lo_full, w_hi_full, w_hi = _key_blocks(st.mask, r0, bw, st.bk, st.nk)
@@ -550,18 +538,13 @@ def _kernel(q_ref: Any, k_ref: Any, v_ref: Any, out_ref: Any, lse_ref: Any, scop
                 load(t, lax.rem(base + t - lo, jnp.array(st.steps, jnp.int32)), reused=True)
                 return carry
 
-            if st.ctas == st.items:  # the ring's first blocks: unrolled, static slots
-                for i in range(st.steps):
-                    _when(lo + i < hi, functools.partial(load, lo + i, i, reused=False))
-                _loop(_min(lo + st.steps, hi), hi, refill, 0)
-            else:  # the ring's first `steps` blocks overall go to empty slots
-                def fill(t: Any, carry: Any) -> Any:
-                    load(t, lax.rem(base + t - lo, jnp.array(st.steps, jnp.int32)), reused=False)
-                    return carry
+            def fill(t: Any, carry: Any) -> Any:  # the ring's first `steps` blocks go to empty slots
+                load(t, lax.rem(base + t - lo, jnp.array(st.steps, jnp.int32)), reused=False)
+                return carry
 
-                split = jnp.clip(lo + st.steps - base, lo, hi)
-                _loop(lo, split, fill, 0)
-                _loop(split, hi, refill, 0)
+            split = jnp.clip(lo + st.steps - base, lo, hi)
+            _loop(lo, split, fill, 0)
+            _loop(split, hi, refill, 0)
             return base + (hi - lo)
 
         streamed = _items_loop(mine, stream_item, st)

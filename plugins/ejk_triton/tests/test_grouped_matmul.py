@@ -19,7 +19,7 @@ import pytest
 
 import ejk
 from ejk.testing import assert_close, check_op, reference_grouped_matmul
-from ejk_triton import _device, _dots, _env
+from ejk_triton import _device, _dots, _env, _grouped_matmul
 from ejk_triton._grouped_matmul import GroupedMatmulConfig, capability, config_space, heuristic_config
 
 ON_GPU = _env.nvidia_gpu()[0]
@@ -86,6 +86,19 @@ def test_float16_with_float32_output_and_fast_precision() -> None:
 ], ids=str)
 def test_groups_over_several_tiles(m: int, k: int, n: int, sizes: list[int], dtype: str) -> None:
     check_against_reference(m, k, n, sizes, dtype)
+
+
+@needs_kernels
+def test_walking_the_groups_matches_the_reference(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Past FLAT_GROUPS groups the forward kernel walks the groups instead of holding the work list
+    # in registers; values and gradients (d lhs runs the same kernel) match the reference. Shapes
+    # no other test uses, so no trace of the other path is reused.
+    assert _grouped_matmul.product_args(m=101, n=40, k=24, groups=5, transpose_w=False, dtype=jnp.float32,
+                                        out_dtype=jnp.float32, precision="highest", cfg=SMALL)["G_FLAT"] == 16
+    monkeypatch.setattr(_grouped_matmul, "FLAT_GROUPS", 4)
+    assert _grouped_matmul.product_args(m=101, n=40, k=24, groups=5, transpose_w=False, dtype=jnp.float32,
+                                        out_dtype=jnp.float32, precision="highest", cfg=SMALL)["G_FLAT"] == 0
+    check_against_reference(101, 24, 40, [0, 61, 3, 0, 20], "float32")
 
 
 @needs_kernels
@@ -196,14 +209,15 @@ def test_gpu_configs_by_shape_and_shared_memory(monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setattr(_env, "interpret_mode", lambda: False)  # the GPU tables, whatever this machine is
     moe = (_sds((32768, 2048)), _sds((64, 2048, 1536)), _sds((64,), jnp.int32))
     cfg = heuristic_config(*moe)
-    assert (cfg.block_m, cfg.block_n, cfg.block_k, cfg.num_warps, cfg.num_stages) == (128, 256, 64, 8, 3)
+    assert (cfg.block_m, cfg.block_n, cfg.block_k, cfg.num_warps, cfg.num_stages) == (128, 256, 64, 8, 4)
     assert heuristic_config(_sds((512, 2048)), _sds((64, 2048, 1536)), moe[2]).block_m == 64  # 8 rows a group
     space = config_space(*moe)
     assert space[0] == cfg and len(space) == len(set(space)) > 4
     for limit_kib in (99, 163, 227):
         monkeypatch.setattr(_device, "smem_limit", lambda limit_kib=limit_kib: limit_kib * 1024)
         for c in config_space(*moe):
-            assert _dots.smem_bytes(c.block_m, c.block_n, c.block_k, c.num_stages, 2) <= limit_kib * 1024
+            need = _dots.smem_bytes(c.block_m, c.block_n, c.block_k, c.num_stages, 2, flattened=True)
+            assert need <= limit_kib * 1024
 
 
 def test_priority_prefers_triton_over_the_xla_scan() -> None:
@@ -217,6 +231,7 @@ import json, jax.numpy as jnp
 from ejk_triton._aot import compile_grouped_matmul, compile_matmul
 report = {"matmul 8192": compile_matmul(8192, 8192, 8192), "matmul odd f16": compile_matmul(40, 1000, 333, jnp.float16),
           "moe": compile_grouped_matmul(32768, 2048, 1536, 64),
+          "moe many groups": compile_grouped_matmul(32768, 256, 256, 2048),
           "moe f32 tf32": compile_grouped_matmul(1000, 100, 72, 8, jnp.float32, precision="default")}
 print(json.dumps(report))
 """
@@ -224,8 +239,10 @@ print(json.dumps(report))
 
 def test_kernels_compile_for_sm90_without_a_gpu(tmp_path: Any) -> None:
     # Compiles the matmul and grouped matmul launches (forward and both gradients) as a GPU would,
-    # in a process without the interpreter; the Hopper tiles must be software-pipelined (3 stages
-    # of 128x64 and 64x256 bf16 tiles in shared memory, what the estimate in _dots counts).
+    # in a process without the interpreter (the grouped forward with its work list in registers, and
+    # walking 2048 groups); the Hopper tiles must be software-pipelined (3 or 4 stages of 128x64 and
+    # 64x256 bf16 tiles in shared memory, what the estimate in _dots counts), the flattened
+    # (persistent) loops staging their epilogue on top of that.
     env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "EJK_TRITON_INTERPRET")}
     env.update(JAX_PLATFORMS="cpu", TRITON_CACHE_DIR=str(tmp_path / "triton-cache"))
     result = subprocess.run([sys.executable, "-c", _AOT_SCRIPT], capture_output=True, text=True, env=env,
@@ -235,9 +252,13 @@ def test_kernels_compile_for_sm90_without_a_gpu(tmp_path: Any) -> None:
     for variant, launches in report.items():
         for name, info in launches.items():
             assert 0 < info["shared"] <= 227 * 1024, f"{variant} {name}: {info}"
-    pipelined = _dots.smem_bytes(128, 256, 64, 3, 2)
-    assert {info["shared"] for info in report["matmul 8192"].values()} == {pipelined}
-    assert {info["shared"] for info in report["moe"].values()} == {pipelined}
+    def ring(stages: int, flattened: bool = False) -> int:
+        return _dots.smem_bytes(128, 256, 64, stages, 2, flattened=flattened)
+
+    assert {info["shared"] for info in report["matmul 8192"].values()} == {ring(3, flattened=True)}
+    moe = report["moe"]
+    assert moe["forward"]["shared"] == moe["d_lhs"]["shared"] == ring(4, flattened=True)
+    assert moe["d_rhs"]["shared"] == ring(4)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -255,6 +276,13 @@ def test_kernels_compile_for_sm90_without_a_gpu(tmp_path: Any) -> None:
 ], ids=str)
 def test_gpu_matches_reference(m: int, k: int, n: int, sizes: list[int], dtype: str) -> None:
     check_against_reference(m, k, n, sizes, dtype, cfg=None)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_GPU, reason="needs an NVIDIA GPU")
+def test_gpu_walking_the_groups(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_grouped_matmul, "FLAT_GROUPS", 0)  # shapes of no other test: a fresh trace
+    check_against_reference(3001, 512, 1000, [0, 1500, 7, 0, 1, 1300, 0, 0], "bfloat16", cfg=None)
 
 
 @pytest.mark.gpu

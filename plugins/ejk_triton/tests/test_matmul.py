@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import attrs
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -16,7 +17,7 @@ import pytest
 import ejk
 from ejk.testing import MATMUL_SHAPES, assert_close, check_matmul, check_op, reference_matmul
 from ejk_triton import _device, _dots, _env
-from ejk_triton._matmul import MatmulConfig, capability, config_space, heuristic_config
+from ejk_triton._matmul import MatmulConfig, capability, config_space, heuristic_config, kernel_args
 
 ON_GPU = _env.nvidia_gpu()[0]
 # Each case compiles the kernel's and the reference's programs: cheap XLA CPU optimisation keeps the file fast.
@@ -80,6 +81,21 @@ def test_float16_with_float32_output_and_fast_precision() -> None:
 def test_ragged_shapes_over_several_tiles(sa: tuple[int, ...], sb: tuple[int, ...], dtype: str) -> None:
     rng = np.random.default_rng(1)
     check_against_reference(_normal(rng, sa, dtype), _normal(rng, sb, dtype))
+
+
+@needs_kernels
+@pytest.mark.parametrize(("sa", "sb"), [
+    ((37, 45), (45, 29)),  # 6 tiles over 3 interpreted programs (one per SM on a GPU)
+    ((2, 1, 20, 17), (3, 17, 21)),  # batched tiles; the gradients sum a batch inside the kernel
+], ids=str)
+def test_persistent_programs_walk_every_tile(sa: tuple[int, ...], sb: tuple[int, ...]) -> None:
+    rng = np.random.default_rng(6)
+    cfg = attrs.evolve(SMALL, persistent=True)
+    a, b = _normal(rng, sa, jnp.float32), _normal(rng, sb, jnp.float32)
+    args = kernel_args(batch=1, red=1, m=37, n=29, k=45, a=(0, 0, 45, 1), b=(0, 0, 29, 1), dtype=jnp.float32,
+                       out_dtype=jnp.float32, precision="highest", cfg=cfg)
+    assert args["TILES"] == 6 and args["grid"] == (args["PROGRAMS"],) == ((6,) if ON_GPU else (3,))
+    check_against_reference(a, b, cfg=cfg)
 
 
 @needs_kernels
@@ -148,6 +164,7 @@ def test_gpu_configs_by_shape_and_shared_memory(monkeypatch: pytest.MonkeyPatch)
     big = (_sds((8192, 8192)), _sds((8192, 8192)))
     cfg = heuristic_config(*big)
     assert (cfg.block_m, cfg.block_n, cfg.block_k, cfg.num_warps, cfg.num_stages) == (128, 256, 64, 8, 3)
+    assert cfg.persistent
     assert heuristic_config(_sds((8, 4096)), _sds((4096, 4096))).block_m == 16  # small m: short tiles
     mid = heuristic_config(_sds((1024, 1024)), _sds((1024, 1024)))
     assert (1024 // mid.block_m) * (1024 // mid.block_n) >= _device.sm_count()  # no idle SM
@@ -158,7 +175,8 @@ def test_gpu_configs_by_shape_and_shared_memory(monkeypatch: pytest.MonkeyPatch)
         monkeypatch.setattr(_device, "smem_limit", lambda limit_kib=limit_kib: limit_kib * 1024)
         for c in config_space(*big) + f32:
             itemsize = 4 if c in f32 else 2
-            assert _dots.smem_bytes(c.block_m, c.block_n, c.block_k, c.num_stages, itemsize) <= limit_kib * 1024
+            need = _dots.smem_bytes(c.block_m, c.block_n, c.block_k, c.num_stages, itemsize, flattened=c.persistent)
+            assert need <= limit_kib * 1024
 
 
 def test_priority_keeps_xla_dot_first() -> None:
@@ -176,6 +194,7 @@ def test_priority_keeps_xla_dot_first() -> None:
 @pytest.mark.skipif(not ON_GPU, reason="needs an NVIDIA GPU")
 @pytest.mark.parametrize(("sa", "sb", "dtype"), [
     ((2048, 4096), (4096, 1024), "bfloat16"),
+    ((4096, 512), (512, 4096), "bfloat16"),  # 512 tiles: the heuristic's persistent programs walk them
     ((3, 1000, 777), (777, 1001), "float16"),
     ((4, 513, 256), (4, 256, 300), "bfloat16"),
     ((8, 1024), (4, 1024, 512), "float32"),

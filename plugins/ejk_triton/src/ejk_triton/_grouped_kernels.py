@@ -11,8 +11,11 @@ through ``constexpr`` element strides (a transposed ``rhs`` needs no copy); offs
 - :func:`grouped_matmul_kernel`: ``out[r] = lhs[r] @ rhs[group(r)]`` (zeros for rows in no
   group). Persistent: ``PROGRAMS`` programs (about one per SM) walk the work list of
   (group, row tile, column tile) items in order, program ``p`` taking items ``p, p + PROGRAMS,
-  …``; the list is built on the fly from ``offsets`` (an empty group has no items), then the
-  rows past the last group are written as zero tiles. A row tile never straddles two groups.
+  …`` (an empty group has no items), then the rows past the last group are written as zero
+  tiles. A row tile never straddles two groups. Up to ``G_FLAT`` groups the work list (item
+  counts and their running sums) is held in registers, so the item loop and the contraction
+  loop flatten into one software pipeline: the next item's loads start during this one's
+  epilogue. Beyond that (``G_FLAT = 0``) the programs walk the groups one by one.
 - :func:`grouped_outer_kernel`: ``out[i] = lhs_iᵀ @ dy_i`` for every group (the ``rhs``
   gradient): one program per (group, row tile of ``out[i]``, column tile), reducing over the
   group's rows; an empty group's tiles are zeros.
@@ -52,33 +55,24 @@ def _tile_product(lhs_ptr, rhs_ptr, row0, row_end, group, tn,
 
 
 @triton.jit
-def grouped_matmul_kernel(
-    lhs_ptr, rhs_ptr, offsets_ptr, out_ptr,
-    M: tl.constexpr, N: tl.constexpr, K: tl.constexpr, G: tl.constexpr,
-    S_LM: tl.constexpr, S_LK: tl.constexpr, S_RG: tl.constexpr, S_RK: tl.constexpr, S_RN: tl.constexpr,
-    PROGRAMS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    DOT_PREC: tl.constexpr,
-):
+def _store_tile(lhs_ptr, rhs_ptr, out_ptr, row0, row_end, group, tn,
+                K: tl.constexpr, N: tl.constexpr, S_LM: tl.constexpr, S_LK: tl.constexpr, S_RG: tl.constexpr,
+                S_RK: tl.constexpr, S_RN: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                BLOCK_K: tl.constexpr, DOT_PREC: tl.constexpr):
+    """Computes and stores the output tile at rows ``row0 ..`` (below ``row_end``), column tile ``tn``."""
+    acc = _tile_product(lhs_ptr, rhs_ptr, row0, row_end, group, tn, K, N, S_LM, S_LK, S_RG, S_RK, S_RN,
+                        BLOCK_M, BLOCK_N, BLOCK_K, DOT_PREC)
+    offs_m = row0 + tl.arange(0, BLOCK_M)
+    offs_n = tn * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask = (offs_m[:, None] < row_end) & (offs_n[None, :] < N)
+    tl.store(out_ptr + offs_m[:, None] * N + offs_n[None, :], acc.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _zero_tail(out_ptr, offsets_ptr, item, before, M: tl.constexpr, N: tl.constexpr, G: tl.constexpr,
+               PROGRAMS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Zeros the rows past the last group: tiles numbered from ``before``, this program's from ``item``."""
     tiles_n: tl.constexpr = (N + BLOCK_N - 1) // BLOCK_N
-    item = tl.program_id(0)
-    before = 0  # work items of the groups already walked
-    for group in range(0, G):
-        start = tl.load(offsets_ptr + group)
-        end = tl.load(offsets_ptr + group + 1)
-        items = ((end - start + BLOCK_M - 1) // BLOCK_M) * tiles_n
-        while item < before + items:
-            local = item - before
-            row0 = start + (local // tiles_n) * BLOCK_M
-            tn = local % tiles_n
-            acc = _tile_product(lhs_ptr, rhs_ptr, row0, end, group, tn, K, N, S_LM, S_LK, S_RG, S_RK, S_RN,
-                                BLOCK_M, BLOCK_N, BLOCK_K, DOT_PREC)
-            offs_m = row0 + tl.arange(0, BLOCK_M)
-            offs_n = tn * BLOCK_N + tl.arange(0, BLOCK_N)
-            mask = (offs_m[:, None] < end) & (offs_n[None, :] < N)
-            tl.store(out_ptr + offs_m[:, None] * N + offs_n[None, :], acc.to(out_ptr.dtype.element_ty), mask=mask)
-            item += PROGRAMS
-        before += items
-    # Rows past the last group are zeros.
     start = tl.load(offsets_ptr + G)
     items = ((M - start + BLOCK_M - 1) // BLOCK_M) * tiles_n
     zeros = tl.zeros((BLOCK_M, BLOCK_N), dtype=out_ptr.dtype.element_ty)
@@ -89,6 +83,53 @@ def grouped_matmul_kernel(
         mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
         tl.store(out_ptr + offs_m[:, None] * N + offs_n[None, :], zeros, mask=mask)
         item += PROGRAMS
+
+
+@triton.jit
+def grouped_matmul_kernel(
+    lhs_ptr, rhs_ptr, offsets_ptr, out_ptr,
+    M: tl.constexpr, N: tl.constexpr, K: tl.constexpr, G: tl.constexpr,
+    S_LM: tl.constexpr, S_LK: tl.constexpr, S_RG: tl.constexpr, S_RK: tl.constexpr, S_RN: tl.constexpr,
+    PROGRAMS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    DOT_PREC: tl.constexpr, G_FLAT: tl.constexpr,
+):
+    tiles_n: tl.constexpr = (N + BLOCK_N - 1) // BLOCK_N
+    item = tl.program_id(0)
+    if G_FLAT > 0:
+        # The work list held in registers (``G_FLAT`` >= G, a power of two): each group's item
+        # count and their running sum, so an item's group is a comparison and a sum, and the
+        # item loop and the contraction loop flatten into one software pipeline (the next
+        # item's loads start during this one's epilogue).
+        index = tl.arange(0, G_FLAT)
+        starts = tl.load(offsets_ptr + index, mask=index < G, other=0)
+        ends = tl.load(offsets_ptr + index + 1, mask=index < G, other=0)
+        counts = ((ends - starts + BLOCK_M - 1) // BLOCK_M) * tiles_n
+        through = tl.cumsum(counts, 0)  # items of groups 0..i
+        total = tl.sum(counts, 0)
+        for work in tl.range(item, total, PROGRAMS, flatten=True):
+            group = tl.sum((through <= work).to(tl.int32), 0)
+            here = index == group
+            local = work - tl.sum(tl.where(here, through - counts, 0), 0)
+            start = tl.sum(tl.where(here, starts, 0), 0)
+            end = tl.sum(tl.where(here, ends, 0), 0)
+            _store_tile(lhs_ptr, rhs_ptr, out_ptr, start + (local // tiles_n) * BLOCK_M, end, group,
+                        local % tiles_n, K, N, S_LM, S_LK, S_RG, S_RK, S_RN, BLOCK_M, BLOCK_N, BLOCK_K, DOT_PREC)
+        _zero_tail(out_ptr, offsets_ptr, item + tl.cdiv(total - item, PROGRAMS) * PROGRAMS, total, M, N, G,
+                   PROGRAMS, BLOCK_M, BLOCK_N)
+    else:
+        # Many groups: walk them, each program taking every PROGRAMS-th item.
+        before = 0  # work items of the groups already walked
+        for group in range(0, G):
+            start = tl.load(offsets_ptr + group)
+            end = tl.load(offsets_ptr + group + 1)
+            items = ((end - start + BLOCK_M - 1) // BLOCK_M) * tiles_n
+            while item < before + items:
+                local = item - before
+                _store_tile(lhs_ptr, rhs_ptr, out_ptr, start + (local // tiles_n) * BLOCK_M, end, group,
+                            local % tiles_n, K, N, S_LM, S_LK, S_RG, S_RK, S_RN, BLOCK_M, BLOCK_N, BLOCK_K, DOT_PREC)
+                item += PROGRAMS
+            before += items
+        _zero_tail(out_ptr, offsets_ptr, item, before, M, N, G, PROGRAMS, BLOCK_M, BLOCK_N)
 
 
 @triton.jit

@@ -7,7 +7,8 @@ boundaries (``offsets`` ``[g + 1]``, sizes sanitised: negative sizes count as 0 
 
 - forward: one launch of the persistent ``grouped_matmul_kernel`` (``_grouped_kernels``): about
   one program per SM walks the (group, row tile, column tile) work list, so empty groups cost
-  nothing and rows past ``sum(group_sizes)`` are written as zeros;
+  nothing and rows past ``sum(group_sizes)`` are written as zeros; up to :data:`FLAT_GROUPS`
+  groups the item loop and the contraction loop run as one software pipeline;
 - ``d lhs = d out @ rhs[group]ᵀ``: the same kernel, ``rhs`` read transposed through strides;
 - ``d rhs[i] = lhs_iᵀ @ d out_i``: ``grouped_outer_kernel``, one program per (group, tile),
   reducing over the group's rows (an empty group's gradient is zeros).
@@ -97,6 +98,16 @@ def _programs(cfg: GroupedMatmulConfig, m: int, n: int, groups: int, bm: int, bn
     return max(1, min(wanted, bound))
 
 
+#: Up to this many groups the forward kernel holds the work list in registers (one flattened
+#: software pipeline over items); beyond it the kernel walks the groups.
+FLAT_GROUPS = 1024
+
+
+def _flat_width(groups: int) -> int:
+    """``G_FLAT``: the register work list's length (a power of two, at least 16), or 0 to walk the groups."""
+    return max(16, 1 << (groups - 1).bit_length()) if groups <= FLAT_GROUPS else 0
+
+
 def product_args(*, m: int, n: int, k: int, groups: int, transpose_w: bool, dtype: Any, out_dtype: Any,
                  precision: Any, cfg: GroupedMatmulConfig) -> dict[str, Any]:
     """``launch``'s arguments for ``grouped_matmul_kernel``: ``[m, k] x [g, k, n]`` (``[g, n, k]``: transposed)."""
@@ -107,6 +118,7 @@ def product_args(*, m: int, n: int, k: int, groups: int, transpose_w: bool, dtyp
         grid=(programs,), out_shapes=(jax.ShapeDtypeStruct((m, n), out_dtype),), num_warps=cfg.num_warps,
         num_stages=cfg.num_stages, M=m, N=n, K=k, G=groups, S_LM=k, S_LK=1, S_RG=k * n, S_RK=s_rk, S_RN=s_rn,
         PROGRAMS=programs, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, DOT_PREC=_dots.dot_precision(dtype, precision),
+        G_FLAT=_flat_width(groups),
     )
 
 
@@ -255,7 +267,7 @@ def capability(lhs: Any, rhs: Any, group_sizes: Any, *, precision: Any = None,
 
 # (block_m, block_n, block_k, num_warps, num_stages), in order of preference for large groups.
 _TILES_16 = (
-    (128, 256, 64, 8, 3), (128, 128, 64, 8, 4), (128, 128, 64, 4, 4), (128, 256, 64, 8, 4), (256, 128, 64, 8, 3),
+    (128, 256, 64, 8, 4), (128, 256, 64, 8, 3), (128, 128, 64, 8, 4), (128, 128, 64, 4, 4), (256, 128, 64, 8, 3),
     (64, 256, 64, 4, 4), (64, 128, 64, 4, 4), (128, 64, 64, 4, 4), (64, 64, 64, 4, 4), (64, 64, 32, 4, 2),
 )
 _TILES_32 = (
@@ -274,7 +286,7 @@ def _fitting(lhs: Any, rhs: Any) -> list[GroupedMatmulConfig]:
     limit = _device.smem_limit()
 
     def smem(c: GroupedMatmulConfig) -> int:
-        return _dots.smem_bytes(c.block_m, c.block_n, c.block_k, c.num_stages, itemsize)
+        return _dots.smem_bytes(c.block_m, c.block_n, c.block_k, c.num_stages, itemsize, flattened=True)
 
     return [c for c in table if smem(c) <= limit] or [min(table, key=smem)]
 
@@ -298,7 +310,7 @@ def heuristic_config(lhs: Any, rhs: Any, group_sizes: Any, **_: Any) -> GroupedM
     """A tile by shape and device, not timed here.
 
     Row tiles never straddle groups, so a tile much taller than the average group wastes work:
-    the first fitting entry of the dtype's table (16-bit on Hopper: 128x256x64, 8 warps, 3
+    the first fitting entry of the dtype's table (16-bit on Hopper: 128x256x64, 8 warps, 4
     stages) whose height is at most twice the average group (``m / g``, at least 64 rows)
     and whose tile count (at equal groups) covers the SMs; else the one with the most tiles.
     In the interpreter mode (CPU), 16x32x32 tiles.

@@ -9,9 +9,12 @@ Operands are addressed through ``constexpr`` element strides, so a transposed op
 copy. The output ``c`` is contiguous ``[BATCH, M, N]``. Offsets are int32 (the capability
 gate bounds every operand's size).
 
-One program computes one ``[BLOCK_M, BLOCK_N]`` tile of one batch: tiles are numbered in
-groups of ``GROUP_M`` row tiles (consecutive programs share the rows of ``a`` and sweep the
-columns of ``b`` a group at a time, for L2 reuse). Loads are masked only along the dims
+Tiles ``[BLOCK_M, BLOCK_N]`` of every batch are numbered in groups of ``GROUP_M`` row tiles
+(consecutive tiles share the rows of ``a`` and sweep the columns of ``b`` a group at a time,
+for L2 reuse). With ``PROGRAMS == TILES`` one program computes one tile; with fewer
+(persistent, about one per SM) program ``p`` computes tiles ``p, p + PROGRAMS, …``, the tile
+loop and the contraction loop flattened into one software pipeline, so the next tile's loads
+are in flight during this one's epilogue. Loads are masked only along the dims
 their block does not divide (``load_tile``). Products accumulate in float32 (``tl.dot`` with
 ``DOT_PREC``: ``ieee``, ``tf32x3`` or ``tf32`` for float32 operands) and are rounded once to
 the output's dtype.
@@ -44,20 +47,18 @@ def load_tile(ptrs, rows_ok, cols_ok, CHECK_ROWS: tl.constexpr, CHECK_COLS: tl.c
 
 
 @triton.jit
-def matmul_kernel(
-    a_ptr, b_ptr, c_ptr,
-    M: tl.constexpr, N: tl.constexpr, K: tl.constexpr, RED: tl.constexpr,
-    SA_Z: tl.constexpr, SA_R: tl.constexpr, SA_M: tl.constexpr, SA_K: tl.constexpr,
-    SB_Z: tl.constexpr, SB_R: tl.constexpr, SB_K: tl.constexpr, SB_N: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-    DOT_PREC: tl.constexpr,
-):
+def _matmul_tile(a_ptr, b_ptr, c_ptr, tile,
+                 M: tl.constexpr, N: tl.constexpr, K: tl.constexpr, RED: tl.constexpr,
+                 SA_Z: tl.constexpr, SA_R: tl.constexpr, SA_M: tl.constexpr, SA_K: tl.constexpr,
+                 SB_Z: tl.constexpr, SB_R: tl.constexpr, SB_K: tl.constexpr, SB_N: tl.constexpr,
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+                 DOT_PREC: tl.constexpr):
+    """Computes and stores output tile ``tile`` (numbered over the batch, then in groups of ``GROUP_M`` rows)."""
     tiles_m: tl.constexpr = (M + BLOCK_M - 1) // BLOCK_M
     tiles_n: tl.constexpr = (N + BLOCK_N - 1) // BLOCK_N
     k_steps: tl.constexpr = (K + BLOCK_K - 1) // BLOCK_K
-    pid = tl.program_id(0)
-    z = pid // (tiles_m * tiles_n)
-    tile = pid % (tiles_m * tiles_n)
+    z = tile // (tiles_m * tiles_n)
+    tile = tile % (tiles_m * tiles_n)
     # Grouped ordering: GROUP_M row tiles, then the next column tile.
     width = GROUP_M * tiles_n
     first_m = (tile // width) * GROUP_M
@@ -85,3 +86,21 @@ def matmul_kernel(
 
     c_ptrs = c_ptr + z * (M * N) + offs_m[:, None] * N + offs_n[None, :]
     tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=m_ok & n_ok)
+
+
+@triton.jit
+def matmul_kernel(
+    a_ptr, b_ptr, c_ptr,
+    M: tl.constexpr, N: tl.constexpr, K: tl.constexpr, RED: tl.constexpr,
+    SA_Z: tl.constexpr, SA_R: tl.constexpr, SA_M: tl.constexpr, SA_K: tl.constexpr,
+    SB_Z: tl.constexpr, SB_R: tl.constexpr, SB_K: tl.constexpr, SB_N: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    DOT_PREC: tl.constexpr, TILES: tl.constexpr, PROGRAMS: tl.constexpr,
+):
+    if PROGRAMS == TILES:  # one program per tile
+        _matmul_tile(a_ptr, b_ptr, c_ptr, tl.program_id(0), M, N, K, RED, SA_Z, SA_R, SA_M, SA_K, SB_Z, SB_R, SB_K,
+                     SB_N, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, DOT_PREC)
+    else:  # persistent: the tile loop and the contraction loop flattened into one software pipeline
+        for tile in tl.range(tl.program_id(0), TILES, PROGRAMS, flatten=True):
+            _matmul_tile(a_ptr, b_ptr, c_ptr, tile, M, N, K, RED, SA_Z, SA_R, SA_M, SA_K, SB_Z, SB_R, SB_K,
+                         SB_N, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, DOT_PREC)

@@ -97,6 +97,8 @@ def cfg_label(cfg: Any) -> str:
     text = f"{cfg.block_m}x{cfg.block_n}x{cfg.block_k} w{cfg.num_warps} s{cfg.num_stages}"
     if getattr(cfg, "programs_per_sm", 1) != 1:
         text += f" p{cfg.programs_per_sm}"
+    if getattr(cfg, "persistent", False):
+        text += " persistent"
     return text + (f" g{cfg.group_m}" if hasattr(cfg, "group_m") else "")
 
 

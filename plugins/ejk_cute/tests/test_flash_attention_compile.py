@@ -28,6 +28,7 @@ VARIANTS: tuple[tuple[str, dict[str, Any], tuple[int, int, int, int]], ...] = (
     ("window", dict(sliding_window=(70, 20)), (257, 190, 2, 2)),
     ("softcap-gqa", dict(logits_soft_cap=30.0), (129, 300, 8, 1)),
     ("causal-window-softcap-gqa", dict(causal=True, sliding_window=(100, 0), logits_soft_cap=20.0), (1, 77, 4, 2)),
+    ("causal-gqa3-unpacked", dict(causal=True), (130, 150, 6, 2)),  # a group of 3 does not divide 64 rows
 )
 
 
@@ -91,7 +92,15 @@ def test_tile_blocks_match_the_kernel_bounds() -> None:
     assert fa._tile_blocks(200, 333, 64, True, None) == [6, 5]  # bottom-right aligned: rows 0..127 see keys < 261
     assert fa._tile_blocks(256, 256, 64, False, (70, 20)) == [4, 3]  # rows 128..255 see keys 58..255; 0..127 < 148
     assert fa._tile_blocks(1, 77, 64, True, (100, 0)) == [2]
+    # Packed GQA: a tile holds 128 / pack positions of pack heads (rows 384..399 are positions 96..99).
+    assert fa._tile_blocks(100, 100, 64, True, None, pack=4) == [2, 2, 1, 1]
+    assert fa._tile_blocks(100, 100, 64, False, None, pack=4) == [2, 2, 2, 2]
     assert fa._grid_ctas(fa.FlashAttentionConfig(), 8, 2048, 16, 2048, True, None) == 0  # one CTA per item
+
+
+def test_gqa_packs_groups_that_divide_a_warpgroup() -> None:
+    assert [fa.pack_of(hq, hkv) for hq, hkv in ((4, 4), (8, 1), (4, 2), (64, 1), (6, 2), (128, 1), (96, 1))] == [
+        1, 8, 2, 64, 1, 1, 1]
 
 
 def test_without_pingpong_compiles() -> None:

@@ -38,6 +38,8 @@ CASES: tuple[dict[str, Any], ...] = (
     {"shape": (1, 129, 8, 300, 8, 64), "logits_soft_cap": 30.0},
     {"shape": (1, 500, 4, 640, 2, 128), "causal": True, "sliding_window": (100, 0), "logits_soft_cap": 20.0},
     {"shape": (1, 64, 2, 1, 2, 64)},  # Sk = 1
+    {"shape": (1, 77, 6, 200, 2, 64), "causal": True},  # GQA 3: not packed (3 does not divide 64 rows)
+    {"shape": (2, 33, 32, 300, 1, 128), "causal": True, "sliding_window": (50, 0)},  # 32 heads packed in a tile
 )
 
 
@@ -108,7 +110,7 @@ def test_persistent_grid_walks_many_items(d: int) -> None:
     causal (unequal items), a window, and no mask."""
     q, k, v = _inputs(8, 1000, 16, 1100, 4, d, jnp.bfloat16, seed=d)
     cfg = next(c for c in fa.config_space(q, k, v) if c.persistent)
-    assert fa._grid_ctas(cfg, 8, 1000, 16, 1100, True, None) < 8 * 8 * 16
+    assert fa._grid_ctas(cfg, 8, 1000, 16, 1100, True, None, fa.pack_of(16, 4)) < 8 * 32 * 4  # packed rows
     for options in (dict(causal=True), dict(sliding_window=(300, 50)), dict()):
         _check_lse(q, k, v, cfg, **options)
 

@@ -62,6 +62,7 @@ __all__ = [
     "forward_with_residuals",
     "heuristic_config",
     "lse_forward_with_residuals",
+    "pack_of",
     "register_flash_attention",
 ]
 
@@ -204,27 +205,36 @@ def capability(
 
 @functools.lru_cache(maxsize=256)
 def _kernel(head_dim: int, block_kv: int, stages: int, pingpong: bool, group: int, scale: float,
-            cap: float | None, causal: bool, window: tuple[int, int] | None, ctas: int) -> Any:
+            cap: float | None, causal: bool, window: tuple[int, int] | None, ctas: int, pack: int) -> Any:
     """One kernel object per static variant (the same object keeps cutlass_call's compile cache warm)."""
     from ejk_cute.kernels.attention import FlashForwardSm90
 
     return FlashForwardSm90(head_dim=head_dim, block_kv=block_kv, stages=stages, group=group,
                             scale_log2=(scale if cap is None else cap) * _LOG2E,
                             cap_scale=None if cap is None else scale / cap, causal=causal, window=window,
-                            pingpong=pingpong, ctas=ctas)
+                            pingpong=pingpong, ctas=ctas, pack=pack)
 
 
-def _tile_blocks(q_len: int, kv_len: int, block_kv: int, causal: bool, window: tuple[int, int] | None) -> list[int]:
-    """Key blocks each query tile loads, in the kernel's item order (last-first under a right bound);
-    the host-side twin of ``FlashForwardSm90._block_range``."""
+def pack_of(q_heads: int, kv_heads: int) -> int:
+    """Query heads the kernel packs into the rows of one tile: the GQA group when it divides a
+    consumer warpgroup's 64 rows (2, 4, 8, …), else 1 (each tile holds one query head)."""
+    group = q_heads // max(kv_heads, 1)
+    return group if group > 1 and (BLOCK_Q // 2) % group == 0 else 1
+
+
+def _tile_blocks(q_len: int, kv_len: int, block_kv: int, causal: bool, window: tuple[int, int] | None,
+                 pack: int = 1) -> list[int]:
+    """Key blocks each query tile (of ``pack`` heads' rows) loads, in the kernel's item order
+    (last-first under a right bound); the host-side twin of ``FlashForwardSm90._block_range``."""
     right_bound = causal or window is not None
     right = 0 if window is None else window[1]
     offset = kv_len - q_len
-    n_m = cdiv(q_len, BLOCK_Q)
+    rows = q_len * pack
+    n_m = cdiv(rows, BLOCK_Q)
     blocks = []
     for index in range(n_m):
-        first = (n_m - 1 - index if right_bound else index) * BLOCK_Q
-        last = min(first + BLOCK_Q, q_len) - 1
+        first_row = (n_m - 1 - index if right_bound else index) * BLOCK_Q
+        first, last = first_row // pack, (min(first_row + BLOCK_Q, rows) - 1) // pack  # positions
         hi = min(kv_len, last + offset + right + 1) if right_bound else kv_len
         lo = 0 if window is None else max(0, first + offset - window[0])
         blocks.append(cdiv(hi, block_kv) - lo // block_kv if hi > lo else 0)
@@ -232,12 +242,12 @@ def _tile_blocks(q_len: int, kv_len: int, block_kv: int, causal: bool, window: t
 
 
 def _grid_ctas(cfg: FlashAttentionConfig, batch: int, q_len: int, q_heads: int, kv_len: int, causal: bool,
-               window: tuple[int, int] | None) -> int:
+               window: tuple[int, int] | None, pack: int = 1) -> int:
     """The persistent grid's CTA count (0: one CTA per work item)."""
     if not cfg.persistent:
         return 0
-    costs = [n + 1 for n in _tile_blocks(q_len, kv_len, cfg.block_kv, causal, window)]  # + Q and epilogue
-    return persistent_ctas(_device.sm_count(), cdiv(q_len, BLOCK_Q) * q_heads * batch, costs)
+    costs = [n + 1 for n in _tile_blocks(q_len, kv_len, cfg.block_kv, causal, window, pack)]  # + Q and epilogue
+    return persistent_ctas(_device.sm_count(), len(costs) * (q_heads // pack) * batch, costs)
 
 
 def _launch(cfg: FlashAttentionConfig, static: dict[str, Any], q: jax.Array, k: jax.Array,
@@ -247,21 +257,30 @@ def _launch(cfg: FlashAttentionConfig, static: dict[str, Any], q: jax.Array, k: 
     from cutlass.jax import TensorSpec
 
     batch, q_len, q_heads, d = (int(n) for n in q.shape)
+    kv_heads = int(k.shape[2])
     window = static["sliding_window"]
     window = None if window is None else (int(window[0]), int(window[1]))
     causal = bool(static["causal"])
-    kernel = _kernel(d, cfg.block_kv, cfg.stages, cfg.pingpong, q_heads // int(k.shape[2]),
+    pack = pack_of(q_heads, kv_heads)
+    kernel = _kernel(d, cfg.block_kv, cfg.stages, cfg.pingpong, q_heads // kv_heads,
                      float(static["softmax_scale"]), static["logits_soft_cap"], causal, window,
-                     _grid_ctas(cfg, batch, q_len, q_heads, int(k.shape[1]), causal, window))
-    qo_modes = TensorSpec(mode=(1, 3, 2, 0))  # [B, S, H, D] -> (S, D, H, B)
+                     _grid_ctas(cfg, batch, q_len, q_heads, int(k.shape[1]), causal, window, pack), pack)
+    kv_modes = TensorSpec(mode=(1, 3, 2, 0))  # [B, S, H, D] -> (S, D, H, B)
+    v_modes = TensorSpec(mode=(3, 1, 2, 0))  # v -> (D, S, H, B): N-major B operand
+    if pack == 1:
+        qo_modes, lse_modes, lse_shape = kv_modes, TensorSpec(mode=(2, 1, 0)), (batch, q_heads, q_len)
+    else:  # q / out [B, S, Hkv, pack, D] -> (pack, S, D, Hkv, B); lse [B, Hkv, pack, S] -> (pack, S, Hkv, B)
+        q = q.reshape(batch, q_len, kv_heads, pack, d)
+        qo_modes, lse_modes, lse_shape = (TensorSpec(mode=(3, 1, 4, 2, 0)), TensorSpec(mode=(2, 3, 1, 0)),
+                                          (batch, kv_heads, pack, q_len))
     call = _compile.cutlass_call(
         kernel,
-        outputs=(jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct((batch, q_heads, q_len), jnp.float32)),
-        input_spec=(qo_modes, qo_modes, TensorSpec(mode=(3, 1, 2, 0))),  # v -> (D, S, H, B): N-major B operand
-        output_spec=(qo_modes, TensorSpec(mode=(2, 1, 0))),  # lse [B, H, S] -> (S, H, B)
+        outputs=(jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct(lse_shape, jnp.float32)),
+        input_spec=(qo_modes, kv_modes, v_modes),
+        output_spec=(qo_modes, lse_modes),
     )
     out, lse = call(q, k, v)
-    return out, lse
+    return out.reshape(batch, q_len, q_heads, d), lse.reshape(batch, q_heads, q_len)
 
 
 def _fold_vmap(fn: Callable[..., tuple[jax.Array, jax.Array]]) -> Callable[..., tuple[jax.Array, jax.Array]]:

@@ -14,9 +14,13 @@ Design (a work item is a 128-row query tile of one (batch, q head); one CTA runs
   with the scale pre-multiplied by ``log2(e)``), ``O += P V`` (wgmma, P from registers).
   Within a warpgroup the softmax of block ``n`` overlaps the ``P V`` product of block ``n - 1``
   (its rescale of O waits for that product), and the two warpgroups overlap each other.
-- GQA: the kv head is ``q_head // group`` (no repeat in memory). Causal masks and sliding
-  windows bound the key-block loop (fully masked blocks are never loaded); only blocks that
-  cross a mask or the end of the keys compute per-element masks. Soft cap: ``tanh``.
+- GQA: the kv head is ``q_head // group`` (no repeat in memory). With ``pack = group`` (a divisor
+  of 64) the ``group`` query heads of one kv head are packed into the rows of one tile: packed row
+  ``r`` is query position ``r // pack`` of head ``kv_head · pack + r % pack``, so each K / V block
+  loaded serves every head of the group (the work items are then (row tile, kv head, batch)).
+  Causal masks and sliding windows bound the key-block loop by position (fully masked blocks are
+  never loaded); only blocks that cross a mask or the end of the keys compute per-element masks.
+  Soft cap: ``tanh``.
 - Causal / right-bounded masks launch the query tiles last-first: the longest rows start first.
 - Persistent (``ctas > 0``): items vary query tiles fastest, then heads, then batches; CTA ``c`` takes
   its ``j``-th item at ``j * ctas + (c or ctas - 1 - c, alternately)`` (``ejk.tiling.snake_owner``).
@@ -26,7 +30,9 @@ Design (a work item is a 128-row query tile of one (batch, q head); one CTA runs
   float32 (``+inf`` for rows that see no key; their output is zeros).
 
 Tensors arrive through ``cutlass.jax.cutlass_call`` with modes permuted (see ``_flash_attention``):
-q / out ``(Sq, D, Hq, B)``, k ``(Sk, D, Hkv, B)``, v ``(D, Sk, Hkv, B)``, lse ``(Sq, Hq, B)``.
+q / out ``(Sq, D, Hq, B)``, k ``(Sk, D, Hkv, B)``, v ``(D, Sk, Hkv, B)``, lse ``(Sq, Hq, B)``; packed,
+q / out ``(pack, Sq, D, Hkv, B)`` and lse ``(pack, Sq, Hkv, B)``, whose first two modes the kernel
+groups into one row mode ``(pack, Sq)`` (TMA then moves a 3-D box: ``D`` x ``pack`` heads x positions).
 """
 
 import math
@@ -58,6 +64,7 @@ class FlashForwardSm90:
         block_kv: Keys per pipeline stage (a multiple of 16, at most 256).
         stages: K / V pipeline depth.
         group: Query heads per kv head.
+        pack: Query heads packed into the rows of a tile: ``group`` (a divisor of 64) or 1.
         scale_log2: ``softmax_scale · log2(e)``, or with a soft cap ``cap · log2(e)``.
         cap_scale: ``softmax_scale / cap`` with a soft cap, else ``None``.
         causal: Right bound ``j <= i + Sk - Sq + right``.
@@ -69,7 +76,10 @@ class FlashForwardSm90:
 
     def __init__(self, *, head_dim: int, block_kv: int, stages: int, group: int, scale_log2: float,
                  cap_scale: float | None, causal: bool, window: tuple[int, int] | None,
-                 pingpong: bool = True, ctas: int = 0) -> None:
+                 pingpong: bool = True, ctas: int = 0, pack: int = 1) -> None:
+        if pack not in (1, group) or _ROWS_PER_WG % pack:
+            raise ValueError(f"pack must be 1 or the group {group}, a divisor of {_ROWS_PER_WG}; got {pack}")
+        self.pack = pack
         self.pingpong = pingpong
         self.ctas = ctas
         self.q_stages = 2 if ctas > 0 else 1
@@ -93,7 +103,10 @@ class FlashForwardSm90:
                  mO: cute.Tensor, mLSE: cute.Tensor) -> None:
         dtype = mQ.element_type
         d, bn = self.head_dim, self.block_kv
-        q_major = tensor_utils.LayoutEnum.from_tensor(mQ).sm90_mma_major_mode()
+        if cutlass.const_expr(self.pack > 1):  # rows (pack, Sq): packed row r = position r // pack, head r % pack
+            mQ, mO, mLSE = self._packed(mQ), self._packed(mO), self._packed(mLSE)
+        q_layout = tensor_utils.LayoutEnum.from_tensor(mK)  # Q's rows are K-major like K's (D contiguous)
+        q_major = q_layout.sm90_mma_major_mode()
         k_major = tensor_utils.LayoutEnum.from_tensor(mK).sm90_mma_major_mode()
         v_major = tensor_utils.LayoutEnum.from_tensor(mV).sm90_mma_major_mode()
         qk_mma = sm90_utils.make_trivial_tiled_mma(
@@ -102,7 +115,7 @@ class FlashForwardSm90:
             dtype, dtype, cute.nvgpu.OperandMajorMode.K, v_major, cutlass.Float32, (1, 1, 1),
             (_ROWS_PER_WG, d), warpgroup.OperandSource.RMEM)
         q_smem = sm90_utils.make_smem_layout_a(  # stage s, half h at s * _CONSUMER_WGS + h
-            tensor_utils.LayoutEnum.from_tensor(mQ), (_ROWS_PER_WG, bn, d), dtype, _CONSUMER_WGS * self.q_stages)
+            q_layout, (_ROWS_PER_WG, bn, d), dtype, _CONSUMER_WGS * self.q_stages)
         k_smem = sm90_utils.make_smem_layout_b(
             tensor_utils.LayoutEnum.from_tensor(mK), (_ROWS_PER_WG, bn, d), dtype, self.stages)
         v_smem = sm90_utils.make_smem_layout_b(
@@ -127,11 +140,17 @@ class FlashForwardSm90:
             sV: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(v_smem)], 1024]
 
         self.storage = Storage
-        grid = (cute.ceil_div(mQ.shape[0], TILE_M), mQ.shape[2], mQ.shape[3])
+        grid = (cute.ceil_div(cute.size(mQ, mode=[0]), TILE_M), mQ.shape[2], mQ.shape[3])
         if cutlass.const_expr(self.ctas > 0):
             grid = (self.ctas, 1, 1)
         self.kernel(qk_mma, pv_mma, tma_q, tQ, tma_k, tK, tma_v, tV, mO, mLSE, q_smem, k_smem, v_smem).launch(
             grid=grid, block=[_WG * (1 + _CONSUMER_WGS), 1, 1], stream=stream, min_blocks_per_mp=1)
+
+    def _packed(self, t: cute.Tensor) -> cute.Tensor:
+        """``t`` ``(pack, Sq, …)`` as ``((pack, Sq), …)`` with ``pack`` static (TMA boxes need static tiles)."""
+        shape, stride = t.shape, t.stride
+        layout = cute.make_layout(((self.pack, shape[1]), *shape[2:]), stride=((stride[0], stride[1]), *stride[2:]))
+        return cute.make_tensor(t.iterator, layout)
 
     # ------------------------------------------------------------------------------------------
     # Device side
@@ -145,8 +164,8 @@ class FlashForwardSm90:
         tidx, _, _ = cute.arch.thread_idx()
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         wg = cute.arch.make_warp_uniform(tidx // _WG)
-        q_len, kv_len = tQ.shape[0], tK.shape[0]
-        mine = self._items_of_cta(cute.ceil_div(q_len, TILE_M) * tQ.shape[2] * tQ.shape[3])
+        q_rows, kv_len = cute.size(tQ, mode=[0]), tK.shape[0]
+        mine = self._items_of_cta(cute.ceil_div(q_rows, TILE_M) * tQ.shape[2] * tQ.shape[3])
 
         storage = cutlass.memory.SmemAllocator().allocate(self.storage)
         producer = pipeline.CooperativeGroup(pipeline.Agent.Thread, 1)
@@ -176,7 +195,7 @@ class FlashForwardSm90:
         else:
             cute.arch.setmaxregister_increase(_CONSUMER_REGS)
             self._consume(qk_mma, pv_mma, q_pipe, k_pipe, v_pipe, sQ, sK, sV, mO, mLSE,
-                          tidx % _WG, wg - 1, q_len, kv_len, mine)
+                          tidx % _WG, wg - 1, q_rows, kv_len, mine)
 
     @cute.jit
     def _items_of_cta(self, items: cutlass.Int32) -> cutlass.Int32:
@@ -196,10 +215,11 @@ class FlashForwardSm90:
         return mine
 
     @cute.jit
-    def _work_item(self, j: cutlass.Int32, q_len: cutlass.Int32,
+    def _work_item(self, j: cutlass.Int32, q_rows: cutlass.Int32,
                    heads: cutlass.Int32) -> tuple[cutlass.Int32, cutlass.Int32, cutlass.Int32]:
-        """``(m_block, head, batch)`` of this CTA's ``j``-th work item (query tiles last-first when causal)."""
-        n_m = (q_len + TILE_M - 1) // TILE_M
+        """``(m_block, head, batch)`` of this CTA's ``j``-th work item (query tiles last-first when causal);
+        ``head`` is the kv head when packed."""
+        n_m = (q_rows + TILE_M - 1) // TILE_M
         m_block, head, batch = cute.arch.block_idx()
         if cutlass.const_expr(self.ctas > 0):
             slot = m_block  # the CTA
@@ -214,12 +234,20 @@ class FlashForwardSm90:
         return m_block, head, batch
 
     @cute.jit
-    def _block_range(self, m_block: cutlass.Int32, q_len: cutlass.Int32,
+    def _position(self, row: cutlass.Int32) -> cutlass.Int32:
+        """The query position of (packed) row ``row``."""
+        pos = row
+        if cutlass.const_expr(self.pack > 1):
+            pos = row // self.pack
+        return pos
+
+    @cute.jit
+    def _block_range(self, m_block: cutlass.Int32, q_rows: cutlass.Int32,
                      kv_len: cutlass.Int32) -> tuple[cutlass.Int32, cutlass.Int32]:
         """Key blocks ``[n_lo, n_hi)`` that any row of this query tile sees (bottom-right aligned)."""
-        offset = kv_len - q_len
-        first_row = m_block * TILE_M
-        last_row = cutlass.min(first_row + TILE_M, q_len) - 1
+        offset = kv_len - q_rows // self.pack
+        first_row = self._position(m_block * TILE_M)
+        last_row = self._position(cutlass.min(m_block * TILE_M + TILE_M, q_rows) - 1)
         hi = kv_len
         if cutlass.const_expr(self.right_bound):
             hi = cutlass.min(kv_len, last_row + offset + self.right + 1)
@@ -238,15 +266,17 @@ class FlashForwardSm90:
                  sK: cute.Tensor, sV: cute.Tensor, mine: cutlass.Int32) -> None:
         """The producer warp, per work item: Q (both halves, one barrier), then K and V block by block."""
         d, bn = self.head_dim, self.block_kv
-        q_len, kv_len = tQ.shape[0], tK.shape[0]
+        q_rows, kv_len = cute.size(tQ, mode=[0]), tK.shape[0]
         one = cute.make_layout(1)
         q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.q_stages)
         k_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
         v_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
         for j in cutlass.range(0, mine, unroll=1):
-            m_block, head, batch = self._work_item(j, q_len, tQ.shape[2])
-            kv_head = head // self.group
-            n_lo, n_hi = self._block_range(m_block, q_len, kv_len)
+            m_block, head, batch = self._work_item(j, q_rows, tQ.shape[2])
+            kv_head = head
+            if cutlass.const_expr(self.pack == 1):
+                kv_head = head // self.group
+            n_lo, n_hi = self._block_range(m_block, q_rows, kv_len)
             gQ = cute.flat_divide(tQ, (_ROWS_PER_WG, d))[None, None, None, 0, head, batch]  # (64, D, m)
             gK = cute.flat_divide(tK, (bn, d))[None, None, None, 0, kv_head, batch]  # (bn, D, n)
             gV = cute.flat_divide(tV, (d, bn))[None, None, 0, None, kv_head, batch]  # (D, bn, n)
@@ -272,7 +302,7 @@ class FlashForwardSm90:
     @cute.jit
     def _consume(self, qk_mma: cute.TiledMma, pv_mma: cute.TiledMma, q_pipe: Any, k_pipe: Any, v_pipe: Any,
                  sQ: cute.Tensor, sK: cute.Tensor, sV: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor,
-                 tid: cutlass.Int32, half: cutlass.Int32, q_len: cutlass.Int32, kv_len: cutlass.Int32,
+                 tid: cutlass.Int32, half: cutlass.Int32, q_rows: cutlass.Int32, kv_len: cutlass.Int32,
                  mine: cutlass.Int32) -> None:
         """One consumer warpgroup: 64 query rows of each work item, the key loop and the epilogue."""
         d, bn = self.head_dim, self.block_kv
@@ -299,8 +329,8 @@ class FlashForwardSm90:
         if half == 1:
             self._pass_turn(1)  # warpgroup 0 issues first (no-op without ping-pong); turns run on across items
         for j in cutlass.range(0, mine, unroll=1):
-            m_block, head, batch = self._work_item(j, q_len, mO.shape[2])
-            n_lo, n_hi = self._block_range(m_block, q_len, kv_len)
+            m_block, head, batch = self._work_item(j, q_rows, mO.shape[2])
+            n_lo, n_hi = self._block_range(m_block, q_rows, kv_len)
             acc_o.fill(0.0)
             row_max.fill(-cutlass.Float32.inf)
             row_sum.fill(0.0)
@@ -316,7 +346,7 @@ class FlashForwardSm90:
                 warpgroup.wait_group(0)
                 k_pipe.consumer_release(k_state)
                 k_state.advance()
-                self._softmax(acc_s, tScS, row_max, row_sum, corr, n_lo, row0, q_len, kv_len)
+                self._softmax(acc_s, tScS, row_max, row_sum, corr, n_lo, row0, q_rows, kv_len)
                 rP_as_s.store(acc_s.load().to(dtype))
                 for n in cutlass.range(n_lo + 1, n_hi, unroll=1):
                     k_pipe.consumer_wait(k_state)
@@ -328,7 +358,7 @@ class FlashForwardSm90:
                     warpgroup.wait_group(1)  # S is ready; P V of the previous block may still run
                     k_pipe.consumer_release(k_state)
                     k_state.advance()
-                    self._softmax(acc_s, tScS, row_max, row_sum, corr, n, row0, q_len, kv_len)
+                    self._softmax(acc_s, tScS, row_max, row_sum, corr, n, row0, q_rows, kv_len)
                     warpgroup.wait_group(0)
                     v_pipe.consumer_release(v_state)
                     v_state.advance()
@@ -343,7 +373,7 @@ class FlashForwardSm90:
                 v_state.advance()
             q_pipe.consumer_release(q_state)  # every GEMM reading this Q stage is done
             q_state.advance()
-            self._epilogue(pv_thr, acc_o, row_max, row_sum, mO, mLSE, row0, head, batch, q_len)
+            self._epilogue(pv_thr, acc_o, row_max, row_sum, mO, mLSE, row0, head, batch, q_rows)
         if half == 0:
             self._take_turn(0)  # the other warpgroup's last hand-over: leave no arrival pending
 
@@ -377,22 +407,22 @@ class FlashForwardSm90:
         warpgroup.commit_group()
 
     @cute.jit
-    def _needs_mask(self, n: cutlass.Int32, row0: cutlass.Int32, q_len: cutlass.Int32,
+    def _needs_mask(self, n: cutlass.Int32, row0: cutlass.Int32, q_rows: cutlass.Int32,
                     kv_len: cutlass.Int32) -> cutlass.Boolean:
         """Whether key block ``n`` has a masked element for some row of ``[row0, row0 + 64)``."""
-        offset = kv_len - q_len
+        offset = kv_len - q_rows // self.pack
         col_lo = n * self.block_kv
         col_hi = col_lo + self.block_kv - 1
         partial = col_hi >= kv_len
         if cutlass.const_expr(self.right_bound):
-            partial = partial or col_hi > row0 + offset + self.right
+            partial = partial or col_hi > self._position(row0) + offset + self.right
         if cutlass.const_expr(self.left_bound):
-            partial = partial or col_lo < row0 + _ROWS_PER_WG - 1 + offset - self.left
+            partial = partial or col_lo < self._position(row0 + _ROWS_PER_WG - 1) + offset - self.left
         return partial
 
     @cute.jit
     def _softmax(self, acc_s: cute.Tensor, tScS: cute.Tensor, row_max: cute.Tensor, row_sum: cute.Tensor,
-                 corr: cute.Tensor, n: cutlass.Int32, row0: cutlass.Int32, q_len: cutlass.Int32,
+                 corr: cute.Tensor, n: cutlass.Int32, row0: cutlass.Int32, q_rows: cutlass.Int32,
                  kv_len: cutlass.Int32) -> None:
         """Online softmax of one score block in place (scores become unnormalised probabilities).
 
@@ -405,20 +435,23 @@ class FlashForwardSm90:
             for j in cutlass.range_constexpr(quads):
                 for t in cutlass.range_constexpr(4):
                     acc_s[4 * j + t] = cute.math.tanh(acc_s[4 * j + t] * self.cap_scale)  # accurate: fp16 tolerances
-        if self._needs_mask(n, row0, q_len, kv_len):
+        if self._needs_mask(n, row0, q_rows, kv_len):
             # Element 4 j + 2 r + c sits at (row_base + 8 r, col_base + 8 j + c): two live coordinates.
             row_base, col_base = tScS[0]
-            diag = row_base + row0 + kv_len - q_len - col_base - n * self.block_kv  # row - col of element 0
-            limit = kv_len - n * self.block_kv - col_base  # first column offset past the keys
+            col0 = col_base + n * self.block_kv  # key of element 0
+            offset = kv_len - q_rows // self.pack
+            # Query position minus key of element 0, for this thread's two rows (r = 0, 1).
+            diags = (self._position(row0 + row_base) + offset - col0,
+                     self._position(row0 + row_base + 8) + offset - col0)
+            limit = kv_len - col0  # first column offset past the keys
             for j in cutlass.range_constexpr(quads):
                 for t in cutlass.range_constexpr(4):
                     dc = 8 * j + t % 2  # column offset of the element
-                    dr = 8 * (t // 2)  # row offset
                     hidden = dc >= limit
                     if cutlass.const_expr(self.right_bound):
-                        hidden = hidden or dc - dr > diag + self.right
+                        hidden = hidden or dc > diags[t // 2] + self.right
                     if cutlass.const_expr(self.left_bound):
-                        hidden = hidden or dc - dr < diag - self.left
+                        hidden = hidden or dc < diags[t // 2] - self.left
                     if hidden:
                         acc_s[4 * j + t] = -cutlass.Float32.inf
         scale = self.scale_log2
@@ -451,8 +484,9 @@ class FlashForwardSm90:
     @cute.jit
     def _epilogue(self, pv_thr: Any, acc_o: cute.Tensor, row_max: cute.Tensor, row_sum: cute.Tensor,
                   mO: cute.Tensor, mLSE: cute.Tensor, row0: cutlass.Int32, head: cutlass.Int32,
-                  batch: cutlass.Int32, q_len: cutlass.Int32) -> None:
-        """Normalise O, store it (rows < Sq) and the base-2 log-sum-exp (``+inf`` for empty rows)."""
+                  batch: cutlass.Int32, q_rows: cutlass.Int32) -> None:
+        """Normalise O, store it (rows < Sq, packed: < pack · Sq) and the base-2 log-sum-exp (``+inf`` for
+        empty rows)."""
         d = self.head_dim
         inv = cute.make_rmem_tensor(cute.make_layout(2), cutlass.Float32)
         lse = cute.make_rmem_tensor(cute.make_layout(2), cutlass.Float32)
@@ -475,9 +509,9 @@ class FlashForwardSm90:
         for j in cutlass.range_constexpr(quads):
             for t in cutlass.range_constexpr(4):
                 row, _ = tOcO[4 * j + t]
-                if row0 + row < q_len:
+                if row0 + row < q_rows:
                     tOgO[4 * j + t] = out[4 * j + t]
         for r in cutlass.range_constexpr(2):
             row, col = tOcO[2 * r]
-            if col == 0 and row0 + row < q_len:
+            if col == 0 and row0 + row < q_rows:
                 mLSE[row0 + row, head, batch] = lse[r]

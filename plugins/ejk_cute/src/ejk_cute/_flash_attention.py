@@ -267,6 +267,7 @@ def _launch(cfg: FlashAttentionConfig, static: dict[str, Any], q: jax.Array, k: 
                      _grid_ctas(cfg, batch, q_len, q_heads, int(k.shape[1]), causal, window, pack), pack)
     kv_modes = TensorSpec(mode=(1, 3, 2, 0))  # [B, S, H, D] -> (S, D, H, B)
     v_modes = TensorSpec(mode=(3, 1, 2, 0))  # v -> (D, S, H, B): N-major B operand
+    lse_shape: tuple[int, ...]
     if pack == 1:
         qo_modes, lse_modes, lse_shape = kv_modes, TensorSpec(mode=(2, 1, 0)), (batch, q_heads, q_len)
     else:  # q / out [B, S, Hkv, pack, D] -> (pack, S, D, Hkv, B); lse [B, Hkv, pack, S] -> (pack, S, Hkv, B)

@@ -14,8 +14,9 @@ seeded Dirichlet split, every token assigned). Lines, same process and inputs:
   with the Triton backward through the shared residuals (``ImplChoice(backward=...)``).
 
 Modes ``fwd`` and ``fwd+bwd`` (output plus d lhs, d rhs in one jitted call). FLOPs ``2·m·k·n``,
-fwd+bwd ``3x``. Ratio: the dense einsum's time over the line's. Timing: ``_harness.time_ms``
-(compile, two warm-ups, median of ``--reps`` samples of back-to-back calls). A failure is reported
+fwd+bwd ``3x``. Ratio: the dense einsum's time over the line's. Timing: ``--timer`` (default
+``span``: per call on the GPU's own timeline, ``_harness.span_ms``; ``loop``: the wall clock of
+back-to-back calls, ``_harness.time_ms``, which counts host waits in jax-triton's launch). A failure is reported
 on its line. Numerics below the table: the ejk cute heuristic line's output and gradients against
 ``lax.ragged_dot`` (max abs diff).
 
@@ -37,7 +38,7 @@ from typing import Any
 import _harness
 import jax
 import jax.numpy as jnp
-from _harness import error_text, time_ms
+from _harness import error_text
 
 import ejk
 from ejk.bench import MoeCase, Workload, baselines_for, workload_for
@@ -72,9 +73,13 @@ def _row(case: str, mode: str, name: str, ms: float | None, flops: float, base_m
     return f"| {case} | {mode} | {name} | {ms:.3f} | {flops / ms / 1e9:,.1f} | {ratio} | {note} |"
 
 
+#: The timer of this run (``main`` sets it from ``--timer``).
+TIMER: Callable[..., float] = _harness.span_ms
+
+
 def _timed(fn: Callable[..., Any], args: tuple[Any, ...], reps: int) -> tuple[float | None, str]:
     try:
-        return time_ms(fn, args, reps), ""
+        return TIMER(fn, args, reps), ""
     except Exception as exc:  # reported on its line
         traceback.print_exc()
         return None, error_text(exc)
@@ -159,7 +164,10 @@ def main() -> None:
     parser = _harness.parser(__doc__)
     parser.add_argument("--configs", choices=("heuristic", "space"), default="heuristic",
                         help="only the heuristic's config, or every config of the config space (best named)")
+    _harness.add_timer_option(parser)
     args = _harness.parse(parser)
+    global TIMER
+    TIMER = _harness.timer(args)
     lines = _harness.header(
         "MoE grouped matmul: ejk-cute (CuTe DSL grouped wgmma) vs XLA and ejk-triton", args,
         "bfloat16, precision 'default' (ejk bench's workloads and baselines); FLOPs 2·m·k·n, fwd+bwd 3x; skewed "

@@ -22,9 +22,11 @@ MIN_COMPUTE_CAPABILITY = (9, 0)
 #: the CuTe kernel where it wins (benchmarks/bench_cute_matmul.py measures both).
 MATMUL_PRIORITY = -5
 
-#: grouped_matmul: above ejk-triton's persistent kernel (5): on the H100 (2026-11-23, two sessions,
-#: benchmarks/results/cute_grouped_h100.md) 0.86-0.89x a dense einsum on equal groups against
-#: ejk-triton's 0.58-0.70x, and level with it on skewed groups; autotuning still compares them.
+#: grouped_matmul: below ejk-triton's persistent kernel (7), above ejk-pallas's (4). The 2026-11-23
+#: comparison that put it first timed ejk-triton by the wall clock, which counted host waits in
+#: jax-triton's launch; on the GPU's timeline (H100, 2026-11-26,
+#: benchmarks/results/cute_grouped_h100_20261126.md) it runs forward 0.93x a dense einsum on equal
+#: groups and 0.78x on skewed ones, against ejk-triton's 0.94x / 0.84x. Autotuning compares them all.
 GROUPED_MATMUL_PRIORITY = 6
 
 

@@ -16,9 +16,12 @@ from ejk_triton import _env, _flash_attention, _grouped_matmul, _matmul, _paged_
 #: until H100 measurements say where they beat cuDNN; autotuning compares them everywhere.
 PRIORITY = 5
 
-#: grouped_matmul: above ejk-xla's ``tiled`` scan (0): one persistent Triton launch over all groups is
-#: expected to be much faster than a scan of XLA dots (benchmarks/bench_triton_moe.py measures both).
-GROUPED_MATMUL_PRIORITY = 5
+#: grouped_matmul: first in the heuristics tier, above ejk-cute's grouped kernel (6) and ejk-xla's
+#: ``tiled`` scan (0). H100, 2026-11-26, one run on the GPU's timeline
+#: (benchmarks/results/cute_grouped_h100_20261126.md): forward 0.94x a dense einsum on equal groups and
+#: 0.84x on skewed ones, against ejk-cute's 0.93x / 0.78x; ejk-cute's own backward leads on equal
+#: groups only (fwd+bwd 0.90x against 0.85x). Routed tokens are skewed; autotuning compares them all.
+GROUPED_MATMUL_PRIORITY = 7
 
 #: matmul: below ejk-xla's ``dot`` (0): XLA's cuBLAS GEMM is the baseline a dense matmul must beat, so
 #: the heuristics tier keeps it first; autotuning times both and picks Triton where it wins.

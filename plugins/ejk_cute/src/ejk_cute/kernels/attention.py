@@ -105,9 +105,8 @@ class FlashForwardSm90:
         d, bn = self.head_dim, self.block_kv
         if cutlass.const_expr(self.pack > 1):  # rows (pack, Sq): packed row r = position r // pack, head r % pack
             mQ, mO, mLSE = self._packed(mQ), self._packed(mO), self._packed(mLSE)
-        q_layout = tensor_utils.LayoutEnum.from_tensor(mK)  # Q's rows are K-major like K's (D contiguous)
-        q_major = q_layout.sm90_mma_major_mode()
-        k_major = tensor_utils.LayoutEnum.from_tensor(mK).sm90_mma_major_mode()
+        qk_layout = tensor_utils.LayoutEnum.from_tensor(mK)  # Q's rows are D-contiguous like K's
+        q_major = k_major = qk_layout.sm90_mma_major_mode()
         v_major = tensor_utils.LayoutEnum.from_tensor(mV).sm90_mma_major_mode()
         qk_mma = sm90_utils.make_trivial_tiled_mma(
             dtype, dtype, q_major, k_major, cutlass.Float32, (1, 1, 1), (_ROWS_PER_WG, bn))
@@ -115,9 +114,8 @@ class FlashForwardSm90:
             dtype, dtype, cute.nvgpu.OperandMajorMode.K, v_major, cutlass.Float32, (1, 1, 1),
             (_ROWS_PER_WG, d), warpgroup.OperandSource.RMEM)
         q_smem = sm90_utils.make_smem_layout_a(  # stage s, half h at s * _CONSUMER_WGS + h
-            q_layout, (_ROWS_PER_WG, bn, d), dtype, _CONSUMER_WGS * self.q_stages)
-        k_smem = sm90_utils.make_smem_layout_b(
-            tensor_utils.LayoutEnum.from_tensor(mK), (_ROWS_PER_WG, bn, d), dtype, self.stages)
+            qk_layout, (_ROWS_PER_WG, bn, d), dtype, _CONSUMER_WGS * self.q_stages)
+        k_smem = sm90_utils.make_smem_layout_b(qk_layout, (_ROWS_PER_WG, bn, d), dtype, self.stages)
         v_smem = sm90_utils.make_smem_layout_b(
             tensor_utils.LayoutEnum.from_tensor(mV), (_ROWS_PER_WG, d, bn), dtype, self.stages)
         load = cpasync.CopyBulkTensorTileG2SOp()

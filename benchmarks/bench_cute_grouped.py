@@ -73,13 +73,10 @@ def _row(case: str, mode: str, name: str, ms: float | None, flops: float, base_m
     return f"| {case} | {mode} | {name} | {ms:.3f} | {flops / ms / 1e9:,.1f} | {ratio} | {note} |"
 
 
-#: The timer of this run (``main`` sets it from ``--timer``).
-TIMER: Callable[..., float] = _harness.span_ms
-
-
-def _timed(fn: Callable[..., Any], args: tuple[Any, ...], reps: int) -> tuple[float | None, str]:
+def _timed(fn: Callable[..., Any], args: tuple[Any, ...], run: Any) -> tuple[float | None, str]:
+    """``fn(*args)`` timed by ``run``'s ``--timer``, ``--reps`` samples; on failure the error, for its line."""
     try:
-        return TIMER(fn, args, reps), ""
+        return _harness.timer(run)(fn, args, run.reps), ""
     except Exception as exc:  # reported on its line
         traceback.print_exc()
         return None, error_text(exc)
@@ -124,11 +121,11 @@ def bench_case(label: str, workload: Workload, args: Any) -> tuple[list[str], st
                 lines.append((baseline.name, None, f"skipped: {why}"))
                 continue
             prepared = baseline.build(workload, inputs)
-            ms, err = _timed(*in_mode(prepared.fn, prepared.diff, prepared.args, mode), args.reps)
+            ms, err = _timed(*in_mode(prepared.fn, prepared.diff, prepared.args, mode), args)
             base_ms = ms if baseline.name == RATIO_BASE else base_ms
             lines.append((baseline.name, ms, err))
         if HAVE_TRITON:
-            ms, err = _timed(*in_mode(workload.call(platform="triton"), workload.diff, inputs, mode), args.reps)
+            ms, err = _timed(*in_mode(workload.call(platform="triton"), workload.diff, inputs, mode), args)
             lines.append(("ejk triton", ms, err or "heuristic"))
         if unavailable:
             lines.append(("ejk cute", None, f"unavailable: {unavailable}"))
@@ -136,8 +133,7 @@ def bench_case(label: str, workload: Workload, args: Any) -> tuple[list[str], st
             best: tuple[float, str] | None = None
             for cfg in space:
                 name = "ejk cute" + (" (heuristic)" if cfg == heuristic and len(space) > 1 else "")
-                ms, err = _timed(*in_mode(workload.call(platform="cute", cfg=cfg), workload.diff, inputs, mode),
-                                 args.reps)
+                ms, err = _timed(*in_mode(workload.call(platform="cute", cfg=cfg), workload.diff, inputs, mode), args)
                 lines.append((name, ms, f"{_label(cfg)}{'; ' + err if err else ''}"))
                 if ms is not None:
                     best = min(best or (ms, ""), (ms, _label(cfg)))
@@ -145,7 +141,7 @@ def bench_case(label: str, workload: Workload, args: Any) -> tuple[list[str], st
                 lines.append(("ejk cute (best)", best[0], best[1]))
             if HAVE_TRITON and mode == "fwd+bwd":
                 ms, err = _timed(*in_mode(workload.call(platform="cute", cfg=_pairing(heuristic)), workload.diff,
-                                          inputs, mode), args.reps)
+                                          inputs, mode), args)
                 lines.append(("ejk cute fwd + triton bwd", ms, err or _label(heuristic)))
         for name, ms, note in lines:
             text = _row(label, mode, name, ms, flops, base_ms, note)
@@ -166,8 +162,6 @@ def main() -> None:
                         help="only the heuristic's config, or every config of the config space (best named)")
     _harness.add_timer_option(parser)
     args = _harness.parse(parser)
-    global TIMER
-    TIMER = _harness.timer(args)
     lines = _harness.header(
         "MoE grouped matmul: ejk-cute (CuTe DSL grouped wgmma) vs XLA and ejk-triton", args,
         "bfloat16, precision 'default' (ejk bench's workloads and baselines); FLOPs 2·m·k·n, fwd+bwd 3x; skewed "

@@ -12,7 +12,8 @@ import jax
 
 from ejk_triton import _env
 
-__all__ = ["SMEM_KIB", "compute_capability", "compute_capability_reason", "sm_count", "smem_limit"]
+__all__ = ["SMEM_KIB", "compute_capability", "compute_capability_reason", "persistent_programs", "sm_count",
+           "smem_limit"]
 
 #: Shared memory a block may use (KiB) by compute capability (the driver's opt-in maximum);
 #: configs whose tiles need more are not proposed. Others: 99 KiB.
@@ -20,6 +21,8 @@ SMEM_KIB = {(8, 0): 163, (8, 7): 163, (9, 0): 227, (10, 0): 227, (10, 3): 227}
 _HOPPER_SMEM = 227 * 1024
 #: Streaming multiprocessors of an H100 SXM: the persistent kernels' program count without a GPU.
 _HOPPER_SMS = 132
+#: Programs of a persistent kernel in the interpreter (each still walks several items).
+_INTERPRETER_PROGRAMS = 3
 
 
 def _device() -> Any:
@@ -60,3 +63,10 @@ def sm_count() -> int:
         return _HOPPER_SMS
     count = getattr(_device(), "core_count", None)
     return int(count) if isinstance(count, int) and count > 0 else _HOPPER_SMS
+
+
+def persistent_programs(work: int, per_sm: int = 1) -> int:
+    """Programs of a persistent kernel over ``work`` items: ``per_sm`` per SM (3 in the interpreter on a
+    CPU), never more than the items, at least one."""
+    wanted = _INTERPRETER_PROGRAMS if _env.interpreting_on_cpu() else per_sm * sm_count()
+    return max(1, min(wanted, work))

@@ -20,7 +20,8 @@ import sys
 from types import ModuleType
 from typing import Any
 
-__all__ = ["INTERPRET_ENV", "backends", "import_triton", "interpret_mode", "nvidia_gpu", "platform_status"]
+__all__ = ["INTERPRET_ENV", "backends", "import_triton", "interpret_mode", "interpreting_on_cpu", "nvidia_gpu",
+           "platform_status"]
 
 #: Environment variable that selects the Triton interpreter (test / debug mode, CPU).
 INTERPRET_ENV = "EJK_TRITON_INTERPRET"
@@ -29,6 +30,12 @@ INTERPRET_ENV = "EJK_TRITON_INTERPRET"
 def interpret_mode() -> bool:
     """``True`` when ``EJK_TRITON_INTERPRET`` asks for the Triton interpreter."""
     return os.environ.get(INTERPRET_ENV, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def interpreting_on_cpu() -> bool:
+    """The kernels will run through the interpreter: it is asked for and there is no NVIDIA GPU (on a GPU
+    they run compiled whatever the variable says), so configs take the interpreter's small tiles."""
+    return interpret_mode() and not nvidia_gpu()[0]
 
 
 def backends() -> tuple[str, ...]:

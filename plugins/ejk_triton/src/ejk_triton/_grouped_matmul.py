@@ -87,15 +87,9 @@ def _offsets(group_sizes: jax.Array, m: int) -> jax.Array:
     return jnp.concatenate([jnp.zeros((1,), jnp.int32), ends])
 
 
-def _interpreted() -> bool:
-    return _env.interpret_mode() and not _env.nvidia_gpu()[0]
-
-
 def _programs(cfg: GroupedMatmulConfig, m: int, n: int, groups: int, bm: int, bn: int) -> int:
-    """Persistent programs: ``programs_per_sm`` per SM (3 in the interpreter), at most the work list's bound."""
-    bound = (cdiv(m, bm) + groups) * cdiv(n, bn)
-    wanted = 3 if _interpreted() else cfg.programs_per_sm * _device.sm_count()
-    return max(1, min(wanted, bound))
+    """Persistent programs: ``programs_per_sm`` per SM, at most the work list's bound."""
+    return _device.persistent_programs((cdiv(m, bm) + groups) * cdiv(n, bn), cfg.programs_per_sm)
 
 
 #: Up to this many groups the forward kernel holds the work list in registers (one flattened
@@ -300,7 +294,7 @@ def config_space(lhs: Any, rhs: Any, group_sizes: Any, **_: Any) -> list[Grouped
         group_sizes: ``[g]``.
         **_: Static arguments of the op, ignored.
     """
-    if _interpreted():
+    if _env.interpreting_on_cpu():
         return [_INTERPRETER]
     first = heuristic_config(lhs, rhs, group_sizes)
     return [first, *(c for c in _fitting(lhs, rhs) if c != first)]
@@ -318,7 +312,7 @@ def heuristic_config(lhs: Any, rhs: Any, group_sizes: Any, **_: Any) -> GroupedM
     Args: as for :func:`config_space`.
     """
     del group_sizes
-    if _interpreted():
+    if _env.interpreting_on_cpu():
         return _INTERPRETER
     m, groups, n = int(lhs.shape[0]), max(int(rhs.shape[0]), 1), int(rhs.shape[2])
     average = max(cdiv(m, groups), 1)

@@ -116,7 +116,7 @@ def kernel_args(*, batch: int, red: int, m: int, n: int, k: int, a: tuple[int, i
     """
     bm, bn, bk = fit_block(cfg.block_m, m), fit_block(cfg.block_n, n), fit_block(cfg.block_k, k)
     tiles = batch * cdiv(m, bm) * cdiv(n, bn)
-    programs = min(tiles, 3 if _interpreted() else _device.sm_count()) if cfg.persistent else tiles
+    programs = _device.persistent_programs(tiles) if cfg.persistent else tiles
     return dict(
         grid=(programs,),
         out_shapes=(jax.ShapeDtypeStruct((batch, m, n), out_dtype),),
@@ -363,10 +363,6 @@ def _fitting(a: Any, b: Any) -> list[MatmulConfig]:
     return [c for c in table if smem(c) <= limit] or [min(table, key=smem)]
 
 
-def _interpreted() -> bool:
-    return _env.interpret_mode() and not _env.nvidia_gpu()[0]
-
-
 def config_space(a: Any, b: Any, **_: Any) -> list[MatmulConfig]:
     """Autotuning candidates: the dtype's tile table pruned by shared memory, the heuristic's first.
 
@@ -375,7 +371,7 @@ def config_space(a: Any, b: Any, **_: Any) -> list[MatmulConfig]:
         b: ``[..., k, n]`` or ``[k]``.
         **_: Static arguments of the op, ignored.
     """
-    if _interpreted():
+    if _env.interpreting_on_cpu():
         return [_INTERPRETER]
     first = heuristic_config(a, b)
     return [first, *(c for c in _fitting(a, b) if c != first)]
@@ -391,7 +387,7 @@ def heuristic_config(a: Any, b: Any, **_: Any) -> MatmulConfig:
 
     Args: as for :func:`config_space`.
     """
-    if _interpreted():
+    if _env.interpreting_on_cpu():
         return _INTERPRETER
     s = _shapes(a, b)
     rows = math.prod(s.a_batch) * s.m if s.a_folds else s.m

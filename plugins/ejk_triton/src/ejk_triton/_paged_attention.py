@@ -332,10 +332,6 @@ def _fits(cfg: PagedAttentionConfig, q: Any, v_pages: Any) -> bool:
     return smem_bytes(cfg, q, v_pages) <= _smem_limit()
 
 
-def _interpreted() -> bool:
-    return _env.interpret_mode() and not _env.nvidia_gpu()[0]
-
-
 def heuristic_config(q: Any, k_pages: Any, v_pages: Any, kv_lens: Any, page_indices: Any, cu_q_lens: Any,
                      num_seqs: Any, **_: Any) -> PagedAttentionConfig:
     """Decode (``T <= S``): one token per tile; else about the average query length (<= 128 rows).
@@ -353,7 +349,7 @@ def heuristic_config(q: Any, k_pages: Any, v_pages: Any, kv_lens: Any, page_indi
     """
     del kv_lens, cu_q_lens, num_seqs
     cfg = _base_config(q, k_pages, v_pages, page_indices)
-    if _interpreted():
+    if _env.interpreting_on_cpu():
         return attrs.evolve(cfg, block_kv=16, num_splits=2 if _is_decode(q, page_indices) else 1)
     while not _fits(cfg, q, v_pages) and (cfg.num_stages > 1 or cfg.block_kv > 16):
         cfg = (attrs.evolve(cfg, num_stages=cfg.num_stages - 1) if cfg.num_stages > 1
@@ -375,7 +371,7 @@ def config_space(q: Any, k_pages: Any, v_pages: Any, kv_lens: Any, page_indices:
         At most 16 distinct configs.
     """
     base = heuristic_config(q, k_pages, v_pages, kv_lens, page_indices, cu_q_lens, num_seqs)
-    if _interpreted():
+    if _env.interpreting_on_cpu():
         return [base, attrs.evolve(base, block_kv=32, num_splits=1)]
     evolve = attrs.evolve
     candidates = [base]

@@ -58,7 +58,7 @@ def platform_status() -> Any:
     not and how to use interpret mode.
     """
     import ejk
-    from ejk._versions import installed_version
+    from ejk.plugin import installed_version
 
     versions = {dist: v for dist in ("jax", "jaxlib") if (v := installed_version(dist))}
     on_gpu, why = nvidia_gpu()

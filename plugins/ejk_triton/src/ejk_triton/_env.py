@@ -81,7 +81,7 @@ def nvidia_gpu() -> tuple[bool, str]:
 
 
 def _versions() -> dict[str, str]:
-    from ejk._versions import installed_version
+    from ejk.plugin import installed_version
 
     return {dist: v for dist in ("triton", "jax-triton") if (v := installed_version(dist))}
 

@@ -44,9 +44,12 @@ def _pytest(session: nox.Session, *paths: str, env: dict[str, str] | None = None
 
 @nox.session(python=PYTHON)
 def lint(session: nox.Session) -> None:
-    """Ruff over every distribution, the tests and the benchmarks."""
-    session.install("ruff>=0.6")
+    """Ruff over every distribution, the tests and the benchmarks; the import rules (ejk-core layered
+    without cycles, no private ejk import outside it: tools/check_imports.py) and their tests."""
+    session.install("ruff>=0.6", "pytest>=8")
     session.run("ruff", "check", ".")
+    session.run("python", "tools/check_imports.py")
+    session.run("python", "-m", "pytest", "-q", "tools")
 
 
 @nox.session(python=PYTHON)

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 import ejk
+import ejk.testing
 from ejk import AutotunePolicy, Invocation, Kernel, autotune
 from ejk.config import tuning
 from ejk.execution.kernel import make_call_key

@@ -11,9 +11,12 @@ residuals, and the registration's capability gate refuses calls for which none p
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ejk.registry import Backend, KernelRegistry, KernelSpec, capability_reason, default_backend
+from ejk._kernel_spec import Backend, KernelSpec, capability_reason, default_backend
+
+if TYPE_CHECKING:
+    from ejk.registry import KernelRegistry
 
 __all__ = ["paired_backward", "paired_capability", "pairing_reason"]
 

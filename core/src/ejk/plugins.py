@@ -438,10 +438,11 @@ class PluginHost:
                          invocation=invocation)
 
     def choose_config(self, invocation: Any, kernel: Any) -> Any | None:
-        """The first plugin's config override; for the public ops it must be an ``ImplChoice``
+        """The first plugin's config override, refused when the kernel's ``override_problem(cfg)``
+        (see :class:`ejk.Kernel`) names a problem: for the public ops it must be an ``ImplChoice``
         naming a registered implementation, with a config of that implementation's type."""
-        return self.call("ejk_choose_config", firstresult=True, check=_choice_check(kernel),
-                         invocation=invocation, kernel=kernel)
+        check: _Check | None = getattr(kernel, "override_problem", None)
+        return self.call("ejk_choose_config", firstresult=True, check=check, invocation=invocation, kernel=kernel)
 
     def device_facts(self, device: Any) -> dict[str, str]:
         """Merged ``ejk_device_fingerprint`` facts for ``device`` (computed once per device)."""
@@ -575,28 +576,6 @@ _CHECKS: dict[str, _Check] = {
     "ejk_platform_distributions": _check_platform_distributions,
     "ejk_config_packs": _check_config_packs,
 }
-
-
-def _choice_check(kernel: Any) -> _Check | None:
-    """For a public op's kernel: the override must be an ImplChoice of a registered implementation."""
-    from ejk.ops._base import ImplChoice, OpKernel
-
-    if not isinstance(kernel, OpKernel):
-        return None
-
-    def check(choice: Any) -> str | None:
-        expected = f"None or an ejk.ops.ImplChoice naming an implementation of {kernel.op_id}"
-        if not isinstance(choice, ImplChoice):
-            return expected
-        try:
-            spec = kernel.spec_for(choice)
-        except Exception:
-            return expected + f" (none is registered for {choice.platform}/{choice.backend})"
-        if choice.cfg is not None and spec.cfg_type is not None and not isinstance(choice.cfg, spec.cfg_type):
-            return f"an ImplChoice whose cfg is None or a {spec.cfg_type.__name__} (for {spec.label})"
-        return None
-
-    return check
 
 
 _host: PluginHost | None = None

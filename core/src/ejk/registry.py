@@ -9,68 +9,52 @@ once, on its first query — never at ``import ejk``.
 from __future__ import annotations
 
 import contextvars
-import enum
 import inspect
 import threading
 import warnings
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Literal, TypeVar
 
 import attrs
 
+from ejk._kernel_spec import (
+    PORTABLE_DISTRIBUTION,
+    VJP,
+    Backend,
+    BackendLike,
+    KernelSpec,
+    Platform,
+    PlatformLike,
+    PluginRef,
+    capability_reason,
+    default_backend,
+    normalize_backend,
+    normalize_platform,
+    platform_name,
+)
 from ejk.errors import DuplicateKernelError, KernelNotFoundError
 
+# The names of ejk._kernel_spec are re-exported: this module is where users and plugins find them.
 __all__ = [
+    "LOAD_LOCK",
+    "PORTABLE_DISTRIBUTION",
     "VJP",
     "Backend",
+    "BackendLike",
     "KernelRegistry",
     "KernelSpec",
     "Platform",
+    "PlatformLike",
+    "PluginRef",
+    "capability_reason",
+    "default_backend",
     "kernel_registry",
+    "normalize_backend",
+    "normalize_platform",
+    "platform_name",
 ]
 
 F = TypeVar("F", bound=Callable[..., Any])
-
-
-class Platform(enum.StrEnum):
-    """Frameworks kernels are written in. Third-party plugins may use other lowercase names."""
-
-    TRITON = "triton"
-    PALLAS = "pallas"
-    CUDA = "cuda"
-    CUTE = "cute"
-    XLA = "xla"
-
-
-class Backend(enum.StrEnum):
-    """Hardware a kernel targets. ``ANY`` matches every backend query."""
-
-    GPU = "gpu"
-    TPU = "tpu"
-    CPU = "cpu"
-    ANY = "any"
-
-
-PlatformLike = Platform | str
-BackendLike = Backend | Literal["gpu", "tpu", "cpu", "any"] | str
-
-#: What to install when no plugin registered an algorithm at all: the portable platform, which
-#: runs on every backend. Which distribution provides any other platform is not listed here: the
-#: plugin host answers from entry points and the ``ejk_platform_distributions`` hook.
-PORTABLE_DISTRIBUTION = "ejk-xla"
-
-
-@attrs.frozen(kw_only=True)
-class PluginRef:
-    """Who registered a kernel: the plugin (entry-point) name and its distribution version."""
-
-    name: str
-    distribution: str | None = None
-    version: str | None = None
-
-    def __str__(self) -> str:
-        dist = self.distribution or self.name
-        return f"{self.name} ({dist} {self.version})" if self.version else self.name
 
 
 #: The one lock of plugin loading, shared by every registry's lazy load and by the plugin host
@@ -85,149 +69,11 @@ _current_plugin: contextvars.ContextVar[PluginRef | None] = contextvars.ContextV
 )
 
 
-@attrs.frozen(kw_only=True)
-class VJP:
-    """A forward/backward pair from which the Executor builds an implementation's custom VJP.
-
-    Attributes:
-        fwd: ``fwd(*arrays, **static, cfg=cfg) -> (out, residuals)``, called like the implementation.
-        bwd: ``bwd(residuals, cotangent, *, cfg, **static) -> tuple`` with one cotangent per array
-            argument of the op, in the op's layout (``None`` for a non-differentiable one).
-            ``None`` (omitted): a forward-only implementation whose backward is *paired* — the
-            core runs the best other implementation of the op that declares the same
-            ``residuals`` and accepts the call, and its capability gate refuses calls for
-            which none does (see :attr:`paired`).
-        residuals: Names the residual format. The backward of any implementation with the same
-            ``residuals`` tag may be paired with this forward (see :class:`ejk.ops.ImplChoice`).
-        fix: For a paired backward: what to install (or do) when no backward pairs with a call,
-            ending the error and the gate's reason (default: a generic hint naming the tag).
-    """
-
-    fwd: Callable[..., Any]
-    bwd: Callable[..., Any] | None = None
-    residuals: str = attrs.field(validator=attrs.validators.min_len(1))
-    fix: str | None = attrs.field(default=None)
-
-    @fix.validator
-    def _fix_only_when_paired(self, attribute: Any, value: str | None) -> None:
-        if value is not None and self.bwd is not None:
-            raise ValueError("VJP(fix=...) is for a forward-only VJP (bwd omitted): its own bwd never needs one")
-
-    @property
-    def paired(self) -> bool:
-        """Whether the backward is another implementation's, found by :attr:`residuals` (``bwd`` is ``None``)."""
-        return self.bwd is None
-
-    def describe_backward(self) -> str:
-        """``own`` or ``paired by residuals '<tag>'`` (for listings)."""
-        return f"paired by residuals {self.residuals!r}" if self.paired else "own"
-
-
-@attrs.frozen(kw_only=True)
-class KernelSpec:
-    """One registered implementation (immutable, hashable).
-
-    Everything the core needs to know about an implementation is here: how to run it, how to
-    differentiate it, which configs it takes and which calls it can run.
-
-    Attributes:
-        algorithm: Canonical lower-case algorithm name, e.g. ``"flash_attention"``.
-        platform: Framework the kernel is written in (a :class:`Platform` or a plugin's own name).
-        backend: Hardware it targets; ``Backend.ANY`` matches every backend.
-        name: Short implementation name, unique per (algorithm, platform, backend) and plugin,
-            e.g. ``"chunked"`` or ``"cudnn"`` (default: the platform name).
-        implementation: The forward callable, ``impl(*arrays, **static, cfg=...)``.
-        priority: Higher wins when several implementations match a lookup.
-        plugin: The plugin that registered it (``None`` when registered outside any plugin).
-        cfg_type: The implementation's config class: cached and explicit configs must be instances.
-        config_space: ``config_space(**call) -> [cfg, ...]``: autotuning candidates for one call.
-        heuristic: ``heuristic(**call) -> cfg``: a config chosen without measuring.
-        capability: ``capability(**call) -> str | None``: why the implementation cannot run a call
-            (``"soft cap not supported"``), or ``None`` when it can.
-        rank: ``rank(**call) -> int``: preference in the heuristics tier for one call (default:
-            ``priority``); lets a plugin prefer an implementation by device and shape class.
-        vjp: Optional forward/backward pair; without one, JAX differentiates the forward. With a
-            paired one (``bwd`` omitted), ``capability`` is the plugin's gate wrapped so that it
-            also refuses calls for which no other implementation's backward pairs.
-
-    ``call`` is the implementation's own keyword view of an invocation: array arguments as
-    ``jax.ShapeDtypeStruct`` (or ``None``) and static arguments as values, without ``cfg``.
-    """
-
-    algorithm: str
-    platform: str
-    backend: Backend
-    name: str
-    implementation: Callable[..., Any] = attrs.field(eq=False)
-    priority: int = 0
-    plugin: PluginRef | None = None
-    cfg_type: type | None = attrs.field(default=None, eq=False)
-    config_space: Callable[..., Sequence[Any]] | None = attrs.field(default=None, eq=False)
-    heuristic: Callable[..., Any] | None = attrs.field(default=None, eq=False)
-    capability: Callable[..., str | None] | None = attrs.field(default=None, eq=False)
-    rank: Callable[..., int] | None = attrs.field(default=None, eq=False)
-    vjp: VJP | None = attrs.field(default=None, eq=False)
-
-    @property
-    def label(self) -> str:
-        """``platform/backend:name`` (without ``:name`` when the name is the platform's), e.g.
-        ``xla/gpu:cudnn`` — how errors, events and the CLI name this implementation."""
-        base = f"{self.platform}/{self.backend}"
-        return base if self.name == self.platform else f"{base}:{self.name}"
-
-
-def capability_reason(spec: KernelSpec, call: Mapping[str, Any]) -> str | None:
-    """``spec``'s capability gate on ``call``: its reason, ``None`` when it accepts (or has no gate).
-    A gate that raises refuses, with the exception as its reason: it never takes the op down."""
-    if spec.capability is None:
-        return None
-    try:
-        reason = spec.capability(**call)
-    except Exception as exc:
-        return f"capability check raised {type(exc).__name__}: {exc}"
-    return None if reason is None else str(reason)
-
-
 def _implementation_name(name: str) -> str:
     text = str(name).strip().lower()
     if not text or not text.replace("_", "").replace("-", "").isalnum():
         raise ValueError(f"implementation name {name!r} is not valid; use a short name such as 'chunked'")
     return text
-
-
-def normalize_platform(platform: PlatformLike) -> str:
-    """Lower-case a platform name, returning the enum member when it is a known one."""
-    name = str(platform).strip().lower()
-    if not name or not name.replace("_", "").replace("-", "").isalnum():
-        raise ValueError(f"platform {platform!r} is not a valid platform name; use e.g. 'xla' or 'triton'")
-    try:
-        return Platform(name)
-    except ValueError:
-        return name
-
-
-def platform_name(platform: PlatformLike) -> str:
-    """:func:`normalize_platform` as a plain string (attrs converter for config fields)."""
-    return str(normalize_platform(platform))
-
-
-def normalize_backend(backend: BackendLike) -> Backend:
-    """Turn a backend name (case-insensitive; ``cuda``/``rocm`` mean ``gpu``) into a :class:`Backend`."""
-    name = str(backend).strip().lower()
-    if name in ("cuda", "rocm"):
-        name = "gpu"
-    try:
-        return Backend(name)
-    except ValueError:
-        valid = ", ".join(b.value for b in Backend)
-        raise ValueError(f"backend {backend!r} is not known; use one of: {valid}") from None
-
-
-def default_backend() -> Backend:
-    """The backend of JAX's default device, as a :class:`Backend`."""
-    import jax
-
-    return normalize_backend(jax.default_backend())
 
 
 def _qualname(fn: Callable[..., Any]) -> str:

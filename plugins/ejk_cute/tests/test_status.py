@@ -9,6 +9,7 @@ from typing import Any
 import jax
 import pytest
 
+from ejk.plugin import devices
 from ejk_cute import _compile, _device, _status
 
 needs_cutlass = pytest.mark.skipif(importlib.util.find_spec("cutlass") is None,
@@ -25,8 +26,8 @@ class _Device:
 @pytest.fixture
 def fake_gpu(monkeypatch: pytest.MonkeyPatch) -> Any:
     def install(capability: str) -> None:
-        monkeypatch.setattr(_device, "nvidia_gpu", lambda: (True, "NVIDIA test GPU"))
-        monkeypatch.setattr(_device, "_device", lambda: _Device(capability))
+        monkeypatch.setattr(devices, "nvidia_gpu", lambda: (True, "NVIDIA test GPU"))
+        monkeypatch.setattr(devices, "default_device", lambda: _Device(capability))
 
     return install
 

@@ -39,6 +39,7 @@ import numpy as np
 from ejk import environment
 from ejk.config._device_clock import device_seconds_per_call
 from ejk.execution.kernel import bind_kernel
+from ejk.tolerances import TOLERANCES
 
 if TYPE_CHECKING:
     from ejk.execution.kernel import Invocation, Kernel
@@ -296,11 +297,9 @@ def _structure_error(out: Any, expected: Any) -> str | None:
 def tolerance(dtype: Any) -> tuple[float, float] | None:
     """``(atol, rtol)`` of the output check for ``dtype``, relative to the output's scale; ``None``: exact.
 
-    The per-dtype table of :mod:`ejk.testing` (the conformance tolerances), no tighter than
+    The per-dtype table of :mod:`ejk.tolerances` (the conformance tolerances), no tighter than
     :data:`TOLERANCE_FLOOR`; other floating dtypes get four machine epsilons.
     """
-    from ejk.testing import TOLERANCES
-
     dt = np.dtype(dtype)
     if not _is_floating_dtype(dt):
         return None

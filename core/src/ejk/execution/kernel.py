@@ -201,6 +201,11 @@ class Kernel(Generic[Cfg, Out]):
         """
         return None
 
+    def override_problem(self, cfg: Any) -> str | None:
+        """What an ``ejk_choose_config`` hook's config for this kernel must be, when ``cfg`` is not
+        that (``None``: accepted, the default); the plugin host refuses an override with a problem."""
+        return None
+
     def fwd(self, *args: Any, cfg: Cfg, **kwargs: Any) -> tuple[Out, Any]:
         """Forward pass of a custom VJP: ``(out, residuals)``. Optional."""
         raise NotImplementedError

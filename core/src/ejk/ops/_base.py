@@ -257,6 +257,21 @@ class OpKernel(Kernel[ImplChoice, Any]):
         return self.registry.get_spec(self.op_id, platform=choice.platform, backend=choice.backend,
                                       name=choice.implementation)
 
+    def override_problem(self, choice: Any) -> str | None:
+        """What an ``ejk_choose_config`` override of this op must be, when ``choice`` is not that
+        (``None``: accepted): an :class:`ImplChoice` naming a registered implementation, with a config
+        of its type. The plugin host refuses an override with a problem."""
+        expected = f"None or an ejk.ops.ImplChoice naming an implementation of {self.op_id}"
+        if not isinstance(choice, ImplChoice):
+            return expected
+        try:
+            spec = self.spec_for(choice)
+        except Exception:
+            return expected + f" (none is registered for {choice.platform}/{choice.backend})"
+        if choice.cfg is not None and spec.cfg_type is not None and not isinstance(choice.cfg, spec.cfg_type):
+            return f"an ImplChoice whose cfg is None or a {spec.cfg_type.__name__} (for {spec.label})"
+        return None
+
     def resolve(self, choice: ImplChoice) -> ImplChoice:
         """``choice`` with its implementation (and its backward's) named explicitly."""
         backward = None if choice.backward is None else self.resolve(choice.backward)

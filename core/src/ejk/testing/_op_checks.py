@@ -19,6 +19,7 @@ from ejk.testing._cases import paged_batch, values_and_grads
 from ejk.testing._reference_attention import reference_flash_attention
 from ejk.testing._reference_matmul import reference_grouped_matmul, reference_matmul
 from ejk.testing._reference_paged import reference_ragged_paged_attention
+from ejk.tolerances import TOLERANCES, tolerance
 
 __all__ = [
     "FLASH_ATTENTION_CASES",
@@ -33,29 +34,6 @@ __all__ = [
     "check_ragged_paged_attention",
 ]
 
-#: The one tolerance table of every ejk test: ``(absolute, relative)`` per dtype, applied by
-#: :func:`assert_close` to values divided by the reference's largest magnitude (at least 1).
-#: A row ``"<kind>:<dtype>"`` holds a tolerance of one kind of result (``assert_close(...,
-#: kind=...)``); a kind without a row for a dtype falls back to the dtype's row.
-TOLERANCES: dict[str, tuple[float, float]] = {
-    # Any op's output, gradients included (attention outputs and cotangents of N(0, 1) inputs).
-    "float32": (2e-5, 2e-5),
-    "bfloat16": (3e-2, 3e-2),
-    "float16": (5e-3, 5e-3),
-    # Matmul-like ops (matmul, grouped_matmul): products are exact in float32, the rest is the
-    # output's rounding and the summation order.
-    "matmul:float32": (1e-5, 1e-5),
-    "matmul:float16": (2e-3, 2e-3),
-    "matmul:bfloat16": (1.6e-2, 1.6e-2),
-    # float32 matmuls at precision="default", which may use TF32-class dots on a GPU.
-    "matmul_default_precision:float32": (1e-2, 1e-2),
-    # Ragged paged attention: each row averages few keys.
-    "paged:float16": (4e-3, 4e-3),
-    "paged:bfloat16": (2e-2, 2e-2),
-    # The ops on an NVIDIA GPU: float32 dots at the default precision are TF32-class.
-    "gpu:float32": (2e-3, 2e-3),
-}
-
 #: Edge cases of flash attention: shapes [B, Sq, Hq, Sk, Hkv, D] and options.
 FLASH_ATTENTION_CASES: tuple[dict[str, Any], ...] = (
     {"shape": (2, 16, 4, 16, 4, 16)},
@@ -69,21 +47,6 @@ FLASH_ATTENTION_CASES: tuple[dict[str, Any], ...] = (
     {"shape": (1, 20, 2, 8, 2, 16), "causal": True},  # Sq > Sk: leading rows see nothing
     {"shape": (1, 8, 2, 12, 1, 256), "causal": True},  # head dim 256
 )
-
-
-def tolerance(dtype: Any, kind: str | None = None) -> tuple[float, float]:
-    """``(absolute, relative)`` of :data:`TOLERANCES`: the row ``"<kind>:<dtype>"``, else the dtype's.
-
-    Raises:
-        ValueError: for a dtype without a row.
-    """
-    name = jnp.dtype(dtype).name
-    if kind is not None and f"{kind}:{name}" in TOLERANCES:
-        return TOLERANCES[f"{kind}:{name}"]
-    if name not in TOLERANCES:
-        raise ValueError(f"no tolerance for dtype {name}: TOLERANCES has rows for "
-                         f"{', '.join(k for k in TOLERANCES if ':' not in k)}")
-    return TOLERANCES[name]
 
 
 def assert_close(got: Any, want: Any, dtype: Any, *, what: str = "output", kind: str | None = None,

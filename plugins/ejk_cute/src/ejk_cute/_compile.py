@@ -45,7 +45,7 @@ def cutlass_reason() -> str | None:
 
 def version() -> str | None:
     """The installed ``nvidia-cutlass-dsl`` version, or ``None``."""
-    from ejk._versions import installed_version
+    from ejk.plugin import installed_version
 
     return installed_version(DISTRIBUTION)
 

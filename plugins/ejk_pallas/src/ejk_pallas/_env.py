@@ -9,19 +9,22 @@ itself unavailable without an NVIDIA GPU. Nothing here imports Pallas.
 
 from __future__ import annotations
 
-import functools
-import os
 from typing import Any
+
+from ejk.plugin import InterpreterSwitch, devices
 
 __all__ = ["INTERPRET_ENV", "backends", "interpret_mode", "nvidia_gpu", "platform_status", "use_interpreter"]
 
 #: Environment variable that selects Pallas's interpret mode (test / debug mode, CPU).
 INTERPRET_ENV = "EJK_PALLAS_INTERPRET"
+_SWITCH = InterpreterSwitch(INTERPRET_ENV)
+#: ``(True, device kind)`` on an NVIDIA GPU, else ``(False, why)`` (ejk's device fact).
+nvidia_gpu = devices.nvidia_gpu
 
 
 def interpret_mode() -> bool:
     """``True`` when ``EJK_PALLAS_INTERPRET`` asks for Pallas's interpret mode."""
-    return os.environ.get(INTERPRET_ENV, "").strip().lower() in ("1", "true", "yes", "on")
+    return _SWITCH.requested()
 
 
 def backends() -> tuple[str, ...]:
@@ -34,22 +37,6 @@ def use_interpreter() -> bool:
     return interpret_mode() and not nvidia_gpu()[0]
 
 
-@functools.cache
-def nvidia_gpu() -> tuple[bool, str]:
-    """``(True, device kind)`` when JAX's default device is an NVIDIA GPU, else ``(False, why)``."""
-    import jax
-
-    backend = jax.default_backend()
-    if backend not in ("gpu", "cuda"):
-        return False, f"JAX's default backend is {backend}"
-    device: Any = jax.devices()[0]
-    kind = str(getattr(device, "device_kind", ""))
-    version = str(getattr(getattr(device, "client", None), "platform_version", "")).lower()
-    if "rocm" in version or "hip" in version:
-        return False, f"the GPU is not an NVIDIA GPU ({kind or version})"
-    return True, kind
-
-
 def platform_status() -> Any:
     """The ``pallas`` platform's :class:`ejk.PlatformStatus`: available only where a kernel can run compiled.
 
@@ -58,7 +45,7 @@ def platform_status() -> Any:
     not and how to use interpret mode.
     """
     import ejk
-    from ejk._versions import installed_version
+    from ejk.plugin import installed_version
 
     versions = {dist: v for dist in ("jax", "jaxlib") if (v := installed_version(dist))}
     on_gpu, why = nvidia_gpu()

@@ -37,6 +37,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from ejk.config.validators import int_in, one_of, power_of_two
+from ejk.devices import smem_per_block as _smem_limit
 from ejk.ops import FLASH_RESIDUALS, without_residuals
 from ejk.tiling import cdiv as _cdiv
 from ejk.tiling import fit_block as _fit
@@ -788,23 +789,6 @@ def _make(fwd: tuple[int, int, int, int], bwd: tuple[int, int, int, int]) -> Fla
 def _dim_class(q: Any, v: Any) -> int:
     d = max(_pad_dim(int(q.shape[3])), _pad_dim(int(v.shape[3])))
     return 64 if d <= 64 else 128 if d <= 128 else 256
-
-
-#: Shared memory a block may use (KiB) by compute capability (the driver's opt-in maximum); others: 99 KiB.
-_SMEM_KIB = {(8, 0): 163, (8, 7): 163, (9, 0): 227, (10, 0): 227, (10, 3): 227}
-_HOPPER_SMEM = 227 * 1024
-
-
-def _smem_limit() -> int:
-    """Shared memory per block (bytes) on this machine's GPU; Hopper's when there is none (AOT, CPU)."""
-    if not _env.nvidia_gpu()[0]:
-        return _HOPPER_SMEM
-    raw = str(getattr(jax.devices()[0], "compute_capability", "") or "")
-    try:
-        major, minor = (int(x) for x in raw.split(".")[:2])
-    except ValueError:
-        return _HOPPER_SMEM
-    return _SMEM_KIB.get((major, minor), 99) * 1024
 
 
 def _smem_bytes(cfg: FlashAttentionConfig, d: int, dv: int, itemsize: int) -> int:

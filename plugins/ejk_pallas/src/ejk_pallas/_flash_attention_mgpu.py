@@ -48,6 +48,7 @@ import numpy as np
 from jax import lax
 
 from ejk.config.validators import int_in, one_of, one_of_str
+from ejk.devices import sm_count as _sm_count
 from ejk.ops import without_residuals
 from ejk.tiling import cdiv as _cdiv
 from ejk.tiling import persistent_ctas
@@ -55,7 +56,6 @@ from ejk_pallas import _env
 from ejk_pallas import _flash_attention as _fa
 from ejk_pallas import _flash_attention_mgpu_bwd as _bwd
 from ejk_pallas._flash_attention import RESIDUALS, _key_blocks, _make_mask, _Mask, _pad, _q_block
-from ejk_pallas._matmul import _sm_count
 
 __all__ = [
     "RESIDUALS",

@@ -26,13 +26,14 @@ import jax.numpy as jnp
 from jax import lax
 
 from ejk.config.validators import int_in, one_of, power_of_two
+from ejk.devices import sm_count as _sm_count
 from ejk.parallel import cotangent_like
 from ejk.tiling import cdiv, fit_block
 from ejk_pallas import _env, _mm
 from ejk_pallas._flash_attention import pl
 from ejk_pallas._flash_attention_tpu import _when
 from ejk_pallas._group_metadata import offsets, work_list
-from ejk_pallas._matmul import _sm_count, fitting
+from ejk_pallas._matmul import fitting
 
 __all__ = ["RESIDUALS", "GroupedMatmulConfig", "backward", "capability", "config_space", "forward",
            "forward_with_residuals", "heuristic_config"]

@@ -40,6 +40,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from ejk.config.validators import int_in, one_of, one_of_str
+from ejk.devices import sm_count as _sm_count
 from ejk.parallel import cotangent_like
 from ejk.tiling import cdiv
 from ejk_pallas import _env
@@ -47,7 +48,6 @@ from ejk_pallas import _flash_attention_mgpu as _fa
 from ejk_pallas import _grouped_matmul as _tl
 from ejk_pallas import _matmul_mgpu as _mm
 from ejk_pallas._group_metadata import offsets
-from ejk_pallas._matmul import _sm_count
 from ejk_pallas._mm import pad_to
 
 __all__ = ["MosaicGroupedMatmulConfig", "backward", "capability", "config_space", "forward",

@@ -20,10 +20,12 @@ import jax.numpy as jnp
 from jax import lax
 
 from ejk.config.validators import int_in, one_of, power_of_two
+from ejk.devices import sm_count as _sm_count
+from ejk.devices import smem_per_block as _smem_limit
 from ejk.parallel import cotangent_like
 from ejk.tiling import cdiv, fit_block
 from ejk_pallas import _env, _mm
-from ejk_pallas._flash_attention import _smem_limit, pl
+from ejk_pallas._flash_attention import pl
 from ejk_pallas._matmul_shapes import matmul_backward, matmul_forward, shapes
 
 __all__ = ["RESIDUALS", "MatmulConfig", "backward", "capability", "config_space", "forward",
@@ -192,10 +194,6 @@ def fitting(tiles_16: tuple[tuple[int, ...], ...], tiles_32: tuple[tuple[int, ..
     limit = _smem_limit()
     return [c for c in table if smem_bytes(c, itemsize) <= limit] or [min(table, key=lambda c: smem_bytes(c,
                                                                                                        itemsize))]
-
-
-def _sm_count() -> int:
-    return int(getattr(jax.devices()[0], "core_count", 0) or 132) if _env.nvidia_gpu()[0] else 132
 
 
 def config_space(a: Any, b: Any, **_: Any) -> list[MatmulConfig]:

@@ -36,11 +36,12 @@ import jax.numpy as jnp
 from jax import lax
 
 from ejk.config.validators import int_in, one_of, one_of_str
+from ejk.devices import sm_count as _sm_count
 from ejk.parallel import cotangent_like
 from ejk.tiling import cdiv
 from ejk_pallas import _env
 from ejk_pallas import _flash_attention_mgpu as _fa
-from ejk_pallas._matmul import RESIDUALS, _sm_count
+from ejk_pallas._matmul import RESIDUALS
 from ejk_pallas._matmul_shapes import matmul_backward, matmul_forward, shapes
 from ejk_pallas._mm import pad_to
 

@@ -30,12 +30,12 @@ import jax.numpy as jnp
 from jax import lax
 
 from ejk.config.validators import int_in, one_of, power_of_two
+from ejk.devices import sm_count as _sm_count
 from ejk.ops import paged_merge_splits, paged_owned_rows
 from ejk.tiling import cdiv, next_pow2
 from ejk_pallas import _env, _mm
 from ejk_pallas._flash_attention import pl
 from ejk_pallas._flash_attention_tpu import _when
-from ejk_pallas._matmul import _sm_count
 
 __all__ = ["PagedAttentionConfig", "capability", "config_space", "heuristic_config", "ragged_paged_attention"]
 
@@ -329,7 +329,7 @@ def heuristic_config(q: Any, k_pages: Any, v_pages: Any, kv_lens: Any, page_indi
     rows = max(16, next_pow2(block_q * group))
     cfg = PagedAttentionConfig(block_q=block_q, block_kv=block_kv, num_warps=8 if rows >= 64 else 4,
                                num_stages=3 if decode and jnp.dtype(q.dtype).itemsize == 2 else 2)
-    from ejk_pallas._flash_attention import _smem_limit
+    from ejk.devices import smem_per_block as _smem_limit
 
     while smem_bytes(cfg, q, k_pages, v_pages) > _smem_limit() and cfg.num_stages > 1:
         cfg = attrs.evolve(cfg, num_stages=cfg.num_stages - 1)
@@ -344,7 +344,7 @@ def config_space(q: Any, k_pages: Any, v_pages: Any, kv_lens: Any, page_indices:
     base = heuristic_config(q, k_pages, v_pages, kv_lens, page_indices, cu_q_lens, num_seqs)
     if _env.use_interpreter():
         return [base]
-    from ejk_pallas._flash_attention import _smem_limit
+    from ejk.devices import smem_per_block as _smem_limit
 
     page = int(k_pages.shape[1])
     evolve = attrs.evolve

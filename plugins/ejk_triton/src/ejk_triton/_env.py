@@ -12,7 +12,6 @@ an NVIDIA GPU, but ``platform="triton"`` runs through the interpreter.
 
 from __future__ import annotations
 
-import functools
 import importlib
 import importlib.util
 import os
@@ -20,16 +19,21 @@ import sys
 from types import ModuleType
 from typing import Any
 
+from ejk.plugin import InterpreterSwitch, devices
+
 __all__ = ["INTERPRET_ENV", "backends", "import_triton", "interpret_mode", "interpreting_on_cpu", "nvidia_gpu",
            "platform_status"]
 
 #: Environment variable that selects the Triton interpreter (test / debug mode, CPU).
 INTERPRET_ENV = "EJK_TRITON_INTERPRET"
+_SWITCH = InterpreterSwitch(INTERPRET_ENV)
+#: ``(True, device kind)`` on an NVIDIA GPU, else ``(False, why)`` (ejk's device fact).
+nvidia_gpu = devices.nvidia_gpu
 
 
 def interpret_mode() -> bool:
     """``True`` when ``EJK_TRITON_INTERPRET`` asks for the Triton interpreter."""
-    return os.environ.get(INTERPRET_ENV, "").strip().lower() in ("1", "true", "yes", "on")
+    return _SWITCH.requested()
 
 
 def interpreting_on_cpu() -> bool:
@@ -64,24 +68,8 @@ def import_triton() -> ModuleType:
     return importlib.import_module("triton")
 
 
-@functools.cache
-def nvidia_gpu() -> tuple[bool, str]:
-    """``(True, device kind)`` when JAX's default device is an NVIDIA GPU, else ``(False, why)``."""
-    import jax
-
-    backend = jax.default_backend()
-    if backend not in ("gpu", "cuda"):
-        return False, f"JAX's default backend is {backend}"
-    device: Any = jax.devices()[0]
-    kind = str(getattr(device, "device_kind", ""))
-    version = str(getattr(getattr(device, "client", None), "platform_version", "")).lower()
-    if "rocm" in version or "hip" in version:
-        return False, f"the GPU is not an NVIDIA GPU ({kind or version})"
-    return True, kind
-
-
 def _versions() -> dict[str, str]:
-    from ejk._versions import installed_version
+    from ejk.plugin import installed_version
 
     return {dist: v for dist in ("triton", "jax-triton") if (v := installed_version(dist))}
 

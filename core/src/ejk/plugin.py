@@ -1,0 +1,100 @@
+"""Everything a plugin needs from ejk, in one module.
+
+A plugin distribution (see ``docs/PLUGIN_AUTHORS.md``) imports ``ejk.plugin`` for what it builds
+kernels with, ``ejk.ops`` for the op machinery (``define_op``, ``OpKernel``) and ``ejk.testing``
+in its tests; it never imports a private ``ejk`` module. The names here live elsewhere in ejk
+and are re-exported unchanged:
+
+- hooks and registration: :data:`hookimpl`, :class:`RegisterKernels` (the callback of
+  ``ejk_register_kernels``), :class:`VJP`, :class:`Platform`, :class:`Backend`, :class:`KernelSpec`,
+  :class:`PlatformStatus`, :func:`installed_version` (a distribution's version, for
+  ``PlatformStatus.versions``);
+- config classes: the attrs validators :func:`int_in`, :func:`multiple_of`, :func:`one_of`,
+  :func:`one_of_str`, :data:`positive_int`, :func:`power_of_two`;
+- tiles: :func:`cdiv`, :func:`fit_block`, :func:`next_pow2`, :func:`padded_dim`,
+  :func:`persistent_ctas`, :func:`snake_owner`;
+- the device: :mod:`devices <ejk.devices>` (NVIDIA GPU?, compute capability, SM count, shared
+  memory per block) and :class:`InterpreterSwitch` (``EJK_<PLUGIN>_INTERPRET``-style switches);
+- custom VJPs: :func:`saving_operands` and :func:`operand_cotangents` (a matmul-like VJP whose
+  residuals are its operands, tagged :data:`MATMUL_RESIDUALS` / :data:`GROUPED_MATMUL_RESIDUALS`),
+  the flash-attention residual format :data:`FLASH_RESIDUALS` / :data:`FLASH_LSE_RESIDUALS` with
+  :func:`without_residuals`, :func:`with_natural_lse`, :func:`natural_lse`, and the ``shard_map``
+  helpers :func:`cotangent_like` and :func:`varying_like`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol, TypeVar
+
+from ejk import devices
+from ejk._operand_vjp import GROUPED_MATMUL_RESIDUALS, MATMUL_RESIDUALS, operand_cotangents, saving_operands
+from ejk._versions import installed_version
+from ejk.config.validators import int_in, multiple_of, one_of, one_of_str, positive_int, power_of_two
+from ejk.hookspecs import hookimpl
+from ejk.interpreter import InterpreterSwitch
+from ejk.ops import FLASH_LSE_RESIDUALS, FLASH_RESIDUALS, natural_lse, with_natural_lse, without_residuals
+from ejk.parallel import cotangent_like, varying_like
+from ejk.plugins import PlatformStatus
+from ejk.registry import VJP, Backend, BackendLike, KernelSpec, Platform, PlatformLike
+from ejk.tiling import cdiv, fit_block, next_pow2, padded_dim, persistent_ctas, snake_owner
+
+__all__ = [
+    "FLASH_LSE_RESIDUALS",
+    "FLASH_RESIDUALS",
+    "GROUPED_MATMUL_RESIDUALS",
+    "MATMUL_RESIDUALS",
+    "VJP",
+    "Backend",
+    "InterpreterSwitch",
+    "KernelSpec",
+    "Platform",
+    "PlatformStatus",
+    "RegisterKernels",
+    "cdiv",
+    "cotangent_like",
+    "devices",
+    "fit_block",
+    "hookimpl",
+    "installed_version",
+    "int_in",
+    "multiple_of",
+    "natural_lse",
+    "next_pow2",
+    "one_of",
+    "one_of_str",
+    "operand_cotangents",
+    "padded_dim",
+    "persistent_ctas",
+    "positive_int",
+    "power_of_two",
+    "saving_operands",
+    "snake_owner",
+    "varying_like",
+    "with_natural_lse",
+    "without_residuals",
+]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class RegisterKernels(Protocol):
+    """The ``register`` callback of the ``ejk_register_kernels`` hook: :meth:`ejk.KernelRegistry.register`
+    bound to the plugin being loaded. It returns a decorator that registers the implementation it
+    decorates (returned unchanged) as that plugin's; the arguments are :class:`KernelSpec`'s fields."""
+
+    def __call__(
+        self,
+        algorithm: str,
+        platform: PlatformLike,
+        backend: BackendLike,
+        priority: int = 0,
+        *,
+        name: str | None = None,
+        cfg_type: type | None = None,
+        config_space: Callable[..., Sequence[Any]] | None = None,
+        heuristic: Callable[..., Any] | None = None,
+        capability: Callable[..., str | None] | None = None,
+        rank: Callable[..., int] | None = None,
+        vjp: VJP | None = None,
+    ) -> Callable[[F], F]: ...

@@ -90,10 +90,34 @@ class PersistentCache(Generic[Cfg]):
     ) -> None:
         if path is None and os.path.isabs(opname) and opname.endswith(".json"):  # the earlier API
             path, opname = opname, os.path.splitext(os.path.basename(opname))[0]
+        if path is not None and not _SAFE_NAME.match(opname):
+            raise ValueError(f"opname {opname!r} must use letters, digits and . _ @ + - % only")
+        self._init(opname, path, loader, dumper, cfg_type)
+
+    @classmethod
+    def for_op(
+        cls,
+        op_id: str,
+        path: str | os.PathLike[str] | None = None,
+        loader: Callable[[Any], Cfg] | None = None,
+        dumper: Callable[[Cfg], Any] | None = None,
+    ) -> PersistentCache[Cfg]:
+        """The cache of op ``op_id``, whose id is only ever a name: without ``path`` the file is
+        ``cache_file_name(op_id)`` in the cache directory, even for an id that reads as a path."""
+        cache: PersistentCache[Cfg] = cls.__new__(cls)
+        cache._init(op_id, path, loader, dumper, None)
+        return cache
+
+    def _init(
+        self,
+        opname: str,
+        path: str | os.PathLike[str] | None,
+        loader: Callable[[Any], Cfg] | None,
+        dumper: Callable[[Cfg], Any] | None,
+        cfg_type: type[Cfg] | None,
+    ) -> None:
         if path is None:
             self._file_name = cache_file_name(opname)  # any op id: encoded; raises if it cannot be
-        elif not _SAFE_NAME.match(opname):
-            raise ValueError(f"opname {opname!r} must use letters, digits and . _ @ + - % only")
         self.opname = opname
         self._explicit_path = os.fspath(path) if path is not None else None
         self.loader, self.dumper, self.cfg_type = loader, dumper, cfg_type

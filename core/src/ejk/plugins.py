@@ -11,7 +11,8 @@ run (``sys.exit()`` in a plugin module, ``GeneratorExit``, custom ``BaseExceptio
 subclasses), except ``KeyboardInterrupt``. A ``KeyboardInterrupt`` raised by plugin code
 cannot be told apart from the user pressing Ctrl-C (Python delivers both the same way), so
 it is reported against the plugin (status ``failed`` or a hook error) and then re-raised:
-the user's interrupt still stops the process. A plugin must not raise it on purpose.
+the user's interrupt still stops the process. A plugin must not raise it on purpose. An
+interrupted first load of the installed plugins is undone, so the next call loads them again.
 
 Every hook result is type-checked (``ejk_platform_status``: a :class:`PlatformStatus` or a
 sequence of them; ``ejk_device_fingerprint``: a mapping of str names to str values;
@@ -612,8 +613,15 @@ def get_plugin_host(registry: KernelRegistry | None = None) -> PluginHost:
         return ready
     with _host_lock:
         if _host is None:
-            _host = PluginHost(registry if registry is not None else kernel_registry, load_entry_points=False)
-            _host.load_entry_points()
+            host = _host = PluginHost(registry if registry is not None else kernel_registry,
+                                      load_entry_points=False)  # set first: plugins may ask for it
+            try:
+                host.load_entry_points()
+            except BaseException:  # a Ctrl-C while loading: undo it all, so the next call loads again
+                _host = None
+                for name in host.plugins:
+                    host.registry.unregister_plugin(name)
+                raise
         _ready_host = _host
         return _host
 

@@ -298,9 +298,9 @@ class KernelRegistry:
             try:
                 assert self._loader is not None
                 self._loader(self)
+                self._loaded = True  # not when interrupted (Ctrl-C): the next query loads again
             finally:
                 self._loading = False
-                self._loaded = True
 
     def set_diagnostics(
         self,

@@ -7,10 +7,18 @@ import importlib.metadata
 from collections.abc import Callable
 from typing import Any
 
+import attrs
+import jax
+import jax.numpy as jnp
+import numpy as np
 import pytest
 
+import ejk
 import ejk.plugins
-from ejk import KernelRegistry
+import ejk.registry
+from ejk import KernelRegistry, cli
+from ejk.ops import ImplChoice
+from ejk.plugins import PlatformStatus, PluginHost
 
 GOOD = '''
 import ejk
@@ -85,3 +93,102 @@ def test_an_interrupt_outside_plugin_code_leaves_loading_retryable(entry_points:
     assert registry.list_algorithms() == ["good_op"]
     assert len(loads) == 2 and ejk.plugins.get_plugin_host() is loads[1]
     assert [s.plugin.name for s in registry.list_implementations("good_op") if s.plugin] == ["a_good"]
+
+
+# -- hook results whose repr or str raises ----------------------------------------------------------------
+
+class Unprintable:
+    """A hook result that cannot be shown."""
+
+    def __repr__(self) -> str:
+        raise RuntimeError("no repr")
+
+    def __str__(self) -> str:
+        raise RuntimeError("no str")
+
+
+class UnprintableName(str):
+    """A str whose own ``str()`` raises (it passes an isinstance check)."""
+
+    def __str__(self) -> str:
+        raise RuntimeError("no str")
+
+
+@attrs.frozen
+class ToyCfg:
+    tile: int = 1
+
+
+class Toy:
+    """Serves ``toy_show`` on ``toyplat``."""
+
+    @ejk.hookimpl
+    def ejk_register_kernels(self, register: Any) -> None:
+        register("toy_show", "toyplat", "any", cfg_type=ToyCfg)(lambda x, *, cfg=None: x + 1)
+
+    @ejk.hookimpl
+    def ejk_platform_status(self) -> Any:
+        return PlatformStatus(platform="toyplat", available=True)
+
+
+@attrs.frozen(repr=False)
+class UnprintableToyCfg(ToyCfg):
+    """A config of the right class that cannot be shown."""
+
+    def __repr__(self) -> str:
+        raise RuntimeError("no repr")
+
+
+def _returning(**answers: Any) -> object:
+    """A plugin whose hooks return the given values."""
+
+    class Answers:
+        @ejk.hookimpl
+        def ejk_platform_status(self) -> Any:
+            return answers.get("status")
+
+        @ejk.hookimpl
+        def ejk_device_fingerprint(self, device: Any) -> Any:
+            return answers.get("fingerprint")
+
+        @ejk.hookimpl
+        def ejk_choose_config(self, invocation: Any, kernel: Any) -> Any:
+            return answers.get("choice")
+
+    return Answers()
+
+
+@pytest.fixture
+def host(monkeypatch: pytest.MonkeyPatch) -> PluginHost:
+    private: PluginHost = ejk.plugins.get_plugin_host()  # the private, empty host of conftest
+    monkeypatch.setattr(ejk.registry, "kernel_registry", private.registry)  # what ejk.run looks in
+    return private
+
+
+def test_a_platform_status_that_cannot_be_shown_is_reported_and_later_plugins_load(host: PluginHost) -> None:
+    with pytest.warns(RuntimeWarning, match="'a_bad': ejk_platform_status returned Unprintable"):
+        host.register_plugin(_returning(status=Unprintable()), "a_bad")
+    host.register_plugin(Toy(), "toy")
+    assert host.plugins["toy"].status == "loaded" and host.registry.list_algorithms() == ["toy_show"]
+    np.testing.assert_allclose(ejk.run("toy_show", jnp.zeros(2)), [1.0, 1.0])
+
+
+@pytest.mark.parametrize("choice", [Unprintable(), ImplChoice(platform="toyplat", backend="any", cfg=Unprintable()),
+                                    ImplChoice(platform="toyplat", backend="any", cfg=UnprintableToyCfg())])
+def test_a_choice_that_cannot_be_shown_is_reported_and_the_op_runs(host: PluginHost, choice: Any) -> None:
+    host.register_plugin(Toy(), "toy")
+    host.register_plugin(_returning(choice=choice), "chooser")
+    with pytest.warns(RuntimeWarning, match="'chooser': ejk_choose_config returned"):
+        np.testing.assert_allclose(ejk.run("toy_show", jnp.zeros(2)), [1.0, 1.0])
+    assert host.plugins["chooser"].hook_errors
+
+
+@pytest.mark.parametrize("fingerprint", [Unprintable(), {"sm": UnprintableName("90")}, {UnprintableName("sm"): "90"}])
+def test_a_fingerprint_that_cannot_be_shown_is_reported_and_doctor_runs(
+        host: PluginHost, fingerprint: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    host.register_plugin(Toy(), "toy")
+    host.register_plugin(_returning(fingerprint=fingerprint), "printer")
+    with pytest.warns(RuntimeWarning, match="'printer': ejk_device_fingerprint returned"):
+        assert host.device_facts(jax.devices()[0]) == {}
+    assert cli.main(["doctor"]) == 1
+    assert "plugin printer: ejk_device_fingerprint returned" in capsys.readouterr().out

@@ -18,8 +18,9 @@ Every hook result is type-checked (``ejk_platform_status``: a :class:`PlatformSt
 sequence of them; ``ejk_device_fingerprint``: a mapping of str names to str values;
 ``ejk_config_space``: a sequence of configs of a class registered for that platform;
 ``ejk_heuristic_config`` likewise; ``ejk_choose_config`` for the public ops: an
-``ImplChoice`` of a registered implementation). A wrong type is reported against the plugin
-and hook (:attr:`PluginInfo.hook_errors`, ``ejk plugins``, ``ejk doctor``) and ignored.
+``ImplChoice`` of a registered implementation), and must have a working ``repr`` and ``str``.
+A wrong type is reported against the plugin and hook (:attr:`PluginInfo.hook_errors`, ``ejk
+plugins``, ``ejk doctor``) and ignored.
 
 Order of the hook calls (what decides a first-result hook such as ``ejk_choose_config``): the
 implementations marked ``@ejk.hookimpl(tryfirst=True)`` come first, then the unmarked ones, then
@@ -278,7 +279,11 @@ class PluginHost:
 
     def _reject(self, info: PluginInfo, hook_name: str, result: Any, expected: str) -> None:
         """Record (once) and warn that a hook returned the wrong kind of value; it is ignored."""
-        shown = repr(result)
+        try:
+            shown = repr(result)
+        except BaseException as exc:
+            _reraise_interrupt(exc)
+            shown = "<repr raised>"
         shown = shown if len(shown) <= 80 else shown[:77] + "..."
         message = f"{hook_name} returned {type(result).__name__} {shown} but must return {expected}"
         if message not in info.hook_errors:
@@ -336,7 +341,13 @@ class PluginHost:
     def _valid(self, info: PluginInfo, hook_name: str, result: Any, check: _Check | None = None) -> bool:
         """Whether a hook's (non-``None``) result has the documented type; reports it when not."""
         check = check or _CHECKS.get(hook_name)
-        expected = check(result) if check is not None else None
+        try:
+            expected = check(result) if check is not None else None
+            if expected is None:
+                repr(result), str(result)  # every message naming the result needs them
+        except BaseException as exc:  # a result that breaks its check, or cannot be shown
+            expected = f"a value whose type check, repr and str do not raise ({_describe(exc)})"
+            _reraise_interrupt(exc)
         if expected is not None:
             self._reject(info, hook_name, result, expected)
         return expected is None
@@ -541,8 +552,9 @@ def _check_platform_status(result: Any) -> str | None:
 
 def _check_device_fingerprint(result: Any) -> str | None:
     scalars = (str, int, float, bool)
-    if isinstance(result, Mapping) and all(
-        isinstance(k, str) and k and isinstance(v, scalars) for k, v in result.items()
+    if isinstance(result, Mapping) and all(  # str(): a str subclass may break it, facts are str(k): str(v)
+        isinstance(k, str) and str(k) and isinstance(v, scalars) and isinstance(str(v), str)
+        for k, v in result.items()
     ):
         return None
     return "a dict of str names to str values, e.g. {'sm_count': '132'}"

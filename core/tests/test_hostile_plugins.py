@@ -192,3 +192,39 @@ def test_a_fingerprint_that_cannot_be_shown_is_reported_and_doctor_runs(
         assert host.device_facts(jax.devices()[0]) == {}
     assert cli.main(["doctor"]) == 1
     assert "plugin printer: ejk_device_fingerprint returned" in capsys.readouterr().out
+
+
+# -- ejk doctor asks every hook ----------------------------------------------------------------------------
+
+class Careless:
+    """Serves matmul on its own platform; its choice, config space and packs hooks return the wrong types."""
+
+    @ejk.hookimpl
+    def ejk_register_kernels(self, register: Any) -> None:
+        register("matmul", "toyplat", "any", cfg_type=ToyCfg)(lambda a, b, *, precision, preferred_element_type,
+                                                                     cfg=None: a @ b)
+
+    @ejk.hookimpl
+    def ejk_platform_status(self) -> Any:
+        return PlatformStatus(platform="toyplat", available=True)
+
+    @ejk.hookimpl
+    def ejk_choose_config(self, invocation: Any, kernel: Any) -> Any:
+        return "fast please"
+
+    @ejk.hookimpl
+    def ejk_config_space(self, algorithm: str, platform: str) -> Any:
+        return 7
+
+    @ejk.hookimpl
+    def ejk_config_packs(self) -> Any:
+        return 5
+
+
+def test_doctor_asks_the_choice_config_space_and_packs_hooks(host: PluginHost,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    host.register_plugin(Careless(), "careless")
+    assert cli.main(["doctor"]) == 1
+    out = capsys.readouterr().out
+    for hook, returned in (("ejk_choose_config", "str"), ("ejk_config_space", "int"), ("ejk_config_packs", "int")):
+        assert f"plugin careless: {hook} returned {returned}" in out, out

@@ -279,8 +279,9 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         warnings.simplefilter("ignore")
         fingerprint = device_fingerprint()
     console.print(f"device fingerprint: {fingerprint}")
-    from ejk import _plugins_cli
+    from ejk import _doctor_hooks, _plugins_cli
 
+    _doctor_hooks.probe_hooks(host)  # before the table: it shows what the hooks answered wrongly
     _plugins_cli.print_plugin_table(host)
     problems.extend(_plugins_cli.problems(host))
     usable = [p for p, s in host.platform_statuses().items() if s.available]

@@ -4,6 +4,7 @@ for others stay readable by them."""
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -12,7 +13,8 @@ import attrs
 import jax
 import pytest
 
-from ejk import ConfigSelectorChain, Invocation, Kernel, KernelRegistry
+from ejk import ConfigSelectorChain, Invocation, Kernel, KernelRegistry, cli
+from ejk.config.persistent import PersistentCache
 
 DEV, OP = "cpu|cpu", "op@1"
 
@@ -52,3 +54,40 @@ def test_an_op_id_that_looks_like_a_path_stays_in_the_cache_dir(tmp_path: Path, 
 def test_registration_refuses_algorithm_names_that_are_paths(algorithm: str) -> None:
     with pytest.raises(ValueError, match="algorithm"):
         KernelRegistry().register(algorithm, "xla", "any")(lambda x: x)
+
+
+# -- over-deep entries ------------------------------------------------------------------------------------
+
+def _item(key: str, cfg: Any) -> dict[str, Any]:
+    return {"device": DEV, "op_id": OP, "call_key": key, "cfg": cfg, "schema": 1, "provenance": {"versions": {}}}
+
+
+@pytest.mark.parametrize("field", ["cfg", "provenance"])
+def test_import_refuses_an_over_deep_entry(tmp_path: Path, field: str, capsys: pytest.CaptureFixture[str]) -> None:
+    deep = _item("deep", {"b": 1})
+    deep[field] = {"versions": {}, "nested": "DEEP"} if field == "provenance" else "DEEP"
+    exported = tmp_path / "export.json"
+    exported.write_text(json.dumps({"format": "ejk-cache-export", "schema": 1,
+                                    "ops": {"op": [_item("good", {"b": 1}), deep]}}
+                                   ).replace('"DEEP"', "[" * 200 + "1" + "]" * 200))
+    target = tmp_path / "cache"
+    assert cli.main(["cache", "import", "--dir", str(target), str(exported)]) == 2
+    out = capsys.readouterr().out
+    assert f"ops['op'][1].{field} is nested more than" in out and "nothing was written" in out
+    assert not target.exists() or list(target.iterdir()) == []
+
+
+def test_a_file_too_deep_to_read_is_never_moved_aside_with_its_good_entries(tmp_path: Path) -> None:
+    path = tmp_path / "op.json"
+    PersistentCache("op", path).put(DEV, OP, "good", {"b": 1})
+    payload = json.loads(path.read_text())
+    payload["entries"][DEV][OP]["deep"] = {"cfg": "DEEP", "schema": 1}
+    text = json.dumps(payload).replace('"DEEP"', "[" * 100_000 + "]" * 100_000)  # a hand-edited entry
+    path.write_text(text)
+    cache: PersistentCache[Any] = PersistentCache("op", path)
+    with pytest.warns(RuntimeWarning, match="nested too deeply"):
+        assert cache.get(DEV, OP, "good") is None
+    with pytest.warns(RuntimeWarning, match="left alone"):
+        cache.put(DEV, OP, "new", {"b": 2})
+    assert cache.get(DEV, OP, "new") == {"b": 2}  # kept in memory
+    assert path.read_text() == text and not list(tmp_path.glob("*.corrupt-*"))

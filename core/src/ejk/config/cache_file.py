@@ -86,7 +86,8 @@ class CacheFile:
 
     Attributes:
         kind: ``"missing"``, ``"ours"`` (carries the format marker), ``"foreign"`` (valid
-            JSON without the marker: never touched) or ``"corrupt"`` (not JSON).
+            JSON without the marker: never touched), ``"unreadable"`` (no permission, or
+            nested too deeply to parse here: never touched either) or ``"corrupt"`` (not JSON).
         entries: The entries of an ejk cache file (broken ones included, as stale entries).
         note: What is wrong with the file, for a warning or the CLI.
     """
@@ -103,11 +104,14 @@ def read_cache_file(path: str) -> CacheFile:
             raw = json.load(f)
     except FileNotFoundError:
         return CacheFile(kind="missing")
-    except OSError as exc:
-        return CacheFile(kind="corrupt", note=f"config cache {path} cannot be read ({exc}); it is ignored")
-    except (ValueError, RecursionError) as exc:  # not JSON, not UTF-8, or nested too deeply
-        reason = "nested too deeply" if isinstance(exc, RecursionError) else f"{type(exc).__name__}: {exc}"
-        return CacheFile(kind="corrupt", note=f"config cache {path} is corrupt ({reason}); it is ignored")
+    except OSError as exc:  # e.g. another user's file without read permission: never ours to move
+        return CacheFile(kind="unreadable", note=f"config cache {path} cannot be read ({exc}); it is ignored")
+    except RecursionError:  # a hand-edited entry nested deeper than this stack allows: the rest may be fine
+        return CacheFile(kind="unreadable", note=f"config cache {path} cannot be read (nested too deeply); "
+                                                 "it is ignored")
+    except ValueError as exc:  # not JSON, or not UTF-8
+        return CacheFile(kind="corrupt", note=f"config cache {path} is corrupt ({type(exc).__name__}: {exc}); "
+                                              "it is ignored")
     if not isinstance(raw, dict) or raw.get("format") != FILE_FORMAT:
         return CacheFile(kind="foreign", note=f"{path} is not an ejk config cache (no \"format\": "
                                               f"\"{FILE_FORMAT}\" marker); skipped")

@@ -4,8 +4,9 @@ Writes take an inter-process file lock, re-read the file, merge the new entry an
 the file atomically, so several processes tuning at once lose nothing. Reading never moves
 or writes anything. Only files carrying the format marker (``"format": "ejk-config-cache"``)
 are ever rewritten: a JSON file that is not ours is skipped with a warning and left alone
-(writes then stay in memory); a file that is not JSON at all is ignored when read and moved
-aside (``*.corrupt-…``, kept for inspection) only by a write. An entry that does not load
+(writes then stay in memory), and so is one that cannot be read (no permission, or nested too
+deeply); a file that is not JSON at all is ignored when read and moved aside (``*.corrupt-…``,
+kept for inspection) only by a write. An entry that does not load
 (a broken field, an unreadable provenance) is stale, with a warning. An unwritable location
 degrades to memory with a warning. File names come from the op id by a reversible,
 directory-safe encoding (see :func:`cache_file_name`).
@@ -64,7 +65,7 @@ class StaleCacheWarning(UserWarning):
 
 
 class _NotOursError(Exception):
-    """A file at the cache's path that is valid JSON but not an ejk config cache."""
+    """A file at the cache's path that is valid JSON but not an ejk config cache, or that cannot be read."""
 
 
 class PersistentCache(Generic[Cfg]):
@@ -313,7 +314,7 @@ class PersistentCache(Generic[Cfg]):
             os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
             with filelock.FileLock(path + ".lock", timeout=LOCK_TIMEOUT_S):
                 state = read_cache_file(path)
-                if state.kind == "foreign":  # not ours: never touched
+                if state.kind in ("foreign", "unreadable"):  # not ours, or maybe ours: never touched
                     raise _NotOursError(state.note or path)
                 if state.kind == "corrupt":  # not JSON at all: kept for inspection, out of the way
                     move_aside(path, state.note or "")

@@ -91,3 +91,50 @@ def test_a_file_too_deep_to_read_is_never_moved_aside_with_its_good_entries(tmp_
         cache.put(DEV, OP, "new", {"b": 2})
     assert cache.get(DEV, OP, "new") == {"b": 2}  # kept in memory
     assert path.read_text() == text and not list(tmp_path.glob("*.corrupt-*"))
+
+
+# -- shared cache directories --------------------------------------------------------------------------------
+
+@pytest.fixture
+def umask_022() -> Any:
+    previous = os.umask(0o022)
+    yield
+    os.umask(previous)
+
+
+def test_a_new_cache_file_follows_the_umask(tmp_path: Path, umask_022: None) -> None:
+    path = tmp_path / "op.json"
+    PersistentCache("op", path).put(DEV, OP, "k", {"b": 1})
+    assert path.stat().st_mode & 0o777 == 0o644  # a second user of a shared directory can read it
+
+
+def test_a_rewrite_keeps_the_files_mode(tmp_path: Path, umask_022: None) -> None:
+    path = tmp_path / "op.json"
+    PersistentCache("op", path).put(DEV, OP, "k", {"b": 1})
+    path.chmod(0o664)  # shared with a group on purpose
+    PersistentCache("op", path).put(DEV, OP, "k2", {"b": 2})
+    assert path.stat().st_mode & 0o777 == 0o664
+
+
+def test_a_file_without_read_permission_is_never_moved_aside(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "op.json"
+    PersistentCache("op", path).put(DEV, OP, "k", {"b": 1})
+    before = path.read_bytes()
+    real_open = open
+
+    def no_permission(file: Any, *args: Any, **kwargs: Any) -> Any:
+        if os.fspath(file) == str(path):
+            raise PermissionError(13, "Permission denied", str(path))  # another user's 0600 file
+        return real_open(file, *args, **kwargs)
+
+    import ejk.config.cache_file
+
+    monkeypatch.setattr(ejk.config.cache_file, "open", no_permission, raising=False)
+    cache: PersistentCache[Any] = PersistentCache("op", path)
+    with pytest.warns(RuntimeWarning, match="cannot be read"):
+        assert cache.get(DEV, OP, "k") is None
+    with pytest.warns(RuntimeWarning, match="left alone"):
+        cache.put(DEV, OP, "mine", {"b": 2})
+    assert cache.get(DEV, OP, "mine") == {"b": 2}  # kept in memory
+    monkeypatch.undo()
+    assert path.read_bytes() == before and not list(tmp_path.glob("*.corrupt-*"))

@@ -11,7 +11,8 @@ from __future__ import annotations
 import datetime
 import json
 import os
-import tempfile
+import secrets
+import stat
 import warnings
 from collections.abc import Mapping
 from typing import Any
@@ -178,11 +179,28 @@ def file_payload(opname: str, data: Mapping[tuple[str, str, str], CacheEntry]) -
     return {"format": FILE_FORMAT, "schema": SCHEMA_VERSION, "opname": opname, "entries": nested}
 
 
+def _temp_file(path: str) -> tuple[int, str]:
+    """A new ``<path>.<random>.tmp`` opened for writing, with the permissions a new file gets here
+    (``0o666`` less the umask: readable by the others of a shared directory when the umask says so)."""
+    while True:
+        tmp = f"{path}.{secrets.token_hex(4)}.tmp"
+        try:
+            return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), tmp
+        except FileExistsError:
+            continue
+
+
 def atomic_write_json(path: str, payload: Any) -> None:
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=os.path.basename(path) + ".", suffix=".tmp", dir=directory)
+    """Write ``payload`` to ``path`` atomically; a rewrite keeps the file's permissions."""
+    try:
+        mode: int | None = stat.S_IMODE(os.stat(path).st_mode)
+    except OSError:
+        mode = None
+    fd, tmp = _temp_file(os.path.abspath(path))
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
+            if mode is not None:
+                os.fchmod(f.fileno(), mode)
             json.dump(payload, f, indent=1, sort_keys=True)
             f.flush()
             os.fsync(f.fileno())

@@ -228,3 +228,9 @@ def test_doctor_asks_the_choice_config_space_and_packs_hooks(host: PluginHost,
     out = capsys.readouterr().out
     for hook, returned in (("ejk_choose_config", "str"), ("ejk_config_space", "int"), ("ejk_config_packs", "int")):
         assert f"plugin careless: {hook} returned {returned}" in out, out
+
+
+def test_probe_platform_with_backend_any_runs_everywhere() -> None:
+    status = ejk.plugins.probe_platform("anyplat", backends=("any",))
+    assert status.available and status.reason is None
+    assert ejk.plugins.probe_platform("anyplat", backends=("ANY", "tpu")).available

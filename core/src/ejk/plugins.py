@@ -117,7 +117,8 @@ def probe_platform(
         platform: Platform name.
         requires: ``{import name: distribution name}`` that must be importable, e.g.
             ``{"triton": "triton", "jax_triton": "jax-triton"}``.
-        backends: JAX backends the platform runs on (``jax.default_backend()`` must be one).
+        backends: JAX backends the platform runs on (``jax.default_backend()`` must be one;
+            ``"any"`` runs on every backend).
         fix: What to do when it is unavailable (default: ``pip install`` what is missing, or
             the backends it needs).
     """
@@ -136,8 +137,9 @@ def probe_platform(
 
     backend = jax.default_backend()
     backend = "gpu" if backend in ("cuda", "rocm") else backend
-    allowed = tuple(backends)
-    if backend not in allowed:
+    allowed = tuple(str(b).strip().lower() for b in backends)
+    allowed = tuple("gpu" if b in ("cuda", "rocm") else b for b in allowed)
+    if "any" not in allowed and backend not in allowed:
         return PlatformStatus(platform=platform, available=False, versions=versions,
                               reason=f"runs on {'/'.join(allowed)}, but JAX's default backend is {backend}",
                               fix=fix or f"run on a machine with a {' or '.join(b.upper() for b in allowed)}")

@@ -234,3 +234,63 @@ def test_probe_platform_with_backend_any_runs_everywhere() -> None:
     status = ejk.plugins.probe_platform("anyplat", backends=("any",))
     assert status.available and status.reason is None
     assert ejk.plugins.probe_platform("anyplat", backends=("ANY", "tpu")).available
+
+
+# -- ejk.testing.check_plugin catches them in a plugin's own CI ---------------------------------------------
+
+CARELESS_CHOOSER = '''
+import ejk
+
+@ejk.hookimpl
+def ejk_register_kernels(register):
+    register("matmul", "toyplat", "any")(lambda a, b, *, precision, preferred_element_type, cfg=None: a @ b)
+
+@ejk.hookimpl
+def ejk_platform_status():
+    return ejk.PlatformStatus(platform="toyplat", available=True)
+
+@ejk.hookimpl
+def ejk_choose_config(invocation, kernel):
+    return "fast please"
+'''
+
+UNPRINTABLE_FINGERPRINT = '''
+import ejk
+
+class Unprintable:
+    def __repr__(self):
+        raise RuntimeError("no repr")
+
+@ejk.hookimpl
+def ejk_platform_status():
+    return ejk.PlatformStatus(platform="toyplat", available=True)
+
+@ejk.hookimpl
+def ejk_device_fingerprint(device):
+    return Unprintable()
+'''
+
+WRONG_PACKS = '''
+import ejk
+
+@ejk.hookimpl
+def ejk_platform_status():
+    return ejk.PlatformStatus(platform="toyplat", available=True)
+
+@ejk.hookimpl
+def ejk_config_packs():
+    return "packs/h100.json"
+'''
+
+
+@pytest.mark.parametrize(("source", "hook"), [(CARELESS_CHOOSER, "ejk_choose_config returned str"),
+                                              (UNPRINTABLE_FINGERPRINT, "ejk_device_fingerprint returned"),
+                                              (WRONG_PACKS, "ejk_config_packs returned str")])
+def test_check_plugin_catches_wrong_hook_results(entry_points: Any, monkeypatch: pytest.MonkeyPatch,
+                                                 source: str, hook: str) -> None:
+    from ejk.testing import ConformanceError, check_plugin
+
+    eps = entry_points(careless=source)
+    monkeypatch.setattr(importlib.metadata, "entry_points", lambda group: eps)
+    with pytest.raises(ConformanceError, match=hook):
+        check_plugin("careless")

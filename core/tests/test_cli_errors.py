@@ -65,3 +65,4 @@ def test_doctor_and_plugins_keep_bracketed_text_of_plugins(monkeypatch: pytest.M
     assert "'[b, s] [red]'" in capsys.readouterr().out
     assert cli.main(["plugins", "--json"]) == 0
     assert "[b, s] [red]" in json.loads(capsys.readouterr().out)[0]["hook_errors"][0]
+

@@ -138,3 +138,23 @@ def test_a_file_without_read_permission_is_never_moved_aside(tmp_path: Path, mon
     assert cache.get(DEV, OP, "mine") == {"b": 2}  # kept in memory
     monkeypatch.undo()
     assert path.read_bytes() == before and not list(tmp_path.glob("*.corrupt-*"))
+
+
+def test_clear_of_an_unreadable_file_fails(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "op.json"
+    PersistentCache("op", path).put(DEV, OP, "k", {"b": 1})
+    real_open = open
+
+    def no_permission(file: Any, *args: Any, **kwargs: Any) -> Any:
+        if os.fspath(file) == str(path):
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_open(file, *args, **kwargs)
+
+    import ejk.config.cache_file
+
+    monkeypatch.setattr(ejk.config.cache_file, "open", no_permission, raising=False)
+    assert cli.main(["cache", "clear", "--dir", str(tmp_path), "-y"]) == 1
+    captured = capsys.readouterr()
+    assert "nothing to clear" not in captured.out
+    assert "could not clear" in captured.err and "cannot be read" in captured.err

@@ -172,16 +172,20 @@ def cmd_cache_clear(args: argparse.Namespace) -> int:
     from ejk.config.persistent import PersistentCache, read_cache_file
 
     files = _cache_files(_cache_dir(args), args.op or None)
-    ours = {}
+    ours, unreadable = {}, []
     for name, path in files.items():
         state = read_cache_file(path)
         if state.kind == "ours":
             ours[name] = path
+        elif state.kind == "unreadable":  # maybe ours: it must not pass as cleared
+            unreadable.append(path)
+            print(f"error: could not clear {path}: {state.note}", file=sys.stderr)
         else:  # only files carrying the ejk format marker are ever touched
             _note(f"{state.note or path}; not cleared")
     if not ours:
-        _console().print("nothing to clear")
-        return 0
+        if not unreadable:
+            _console().print("nothing to clear")
+        return 1 if unreadable else 0
     if not args.yes and sys.stdin.isatty():
         answer = input(f"remove every entry of {', '.join(ours)}? [y/N] ")
         if answer.strip().lower() not in ("y", "yes"):
@@ -197,7 +201,7 @@ def cmd_cache_clear(args: argparse.Namespace) -> int:
             failed += 1
             why = "; ".join(str(w.message) for w in caught) or "unknown reason"
             print(f"error: could not clear {path}: {why}", file=sys.stderr)
-    return 1 if failed else 0
+    return 1 if failed or unreadable else 0
 
 
 EXPORT_FORMAT = "ejk-cache-export"

@@ -87,8 +87,9 @@ class CacheFile:
 
     Attributes:
         kind: ``"missing"``, ``"ours"`` (carries the format marker), ``"foreign"`` (valid
-            JSON without the marker: never touched), ``"unreadable"`` (no permission, or
-            nested too deeply to parse here: never touched either) or ``"corrupt"`` (not JSON).
+            JSON without the marker: never touched), ``"unreadable"`` (no permission) or
+            ``"too_deep"`` (nested too deeply to parse here), never touched either, or
+            ``"corrupt"`` (not JSON).
         entries: The entries of an ejk cache file (broken ones included, as stale entries).
         note: What is wrong with the file, for a warning or the CLI.
     """
@@ -108,7 +109,7 @@ def read_cache_file(path: str) -> CacheFile:
     except OSError as exc:  # e.g. another user's file without read permission: never ours to move
         return CacheFile(kind="unreadable", note=f"config cache {path} cannot be read ({exc}); it is ignored")
     except RecursionError:  # a hand-edited entry nested deeper than this stack allows: the rest may be fine
-        return CacheFile(kind="unreadable", note=f"config cache {path} cannot be read (nested too deeply); "
+        return CacheFile(kind="too_deep", note=f"config cache {path} cannot be read (nested too deeply); "
                                                  "it is ignored")
     except ValueError as exc:  # not JSON, or not UTF-8
         return CacheFile(kind="corrupt", note=f"config cache {path} is corrupt ({type(exc).__name__}: {exc}); "

@@ -314,7 +314,7 @@ class PersistentCache(Generic[Cfg]):
             os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
             with filelock.FileLock(path + ".lock", timeout=LOCK_TIMEOUT_S):
                 state = read_cache_file(path)
-                if state.kind in ("foreign", "unreadable"):  # not ours, or maybe ours: never touched
+                if state.kind in ("foreign", "unreadable", "too_deep"):  # not ours, or maybe ours: never touched
                     raise _NotOursError(state.note or path)
                 if state.kind == "corrupt":  # not JSON at all: kept for inspection, out of the way
                     move_aside(path, state.note or "")

@@ -193,10 +193,28 @@ def test_value_error_names_error_and_tolerance() -> None:
     error = result.trials[1].error
     assert error is not None
     x = np.asarray(kernel.tuning_args(inv)[0])  # what the tuner ran on
-    scale = float(np.max(np.abs(2 * x)))
+    scale = max(float(np.median(np.abs(2 * x))), 1.0)  # the outputs' typical magnitude
     want = float(np.max(np.abs(x * 2 * 0.01 + 0.5)))
     assert error == (f"output differs from the baseline candidate: max abs err {want:.3g} "
                      f"(tolerance {1e-4 * scale:.3g})")
+
+
+class Exp3(Scaled):
+    """y = exp(3x): outputs spanning many orders of magnitude."""
+
+    def run(self, x: jax.Array, *, cfg: Work) -> Any:
+        y = jnp.exp(3.0 * x) + 0.0 * _burn(x, cfg.n).sum()
+        return jnp.where(y < 0.3, 0.0, y) if cfg.kind == "zero_small" else y
+
+
+def test_a_candidate_zeroing_the_small_outputs_never_wins() -> None:
+    baseline, wrong = Work(40), Work(0, kind="zero_small")  # zeroes a third of the outputs, and is fastest
+    kernel = Exp3((wrong, baseline), heuristic=baseline)
+    result = autotune(kernel, invocation(X[:, :64]), kernel.candidates, AutotunePolicy(**QUICK))
+    trials = {t.cfg: t for t in result.trials}
+    assert trials[wrong].status == "failed", "the elementwise check must see the zeroed outputs"
+    assert trials[wrong].error is not None and trials[wrong].error.startswith("output differs from the baseline")
+    assert result.best == baseline
 
 
 def test_bf16_candidates_agree_within_the_loose_tolerance() -> None:

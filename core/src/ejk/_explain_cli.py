@@ -21,9 +21,37 @@ def _shape(text: str) -> tuple[int, ...]:
     return dims
 
 
+def _shape_of(form: str, example: str) -> Any:
+    """A shape type with ``form``'s number of dimensions (``form`` like ``B x Sq x Hq x D``)."""
+    rank = form.count("x") + 1
+
+    def parse(text: str) -> tuple[int, ...]:
+        dims = _shape(text)
+        if len(dims) != rank:
+            raise argparse.ArgumentTypeError(f"{text!r} has {len(dims)} dimension(s), but needs {rank}: "
+                                             f"{form}, e.g. {example}")
+        return dims
+
+    return parse
+
+
 def _window(text: str) -> int | tuple[int, int]:
-    parts = [int(p) for p in text.split(",")]
+    try:
+        parts = [int(p) for p in text.split(",")]
+    except ValueError:
+        parts = []
+    if len(parts) not in (1, 2):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a sliding window: w, or left,right (e.g. 128 or 128,0)")
     return parts[0] if len(parts) == 1 else (parts[0], parts[1])
+
+
+def _dtype(text: str) -> str:
+    import jax.numpy as jnp
+
+    try:
+        return jnp.dtype(text).name
+    except TypeError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a dtype; use e.g. bfloat16, float16 or float32") from None
 
 
 def add_parser(sub: Any) -> None:
@@ -32,11 +60,13 @@ def add_parser(sub: Any) -> None:
         description="Shapes are written 4x4096x16x128. Nothing runs and nothing is tuned.",
     )
     p.add_argument("op", choices=_OPS)
-    p.add_argument("--dtype", default="bfloat16", help="element type of the float inputs (default bfloat16)")
+    p.add_argument("--dtype", type=_dtype, default="bfloat16",
+                   help="element type of the float inputs (default bfloat16)")
     p.add_argument("--platform", default="auto", help="force a platform, as the op's platform= argument")
     p.add_argument("--json", action="store_true")
     attention = p.add_argument_group("flash_attention")
-    attention.add_argument("--q", type=_shape, help="query shape B x Sq x Hq x D")
+    attention.add_argument("--q", type=_shape_of("B x Sq x Hq x D", "4x4096x16x128"),
+                           help="query shape B x Sq x Hq x D")
     attention.add_argument("--kv-heads", type=int, help="key/value heads (default: Hq)")
     attention.add_argument("--kv-len", type=int, help="key/value length (default: Sq)")
     attention.add_argument("--causal", action="store_true")
@@ -47,10 +77,12 @@ def add_parser(sub: Any) -> None:
     matmuls = p.add_argument_group("matmul / grouped_matmul")
     matmuls.add_argument("--a", type=_shape, help="matmul lhs shape [..., m, k] or [k]")
     matmuls.add_argument("--b", type=_shape, help="matmul rhs shape [..., k, n] or [k] (batch dims broadcast)")
-    matmuls.add_argument("--lhs", type=_shape, help="grouped_matmul lhs shape m x k")
-    matmuls.add_argument("--rhs", type=_shape, help="grouped_matmul rhs shape g x k x n")
+    matmuls.add_argument("--lhs", type=_shape_of("m x k", "4096x2048"), help="grouped_matmul lhs shape m x k")
+    matmuls.add_argument("--rhs", type=_shape_of("g x k x n", "8x2048x1536"),
+                         help="grouped_matmul rhs shape g x k x n")
     matmuls.add_argument("--precision", default="highest", help="precision of the products (default highest)")
-    matmuls.add_argument("--preferred-element-type", help="output dtype (default: the op's, from the inputs)")
+    matmuls.add_argument("--preferred-element-type", type=_dtype,
+                         help="output dtype (default: the op's, from the inputs)")
     p.set_defaults(func=run)
 
 
@@ -89,6 +121,7 @@ def _call(args: argparse.Namespace) -> tuple[tuple[Any, ...], dict[str, Any]]:
 
 
 def run(args: argparse.Namespace) -> int:
+    from rich.markup import escape
     from rich.table import Table
 
     import ejk
@@ -101,15 +134,15 @@ def run(args: argparse.Namespace) -> int:
         if args.json:
             print(json.dumps({"error": str(exc)}))
         else:
-            make_console().print(f"[red]{exc}[/red]")
+            make_console().print(f"[red]{escape(str(exc))}[/red]")
         return 2
     if args.json:
         print(json.dumps(found.to_json(), indent=2, default=str))
         return 0
     console = make_console()
-    console.print(f"[bold]{found.call}[/bold]")
-    console.print(f"decided by the [bold]{found.tier}[/bold] tier: {found.chosen}"
-                  + (f" ({found.detail})" if found.detail else ""))
+    console.print(f"[bold]{escape(found.call)}[/bold]")
+    console.print(f"decided by the [bold]{found.tier}[/bold] tier: {escape(str(found.chosen))}"
+                  + (f" ({escape(found.detail)})" if found.detail else ""))
     table = Table(title="implementations")
     for column in ("implementation", "plugin", "status", "why not / measured"):
         table.add_column(column)
@@ -118,7 +151,7 @@ def run(args: argparse.Namespace) -> int:
     for report in found.implementations:
         colour = colours.get(report.status, "white")
         label = report.label if report.backward is None else f"{report.label}\nbackward: {report.backward}"
-        table.add_row(label, report.plugin or "-", f"[{colour}]{report.status}[/{colour}]",
-                      report.reason or "")
+        table.add_row(escape(label), escape(report.plugin or "-"), f"[{colour}]{report.status}[/{colour}]",
+                      escape(report.reason or ""))
     console.print(table)
     return 0

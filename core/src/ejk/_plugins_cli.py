@@ -7,6 +7,7 @@ import argparse
 import json
 from typing import Any
 
+from rich.markup import escape
 from rich.table import Table
 
 from ejk._console import console as make_console
@@ -86,14 +87,16 @@ def print_plugin_table(host: Any, rows: list[dict[str, Any]] | None = None) -> N
     for column in ("plugin", "distribution", "status", "implementation", "why / fix"):
         table.add_column(column)
     for row in rows:
-        dist = f"{row['distribution'] or '-'} {row['version'] or ''}".strip()
+        name = escape(row["name"])
+        dist = escape(f"{row['distribution'] or '-'} {row['version'] or ''}".strip())
         if row["status"] != "loaded":
-            table.add_row(row["name"], dist, f"[red]{row['status']}[/red]", "-", f"{row['error']}\nfix: {row['fix']}")
+            table.add_row(name, dist, f"[red]{row['status']}[/red]", "-",
+                          escape(f"{row['error']}\nfix: {row['fix']}"))
             continue
         for p in row["platforms"]:
             state = "[green]available[/green]" if p["available"] else "[yellow]unavailable[/yellow]"
             why = "" if p["available"] else f"{p['reason']}" + (f"\nfix: {p['fix']}" if p["fix"] else "")
-            table.add_row(row["name"], dist, state, f"platform {p['platform']}", why)
+            table.add_row(name, dist, state, escape(f"platform {p['platform']}"), escape(why))
         down = {f"platform {p['platform']}: {p['reason'] or 'unavailable'}" for p in row["platforms"]
                 if not p["available"]}
         for impl in row["implementations"]:
@@ -106,11 +109,11 @@ def print_plugin_table(host: Any, rows: list[dict[str, Any]] | None = None) -> N
             label = f"{impl['algorithm']} {impl['implementation']}"
             if impl["backward"] not in (None, "own"):  # a forward-only one: say whose backward runs
                 label += f"\nbackward: {impl['backward']}"
-            table.add_row(row["name"], dist, state, label, why)
+            table.add_row(name, dist, state, escape(label), escape(why))
         if not row["platforms"] and not row["implementations"]:
-            table.add_row(row["name"], dist, "[green]loaded[/green]", "-", "registers nothing")
+            table.add_row(name, dist, "[green]loaded[/green]", "-", "registers nothing")
         for error in row["hook_errors"]:
-            table.add_row(row["name"], dist, "[red]hook error[/red]", "-", error)
+            table.add_row(name, dist, "[red]hook error[/red]", "-", escape(error))
     console.print(table)
 
 

@@ -11,6 +11,7 @@ import warnings
 from collections.abc import Sequence
 from typing import Any
 
+from rich.markup import escape
 from rich.table import Table
 
 from ejk._console import console as _console
@@ -61,8 +62,8 @@ def cmd_kernels(args: argparse.Namespace) -> int:
                    "available here"):
         table.add_column(column)
     for r in rows:
-        table.add_row(r["algorithm"], r["platform"], r["backend"], r["name"], str(r["priority"]), r["plugin"],
-                      r["config"], "yes" if r["available"] else "no")
+        table.add_row(*(escape(str(r[k])) for k in ("algorithm", "platform", "backend", "name", "priority", "plugin")),
+                      escape(r["config"]), "yes" if r["available"] else "no")
     for name in unimplemented:  # a defined operation nobody implements yet: say so rather than hide it
         table.add_row(name, "-", "-", "-", "-", "-", "(no implementation registered)", "no")
     _console().print(table if rows or unimplemented else "No kernels are registered (see `ejk plugins`).")
@@ -125,7 +126,7 @@ def cmd_cache_ls(args: argparse.Namespace) -> int:
         _print_json(listing)
         return 0
     console = _console()
-    console.print(f"cache directory: {directory}")
+    console.print(f"cache directory: {escape(directory)}")
     if not files:
         console.print("(no cache files)")
         return 0
@@ -133,8 +134,8 @@ def cmd_cache_ls(args: argparse.Namespace) -> int:
     for column in ("op", "entries", "file"):
         table.add_column(column)
     for name, item in listing.items():
-        table.add_row(name, str(item["entries"]) if "note" not in item else f"{item['entries']} (see note)",
-                      item["path"])
+        table.add_row(escape(name), str(item["entries"]) if "note" not in item else f"{item['entries']} (see note)",
+                      escape(item["path"]))
     console.print(table)
     return 0
 
@@ -156,12 +157,13 @@ def cmd_cache_show(args: argparse.Namespace) -> int:
     if args.json:
         _print_json(rows)
         return 0
-    table = Table(title=f"cached configs in {_cache_dir(args)}")
+    table = Table(title=f"cached configs in {escape(_cache_dir(args))}")
     for column in ("op", "device", "call key", "config", "source", "created", "stale?"):
         table.add_column(column)
     for r in rows:
-        table.add_row(r["op_id"], r["device"], r["call_key"][:12], json.dumps(r["cfg"], sort_keys=True), r["source"],
-                      str(r["created"]), r["stale"] or "no")
+        table.add_row(*(escape(str(value)) for value in (
+            r["op_id"], r["device"], r["call_key"][:12], json.dumps(r["cfg"], sort_keys=True), r["source"],
+            r["created"], r["stale"] or "no")))
     _console().print(table if rows else "(no cached configs)")
     return 0
 
@@ -170,16 +172,20 @@ def cmd_cache_clear(args: argparse.Namespace) -> int:
     from ejk.config.persistent import PersistentCache, read_cache_file
 
     files = _cache_files(_cache_dir(args), args.op or None)
-    ours = {}
+    ours, unreadable = {}, []
     for name, path in files.items():
         state = read_cache_file(path)
         if state.kind == "ours":
             ours[name] = path
+        elif state.kind == "unreadable":  # maybe ours: it must not pass as cleared
+            unreadable.append(path)
+            print(f"error: could not clear {path}: {state.note}", file=sys.stderr)
         else:  # only files carrying the ejk format marker are ever touched
             _note(f"{state.note or path}; not cleared")
     if not ours:
-        _console().print("nothing to clear")
-        return 0
+        if not unreadable:
+            _console().print("nothing to clear")
+        return 1 if unreadable else 0
     if not args.yes and sys.stdin.isatty():
         answer = input(f"remove every entry of {', '.join(ours)}? [y/N] ")
         if answer.strip().lower() not in ("y", "yes"):
@@ -190,12 +196,12 @@ def cmd_cache_clear(args: argparse.Namespace) -> int:
             warnings.simplefilter("always")
             ok = PersistentCache(_label(name), path).clear()
         if ok:
-            _console().print(f"cleared {path}")
+            _console().print(f"cleared {escape(path)}")
         else:
             failed += 1
             why = "; ".join(str(w.message) for w in caught) or "unknown reason"
             print(f"error: could not clear {path}: {why}", file=sys.stderr)
-    return 1 if failed else 0
+    return 1 if failed or unreadable else 0
 
 
 EXPORT_FORMAT = "ejk-cache-export"
@@ -222,7 +228,7 @@ def cmd_cache_export(args: argparse.Namespace) -> int:
         with open(args.file, "w", encoding="utf-8") as f:
             f.write(text)
         count = sum(len(v) for v in ops.values())
-        _console().print(f"exported {count} entries of {len(ops)} op(s) to {args.file}")
+        _console().print(f"exported {count} entries of {len(ops)} op(s) to {escape(args.file)}")
     return 0
 
 
@@ -233,25 +239,26 @@ def cmd_cache_import(args: argparse.Namespace) -> int:
         with open(args.file, encoding="utf-8") if args.file != "-" else sys.stdin as f:
             payload = json.load(f)
     except (OSError, ValueError, RecursionError) as exc:
-        _console().print(f"[red]cannot read {args.file}: {type(exc).__name__}: {exc}[/red]")
+        _console().print(f"[red]cannot read {escape(args.file)}: {type(exc).__name__}: {escape(str(exc))}[/red]")
         return 2
     if not isinstance(payload, dict) or payload.get("format") != EXPORT_FORMAT:
-        _console().print(f"[red]{args.file} is not an `ejk cache export` file[/red]")
+        _console().print(f"[red]{escape(args.file)} is not an `ejk cache export` file[/red]")
         return 2
     directory = _cache_dir(args)
     try:  # everything is validated before anything is written
         batches = parse_export(payload, directory)
     except ImportProblem as exc:
-        _console().print(f"[red]{args.file} was not imported (nothing was written): {exc}[/red]")
+        _console().print(f"[red]{escape(args.file)} was not imported (nothing was written): {escape(str(exc))}[/red]")
         return 2
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         written, failed = import_entries(batches)
     if failed:
         why = "; ".join(str(w.message) for w in caught)
-        _console().print(f"[red]could not write {', '.join(failed)}[/red]" + (f": {why}" if why else ""))
+        _console().print(f"[red]could not write {escape(', '.join(failed))}[/red]"
+                         + (f": {escape(why)}" if why else ""))
         return 1
-    _console().print(f"imported {written} entries into {directory} (merged with what was there)")
+    _console().print(f"imported {written} entries into {escape(directory)} (merged with what was there)")
     return 0
 
 
@@ -278,9 +285,10 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     with warnings.catch_warnings():  # a plugin's bad answer is listed below as a problem
         warnings.simplefilter("ignore")
         fingerprint = device_fingerprint()
-    console.print(f"device fingerprint: {fingerprint}")
-    from ejk import _plugins_cli
+    console.print(f"device fingerprint: {escape(fingerprint)}")
+    from ejk import _doctor_hooks, _plugins_cli
 
+    _doctor_hooks.probe_hooks(host)  # before the table: it shows what the hooks answered wrongly
     _plugins_cli.print_plugin_table(host)
     problems.extend(_plugins_cli.problems(host))
     usable = [p for p, s in host.platform_statuses().items() if s.available]
@@ -298,11 +306,11 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         os.makedirs(directory, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=directory):
             pass
-        console.print(f"cache directory: {directory} (writable)")
+        console.print(f"cache directory: {escape(directory)} (writable)")
     except OSError as exc:
         problems.append(f"cache directory {directory} is not writable ({exc}); set {environment.EJK_CACHE_DIR}")
     for problem in problems:
-        console.print(f"[red]problem:[/red] {problem}")
+        console.print(f"[red]problem:[/red] {escape(problem)}")
     console.print("[green]all good[/green]" if not problems else f"{len(problems)} problem(s)")
     return 1 if problems else 0
 

@@ -11,14 +11,16 @@ run (``sys.exit()`` in a plugin module, ``GeneratorExit``, custom ``BaseExceptio
 subclasses), except ``KeyboardInterrupt``. A ``KeyboardInterrupt`` raised by plugin code
 cannot be told apart from the user pressing Ctrl-C (Python delivers both the same way), so
 it is reported against the plugin (status ``failed`` or a hook error) and then re-raised:
-the user's interrupt still stops the process. A plugin must not raise it on purpose.
+the user's interrupt still stops the process. A plugin must not raise it on purpose. An
+interrupted first load of the installed plugins is undone, so the next call loads them again.
 
 Every hook result is type-checked (``ejk_platform_status``: a :class:`PlatformStatus` or a
 sequence of them; ``ejk_device_fingerprint``: a mapping of str names to str values;
 ``ejk_config_space``: a sequence of configs of a class registered for that platform;
 ``ejk_heuristic_config`` likewise; ``ejk_choose_config`` for the public ops: an
-``ImplChoice`` of a registered implementation). A wrong type is reported against the plugin
-and hook (:attr:`PluginInfo.hook_errors`, ``ejk plugins``, ``ejk doctor``) and ignored.
+``ImplChoice`` of a registered implementation), and must have a working ``repr`` and ``str``.
+A wrong type is reported against the plugin and hook (:attr:`PluginInfo.hook_errors`, ``ejk
+plugins``, ``ejk doctor``) and ignored.
 
 Order of the hook calls (what decides a first-result hook such as ``ejk_choose_config``): the
 implementations marked ``@ejk.hookimpl(tryfirst=True)`` come first, then the unmarked ones, then
@@ -115,7 +117,8 @@ def probe_platform(
         platform: Platform name.
         requires: ``{import name: distribution name}`` that must be importable, e.g.
             ``{"triton": "triton", "jax_triton": "jax-triton"}``.
-        backends: JAX backends the platform runs on (``jax.default_backend()`` must be one).
+        backends: JAX backends the platform runs on (``jax.default_backend()`` must be one;
+            ``"any"`` runs on every backend).
         fix: What to do when it is unavailable (default: ``pip install`` what is missing, or
             the backends it needs).
     """
@@ -134,8 +137,9 @@ def probe_platform(
 
     backend = jax.default_backend()
     backend = "gpu" if backend in ("cuda", "rocm") else backend
-    allowed = tuple(backends)
-    if backend not in allowed:
+    allowed = tuple(str(b).strip().lower() for b in backends)
+    allowed = tuple("gpu" if b in ("cuda", "rocm") else b for b in allowed)
+    if "any" not in allowed and backend not in allowed:
         return PlatformStatus(platform=platform, available=False, versions=versions,
                               reason=f"runs on {'/'.join(allowed)}, but JAX's default backend is {backend}",
                               fix=fix or f"run on a machine with a {' or '.join(b.upper() for b in allowed)}")
@@ -277,7 +281,11 @@ class PluginHost:
 
     def _reject(self, info: PluginInfo, hook_name: str, result: Any, expected: str) -> None:
         """Record (once) and warn that a hook returned the wrong kind of value; it is ignored."""
-        shown = repr(result)
+        try:
+            shown = repr(result)
+        except BaseException as exc:
+            _reraise_interrupt(exc)
+            shown = "<repr raised>"
         shown = shown if len(shown) <= 80 else shown[:77] + "..."
         message = f"{hook_name} returned {type(result).__name__} {shown} but must return {expected}"
         if message not in info.hook_errors:
@@ -335,7 +343,13 @@ class PluginHost:
     def _valid(self, info: PluginInfo, hook_name: str, result: Any, check: _Check | None = None) -> bool:
         """Whether a hook's (non-``None``) result has the documented type; reports it when not."""
         check = check or _CHECKS.get(hook_name)
-        expected = check(result) if check is not None else None
+        try:
+            expected = check(result) if check is not None else None
+            if expected is None:
+                repr(result), str(result)  # every message naming the result needs them
+        except BaseException as exc:  # a result that breaks its check, or cannot be shown
+            expected = f"a value whose type check, repr and str do not raise ({_describe(exc)})"
+            _reraise_interrupt(exc)
         if expected is not None:
             self._reject(info, hook_name, result, expected)
         return expected is None
@@ -541,8 +555,9 @@ def _check_platform_status(result: Any) -> str | None:
 
 def _check_device_fingerprint(result: Any) -> str | None:
     scalars = (str, int, float, bool)
-    if isinstance(result, Mapping) and all(
-        isinstance(k, str) and k and isinstance(v, scalars) for k, v in result.items()
+    if isinstance(result, Mapping) and all(  # str(): a str subclass may break it, facts are str(k): str(v)
+        isinstance(k, str) and str(k) and isinstance(v, scalars) and isinstance(str(v), str)
+        for k, v in result.items()
     ):
         return None
     return "a dict of str names to str values, e.g. {'sm_count': '132'}"
@@ -591,8 +606,15 @@ def get_plugin_host(registry: KernelRegistry | None = None) -> PluginHost:
         return ready
     with _host_lock:
         if _host is None:
-            _host = PluginHost(registry if registry is not None else kernel_registry, load_entry_points=False)
-            _host.load_entry_points()
+            host = _host = PluginHost(registry if registry is not None else kernel_registry,
+                                      load_entry_points=False)  # set first: plugins may ask for it
+            try:
+                host.load_entry_points()
+            except BaseException:  # a Ctrl-C while loading: undo it all, so the next call loads again
+                _host = None
+                for name in host.plugins:
+                    host.registry.unregister_plugin(name)
+                raise
         _ready_host = _host
         return _host
 

@@ -69,6 +69,18 @@ _current_plugin: contextvars.ContextVar[PluginRef | None] = contextvars.ContextV
 )
 
 
+def _algorithm_name(algorithm: str) -> str:
+    """The canonical (stripped, lower-case) algorithm name; it also names cache files, so it must
+    be a plain name: no path separator, control character (NUL included) or ``.``/``..``."""
+    if not isinstance(algorithm, str):
+        raise TypeError(f"algorithm must be a string such as 'flash_attention', got {type(algorithm).__name__}")
+    algo = algorithm.strip().lower()
+    if not algo or algo in (".", "..") or any(ch in "/\\" or not ch.isprintable() for ch in algo):
+        raise ValueError(f"algorithm {algorithm!r} is not a valid name: use a non-empty name without path "
+                         "separators or control characters, such as 'flash_attention'")
+    return algo
+
+
 def _implementation_name(name: str) -> str:
     text = str(name).strip().lower()
     if not text or not text.replace("_", "").replace("-", "").isalnum():
@@ -132,9 +144,9 @@ class KernelRegistry:
             try:
                 assert self._loader is not None
                 self._loader(self)
+                self._loaded = True  # not when interrupted (Ctrl-C): the next query loads again
             finally:
                 self._loading = False
-                self._loaded = True
 
     def set_diagnostics(
         self,
@@ -190,9 +202,7 @@ class KernelRegistry:
             DuplicateKernelError: if the same plugin already registered this
                 (algorithm, platform, backend, name).
         """
-        algo = algorithm.strip().lower()
-        if not algo:
-            raise ValueError("algorithm must be a non-empty name such as 'flash_attention'")
+        algo = _algorithm_name(algorithm)
         plat = normalize_platform(platform)
         back = normalize_backend(backend)
         impl_name = _implementation_name(plat if name is None else name)

@@ -236,6 +236,31 @@ def test_mosaic_tpu_matches_reference(case: Case) -> None:
 
 
 @needs_tpu_kernels
+def test_mosaic_tpu_under_vmap_over_a_leading_batch_axis() -> None:
+    """A vmapped axis is folded into the kernels' batch (a batched grid broke the TPU interpreter)."""
+    case = Case(b=2, sq=16, sk=24, hq=4, hkv=2, causal=True, seg=True, dtype="float32")
+    inputs = case.inputs()
+    names = ("q", "k", "v", "q_segment_ids", "kv_segment_ids")
+    stacked = {n: jnp.stack([inputs[n], inputs[n][::-1]]) for n in names}
+    k_shared = inputs["k"]  # one k for every mapped slice: an unbatched argument
+
+    def ours(q: Any, v: Any, qs: Any, ks: Any) -> Any:
+        return ejk.flash_attention(q, k_shared, v, causal=True, q_segment_ids=qs, kv_segment_ids=ks,
+                                   platform="pallas", cfg=tpu_choice())
+
+    def want(q: Any, v: Any, qs: Any, ks: Any) -> Any:
+        return reference_flash_attention(q, k_shared, v, causal=True, q_segment_ids=qs, kv_segment_ids=ks)
+
+    args = tuple(stacked[n] for n in ("q", "v", "q_segment_ids", "kv_segment_ids"))
+    assert_close(jax.jit(jax.vmap(ours))(*args), jax.vmap(want)(*args), jnp.float32)
+    loss = lambda f: lambda q, v, qs, ks: jax.vmap(f)(q, v, qs, ks).sum()  # noqa: E731
+    got = jax.grad(loss(ours), argnums=(0, 1))(*args)
+    expected = jax.grad(loss(want), argnums=(0, 1))(*args)
+    for g, w, what in zip(got, expected, ("dq", "dv"), strict=True):
+        assert_close(g, w, jnp.float32, what=what)
+
+
+@needs_tpu_kernels
 def test_mosaic_tpu_conformance_subset() -> None:
     cases = [c for c in FLASH_ATTENTION_CASES if not c.get("bias")][2::4]  # Sq = 1 MQA; segments
     check_flash_attention("pallas", dtypes=(jnp.float32,), cases=cases, cfg=tpu_choice(16, 16, 16, 16))

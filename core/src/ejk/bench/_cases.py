@@ -264,9 +264,12 @@ def _ints(options: dict[str, str], allowed: Iterable[str], spec: str) -> dict[st
         raise ValueError(f"--shapes {spec!r}: unknown option(s) {', '.join(unknown)}; allowed: "
                          f"{', '.join(sorted(allowed))}")
     try:
-        return {key: int(value) for key, value in options.items() if value}
+        values = {key: int(value) for key, value in options.items() if value}
     except ValueError:
-        raise ValueError(f"--shapes {spec!r}: option values must be integers") from None
+        values = {"": 0}
+    if min(values.values(), default=1) < 1:
+        raise ValueError(f"--shapes {spec!r}: option values must be positive integers")
+    return values
 
 
 def parse_case(spec: str) -> Case:
@@ -289,6 +292,8 @@ def parse_case(spec: str) -> Case:
         causal = "causal" in options
         options.pop("causal", None)
         opts = _ints(options, ("kv",), spec)
+        if h % opts.get("kv", h):
+            raise ValueError(f"--shapes {spec!r}: kv={opts['kv']} must divide the {h} query heads")
         return AttentionCase(batch=b, seq=s, heads=h, dim=d, kv_heads=opts.get("kv", h), causal=causal)
     if op == "ragged_paged_attention":
         seqs, ctx = _dims(dims_text, 2, "SEQSxCTX, e.g. 8x4096")

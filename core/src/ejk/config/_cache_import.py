@@ -17,9 +17,25 @@ __all__ = ["ImportBatch", "ImportProblem", "import_entries", "parse_export"]
 
 ImportBatch = tuple[str, str, list[CacheEntry]]  # (path, op name, entries)
 
+#: The deepest nesting of JSON objects and lists an entry's cfg or provenance may have. A config is
+#: a few levels deep; a deeper value could not be read back where the stack is already deep.
+MAX_NESTING = 32
+
 
 class ImportProblem(ValueError):  # noqa: N818 - it reads as "the import's problem"
     """The export file cannot be imported; the message says where and why."""
+
+
+def _too_deep(value: Any, limit: int = MAX_NESTING) -> bool:
+    """Whether ``value`` nests JSON objects and lists more than ``limit`` levels (without recursing)."""
+    stack = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict | list):
+            if depth >= limit:
+                return True
+            stack.extend((child, depth + 1) for child in (item.values() if isinstance(item, dict) else item))
+    return False
 
 
 def _entry(name: str, index: int, item: Any) -> CacheEntry:
@@ -31,6 +47,10 @@ def _entry(name: str, index: int, item: Any) -> CacheEntry:
             raise ImportProblem(f"{where}.{key} is {item.get(key)!r}, but needs a non-empty string")
     if "cfg" not in item:
         raise ImportProblem(f"{where} has no cfg")
+    for key in ("cfg", "provenance"):
+        if _too_deep(item.get(key)):
+            raise ImportProblem(f"{where}.{key} is nested more than {MAX_NESTING} levels deep; a config is "
+                                "a few levels deep: remove the entry or fix its value")
     schema = item.get("schema", 0)
     if not isinstance(schema, int) or isinstance(schema, bool):
         raise ImportProblem(f"{where}.schema is {schema!r}, but needs an int")

@@ -11,7 +11,8 @@ from __future__ import annotations
 import datetime
 import json
 import os
-import tempfile
+import secrets
+import stat
 import warnings
 from collections.abc import Mapping
 from typing import Any
@@ -86,7 +87,9 @@ class CacheFile:
 
     Attributes:
         kind: ``"missing"``, ``"ours"`` (carries the format marker), ``"foreign"`` (valid
-            JSON without the marker: never touched) or ``"corrupt"`` (not JSON).
+            JSON without the marker: never touched), ``"unreadable"`` (no permission) or
+            ``"too_deep"`` (nested too deeply to parse here), never touched either, or
+            ``"corrupt"`` (not JSON).
         entries: The entries of an ejk cache file (broken ones included, as stale entries).
         note: What is wrong with the file, for a warning or the CLI.
     """
@@ -103,11 +106,14 @@ def read_cache_file(path: str) -> CacheFile:
             raw = json.load(f)
     except FileNotFoundError:
         return CacheFile(kind="missing")
-    except OSError as exc:
-        return CacheFile(kind="corrupt", note=f"config cache {path} cannot be read ({exc}); it is ignored")
-    except (ValueError, RecursionError) as exc:  # not JSON, not UTF-8, or nested too deeply
-        reason = "nested too deeply" if isinstance(exc, RecursionError) else f"{type(exc).__name__}: {exc}"
-        return CacheFile(kind="corrupt", note=f"config cache {path} is corrupt ({reason}); it is ignored")
+    except OSError as exc:  # e.g. another user's file without read permission: never ours to move
+        return CacheFile(kind="unreadable", note=f"config cache {path} cannot be read ({exc}); it is ignored")
+    except RecursionError:  # a hand-edited entry nested deeper than this stack allows: the rest may be fine
+        return CacheFile(kind="too_deep", note=f"config cache {path} cannot be read (nested too deeply); "
+                                                 "it is ignored")
+    except ValueError as exc:  # not JSON, or not UTF-8
+        return CacheFile(kind="corrupt", note=f"config cache {path} is corrupt ({type(exc).__name__}: {exc}); "
+                                              "it is ignored")
     if not isinstance(raw, dict) or raw.get("format") != FILE_FORMAT:
         return CacheFile(kind="foreign", note=f"{path} is not an ejk config cache (no \"format\": "
                                               f"\"{FILE_FORMAT}\" marker); skipped")
@@ -174,11 +180,28 @@ def file_payload(opname: str, data: Mapping[tuple[str, str, str], CacheEntry]) -
     return {"format": FILE_FORMAT, "schema": SCHEMA_VERSION, "opname": opname, "entries": nested}
 
 
+def _temp_file(path: str) -> tuple[int, str]:
+    """A new ``<path>.<random>.tmp`` opened for writing, with the permissions a new file gets here
+    (``0o666`` less the umask: readable by the others of a shared directory when the umask says so)."""
+    while True:
+        tmp = f"{path}.{secrets.token_hex(4)}.tmp"
+        try:
+            return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), tmp
+        except FileExistsError:
+            continue
+
+
 def atomic_write_json(path: str, payload: Any) -> None:
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=os.path.basename(path) + ".", suffix=".tmp", dir=directory)
+    """Write ``payload`` to ``path`` atomically; a rewrite keeps the file's permissions."""
+    try:
+        mode: int | None = stat.S_IMODE(os.stat(path).st_mode)
+    except OSError:
+        mode = None
+    fd, tmp = _temp_file(os.path.abspath(path))
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
+            if mode is not None:
+                os.fchmod(f.fileno(), mode)
             json.dump(payload, f, indent=1, sort_keys=True)
             f.flush()
             os.fsync(f.fileno())

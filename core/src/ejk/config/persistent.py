@@ -4,8 +4,9 @@ Writes take an inter-process file lock, re-read the file, merge the new entry an
 the file atomically, so several processes tuning at once lose nothing. Reading never moves
 or writes anything. Only files carrying the format marker (``"format": "ejk-config-cache"``)
 are ever rewritten: a JSON file that is not ours is skipped with a warning and left alone
-(writes then stay in memory); a file that is not JSON at all is ignored when read and moved
-aside (``*.corrupt-…``, kept for inspection) only by a write. An entry that does not load
+(writes then stay in memory), and so is one that cannot be read (no permission, or nested too
+deeply); a file that is not JSON at all is ignored when read and moved aside (``*.corrupt-…``,
+kept for inspection) only by a write. An entry that does not load
 (a broken field, an unreadable provenance) is stale, with a warning. An unwritable location
 degrades to memory with a warning. File names come from the op id by a reversible,
 directory-safe encoding (see :func:`cache_file_name`).
@@ -64,7 +65,7 @@ class StaleCacheWarning(UserWarning):
 
 
 class _NotOursError(Exception):
-    """A file at the cache's path that is valid JSON but not an ejk config cache."""
+    """A file at the cache's path that is valid JSON but not an ejk config cache, or that cannot be read."""
 
 
 class PersistentCache(Generic[Cfg]):
@@ -90,10 +91,34 @@ class PersistentCache(Generic[Cfg]):
     ) -> None:
         if path is None and os.path.isabs(opname) and opname.endswith(".json"):  # the earlier API
             path, opname = opname, os.path.splitext(os.path.basename(opname))[0]
+        if path is not None and not _SAFE_NAME.match(opname):
+            raise ValueError(f"opname {opname!r} must use letters, digits and . _ @ + - % only")
+        self._init(opname, path, loader, dumper, cfg_type)
+
+    @classmethod
+    def for_op(
+        cls,
+        op_id: str,
+        path: str | os.PathLike[str] | None = None,
+        loader: Callable[[Any], Cfg] | None = None,
+        dumper: Callable[[Cfg], Any] | None = None,
+    ) -> PersistentCache[Cfg]:
+        """The cache of op ``op_id``, whose id is only ever a name: without ``path`` the file is
+        ``cache_file_name(op_id)`` in the cache directory, even for an id that reads as a path."""
+        cache: PersistentCache[Cfg] = cls.__new__(cls)
+        cache._init(op_id, path, loader, dumper, None)
+        return cache
+
+    def _init(
+        self,
+        opname: str,
+        path: str | os.PathLike[str] | None,
+        loader: Callable[[Any], Cfg] | None,
+        dumper: Callable[[Cfg], Any] | None,
+        cfg_type: type[Cfg] | None,
+    ) -> None:
         if path is None:
             self._file_name = cache_file_name(opname)  # any op id: encoded; raises if it cannot be
-        elif not _SAFE_NAME.match(opname):
-            raise ValueError(f"opname {opname!r} must use letters, digits and . _ @ + - % only")
         self.opname = opname
         self._explicit_path = os.fspath(path) if path is not None else None
         self.loader, self.dumper, self.cfg_type = loader, dumper, cfg_type
@@ -289,7 +314,7 @@ class PersistentCache(Generic[Cfg]):
             os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
             with filelock.FileLock(path + ".lock", timeout=LOCK_TIMEOUT_S):
                 state = read_cache_file(path)
-                if state.kind == "foreign":  # not ours: never touched
+                if state.kind in ("foreign", "unreadable", "too_deep"):  # not ours, or maybe ours: never touched
                     raise _NotOursError(state.note or path)
                 if state.kind == "corrupt":  # not JSON at all: kept for inspection, out of the way
                     move_aside(path, state.note or "")

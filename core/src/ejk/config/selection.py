@@ -127,7 +127,8 @@ class ConfigSelectorChain(Generic[Cfg]):
             path = None
             if self._persistent_dir is not None:
                 path = os.path.join(self._persistent_dir, cache_file_name(kernel.op_id))
-            cache = PersistentCache(kernel.op_id, path, loader=kernel.cfg_from_json, dumper=kernel.cfg_to_json)
+            cache = PersistentCache.for_op(kernel.op_id, path, loader=kernel.cfg_from_json,
+                                           dumper=kernel.cfg_to_json)
             self._files[kernel.op_id] = cache
         return cache
 

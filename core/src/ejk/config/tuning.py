@@ -9,7 +9,7 @@ Never times tracing or compilation. The steps, per call of :func:`autotune`:
    tuning run cut short by its budget still has an answer.
 3. Time the compiled candidates one at a time, the baseline first. A first run's output is
    checked (pytree structure, shapes and dtypes against the baseline's abstract output;
-   finiteness; values against the baseline's output within the dtype's tolerance). Then, after
+   finiteness; values elementwise against the baseline's output within the dtype's tolerance). Then, after
    warm-up, each of ``repeats`` samples times a loop of N back-to-back calls and blocks only at
    its end, N chosen so that a sample lasts at least ``min_sample_seconds``: dispatch and
    synchronisation are amortised over the loop, which is what makes 10 µs GPU kernels
@@ -295,7 +295,8 @@ def _structure_error(out: Any, expected: Any) -> str | None:
 
 
 def tolerance(dtype: Any) -> tuple[float, float] | None:
-    """``(atol, rtol)`` of the output check for ``dtype``, relative to the output's scale; ``None``: exact.
+    """``(atol, rtol)`` of the output check for ``dtype`` (``atol`` relative to the outputs' typical
+    magnitude, see :func:`_compare`); ``None``: exact.
 
     The per-dtype table of :mod:`ejk.tolerances` (the conformance tolerances), no tighter than
     :data:`TOLERANCE_FLOOR`; other floating dtypes get four machine epsilons.
@@ -313,12 +314,15 @@ def tolerance(dtype: Any) -> tuple[float, float] | None:
 
 @jax.jit
 def _compare(got: jax.Array, want: jax.Array, atol: jax.Array, rtol: jax.Array) -> tuple[jax.Array, ...]:
-    """On the device: (all close, max abs err, scale) with the tolerance relative to ``want``'s magnitude."""
+    """On the device: (all close, max abs err, scale). Elementwise, ``|got - want| <= atol * scale +
+    rtol * |want|``, where ``scale`` is the median magnitude of ``want`` (at least 1): the outputs'
+    typical size, so rounding noise on large outputs passes, while a candidate that zeroes (or
+    otherwise breaks) the small outputs among large ones fails (the largest one would hide it)."""
     wide = jax.numpy.complex64 if jax.numpy.iscomplexobj(want) else jax.numpy.float32
     got, want = got.astype(wide), want.astype(wide)
     magnitude = jax.numpy.abs(want)
-    scale = jax.numpy.maximum(jax.numpy.max(jax.numpy.where(jax.numpy.isfinite(magnitude), magnitude, 0.0),
-                                            initial=0.0), 1.0)
+    typical = jax.numpy.nanmedian(jax.numpy.where(jax.numpy.isfinite(magnitude), magnitude, jax.numpy.nan))
+    scale = jax.numpy.maximum(jax.numpy.nan_to_num(typical, nan=0.0), 1.0)  # none finite: 1
     close = jax.numpy.isclose(got, want, atol=atol * scale, rtol=rtol, equal_nan=True).all()
     return close, jax.numpy.nanmax(jax.numpy.abs(got - want), initial=0.0), scale
 

@@ -81,17 +81,25 @@ def layout_positions(layout: Layout | str, seq_len: int, num_shards: int) -> np.
     return positions
 
 
+def _axis(x: jax.Array, axis: int) -> int:
+    """``axis`` of ``x``, checked (negative counts from the end)."""
+    if isinstance(axis, bool) or not isinstance(axis, int | np.integer) or not -x.ndim <= axis < x.ndim:
+        raise ValueError(f"axis={axis!r} is not an axis of an array of {x.ndim} dimensions "
+                         f"(shape {tuple(x.shape)}); pass the sequence axis, e.g. axis=1")
+    return int(axis)
+
+
 def to_layout(x: jax.Array, layout: Layout | str, num_shards: int, *, axis: int = 1) -> jax.Array:
     """Permute the sequence ``axis`` of ``x`` (positions in order) into ``layout``.
 
     Sharding the result contiguously over ``num_shards`` devices gives each device its rows of
     the layout; e.g. ``q``, ``k``, ``v`` (axis 1) and segment ids ``[B, S]`` (axis 1).
     """
-    positions = layout_positions(layout, x.shape[axis], num_shards)
+    positions = layout_positions(layout, x.shape[_axis(x, axis)], num_shards)
     return jnp.take(x, jnp.asarray(positions), axis=axis)
 
 
 def from_layout(x: jax.Array, layout: Layout | str, num_shards: int, *, axis: int = 1) -> jax.Array:
     """Inverse of :func:`to_layout`: back to positions in order."""
-    positions = layout_positions(layout, x.shape[axis], num_shards)
+    positions = layout_positions(layout, x.shape[_axis(x, axis)], num_shards)
     return jnp.take(x, jnp.asarray(np.argsort(positions)), axis=axis)

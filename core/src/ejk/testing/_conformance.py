@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import warnings
 from collections.abc import Iterable
 
 from ejk.plugins import ENTRY_POINT_GROUP, PluginHost, PluginInfo
@@ -39,8 +40,11 @@ def check_plugin(name: str) -> tuple[PluginInfo, KernelRegistry]:
     """Load the installed plugin ``name`` into a fresh registry and check it behaves.
 
     Checks: its entry point exists in group ``ejk`` and loads, its hooks validate, it
-    reports a status for at least one platform, no hook raised, and every kernel it
-    registered names it as owner with a sensible priority.
+    reports a status for at least one platform, and every kernel it registered names it as
+    owner. Then its hooks are asked as ``ejk doctor`` asks them (``ejk_device_fingerprint``
+    for this machine's device, ``ejk_config_packs``, and ``ejk_choose_config`` and
+    ``ejk_config_space`` on a sample call of each built-in op it implements): none may raise
+    or return a result of the wrong type, or one whose ``repr`` / ``str`` raises.
 
     Returns:
         The plugin's report and the registry it filled.
@@ -52,12 +56,21 @@ def check_plugin(name: str) -> tuple[PluginInfo, KernelRegistry]:
     host.load_entry_points(eps)
     info = host.plugins[name]
     _require(info.status == "loaded", f"plugin {name} did not load: {info.error} (fix: {info.fix})")
-    _require(not info.hook_errors, f"plugin {name} hooks raised: {info.hook_errors}")
+    _require(not info.hook_errors, f"plugin {name} hooks failed: {info.hook_errors}")
     _require(info.platforms, f"plugin {name} reports no platform status (implement ejk_platform_status)")
     for status in info.platforms:
         _require(status.available or status.reason, f"{name}: unavailable platform {status.platform} gives no reason")
     for spec in registry:
         _require(spec.plugin is not None and spec.plugin.name == name, f"{spec} is not attributed to {name}")
+    import jax
+
+    from ejk import _doctor_hooks
+
+    with warnings.catch_warnings():  # what a hook got wrong lands in info.hook_errors
+        warnings.simplefilter("ignore")
+        host.device_facts(jax.devices()[0])
+    _doctor_hooks.probe_hooks(host)
+    _require(not info.hook_errors, f"plugin {name} hooks failed: {info.hook_errors}")
     return info, registry
 
 

@@ -32,6 +32,7 @@ from ejk.ops import FLASH_RESIDUALS, without_residuals
 from ejk.tiling import cdiv as _cdiv
 from ejk_pallas import _env
 from ejk_pallas._flash_attention import _LOG2E, _key_blocks, _make_mask, _Mask, _pad, _query_blocks
+from ejk_pallas._vmap import fold_vmap_into_batch
 
 __all__ = [
     "RESIDUALS",
@@ -421,8 +422,9 @@ def forward_with_residuals(
     if min(batch, sq, hq, k.shape[1], v.shape[3]) == 0:
         out = jnp.zeros((batch, sq, hq, v.shape[3]), q.dtype)
         return out, (q, k, v, *seg, bias, out, jnp.full((batch, hq, sq), jnp.inf, jnp.float32))
-    out, lse = _forward_impl(q, k, v, *seg, cfg=_resolve(cfg, q, k, v), causal=causal, softmax_scale=softmax_scale,
-                             sliding_window=sliding_window, logits_soft_cap=logits_soft_cap, interpret=_interpret())
+    out, lse = fold_vmap_into_batch(functools.partial(
+        _forward_impl, cfg=_resolve(cfg, q, k, v), causal=causal, softmax_scale=softmax_scale,
+        sliding_window=sliding_window, logits_soft_cap=logits_soft_cap, interpret=_interpret()))(q, k, v, *seg)
     return out, (q, k, v, *seg, bias, out, lse)
 
 
@@ -445,9 +447,10 @@ def backward(
         raise ValueError("this backward does not support bias (the residuals carry one)")
     if min(q.shape[0], q.shape[1], q.shape[2], k.shape[1], v.shape[3]) == 0:
         return jnp.zeros_like(q), jnp.zeros_like(k), jnp.zeros_like(v), None, None, None
-    dq, dk, dv = _backward_impl(q, k, v, q_seg, kv_seg, out, lse, d_out, cfg=_resolve(cfg, q, k, v), causal=causal,
-                                softmax_scale=softmax_scale, sliding_window=sliding_window,
-                                logits_soft_cap=logits_soft_cap, interpret=_interpret())
+    dq, dk, dv = fold_vmap_into_batch(functools.partial(
+        _backward_impl, cfg=_resolve(cfg, q, k, v), causal=causal, softmax_scale=softmax_scale,
+        sliding_window=sliding_window, logits_soft_cap=logits_soft_cap, interpret=_interpret()))(
+        q, k, v, q_seg, kv_seg, out, lse, d_out)
     return dq, dk, dv, None, None, None
 
 

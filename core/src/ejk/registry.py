@@ -26,6 +26,7 @@ __all__ = [
     "KernelRegistry",
     "KernelSpec",
     "Platform",
+    "Tier",
     "kernel_registry",
 ]
 
@@ -49,6 +50,38 @@ class Backend(enum.StrEnum):
     TPU = "tpu"
     CPU = "cpu"
     ANY = "any"
+
+
+class Tier(enum.IntEnum):
+    """What an implementation is, as a coarse default order of the heuristics tier (higher first).
+
+    Where a ranking pack covers the device and the call (see :mod:`ejk.config.rankings`), its
+    measured order decides first; the tier decides among what it leaves tied, and ``priority`` (or
+    a ``rank`` callback) among implementations of one tier.
+    """
+
+    #: Not validated on the hardware it targets: ``platform="auto"`` takes it only when nothing else runs the call.
+    UNTESTED = 0
+    #: Runs on every backend without a hand-written kernel (e.g. ejk-xla's chunked attention): the fallback.
+    PORTABLE = 1
+    #: A kernel written for speed on its hardware (Triton, Pallas, CuTe); the default of a registration.
+    FAST = 2
+    #: The vendor library or compiler-native kernel (XLA's dot, i.e. cuBLAS on NVIDIA GPUs; cuDNN attention):
+    #: the baseline a FAST kernel must be measured to beat before a ranking puts it first.
+    VENDOR = 3
+
+    def __str__(self) -> str:
+        return self.name.lower()
+
+
+def normalize_tier(tier: Tier | str) -> Tier:
+    """A :class:`Tier` from a member or its (case-insensitive) name."""
+    if isinstance(tier, Tier):
+        return tier
+    if isinstance(tier, str) and tier.strip().upper() in Tier.__members__:
+        return Tier[tier.strip().upper()]
+    valid = ", ".join(str(t) for t in Tier)
+    raise ValueError(f"tier {tier!r} is not known; use ejk.Tier.<NAME> or one of: {valid}")
 
 
 PlatformLike = Platform | str
@@ -137,15 +170,17 @@ class KernelSpec:
         name: Short implementation name, unique per (algorithm, platform, backend) and plugin,
             e.g. ``"chunked"`` or ``"cudnn"`` (default: the platform name).
         implementation: The forward callable, ``impl(*arrays, **static, cfg=...)``.
-        priority: Higher wins when several implementations match a lookup.
+        tier: What the implementation is (:class:`Tier`): the coarse default order.
+        priority: The tie-break inside a tier: higher first among implementations of one tier.
         plugin: The plugin that registered it (``None`` when registered outside any plugin).
         cfg_type: The implementation's config class: cached and explicit configs must be instances.
         config_space: ``config_space(**call) -> [cfg, ...]``: autotuning candidates for one call.
         heuristic: ``heuristic(**call) -> cfg``: a config chosen without measuring.
         capability: ``capability(**call) -> str | None``: why the implementation cannot run a call
             (``"soft cap not supported"``), or ``None`` when it can.
-        rank: ``rank(**call) -> int``: preference in the heuristics tier for one call (default:
-            ``priority``); lets a plugin prefer an implementation by device and shape class.
+        rank: ``rank(**call) -> int``: the tie-break inside its tier for one call in the heuristics
+            tier (default: ``priority``). Measured orders by device and shape class belong in a
+            ranking pack (:mod:`ejk.config.rankings`), which decides before tiers.
         vjp: Optional forward/backward pair; without one, JAX differentiates the forward. With a
             paired one (``bwd`` omitted), ``capability`` is the plugin's gate wrapped so that it
             also refuses calls for which no other implementation's backward pairs.
@@ -159,6 +194,7 @@ class KernelSpec:
     backend: Backend
     name: str
     implementation: Callable[..., Any] = attrs.field(eq=False)
+    tier: Tier = Tier.FAST
     priority: int = 0
     plugin: PluginRef | None = None
     cfg_type: type | None = attrs.field(default=None, eq=False)
@@ -174,6 +210,11 @@ class KernelSpec:
         ``xla/gpu:cudnn`` — how errors, events and the CLI name this implementation."""
         base = f"{self.platform}/{self.backend}"
         return base if self.name == self.platform else f"{base}:{self.name}"
+
+
+def default_order(spec: KernelSpec) -> tuple[int, int]:
+    """Sort key of the order without ranking data: higher tier first, then higher priority."""
+    return -spec.tier, -spec.priority
 
 
 def capability_reason(spec: KernelSpec, call: Mapping[str, Any]) -> str | None:
@@ -235,7 +276,7 @@ def _qualname(fn: Callable[..., Any]) -> str:
 
 
 class KernelRegistry:
-    """Registry of kernel implementations with priority-aware, fallback-aware lookup.
+    """Registry of kernel implementations with tier- and priority-aware, fallback-aware lookup.
 
     Args:
         loader: Called once, on the first query, to fill the registry (the global
@@ -328,6 +369,7 @@ class KernelRegistry:
         backend: BackendLike,
         priority: int = 0,
         *,
+        tier: Tier | str = Tier.FAST,
         name: str | None = None,
         cfg_type: type | None = None,
         config_space: Callable[..., Sequence[Any]] | None = None,
@@ -338,7 +380,8 @@ class KernelRegistry:
     ) -> Callable[[F], F]:
         """Decorator registering an implementation; returns the function unchanged.
 
-        The keyword arguments are the :class:`KernelSpec` fields of the same names.
+        The keyword arguments are the :class:`KernelSpec` fields of the same names: ``tier`` says
+        what the implementation is, ``priority`` breaks ties inside its tier.
 
         Raises:
             DuplicateKernelError: if the same plugin already registered this
@@ -352,6 +395,7 @@ class KernelRegistry:
         impl_name = _implementation_name(plat if name is None else name)
         if not isinstance(priority, int) or isinstance(priority, bool):
             raise ValueError(f"priority must be an int, got {priority!r}")
+        spec_tier = normalize_tier(tier)
         for field, value in (("config_space", config_space), ("heuristic", heuristic),
                              ("capability", capability), ("rank", rank)):
             if value is not None and not callable(value):
@@ -368,6 +412,7 @@ class KernelRegistry:
                 backend=back,
                 name=impl_name,
                 implementation=fn,
+                tier=spec_tier,
                 priority=priority,
                 plugin=_current_plugin.get(),
                 cfg_type=cfg_type,
@@ -402,7 +447,7 @@ class KernelRegistry:
                         f"backend, name) once per plugin; give a second implementation its own name=."
                     )
             specs.append(spec)
-            specs.sort(key=lambda s: -s.priority)  # stable: equal priorities keep registration order
+            specs.sort(key=default_order)  # stable: equal tiers and priorities keep registration order
             self._version += 1
 
     def unregister_plugin(self, name: str) -> int:
@@ -427,7 +472,7 @@ class KernelRegistry:
         return sorted(self._registry)
 
     def list_implementations(self, algorithm: str) -> list[KernelSpec]:
-        """Every implementation of ``algorithm``, highest priority first (a copy; empty if unknown)."""
+        """Every implementation of ``algorithm`` in :func:`default_order`, best first (a copy; empty if unknown)."""
         self._ensure_loaded()
         return list(self._registry.get(algorithm.strip().lower(), ()))
 
@@ -452,7 +497,7 @@ class KernelRegistry:
         backend: BackendLike | None = None,
         name: str | None = None,
     ) -> KernelSpec:
-        """The highest-priority :class:`KernelSpec` matching the query.
+        """The first :class:`KernelSpec` in :func:`default_order` matching the query.
 
         Matching: ``None`` platform, backend or implementation ``name`` matches anything; ``Backend.ANY``
         implementations match every backend. ``platform="auto"`` means any platform whose

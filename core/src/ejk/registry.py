@@ -60,7 +60,8 @@ class Tier(enum.IntEnum):
     a ``rank`` callback) among implementations of one tier.
     """
 
-    #: Not validated on the hardware it targets: ``platform="auto"`` takes it only when nothing else runs the call.
+    #: Not validated on the hardware it targets: the heuristics tier takes it last (``platform=``, ``cfg=`` and
+    #: autotuning reach it).
     UNTESTED = 0
     #: Runs on every backend without a hand-written kernel (e.g. ejk-xla's chunked attention): the fallback.
     PORTABLE = 1

@@ -223,7 +223,6 @@ class OpKernel(Kernel[ImplChoice, Any]):
         """
         call = self.call_view(inv)
         rankings = pack_rankings(self._host(), self.op_id, inv.device, call)
-
         ties = {spec: self._tie_break(spec, call) for spec in specs}
 
         def key(spec: KernelSpec) -> tuple[int, ...]:
@@ -231,7 +230,9 @@ class OpKernel(Kernel[ImplChoice, Any]):
 
         def why(spec: KernelSpec) -> str:
             by = next((r for r in rankings if spec.label in r.order), None)
-            return f"ranked by {by.describe()}" if by is not None else f"tier {spec.tier}, priority {ties[spec]}"
+            if by is not None:
+                return f"ranked by {by.describe()}"
+            return f"tier {spec.tier}, {'rank' if spec.rank is not None else 'priority'} {ties[spec]}"
 
         return [(spec, why(spec)) for spec in sorted(specs, key=key)]  # stable: ties keep the registry's order
 

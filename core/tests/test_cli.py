@@ -41,7 +41,7 @@ def test_plugins_and_kernels_json_are_consistent(capsys: pytest.CaptureFixture[s
     loaded = {p["name"] for p in plugins if p["status"] == "loaded"}
     for row in kernels:
         assert row["plugin"].split(" ")[0] in loaded
-        assert {"algorithm", "platform", "backend", "priority", "plugin", "available"} <= set(row)
+        assert {"algorithm", "platform", "backend", "tier", "priority", "plugin", "available"} <= set(row)
     for plugin in plugins:
         for status in plugin["platforms"]:
             assert status["available"] or status["reason"]

@@ -119,3 +119,34 @@ def test_unreadable_pack_is_ignored_with_a_warning(tmp_path: Path) -> None:
     broken.write_text(json.dumps({"format": "something else"}))
     with pytest.warns(RuntimeWarning, match="is unreadable"):
         assert _chain(tmp_path / "c", _shipping(broken), []).choose(inv, kernel) == Cfg(block=1)
+
+
+def _nested(path: Path, depth: int = 10**5) -> Path:
+    path.write_text('{"format": "ejk-config-pack", "ops": ' + "[" * depth + "]" * depth + "}")
+    return path
+
+
+def test_a_pack_nested_too_deeply_is_reported_against_its_plugin_and_ignored(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    kernel = Scale()
+    inv = _invocation(kernel)
+    host = _shipping(_nested(tmp_path / "deep.json"))
+    with pytest.warns(RuntimeWarning, match="nested too deeply"):
+        assert _chain(tmp_path / "c", host, []).choose(inv, kernel) == Cfg(block=1)  # a miss: the heuristic
+    assert _chain(tmp_path / "c", host, []).peek(inv, kernel).tier == "heuristic"  # explain's path
+    (error,) = host.plugins["shipper"].hook_errors
+    assert "ejk_config_packs" in error and "deep.json" in error and "nested too deeply" in error
+    monkeypatch.setattr(ejk.plugins, "_host", host)
+    capsys.readouterr()
+    assert main(["cache", "show", "--json", "--packs", "--dir", str(tmp_path / "empty")]) == 0
+    assert json.loads(capsys.readouterr().out) == []
+
+
+def test_a_pack_path_with_a_nul_byte_is_reported_against_its_plugin_and_ignored(tmp_path: Path) -> None:
+    kernel = Scale()
+    inv = _invocation(kernel)
+    host = _shipping(Path(f"{tmp_path}/bad\x00pack.json"))
+    with pytest.warns(RuntimeWarning, match="cannot be opened"):
+        assert _chain(tmp_path / "c", host, []).choose(inv, kernel) == Cfg(block=1)
+    (error,) = host.plugins["shipper"].hook_errors
+    assert "null byte" in error

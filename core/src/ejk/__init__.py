@@ -39,7 +39,7 @@ from ejk.execution.kernel import Invocation, Kernel
 from ejk.hookspecs import hookimpl
 from ejk.invocations import get_implementations, get_invocations, record_invocation
 from ejk.plugins import PlatformStatus, get_plugin_host
-from ejk.registry import VJP, Backend, KernelRegistry, KernelSpec, Platform, kernel_registry
+from ejk.registry import VJP, Backend, KernelRegistry, KernelSpec, Platform, Tier, kernel_registry
 
 if TYPE_CHECKING:
     from ejk.ops import (
@@ -96,6 +96,7 @@ __all__ = [
     "PluginError",
     "SelectionEvent",
     "StaleCacheWarning",
+    "Tier",
     "TuneResult",
     "VJP",
     "__version__",

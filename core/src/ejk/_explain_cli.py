@@ -143,6 +143,8 @@ def run(args: argparse.Namespace) -> int:
     console.print(f"[bold]{escape(found.call)}[/bold]")
     console.print(f"decided by the [bold]{found.tier}[/bold] tier: {escape(str(found.chosen))}"
                   + (f" ({escape(found.detail)})" if found.detail else ""))
+    if found.ranking:
+        console.print(f"first in the heuristics tier's order: {found.ranking}", markup=False)
     table = Table(title="implementations")
     for column in ("implementation", "plugin", "status", "why not / measured"):
         table.add_column(column)

@@ -22,10 +22,13 @@ __all__ = [
     "Platform",
     "PlatformLike",
     "PluginRef",
+    "Tier",
     "capability_reason",
     "default_backend",
+    "default_order",
     "normalize_backend",
     "normalize_platform",
+    "normalize_tier",
     "platform_name",
 ]
 
@@ -47,6 +50,39 @@ class Backend(enum.StrEnum):
     TPU = "tpu"
     CPU = "cpu"
     ANY = "any"
+
+
+class Tier(enum.IntEnum):
+    """What an implementation is, as a coarse default order of the heuristics tier (higher first).
+
+    Where a ranking pack covers the device and the call (see :mod:`ejk.config.rankings`), its
+    measured order decides first; the tier decides among what it leaves tied, and ``priority`` (or
+    a ``rank`` callback) among implementations of one tier.
+    """
+
+    #: Not validated on the hardware it targets: the heuristics tier takes it last (``platform=``, ``cfg=`` and
+    #: autotuning reach it).
+    UNTESTED = 0
+    #: Runs on every backend without a hand-written kernel (e.g. ejk-xla's chunked attention): the fallback.
+    PORTABLE = 1
+    #: A kernel written for speed on its hardware (Triton, Pallas, CuTe); the default of a registration.
+    FAST = 2
+    #: The vendor library or compiler-native kernel (XLA's dot, i.e. cuBLAS on NVIDIA GPUs; cuDNN attention):
+    #: the baseline a FAST kernel must be measured to beat before a ranking puts it first.
+    VENDOR = 3
+
+    def __str__(self) -> str:
+        return self.name.lower()
+
+
+def normalize_tier(tier: Tier | str) -> Tier:
+    """A :class:`Tier` from a member or its (case-insensitive) name."""
+    if isinstance(tier, Tier):
+        return tier
+    if isinstance(tier, str) and tier.strip().upper() in Tier.__members__:
+        return Tier[tier.strip().upper()]
+    valid = ", ".join(str(t) for t in Tier)
+    raise ValueError(f"tier {tier!r} is not known; use ejk.Tier.<NAME> or one of: {valid}")
 
 
 PlatformLike = Platform | str
@@ -123,15 +159,17 @@ class KernelSpec:
         name: Short implementation name, unique per (algorithm, platform, backend) and plugin,
             e.g. ``"chunked"`` or ``"cudnn"`` (default: the platform name).
         implementation: The forward callable, ``impl(*arrays, **static, cfg=...)``.
-        priority: Higher wins when several implementations match a lookup.
+        tier: What the implementation is (:class:`Tier`): the coarse default order.
+        priority: The tie-break inside a tier: higher first among implementations of one tier.
         plugin: The plugin that registered it (``None`` when registered outside any plugin).
         cfg_type: The implementation's config class: cached and explicit configs must be instances.
         config_space: ``config_space(**call) -> [cfg, ...]``: autotuning candidates for one call.
         heuristic: ``heuristic(**call) -> cfg``: a config chosen without measuring.
         capability: ``capability(**call) -> str | None``: why the implementation cannot run a call
             (``"soft cap not supported"``), or ``None`` when it can.
-        rank: ``rank(**call) -> int``: preference in the heuristics tier for one call (default:
-            ``priority``); lets a plugin prefer an implementation by device and shape class.
+        rank: ``rank(**call) -> int``: the tie-break inside its tier for one call in the heuristics
+            tier (default: ``priority``). Measured orders by device and shape class belong in a
+            ranking pack (:mod:`ejk.config.rankings`), which decides before tiers.
         vjp: Optional forward/backward pair; without one, JAX differentiates the forward. With a
             paired one (``bwd`` omitted), ``capability`` is the plugin's gate wrapped so that it
             also refuses calls for which no other implementation's backward pairs.
@@ -145,6 +183,7 @@ class KernelSpec:
     backend: Backend
     name: str
     implementation: Callable[..., Any] = attrs.field(eq=False)
+    tier: Tier = Tier.FAST
     priority: int = 0
     plugin: PluginRef | None = None
     cfg_type: type | None = attrs.field(default=None, eq=False)
@@ -160,6 +199,11 @@ class KernelSpec:
         ``xla/gpu:cudnn`` — how errors, events and the CLI name this implementation."""
         base = f"{self.platform}/{self.backend}"
         return base if self.name == self.platform else f"{base}:{self.name}"
+
+
+def default_order(spec: KernelSpec) -> tuple[int, int]:
+    """Sort key of the order without ranking data: higher tier first, then higher priority."""
+    return -spec.tier, -spec.priority
 
 
 def capability_reason(spec: KernelSpec, call: Mapping[str, Any]) -> str | None:

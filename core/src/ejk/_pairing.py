@@ -31,9 +31,9 @@ def paired_backward(registry: KernelRegistry, spec: KernelSpec, call: Mapping[st
 
     Candidates are the other implementations of ``spec.algorithm`` with a backward of their own that
     declare ``spec.vjp.residuals``, target JAX's default backend (or any) and whose capability gate
-    accepts ``call``. The highest-priority one whose platform is available wins; else (an interpreter
-    mode on a CPU, where a platform reports itself unavailable but its gate accepts the call) the
-    highest-priority one whose gate accepts it.
+    accepts ``call``. The first in the registry's order (tier, then priority) whose platform is
+    available wins; else (an interpreter mode on a CPU, where a platform reports itself unavailable
+    but its gate accepts the call) the first whose gate accepts it.
 
     Args:
         registry: Where to look.

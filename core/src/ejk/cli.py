@@ -45,7 +45,7 @@ def cmd_kernels(args: argparse.Namespace) -> int:
     registry = host.registry
     rows = [{
         "algorithm": s.algorithm, "platform": str(s.platform), "backend": str(s.backend), "name": s.name,
-        "priority": s.priority, "gated": s.capability is not None, "custom_vjp": s.vjp is not None,
+        "tier": str(s.tier), "priority": s.priority, "gated": s.capability is not None, "custom_vjp": s.vjp is not None,
         "backward": None if s.vjp is None else s.vjp.describe_backward(),
         "plugin": str(s.plugin) if s.plugin else "-", "available": registry.spec_available(s)[0],
         "config": s.cfg_type.__name__ if s.cfg_type else "-",
@@ -58,14 +58,15 @@ def cmd_kernels(args: argparse.Namespace) -> int:
         _print_json(rows)
         return 0
     table = Table(title="ejk kernels")
-    for column in ("algorithm", "platform", "backend", "implementation", "priority", "plugin", "config",
+    for column in ("algorithm", "platform", "backend", "implementation", "tier", "priority", "plugin", "config",
                    "available here"):
         table.add_column(column)
     for r in rows:
-        table.add_row(*(escape(str(r[k])) for k in ("algorithm", "platform", "backend", "name", "priority", "plugin")),
+        table.add_row(*(escape(str(r[k])) for k in ("algorithm", "platform", "backend", "name", "tier", "priority",
+                                                     "plugin")),
                       escape(r["config"]), "yes" if r["available"] else "no")
     for name in unimplemented:  # a defined operation nobody implements yet: say so rather than hide it
-        table.add_row(name, "-", "-", "-", "-", "-", "(no implementation registered)", "no")
+        table.add_row(name, "-", "-", "-", "-", "-", "-", "(no implementation registered)", "no")
     _console().print(table if rows or unimplemented else "No kernels are registered (see `ejk plugins`).")
     return 0
 

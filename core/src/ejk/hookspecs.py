@@ -34,8 +34,8 @@ def ejk_register_kernels(register: Callable[..., Callable[[Any], Any]]) -> None:
 
     Called once per plugin when the registry is first queried. ``register`` has the
     signature of :meth:`ejk.KernelRegistry.register` (``register(algorithm, platform,
-    backend, priority=0, *, cfg_type=None)``) and returns a decorator; every implementation
-    registered through it records this plugin as its owner.
+    backend, priority=0, *, tier=ejk.Tier.FAST, cfg_type=None, ...)``) and returns a decorator;
+    every implementation registered through it records this plugin as its owner.
     """
 
 
@@ -114,7 +114,10 @@ def ejk_config_packs() -> Sequence[str | os.PathLike[str]] | None:
     """Config packs this plugin ships: paths of ``ejk-config-pack`` JSON files (``ejk cache export --pack``).
 
     A pack holds tuned configs for named devices (keyed by device fingerprint, like the
-    persistent cache); typically a data file inside the plugin's distribution, found with
-    ``importlib.resources``. Packs are consulted after the user's persistent cache and before
-    autotuning; ``ejk.explain`` and ``ejk cache show --packs`` name the pack an entry came from.
+    persistent cache) and measured rankings of implementations per device and shape class
+    (docs/RANKINGS.md); typically a data file inside the plugin's distribution, found with
+    ``importlib.resources``. Tuned configs are consulted after the user's persistent cache and
+    before autotuning; rankings order the heuristics tier (before ejk-core's own). ``ejk.explain``
+    and ``ejk cache show --packs`` name the pack. A pack that cannot be read, or a malformed
+    ranking, is reported against this plugin and ignored.
     """

@@ -26,10 +26,13 @@ from ejk._kernel_spec import (
     Platform,
     PlatformLike,
     PluginRef,
+    Tier,
     capability_reason,
     default_backend,
+    default_order,
     normalize_backend,
     normalize_platform,
+    normalize_tier,
     platform_name,
 )
 from ejk.errors import DuplicateKernelError, KernelNotFoundError
@@ -46,6 +49,7 @@ __all__ = [
     "Platform",
     "PlatformLike",
     "PluginRef",
+    "Tier",
     "capability_reason",
     "default_backend",
     "kernel_registry",
@@ -93,7 +97,7 @@ def _qualname(fn: Callable[..., Any]) -> str:
 
 
 class KernelRegistry:
-    """Registry of kernel implementations with priority-aware, fallback-aware lookup.
+    """Registry of kernel implementations with tier- and priority-aware, fallback-aware lookup.
 
     Args:
         loader: Called once, on the first query, to fill the registry (the global
@@ -186,6 +190,7 @@ class KernelRegistry:
         backend: BackendLike,
         priority: int = 0,
         *,
+        tier: Tier | str = Tier.FAST,
         name: str | None = None,
         cfg_type: type | None = None,
         config_space: Callable[..., Sequence[Any]] | None = None,
@@ -196,7 +201,8 @@ class KernelRegistry:
     ) -> Callable[[F], F]:
         """Decorator registering an implementation; returns the function unchanged.
 
-        The keyword arguments are the :class:`KernelSpec` fields of the same names.
+        The keyword arguments are the :class:`KernelSpec` fields of the same names: ``tier`` says
+        what the implementation is, ``priority`` breaks ties inside its tier.
 
         Raises:
             DuplicateKernelError: if the same plugin already registered this
@@ -208,6 +214,7 @@ class KernelRegistry:
         impl_name = _implementation_name(plat if name is None else name)
         if not isinstance(priority, int) or isinstance(priority, bool):
             raise ValueError(f"priority must be an int, got {priority!r}")
+        spec_tier = normalize_tier(tier)
         for field, value in (("config_space", config_space), ("heuristic", heuristic),
                              ("capability", capability), ("rank", rank)):
             if value is not None and not callable(value):
@@ -224,6 +231,7 @@ class KernelRegistry:
                 backend=back,
                 name=impl_name,
                 implementation=fn,
+                tier=spec_tier,
                 priority=priority,
                 plugin=_current_plugin.get(),
                 cfg_type=cfg_type,
@@ -258,7 +266,7 @@ class KernelRegistry:
                         f"backend, name) once per plugin; give a second implementation its own name=."
                     )
             specs.append(spec)
-            specs.sort(key=lambda s: -s.priority)  # stable: equal priorities keep registration order
+            specs.sort(key=default_order)  # stable: equal tiers and priorities keep registration order
             self._version += 1
 
     def unregister_plugin(self, name: str) -> int:
@@ -283,7 +291,7 @@ class KernelRegistry:
         return sorted(self._registry)
 
     def list_implementations(self, algorithm: str) -> list[KernelSpec]:
-        """Every implementation of ``algorithm``, highest priority first (a copy; empty if unknown)."""
+        """Every implementation of ``algorithm`` in :func:`default_order`, best first (a copy; empty if unknown)."""
         self._ensure_loaded()
         return list(self._registry.get(algorithm.strip().lower(), ()))
 
@@ -308,7 +316,7 @@ class KernelRegistry:
         backend: BackendLike | None = None,
         name: str | None = None,
     ) -> KernelSpec:
-        """The highest-priority :class:`KernelSpec` matching the query.
+        """The first :class:`KernelSpec` in :func:`default_order` matching the query.
 
         Matching: ``None`` platform, backend or implementation ``name`` matches anything; ``Backend.ANY``
         implementations match every backend. ``platform="auto"`` means any platform whose

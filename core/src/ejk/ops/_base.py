@@ -20,6 +20,7 @@ import jax
 
 from ejk._pairing import paired_backward
 from ejk._versions import installed_version
+from ejk.config.packs import pack_rankings
 from ejk.config.selection import ConfigSelectorChain
 from ejk.config.serialization import from_jsonable, to_jsonable
 from ejk.errors import KernelNotFoundError
@@ -203,18 +204,37 @@ class OpKernel(Kernel[ImplChoice, Any]):
             f"({_describe_call(call)}): {reasons}.{hint}"
         )
 
-    def _ranked(self, specs: Sequence[KernelSpec], call: Mapping[str, Any]) -> list[KernelSpec]:
-        def rank(spec: KernelSpec) -> int:
-            if spec.rank is None:
-                return spec.priority
-            try:
-                return int(spec.rank(**call))
-            except Exception as exc:
-                warnings.warn(f"{self.op_id} {spec.label}: rank raised {type(exc).__name__}: {exc}; "
-                              "using its priority", RuntimeWarning, stacklevel=3)
-                return spec.priority
+    def _tie_break(self, spec: KernelSpec, call: Mapping[str, Any]) -> int:
+        """Its order inside its tier: its ``rank`` callback's answer, else its priority."""
+        if spec.rank is None:
+            return spec.priority
+        try:
+            return int(spec.rank(**call))
+        except Exception as exc:
+            warnings.warn(f"{self.op_id} {spec.label}: rank raised {type(exc).__name__}: {exc}; "
+                          "using its priority", RuntimeWarning, stacklevel=4)
+            return spec.priority
 
-        return sorted(specs, key=rank, reverse=True)  # stable: equal ranks keep priority order
+    def ranking(self, specs: Sequence[KernelSpec], inv: Invocation[ImplChoice]) -> list[tuple[KernelSpec, str]]:
+        """``specs`` in the heuristics tier's order, best first, each with why it stands there.
+
+        The rankings of config packs that apply to the call on its device come first (each orders
+        what the earlier ones leave tied); then the tier; then ``rank`` or ``priority``.
+        """
+        call = self.call_view(inv)
+        rankings = pack_rankings(self._host(), self.op_id, inv.device, call)
+        ties = {spec: self._tie_break(spec, call) for spec in specs}
+
+        def key(spec: KernelSpec) -> tuple[int, ...]:
+            return (*(r.position(spec.label) for r in rankings), -spec.tier, -ties[spec])
+
+        def why(spec: KernelSpec) -> str:
+            by = next((r for r in rankings if spec.label in r.order), None)
+            if by is not None:
+                return f"ranked by {by.describe()}"
+            return f"tier {spec.tier}, {'rank' if spec.rank is not None else 'priority'} {ties[spec]}"
+
+        return [(spec, why(spec)) for spec in sorted(specs, key=key)]  # stable: ties keep the registry's order
 
     # -- configs per implementation ---------------------------------------------------------------
 
@@ -405,7 +425,7 @@ class OpKernel(Kernel[ImplChoice, Any]):
 
     def heuristic_cfg(self, inv: Invocation[ImplChoice]) -> ImplChoice:
         """The best-ranked usable implementation for this call with its heuristic config."""
-        spec = self._ranked(self.usable_specs(inv), self.call_view(inv))[0]
+        spec = self.ranking(self.usable_specs(inv), inv)[0][0]
         return self._choice(spec, self.heuristic_of(spec, inv))
 
     def candidate_cfgs(self, inv: Invocation[ImplChoice]) -> Sequence[ImplChoice]:

@@ -53,6 +53,9 @@ class Explanation:
         chosen: The choice that would run (for ``autotune``: the heuristic fallback).
         detail: The tier's own detail (cache path, skipped entries, candidates to time).
         implementations: Every registered implementation, the chosen one first.
+        ranking: When the heuristics tier picks the implementation (tiers ``heuristic`` and
+            ``autotune``): why it ranks first, e.g. ``ranked by pack <file> for device gpu|NVIDIA_H100*``
+            or ``tier fast, priority 5``; ``None`` otherwise.
     """
 
     call: str
@@ -60,11 +63,13 @@ class Explanation:
     chosen: ImplChoice | None
     detail: str
     implementations: tuple[ImplementationReport, ...]
+    ranking: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
             "call": self.call, "tier": self.tier, "chosen": None if self.chosen is None else str(self.chosen),
             "detail": self.detail, "implementations": [attrs.asdict(r) for r in self.implementations],
+            "ranking": self.ranking,
         }
 
 
@@ -135,6 +140,7 @@ def explain(op: str | OpKernel, *args: Any, platform: str = "auto", cfg: Any = N
     details = details_of(inv, kernel) if details_of is not None else None
     timings: dict[str, float] = dict((details or {}).get("by_implementation") or {})
     chosen_time = timings.get(chosen_label or "")
+    order = _heuristic_order(kernel, inv) if event.tier in ("heuristic", "autotune") else {}
     reports = []
     for candidate in kernel.candidates(inv):
         spec = candidate.spec
@@ -150,10 +156,18 @@ def explain(op: str | OpKernel, *args: Any, platform: str = "auto", cfg: Any = N
                 reason = f"platform={plat} was requested"
             elif status == "usable":
                 reason = (f"{slowdown:.2f}x the chosen one's time" if slowdown is not None
-                          else f"not chosen by the {event.tier} tier")
+                          else f"not chosen by the {event.tier} tier" + (f" ({order[spec.label]})"
+                                                                         if spec.label in order else ""))
         reports.append(ImplementationReport(label=spec.label, plugin=str(spec.plugin) if spec.plugin else None,
                                             status=status, reason=reason, slowdown=slowdown,
                                             backward=_backward(kernel, spec, inv, status, chosen)))
     reports.sort(key=lambda r: r.status != "chosen")
     return Explanation(call=inv.describe(), tier=event.tier, chosen=chosen, detail=event.detail,
-                       implementations=tuple(reports))
+                       implementations=tuple(reports), ranking=order.get(chosen_label or ""))
+
+
+def _heuristic_order(kernel: OpKernel, inv: Invocation[ImplChoice]) -> dict[str, str]:
+    """Why each usable implementation stands where it does in the heuristics tier, by label
+    (``#2, ranked by pack ...``; the first without its place)."""
+    ranked = kernel.ranking(kernel.usable_specs(inv), inv)
+    return {spec.label: why if place == 1 else f"#{place}, {why}" for place, (spec, why) in enumerate(ranked, 1)}

@@ -15,7 +15,8 @@ from typing import Any
 import ejk
 from ejk_example import _rms_norm, _split_k, ops, policy
 
-#: Below ejk-xla's ``dot`` (priority 0): split-K runs where the team policy or the autotuner picks it.
+#: A FAST-tier kernel, after ejk-xla's ``dot`` (VENDOR tier) and the FAST GEMMs of higher priority:
+#: split-K runs where the team policy, a ranking pack or the autotuner picks it.
 SPLIT_K_PRIORITY = -5
 
 
@@ -26,7 +27,7 @@ def ejk_register_kernels(register: Callable[..., Callable[[Any], Any]]) -> None:
              capability=_rms_norm.capability,
              vjp=ejk.VJP(fwd=_rms_norm.forward_with_residuals, bwd=_rms_norm.backward,
                          residuals="rms_norm:x+weight+inv_rms"))(_rms_norm.forward)
-    register("matmul", ejk.Platform.XLA, ejk.Backend.ANY, priority=SPLIT_K_PRIORITY, name="split_k",
+    register("matmul", ejk.Platform.XLA, ejk.Backend.ANY, priority=SPLIT_K_PRIORITY, tier=ejk.Tier.FAST, name="split_k",
              cfg_type=_split_k.SplitKConfig, config_space=_split_k.config_space,
              heuristic=_split_k.heuristic_config, capability=_split_k.capability)(_split_k.matmul)
 

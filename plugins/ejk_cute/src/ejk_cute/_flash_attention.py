@@ -6,7 +6,7 @@ The forward runs the CuTe kernel of :mod:`ejk_cute.kernels.attention` through CU
 ``+inf`` for rows that see no key), so any installed implementation that declares the same tag
 (ejk-triton's ``triton/gpu:flash``, ejk-pallas's GPU kernel) can run the backward. There is no
 CuTe backward yet: it is registered forward-only (``ejk.VJP`` without ``bwd``), so the core runs
-the highest-priority such implementation that can run the call, and its gate refuses calls for
+the first such implementation (in the registry's order) that can run the call, and its gate refuses calls for
 which none can (saying what to install: :data:`PAIRING_FIX`).
 
 This module imports neither ``cutlass`` nor a GPU toolkit at import time.
@@ -38,8 +38,8 @@ PAIRING_FIX = ("Install ejk-triton (pip install ejk-triton triton jax-triton) or
                "through another platform (platform='triton' / 'xla').")
 #: Implementation name: ``cute/gpu:fa3``.
 NAME = "fa3"
-#: Above ejk-triton's FlashAttention-2 kernel (5), below ejk-xla's cuDNN one (10) until H100
-#: measurements (benchmarks/bench_cute_attention.py) say where it wins; autotuning compares all.
+#: Tie-break inside the FAST tier where no ranking pack covers the device: after ejk-pallas's Mosaic
+#: GPU kernel, before ejk-triton's.
 PRIORITY = 8
 
 HEAD_DIMS = (64, 128)

@@ -17,16 +17,12 @@ from ejk_cute._flash_attention import register_flash_attention
 #: Compute capability the kernels need (wgmma, TMA, clusters); see ``_device``.
 MIN_COMPUTE_CAPABILITY = (9, 0)
 
-#: matmul: below ejk-xla's ``dot`` (0), like ejk-triton's GEMM: XLA's cuBLAS GEMM is the baseline a
-#: dense matmul must beat, so the heuristics tier keeps it first; autotuning times both and picks
-#: the CuTe kernel where it wins (benchmarks/bench_cute_matmul.py measures both).
-MATMUL_PRIORITY = -5
+# Every kernel is in the FAST tier. The priorities below are tie-breaks inside it where no ranking pack
+# covers the device; measured orders are the rankings of ejk-core's packs (docs/RANKINGS.md).
 
-#: grouped_matmul: below ejk-triton's persistent kernel (7), above ejk-pallas's (4). The 2026-11-23
-#: comparison that put it first timed ejk-triton by the wall clock, which counted host waits in
-#: jax-triton's launch; on the GPU's timeline (H100, 2026-11-26,
-#: benchmarks/results/cute_grouped_h100_20261126.md) it runs forward 0.93x a dense einsum on equal
-#: groups and 0.78x on skewed ones, against ejk-triton's 0.94x / 0.84x. Autotuning compares them all.
+#: matmul: level with ejk-triton's GEMM.
+MATMUL_PRIORITY = -5
+#: grouped_matmul: after ejk-triton's persistent kernel, before ejk-pallas's.
 GROUPED_MATMUL_PRIORITY = 6
 
 

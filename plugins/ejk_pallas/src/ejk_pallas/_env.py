@@ -41,7 +41,7 @@ def platform_status() -> Any:
     """The ``pallas`` platform's :class:`ejk.PlatformStatus`: available only where a kernel can run compiled.
 
     Available on an NVIDIA GPU (``triton_lowered``) and on a TPU (``mosaic_tpu``, untested on
-    hardware, ranked below ejk-xla so ``platform="auto"`` does not pick it); on the CPU it says why
+    hardware, in the UNTESTED tier so ``platform="auto"`` prefers ejk-xla); on the CPU it says why
     not and how to use interpret mode.
     """
     import ejk

@@ -11,20 +11,14 @@ from typing import Any
 import ejk
 from ejk_triton import _env, _flash_attention, _grouped_matmul, _matmul, _paged_attention
 
-#: Between ejk-xla's chunked kernel (0) and its cuDNN one (10): in the heuristics tier the Triton
-#: kernels take what cuDNN's gate refuses (soft cap, segment ids, Sq != Sk causal, odd lengths)
-#: until H100 measurements say where they beat cuDNN; autotuning compares them everywhere.
+# Every kernel is in the FAST tier. The priorities below are tie-breaks inside it where no ranking pack
+# covers the device; measured orders are the rankings of ejk-core's packs (docs/RANKINGS.md).
+
+#: Attention and paged attention: after the Hopper-only attention kernels, before Triton-lowered Pallas.
 PRIORITY = 5
-
-#: grouped_matmul: first in the heuristics tier, above ejk-cute's grouped kernel (6) and ejk-xla's
-#: ``tiled`` scan (0). H100, 2026-11-26, one run on the GPU's timeline
-#: (benchmarks/results/cute_grouped_h100_20261126.md): forward 0.94x a dense einsum on equal groups and
-#: 0.84x on skewed ones, against ejk-cute's 0.93x / 0.78x; ejk-cute's own backward leads on equal
-#: groups only (fwd+bwd 0.90x against 0.85x). Routed tokens are skewed; autotuning compares them all.
+#: grouped_matmul: first among the grouped kernels.
 GROUPED_MATMUL_PRIORITY = 7
-
-#: matmul: below ejk-xla's ``dot`` (0): XLA's cuBLAS GEMM is the baseline a dense matmul must beat, so
-#: the heuristics tier keeps it first; autotuning times both and picks Triton where it wins.
+#: matmul: after the Mosaic GPU GEMM (Hopper-only), before Triton-lowered Pallas.
 MATMUL_PRIORITY = -5
 
 

@@ -8,8 +8,7 @@ from typing import Any
 import ejk
 from ejk_xla import _cudnn_attention, _flash_attention, _grouped_matmul, _matmul, _paged_attention
 
-#: Preference of cuDNN attention in the heuristics tier: above the chunked kernel (which it
-#: beats 4–9× on an H100, benchmarks/results/attention_gpu_h100.md) wherever its gate allows.
+#: Tie-break of cuDNN attention inside the VENDOR tier (first wherever its gate allows).
 CUDNN_PRIORITY = 10
 
 #: The other platforms of the ejk family, for the "what to install" hint of a missing platform.
@@ -19,24 +18,24 @@ SIBLING_DISTRIBUTIONS = {"pallas": "ejk-pallas", "triton": "ejk-triton", "cute":
 @ejk.hookimpl
 def ejk_register_kernels(register: Callable[..., Callable[[Any], Any]]) -> None:
     portable = (ejk.Platform.XLA, ejk.Backend.ANY)
-    register("flash_attention", *portable, name="chunked", cfg_type=_flash_attention.FlashAttentionConfig,
-             config_space=_flash_attention.config_space, heuristic=_flash_attention.heuristic_config,
-             )(_flash_attention.flash_attention)
-    register("flash_attention_lse", *portable, name="chunked", cfg_type=_flash_attention.FlashAttentionConfig,
-             config_space=_flash_attention.config_space, heuristic=_flash_attention.heuristic_config,
-             )(_flash_attention.flash_attention_lse)
-    register("flash_attention", ejk.Platform.XLA, ejk.Backend.GPU, priority=CUDNN_PRIORITY, name="cudnn",
+    fallback = ejk.Tier.PORTABLE  # pure XLA: runs everywhere, the kernels' fallback
+    vendor = ejk.Tier.VENDOR  # XLA's dot (cuBLAS on NVIDIA GPUs) and cuDNN: the baselines kernels must beat
+    fa = _flash_attention
+    register("flash_attention", *portable, tier=fallback, name="chunked", cfg_type=fa.FlashAttentionConfig,
+             config_space=fa.config_space, heuristic=fa.heuristic_config)(fa.flash_attention)
+    register("flash_attention_lse", *portable, tier=fallback, name="chunked", cfg_type=fa.FlashAttentionConfig,
+             config_space=fa.config_space, heuristic=fa.heuristic_config)(fa.flash_attention_lse)
+    register("flash_attention", ejk.Platform.XLA, ejk.Backend.GPU, priority=CUDNN_PRIORITY, tier=vendor, name="cudnn",
              capability=_cudnn_attention.capability)(_cudnn_attention.cudnn_attention)
-    register("matmul", *portable, name="dot", cfg_type=_matmul.MatmulConfig,
+    register("matmul", *portable, tier=vendor, name="dot", cfg_type=_matmul.MatmulConfig,
              config_space=_matmul.config_space, heuristic=_matmul.heuristic_config,
              vjp=ejk.VJP(fwd=_matmul.forward_with_residuals, bwd=_matmul.backward,
                          residuals=_matmul.RESIDUALS))(_matmul.matmul)
-    register("grouped_matmul", *portable, name="tiled", cfg_type=_grouped_matmul.GroupedMatmulConfig,
-             config_space=_grouped_matmul.config_space,
-             heuristic=_grouped_matmul.heuristic_config)(_grouped_matmul.grouped_matmul)
-    register("ragged_paged_attention", *portable, name="paged", cfg_type=_paged_attention.PagedAttentionConfig,
-             config_space=_paged_attention.config_space,
-             heuristic=_paged_attention.heuristic_config)(_paged_attention.ragged_paged_attention)
+    gmm, pa = _grouped_matmul, _paged_attention
+    register("grouped_matmul", *portable, tier=fallback, name="tiled", cfg_type=gmm.GroupedMatmulConfig,
+             config_space=gmm.config_space, heuristic=gmm.heuristic_config)(gmm.grouped_matmul)
+    register("ragged_paged_attention", *portable, tier=fallback, name="paged", cfg_type=pa.PagedAttentionConfig,
+             config_space=pa.config_space, heuristic=pa.heuristic_config)(pa.ragged_paged_attention)
 
 
 @ejk.hookimpl

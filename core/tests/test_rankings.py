@@ -1,0 +1,221 @@
+"""Rankings as data: a config pack orders implementations per device and shape class in the heuristics
+tier, before tiers and priorities; the user's cache and an explicit cfg still win; bad rankings are
+reported against their plugin and ignored."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+import ejk
+import ejk.plugins
+from ejk.config.packs import CORE_PACKS_DIR, load_pack
+from ejk.config.rankings import Condition, RankingError
+from ejk.ops import ImplChoice, OpKernel
+from ejk.plugins import PlatformStatus
+
+BIG = jax.ShapeDtypeStruct((8, 4), jnp.float32)
+SMALL = jax.ShapeDtypeStruct((2, 4), jnp.float32)
+HALF = jax.ShapeDtypeStruct((8, 4), jnp.bfloat16)
+
+
+class Toy(OpKernel):
+    """``toy(x, *, causal)``: two implementations, ``a`` first by priority."""
+
+    op_id = "toy"
+    version = "1"
+    array_names = ("x",)
+    positional = 1
+
+    def normalize(self, x: Any, *, causal: bool = False) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        return (x,), {"causal": bool(causal)}
+
+
+def double(x: jax.Array, *, causal: bool, cfg: Any = None) -> jax.Array:
+    return 2 * x
+
+
+def _plugin(packs: list[Path]) -> object:
+    class Plugin:
+        @ejk.hookimpl
+        def ejk_register_kernels(self, register: Any) -> None:
+            register("toy", "xla", "any", priority=10, name="a")(double)
+            register("toy", "xla", "any", priority=0, name="b")(double)
+
+        @ejk.hookimpl
+        def ejk_platform_status(self) -> PlatformStatus:
+            return PlatformStatus(platform="xla", available=True)
+
+        @ejk.hookimpl
+        def ejk_config_packs(self) -> list[Path]:
+            return packs
+
+    return Plugin()
+
+
+def _pack(path: Path, rankings: Any) -> Path:
+    path.write_text(json.dumps({"format": "ejk-config-pack", "schema": 1, "rankings": {"toy": rankings}}))
+    return path
+
+
+def _toy(*packs: Path) -> Toy:
+    host = ejk.plugins.get_plugin_host()  # the private, empty host of conftest
+    host.register_plugin(_plugin(list(packs)), "ranker")
+    return Toy(host.registry)
+
+
+def _chosen(kernel: Toy, x: Any, **kwargs: Any) -> str:
+    found = ejk.explain(kernel, x, executor=_executor(), **kwargs)
+    assert found.tier == "heuristic"
+    return kernel.cfg_label(found.chosen)
+
+
+def _executor(**chain: Any) -> ejk.Executor[Any, Any]:
+    return ejk.Executor(ejk.ConfigSelectorChain(policy=ejk.AutotunePolicy(autotune=False), **chain))
+
+
+B_FIRST = {"device": "cpu*", "when": {"x.shape[0]": {"min": 4}, "x.dtype": "float32", "causal": True},
+           "order": ["xla/any:b", "xla/any:a"], "source": "a toy measurement"}
+
+
+def test_without_a_ranking_tier_then_priority_decide() -> None:
+    kernel = _toy()
+    assert _chosen(kernel, BIG, causal=True) == "xla/any:a"
+    assert ejk.explain(kernel, BIG, executor=_executor()).ranking == "tier fast, priority 10"
+
+
+def test_a_ranking_puts_b_first_on_its_device_for_its_shape_class_only(tmp_path: Path) -> None:
+    pack = _pack(tmp_path / "ranks.json", [B_FIRST])
+    kernel = _toy(pack)
+    assert _chosen(kernel, BIG, causal=True) == "xla/any:b"
+    assert _chosen(kernel, SMALL, causal=True) == "xla/any:a"  # below the shape range
+    assert _chosen(kernel, HALF, causal=True) == "xla/any:a"  # another dtype
+    assert _chosen(kernel, BIG, causal=False) == "xla/any:a"  # another static argument
+    found = ejk.explain(kernel, BIG, causal=True, executor=_executor())
+    assert found.ranking is not None and f"ranked by pack {pack} for device cpu*" in found.ranking
+    assert "when x.shape[0] in [4, ], x.dtype=float32, causal=true" in found.ranking
+    assert "a toy measurement" in found.ranking
+    (other,) = [r for r in found.implementations if r.label == "xla/any:a"]
+    assert other.status == "usable" and other.reason is not None and "#2, ranked by pack" in other.reason
+    # The ejk.Executor runs the ranked choice, and the selection event names it.
+    events: list[Any] = []
+    runner = _executor(on_event=events.append)
+    runner(kernel, jnp.ones((8, 4)), causal=True, platform="auto")
+    assert [(e.tier, e.implementation) for e in events] == [("heuristic", "xla/any:b")]
+
+
+def test_a_ranking_for_another_device_changes_nothing(tmp_path: Path) -> None:
+    kernel = _toy(_pack(tmp_path / "h100.json", [{**B_FIRST, "device": "gpu|NVIDIA_H100*"}]))
+    assert _chosen(kernel, BIG, causal=True) == "xla/any:a"
+
+
+def test_labels_of_implementations_not_installed_are_skipped(tmp_path: Path) -> None:
+    kernel = _toy(_pack(tmp_path / "ranks.json", [{"device": "cpu*", "order": ["acme/gpu:warp", "xla/any:b"]}]))
+    assert _chosen(kernel, BIG) == "xla/any:b"  # no warning either: warnings are errors here
+
+
+def test_a_later_ranking_orders_only_what_earlier_ones_leave_tied(tmp_path: Path) -> None:
+    first = _pack(tmp_path / "first.json", [{"device": "cpu*", "order": ["acme/gpu:warp"]}])
+    second = _pack(tmp_path / "second.json", [{"device": "*", "order": ["xla/any:b"]}])
+    assert _chosen(_toy(first, second), BIG) == "xla/any:b"
+
+
+def test_malformed_rankings_are_reported_against_their_plugin_and_ignored(tmp_path: Path) -> None:
+    pack = _pack(tmp_path / "bad.json", [
+        {"device": "cpu*", "order": "xla/any:b"},  # not a list
+        {"device": "cpu*", "order": ["xla/any:b"], "wehn": {}},  # a misspelt key
+        {"device": "cpu*", "order": ["b"]},  # not a label
+        {"device": "cpu*", "order": ["xla/any:b"], "when": {"x.shape[0]": {"min": 9, "max": 1}}},
+        {"device": "cpu*", "order": ["xla/any:b"], "when": {"seq_len": 8}},  # toy has no such argument
+    ])
+    kernel = _toy(pack)
+    with pytest.warns(RuntimeWarning, match="is ignored") as caught:
+        assert _chosen(kernel, BIG) == "xla/any:a"
+    messages = "\n".join(str(w.message) for w in caught)
+    for index in range(5):
+        assert f"rankings['toy'][{index}] is ignored" in messages
+    assert "from plugin ranker" in messages and "'wehn'" in messages and "no argument 'seq_len'" in messages
+    errors = ejk.plugins.get_plugin_host().plugins["ranker"].hook_errors
+    assert len(errors) == 5 and all(e.startswith(f"ejk_config_packs: pack {pack} rankings['toy']") for e in errors)
+
+
+def test_a_malformed_ranking_leaves_the_good_ones_of_its_pack_in_use(tmp_path: Path) -> None:
+    kernel = _toy(_pack(tmp_path / "mixed.json", [{"device": 7, "order": ["xla/any:b"]}, B_FIRST]))
+    with pytest.warns(RuntimeWarning, match=r"rankings\['toy'\]\[0\] is ignored: device needs"):
+        assert _chosen(kernel, BIG, causal=True) == "xla/any:b"
+
+
+def test_a_pack_whose_rankings_section_is_not_an_object_is_reported(tmp_path: Path) -> None:
+    path = tmp_path / "list.json"
+    path.write_text(json.dumps({"format": "ejk-config-pack", "rankings": ["xla/any:b"]}))
+    kernel = _toy(path)
+    with pytest.warns(RuntimeWarning, match="rankings needs an object"):
+        assert _chosen(kernel, BIG) == "xla/any:a"
+
+
+def test_an_explicit_cfg_the_users_cache_and_a_policy_hook_still_win(tmp_path: Path) -> None:
+    kernel = _toy(_pack(tmp_path / "ranks.json", [B_FIRST]))
+    a = ImplChoice(platform="xla", backend="any", implementation="a")
+    found = ejk.explain(kernel, BIG, causal=True, cfg=a, executor=_executor())
+    assert found.tier == "override" and kernel.cfg_label(found.chosen) == "xla/any:a" and found.ranking is None
+    chain: ejk.ConfigSelectorChain[Any] = ejk.ConfigSelectorChain(policy=ejk.AutotunePolicy(autotune=False),
+                                                                  persistent_dir=tmp_path / "cache")
+    executor = ejk.Executor(chain)
+    inv = executor.invocation(kernel, (BIG,), {"causal": True, "platform": "auto"})
+    persistent = chain.persistent_cache(kernel)
+    assert persistent is not None
+    persistent.put(*inv.cache_key, a, source="autotune")
+    found = ejk.explain(kernel, BIG, causal=True, executor=executor)
+    assert found.tier == "persistent" and kernel.cfg_label(found.chosen) == "xla/any:a"
+    with ejk.overlay_cache({inv.cache_key: a}):
+        assert kernel.cfg_label(ejk.explain(kernel, BIG, causal=True, executor=_executor()).chosen) == "xla/any:a"
+
+
+def test_tiers_order_before_priority_and_rank_breaks_ties_inside_a_tier() -> None:
+    registry = ejk.KernelRegistry()
+    registry.register("toy", "xla", "any", priority=100, tier=ejk.Tier.PORTABLE, name="portable")(double)
+    registry.register("toy", "xla", "any", priority=-5, name="fast")(double)  # FAST: the default
+    registry.register("toy", "xla", "any", priority=0, tier="untested", name="untested")(double)
+    registry.register("toy", "xla", "any", priority=-9, tier="VENDOR", name="vendor")(double)
+    registry.register("toy", "xla", "any", priority=-10, name="ranked", rank=lambda **call: 1000)(double)
+    assert [s.name for s in registry.list_implementations("toy")] == ["vendor", "fast", "ranked", "portable",
+                                                                      "untested"]
+    assert registry.get_spec("toy").name == "vendor"
+    kernel = Toy(registry)
+    inv = _executor().invocation(kernel, (BIG,), {"causal": False, "platform": "auto"})
+    ordered = [spec.name for spec, _ in kernel.ranking(registry.list_implementations("toy"), inv)]
+    assert ordered == ["vendor", "ranked", "fast", "portable", "untested"]  # rank: a tie-break inside FAST only
+    with pytest.raises(ValueError, match="tier 'best' is not known"):
+        registry.register("toy", "xla", "any", tier="best", name="other")(double)
+
+
+def test_conditions_parse_and_match_the_call_view() -> None:
+    call = {"q": jax.ShapeDtypeStruct((2, 128, 4, 64), jnp.bfloat16), "bias": None, "causal": True, "window": 3}
+    assert Condition.parse("q.shape[-1]", [64, 128]).holds(call)
+    assert not Condition.parse("q.shape[7]", 64).holds(call)  # no such axis: not in the class
+    assert Condition.parse("q.ndim", 4).holds(call) and Condition.parse("q.dtype", "bfloat16").holds(call)
+    assert Condition.parse("bias", None).holds(call) and not Condition.parse("bias.dtype", "float32").holds(call)
+    assert Condition.parse("causal", True).holds(call) and not Condition.parse("window", True).holds(call)
+    assert Condition.parse("window", {"max": 3}).holds(call) and not Condition.parse("causal", {"min": 0}).holds(call)
+    for key, value in (("q.stride", 1), ("q.shape[x]", 1), ("q", []), ("q", {"min": "a"}), ("q", {"below": 1})):
+        with pytest.raises(RankingError):
+            Condition.parse(key, value)
+    with pytest.raises(RankingError, match="not an array"):
+        Condition.parse("causal.dtype", "bool").holds(call)
+
+
+def test_the_shipped_packs_are_valid_and_cover_the_h100() -> None:
+    (h100,) = [load_pack(str(p)) for p in sorted(CORE_PACKS_DIR.glob("*.json"))]
+    assert h100.problems == () and h100.entries == {}
+    assert set(h100.rankings) == {"flash_attention", "flash_attention_lse", "matmul", "grouped_matmul",
+                                  "ragged_paged_attention"}
+    for rankings in h100.rankings.values():
+        for ranking in rankings:
+            assert ranking.source and ranking.applies("gpu|NVIDIA_H100_80GB_HBM3|cc=9.0", {
+                name: jax.ShapeDtypeStruct((1, 1, 1, 64), jnp.bfloat16) for name in ("q", "a", "lhs")})
+            assert not ranking.applies("gpu|NVIDIA_A100-SXM4-80GB|cc=8.0", {})

@@ -125,9 +125,12 @@ def gpu(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 def bench(session: nox.Session) -> None:
-    """CPU benchmarks of the core (import time, plugin loading, Executor overhead, cache hits)."""
+    """The overhead study of `ejk bench` on the CPU: import times, and what the public ops add to a call of
+    their implementations, under jax.jit and eagerly, on tiny inputs (arguments after -- go to `ejk bench`)."""
     session.install("./core", *(f"./plugins/ejk_{p}" for p in PLUGINS))
-    session.run("python", "benchmarks/bench_core.py", *session.posargs)
+    out = pathlib.Path(session.create_tmp()) / "bench-overhead"
+    session.run("ejk", "bench", "--overhead", "--shapes", "matmul:8x8x8;attention:1x16x2x8", "--no-plot",
+                "--out", str(out), *session.posargs, env={"JAX_PLATFORMS": "cpu"})
 
 
 @nox.session(python=PYTHON)

@@ -887,7 +887,7 @@ def config_space(q: Any, k: Any, v: Any, *rest: Any, **__: Any) -> list[MosaicFl
 
 def heuristic_config(q: Any, k: Any, v: Any, *rest: Any, **options: Any) -> MosaicFlashAttentionConfig:
     """Persistent CTAs with 128 keys a step (H100, 2026-11-26, against cuDNN: 1.00-1.15x forward on the
-    issue's shapes, see ``benchmarks/results/pallas_mosaic_attention_h100_20261126b.md``):
+    issue's shapes, see ``benchmarks/results/pallas_mosaic_attention_h100.md``):
 
     * head dim 128: 128 query rows (two consumer warpgroups) with the intra-warpgroup overlap, 2 slots;
     * head dim 64 without a mask: 192 rows (three consumers, the overlap), 3 slots;

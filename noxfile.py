@@ -1,4 +1,4 @@
-"""Sessions of the ejk monorepo. `nox` runs the default ones: lint, typecheck, tests, the example plugin, build.
+"""Sessions of the ejk monorepo. `nox` runs the default ones: lint, typecheck, tests, the example plugin, build, docs.
 
 Each test session installs only what it tests, from the checkout (no editable installs), so
 the packaging is tested too. The `gpu` and `bench` sessions are not run by default.
@@ -16,7 +16,8 @@ import nox
 
 nox.options.default_venv_backend = "uv|virtualenv"
 nox.options.reuse_existing_virtualenvs = False
-nox.options.sessions = ["lint", "typecheck", "tests_core", "tests_plugin", "integration", "example_plugin", "build"]
+nox.options.sessions = ["lint", "typecheck", "tests_core", "tests_plugin", "integration", "example_plugin", "build",
+                        "docs"]
 
 PYTHON = "3.11"
 ROOT = pathlib.Path(__file__).parent
@@ -114,6 +115,15 @@ def example_plugin(session: nox.Session) -> None:
     with session.chdir(root):  # its own ruff settings; .nox is git-ignored here, not there
         session.run("ruff", "check", "--no-cache", "--no-respect-gitignore", ".")
     _pytest(session, str(root / "tests"))
+
+
+@nox.session(python=PYTHON)
+def docs(session: nox.Session) -> None:
+    """The documentation site (mkdocs.yml, docs/), built with --strict: a broken internal link or a page
+    missing from the navigation fails it."""
+    session.install("mkdocs>=1.6,<2", "mkdocs-material>=9.5,<10")
+    site = pathlib.Path(session.create_tmp()) / "site"
+    session.run("mkdocs", "build", "--strict", "--site-dir", str(site), env={"NO_MKDOCS_2_WARNING": "1"})
 
 
 @nox.session(python=False)

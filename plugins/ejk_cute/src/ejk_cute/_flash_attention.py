@@ -142,8 +142,8 @@ def config_space(q: Any, k: Any, v: Any, *_: Any, **__: Any) -> list[FlashAttent
 
 def heuristic_config(q: Any, k: Any, v: Any, *rest: Any, **static: Any) -> FlashAttentionConfig:
     """128 query rows x 128 keys on the persistent grid; 2 K/V stages at D = 128 (3 would leave no shared
-    memory for the second Q stage), 3 at D = 64. H100, 2026-11-26: the persistent grid ran 1.02-1.11x
-    cuDNN against 0.99-1.06x for one CTA per tile (``benchmarks/results/cute_attention_h100.md``)."""
+    memory for the second Q stage), 3 at D = 64. The persistent grid measured faster than one CTA per tile
+    (``benchmarks/results/kernel_defaults_h100.md``)."""
     space = config_space(q, k, v, *rest, **static)
     return space[0] if space else FlashAttentionConfig()
 

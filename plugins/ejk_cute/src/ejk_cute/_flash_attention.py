@@ -108,7 +108,7 @@ def smem_bytes(cfg: FlashAttentionConfig, head_dim: int, itemsize: int = 2) -> i
 # without register spills (ptxas 13.0, soft cap + window + causal, the heaviest variant); 144-key
 # tiles get warpgroup fences injected by ptxas (C7519), so they come last. FlashAttention-3's wider
 # key tiles (176 at D = 128, 192 at D = 64) spill in this kernel and are left out
-# (benchmarks/bench_cute_attention.py --wide times them). Shared memory prunes the rest.
+# (benchmarks/results/cute_attention_h100.md). Shared memory prunes the rest.
 _CANDIDATES: dict[int, tuple[tuple[int, int, bool], ...]] = {
     64: ((128, 3, True), (128, 2, True), (128, 3, False), (128, 2, False), (128, 4, False), (64, 4, False),
          (144, 3, False)),

@@ -1,4 +1,4 @@
-"""Sessions of the ejk monorepo. `nox` runs the default ones: lint, typecheck, tests, the example plugin, build.
+"""Sessions of the ejk monorepo. `nox` runs the default ones: lint, typecheck, tests, the example plugin, build, docs.
 
 Each test session installs only what it tests, from the checkout (no editable installs), so
 the packaging is tested too. The `gpu` and `bench` sessions are not run by default.
@@ -16,7 +16,8 @@ import nox
 
 nox.options.default_venv_backend = "uv|virtualenv"
 nox.options.reuse_existing_virtualenvs = False
-nox.options.sessions = ["lint", "typecheck", "tests_core", "tests_plugin", "integration", "example_plugin", "build"]
+nox.options.sessions = ["lint", "typecheck", "tests_core", "tests_plugin", "integration", "example_plugin", "build",
+                        "docs"]
 
 PYTHON = "3.11"
 ROOT = pathlib.Path(__file__).parent
@@ -119,6 +120,15 @@ def example_plugin(session: nox.Session) -> None:
     _pytest(session, str(root / "tests"))
 
 
+@nox.session(python=PYTHON)
+def docs(session: nox.Session) -> None:
+    """The documentation site (mkdocs.yml, docs/), built with --strict: a broken internal link or a page
+    missing from the navigation fails it."""
+    session.install("mkdocs>=1.6,<2", "mkdocs-material>=9.5,<10")
+    site = pathlib.Path(session.create_tmp()) / "site"
+    session.run("mkdocs", "build", "--strict", "--site-dir", str(site), env={"NO_MKDOCS_2_WARNING": "1"})
+
+
 @nox.session(python=False)
 def gpu(session: nox.Session) -> None:
     """GPU tests (marker `gpu`) in the current environment, on a machine with an NVIDIA GPU."""
@@ -128,9 +138,12 @@ def gpu(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 def bench(session: nox.Session) -> None:
-    """CPU benchmarks of the core (import time, plugin loading, Executor overhead, cache hits)."""
+    """The overhead study of `ejk bench` on the CPU: import times, and what the public ops add to a call of
+    their implementations, under jax.jit and eagerly, on tiny inputs (arguments after -- go to `ejk bench`)."""
     session.install("./core", *(f"./plugins/ejk_{p}" for p in PLUGINS))
-    session.run("python", "benchmarks/bench_core.py", *session.posargs)
+    out = pathlib.Path(session.create_tmp()) / "bench-overhead"
+    session.run("ejk", "bench", "--overhead", "--shapes", "matmul:8x8x8;attention:1x16x2x8", "--no-plot",
+                "--out", str(out), *session.posargs, env={"JAX_PLATFORMS": "cpu"})
 
 
 @nox.session(python=PYTHON)

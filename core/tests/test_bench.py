@@ -301,3 +301,173 @@ def test_without_matplotlib_the_cli_says_how_to_get_plots(fakes: None, tmp_path:
                      "--out", str(out)]) == 0
     assert "ejk-core[plot]" in capsys.readouterr().out
     assert (out / "bench.json").is_file() and (out / "bench.md").is_file() and not list(out.glob("*.png"))
+
+
+# -- config sweep, backward pairing ---------------------------------------------------------------------
+
+
+def test_all_configs_times_every_config_of_the_space(fakes: None) -> None:
+    options = bench.Options(dtype="float32", modes=("fwd",), impls=("fakeplat/any:fast",), baselines=(),
+                            all_configs=True, policy=QUICK_POLICY)
+    found = _by_name(bench.run([bench.MatmulCase(m=16, k=16, n=16)], options))
+    assert set(found) == {"ejk fakeplat/any:fast", "ejk fakeplat/any:fast #0", "ejk fakeplat/any:fast #1"}
+    sweep = [found["ejk fakeplat/any:fast #0"], found["ejk fakeplat/any:fast #1"]]
+    assert [m.config for m in sweep] == ["FastCfg(unroll=1)", "FastCfg(unroll=2)"]
+    assert all(m.kind == "ejk-config" and m.status == "ok" and m.rate for m in sweep)
+    assert [m.note for m in sweep] == [None, "the heuristic's config"]
+    assert "the heuristic's config" in _report._note(sweep[1])
+
+
+def _mm_fwd(a: jax.Array, b: jax.Array, *, precision: Any, preferred_element_type: Any,
+            cfg: Any = None) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
+    return fast(a, b, precision=precision, preferred_element_type=preferred_element_type), (a, b)
+
+
+TRACED_BACKWARDS: list[str] = []
+
+
+def _mm_bwd(name: str) -> Any:
+    def bwd(residuals: Any, ct: jax.Array, *, cfg: Any = None, **_: Any) -> tuple[jax.Array, jax.Array]:
+        TRACED_BACKWARDS.append(name)
+        a, b = residuals
+        return (ct @ b.T).astype(a.dtype), (a.T @ ct).astype(b.dtype)
+
+    return bwd
+
+
+@pytest.fixture
+def pairable(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Three ``matmul`` implementations with VJPs: two share a residual format, one saves another."""
+    host = ejk.plugins.get_plugin_host()
+
+    class Pairable:
+        @ejk.hookimpl
+        def ejk_register_kernels(self, register: Any) -> None:
+            for name, tag in (("pa", "mm:ab"), ("pb", "mm:ab"), ("pc", "mm:other")):
+                register("matmul", "fakeplat", "any", name=name,
+                         vjp=ejk.VJP(fwd=_mm_fwd, bwd=_mm_bwd(name), residuals=tag))(fast)
+
+        @ejk.hookimpl
+        def ejk_platform_status(self) -> PlatformStatus:
+            return PlatformStatus(platform="fakeplat", available=True)
+
+    host.register_plugin(Pairable(), "pairable", distribution="fake-dist", version="9.9")
+    monkeypatch.setattr(MATMUL, "registry", host.registry)
+    TRACED_BACKWARDS.clear()
+
+
+def test_backward_pairs_a_forward_with_another_implementations_backward(pairable: None) -> None:
+    options = bench.Options(dtype="float32", modes=("fwd", "fwd+bwd"), impls=("fakeplat/any:pa",), baselines=(),
+                            backward=("fakeplat/any:p",), policy=QUICK_POLICY)
+    found = bench.run([bench.MatmulCase(m=16, k=16, n=16)], options)
+    fwd = _by_name([m for m in found if m.mode == "fwd"])
+    both = _by_name([m for m in found if m.mode == "fwd+bwd"])
+    assert set(fwd) == {"ejk fakeplat/any:pa"}  # a pairing is a fwd+bwd line only
+    # pb consumes pa's residuals; pc saves another format and pairs with nothing.
+    assert set(both) == {"ejk fakeplat/any:pa", "ejk fakeplat/any:pa + bwd fakeplat/any:pb"}
+    paired = both["ejk fakeplat/any:pa + bwd fakeplat/any:pb"]
+    assert paired.status == "ok" and paired.rate and "backward fakeplat/any:pb" in (paired.config or "")
+    assert TRACED_BACKWARDS.count("pb") == 1  # traced once, for the paired line (pb has no line of its own)
+
+
+def test_backward_pairing_refused_by_the_gate_is_a_skipped_line(pairable: None, monkeypatch: pytest.MonkeyPatch
+                                                                ) -> None:
+    monkeypatch.setattr(MATMUL, "_backward_reason", lambda spec, backward, inv: "no pairing today")
+    options = bench.Options(dtype="float32", modes=("fwd+bwd",), impls=("fakeplat/any:pa",), baselines=(),
+                            backward=("fakeplat/any:pb",), policy=QUICK_POLICY)
+    paired = _by_name(bench.run([bench.MatmulCase(m=8, k=8, n=8)], options))[
+        "ejk fakeplat/any:pa + bwd fakeplat/any:pb"]
+    assert paired.status == "skipped" and paired.error == "no pairing today"
+
+
+# -- the overhead and tuning studies --------------------------------------------------------------------
+
+
+def test_overhead_study_pairs_each_implementation_with_its_bare_function(fakes: None) -> None:
+    from ejk.bench._overhead import OVERHEAD_MODES, run_overhead
+
+    options = bench.Options(dtype="float32", impls=("fakeplat/any:fast", "fakeplat/any:broken",
+                                                    "fakeplat/any:gated", "auto"), policy=QUICK_POLICY)
+    found = run_overhead([bench.MatmulCase(m=16, k=16, n=16)], options)
+    assert [m.mode for m in found] == [mode for mode in OVERHEAD_MODES for _ in range(7)]
+    for mode in OVERHEAD_MODES:
+        lines = _by_name([m for m in found if m.mode == mode])
+        assert set(lines) == {"bare fakeplat/any:fast", "ejk fakeplat/any:fast", "bare fakeplat/any:broken",
+                              "ejk fakeplat/any:broken", "ejk fakeplat/any:gated", "bare auto", "ejk auto"}
+        bare, ours = lines["bare fakeplat/any:fast"], lines["ejk fakeplat/any:fast"]
+        assert bare.status == ours.status == "ok" and bare.kind == "baseline" and ours.kind == "ejk"
+        assert ours.ratio == pytest.approx(bare.median_s / ours.median_s)  # type: ignore[operator]
+        assert "µs per call over bare" in (ours.note or "")
+        assert lines["ejk auto"].implementation == "fakeplat/any:slow" and lines["ejk auto"].status == "ok"
+        assert lines["bare fakeplat/any:broken"].status == "failed"
+        assert "this kernel exploded" in (lines["bare fakeplat/any:broken"].error or "")
+        assert lines["ejk fakeplat/any:gated"].status == "skipped"
+    jit = _by_name([m for m in found if m.mode == "jit"])
+    assert "same compiled ops as bare: yes" in (jit["ejk fakeplat/any:fast"].note or "")
+    assert "same compiled ops as bare: yes" in (jit["ejk auto"].note or "")
+
+
+def test_profile_of_eager_calls(fakes: None) -> None:
+    from ejk.bench._overhead import profile_eager
+
+    text = profile_eager(bench.MatmulCase(m=8, k=8, n=8), bench.Options(dtype="float32", policy=QUICK_POLICY),
+                         calls=20, top=5)
+    assert text.startswith("# matmul 8x8x8: 20 eager calls") and "## by tottime" in text
+    assert "## by cumulative" in text and "ncalls" in text
+
+
+def test_tuning_study_one_line_per_worker_count(fakes: None) -> None:
+    from ejk.bench._tuning_study import run_tuning
+
+    options = bench.Options(dtype="float32", modes=("fwd",), policy=QUICK_POLICY)
+    found = run_tuning([bench.MatmulCase(m=16, k=16, n=16)], options, workers=(1, 2), fresh_process=False)
+    assert [m.name for m in found] == ["autotune, compile_workers=1", "autotune, compile_workers=2"]
+    for m in found:
+        assert m.status == "ok" and m.mode == "tuning fwd" and m.kind == "tuning"
+        assert m.implementation == "fakeplat/any:fast"  # faster than the others; the broken one fails
+        assert m.median_s and m.compile_s is not None and m.median_s >= m.compile_s
+        assert "candidates" in (m.note or "") and "1 failed" in (m.note or "")
+
+
+def test_tuning_study_request_round_trip_and_fresh_interpreter(tmp_path: Path) -> None:
+    from ejk.bench import _tuning_study
+
+    case = bench.AttentionCase(batch=1, seq=8, heads=2, kv_heads=1, dim=4, causal=True)
+    options = bench.Options(dtype="float32", seed=3, tune_seconds=5.0, policy=QUICK_POLICY)
+    request = json.loads(json.dumps(_tuning_study._request(case, options, "fwd+bwd", 2)))
+    back, again, mode, workers = _tuning_study._from_request(request)
+    assert (back, mode, workers) == (case, "fwd+bwd", 2)
+    assert (again.dtype, again.seed, again.tune_seconds, again.policy.repeats) == ("float32", 3, 5.0, 5)
+    # The fresh interpreter loads the installed plugins, not this test's: with none, the failure is a line.
+    (line,) = _tuning_study.run_tuning([bench.MatmulCase(m=8, k=8, n=8)],
+                                       attrs.evolve(options, modes=("fwd",)), workers=(1,))
+    assert line.status == "ok" or "tuning interpreter exited" in (line.error or "")
+
+
+def test_cli_overhead_study(fakes: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "overhead"
+    assert cli.main(["bench", "--overhead", "--shapes", "matmul:16x16x16", "--impl", "fakeplat/any:fast",
+                     "--dtype", "float32", "--quick", "--no-plot", "--profile", "10", "--out", str(out)]) == 0
+    markdown = (out / "bench.md").read_text()
+    assert "overhead study" in markdown and "## matmul jit" in markdown and "## matmul eager" in markdown
+    assert "| 16x16x16 | ejk fakeplat/any:fast |" in markdown
+    assert "## ejk startup" in markdown and "| import ejk + plugins |" in markdown and "over import jax" in markdown
+    assert (out / "profile_matmul_0.txt").read_text().startswith("# matmul 16x16x16: 10 eager calls")
+    assert json.loads((out / "bench.json").read_text())["options"]["study"] == "overhead"
+
+
+def test_cli_sweep_and_study_arguments(fakes: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "sweep"
+    assert cli.main(["bench", "--shapes", "matmul:16x16x16", "--impl", "fakeplat/any:fast", "--all-configs",
+                     "--backward", "fakeplat", "--dtype", "float32", "--mode", "fwd", "--quick", "--out",
+                     str(out)]) == 0
+    assert "| 16x16x16 | ejk fakeplat/any:fast #1 |" in (out / "bench.md").read_text()
+    data = json.loads((out / "bench.json").read_text())
+    assert data["options"]["all_configs"] is True and data["options"]["backward"] == ["fakeplat"]
+    capsys.readouterr()
+    assert cli.main(["bench", "--tuning", "--workers", "0", "--out", str(tmp_path)]) == 2
+    assert "--workers '0'" in capsys.readouterr().out
+    assert cli.main(["bench", "--profile", "5", "--out", str(tmp_path)]) == 2
+    assert "add --overhead" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        cli.main(["bench", "--overhead", "--tuning"])

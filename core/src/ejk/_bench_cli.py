@@ -24,6 +24,12 @@ default: all four, each with its preset shapes.
 --shapes: presets (attention, decode, moe, matmul) or specs:
   attention:BxSxHxD[:causal,kv=Hkv]   decode:SEQSxCTX[:q=1,hq=32,hkv=8,d=128,page=64]
   moe:GxKxNxM[:skewed]                matmul:MxKxN
+
+Other lines: --all-configs times every config of each implementation's config space; --backward
+LABEL pairs each forward with another implementation's backward (fwd+bwd). Other studies of the
+same shapes: --overhead (the public op against the implementation called bare: under jax.jit and
+eagerly, plus import times; --profile N writes where eager calls spend their host time) and
+--tuning (how long autotuning takes with each --workers count of compile threads).
 """
 
 
@@ -48,6 +54,25 @@ def add_parser(sub: Any) -> None:
                    help="also tune each implementation over its config space and time the winner")
     p.add_argument("--max-configs", type=int, default=8, help="configs tuned per implementation (default 8)")
     p.add_argument("--tune-seconds", type=float, default=60.0, help="tuning budget per implementation (default 60)")
+    p.add_argument("--all-configs", action="store_true",
+                   help="also time every config of each implementation's config space, one line each (the "
+                        "heuristic's marked)")
+    p.add_argument("--backward", action="append", default=[], metavar="LABEL",
+                   help="fwd+bwd: also pair each implementation's forward with the backward of the implementations "
+                        "whose label starts with this and that consume its residuals (ImplChoice(backward=...)); "
+                        "repeatable")
+    study = p.add_mutually_exclusive_group()
+    study.add_argument("--overhead", action="store_true",
+                       help="the overhead study instead: each implementation through the public op against its own "
+                            "function called bare, under jax.jit and eagerly; plus import times")
+    study.add_argument("--tuning", action="store_true",
+                       help="the tuning study instead: how long autotuning platform='auto' takes with each --workers "
+                            "count, each in a fresh interpreter")
+    p.add_argument("--workers", default="1,4", metavar="N[,N...]",
+                   help="--tuning: the compile_workers settings to compare (default 1,4)")
+    p.add_argument("--profile", type=int, default=0, metavar="CALLS",
+                   help="--overhead: also profile this many eager calls of each shape's public op (cProfile) into "
+                        "profile_<op>_<n>.txt")
     p.add_argument("--reps", type=int, default=None, help="timed samples per line (default 10, --quick 3)")
     p.add_argument("--clock", choices=("wall", "device"), default="wall",
                    help="time samples by the host's clock (default) or by the GPU's own timeline, one jax.profiler "
@@ -82,9 +107,53 @@ def _options(args: argparse.Namespace) -> Any:
                             min_sample_seconds=0.002 if args.quick else 0.02, progress=False, persist=False,
                             clock=args.clock)
     baselines = None if args.baseline is None else tuple(b for b in args.baseline if b != "none")
+    if args.profile and not args.overhead:
+        raise ValueError("--profile belongs to the overhead study: add --overhead")
     return Options(dtype=args.dtype, modes=MODES if args.mode == "all" else (args.mode,), impls=tuple(args.impl),
-                   baselines=baselines, best_config=args.best_config, max_configs=max(1, args.max_configs),
+                   baselines=baselines, best_config=args.best_config, all_configs=args.all_configs,
+                   backward=tuple(args.backward), max_configs=max(1, args.max_configs),
                    tune_seconds=args.tune_seconds, policy=policy)
+
+
+def _workers(text: str) -> tuple[int, ...]:
+    """The ``--workers`` list, e.g. ``"1,4"``."""
+    try:
+        counts = tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        counts = ()
+    if not counts or min(counts) < 1:
+        raise ValueError(f"--workers {text!r}: expected compile thread counts >= 1 separated by commas, e.g. 1,4")
+    return counts
+
+
+def _study(args: argparse.Namespace) -> str:
+    return "overhead" if args.overhead else "tuning" if args.tuning else "compare"
+
+
+def _measure(args: argparse.Namespace, cases: list[Any], options: Any, peak: Any, console: Any,
+             on_measurement: Any, on_group: Any) -> list[Any]:
+    """The measurements of the study ``args`` names."""
+    from ejk.bench import run as run_bench
+
+    if args.tuning:
+        from ejk.bench._tuning_study import run_tuning
+
+        return run_tuning(cases, options, _workers(args.workers), on_measurement=on_measurement, on_group=on_group)
+    if not args.overhead:
+        return run_bench(cases, options, peak=peak, on_measurement=on_measurement, on_group=on_group)
+    from ejk.bench._overhead import profile_eager, run_overhead, startup
+
+    found = run_overhead(cases, options, on_measurement=on_measurement, on_group=on_group)
+    out = Path(args.out)
+    for i, case in enumerate(cases if args.profile else ()):
+        path = out / f"profile_{case.op}_{i}.txt"
+        path.write_text(profile_eager(case, options, calls=args.profile), encoding="utf-8")
+        console.print(f"  {escape(case.op)} {escape(case.label)}: eager calls profiled into {escape(str(path))}")
+    imports = startup(runs=1 if args.quick else 5)
+    for m in imports:
+        on_measurement(m)
+    on_group(imports)
+    return found + imports
 
 
 def _progress_line(m: Any) -> str:
@@ -101,7 +170,6 @@ def run(args: argparse.Namespace) -> int:
 
     from ejk._console import console as make_console
     from ejk.bench import environment, peak_for
-    from ejk.bench import run as run_bench
     from ejk.bench._plot import MISSING, plotting_available
     from ejk.bench._report import write_json
 
@@ -113,6 +181,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         cases = _cases(args)
         options = _options(args)
+        if args.tuning:
+            _workers(args.workers)
     except ValueError as exc:
         console.print(f"[red]ejk bench: {escape(str(exc))}[/red]")
         return 2
@@ -122,8 +192,10 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     env = environment()
     peak = peak_for(str(env["device_kind"]))
-    recorded = {"argv": sys.argv[1:], "quick": args.quick, "dtype": options.dtype, "modes": list(options.modes),
+    recorded = {"argv": sys.argv[1:], "study": _study(args), "quick": args.quick, "dtype": options.dtype,
+                "modes": list(options.modes),
                 "impls": list(options.impls), "baselines": options.baselines, "best_config": options.best_config,
+                "all_configs": options.all_configs, "backward": list(options.backward),
                 "cases": [c.label for c in cases],
                 **attrs.asdict(options.policy, filter=lambda a, v: a.name in (
                     "warmup", "repeats", "min_sample_seconds", "flush_l2", "l2_flush_bytes", "clock"))}
@@ -142,7 +214,8 @@ def run(args: argparse.Namespace) -> int:
         if not args.quiet:
             console.print(_progress_line(m), highlight=False)
 
-    measurements = run_bench(cases, options, peak=peak, on_measurement=on_measurement, on_group=on_group)
+    out.mkdir(parents=True, exist_ok=True)
+    measurements = _measure(args, cases, options, peak, console, on_measurement, on_group)
     wall = time.perf_counter() - start
     write_json(out / "bench.json", measurements, env, recorded, peak, wall)
     return _finish(args, console, measurements, env, recorded, peak, wall)

@@ -51,7 +51,7 @@ _STAMP_MODES = ("hash", "json", "none")
 AUTOTUNE_MODES = ("autotune", "heuristics", "frozen")
 
 
-# ``os.environ.get`` encodes the name and decodes the value on every call (about 0.6 µs); the
+# ``os.environ.get`` encodes the name and decodes the value on every call; the
 # Executor's fast path reads a few variables on every eager call only to see whether they
 # changed, so it reads the mapping's own store (what ``os.environ[name]`` reads) when there is one.
 _environ_store = getattr(os.environ, "_data", None)

@@ -21,6 +21,10 @@ MISSING = ("plots need matplotlib, the optional extra of ejk-core: pip install '
            "(the table and the JSON file are written without it)")
 
 
+#: Lines that are no curve: a config sweep's configs differ from one shape to the next.
+_NOT_CURVES = ("ejk-config",)
+
+
 def plotting_available() -> bool:
     try:
         import matplotlib  # noqa: F401
@@ -77,7 +81,8 @@ def plot(measurements: Sequence[Measurement], out_dir: Path, device: str = "") -
         raise ImportError(MISSING) from exc
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []
-    for (op, mode), group in by_op_and_mode(measurements).items():
+    curves = [m for m in measurements if m.kind not in _NOT_CURVES]
+    for (op, mode), group in by_op_and_mode(curves).items():
         if not any(m.status == "ok" for m in group):
             continue
         series = list(dict.fromkeys(m.series for m in group))

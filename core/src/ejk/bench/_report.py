@@ -16,9 +16,21 @@ __all__ = ["FORMAT", "by_op_and_mode", "headlines", "markdown", "read_json", "ta
 
 FORMAT = "ejk-bench"
 SCHEMA = 1
+#: Kinds of line whose note the table shows (how tuning went, which config of a sweep, an overhead).
+_NOTED = ("ejk-best", "ejk-config", "tuning", "ejk")
 _STATUS_STYLE = {"ok": "green", "skipped": "yellow", "failed": "red", "oom": "red"}
 #: How the report names each ``--clock``.
 _CLOCKS = {"wall": "the wall clock", "device": "the GPU's own timeline (the wall clock where none can be read)"}
+
+
+#: What the report of each study other than the comparison says about its lines.
+_STUDIES = {
+    "overhead": "overhead study: `bare X` is implementation X's own function under jax.jit, called directly; "
+                "`ejk X` the public op forcing X, under jax.jit (mode jit) or called eagerly (mode eager); "
+                "`vs best baseline` is the bare line's time over the ejk line's",
+    "tuning": "tuning study: each line autotunes platform='auto' in a fresh interpreter; ms is the whole tuning "
+              "run's wall time, compile s its compile phase's",
+}
 
 
 def by_op_and_mode(measurements: Iterable[Measurement]) -> dict[tuple[str, str], list[Measurement]]:
@@ -60,11 +72,11 @@ def _note(m: Measurement, width: int | None = 90) -> str:
         text = f"{m.status}: {m.error or ''}"
     else:
         parts = []
-        if m.kind == "ejk-auto" or m.name == "ejk auto tuned":
+        if m.kind in ("ejk-auto", "tuning") or m.name == "ejk auto tuned":
             parts.append(f"chose {m.implementation}")
         if m.config and m.config != "None":
             parts.append(m.config)
-        if m.kind == "ejk-best" and m.note:
+        if m.kind in _NOTED and m.note:
             parts.append(m.note)
         if m.max_abs_diff is not None:
             parts.append(f"max|Δ| {m.max_abs_diff:.2g} vs {m.diff_against}")
@@ -160,6 +172,7 @@ def markdown(measurements: Sequence[Measurement], environment: dict[str, Any], o
         "- TFLOP/s: attention 4·B·H·Sq·Sk·D (causal halved), fwd+bwd 3.5x; matmuls 2·m·k·n, fwd+bwd 3x; "
         "paged decode GB/s of KV read",
         "- `vs best baseline`: rate over the fastest baseline computing the same thing, in the same run",
+        *([f"- {_STUDIES[study]}"] if (study := str(options.get("study"))) in _STUDIES else []),
         "",
     ]
     heads = headlines(measurements)

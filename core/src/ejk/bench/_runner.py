@@ -29,7 +29,7 @@ from ejk.bench._peaks import Peak
 from ejk.bench._workloads import MODES, Workload, with_backward, workload_for
 from ejk.config.tuning import AutotunePolicy, _error_text, autotune, l2_flusher, measure
 
-__all__ = ["Measurement", "Options", "run"]
+__all__ = ["Measurement", "Options", "run", "timed"]
 
 #: Statuses of a measurement.
 STATUSES = ("ok", "skipped", "failed", "oom")
@@ -47,6 +47,10 @@ class Options:
             (``"auto"`` names the line of ``platform="auto"``); empty: all.
         baselines: Keep only baselines whose name starts with one of these; ``None``: all.
         best_config: Also tune each implementation over its config space and time the winner.
+        all_configs: Also time every config of each implementation's config space, one line each.
+        backward: In ``fwd+bwd``, also pair each implementation's forward with the backward of every
+            implementation whose label starts with one of these and consumes its residuals
+            (``ImplChoice(backward=...)``).
         max_configs: At most this many configs of each implementation are tuned.
         tune_seconds: Wall-time budget of each implementation's tuning.
         policy: Timing: ``warmup``, ``repeats``, ``min_sample_seconds``, L2 flush.
@@ -59,6 +63,8 @@ class Options:
     impls: tuple[str, ...] = ()
     baselines: tuple[str, ...] | None = None
     best_config: bool = False
+    all_configs: bool = False
+    backward: tuple[str, ...] = ()
     max_configs: int = 8
     tune_seconds: float = 60.0
     policy: AutotunePolicy = attrs.field(factory=lambda: AutotunePolicy(
@@ -81,7 +87,7 @@ class Measurement:
     x: int
     mode: str
     name: str
-    kind: str  # "ejk", "ejk-auto", "ejk-best" or "baseline"
+    kind: str  # "ejk", "ejk-auto", "ejk-best", "ejk-config" (one config of a sweep) or "baseline"
     status: str = attrs.field(validator=attrs.validators.in_(STATUSES))
     implementation: str | None = None
     config: str | None = None
@@ -126,6 +132,7 @@ class _Line:
     skip: str | None = None
     note: str | None = None
     comparable: bool = True
+    modes: tuple[str, ...] | None = None  # None: every mode
 
 
 def _selected(label: str, prefixes: Sequence[str] | None) -> bool:
@@ -176,7 +183,9 @@ class _EjkLines:
     def _forced(self, platform: str, choice: Any, mode: str) -> Prepared:
         return self._prepared(platform, choice)
 
-    def lines(self) -> Iterator[_Line]:
+    def implementations(self) -> Iterator[tuple[Any, Any, str | None]]:
+        """``(spec, its choice with the heuristic's config, None)`` for each selected implementation written
+        for this backend, or ``(spec, None, why it cannot run)``."""
         from ejk.ops import ImplChoice
         from ejk.registry import Backend, default_backend
 
@@ -185,26 +194,79 @@ class _EjkLines:
             spec = candidate.spec
             if spec.backend not in (Backend.ANY, backend) or not _selected(spec.label, self.options.impls or None):
                 continue  # written for another backend: not a line here
-            name = f"ejk {spec.label}"
             if candidate.reason is not None:
-                yield _Line(name=name, kind="ejk", implementation=spec.label, skip=candidate.reason)
+                yield spec, None, candidate.reason
                 continue
             try:
                 cfg = self.kernel.heuristic_of(spec, self.inv)
             except Exception as exc:
-                yield _Line(name=name, kind="ejk", implementation=spec.label,
-                            skip=_error_text("heuristic config", exc))
+                yield spec, None, _error_text("heuristic config", exc)
                 continue
-            choice = ImplChoice(platform=spec.platform, backend=spec.backend, implementation=spec.name, cfg=cfg)
+            yield spec, ImplChoice(platform=spec.platform, backend=spec.backend, implementation=spec.name,
+                                   cfg=cfg), None
+
+    def lines(self) -> Iterator[_Line]:
+        for spec, choice, skip in self.implementations():
+            name = f"ejk {spec.label}"
+            if skip is not None:
+                yield _Line(name=name, kind="ejk", implementation=spec.label, skip=skip)
+                continue
+            cfg = choice.cfg
             yield _Line(name=name, kind="ejk", implementation=spec.label, config=repr(cfg),
                         build=functools.partial(self._forced, str(spec.platform), choice))
             if self.options.best_config:
                 yield from self._best_line(spec)
+            if self.options.all_configs:
+                yield from self._config_lines(spec, cfg)
+            if self.options.backward:
+                yield from self._paired_lines(spec, choice)
         if _selected("auto", self.options.impls or None):
             yield _Line(name="ejk auto", kind="ejk-auto", build=lambda mode: self._prepared("auto", None),
                         note="platform='auto', heuristics tier")
             if self.options.best_config:
                 yield _Line(name="ejk auto tuned", kind="ejk-best", build=self._auto_tuned)
+
+    def _config_lines(self, spec: Any, heuristic: Any) -> Iterator[_Line]:
+        """One line per config of ``spec``'s config space (the heuristic's marked)."""
+        from ejk.ops import ImplChoice
+
+        try:
+            space = self.kernel.config_space_of(spec, self.inv)
+        except Exception as exc:
+            yield _Line(name=f"ejk {spec.label} #*", kind="ejk-config", implementation=spec.label,
+                        skip=_error_text("config space", exc))
+            return
+        for i, cfg in enumerate(space):
+            choice = ImplChoice(platform=spec.platform, backend=spec.backend, implementation=spec.name, cfg=cfg)
+            yield _Line(name=f"ejk {spec.label} #{i}", kind="ejk-config", implementation=spec.label,
+                        config=repr(cfg), note="the heuristic's config" if cfg == heuristic else None,
+                        build=functools.partial(self._forced, str(spec.platform), choice))
+
+    def _paired_lines(self, spec: Any, choice: Any) -> Iterator[_Line]:
+        """``spec``'s forward with the backward of each implementation ``options.backward`` names that
+        consumes the residuals ``spec`` saves (``fwd+bwd`` only; the pairing's gate may skip it)."""
+        from ejk.ops import ImplChoice
+        from ejk.registry import Backend, default_backend
+
+        if spec.vjp is None:
+            return
+        for other in self.kernel.registry.list_implementations(self.workload.op):
+            named = any(other.label.startswith(b) for b in self.options.backward)
+            if (not named or other.label == spec.label or other.backend not in (Backend.ANY, default_backend())
+                    or other.vjp is None or other.vjp.paired or other.vjp.residuals != spec.vjp.residuals):
+                continue
+            name = f"ejk {spec.label} + bwd {other.label}"
+            try:
+                backward = ImplChoice(platform=other.platform, backend=other.backend, implementation=other.name,
+                                      cfg=self.kernel.heuristic_of(other, self.inv))
+                paired = attrs.evolve(choice, backward=backward)
+                skip = self.kernel.unusable_reason(self.inv, paired)
+            except Exception as exc:
+                yield _Line(name=name, kind="ejk", implementation=spec.label, modes=("fwd+bwd",),
+                            skip=_error_text("backward pairing", exc))
+                continue
+            yield _Line(name=name, kind="ejk", implementation=spec.label, config=str(paired), skip=skip,
+                        modes=("fwd+bwd",), build=functools.partial(self._forced, str(spec.platform), paired))
 
     def _tuning_policy(self, mode: str) -> AutotunePolicy:
         return attrs.evolve(self.options.policy, objective="forward" if mode == "fwd" else "forward_backward",
@@ -349,20 +411,26 @@ def _time(item: _Lowered, compiled: Any, compile_s: float, options: Options,
     except Exception as exc:
         status, text = _failure("run", exc)
         return attrs.evolve(base, status=status, error=text), None
+    return timed(base, times, calls, compile_s), out
+
+
+def timed(base: Measurement, times: Sequence[float], calls: int | None,
+          compile_s: float | None = None) -> Measurement:
+    """``base`` measured: status ``ok``, the median, spread and rate of ``times`` (seconds per call)."""
     median = statistics.median(times)
     q1, _, q3 = statistics.quantiles(times, n=4, method="inclusive") if len(times) > 1 else (median,) * 3
     scale = 1e12 if base.unit == "TFLOP/s" else 1e9
-    measured = attrs.evolve(base, status="ok", compile_s=compile_s, median_s=median, iqr_s=q3 - q1, min_s=min(times),
-                            max_s=max(times), times=times, calls_per_sample=calls,
-                            rate=(base.work or 0.0) / median / scale)
-    return measured, out
+    rate = None if base.work is None else base.work / median / scale
+    return attrs.evolve(base, status="ok", compile_s=compile_s, median_s=median, iqr_s=q3 - q1, min_s=min(times),
+                        max_s=max(times), times=tuple(times), calls_per_sample=calls, rate=rate)
 
 
 def _measure_group(lines: Sequence[_Line], workload: Workload, mode: str, options: Options,
                    flush: Callable[[], None] | None, ct: Any) -> Iterator[tuple[Measurement, Any]]:
     """Measure every line of one (case, mode): lower one after another, compile in parallel threads,
     then time one at a time (nothing else running). Yields ``(measurement, forward output or None)``."""
-    lowered: list[_Lowered | Measurement] = [_lower(line, workload, mode, ct) for line in lines]
+    lowered: list[_Lowered | Measurement] = [_lower(line, workload, mode, ct) for line in lines
+                                               if line.modes is None or mode in line.modes]
     todo = [item for item in lowered if isinstance(item, _Lowered)]
     workers = max(1, min(options.compile_workers, len(todo)))
     with concurrent.futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="ejk-bench") as pool:

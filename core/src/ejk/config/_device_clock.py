@@ -4,8 +4,7 @@ A timed sample runs inside its own ``jax.profiler`` trace, read back with
 ``jax.profiler.ProfileData``. Its time is the span from the first GPU activity's start to the
 last one's end, over the sample's calls: gaps between calls count, host time the device never
 waits for does not. The wall clock counts such host time. jax-triton's launch, for one, was
-seen waiting on the host: on an H100 the device ran a grouped matmul's 330 µs kernels back to
-back while the wall clock said 0.47–0.64 ms per call in some runs.
+seen waiting on the host (benchmarks/results/kernel_defaults_h100.md).
 
 Where no timeline can be read the caller times the sample by the wall clock instead:
 - no GPU activity was recorded (a CPU, or a jax without ``ProfileData``);

@@ -108,7 +108,7 @@ def smem_bytes(cfg: FlashAttentionConfig, head_dim: int, itemsize: int = 2) -> i
 # without register spills (ptxas 13.0, soft cap + window + causal, the heaviest variant); 144-key
 # tiles get warpgroup fences injected by ptxas (C7519), so they come last. FlashAttention-3's wider
 # key tiles (176 at D = 128, 192 at D = 64) spill in this kernel and are left out
-# (benchmarks/bench_cute_attention.py --wide times them). Shared memory prunes the rest.
+# (benchmarks/results/cute_attention_h100.md). Shared memory prunes the rest.
 _CANDIDATES: dict[int, tuple[tuple[int, int, bool], ...]] = {
     64: ((128, 3, True), (128, 2, True), (128, 3, False), (128, 2, False), (128, 4, False), (64, 4, False),
          (144, 3, False)),
@@ -142,8 +142,8 @@ def config_space(q: Any, k: Any, v: Any, *_: Any, **__: Any) -> list[FlashAttent
 
 def heuristic_config(q: Any, k: Any, v: Any, *rest: Any, **static: Any) -> FlashAttentionConfig:
     """128 query rows x 128 keys on the persistent grid; 2 K/V stages at D = 128 (3 would leave no shared
-    memory for the second Q stage), 3 at D = 64. H100, 2026-11-26: the persistent grid ran 1.02-1.11x
-    cuDNN against 0.99-1.06x for one CTA per tile (``benchmarks/results/cute_attention_h100_20261126.md``)."""
+    memory for the second Q stage), 3 at D = 64. The persistent grid measured faster than one CTA per tile
+    (``benchmarks/results/kernel_defaults_h100.md``)."""
     space = config_space(q, k, v, *rest, **static)
     return space[0] if space else FlashAttentionConfig()
 

@@ -774,7 +774,7 @@ def capability(
 _CANDIDATES: dict[int, tuple[tuple[tuple[int, int, int, int], tuple[int, int, int, int]], ...]] = {
     64: (((128, 64, 4, 3), (32, 128, 4, 2)), ((128, 128, 8, 3), (64, 128, 8, 2)), ((64, 64, 4, 3), (32, 64, 4, 2)),
          ((128, 32, 4, 3), (16, 64, 4, 2))),
-    # H100 (2026-11-23, fwd+bwd): the 32 x 64 / 4 warps / 3 stages backward was the fastest on every shape.
+    # The 32 x 64 / 4 warps / 3 stages backward measured fastest (benchmarks/results/kernel_defaults_h100.md).
     128: (((128, 64, 8, 3), (32, 64, 4, 3)), ((128, 64, 8, 3), (32, 128, 8, 2)), ((128, 128, 8, 2), (64, 128, 8, 2)),
           ((128, 32, 4, 3), (32, 64, 4, 2)), ((64, 64, 4, 3), (16, 64, 4, 2))),
     256: (((64, 64, 8, 2), (16, 64, 8, 2)), ((64, 32, 4, 3), (16, 32, 4, 2)), ((128, 32, 8, 2), (32, 32, 8, 1))),

@@ -109,8 +109,8 @@ class MosaicFlashAttentionConfig:
         backward: ``"auto"`` (default: the Mosaic GPU backward of ``_flash_attention_mgpu_bwd`` on a
             GPU whose jax has its API, else the Triton-lowered Pallas backward; the Triton-lowered one
             in interpret mode, where the Mosaic GPU interpreter is slow and stalls on small machines),
-            ``"mosaic"`` (that backward or an error saying why not) or ``"triton_lowered"``. On the
-            H100 the Mosaic one makes forward+backward 1.4-1.6x faster (``pallas_mosaic_attention_h100.md``).
+            ``"mosaic"`` (that backward or an error saying why not) or ``"triton_lowered"``. The
+            Mosaic one measured faster (``benchmarks/results/kernel_defaults_h100.md``).
         bwd_block_q: Query rows per step of the Mosaic dK / dV kernel (``backward="mosaic"`` only).
         bwd_block_kv: Keys per step of the Mosaic dQ kernel (``backward="mosaic"`` only).
         bwd_max_concurrent_steps: TMA ring slots of both Mosaic backward kernels.
@@ -858,10 +858,8 @@ _CANDIDATES: dict[int, tuple[tuple[int, int, int, bool, bool], ...]] = {
 
 # The config space keeps ``backward="auto"`` (the Mosaic GPU backward on a GPU) with the head dim's
 # backward tiles.
-#: The Mosaic GPU backward's tiles by head dim, (bwd_block_q, bwd_block_kv), 2 slots. H100 forward+backward,
-#: 2026-11-23, against cuDNN: head dim 128, 64 x 128: 0.89 / 1.00 / 0.95x on [4,4096,16,128] full / causal
-#: and [2,8192,16,128] causal (64 x 64: 0.85 / 1.02 / 0.97x; 128-row dK/dV blocks: 0.77-0.84x); head dim 64,
-#: 128 x 128: 0.83 / 0.86x on [4,4096,32,64] full / causal (64 x 128: 0.78 / 0.84x).
+#: The Mosaic GPU backward's tiles by head dim, (bwd_block_q, bwd_block_kv), 2 slots: the fastest measured
+#: (benchmarks/results/kernel_defaults_h100.md).
 _BWD_TILES = {64: (128, 128), 128: (64, 128)}
 
 
@@ -886,13 +884,12 @@ def config_space(q: Any, k: Any, v: Any, *rest: Any, **__: Any) -> list[MosaicFl
 
 
 def heuristic_config(q: Any, k: Any, v: Any, *rest: Any, **options: Any) -> MosaicFlashAttentionConfig:
-    """Persistent CTAs with 128 keys a step (H100, 2026-11-26, against cuDNN: 1.00-1.15x forward on the
-    issue's shapes, see ``benchmarks/results/pallas_mosaic_attention_h100_20261126b.md``):
+    """Persistent CTAs with 128 keys a step (measured: ``benchmarks/results/kernel_defaults_h100.md``):
 
     * head dim 128: 128 query rows (two consumer warpgroups) with the intra-warpgroup overlap, 2 slots;
     * head dim 64 without a mask: 192 rows (three consumers, the overlap), 3 slots;
     * head dim 64 under a causal mask or a window: 128 rows in the ping-pong, 2 slots (there the three
-      consumers' 192-row items balance worse and ran 0.96x against 1.05x).
+      consumers' 192-row items balance worse and measured slower).
 
     128 rows and 64 keys, one CTA per item, when the kv length fits in one block of 64 or in interpret
     mode (fewer interpreted steps wasted on padding). The Mosaic GPU backward's tiles by head dim:

@@ -455,8 +455,8 @@ _GPU_CANDIDATES: dict[int, tuple[_Tiles, ...]] = {
          ((64, 64, 4, 3), (32, 128, 8, 3)), ((128, 32, 4, 4), (16, 128, 4, 3)), ((128, 128, 4, 2), (32, 128, 4, 4)),
          ((64, 32, 4, 2), (16, 64, 4, 2))),
     # The backward's dk/dv accumulators ([128, 128] float32 each) need 8 warps at D = 128 to stay in registers.
-    # H100 (2026-11-23): 32 x 64 / 4 warps / 3 stages was the fastest backward without a causal mask,
-    # 64 x 128 / 8 warps / 1 stage with one (see _CAUSAL_FIRST).
+    # 32 x 64 / 4 warps / 3 stages measured the fastest backward without a causal mask, 64 x 128 / 8 warps /
+    # 1 stage with one (see _CAUSAL_FIRST; benchmarks/results/kernel_defaults_h100.md).
     128: (((128, 64, 8, 3), (32, 64, 4, 3)), ((128, 64, 8, 3), (64, 128, 8, 1)), ((128, 64, 8, 3), (32, 128, 8, 3)),
           ((128, 128, 8, 2), (64, 128, 8, 2)), ((128, 32, 4, 3), (32, 128, 8, 2)), ((64, 64, 4, 3), (16, 128, 8, 3)),
           ((128, 64, 8, 2), (64, 64, 8, 2)), ((64, 32, 4, 2), (16, 64, 4, 2))),

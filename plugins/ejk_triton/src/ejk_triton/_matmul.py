@@ -331,7 +331,7 @@ def capability(a: Any, b: Any, *, precision: Any = None, preferred_element_type:
 
 # (block_m, block_n, block_k, group_m, num_warps, num_stages[, persistent]), in order of preference for big
 # products. 16-bit operands on Hopper: 128x256x64 with 8 warps and 3 stages is the usual large-GEMM tile;
-# persistent, it measured 0.90x cuBLAS at 8192³ against 0.88x for one program per tile (H100, 2026-11-26).
+# persistent, it measured faster than one program per tile (benchmarks/results/kernel_defaults_h100.md).
 _TILES_16 = (
     (128, 256, 64, 8, 8, 3, True), (128, 256, 64, 8, 8, 3), (256, 128, 64, 8, 8, 3), (128, 256, 64, 8, 8, 4),
     (128, 128, 64, 8, 8, 4), (128, 128, 64, 8, 4, 4), (64, 256, 64, 8, 4, 4), (128, 64, 64, 8, 4, 4),

@@ -303,11 +303,8 @@ def _splits(cfg: PagedAttentionConfig, q: Any, k_pages: Any, v_pages: Any, page_
     Without splits there are ``tiles · Hkv`` programs (``tiles`` estimated as ``cdiv(T, block_q)``).
     Slots = SMs x CTAs per SM (from shared memory and registers, at most 4; 3 for the decode
     config on an H100). Splits = ``slots // programs`` (one wave), at most the number of
-    ``8 · block_kv``-key pieces of the longest possible context, and at most 64. On the H100
-    (2026-11-25, merge in JAX, 8 kv heads): batch 8 at 2k context, 4 splits (8 steps each) 31.8 µs
-    against 34.2 with 6 (5–6 steps); batch 16 at 2k, 3 splits 54.9 µs against 67.4 with 2; batch 4
-    at 8k within 2% from 4 to 12 splits; batch 32 and 64 fastest unsplit; batch 8 at 8k is the
-    exception, 6 splits 2–7% slower than 4.
+    ``8 · block_kv``-key pieces of the longest possible context, and at most 64 (what it measured
+    against other split counts: ``benchmarks/results/kernel_defaults_h100.md``).
     """
     programs = _cdiv(int(q.shape[0]), cfg.block_q) * int(k_pages.shape[2])
     by_smem = _SM_SMEM // max(smem_bytes(cfg, q, v_pages) + 1024, 1)

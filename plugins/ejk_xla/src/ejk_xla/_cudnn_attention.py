@@ -2,7 +2,7 @@
 
 cuDNN's fused kernel is the fastest attention JAX ships on NVIDIA GPUs, but it runs only a
 subset of ejk's contract. :func:`capability` states that subset exactly (checked against
-jax 0.11.2 on an H100 by benchmarks/probe_cudnn_gate_gpu.py, recorded in
+jax 0.11.2 on an H100 against what cuDNN runs, recorded in
 benchmarks/results/cudnn_gate_h100.md); every call
 outside it goes to the other implementations:
 

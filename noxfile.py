@@ -131,9 +131,9 @@ def docs(session: nox.Session) -> None:
 
 @nox.session(python=False)
 def gpu(session: nox.Session) -> None:
-    """GPU tests (marker `gpu`) in the current environment, on a machine with an NVIDIA GPU."""
-    session.run("python", "-m", "pytest", "-q", "-m", "gpu", "core/tests", "tests",
-                *(f"plugins/ejk_{p}/tests" for p in PLUGINS), *session.posargs)
+    """Every GPU-marked test of every distribution in the current environment, on a machine with an NVIDIA GPU
+    (tools/gpu_tests.sh: per-test time limits, workers sharing the GPU; arguments go to pytest)."""
+    session.run("bash", "tools/gpu_tests.sh", *session.posargs, external=True)
 
 
 @nox.session(python=PYTHON)

@@ -29,11 +29,10 @@ The markdown table goes to ``$OUT/ring_attention_gpu.md`` when ``OUT`` is set, e
 
 from __future__ import annotations
 
-import contextlib
 import os
 import sys
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 
@@ -48,32 +47,9 @@ from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
 import ejk
-from ejk.parallel import _ring
+from ejk.parallel import ring_ablation
 
 HEADS, KV_HEADS, DIM = 16, 8, 128
-
-
-@contextlib.contextmanager
-def _patched(name: str, replacement: Any) -> Iterator[None]:
-    """Temporarily replace one function of the ring module (for the compute-only / comm-only lines)."""
-    original = getattr(_ring, name)
-    setattr(_ring, name, replacement)
-    try:
-        yield
-    finally:
-        setattr(_ring, name, original)
-
-
-def _no_shift(ring: Any, tree: Any, distance: int) -> Any:
-    return tree
-
-
-def _cheap_dispatch(ring: Any, step: int, branch: Callable[..., Any], operands: Any) -> Any:
-    """Zeros shaped like the step's result that still depend on every received block (no DCE)."""
-    plan = ring.plan(0, step)
-    shapes = jax.eval_shape(partial(branch, plan), *operands)
-    touch = sum(jnp.sum(x[(0,) * x.ndim]).astype(jnp.float32) for x in jax.tree.leaves(operands) if x.size)
-    return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype) + (touch * 0).astype(s.dtype), shapes)
 
 
 def _ring_fn(mesh: Mesh, layout: str, mode: str) -> Callable[..., Any]:
@@ -141,9 +117,9 @@ def main() -> None:
                     return "" if base is None else f"scaling efficiency {base / ms / 2:.0%}"
 
                 line(f"2 GPU ring {layout}", _ring_fn(two, layout, mode), efficiency)
-                with _patched("_shift", _no_shift):
+                with ring_ablation(communication=False):
                     line(f"2 GPU compute only {layout}", _ring_fn(two, layout, mode))
-                with _patched("_dispatch", _cheap_dispatch):
+                with ring_ablation(computation=False):
                     line(f"2 GPU comm only {layout}", _ring_fn(two, layout, mode))
                 ring, compute = times.get(f"2 GPU ring {layout}"), times.get(f"2 GPU compute only {layout}")
                 comm = times.get(f"2 GPU comm only {layout}")

@@ -252,3 +252,44 @@ def test_ring_attention_on_gpus(layout: str) -> None:
 
     for got, want in zip(run(sharded), run(single), strict=True):
         np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want, np.float32), atol=5e-2, rtol=5e-2)
+
+
+ABLATION_CODE = textwrap.dedent(
+    """
+    import json
+    import jax, jax.numpy as jnp, numpy as np
+    from jax.sharding import Mesh, PartitionSpec as P
+    import ejk
+    from ejk.parallel import ring_ablation
+
+    mesh = Mesh(np.array(jax.devices()[:2]).reshape(1, 2), ("dp", "sp"))
+    q = jax.random.normal(jax.random.key(0), (1, 8, 2, 8))
+    spec = P("dp", "sp")
+
+    def ring():
+        fn = jax.shard_map(lambda q: ejk.ring_attention(q, q, q, axis_name="sp"), mesh=mesh, in_specs=spec,
+                           out_specs=spec)
+        return jax.jit(fn)(q)
+
+    full = ring()
+    with ring_ablation(computation=False):
+        no_compute = ring()
+    with ring_ablation(communication=False):
+        no_comm = ring()
+    after = ring()
+    print(json.dumps({"no_compute_zero": bool(jnp.all(no_compute == 0)),
+                      "no_comm_differs": bool(jnp.max(jnp.abs(no_comm - full)) > 1e-3),
+                      "restored": bool(jnp.array_equal(after, full))}))
+    """
+)
+
+
+def test_ring_ablation_drops_computation_or_communication_only_inside_its_context() -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("EJK_", "EJKERNEL_"))}
+    env.update(JAX_PLATFORMS="cpu", EJK_PLUGINS="xla",
+               XLA_FLAGS="--xla_force_host_platform_device_count=2 --xla_backend_optimization_level=0")
+    proc = subprocess.run([sys.executable, "-c", ABLATION_CODE], capture_output=True, text=True, env=env,
+                          timeout=600, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == {
+        "no_compute_zero": True, "no_comm_differs": True, "restored": True}

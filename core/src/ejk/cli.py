@@ -287,9 +287,10 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         warnings.simplefilter("ignore")
         fingerprint = device_fingerprint()
     console.print(f"device fingerprint: {escape(fingerprint)}")
-    from ejk import _doctor_hooks, _plugins_cli
+    from ejk import _plugins_cli
+    from ejk.testing import _hook_probe
 
-    _doctor_hooks.probe_hooks(host)  # before the table: it shows what the hooks answered wrongly
+    _hook_probe.probe_hooks(host)  # before the table: it shows what the hooks answered wrongly
     _plugins_cli.print_plugin_table(host)
     problems.extend(_plugins_cli.problems(host))
     usable = [p for p, s in host.platform_statuses().items() if s.available]

@@ -14,13 +14,13 @@ from ejk.parallel._layout import LAYOUTS, Layout, from_layout, layout_positions,
 from ejk.parallel._vma import cotangent_like, varying_axes, varying_like
 
 if TYPE_CHECKING:
-    from ejk.parallel._ring import ring_attention, ring_schedule
+    from ejk.parallel._ring import ring_ablation, ring_attention, ring_schedule
 
-__all__ = ["LAYOUTS", "Layout", "cotangent_like", "from_layout", "layout_positions", "ring_attention", "ring_schedule",
-           "to_layout", "varying_axes", "varying_like"]
+__all__ = ["LAYOUTS", "Layout", "cotangent_like", "from_layout", "layout_positions", "ring_ablation", "ring_attention",
+           "ring_schedule", "to_layout", "varying_axes", "varying_like"]
 
 
 def __getattr__(name: str) -> Any:
-    if name in ("ring_attention", "ring_schedule"):
+    if name in ("ring_ablation", "ring_attention", "ring_schedule"):
         return getattr(importlib.import_module("ejk.parallel._ring"), name)
     raise AttributeError(f"module 'ejk.parallel' has no attribute {name!r}")

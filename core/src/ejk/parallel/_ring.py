@@ -32,7 +32,9 @@ accumulators' ``ppermute`` overlaps the next step's compute).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import contextlib
+import contextvars
+from collections.abc import Callable, Iterator, Sequence
 from functools import partial
 from typing import Any
 
@@ -201,10 +203,27 @@ def _visible(block: _Block, ring: _Ring, device: int, step: int) -> int:
 # ----------------------------------------------------------------------------------------------
 
 
+#: What rings traced now keep: ``(communication, computation)`` (see :func:`ring_ablation`).
+_ablation: contextvars.ContextVar[tuple[bool, bool]] = contextvars.ContextVar("ejk_ring_ablation", default=(True, True))
+
+
+@contextlib.contextmanager
+def ring_ablation(*, communication: bool = True, computation: bool = True) -> Iterator[None]:
+    """For studying where a ring's time goes: rings traced in this context skip their communication
+    (``communication=False``: blocks stay where they are) or replace each step's attention by zeros
+    that still read every received block (``computation=False``). The results are wrong on purpose;
+    only their timing means something (``benchmarks/bench_ring_attention.py`` uses it)."""
+    token = _ablation.set((communication, computation))
+    try:
+        yield
+    finally:
+        _ablation.reset(token)
+
+
 def _shift(ring: _Ring, tree: Any, distance: int) -> Any:
     """Send every leaf ``distance`` devices forward along the ring (device d receives from d - distance)."""
     n = ring.num_shards
-    if distance % n == 0:
+    if distance % n == 0 or not _ablation.get()[0]:
         return tree
     perm = [(j, (j + distance) % n) for j in range(n)]
     return jax.tree.map(lambda x: lax.ppermute(x, ring.axis_name, perm), tree)
@@ -292,6 +311,11 @@ def _block_fn(ring: _Ring, window: tuple[int, int] | None, q_seg: Any, kv_seg: A
 
 def _dispatch(ring: _Ring, step: int, branch: Callable[..., Any], operands: Sequence[Any]) -> Any:
     """Run ``branch(plan, *operands)`` with this device's plan for ``step`` (a ``lax.switch`` when devices differ)."""
+    if not _ablation.get()[1]:  # zeros shaped like the result that still read every block (no DCE)
+        shapes = jax.eval_shape(partial(branch, ring.plan(0, step)), *operands)
+        touch = sum((jnp.sum(x[(0,) * x.ndim], dtype=jnp.float32) for x in jax.tree.leaves(operands) if x.size),
+                    jnp.zeros((), jnp.float32))
+        return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype) + (touch * 0).astype(s.dtype), shapes)
     plans = [ring.plan(d, step) for d in range(ring.num_shards)]
     distinct = list(dict.fromkeys(plans))
     if len(distinct) == 1:

@@ -64,12 +64,12 @@ def check_plugin(name: str) -> tuple[PluginInfo, KernelRegistry]:
         _require(spec.plugin is not None and spec.plugin.name == name, f"{spec} is not attributed to {name}")
     import jax
 
-    from ejk import _doctor_hooks
+    from ejk.testing import _hook_probe
 
     with warnings.catch_warnings():  # what a hook got wrong lands in info.hook_errors
         warnings.simplefilter("ignore")
         host.device_facts(jax.devices()[0])
-    _doctor_hooks.probe_hooks(host)
+    _hook_probe.probe_hooks(host)
     _require(not info.hook_errors, f"plugin {name} hooks failed: {info.hook_errors}")
     return info, registry
 

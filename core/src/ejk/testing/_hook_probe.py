@@ -22,7 +22,7 @@ def _samples() -> dict[str, Callable[[], tuple[tuple[Any, ...], dict[str, Any]]]
         return tuple(jax.ShapeDtypeStruct(shape, dtype) for shape in shapes)
 
     def paged() -> tuple[tuple[Any, ...], dict[str, Any]]:
-        from ejk.testing import paged_batch
+        from ejk.testing._cases import paged_batch
 
         return tuple(paged_batch(dtype=jnp.bfloat16)), {}
 

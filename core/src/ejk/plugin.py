@@ -36,7 +36,7 @@ from ejk.interpreter import InterpreterSwitch
 from ejk.ops import FLASH_LSE_RESIDUALS, FLASH_RESIDUALS, natural_lse, with_natural_lse, without_residuals
 from ejk.parallel import cotangent_like, varying_like
 from ejk.plugins import PlatformStatus
-from ejk.registry import VJP, Backend, BackendLike, KernelSpec, Platform, PlatformLike
+from ejk.registry import VJP, Backend, BackendLike, KernelSpec, Platform, PlatformLike, Tier
 from ejk.tiling import cdiv, fit_block, next_pow2, padded_dim, persistent_ctas, snake_owner
 
 __all__ = [
@@ -50,6 +50,7 @@ __all__ = [
     "KernelSpec",
     "Platform",
     "PlatformStatus",
+    "Tier",
     "RegisterKernels",
     "cdiv",
     "cotangent_like",
@@ -90,6 +91,7 @@ class RegisterKernels(Protocol):
         backend: BackendLike,
         priority: int = 0,
         *,
+        tier: Tier | str = Tier.FAST,
         name: str | None = None,
         cfg_type: type | None = None,
         config_space: Callable[..., Sequence[Any]] | None = None,

@@ -8,7 +8,7 @@ implementation labels for the calls it covers::
         {"device": "gpu|NVIDIA_H100*",
          "when": {"q.dtype": ["bfloat16", "float16"], "q.shape[3]": [64, 128]},
          "order": ["xla/gpu:cudnn", "pallas/gpu:mosaic", "cute/gpu:fa3", "triton/gpu:flash"],
-         "source": "benchmarks/results/pallas_mosaic_attention_h100_20261126b.md"}
+         "source": "benchmarks/results/pallas_mosaic_attention_h100.md"}
       ]
     }
 

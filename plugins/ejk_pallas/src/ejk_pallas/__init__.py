@@ -1,7 +1,8 @@
 """ejk-pallas: Pallas kernels for ejk.
 
-Today: ``flash_attention`` forward and backward for NVIDIA GPUs through Pallas's Triton lowering
-(``pallas/gpu:triton_lowered``), runnable on the CPU in interpret mode (``EJK_PALLAS_INTERPRET=1``)
-for tests; and the same op as Mosaic TPU kernels (``pallas/tpu:mosaic_tpu``, untested on TPU
-hardware, checked in the TPU interpret mode). Mosaic GPU kernels are still to come (issue 9).
+``flash_attention`` (forward and backward), ``ragged_paged_attention``, ``matmul`` and ``grouped_matmul``
+for NVIDIA GPUs through Pallas's Triton lowering (``pallas/gpu:triton_lowered``), Mosaic GPU kernels for
+Hopper (``pallas/gpu:mosaic``: flash attention, matmul, grouped matmul) and Mosaic TPU kernels
+(``pallas/tpu:mosaic_tpu``, untested on TPU hardware). ``EJK_PALLAS_INTERPRET=1`` runs them on the CPU in
+Pallas's interpret modes, for tests. See the plugin's README.
 """

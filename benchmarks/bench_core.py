@@ -131,13 +131,13 @@ def main() -> None:
 
     # The public operations (default Executor, plugins loaded, heuristics tier, persistent files
     # in an empty directory): eager call vs the same implementation's jitted function.
-    from ejk.ops._base import get_default_executor
+    from ejk.ops import get_default_executor
 
     ops_executor = get_default_executor()
     a = jnp.ones((8, 8))
     q = jnp.ones((1, 16, 2, 8))
-    from ejk.ops._attention import KERNEL as ATTENTION
-    from ejk.ops._matmul import MATMUL
+    from ejk.ops._flash_attention._op import KERNEL as ATTENTION
+    from ejk.ops._matmul._op import MATMUL
 
     for label, call, kernel_, normalized in (
         ("ejk.matmul (8×8)", lambda: ejk.matmul(a, a), MATMUL, MATMUL.normalize(a, a)),

@@ -13,7 +13,7 @@ import contextlib
 import contextvars
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import jax
@@ -36,6 +36,9 @@ from ejk.registry import (
     normalize_platform,
     platform_name,
 )
+
+if TYPE_CHECKING:
+    from ejk.ops._definition import OpDefinition
 
 __all__ = [
     "Candidate",
@@ -122,6 +125,8 @@ class OpKernel(Kernel[ImplChoice, Any]):
 
     array_names: tuple[str, ...] = ()
     positional: int = 0
+    #: The op's definition, set by :func:`~ejk.ops.define_op` (``None`` for a kernel no op declares).
+    definition: OpDefinition | None = None
 
     def __init__(self, registry: KernelRegistry | None = None) -> None:
         self.registry = registry if registry is not None else kernel_registry
@@ -511,5 +516,6 @@ def run_op(kernel: OpKernel, arrays: tuple[Any, ...], static: dict[str, Any], pl
 
     from ejk.ops._sharded import run_sharded  # sharded inputs: one call per shard (shapes per shard)
 
-    split, out = run_sharded(kernel.op_id, arrays, call, static)
+    rule = None if kernel.definition is None else kernel.definition.shard_rule_fn()
+    split, out = run_sharded(rule, arrays, call, static)
     return out if split else call(*arrays)

@@ -12,11 +12,12 @@ from typing import Any
 
 import jax
 
-from ejk.ops._attention import FlashAttentionKernel, flash_attention_call
 from ejk.ops._base import ImplChoice, run_op
 from ejk.ops._definition import define_op
+from ejk.ops._flash_attention._op import FlashAttentionKernel, flash_attention_call
+from ejk.ops._flash_attention._residuals import FLASH_LSE_RESIDUALS
 
-__all__ = ["FlashAttentionLseKernel", "flash_attention_lse"]
+__all__ = ["DEFINITION", "KERNEL", "FlashAttentionLseKernel", "flash_attention_lse"]
 
 
 class FlashAttentionLseKernel(FlashAttentionKernel):
@@ -60,4 +61,11 @@ def flash_attention_lse(
     return run_op(KERNEL, arrays, static, platform, cfg)  # type: ignore[no-any-return]
 
 
-define_op(KERNEL, flash_attention_lse, reference="ejk.testing:reference_flash_attention_lse")
+_HERE = __package__
+
+DEFINITION = define_op(
+    KERNEL, flash_attention_lse,
+    reference=f"{_HERE}._reference:reference_flash_attention_lse",
+    shard_rule=f"{_HERE}._shard:attention_lse_rule",
+    residuals=(FLASH_LSE_RESIDUALS,),
+)

@@ -18,6 +18,9 @@ from ejk.ops import BUILTIN_OPS, builtin_ops, get_op
 def test_every_builtin_op_is_defined_from_its_folder() -> None:
     definitions = builtin_ops()
     assert tuple(d.name for d in definitions) == BUILTIN_OPS
+    assert get_op("flash_attention").variants == ("flash_attention_lse",)
+    assert get_op("flash_attention_lse").variant_of == "flash_attention"
+    assert get_op("flash_attention_lse").check_fn() is not None
     for definition in definitions:
         assert definition.function.__module__ == f"ejk.ops._{definition.name}._op"
         for part in (definition.reference_fn(), definition.check_fn(), definition.shard_rule_fn(),
@@ -46,7 +49,7 @@ def _type_checking_imports(module: ast.Module) -> set[str]:
 
 def test_the_static_lists_of_ejk_name_every_defined_builtin_op() -> None:
     """``ejk.<op>`` comes from the definitions at run time; the lists tools and mypy read must agree."""
-    names = {d.name for d in builtin_ops()} | {"flash_attention_lse"}
+    names = {name for d in builtin_ops() for name in (d.name, *d.variants)}
     source = ast.parse(Path(ejk.__file__).read_text())
     assert names <= set(ejk.__all__)
     assert names <= _type_checking_imports(source)

@@ -64,6 +64,9 @@ class OpDefinition:
         bench: What ``ejk bench`` measures (an :class:`ejk.ops._workload.OpBench`).
         residuals: The residual formats (``ejk.VJP.residuals`` tags) its implementations share,
             so that one's backward may run on another's forward.
+
+    A variant of another op (``variant_of``: its kernel's) gets implementations derived from that
+    op's; ``variants`` lists an op's variants.
     """
 
     kernel: OpKernel
@@ -77,6 +80,17 @@ class OpDefinition:
     @property
     def name(self) -> str:
         return self.kernel.op_id
+
+    @property
+    def variant_of(self) -> str | None:
+        """The op this one is a variant of (its implementations provide this one's, see
+        :meth:`ejk.ops.OpKernel.derive`), else ``None``."""
+        return self.kernel.variant_of
+
+    @property
+    def variants(self) -> tuple[str, ...]:
+        """The defined ops that are variants of this one (``flash_attention_lse`` of ``flash_attention``)."""
+        return tuple(name for name, d in OPS.items() if d.variant_of == self.name)
 
     def reference_fn(self) -> Callable[..., Any] | None:
         return _resolve(self.reference, "reference")

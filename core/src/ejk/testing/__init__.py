@@ -32,7 +32,11 @@ from ejk.testing._conformance import (
 from ejk.testing._op_checks import TOLERANCES, assert_close, check_op, tolerance
 
 if TYPE_CHECKING:
-    from ejk.ops._flash_attention._conformance import FLASH_ATTENTION_CASES, check_flash_attention
+    from ejk.ops._flash_attention._conformance import (
+        FLASH_ATTENTION_CASES,
+        check_flash_attention,
+        check_flash_attention_lse,
+    )
     from ejk.ops._flash_attention._reference import (
         attention_mask,
         reference_flash_attention,
@@ -63,6 +67,7 @@ __all__ = [
     "attention_mask",
     "attention_values_and_grads",
     "check_flash_attention",
+    "check_flash_attention_lse",
     "check_grouped_matmul",
     "check_matmul",
     "check_op",

@@ -22,6 +22,8 @@ def ejk_register_kernels(register: Callable[..., Callable[[Any], Any]]) -> None:
     register("flash_attention", *portable, name="chunked", cfg_type=_flash_attention.FlashAttentionConfig,
              config_space=_flash_attention.config_space, heuristic=_flash_attention.heuristic_config,
              )(_flash_attention.flash_attention)
+    # Registered for the lse variant itself: the chunked kernel differentiates through its own custom_vjp
+    # (no ejk.VJP, and its lse is blocked internally), so the core cannot derive the variant from it.
     register("flash_attention_lse", *portable, name="chunked", cfg_type=_flash_attention.FlashAttentionConfig,
              config_space=_flash_attention.config_space, heuristic=_flash_attention.heuristic_config,
              )(_flash_attention.flash_attention_lse)

@@ -1,4 +1,5 @@
-"""The conformance check of ``flash_attention``: a platform's implementation against the reference.
+"""The conformance checks of ``flash_attention`` and ``flash_attention_lse``: a platform's implementation
+against the reference.
 
 The edge cases every platform must get right: Sq ≠ Sk, length 1, GQA ratios, masks, soft cap,
 bias, segments, rows that see no key; forward values and gradients.
@@ -14,10 +15,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from ejk.ops._flash_attention._op import flash_attention
-from ejk.ops._flash_attention._reference import reference_flash_attention
-from ejk.testing._op_checks import compare, normal
+from ejk.ops._flash_attention._reference import reference_flash_attention, reference_flash_attention_lse
+from ejk.testing._cases import values_and_grads
+from ejk.testing._op_checks import assert_close, compare, normal
 
-__all__ = ["FLASH_ATTENTION_CASES", "check_flash_attention", "flash_inputs"]
+__all__ = ["FLASH_ATTENTION_CASES", "check_flash_attention", "check_flash_attention_lse", "flash_inputs"]
 
 #: Edge cases of flash attention: shapes [B, Sq, Hq, Sk, Hkv, D] and options.
 FLASH_ATTENTION_CASES: tuple[dict[str, Any], ...] = (
@@ -76,4 +78,61 @@ def check_flash_attention(
 
             label = f"flash_attention[{platform}] {case} {jnp.dtype(dtype).name}"
             compare(ours, ref, (q, k, v, bias), dtype, label, grads)
+    return len(dtypes) * len(cases)
+
+
+def _assert_lse_close(got: Any, want: Any, dtype: Any, label: str) -> None:
+    """Equal ``-inf`` rows (those that see no key), and finite values within the tolerance of ``dtype``."""
+    got32, want32 = np.asarray(got, np.float32), np.asarray(want, np.float32)
+    empty = np.isneginf(want32)
+    if not np.array_equal(np.isneginf(got32), empty):
+        raise AssertionError(f"{label}: lse is -inf on other rows than the reference's (the rows that see no key)")
+    assert_close(np.where(empty, 0.0, got32), np.where(empty, 0.0, want32), dtype, what=label)
+
+
+def check_flash_attention_lse(
+    platform: str,
+    *,
+    dtypes: Sequence[Any] = (jnp.float32, jnp.bfloat16),
+    cases: Sequence[dict[str, Any]] = FLASH_ATTENTION_CASES,
+    grads: bool = True,
+    cfg: Any = None,
+) -> int:
+    """``ejk.flash_attention_lse(..., platform=platform)`` against the reference; returns the cases run.
+
+    Both outputs are compared: rows that see no key must give zeros and an lse of ``-inf``.
+    With ``grads``, the gradients of q, k, v (and bias) for cotangents on both outputs are compared
+    with the reference's, a random lse cotangent on every row (those that see no key get none).
+    """
+    from ejk.ops._flash_attention._lse import flash_attention_lse
+
+    for dtype in dtypes:
+        for seed, case in enumerate(cases):
+            (q, k, v), options = flash_inputs(case, dtype, seed)
+            bias = options.pop("bias", None)
+
+            def ours(q: jax.Array, k: jax.Array, v: jax.Array, bias: Any, options: dict[str, Any] = options) -> Any:
+                return flash_attention_lse(q, k, v, bias=bias, platform=platform, cfg=cfg, **options)
+
+            def ref(q: jax.Array, k: jax.Array, v: jax.Array, bias: Any, options: dict[str, Any] = options) -> Any:
+                return reference_flash_attention_lse(q, k, v, bias=bias, **options)
+
+            label = f"flash_attention_lse[{platform}] {case} {jnp.dtype(dtype).name}"
+            args = (q, k, v, bias)
+            rng = np.random.default_rng(seed + 7)
+            out_shape, lse_shape = (x.shape for x in jax.eval_shape(ref, *args))
+            cotangent = (normal(rng, out_shape, dtype), normal(rng, lse_shape, jnp.float32))
+            if grads:
+                (out, lse), got_grads = values_and_grads(ours, args, cotangent=cotangent)
+                (want, want_lse), want_grads = values_and_grads(ref, args, cotangent=cotangent)
+            else:
+                (out, lse), (want, want_lse) = ours(*args), ref(*args)
+            assert_close(out, want, dtype, what=f"{label} out")
+            _assert_lse_close(lse, want_lse, dtype, f"{label} lse")
+            if np.any(np.asarray(out, np.float32)[np.moveaxis(np.isneginf(np.asarray(lse)), 1, 2)]):
+                raise AssertionError(f"{label}: rows that see no key (lse -inf) must be zeros")
+            if grads:
+                for name, got_g, want_g in zip(("dq", "dk", "dv", "dbias"), got_grads, want_grads, strict=True):
+                    if want_g is not None and got_g is not None:
+                        assert_close(got_g, want_g, dtype, what=f"{label} gradient {name}")
     return len(dtypes) * len(cases)

@@ -16,6 +16,7 @@ Exit status 1 with one line per violation (``path:line: what``), else 0.
 from __future__ import annotations
 
 import ast
+import fnmatch
 import re
 import sys
 from collections.abc import Iterable, Iterator
@@ -38,7 +39,9 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("operations", ("ejk.ops",)),
     ("scale-out", ("ejk.parallel",)),
     ("public API", ("ejk", "ejk.plugin")),
-    ("testing and benchmarking", ("ejk.testing", "ejk.bench")),
+    # An op folder's conformance check is test code: it sits with the testing kit it uses (the op's
+    # definition names it as "module:attribute", imported only when a check runs).
+    ("testing and benchmarking", ("ejk.testing", "ejk.bench", "ejk.ops.*._conformance")),
     ("command line", ("ejk.cli", "ejk.__main__", "ejk._bench_cli", "ejk._demo", "ejk._explain_cli",
                       "ejk._new_plugin", "ejk._plugins_cli")),
 )
@@ -55,11 +58,15 @@ def module_name(path: Path, source_root: Path) -> str:
 
 
 def layer_of(module: str, layers: tuple[tuple[str, tuple[str, ...]], ...] = LAYERS) -> int | None:
-    """The index in ``layers`` of ``module``'s layer (its longest matching entry), ``None`` if unlisted."""
+    """The index in ``layers`` of ``module``'s layer (its longest matching entry), ``None`` if unlisted.
+    An entry with ``*`` is a pattern over whole module names (``ejk.ops.*._conformance``)."""
     best: tuple[int, int] | None = None
     for index, (_, entries) in enumerate(layers):
         for entry in entries:
-            matches = module == entry or (entry != PACKAGE and module.startswith(entry + "."))
+            if "*" in entry:
+                matches = fnmatch.fnmatchcase(module, entry)
+            else:
+                matches = module == entry or (entry != PACKAGE and module.startswith(entry + "."))
             if matches and (best is None or len(entry) > best[0]):
                 best = (len(entry), index)
     return None if best is None else best[1]

@@ -20,7 +20,7 @@ import ejk
 import ejk.plugins
 from ejk import bench, cli
 from ejk.bench import _cases, _peaks, _plot, _report, _runner
-from ejk.ops._matmul import MATMUL
+from ejk.ops._matmul._op import MATMUL
 from ejk.plugins import PlatformStatus
 from ejk.registry import KernelRegistry
 

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from ejk.ops._shard_grouped import local_group_sizes
-from ejk.ops._shard_rules import SHARD_RULES
+from ejk.ops import get_op
+from ejk.ops._grouped_matmul._shard import local_group_sizes
 
 MESH = {"x": 2, "y": 4}
 
@@ -26,7 +26,7 @@ def _plan(op: str, arrays: tuple[Any, ...], layout: dict[int, tuple[Any, ...]]) 
                 return spec[dim]
         return ()
 
-    return SHARD_RULES[op](arrays, axes_of, lambda axes: math.prod(MESH[a] for a in axes))
+    return get_op(op).shard_rule_fn()(arrays, axes_of, lambda axes: math.prod(MESH[a] for a in axes))
 
 
 def _sds(*shape: int) -> jax.ShapeDtypeStruct:

@@ -101,6 +101,13 @@ def test_layer_of_takes_the_longest_entry_and_the_root_only_as_itself() -> None:
     assert ci.layer_of("ejk.elsewhere", LAYERS) is None
 
 
+def test_a_pattern_entry_places_matching_modules_above_their_package() -> None:
+    layers = (("ops", ("ejk.ops",)), ("testing", ("ejk.testing", "ejk.ops.*._conformance")))
+    assert ci.layer_of("ejk.ops._matmul._conformance", layers) == 1
+    assert ci.layer_of("ejk.ops._matmul._op", layers) == 0
+    assert ci.layer_of("ejk.ops._conformance_helpers", layers) == 0
+
+
 @pytest.mark.parametrize(("source", "private"), [
     ("import ejk._versions", "ejk._versions"),
     ("import ejk.ops._base as base", "ejk.ops._base"),

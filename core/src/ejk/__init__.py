@@ -9,9 +9,9 @@ runs kernels with correct gradients, and public operations on top::
     y = ejk.run("rms_norm", x, weight, eps=1e-6)   # any registered algorithm, op or not
 
 ``import ejk`` loads no plugin: the installed plugins are loaded on first use. The public
-operations (and :mod:`ejk.ops`) are imported on first access; an operation a plugin defines
-(:func:`ejk.ops.define_op`) is ``ejk.<name>`` once that plugin is loaded (asking for an unknown
-name loads the plugins).
+operations (and :mod:`ejk.ops`) are imported on first access: every defined operation
+(:func:`ejk.ops.define_op`) is ``ejk.<name>``, the built-in ones and, once its plugin is loaded,
+one a plugin defines (asking for an unknown name loads the plugins).
 """
 
 from __future__ import annotations
@@ -59,20 +59,11 @@ if TYPE_CHECKING:
 
 __version__ = installed_version("ejk-core") or "0+unknown"
 
-_LAZY_OPS = {
-    "ImplChoice",
-    "explain",
-    "flash_attention",
-    "flash_attention_lse",
-    "get_default_executor",
-    "grouped_matmul",
-    "matmul",
-    "ragged_paged_attention",
-    "run",
-    "set_default_executor",
-    "use_executor",
-}
+#: The dispatch API of :mod:`ejk.ops` that ``ejk`` serves too (imported on first access, like the ops).
+_FROM_OPS = {"ImplChoice", "explain", "get_default_executor", "run", "set_default_executor", "use_executor"}
 
+#: Static typing sees the operations through the imports above; ``__all__`` lists them for tools. At run
+#: time ``ejk.<op>`` is read from the op definitions (a test keeps both lists equal to the built-in ops).
 __all__ = [
     "AutotunePolicy",
     "Backend",
@@ -124,11 +115,11 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    if name in _LAZY_OPS or name == "ring_attention":
+    if name in _FROM_OPS or name == "ring_attention":
         value = getattr(importlib.import_module("ejk.parallel" if name == "ring_attention" else "ejk.ops"), name)
         globals()[name] = value
         return value
-    if not name.startswith("_") and name.isidentifier():  # an operation a plugin defined with define_op
+    if not name.startswith("_") and name.isidentifier():  # an operation: built in, or defined by a plugin
         ops = importlib.import_module("ejk.ops")
         definition = ops.OPS.get(name)
         if definition is None and importlib.util.find_spec(f"{__name__}.{name}") is None:
@@ -139,5 +130,7 @@ def __getattr__(name: str) -> Any:
             kernel_registry.list_algorithms()
             definition = ops.OPS.get(name)
         if definition is not None:
+            if name in ops.__all__:  # a built-in op: it never changes, keep it
+                globals()[name] = definition.function
             return definition.function
     raise AttributeError(f"module 'ejk' has no attribute {name!r}")

@@ -60,9 +60,9 @@ def run(args: argparse.Namespace) -> int:
 
     import ejk
     from ejk import environment
-    from ejk.ops._attention import KERNEL as FLASH_KERNEL
-    from ejk.ops._attention import flash_attention_call
     from ejk.ops._base import resolve_platform
+    from ejk.ops._flash_attention._op import KERNEL as FLASH_KERNEL
+    from ejk.ops._flash_attention._op import flash_attention_call
     from ejk.testing import reference_flash_attention
 
     console = make_console()

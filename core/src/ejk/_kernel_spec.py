@@ -123,12 +123,24 @@ class VJP:
             ``residuals`` tag may be paired with this forward (see :class:`ejk.ops.ImplChoice`).
         fix: For a paired backward: what to install (or do) when no backward pairs with a call,
             ending the error and the gate's reason (default: a generic hint naming the tag).
+        extra_cotangents: Outputs that variants of the op add (e.g. ``"lse"``, which
+            ``flash_attention_lse`` adds to ``flash_attention``) whose cotangents ``bwd`` also
+            takes, as keyword arguments ``d_<name>`` (absent, or ``None``, when there is none). The
+            variant's backward then is this one: the implementation provides the variant for free.
     """
 
     fwd: Callable[..., Any]
     bwd: Callable[..., Any] | None = None
     residuals: str = attrs.field(validator=attrs.validators.min_len(1))
     fix: str | None = attrs.field(default=None)
+    extra_cotangents: tuple[str, ...] = attrs.field(default=())
+
+    @extra_cotangents.validator
+    def _extra_cotangents_need_a_backward(self, attribute: Any, value: tuple[str, ...]) -> None:
+        if value and self.bwd is None:
+            raise ValueError("VJP(extra_cotangents=...) names cotangents its bwd takes: pass bwd too")
+        if not isinstance(value, tuple) or not all(isinstance(name, str) and name.isidentifier() for name in value):
+            raise ValueError(f"VJP(extra_cotangents={value!r}) must be a tuple of output names such as ('lse',)")
 
     @fix.validator
     def _fix_only_when_paired(self, attribute: Any, value: str | None) -> None:

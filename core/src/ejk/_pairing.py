@@ -10,7 +10,7 @@ residuals, and the registration's capability gate refuses calls for which none p
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ejk._kernel_spec import Backend, KernelSpec, capability_reason, default_backend
@@ -26,7 +26,8 @@ def _default_fix(algorithm: str, tag: str) -> str:
             "or differentiate through another platform (platform=...).")
 
 
-def paired_backward(registry: KernelRegistry, spec: KernelSpec, call: Mapping[str, Any]) -> KernelSpec:
+def paired_backward(registry: KernelRegistry, spec: KernelSpec, call: Mapping[str, Any],
+                    candidates: Sequence[KernelSpec] | None = None) -> KernelSpec:
     """The implementation whose backward runs on forward-only ``spec``'s residuals for ``call``.
 
     Candidates are the other implementations of ``spec.algorithm`` with a backward of their own that
@@ -39,6 +40,8 @@ def paired_backward(registry: KernelRegistry, spec: KernelSpec, call: Mapping[st
         registry: Where to look.
         spec: The forward-only implementation (``spec.vjp.bwd`` is ``None``).
         call: The keyword view of the call (abstract arrays by name, then the static arguments).
+        candidates: The implementations of ``spec.algorithm`` to look among, highest priority first
+            (default: the registry's; an op variant passes its derived ones too).
 
     Raises:
         NotImplementedError: naming every candidate's reason (or that none is installed) and the fix.
@@ -48,7 +51,7 @@ def paired_backward(registry: KernelRegistry, spec: KernelSpec, call: Mapping[st
     backend = default_backend()
     reasons: list[str] = []
     fallback: KernelSpec | None = None
-    for other in registry.list_implementations(spec.algorithm):
+    for other in registry.list_implementations(spec.algorithm) if candidates is None else candidates:
         if other.vjp is None or other.vjp.paired or other.vjp.residuals != tag:
             continue
         if other.backend not in (Backend.ANY, backend):
@@ -73,10 +76,11 @@ def paired_backward(registry: KernelRegistry, spec: KernelSpec, call: Mapping[st
     )
 
 
-def pairing_reason(registry: KernelRegistry, spec: KernelSpec, call: Mapping[str, Any]) -> str | None:
+def pairing_reason(registry: KernelRegistry, spec: KernelSpec, call: Mapping[str, Any],
+                   candidates: Sequence[KernelSpec] | None = None) -> str | None:
     """Why gradients of ``call`` through forward-only ``spec`` could not be taken, else ``None``."""
     try:
-        paired_backward(registry, spec, call)
+        paired_backward(registry, spec, call, candidates)
     except NotImplementedError as exc:
         return f"no installed backward pairs with it for gradients ({exc})"
     return None

@@ -9,12 +9,15 @@ import re
 import sys
 import warnings
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.markup import escape
 from rich.table import Table
 
 from ejk._console import console as _console
+
+if TYPE_CHECKING:
+    from ejk.registry import KernelRegistry, KernelSpec
 
 __all__ = ["main"]
 
@@ -40,19 +43,34 @@ def cmd_plugins(args: argparse.Namespace) -> int:
     return _plugins_cli.cmd_plugins(args, _host())
 
 
+def _all_implementations(registry: KernelRegistry) -> list[tuple[KernelSpec, bool]]:
+    """Every implementation, registered ones then those op variants derive: ``(spec, derived)``."""
+    from ejk.ops import OPS
+
+    found = [(spec, False) for spec in registry]
+    for definition in OPS.values():
+        if definition.variant_of is not None:
+            kernel = type(definition.kernel)(registry)
+            found += [(spec, True) for spec in kernel.implementations() if spec.algorithm == definition.name
+                      and spec not in registry.list_implementations(definition.name)]
+    return found
+
+
 def cmd_kernels(args: argparse.Namespace) -> int:
     host = _host()
     registry = host.registry
+    found = _all_implementations(registry)
     rows = [{
         "algorithm": s.algorithm, "platform": str(s.platform), "backend": str(s.backend), "name": s.name,
         "tier": str(s.tier), "priority": s.priority, "gated": s.capability is not None, "custom_vjp": s.vjp is not None,
         "backward": None if s.vjp is None else s.vjp.describe_backward(),
         "plugin": str(s.plugin) if s.plugin else "-", "available": registry.spec_available(s)[0],
-        "config": s.cfg_type.__name__ if s.cfg_type else "-",
-    } for s in registry if args.algorithm is None or s.algorithm == args.algorithm.lower()]
+        "config": s.cfg_type.__name__ if s.cfg_type else "-", "derived": derived,
+    } for s, derived in found if args.algorithm is None or s.algorithm == args.algorithm.lower()]
     from ejk.ops import OPS
 
-    unimplemented = [name for name in sorted(OPS) if name not in registry.list_algorithms()
+    implemented = {s.algorithm for s, _ in found}
+    unimplemented = [name for name in sorted(OPS) if name not in implemented
                      and (args.algorithm is None or name == args.algorithm)]
     if args.json:
         _print_json(rows)
@@ -62,9 +80,10 @@ def cmd_kernels(args: argparse.Namespace) -> int:
                    "available here"):
         table.add_column(column)
     for r in rows:
-        table.add_row(*(escape(str(r[k])) for k in ("algorithm", "platform", "backend", "name", "tier", "priority",
-                                                     "plugin")),
-                      escape(r["config"]), "yes" if r["available"] else "no")
+        name = f"{r['name']} (from {OPS[r['algorithm']].variant_of})" if r["derived"] else r["name"]
+        table.add_row(*(escape(str(v)) for v in (r["algorithm"], r["platform"], r["backend"], name, r["tier"],
+                                                  r["priority"], r["plugin"], r["config"])),
+                      "yes" if r["available"] else "no")
     for name in unimplemented:  # a defined operation nobody implements yet: say so rather than hide it
         table.add_row(name, "-", "-", "-", "-", "-", "-", "(no implementation registered)", "no")
     _console().print(table if rows or unimplemented else "No kernels are registered (see `ejk plugins`).")

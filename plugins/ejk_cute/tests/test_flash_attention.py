@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 import ejk
+from ejk.ops import FLASH_LSE_RESIDUALS, with_natural_lse
 from ejk.testing import AttentionCase, assert_close, reference_flash_attention, reference_flash_attention_lse
 from ejk_cute import _flash_attention as fa
 from ejk_cute import _status
@@ -115,8 +116,8 @@ def test_heuristic_runs_the_persistent_grid(d: int) -> None:
 
 
 def test_registered_forward_only_for_both_attention_ops() -> None:
-    for op, tag in (("flash_attention", fa.RESIDUALS), ("flash_attention_lse", fa.LSE_RESIDUALS)):
-        (spec,) = [s for s in ejk.kernel_registry.list_implementations(op) if str(s.platform) == "cute"]
+    for op, tag in (("flash_attention", fa.RESIDUALS), ("flash_attention_lse", FLASH_LSE_RESIDUALS)):
+        (spec,) = [s for s in ejk.ops.get_op(op).kernel.implementations() if str(s.platform) == "cute"]
         assert spec.label == "cute/gpu:fa3"
         assert spec.cfg_type is fa.FlashAttentionConfig and spec.priority == fa.PRIORITY
         assert spec.vjp is not None and spec.vjp.residuals == tag
@@ -148,15 +149,16 @@ def test_empty_problems_need_no_launch() -> None:
                                          logits_soft_cap=None, **none)
     assert out.shape == (2, 0, 4, 64) and res[-1].shape == (2, 4, 0)
     q = jnp.ones((1, 3, 2, 64), jnp.bfloat16)
-    (out, lse), _ = fa.lse_forward_with_residuals(q, q[:, :0], q[:, :0], causal=False, softmax_scale=0.125,
-                                                  sliding_window=None, logits_soft_cap=None, **none)
+    (out, lse), _ = with_natural_lse(fa.forward_with_residuals)(q, q[:, :0], q[:, :0], causal=False,
+                                                                softmax_scale=0.125, sliding_window=None,
+                                                                logits_soft_cap=None, **none)
     assert not np.asarray(out, np.float32).any() and np.all(np.asarray(lse) == -np.inf)
 
 
 # -- pairing with another implementation's backward (the core's, through the registered gate) --------
 
 
-OPS = (("flash_attention", fa.RESIDUALS), ("flash_attention_lse", fa.LSE_RESIDUALS))
+OPS = (("flash_attention", fa.RESIDUALS), ("flash_attention_lse", FLASH_LSE_RESIDUALS))
 
 
 def _registered(*partners: tuple[str, str, int, Any]) -> ejk.KernelRegistry:
@@ -174,7 +176,7 @@ def _registered(*partners: tuple[str, str, int, Any]) -> ejk.KernelRegistry:
 
 def _gate(registry: ejk.KernelRegistry, op: str) -> Any:
     """The registered gate, called as the core calls it: with the call's keyword view."""
-    (spec,) = [s for s in registry.list_implementations(op) if str(s.platform) == "cute"]
+    (spec,) = [s for s in type(ejk.ops.get_op(op).kernel)(registry).implementations() if str(s.platform) == "cute"]
     return lambda q, k, v, **options: spec.capability(q=q, k=k, v=v, **options)
 
 
@@ -226,11 +228,12 @@ def _on_this_machine(op: str) -> Any:
         return registry.register(algorithm, platform, jax.default_backend(), **options)
 
     fa.register_flash_attention(here)
-    for spec in ejk.kernel_registry.list_implementations(op):
+    ops = dict.fromkeys((op, "flash_attention"))  # flash_attention's too: flash_attention_lse derives from them
+    for spec in [s for name in ops for s in ejk.kernel_registry.list_implementations(name)]:
         if str(spec.platform) != "cute":
-            registry.register(op, spec.platform, spec.backend, spec.priority, name=spec.name, cfg_type=spec.cfg_type,
-                              config_space=spec.config_space, heuristic=spec.heuristic, capability=spec.capability,
-                              rank=spec.rank, vjp=spec.vjp)(spec.implementation)
+            registry.register(spec.algorithm, spec.platform, spec.backend, spec.priority, name=spec.name,
+                              cfg_type=spec.cfg_type, config_space=spec.config_space, heuristic=spec.heuristic,
+                              capability=spec.capability, rank=spec.rank, vjp=spec.vjp)(spec.implementation)
     return type(ejk.ops.get_op(op).kernel)(registry)
 
 

@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
+from ejk.ops import with_natural_lse, without_residuals
 from ejk_cute import _compile
 from ejk_cute import _flash_attention as fa
 
@@ -21,6 +22,8 @@ pytest.importorskip("cutlass.jax", reason="nvidia-cutlass-dsl is not installed")
 
 S = jax.ShapeDtypeStruct
 CUSTOM_CALL = _compile.CUSTOM_CALL_TARGET
+#: The kernel's ``flash_attention_lse`` forward (the core derives it from the residuals' base-2 lse).
+FORWARD_LSE = without_residuals(with_natural_lse(fa.forward_with_residuals), "forward_lse")
 
 #: (name, static options, (Sq, Sk, Hq, Hkv)): lengths off the block multiples, Sq != Sk where masks align.
 VARIANTS: tuple[tuple[str, dict[str, Any], tuple[int, int, int, int]], ...] = (
@@ -42,7 +45,7 @@ def _call(d: int, dtype: Any, cfg: fa.FlashAttentionConfig, variant: int, b: int
     _, options, (sq, sk, hq, hkv) = VARIANTS[variant]
     static = dict(causal=False, softmax_scale=d ** -0.5, sliding_window=None, logits_soft_cap=None,
                   q_segment_ids=None, kv_segment_ids=None, bias=None) | options
-    fn = functools.partial(fa.forward_lse, cfg=cfg, **static)
+    fn = functools.partial(FORWARD_LSE, cfg=cfg, **static)
     return fn, (S((b, sq, hq, d), dtype), S((b, sk, hkv, d), dtype), S((b, sk, hkv, d), dtype))
 
 
@@ -79,7 +82,7 @@ def test_persistent_grid_with_more_items_than_sms_compiles(causal: bool) -> None
     """2048 work items on the persistent grid: each CTA walks a snake of them (``ejk.tiling``)."""
     cfg = fa.FlashAttentionConfig(block_kv=128, stages=2, persistent=True)
     assert fa._grid_ctas(cfg, 8, 2048, 16, 2048, causal, None) in range(120, 133)
-    fn = functools.partial(fa.forward_lse, cfg=cfg, causal=causal, softmax_scale=0.125, sliding_window=None,
+    fn = functools.partial(FORWARD_LSE, cfg=cfg, causal=causal, softmax_scale=0.125, sliding_window=None,
                            logits_soft_cap=None, q_segment_ids=None, kv_segment_ids=None, bias=None)
     q = S((8, 2048, 16, 128), jnp.bfloat16)
     assert CUSTOM_CALL in _lowered(fn, q, S((8, 2048, 4, 128), jnp.bfloat16), S((8, 2048, 4, 128), jnp.bfloat16))

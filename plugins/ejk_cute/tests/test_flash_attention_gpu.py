@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import ejk
-from ejk.ops import ImplChoice
+from ejk.ops import ImplChoice, with_natural_lse, without_residuals
 from ejk.testing import (
     AttentionCase,
     assert_close,
@@ -26,6 +26,8 @@ from ejk_cute import _flash_attention as fa
 from ejk_cute import _status
 
 REASON = _status.runtime_reason()
+#: The kernel's ``flash_attention_lse`` forward (the core derives it from the residuals' base-2 lse).
+FORWARD_LSE = without_residuals(with_natural_lse(fa.forward_with_residuals), "forward_lse")
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(REASON is not None, reason=str(REASON))]
 
 #: (b, sq, hq, sk, hkv, d) and options, as ejk.testing's conformance cases.
@@ -82,7 +84,7 @@ def _check_lse(q: jax.Array, k: jax.Array, v: jax.Array, cfg: fa.FlashAttentionC
     if window is not None and static["causal"]:
         window = (window[0], 0)
     static_op = static | {"sliding_window": window}
-    run = jax.jit(functools.partial(fa.forward_lse, cfg=cfg, softmax_scale=scale, q_segment_ids=None,
+    run = jax.jit(functools.partial(FORWARD_LSE, cfg=cfg, softmax_scale=scale, q_segment_ids=None,
                                     kv_segment_ids=None, bias=None, **static_op))
     out, lse = run(q, k, v)
     want_out, want_lse = reference_flash_attention_lse(q, k, v, softmax_scale=scale, **static)

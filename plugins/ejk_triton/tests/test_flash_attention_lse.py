@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import ejk
-from ejk.testing import assert_close, reference_flash_attention_lse
+from ejk.testing import FLASH_ATTENTION_CASES, assert_close, check_op, reference_flash_attention_lse
 from ejk_triton import FlashAttentionConfig, _env
 
 pytestmark = pytest.mark.skipif(not (_env.nvidia_gpu()[0] or _env.interpret_mode()),
@@ -89,3 +89,10 @@ def test_rows_that_see_no_key_get_no_gradient_from_a_nan_lse_cotangent() -> None
     for grad in (dq, dk, dv):
         assert np.isfinite(np.asarray(grad)).all()
     assert np.all(np.asarray(dq)[:, :8] == 0.0)
+
+
+def test_lse_conformance_subset() -> None:
+    # The lse conformance suite through ejk.flash_attention_lse(platform="triton"), derived from the flash
+    # kernels' VJP: causal GQA, window + soft cap, segments and Sq > Sk (rows that see no key).
+    cases = [FLASH_ATTENTION_CASES[i] for i in (1, 5, 7, 8)]
+    assert check_op("flash_attention_lse", "triton", dtypes=(jnp.float32,), cases=cases, cfg=SMALL) == 4

@@ -15,6 +15,7 @@ from ejk.testing import (
     MATMUL_SHAPES,
     assert_close,
     check_flash_attention,
+    check_flash_attention_lse,
     check_grouped_matmul,
     check_matmul,
     check_ragged_paged_attention,
@@ -162,7 +163,8 @@ def test_signatures_of_registered_implementations_agree() -> None:
 
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=["f32", "bf16"])
 @pytest.mark.parametrize(
-    "check", [check_flash_attention, check_matmul, check_grouped_matmul, check_ragged_paged_attention]
+    "check", [check_flash_attention, check_flash_attention_lse, check_matmul, check_grouped_matmul,
+              check_ragged_paged_attention]
 )
 def test_platform_conformance_suite(check: Any, dtype: Any) -> None:
     """The conformance checks every platform runs (ejk.testing), here for xla (one dtype per test,

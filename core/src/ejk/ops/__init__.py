@@ -1,9 +1,12 @@
-"""The public operations and how they are dispatched."""
+"""The public operations and how they are dispatched.
+
+Each built-in operation is one folder, ``ejk/ops/_<name>/`` (listed in :mod:`ejk.ops._builtin`),
+holding its kernel and public function, validation, reference, conformance check, residual
+formats, shard rule and bench workload, tied together by its :func:`define_op` call.
+"""
 
 from __future__ import annotations
 
-from ejk.ops._attention import FlashAttentionKernel, flash_attention
-from ejk.ops._attention_lse import FlashAttentionLseKernel, flash_attention_lse
 from ejk.ops._base import (
     Candidate,
     ImplChoice,
@@ -13,20 +16,26 @@ from ejk.ops._base import (
     set_default_executor,
     use_executor,
 )
+from ejk.ops._builtin import BUILTIN_OPS, builtin_ops
 from ejk.ops._definition import OPS, OpDefinition, define_op, get_op
 from ejk.ops._explain import Explanation, ImplementationReport, explain
+from ejk.ops._flash_attention import FlashAttentionKernel, FlashAttentionLseKernel, flash_attention, flash_attention_lse
+from ejk.ops._flash_attention._residuals import FLASH_LSE_RESIDUALS, FLASH_RESIDUALS, natural_lse, with_natural_lse
 from ejk.ops._generic import AlgorithmKernel, run
-from ejk.ops._matmul import GroupedMatmulKernel, MatmulKernel, grouped_matmul, matmul
-from ejk.ops._paged import RaggedPagedAttentionKernel, paged_merge_splits, paged_owned_rows, ragged_paged_attention
-from ejk.ops._residuals import (
-    FLASH_LSE_RESIDUALS,
-    FLASH_RESIDUALS,
-    natural_lse,
-    with_natural_lse,
-    without_residuals,
+from ejk.ops._grouped_matmul import GroupedMatmulKernel, grouped_matmul
+from ejk.ops._matmul import MatmulKernel, matmul
+from ejk.ops._ragged_paged_attention import (
+    RaggedPagedAttentionKernel,
+    paged_merge_splits,
+    paged_owned_rows,
+    ragged_paged_attention,
 )
+from ejk.ops._residuals import without_residuals
+
+builtin_ops()  # defines every built-in op, including any not re-exported above
 
 __all__ = [
+    "BUILTIN_OPS",
     "FLASH_LSE_RESIDUALS",
     "FLASH_RESIDUALS",
     "OPS",
@@ -42,6 +51,7 @@ __all__ = [
     "OpDefinition",
     "OpKernel",
     "RaggedPagedAttentionKernel",
+    "builtin_ops",
     "define_op",
     "explain",
     "flash_attention",

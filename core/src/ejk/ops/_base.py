@@ -13,7 +13,7 @@ import contextlib
 import contextvars
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import jax
@@ -37,6 +37,9 @@ from ejk.registry import (
     normalize_platform,
     platform_name,
 )
+
+if TYPE_CHECKING:
+    from ejk.ops._definition import OpDefinition
 
 __all__ = [
     "Candidate",
@@ -123,9 +126,15 @@ class OpKernel(Kernel[ImplChoice, Any]):
 
     array_names: tuple[str, ...] = ()
     positional: int = 0
+    #: The op's definition, set by :func:`~ejk.ops.define_op` (``None`` for a kernel no op declares).
+    definition: OpDefinition | None = None
+    #: The op this one is a variant of (``None``: none): its implementations that :meth:`derive`
+    #: turns into this op's count as this op's own, unless one registered for this op shadows them.
+    variant_of: str | None = None
 
     def __init__(self, registry: KernelRegistry | None = None) -> None:
         self.registry = registry if registry is not None else kernel_registry
+        self._derived: tuple[tuple[int, int], list[KernelSpec]] | None = None
 
     def normalize(self, *args: Any, **kwargs: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
         """Validate the public function's arguments (without ``platform`` / ``cfg``) and return
@@ -147,6 +156,32 @@ class OpKernel(Kernel[ImplChoice, Any]):
         view.update((k, v) for k, v in inv.kwargs.items() if k != "platform")
         return view
 
+    # -- the implementations, registered and derived ---------------------------------------------
+
+    def derive(self, spec: KernelSpec) -> KernelSpec | None:
+        """For a variant (:attr:`variant_of`): this op's implementation made of ``spec``, an
+        implementation of the op it varies, or ``None`` when ``spec`` cannot provide it."""
+        return None
+
+    def implementations(self) -> list[KernelSpec]:
+        """Every implementation of this op, highest priority first: those registered for it and, for a
+        variant, those derived from the implementations of the op it varies (a registered one of
+        the same platform, backend and name shadows a derived one)."""
+        own = self.registry.list_implementations(self.op_id)
+        if self.variant_of is None:
+            return own
+        key = (id(self.registry), self.registry.version)
+        if self._derived is None or self._derived[0] != key:  # derived once per registry state
+            self._derived = (key, [d for s in self.registry.list_implementations(self.variant_of)
+                                   if (d := self.derive(s)) is not None])
+        taken = {(s.platform, s.backend, s.name) for s in own}
+        found = own + [d for d in self._derived[1] if (d.platform, d.backend, d.name) not in taken]
+        return sorted(found, key=lambda s: -s.priority)  # stable: registered ones first among equals
+
+    def paired_backward(self, spec: KernelSpec, call: Mapping[str, Any]) -> KernelSpec:
+        """The implementation whose backward runs on forward-only ``spec``'s residuals for ``call``."""
+        return paired_backward(self.registry, spec, call, self.implementations())
+
     def _gate(self, spec: KernelSpec, call: Mapping[str, Any]) -> str | None:
         return capability_reason(spec, call)  # a broken gate refuses; it never takes the op down
 
@@ -161,7 +196,7 @@ class OpKernel(Kernel[ImplChoice, Any]):
         call = self.call_view(inv)
         seen: set[tuple[str, str, str]] = set()
         found: list[Candidate] = []
-        for spec in self.registry.list_implementations(self.op_id):
+        for spec in self.implementations():
             ident = (str(spec.platform), str(spec.backend), spec.name)
             if ident in seen:
                 continue
@@ -273,9 +308,18 @@ class OpKernel(Kernel[ImplChoice, Any]):
     # -- resolving choices -------------------------------------------------------------------------
 
     def spec_for(self, choice: ImplChoice) -> KernelSpec:
-        """The registered implementation a choice names (highest priority for that name)."""
-        return self.registry.get_spec(self.op_id, platform=choice.platform, backend=choice.backend,
-                                      name=choice.implementation)
+        """The implementation a choice names (highest priority for that name)."""
+        try:
+            return self.registry.get_spec(self.op_id, platform=choice.platform, backend=choice.backend,
+                                          name=choice.implementation)
+        except KernelNotFoundError:
+            if self.variant_of is None:
+                raise
+            for spec in self.implementations():  # a derived one
+                if (spec.platform == choice.platform and spec.backend == choice.backend
+                        and choice.implementation in (None, spec.name)):
+                    return spec
+            raise
 
     def override_problem(self, choice: Any) -> str | None:
         """What an ``ejk_choose_config`` override of this op must be, when ``choice`` is not that
@@ -309,7 +353,7 @@ class OpKernel(Kernel[ImplChoice, Any]):
         if isinstance(cfg, ImplChoice):
             return self.resolve(cfg)
         backend = default_backend()
-        specs = [s for s in self.registry.list_implementations(self.op_id)
+        specs = [s for s in self.implementations()
                  if s.backend in (Backend.ANY, backend) and (platform == "auto" or s.platform == platform)]
         for spec in specs:
             if spec.cfg_type is not None and isinstance(cfg, spec.cfg_type):
@@ -404,7 +448,7 @@ class OpKernel(Kernel[ImplChoice, Any]):
         out, residuals = spec.vjp.fwd(*pos, **named, **static, cfg=cfg.cfg)
         if spec.vjp.paired and cfg.backward is None:  # which other implementation's backward, for this call
             call = {**dict(zip(self.array_names, abstract_args(arrays), strict=True)), **static}
-            residuals = (residuals, _PairedWith(paired_backward(self.registry, spec, call)))
+            residuals = (residuals, _PairedWith(self.paired_backward(spec, call)))
         return out, residuals
 
     def bwd(self, residuals: Any, cotangent: Any, *, cfg: ImplChoice, platform: str = "auto",
@@ -546,5 +590,6 @@ def run_op(kernel: OpKernel, arrays: tuple[Any, ...], static: dict[str, Any], pl
 
     from ejk.ops._sharded import run_sharded  # sharded inputs: one call per shard (shapes per shard)
 
-    split, out = run_sharded(kernel.op_id, arrays, call, static)
+    rule = None if kernel.definition is None else kernel.definition.shard_rule_fn()
+    split, out = run_sharded(rule, arrays, call, static)
     return out if split else call(*arrays)

@@ -1,10 +1,13 @@
 """Op definitions: an operation is declared once, and everything else derives from it.
 
 An :class:`OpDefinition` ties together the op's kernel (its argument layout and validator,
-:meth:`~ejk.ops.OpKernel.normalize`), its public function, its plain reference and its
-conformance check. ``ejk.<name>``, :func:`ejk.explain`, :func:`ejk.testing.check_op` and
-``ejk kernels`` all read the definitions, so a new op (built in or from a third party) is a
-kernel class, a public function and one :func:`define_op` call.
+:meth:`~ejk.ops.OpKernel.normalize`), its public function, its plain reference, its conformance
+check, how it splits over sharded inputs, what ``ejk bench`` measures and the residual formats
+its implementations share. ``ejk.<name>``, :func:`ejk.explain`, :func:`ejk.testing.check_op`,
+``ejk kernels``, ``ejk bench`` and the sharded path all read the definitions, so a new op (built
+in or from a third party) is a kernel class, a public function and one :func:`define_op` call.
+Everything but the kernel and the function may be given as ``"module:attribute"``, imported on
+first use (keeps ``import ejk`` light).
 """
 
 from __future__ import annotations
@@ -21,14 +24,26 @@ from ejk.ops._base import OpKernel
 __all__ = ["OPS", "OpDefinition", "define_op", "get_op"]
 
 
-def _resolve(target: Callable[..., Any] | str | None) -> Callable[..., Any] | None:
-    """A callable, or ``"module:attribute"`` imported on first use (keeps ``import ejk`` light)."""
-    if target is None or callable(target):
+_loaded: dict[str, Any] = {}
+
+
+def _load(target: Any, what: str) -> Any:
+    """``target``, or the attribute ``"module:attribute"`` names (imported on first use, then kept)."""
+    if not isinstance(target, str):
         return target
+    if target in _loaded:
+        return _loaded[target]
     module, _, attribute = target.partition(":")
-    value = getattr(importlib.import_module(module), attribute)
-    if not callable(value):
-        raise TypeError(f"{target!r} is not callable")
+    if not attribute:
+        raise ValueError(f"{what} {target!r} must be a value or 'module:attribute'")
+    value = _loaded[target] = getattr(importlib.import_module(module), attribute)
+    return value
+
+
+def _resolve(target: Callable[..., Any] | str | None, what: str) -> Callable[..., Any] | None:
+    value = _load(target, what)
+    if value is not None and not callable(value):
+        raise TypeError(f"{what} {target!r} is not callable")
     return value  # type: ignore[no-any-return]
 
 
@@ -40,25 +55,55 @@ class OpDefinition:
         kernel: The op's kernel: ``op_id`` is the op's name, ``array_names`` / ``positional`` the
             argument layout implementations receive, ``normalize`` the validator.
         function: The public function (``ejk.<name>``).
-        reference: The plain reference implementation (a callable or ``"module:attribute"``).
+        reference: The plain reference implementation.
         check: Conformance check ``check(platform, **options) -> cases run`` that a plugin's test
-            suite calls (a callable or ``"module:attribute"``).
+            suite calls.
+        shard_rule: ``rule(arrays, axes_of, size) -> ShardPlan | None``: which sharded dims of
+            its inputs a call splits and how the shards combine (``None``: inputs are gathered;
+            see :mod:`ejk.ops._sharded`).
+        bench: What ``ejk bench`` measures (an :class:`ejk.ops._workload.OpBench`).
+        residuals: The residual formats (``ejk.VJP.residuals`` tags) its implementations share,
+            so that one's backward may run on another's forward.
+
+    A variant of another op (``variant_of``: its kernel's) gets implementations derived from that
+    op's; ``variants`` lists an op's variants.
     """
 
     kernel: OpKernel
     function: Callable[..., Any] = attrs.field(eq=False)
     reference: Callable[..., Any] | str | None = attrs.field(default=None, eq=False)
     check: Callable[..., int] | str | None = attrs.field(default=None, eq=False)
+    shard_rule: Callable[..., Any] | str | None = attrs.field(default=None, eq=False)
+    bench: Any = attrs.field(default=None, eq=False)
+    residuals: tuple[str, ...] = ()
 
     @property
     def name(self) -> str:
         return self.kernel.op_id
 
+    @property
+    def variant_of(self) -> str | None:
+        """The op this one is a variant of (its implementations provide this one's, see
+        :meth:`ejk.ops.OpKernel.derive`), else ``None``."""
+        return self.kernel.variant_of
+
+    @property
+    def variants(self) -> tuple[str, ...]:
+        """The defined ops that are variants of this one (``flash_attention_lse`` of ``flash_attention``)."""
+        return tuple(name for name, d in OPS.items() if d.variant_of == self.name)
+
     def reference_fn(self) -> Callable[..., Any] | None:
-        return _resolve(self.reference)
+        return _resolve(self.reference, "reference")
 
     def check_fn(self) -> Callable[..., int] | None:
-        return _resolve(self.check)
+        return _resolve(self.check, "check")
+
+    def shard_rule_fn(self) -> Callable[..., Any] | None:
+        return _resolve(self.shard_rule, "shard_rule")
+
+    def bench_spec(self) -> Any:
+        """The op's :class:`ejk.ops._workload.OpBench` (``None``: ``ejk bench`` does not measure it)."""
+        return _load(self.bench, "bench")
 
 
 #: Every defined operation by name (the built-in ones and those third-party plugins define).
@@ -67,8 +112,9 @@ _lock = threading.Lock()
 
 
 def define_op(kernel: OpKernel, function: Callable[..., Any], *, reference: Callable[..., Any] | str | None = None,
-              check: Callable[..., int] | str | None = None) -> OpDefinition:
-    """Declare an operation; returns its definition.
+              check: Callable[..., int] | str | None = None, shard_rule: Callable[..., Any] | str | None = None,
+              bench: Any = None, residuals: tuple[str, ...] = ()) -> OpDefinition:
+    """Declare an operation (see :class:`OpDefinition` for the arguments); returns its definition.
 
     Raises:
         ValueError: when another operation already uses the name, or the name is not an identifier.
@@ -76,13 +122,15 @@ def define_op(kernel: OpKernel, function: Callable[..., Any], *, reference: Call
     name = kernel.op_id
     if not name.isidentifier() or name.startswith("_"):
         raise ValueError(f"op name {name!r} must be a public Python identifier (it becomes ejk.{name})")
-    definition = OpDefinition(kernel=kernel, function=function, reference=reference, check=check)
+    definition = OpDefinition(kernel=kernel, function=function, reference=reference, check=check,
+                              shard_rule=shard_rule, bench=bench, residuals=tuple(residuals))
     with _lock:
         existing = OPS.get(name)
         if existing is not None and existing.function is not function:
             raise ValueError(f"an operation named {name!r} is already defined by "
                              f"{getattr(existing.function, '__module__', '?')}; choose another name")
         OPS[name] = definition
+    kernel.definition = definition
     return definition
 
 

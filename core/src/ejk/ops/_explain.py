@@ -6,7 +6,6 @@ from typing import Any
 
 import attrs
 
-from ejk._pairing import paired_backward
 from ejk.execution.executor import Executor
 from ejk.execution.kernel import Invocation
 from ejk.ops._base import ImplChoice, OpKernel, get_default_executor, resolve_platform
@@ -92,7 +91,7 @@ def _backward(kernel: OpKernel, spec: KernelSpec, inv: Invocation[ImplChoice], s
     if status not in ("chosen", "usable"):
         return text
     try:
-        return f"{text}: {paired_backward(kernel.registry, spec, kernel.call_view(inv)).label}"
+        return f"{text}: {kernel.paired_backward(spec, kernel.call_view(inv)).label}"
     except NotImplementedError:  # its gate refuses such calls; a forced choice says why when run
         return text
 

@@ -1,6 +1,6 @@
 """What a shard rule returns: the ``shard_map`` specs of a call and, optionally, its per-shard body.
 
-A rule (see :data:`ejk.ops._sharded.SHARD_RULES`) looks at how a call's arrays are sharded and
+A rule (an op definition's ``shard_rule``, see :mod:`ejk.ops._sharded`) looks at how a call's arrays are sharded and
 answers with a :class:`ShardPlan`: ``in_specs`` / ``out_specs`` for ``jax.shard_map`` and, where
 a shard cannot simply run the op on its blocks (expert-parallel grouped matmul, a split
 contraction, token-split paged attention), a ``body`` that adapts the call and combines the
@@ -15,7 +15,7 @@ from typing import Any
 import attrs
 from jax.sharding import PartitionSpec as P
 
-__all__ = ["AxesOf", "Axes", "Body", "Call", "ShardPlan", "Size", "divides", "spec"]
+__all__ = ["AxesOf", "Axes", "Body", "Call", "Rule", "ShardPlan", "Size", "divides", "head_axes", "spec"]
 
 Axes = tuple[str, ...]
 #: ``axes_of(x, dim)``: the splittable mesh axes one dim of an input is sharded over (``()``: unsplit).
@@ -45,6 +45,11 @@ class ShardPlan:
     body: Body | None = None
 
 
+#: ``rule(arrays, axes_of, size) -> ShardPlan | (in_specs, out_specs) | None`` (``None``: the op
+#: cannot be wrapped, call it as is).
+Rule = Callable[[tuple[Any, ...], AxesOf, Size], "ShardPlan | tuple[tuple[Any, ...], Any] | None"]
+
+
 def spec(*dims: Axes | None) -> P:
     """A ``PartitionSpec`` from per-dim axes (``()`` / ``None``: unsplit)."""
     return P(*[None if not d else (d[0] if len(d) == 1 else d) for d in dims])
@@ -55,3 +60,14 @@ def divides(size: Size, axes: Axes, *extents: int) -> Axes:
     if not axes or not any(extents):
         return ()
     return axes if all(e % size(axes) == 0 for e in extents) else ()
+
+
+def head_axes(axes_of: AxesOf, size: Size, q: Any, q_dim: int, kv: Any, kv_dim: int) -> tuple[Axes, Axes]:
+    """Axes splitting query heads and kv heads so that head ``h`` still uses kv head ``h // G``."""
+    axes = axes_of(q, q_dim)
+    parts = size(axes)
+    if not axes or q.shape[q_dim] % parts:
+        return (), ()
+    if kv.shape[kv_dim] % parts == 0:
+        return axes, axes
+    return (axes, ()) if kv.shape[kv_dim] == 1 else ((), ())

@@ -2,8 +2,8 @@
 
 When an op's arrays carry a :class:`jax.sharding.NamedSharding` over mesh axes the op can split —
 batch and heads of attention, rows / columns / contraction of matmuls, experts / rows / columns /
-contraction of grouped matmul, heads and tokens of paged attention (:mod:`ejk.ops._shard_rules`
-says which, and what communicates) — :func:`run_sharded` wraps the call in ``jax.shard_map`` over
+contraction of grouped matmul, heads and tokens of paged attention (the op definition's
+``shard_rule`` says which, and what communicates) — :func:`run_sharded` wraps the call in ``jax.shard_map`` over
 those axes. The Executor then sees per-shard shapes, so the kernel and its config are chosen
 (and tuned) for the shard each device runs; the other inputs are resharded to match, and dims
 that cannot be split (a sequence-sharded ``q``) are gathered first, as the kernels need them whole.
@@ -25,11 +25,10 @@ import jax
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from ejk.ops._shard_plan import Axes, ShardPlan
-from ejk.ops._shard_rules import SHARD_RULES, Rule
+from ejk.ops._shard_plan import Axes, Rule, ShardPlan
 from ejk.parallel._vma import varying_like
 
-__all__ = ["SHARD_RULES", "Rule", "ShardPlan", "run_sharded"]
+__all__ = ["Rule", "ShardPlan", "run_sharded"]
 
 
 def _sharding(x: Any) -> tuple[Any, Any] | None:
@@ -51,14 +50,13 @@ def _sharding(x: Any) -> tuple[Any, Any] | None:
     return mesh, sharding.spec
 
 
-def run_sharded(op_id: str, arrays: tuple[Any, ...], call: Callable[..., Any],
+def run_sharded(rule: Rule | None, arrays: tuple[Any, ...], call: Callable[..., Any],
                 static: Mapping[str, Any] | None = None) -> tuple[bool, Any]:
-    """Run ``call(*arrays)`` per shard when the op's rule splits it: ``(True, out)``; else ``(False, None)``.
+    """Run ``call(*arrays)`` per shard when the op's ``rule`` splits it: ``(True, out)``; else ``(False, None)``.
 
     ``call`` also takes keyword overrides of the op's ``static`` arguments (a rule's body may
     ask for float32 partial results, for instance).
     """
-    rule = SHARD_RULES.get(op_id)
     if rule is None:
         return False, None
     found = [s for s in (_sharding(x) for x in arrays) if s is not None]

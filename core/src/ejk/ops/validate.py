@@ -8,8 +8,10 @@ tracers and ``jax.ShapeDtypeStruct``; value checks run only where values are con
 
 from __future__ import annotations
 
-from ejk.ops._check_attention import check_flash_attention_args
-from ejk.ops._check_grouped import check_grouped_matmul_args, check_matmul_args, check_ragged_paged_attention_args
+from ejk.ops._flash_attention._check import check_flash_attention_args
+from ejk.ops._grouped_matmul._check import check_grouped_matmul_args
+from ejk.ops._matmul._check import check_matmul_args
+from ejk.ops._ragged_paged_attention._check import check_ragged_paged_attention_args
 
 __all__ = [
     "check_flash_attention_args",

@@ -43,9 +43,9 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from ejk.ops._attention_lse import flash_attention_lse
-from ejk.ops._check_attention import check_flash_attention_args
 from ejk.ops._check_common import normalize_window
+from ejk.ops._flash_attention._check import check_flash_attention_args
+from ejk.ops._flash_attention._lse import flash_attention_lse
 from ejk.parallel._layout import Piece, check_layout, local_pieces
 from ejk.parallel._vma import varying_like
 

@@ -1,12 +1,18 @@
 """Plain reference implementations and conformance helpers for every ejk operation.
 
 Every platform plugin checks its kernels against these references (materialised logits,
-float32 math). They are deliberately simple and slow. The test suites of ejk and its plugins
-share the rest: the one tolerance table (:data:`TOLERANCES`, :func:`assert_close`), problem
-builders (:class:`AttentionCase`, :func:`paged_batch`) and a cheaply compiled jit (:func:`fast_jit`).
+float32 math). They are deliberately simple and slow. Each op's reference and conformance check
+live with the op (its :class:`~ejk.ops.OpDefinition`); here they are ``reference_<op>`` and
+``check_<op>`` for every defined op, and :func:`check_op` runs one by name. The test suites of
+ejk and its plugins share the rest: the one tolerance table (:data:`TOLERANCES`,
+:func:`assert_close`), problem builders (:class:`AttentionCase`, :func:`paged_batch`) and a
+cheaply compiled jit (:func:`fast_jit`).
 """
 
 from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 from ejk.testing._cases import (
     FAST_COMPILE,
@@ -23,25 +29,32 @@ from ejk.testing._conformance import (
     check_plugin,
     expected_plugins,
 )
-from ejk.testing._op_checks import (
-    FLASH_ATTENTION_CASES,
-    MATMUL_SHAPES,
-    TOLERANCES,
-    assert_close,
-    check_flash_attention,
-    check_grouped_matmul,
-    check_matmul,
-    check_op,
-    check_ragged_paged_attention,
-    tolerance,
-)
-from ejk.testing._reference_attention import (
-    attention_mask,
-    reference_flash_attention,
-    reference_flash_attention_lse,
-)
-from ejk.testing._reference_matmul import reference_grouped_matmul, reference_matmul
-from ejk.testing._reference_paged import reference_ragged_paged_attention
+from ejk.testing._op_checks import TOLERANCES, assert_close, check_op, tolerance
+
+if TYPE_CHECKING:
+    from ejk.ops._flash_attention._conformance import (
+        FLASH_ATTENTION_CASES,
+        check_flash_attention,
+        check_flash_attention_lse,
+    )
+    from ejk.ops._flash_attention._reference import (
+        attention_mask,
+        reference_flash_attention,
+        reference_flash_attention_lse,
+    )
+    from ejk.ops._grouped_matmul._conformance import check_grouped_matmul
+    from ejk.ops._grouped_matmul._reference import reference_grouped_matmul
+    from ejk.ops._matmul._conformance import MATMUL_SHAPES, check_matmul
+    from ejk.ops._matmul._reference import reference_matmul
+    from ejk.ops._ragged_paged_attention._conformance import check_ragged_paged_attention
+    from ejk.ops._ragged_paged_attention._reference import reference_ragged_paged_attention
+
+#: Names of an op's folder that are not its reference or check, by the module that holds them.
+_OP_EXTRAS = {
+    "FLASH_ATTENTION_CASES": "ejk.ops._flash_attention._conformance",
+    "attention_mask": "ejk.ops._flash_attention._reference",
+    "MATMUL_SHAPES": "ejk.ops._matmul._conformance",
+}
 
 __all__ = [
     "FAST_COMPILE",
@@ -54,6 +67,7 @@ __all__ = [
     "attention_mask",
     "attention_values_and_grads",
     "check_flash_attention",
+    "check_flash_attention_lse",
     "check_grouped_matmul",
     "check_matmul",
     "check_op",
@@ -72,3 +86,22 @@ __all__ = [
     "tolerance",
     "values_and_grads",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """``reference_<op>`` / ``check_<op>`` of a defined op (read from its definition), and the few
+    other names of the ops' folders, imported on first access."""
+    if name in _OP_EXTRAS:
+        value = getattr(importlib.import_module(_OP_EXTRAS[name]), name)
+    else:
+        kind, _, op = name.partition("_")
+        from ejk.ops import OPS
+
+        definition = OPS.get(op) if kind in ("reference", "check") else None
+        value = None
+        if definition is not None:
+            value = definition.reference_fn() if kind == "reference" else definition.check_fn()
+        if value is None:
+            raise AttributeError(f"module 'ejk.testing' has no attribute {name!r}")
+    globals()[name] = value
+    return value

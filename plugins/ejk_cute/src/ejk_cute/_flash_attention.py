@@ -1,4 +1,5 @@
-"""``flash_attention`` (and ``flash_attention_lse``) as a FlashAttention-3-style CuTe DSL kernel for Hopper.
+"""``flash_attention`` as a FlashAttention-3-style CuTe DSL kernel for Hopper (the core derives
+``flash_attention_lse`` from its residuals).
 
 The forward runs the CuTe kernel of :mod:`ejk_cute.kernels.attention` through CUTLASS's JAX bridge
 (``cutlass.jax.cutlass_call``); it saves the residuals of every ejk flash attention
@@ -25,14 +26,12 @@ import jax.custom_batching
 import jax.numpy as jnp
 
 from ejk.config.validators import int_in, one_of
-from ejk.ops import FLASH_LSE_RESIDUALS, FLASH_RESIDUALS, with_natural_lse, without_residuals
+from ejk.ops import FLASH_RESIDUALS, without_residuals
 from ejk.tiling import cdiv, persistent_ctas
 from ejk_cute import _compile, _device, _status
 
 #: The residual format of :func:`forward_with_residuals` (the same as ejk-triton's and ejk-pallas's).
 RESIDUALS = FLASH_RESIDUALS
-#: The residual format of :func:`lse_forward_with_residuals` (``ejk.flash_attention_lse``).
-LSE_RESIDUALS = FLASH_LSE_RESIDUALS
 #: What to install when no backward pairs with a call (ends the core's error and gate reason).
 PAIRING_FIX = ("Install ejk-triton (pip install ejk-triton triton jax-triton) or ejk-pallas, or differentiate "
                "through another platform (platform='triton' / 'xla').")
@@ -51,17 +50,14 @@ _MAX_GRID_YZ = 65535
 _LOG2E = math.log2(math.e)
 
 __all__ = [
-    "LSE_RESIDUALS",
     "PAIRING_FIX",
     "RESIDUALS",
     "FlashAttentionConfig",
     "capability",
     "config_space",
     "forward",
-    "forward_lse",
     "forward_with_residuals",
     "heuristic_config",
-    "lse_forward_with_residuals",
     "pack_of",
     "register_flash_attention",
 ]
@@ -350,8 +346,6 @@ def forward_with_residuals(
 
 
 forward = without_residuals(forward_with_residuals)
-lse_forward_with_residuals = with_natural_lse(forward_with_residuals)
-forward_lse = without_residuals(lse_forward_with_residuals, name="forward_lse")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -360,9 +354,10 @@ forward_lse = without_residuals(lse_forward_with_residuals, name="forward_lse")
 
 
 def register_flash_attention(register: Callable[..., Callable[[Any], Any]]) -> None:
-    """Register ``cute/gpu:fa3`` for ``flash_attention`` and ``flash_attention_lse`` (from ``ejk_register_kernels``).
+    """Register ``cute/gpu:fa3`` for ``flash_attention`` (from ``ejk_register_kernels``); its residuals
+    hold the lse, so it provides ``flash_attention_lse`` too (the core derives it).
 
-    Forward-only: the VJPs name no ``bwd``, so the core runs another implementation's backward of
+    Forward-only: the VJP names no ``bwd``, so the core runs another implementation's backward of
     the same residuals and refuses (in the registered gate) calls for which none pairs.
     """
     import ejk
@@ -371,5 +366,3 @@ def register_flash_attention(register: Callable[..., Callable[[Any], Any]]) -> N
                   heuristic=heuristic_config, capability=capability)
     register("flash_attention", ejk.Platform.CUTE, ejk.Backend.GPU, **common,
              vjp=ejk.VJP(fwd=forward_with_residuals, residuals=RESIDUALS, fix=PAIRING_FIX))(forward)
-    register("flash_attention_lse", ejk.Platform.CUTE, ejk.Backend.GPU, **common,
-             vjp=ejk.VJP(fwd=lse_forward_with_residuals, residuals=LSE_RESIDUALS, fix=PAIRING_FIX))(forward_lse)

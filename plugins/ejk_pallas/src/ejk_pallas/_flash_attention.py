@@ -530,8 +530,9 @@ def _forward_impl(q: Any, k: Any, v: Any, q_seg: Any, kv_seg: Any, bias: Any, *,
 def _backward_impl(q: Any, k: Any, v: Any, q_seg: Any, kv_seg: Any, bias: Any, out: Any, lse: Any, d_out: Any, *,
                    cfg: FlashAttentionConfig, causal: bool, softmax_scale: float,
                    sliding_window: tuple[int, int] | None, logits_soft_cap: float | None,
-                   interpret: bool) -> tuple[Any, Any, Any, Any]:
-    """``(dq, dk, dv, dbias)`` from the saved output and base-2 log-sum-exp (``dbias`` ``None`` without bias)."""
+                   interpret: bool, d_lse: Any = None) -> tuple[Any, Any, Any, Any]:
+    """``(dq, dk, dv, dbias)`` from the saved output and base-2 log-sum-exp (``dbias`` ``None`` without bias);
+    ``d_lse``: the cotangent of the natural log-sum-exp, if any."""
     batch, sq, hq, d = q.shape
     sk, hkv, dv = k.shape[1], k.shape[2], v.shape[3]
     group = hq // hkv
@@ -544,6 +545,8 @@ def _backward_impl(q: Any, k: Any, v: Any, q_seg: Any, kv_seg: Any, bias: Any, o
     dp, dvp = _pad_dim(d), _pad_dim(dv)
     mask = _make_mask(sq, sk, causal, sliding_window, q_seg is not None and kv_seg is not None)
     delta = jnp.einsum("bqhd,bqhd->bhq", out.astype(jnp.float32), d_out.astype(jnp.float32))
+    if d_lse is not None:  # the natural-lse cotangent: d_logits = p · (dp - delta + d_lse)
+        delta = delta - d_lse.astype(jnp.float32)
     d_out = d_out.astype(q.dtype)
     qp = _pad(_pad(q, 1, sqp), 3, dp)
     kp = _pad(_pad(k, 1, skp), 3, dp)
@@ -694,6 +697,7 @@ def backward(
     residuals: tuple[Any, ...],
     d_out: jax.Array,
     *,
+    d_lse: jax.Array | None = None,
     cfg: FlashAttentionConfig | None = None,
     causal: bool,
     softmax_scale: float,
@@ -701,6 +705,9 @@ def backward(
     logits_soft_cap: float | None,
 ) -> tuple[Any, ...]:
     """Gradients from the residuals of :func:`forward_with_residuals` and the output cotangent.
+
+    ``d_lse`` (``[B, Hq, Sq]``), the cotangent of ``ejk.flash_attention_lse``'s natural log-sum-exp
+    (the VJP names ``"lse"`` in ``extra_cotangents``), is subtracted from ``delta = rowsum(dO · O)``.
 
     Returns:
         ``(dq, dk, dv, None, None, None)``: one cotangent per array argument in the order
@@ -712,7 +719,8 @@ def backward(
         return jnp.zeros_like(q), jnp.zeros_like(k), jnp.zeros_like(v), None, None, zero_bias
     dq, dk, dv, dbias = _backward_impl(q, k, v, q_seg, kv_seg, bias, out, lse, d_out, cfg=_resolve(cfg, q, k, v),
                                        causal=causal, softmax_scale=softmax_scale, sliding_window=sliding_window,
-                                       logits_soft_cap=logits_soft_cap, interpret=_env.use_interpreter())
+                                       logits_soft_cap=logits_soft_cap, interpret=_env.use_interpreter(),
+                                       d_lse=d_lse)
     return dq, dk, dv, None, None, dbias
 
 

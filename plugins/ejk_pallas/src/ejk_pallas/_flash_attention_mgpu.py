@@ -681,6 +681,7 @@ def backward(
     residuals: tuple[Any, ...],
     d_out: jax.Array,
     *,
+    d_lse: jax.Array | None = None,
     cfg: MosaicFlashAttentionConfig | None = None,
     causal: bool,
     softmax_scale: float,
@@ -689,7 +690,8 @@ def backward(
 ) -> tuple[Any, ...]:
     """Gradients from the shared residuals: the Mosaic GPU backward or the Triton-lowered Pallas backward
     (its heuristic config), as ``cfg.backward`` says (see :class:`MosaicFlashAttentionConfig`); the
-    Triton-lowered one when ``cfg`` is not a Mosaic config.
+    Triton-lowered one when ``cfg`` is not a Mosaic config. ``d_lse``: the cotangent of
+    ``ejk.flash_attention_lse``'s natural log-sum-exp (the VJP names ``"lse"`` in ``extra_cotangents``).
 
     Returns:
         ``(dq, dk, dv, None, None, None)``.
@@ -699,7 +701,7 @@ def backward(
     if why_not is not None:
         if isinstance(cfg, MosaicFlashAttentionConfig) and cfg.backward == "mosaic":
             raise ValueError(f"MosaicFlashAttentionConfig.backward='mosaic': {why_not}")
-        return _fa.backward(residuals, d_out, cfg=None, causal=causal, softmax_scale=softmax_scale,
+        return _fa.backward(residuals, d_out, d_lse=d_lse, cfg=None, causal=causal, softmax_scale=softmax_scale,
                             sliding_window=sliding_window, logits_soft_cap=logits_soft_cap)
     assert isinstance(cfg, MosaicFlashAttentionConfig)
     if min(q.shape[0], q.shape[1], q.shape[2], k.shape[1]) == 0:
@@ -712,7 +714,7 @@ def backward(
     dq, dk, dv = _bwd.backward_impl(
         q, k, v, out, lse, d_out, block_q=cfg.bwd_block_q, block_kv=cfg.bwd_block_kv,
         steps=cfg.bwd_max_concurrent_steps, causal=causal, softmax_scale=softmax_scale,
-        sliding_window=sliding_window, logits_soft_cap=logits_soft_cap, interpret_params=params)
+        sliding_window=sliding_window, logits_soft_cap=logits_soft_cap, interpret_params=params, d_lse=d_lse)
     return dq, dk, dv, None, None, None
 
 

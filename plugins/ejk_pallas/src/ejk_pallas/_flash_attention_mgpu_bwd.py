@@ -474,8 +474,9 @@ def _launch(body: Any, st: _Static, *, outs: Any, grid: tuple[int, ...], names: 
 
 def backward_impl(q: Any, k: Any, v: Any, out: Any, lse: Any, d_out: Any, *, block_q: int, block_kv: int,
                   steps: int, causal: bool, softmax_scale: float, sliding_window: tuple[int, int] | None,
-                  logits_soft_cap: float | None, interpret_params: Any) -> tuple[Any, Any, Any]:
-    """``(dq, dk, dv)`` from the forward's residuals (``lse`` base 2, ``[B, Hq, Sq]``, ``+inf`` for empty rows).
+                  logits_soft_cap: float | None, interpret_params: Any, d_lse: Any = None) -> tuple[Any, Any, Any]:
+    """``(dq, dk, dv)`` from the forward's residuals (``lse`` base 2, ``[B, Hq, Sq]``, ``+inf`` for empty rows)
+    and the cotangents (``d_lse``: of the natural log-sum-exp, if any).
 
     ``block_q``: query rows per step of the dK / dV kernel; ``block_kv``: keys per step of the dQ
     kernel; ``steps``: TMA ring slots of both; ``interpret_params``: Mosaic GPU interpret mode's
@@ -490,6 +491,8 @@ def backward_impl(q: Any, k: Any, v: Any, out: Any, lse: Any, d_out: Any, *, blo
                   cap=logits_soft_cap, dtype=dtype, d=d, group=hq // hkv, ragged_keys=skp != sk,
                   interpret=interpret_params is not None)
     delta = jnp.einsum("bqhd,bqhd->bhq", out.astype(jnp.float32), d_out.astype(jnp.float32))
+    if d_lse is not None:  # the natural-lse cotangent: d_logits = p · (dp - delta + d_lse)
+        delta = delta - d_lse.astype(jnp.float32)
     qp, dop = _pad(q, 1, sqp), _pad(d_out.astype(dtype), 1, sqp)
     kp, vp = _pad(k, 1, skp), _pad(v, 1, skp)
     lsep, deltap = _pad(lse, 2, sqp, jnp.inf), _pad(delta, 2, sqp)  # padded rows: p = 0

@@ -307,7 +307,7 @@ def _forward_impl(q: Any, k: Any, v: Any, q_seg: Any, kv_seg: Any, *, cfg: TpuFl
 def _backward_impl(q: Any, k: Any, v: Any, q_seg: Any, kv_seg: Any, out: Any, lse: Any, d_out: Any, *,
                    cfg: TpuFlashAttentionConfig, causal: bool, softmax_scale: float,
                    sliding_window: tuple[int, int] | None, logits_soft_cap: float | None,
-                   interpret: Any) -> tuple[Any, Any, Any]:
+                   interpret: Any, d_lse: Any = None) -> tuple[Any, Any, Any]:
     batch, sq, hq, d = q.shape
     sk, hkv, dv = k.shape[1], k.shape[2], v.shape[3]
     group = hq // hkv
@@ -323,6 +323,8 @@ def _backward_impl(q: Any, k: Any, v: Any, q_seg: Any, kv_seg: Any, out: Any, ls
     while skp % bk1 or skp % bk2:
         skp += 8
     delta = jnp.einsum("bqhd,bqhd->bhq", out.astype(jnp.float32), d_out.astype(jnp.float32))
+    if d_lse is not None:  # the natural-lse cotangent: d_logits = p · (dp - delta + d_lse)
+        delta = delta - d_lse.astype(jnp.float32)
     qt, kt, vt = _bhsd(q, sqp), _bhsd(k, skp), _bhsd(v, skp)
     dot_ = _bhsd(d_out.astype(q.dtype), sqp)
     lse4 = _pad(lse, 2, sqp, jnp.inf)[..., None]
@@ -435,22 +437,30 @@ def backward(
     residuals: tuple[Any, ...],
     d_out: jax.Array,
     *,
+    d_lse: jax.Array | None = None,
     cfg: TpuFlashAttentionConfig | None = None,
     causal: bool,
     softmax_scale: float,
     sliding_window: tuple[int, int] | None,
     logits_soft_cap: float | None,
 ) -> tuple[Any, ...]:
-    """``(dq, dk, dv, None, None, None)`` from the residuals of :func:`forward_with_residuals`."""
+    """``(dq, dk, dv, None, None, None)`` from the residuals of :func:`forward_with_residuals`.
+
+    ``d_lse`` (``[B, Hq, Sq]``), the cotangent of ``ejk.flash_attention_lse``'s natural log-sum-exp
+    (the VJP names ``"lse"`` in ``extra_cotangents``), is subtracted from ``delta = rowsum(dO · O)``.
+    """
     q, k, v, q_seg, kv_seg, bias, out, lse = residuals
     if bias is not None:
         raise ValueError("this backward does not support bias (the residuals carry one)")
     if min(q.shape[0], q.shape[1], q.shape[2], k.shape[1], v.shape[3]) == 0:
         return jnp.zeros_like(q), jnp.zeros_like(k), jnp.zeros_like(v), None, None, None
-    dq, dk, dv = fold_vmap_into_batch(functools.partial(
-        _backward_impl, cfg=_resolve(cfg, q, k, v), causal=causal, softmax_scale=softmax_scale,
-        sliding_window=sliding_window, logits_soft_cap=logits_soft_cap, interpret=_interpret()))(
-        q, k, v, q_seg, kv_seg, out, lse, d_out)
+    impl = functools.partial(_backward_impl, cfg=_resolve(cfg, q, k, v), causal=causal, softmax_scale=softmax_scale,
+                             sliding_window=sliding_window, logits_soft_cap=logits_soft_cap, interpret=_interpret())
+
+    def run(*arrays: Any) -> tuple[Any, Any, Any]:  # d_lse positional too: vmap folds it like the others
+        return impl(*arrays[:-1], d_lse=arrays[-1])
+
+    dq, dk, dv = fold_vmap_into_batch(run)(q, k, v, q_seg, kv_seg, out, lse, d_out, d_lse)
     return dq, dk, dv, None, None, None
 
 

@@ -44,22 +44,26 @@ MATMUL_PRIORITY = -6
 MOSAIC_MATMUL_PRIORITY = -4
 
 
+#: The flash backwards take the lse cotangent too: ejk.flash_attention_lse comes with them.
+LSE = ("lse",)
+
+
 @ejk.hookimpl
 def ejk_register_kernels(register: Callable[..., Callable[[Any], Any]]) -> None:
     fa = _flash_attention
-    vjp = ejk.VJP(fwd=fa.forward_with_residuals, bwd=fa.backward, residuals=fa.RESIDUALS)
+    vjp = ejk.VJP(fwd=fa.forward_with_residuals, bwd=fa.backward, residuals=fa.RESIDUALS, extra_cotangents=LSE)
     for backend in _env.backends():
         register("flash_attention", ejk.Platform.PALLAS, backend, priority=PRIORITY, name="triton_lowered",
                  cfg_type=fa.FlashAttentionConfig, config_space=fa.config_space, heuristic=fa.heuristic_config,
                  capability=fa.capability, vjp=vjp)(fa.forward)
     mg = _flash_attention_mgpu
-    mg_vjp = ejk.VJP(fwd=mg.forward_with_residuals, bwd=mg.backward, residuals=mg.RESIDUALS)
+    mg_vjp = ejk.VJP(fwd=mg.forward_with_residuals, bwd=mg.backward, residuals=mg.RESIDUALS, extra_cotangents=LSE)
     for backend in _env.backends():
         register("flash_attention", ejk.Platform.PALLAS, backend, priority=MOSAIC_GPU_PRIORITY, name="mosaic",
                  cfg_type=mg.MosaicFlashAttentionConfig, config_space=mg.config_space,
                  heuristic=mg.heuristic_config, capability=mg.capability, vjp=mg_vjp)(mg.forward)
     tpu = _flash_attention_tpu
-    tpu_vjp = ejk.VJP(fwd=tpu.forward_with_residuals, bwd=tpu.backward, residuals=tpu.RESIDUALS)
+    tpu_vjp = ejk.VJP(fwd=tpu.forward_with_residuals, bwd=tpu.backward, residuals=tpu.RESIDUALS, extra_cotangents=LSE)
     for backend in _tpu_backends():
         register("flash_attention", ejk.Platform.PALLAS, backend, tier=ejk.Tier.UNTESTED, name="mosaic_tpu",
                  cfg_type=tpu.TpuFlashAttentionConfig, config_space=tpu.config_space, heuristic=tpu.heuristic_config,

@@ -27,7 +27,7 @@ import jax.custom_batching
 import jax.numpy as jnp
 
 from ejk.config.validators import int_in, one_of, power_of_two
-from ejk.ops import FLASH_LSE_RESIDUALS, FLASH_RESIDUALS, with_natural_lse, without_residuals
+from ejk.ops import FLASH_RESIDUALS, without_residuals
 from ejk.tiling import cdiv as _cdiv
 from ejk.tiling import fit_block as _fit
 from ejk.tiling import padded_dim as _head_dim
@@ -38,22 +38,16 @@ from ejk_triton._launch import kernels, launch
 
 #: The residual format of :func:`forward_with_residuals`: inputs, output and base-2 log-sum-exp.
 RESIDUALS = FLASH_RESIDUALS
-#: The residual format of :func:`lse_forward_with_residuals` (``ejk.flash_attention_lse``).
-LSE_RESIDUALS = FLASH_LSE_RESIDUALS
 
 __all__ = [
-    "LSE_RESIDUALS",
     "RESIDUALS",
     "FlashAttentionConfig",
     "backward",
     "capability",
     "config_space",
     "forward",
-    "forward_lse",
     "forward_with_residuals",
     "heuristic_config",
-    "lse_backward",
-    "lse_forward_with_residuals",
 ]
 
 _MAX_HEAD_DIM = 256
@@ -303,14 +297,13 @@ def forward_with_residuals(
 
 
 forward = without_residuals(forward_with_residuals)
-lse_forward_with_residuals = with_natural_lse(forward_with_residuals)
-forward_lse = without_residuals(lse_forward_with_residuals, name="forward_lse")
 
 
 def backward(
     residuals: tuple[Any, ...],
     d_out: jax.Array,
     *,
+    d_lse: jax.Array | None = None,
     cfg: FlashAttentionConfig | None = None,
     causal: bool,
     softmax_scale: float,
@@ -319,22 +312,21 @@ def backward(
 ) -> tuple[Any, ...]:
     """Gradients from the residuals of :func:`forward_with_residuals` and the output cotangent.
 
+    ``d_lse`` (``[B, Hq, Sq]``), the cotangent of ``ejk.flash_attention_lse``'s natural log-sum-exp
+    (the core passes it: the VJP names ``"lse"`` in ``extra_cotangents``), enters the logits'
+    gradient as ``p · (dp - delta + d_lse)``: it is subtracted from ``delta``.
+
     Returns:
         ``(dq, dk, dv, None, None, dbias)``: one cotangent per array argument in the order
         q, k, v, q_segment_ids, kv_segment_ids, bias (``dbias`` is ``None`` without a bias).
     """
-    return _backward(residuals, d_out, None, cfg, causal=causal, softmax_scale=softmax_scale,
-                     sliding_window=sliding_window, logits_soft_cap=logits_soft_cap)
-
-
-def _backward(residuals: tuple[Any, ...], d_out: jax.Array, d_lse: jax.Array | None,
-              cfg: FlashAttentionConfig | None, **static: Any) -> tuple[Any, ...]:
-    """:func:`backward` with an optional natural-lse cotangent (``static``: the op's static arguments)."""
     q, k, v, q_segment_ids, kv_segment_ids, bias, out, lse = residuals
     if min(q.shape[0], q.shape[1], q.shape[2], k.shape[1], v.shape[3]) == 0:
         zero_bias = None if bias is None else jnp.zeros_like(bias)
         return jnp.zeros_like(q), jnp.zeros_like(k), jnp.zeros_like(v), None, None, zero_bias
-    cfg = _resolve(cfg, q, k, v, bias, static["causal"])
+    static = dict(causal=causal, softmax_scale=softmax_scale, sliding_window=sliding_window,
+                  logits_soft_cap=logits_soft_cap)
+    cfg = _resolve(cfg, q, k, v, bias, causal)
     run = _fold_vmap(functools.partial(_backward_kernels, cfg, static))
     dq, dk, dv, ds = run(q, k, v, q_segment_ids, kv_segment_ids, bias, out, lse, d_out.astype(q.dtype), d_lse)
     dbias = None
@@ -342,27 +334,6 @@ def _backward(residuals: tuple[Any, ...], d_out: jax.Array, d_lse: jax.Array | N
         axes = tuple(a for a in range(4) if bias.shape[a] == 1 and ds.shape[a] != 1)
         dbias = (jnp.sum(ds, axis=axes, keepdims=True) if axes else ds).astype(bias.dtype)
     return dq, dk, dv, None, None, dbias
-
-
-def lse_backward(
-    residuals: tuple[Any, ...],
-    cotangents: tuple[jax.Array, jax.Array],
-    *,
-    cfg: FlashAttentionConfig | None = None,
-    causal: bool,
-    softmax_scale: float,
-    sliding_window: tuple[int, int] | None,
-    logits_soft_cap: float | None,
-) -> tuple[Any, ...]:
-    """Gradients of ``ejk.flash_attention_lse`` from the cotangents of both outputs (see :func:`backward`).
-
-    A row that sees no key gets no gradient whatever its ``lse`` cotangent (NaN included: it is
-    zeroed before it meets the row's zero probabilities).
-    """
-    d_out, d_lse = cotangents
-    d_lse = jnp.where(residuals[-1] == jnp.inf, 0.0, d_lse)
-    return _backward(residuals, d_out, d_lse, cfg, causal=causal, softmax_scale=softmax_scale,
-                     sliding_window=sliding_window, logits_soft_cap=logits_soft_cap)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -25,15 +25,12 @@ MATMUL_PRIORITY = -5
 @ejk.hookimpl
 def ejk_register_kernels(register: Callable[..., Callable[[Any], Any]]) -> None:
     fa, pa = _flash_attention, _paged_attention
-    vjp = ejk.VJP(fwd=fa.forward_with_residuals, bwd=fa.backward, residuals=fa.RESIDUALS)
-    lse_vjp = ejk.VJP(fwd=fa.lse_forward_with_residuals, bwd=fa.lse_backward, residuals=fa.LSE_RESIDUALS)
+    # Its backward takes the lse cotangent too: ejk.flash_attention_lse comes with it.
+    vjp = ejk.VJP(fwd=fa.forward_with_residuals, bwd=fa.backward, residuals=fa.RESIDUALS, extra_cotangents=("lse",))
     for backend in _env.backends():
         register("flash_attention", ejk.Platform.TRITON, backend, priority=PRIORITY, name="flash",
                  cfg_type=fa.FlashAttentionConfig, config_space=fa.config_space, heuristic=fa.heuristic_config,
                  capability=fa.capability, vjp=vjp)(fa.forward)
-        register("flash_attention_lse", ejk.Platform.TRITON, backend, priority=PRIORITY, name="flash",
-                 cfg_type=fa.FlashAttentionConfig, config_space=fa.config_space, heuristic=fa.heuristic_config,
-                 capability=fa.capability, vjp=lse_vjp)(fa.forward_lse)
         # Not differentiable (serving-time attention), like ejk-xla's: no VJP.
         register("ragged_paged_attention", ejk.Platform.TRITON, backend, priority=PRIORITY, name="paged",
                  cfg_type=pa.PagedAttentionConfig, config_space=pa.config_space, heuristic=pa.heuristic_config,

@@ -23,6 +23,8 @@ def ejk_register_kernels(register: Callable[..., Callable[[Any], Any]]) -> None:
     fa = _flash_attention
     register("flash_attention", *portable, tier=fallback, name="chunked", cfg_type=fa.FlashAttentionConfig,
              config_space=fa.config_space, heuristic=fa.heuristic_config)(fa.flash_attention)
+    # Registered for the lse variant itself: the chunked kernel differentiates through its own custom_vjp
+    # (no ejk.VJP, and its lse is blocked internally), so the core cannot derive the variant from it.
     register("flash_attention_lse", *portable, tier=fallback, name="chunked", cfg_type=fa.FlashAttentionConfig,
              config_space=fa.config_space, heuristic=fa.heuristic_config)(fa.flash_attention_lse)
     register("flash_attention", ejk.Platform.XLA, ejk.Backend.GPU, priority=CUDNN_PRIORITY, tier=vendor, name="cudnn",

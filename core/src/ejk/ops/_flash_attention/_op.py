@@ -7,10 +7,11 @@ from typing import Any
 import jax
 
 from ejk.ops._base import ImplChoice, OpKernel, run_op
-from ejk.ops._check_attention import check_flash_attention_args
 from ejk.ops._definition import define_op
+from ejk.ops._flash_attention._check import check_flash_attention_args
+from ejk.ops._flash_attention._residuals import FLASH_RESIDUALS
 
-__all__ = ["FlashAttentionKernel", "flash_attention", "flash_attention_call"]
+__all__ = ["DEFINITION", "KERNEL", "FlashAttentionKernel", "flash_attention", "flash_attention_call"]
 
 
 class FlashAttentionKernel(OpKernel):
@@ -106,5 +107,13 @@ def flash_attention_call(
     return (q, k, v, q_segment_ids, kv_segment_ids, bias), static
 
 
-define_op(KERNEL, flash_attention, reference="ejk.testing:reference_flash_attention",
-          check="ejk.testing:check_flash_attention")
+_HERE = __package__
+
+DEFINITION = define_op(
+    KERNEL, flash_attention,
+    reference=f"{_HERE}._reference:reference_flash_attention",
+    check=f"{_HERE}._conformance:check_flash_attention",
+    shard_rule=f"{_HERE}._shard:attention_rule",
+    bench=f"{_HERE}._bench:BENCH",
+    residuals=(FLASH_RESIDUALS,),
+)

@@ -5,49 +5,15 @@ from __future__ import annotations
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from ejk.execution.kernel import Invocation
 from ejk.ops._base import ImplChoice, OpKernel, run_op
 from ejk.ops._check_common import as_array, scalar_count
-from ejk.ops._check_grouped import check_ragged_paged_attention_args
 from ejk.ops._definition import define_op
+from ejk.ops._ragged_paged_attention._check import check_ragged_paged_attention_args
 
-__all__ = ["RaggedPagedAttentionKernel", "paged_merge_splits", "paged_owned_rows", "ragged_paged_attention"]
-
-
-def paged_owned_rows(tokens: int, cu_q_lens: jax.Array, num_seqs: jax.Array) -> jax.Array:
-    """``[tokens]`` bool: the query rows a live sequence owns, ``cu_q_lens[0] <= row < cu_q_lens[num_seqs]``.
-
-    The contract's other rows are zeros; kernels that leave them unwritten mask their output with this
-    (``cu_q_lens`` and ``num_seqs`` are clipped into range, so invalid input stays in bounds).
-    """
-    cu = jnp.clip(cu_q_lens.astype(jnp.int32), 0, tokens)
-    live = jnp.clip(jnp.reshape(num_seqs, ()).astype(jnp.int32), 0, cu.shape[0] - 1)
-    rows = jnp.arange(tokens, dtype=jnp.int32)
-    return (rows >= cu[0]) & (rows < cu[live])
-
-
-def paged_merge_splits(acc: jax.Array, row_max: jax.Array, row_sum: jax.Array) -> jax.Array:
-    """Merge split-K partials of attention over the leading ``Z`` (splits) axis, in float32.
-
-    Args:
-        acc: ``[Z, ..., Dv]`` unnormalised outputs (``Σ 2^(s - row_max) · v`` over a split's keys).
-        row_max: ``[Z, ...]`` running maxima of the base-2 logits (``-inf`` for a split that saw no key).
-        row_sum: ``[Z, ...]`` running sums ``Σ 2^(s - row_max)``.
-
-    Returns:
-        ``[..., Dv]``: the normalised output. Rows that saw no key in any split are zeros; a NaN max
-        or sum (NaN in the row's query or in a key or value it sees) propagates to the row.
-    """
-    top = jnp.max(row_max, axis=0)
-    top = jnp.where(top == -jnp.inf, 0.0, top)
-    weight = jnp.exp2(row_max - top)  # 0 for splits that saw nothing
-    total = jnp.sum(weight * row_sum, axis=0)
-    merged = jnp.sum(weight[..., None] * acc, axis=0)
-    empty = total == 0.0
-    return jnp.where(empty[..., None], 0.0, merged / jnp.where(empty, 1.0, total)[..., None])
+__all__ = ["DEFINITION", "KERNEL", "RaggedPagedAttentionKernel", "ragged_paged_attention"]
 
 
 class RaggedPagedAttentionKernel(OpKernel):
@@ -145,5 +111,12 @@ def ragged_paged_attention(
     return run_op(KERNEL, arrays, static, platform, cfg)  # type: ignore[no-any-return]
 
 
-define_op(KERNEL, ragged_paged_attention, reference="ejk.testing:reference_ragged_paged_attention",
-          check="ejk.testing:check_ragged_paged_attention")
+_HERE = __package__
+
+DEFINITION = define_op(
+    KERNEL, ragged_paged_attention,
+    reference=f"{_HERE}._reference:reference_ragged_paged_attention",
+    check=f"{_HERE}._conformance:check_ragged_paged_attention",
+    shard_rule=f"{_HERE}._shard:paged_rule",
+    bench=f"{_HERE}._bench:BENCH",
+)

@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ejk.testing._reference_attention import normalize_window
+from ejk.ops._flash_attention._reference import normalize_window
 
 __all__ = ["reference_ragged_paged_attention"]
 

@@ -1,0 +1,105 @@
+"""``flash_attention`` in ``ejk bench``: its cases, presets, ``--shapes`` syntax and work.
+
+FLOPs (a multiply-add is 2): ``4·B·Hq·Sq·Sk·D`` forward, halved when causal (the usual
+convention, the exact count is ``(S+1)/2S`` of the full one); forward + backward is 3.5x the
+forward (2 matmuls forward, 5 backward).
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import attrs
+import jax
+
+from ejk.ops._workload import TFLOPS, Case, OpBench, Workload, dims, int_options, normal
+
+__all__ = ["BENCH", "AttentionCase", "AttentionWorkload"]
+
+
+@attrs.frozen(kw_only=True)
+class AttentionCase(Case):
+    """``flash_attention`` on ``q [batch, seq, heads, dim]`` and ``k, v [batch, seq, kv_heads, dim]``."""
+
+    op: ClassVar[str] = "flash_attention"
+    x_name: ClassVar[str] = "sequence length"
+    batch: int
+    seq: int
+    heads: int
+    dim: int
+    kv_heads: int = attrs.field()
+    causal: bool = False
+
+    @kv_heads.default
+    def _all_heads(self) -> int:
+        return self.heads
+
+    @property
+    def label(self) -> str:
+        gqa = f" kv={self.kv_heads}" if self.kv_heads != self.heads else ""
+        return f"[{self.batch},{self.seq},{self.heads},{self.dim}]{gqa} {'causal' if self.causal else 'full'}"
+
+    @property
+    def series(self) -> str:
+        gqa = f" GQA {self.heads // self.kv_heads}:1" if self.kv_heads != self.heads else ""
+        return f"D={self.dim} H={self.heads}{gqa} {'causal' if self.causal else 'full'}"
+
+    @property
+    def x(self) -> int:
+        return self.seq
+
+
+@attrs.frozen(kw_only=True)
+class AttentionWorkload(Workload):
+    case: AttentionCase
+    diff: tuple[int, ...] = (0, 1, 2)
+
+    def inputs(self, seed: int = 0) -> tuple[Any, ...]:
+        c = self.case
+        kq, kk, kv = jax.random.split(jax.random.key(seed), 3)
+        return (normal(kq, (c.batch, c.seq, c.heads, c.dim), self.dtype),
+                normal(kk, (c.batch, c.seq, c.kv_heads, c.dim), self.dtype),
+                normal(kv, (c.batch, c.seq, c.kv_heads, c.dim), self.dtype))
+
+    def kwargs(self) -> dict[str, Any]:
+        return {"causal": self.case.causal}
+
+    def out_shape(self) -> tuple[int, ...]:
+        c = self.case
+        return (c.batch, c.seq, c.heads, c.dim)
+
+    def work(self, mode: str) -> tuple[float, str]:
+        c = self.case
+        flops = 4.0 * c.batch * c.heads * c.seq * c.seq * c.dim / (2 if c.causal else 1)
+        return flops * (3.5 if mode == "fwd+bwd" else 1.0), TFLOPS
+
+
+_TOKENS = 16384  # the sweep keeps batch x seq constant, so each point does similar work
+
+
+def _presets() -> tuple[AttentionCase, ...]:
+    # [4,4096,16,128] and [2,8192,16,128] (the plugin issues' shapes) are points of the sweep.
+    seqs = {False: (1024, 4096, 16384), True: (1024, 2048, 4096, 8192, 16384)}
+    sweep = tuple(AttentionCase(batch=_TOKENS // s, seq=s, heads=16, dim=128, causal=c)
+                  for c in (False, True) for s in seqs[c])
+    d64 = tuple(AttentionCase(batch=4, seq=4096, heads=32, dim=64, causal=c) for c in (False, True))
+    gqa = (AttentionCase(batch=4, seq=4096, heads=16, kv_heads=4, dim=128, causal=True),)
+    return sweep + d64 + gqa
+
+
+def _parse(text: str, options: dict[str, str], spec: str) -> AttentionCase:
+    """``attention:BxSxHxD[:causal][,kv=Hkv]``."""
+    b, s, h, d = dims(text, 4, "BxSxHxD, e.g. 4x4096x16x128")
+    causal = "causal" in options
+    options.pop("causal", None)
+    opts = int_options(options, ("kv",), spec)
+    if h % opts.get("kv", h):
+        raise ValueError(f"--shapes {spec!r}: kv={opts['kv']} must divide the {h} query heads")
+    return AttentionCase(batch=b, seq=s, heads=h, dim=d, kv_heads=opts.get("kv", h), causal=causal)
+
+
+BENCH = OpBench(
+    case=AttentionCase, workload=AttentionWorkload, preset="attention", parse=_parse, presets=_presets(),
+    quick=(AttentionCase(batch=1, seq=64, heads=2, dim=32, causal=True),
+           AttentionCase(batch=1, seq=128, heads=2, dim=32, causal=True)),
+)

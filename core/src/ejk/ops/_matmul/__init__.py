@@ -1,0 +1,13 @@
+"""``matmul``: everything about the op in one folder.
+
+``_op`` (the kernel and the public function, declared with ``define_op``), ``_check`` (argument
+validation), ``_reference`` (the plain reference), ``_conformance`` (the check every platform's
+implementation passes), ``_shard`` (how a call splits over sharded inputs) and ``_bench`` (what
+``ejk bench`` measures).
+"""
+
+from __future__ import annotations
+
+from ejk.ops._matmul._op import DEFAULT_PRECISION, MatmulKernel, matmul
+
+__all__ = ["DEFAULT_PRECISION", "MatmulKernel", "matmul"]

@@ -35,4 +35,4 @@ def test_every_line_runs_on_the_gpu() -> None:
             assert m.max_abs_diff < 0.1, m  # bf16 outputs against the first baseline's
     assert by_line[("[2,1024,8,64] causal", "fwd", "ejk auto")].implementation == "xla/gpu:cudnn"
     decode = by_line[("S=8 ctx=1024 decode", "fwd", "jax pallas paged")]
-    assert decode.status == "ok" and decode.unit == "GB/s" and decode.peak_fraction is not None
+    assert decode.status == "ok" and decode.unit == "GB/s" and decode.peak_fraction is not None, decode

@@ -471,3 +471,15 @@ def test_cli_sweep_and_study_arguments(fakes: None, tmp_path: Path, capsys: pyte
     assert "add --overhead" in capsys.readouterr().out
     with pytest.raises(SystemExit):
         cli.main(["bench", "--overhead", "--tuning"])
+
+
+def test_a_deprecated_jax_kernel_still_builds_its_baseline_where_warnings_are_errors(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # jax 0.11 deprecates jax.experimental.pallas.ops.gpu.paged_attention on import: the baseline must still run
+    # (the GPU test of `ejk bench` runs with warnings as errors).
+    from ejk.bench._baselines import _jax_reference_kernel
+
+    (tmp_path / "deprecated_kernel_for_ejk_test.py").write_text(
+        "import warnings\nwarnings.warn('this module is deprecated', DeprecationWarning, stacklevel=2)\nVALUE = 3\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert _jax_reference_kernel("deprecated_kernel_for_ejk_test").VALUE == 3

@@ -7,7 +7,9 @@ from the case's inputs (conversions such as a page-layout transpose happen there
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
+import warnings
 from collections.abc import Callable
 from typing import Any, Literal
 
@@ -102,8 +104,17 @@ def _jax_nn(implementation: Literal["xla", "cudnn"]) -> Callable[[Workload, tupl
     return build
 
 
+def _jax_reference_kernel(module: str) -> Any:
+    """One of jax's own Pallas example kernels, a baseline: jax deprecates some of them (e.g. the GPU paged
+    attention in 0.11), which says nothing about the comparison, so their import's DeprecationWarning is
+    not raised as an error where warnings are errors."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return importlib.import_module(module)
+
+
 def _pallas_mha(workload: Workload, inputs: tuple[Any, ...]) -> Prepared:
-    from jax.experimental.pallas.ops.gpu import attention
+    attention = _jax_reference_kernel("jax.experimental.pallas.ops.gpu.attention")
 
     case = workload.case
     assert isinstance(case, AttentionCase)
@@ -152,7 +163,7 @@ def _dense_paged(workload: Workload, inputs: tuple[Any, ...]) -> Prepared:
 
 
 def _pallas_paged(workload: Workload, inputs: tuple[Any, ...]) -> Prepared:
-    from jax.experimental.pallas.ops.gpu import paged_attention
+    paged_attention = _jax_reference_kernel("jax.experimental.pallas.ops.gpu.paged_attention")
 
     case = workload.case
     assert isinstance(case, PagedCase)

@@ -31,13 +31,12 @@ def ejk_register_kernels(register: Callable[..., Callable[[Any], Any]]) -> None:
     """Registers the implementations that have kernels, for the GPU backend only."""
     mm = _matmul
     register("matmul", ejk.Platform.CUTE, "gpu", priority=MATMUL_PRIORITY, name="wgmma", cfg_type=mm.MatmulConfig,
-             config_space=mm.config_space, heuristic=mm.heuristic_config, capability=mm.capability,
-             vjp=ejk.VJP(fwd=mm.forward_with_residuals, bwd=mm.backward, residuals=mm.RESIDUALS))(mm.forward)
+             config_space=mm.config_space, heuristic=mm.heuristic_config, capability=mm.capability, vjp=mm.vjp)(
+        mm.forward)
     gmm = _grouped_matmul
     register("grouped_matmul", ejk.Platform.CUTE, "gpu", priority=GROUPED_MATMUL_PRIORITY, name="grouped",
              cfg_type=gmm.GroupedMatmulConfig, config_space=gmm.config_space, heuristic=gmm.heuristic_config,
-             capability=gmm.capability,
-             vjp=ejk.VJP(fwd=gmm.forward_with_residuals, bwd=gmm.backward, residuals=gmm.RESIDUALS))(gmm.forward)
+             capability=gmm.capability, vjp=gmm.vjp)(gmm.forward)
     register_flash_attention(register)
 
 

@@ -75,41 +75,35 @@ def _tpu_backends() -> tuple[str, ...]:
 def _register_ops(register: Callable[..., Callable[[Any], Any]]) -> None:
     """ragged_paged_attention (not differentiable), matmul and grouped_matmul (custom VJPs), GPU and TPU."""
     pa, mm, gmm, mgmm = _paged_attention, _matmul, _grouped_matmul, _grouped_matmul_mgpu
-    mm_vjp = ejk.VJP(fwd=mm.forward_with_residuals, bwd=mm.backward, residuals=mm.RESIDUALS)
-    gmm_vjp = ejk.VJP(fwd=gmm.forward_with_residuals, bwd=gmm.backward, residuals=gmm.RESIDUALS)
     for backend in _env.backends():
         register("ragged_paged_attention", ejk.Platform.PALLAS, backend, priority=PAGED_PRIORITY,
                  name="triton_lowered", cfg_type=pa.PagedAttentionConfig, config_space=pa.config_space,
                  heuristic=pa.heuristic_config, capability=pa.capability)(pa.ragged_paged_attention)
         register("matmul", ejk.Platform.PALLAS, backend, priority=MATMUL_PRIORITY, name="triton_lowered",
                  cfg_type=mm.MatmulConfig, config_space=mm.config_space, heuristic=mm.heuristic_config,
-                 capability=mm.capability, vjp=mm_vjp)(mm.forward)
+                 capability=mm.capability, vjp=mm.vjp)(mm.forward)
         mmm = _matmul_mgpu
         register("matmul", ejk.Platform.PALLAS, backend, priority=MOSAIC_MATMUL_PRIORITY, name="mosaic",
                  cfg_type=mmm.MosaicMatmulConfig, config_space=mmm.config_space, heuristic=mmm.heuristic_config,
-                 capability=mmm.capability,
-                 vjp=ejk.VJP(fwd=mmm.forward_with_residuals, bwd=mmm.backward, residuals=mm.RESIDUALS))(mmm.forward)
+                 capability=mmm.capability, vjp=mmm.vjp)(mmm.forward)
         register("grouped_matmul", ejk.Platform.PALLAS, backend, priority=OPS_PRIORITY, name="triton_lowered",
                  cfg_type=gmm.GroupedMatmulConfig, config_space=gmm.config_space, heuristic=gmm.heuristic_config,
-                 capability=gmm.capability, vjp=gmm_vjp)(gmm.forward)
+                 capability=gmm.capability, vjp=gmm.vjp)(gmm.forward)
         register("grouped_matmul", ejk.Platform.PALLAS, backend, priority=MOSAIC_GMM_PRIORITY, name="mosaic",
                  cfg_type=mgmm.MosaicGroupedMatmulConfig, config_space=mgmm.config_space,
-                 heuristic=mgmm.heuristic_config, capability=mgmm.capability,
-                 vjp=ejk.VJP(fwd=mgmm.forward_with_residuals, bwd=mgmm.backward, residuals=gmm.RESIDUALS))(mgmm.forward)
+                 heuristic=mgmm.heuristic_config, capability=mgmm.capability, vjp=mgmm.vjp)(mgmm.forward)
 
     tm, tpa = _matmul_tpu, _paged_attention_tpu
-    tmm_vjp = ejk.VJP(fwd=tm.matmul_forward_with_residuals, bwd=tm.matmul_backward_, residuals=mm.RESIDUALS)
-    tgmm_vjp = ejk.VJP(fwd=tm.grouped_forward_with_residuals, bwd=tm.grouped_backward, residuals=gmm.RESIDUALS)
     for backend in _tpu_backends():
         register("matmul", ejk.Platform.PALLAS, backend, tier=ejk.Tier.UNTESTED, name="mosaic_tpu",
                  cfg_type=tm.TpuMatmulConfig, config_space=tm.matmul_config_space, heuristic=tm.heuristic_config,
-                 capability=tm.matmul_capability, vjp=tmm_vjp)(tm.matmul_forward_)
+                 capability=tm.matmul_capability, vjp=tm.matmul_vjp)(tm.matmul_forward_)
         register("ragged_paged_attention", ejk.Platform.PALLAS, backend, tier=ejk.Tier.UNTESTED, name="mosaic_tpu",
                  cfg_type=tpa.TpuPagedAttentionConfig, config_space=tpa.config_space, heuristic=tpa.heuristic_config,
                  capability=tpa.capability)(tpa.ragged_paged_attention)
         register("grouped_matmul", ejk.Platform.PALLAS, backend, tier=ejk.Tier.UNTESTED, name="mosaic_tpu",
                  cfg_type=tm.TpuMatmulConfig, config_space=tm.grouped_config_space, heuristic=tm.heuristic_config,
-                 capability=tm.grouped_capability, vjp=tgmm_vjp)(tm.grouped_forward)
+                 capability=tm.grouped_capability, vjp=tm.grouped_vjp)(tm.grouped_forward)
 
 
 @ejk.hookimpl

@@ -39,15 +39,13 @@ def ejk_register_kernels(register: Callable[..., Callable[[Any], Any]]) -> None:
                  cfg_type=pa.PagedAttentionConfig, config_space=pa.config_space, heuristic=pa.heuristic_config,
                  capability=pa.capability)(pa.ragged_paged_attention)
     mm, gmm = _matmul, _grouped_matmul
-    mm_vjp = ejk.VJP(fwd=mm.forward_with_residuals, bwd=mm.backward, residuals=mm.RESIDUALS)
-    gmm_vjp = ejk.VJP(fwd=gmm.forward_with_residuals, bwd=gmm.backward, residuals=gmm.RESIDUALS)
     for backend in _env.backends():
         register("matmul", ejk.Platform.TRITON, backend, priority=MATMUL_PRIORITY, name="gemm",
                  cfg_type=mm.MatmulConfig, config_space=mm.config_space, heuristic=mm.heuristic_config,
-                 capability=mm.capability, vjp=mm_vjp)(mm.forward)
+                 capability=mm.capability, vjp=mm.vjp)(mm.forward)
         register("grouped_matmul", ejk.Platform.TRITON, backend, priority=GROUPED_MATMUL_PRIORITY, name="persistent",
                  cfg_type=gmm.GroupedMatmulConfig, config_space=gmm.config_space, heuristic=gmm.heuristic_config,
-                 capability=gmm.capability, vjp=gmm_vjp)(gmm.forward)
+                 capability=gmm.capability, vjp=gmm.vjp)(gmm.forward)
 
 
 @ejk.hookimpl

@@ -28,9 +28,7 @@ def ejk_register_kernels(register: Callable[..., Callable[[Any], Any]]) -> None:
     register("flash_attention", ejk.Platform.XLA, ejk.Backend.GPU, priority=CUDNN_PRIORITY, tier=vendor, name="cudnn",
              capability=_cudnn_attention.capability)(_cudnn_attention.cudnn_attention)
     register("matmul", *portable, tier=vendor, name="dot", cfg_type=_matmul.MatmulConfig,
-             config_space=_matmul.config_space, heuristic=_matmul.heuristic_config,
-             vjp=ejk.VJP(fwd=_matmul.forward_with_residuals, bwd=_matmul.backward,
-                         residuals=_matmul.RESIDUALS))(_matmul.matmul)
+             config_space=_matmul.config_space, heuristic=_matmul.heuristic_config, vjp=_matmul.vjp)(_matmul.matmul)
     gmm, pa = _grouped_matmul, _paged_attention
     register("grouped_matmul", *portable, tier=fallback, name="tiled", cfg_type=gmm.GroupedMatmulConfig,
              config_space=gmm.config_space, heuristic=gmm.heuristic_config)(gmm.grouped_matmul)

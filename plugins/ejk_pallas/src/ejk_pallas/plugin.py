@@ -108,4 +108,4 @@ def _register_ops(register: Callable[..., Callable[[Any], Any]]) -> None:
 
 @ejk.hookimpl
 def ejk_platform_status() -> ejk.PlatformStatus:
-    return _env.platform_status()  # type: ignore[no-any-return]
+    return _env.platform_status()

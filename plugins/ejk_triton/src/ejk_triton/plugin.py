@@ -50,7 +50,7 @@ def ejk_register_kernels(register: Callable[..., Callable[[Any], Any]]) -> None:
 
 @ejk.hookimpl
 def ejk_platform_status() -> ejk.PlatformStatus:
-    return _env.platform_status()  # type: ignore[no-any-return]
+    return _env.platform_status()
 
 
 @ejk.hookimpl

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 import ejk
-from ejk.registry import kernel_registry
+from ejk import kernel_registry
 from ejk.testing import assert_close, reference_grouped_matmul
 from ejk_cute import _compile, _device, _grouped_matmul, _status
 from ejk_cute._grouped_matmul import (

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import ejk
-from ejk.registry import kernel_registry
+from ejk import kernel_registry
 from ejk.testing import assert_close, check_matmul, reference_matmul
 from ejk_cute import _compile, _device, _matmul, _status
 from ejk_cute._matmul import MatmulConfig, capability, config_space, heuristic_config, shape_reason

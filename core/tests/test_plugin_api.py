@@ -21,6 +21,20 @@ def test_every_name_is_exported() -> None:
     assert ejk.plugin.VJP is ejk.VJP and ejk.plugin.PlatformStatus is ejk.PlatformStatus
 
 
+def test_the_old_public_paths_name_the_same_objects() -> None:
+    """Plugins written against ``ejk.hookimpl``, ``ejk.config.validators``, ``ejk.tiling``, … keep working."""
+    import ejk.config.validators
+    import ejk.plugins
+    import ejk.tiling
+
+    same = [(ejk.plugin.hookimpl, ejk.hookimpl), (ejk.plugin.Tier, ejk.Tier), (ejk.plugin.Backend, ejk.Backend),
+            (ejk.plugin.Platform, ejk.Platform), (ejk.plugin.Invocation, ejk.Invocation),
+            (ejk.plugin.Kernel, ejk.Kernel), (ejk.plugin.probe_platform, ejk.plugins.probe_platform),
+            (ejk.plugin.int_in, ejk.config.validators.int_in), (ejk.plugin.cdiv, ejk.tiling.cdiv),
+            (ejk.plugin.devices, devices)]
+    assert all(new is old for new, old in same)
+
+
 def test_the_register_callback_type_has_the_registry_parameters() -> None:
     protocol = inspect.signature(ejk.plugin.RegisterKernels.__call__)
     registry = inspect.signature(ejk.KernelRegistry.register)

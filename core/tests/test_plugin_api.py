@@ -12,13 +12,27 @@ import pytest
 import ejk
 import ejk.plugin
 from ejk import devices
-from ejk.plugin import InterpreterSwitch, operand_cotangents, saving_operands
+from ejk.plugin import InterpreterSwitch, operand_cotangents, operand_vjp, saving_operands
 
 
 def test_every_name_is_exported() -> None:
     for name in ejk.plugin.__all__:
         assert getattr(ejk.plugin, name) is not None, name
     assert ejk.plugin.VJP is ejk.VJP and ejk.plugin.PlatformStatus is ejk.PlatformStatus
+
+
+def test_the_old_public_paths_name_the_same_objects() -> None:
+    """Plugins written against ``ejk.hookimpl``, ``ejk.config.validators``, ``ejk.tiling``, … keep working."""
+    import ejk.config.validators
+    import ejk.plugins
+    import ejk.tiling
+
+    same = [(ejk.plugin.hookimpl, ejk.hookimpl), (ejk.plugin.Tier, ejk.Tier), (ejk.plugin.Backend, ejk.Backend),
+            (ejk.plugin.Platform, ejk.Platform), (ejk.plugin.Invocation, ejk.Invocation),
+            (ejk.plugin.Kernel, ejk.Kernel), (ejk.plugin.probe_platform, ejk.plugins.probe_platform),
+            (ejk.plugin.int_in, ejk.config.validators.int_in), (ejk.plugin.cdiv, ejk.tiling.cdiv),
+            (ejk.plugin.devices, devices)]
+    assert all(new is old for new, old in same)
 
 
 def test_the_register_callback_type_has_the_registry_parameters() -> None:
@@ -106,7 +120,39 @@ def test_an_operand_vjp_saves_the_operands_and_keeps_none_cotangents() -> None:
 
 def test_an_operand_vjp_runs_as_an_implementations_vjp() -> None:
     registry = ejk.KernelRegistry()
-    vjp = ejk.VJP(fwd=saving_operands(_scale), bwd=operand_cotangents(_scale_gradients),
-                  residuals=ejk.plugin.MATMUL_RESIDUALS)
+    vjp = operand_vjp(_scale, _scale_gradients, ejk.plugin.MATMUL_RESIDUALS)
+    assert isinstance(vjp, ejk.VJP) and not vjp.paired and vjp.residuals == "matmul:inputs"
     registry.register("scale", "xla", "any", vjp=vjp)(_scale)
     assert registry.get_spec("scale").vjp is vjp
+    assert vjp.bwd is not None
+    bwd = vjp.bwd
+
+    @jax.custom_vjp
+    def scaled(a: jax.Array, b: jax.Array) -> jax.Array:
+        return _scale(a, b, factor=3.0)
+
+    scaled.defvjp(lambda a, b: vjp.fwd(a, b, factor=3.0), lambda res, d: bwd(res, d, factor=3.0))
+    a, b = jnp.arange(3.0), jnp.full(3, 2.0)
+    assert jnp.array_equal(jax.grad(lambda a, b: scaled(a, b).sum())(a, b), jnp.full(3, 6.0))
+
+
+def test_the_matmul_residual_tags_are_the_shipped_plugins() -> None:
+    """Backwards pair across plugins by equal tags: these strings are what every installed matmul declares."""
+    assert (ejk.plugin.MATMUL_RESIDUALS, ejk.plugin.GROUPED_MATMUL_RESIDUALS) == ("matmul:inputs",
+                                                                                  "grouped_matmul:inputs")
+
+
+def test_operand_cotangents_sum_a_replicated_operand_over_the_mesh() -> None:
+    """Under ``shard_map`` a replicated operand's cotangent is summed over the axes it does not vary along,
+    so it is replicated too (``out_specs=P()`` with ``check_vma`` accepts nothing else)."""
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    mesh = jax.make_mesh((1,), ("x",))
+    bwd = operand_cotangents(lambda operands, d: (d * operands[1], d * operands[0]))
+    fn = jax.jit(jax.shard_map(lambda a, b, d: bwd((a, b), d), mesh=mesh, in_specs=(P("x"), P(), P("x")),
+                               out_specs=(P("x"), P()), check_vma=True))
+    a, b, d = (jax.device_put(x, NamedSharding(mesh, spec))
+               for x, spec in ((jnp.arange(4.0), P("x")), (jnp.full(4, 2.0), P()), (jnp.ones(4), P("x"))))
+    da, db = fn(a, b, d)
+    assert jnp.array_equal(da, b) and jnp.array_equal(db, a)

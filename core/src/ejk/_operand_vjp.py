@@ -1,13 +1,14 @@
 """A custom VJP whose residuals are the call's array operands, as the matmul kernels' are.
 
 A matmul-like implementation saves nothing but its inputs and computes the gradients with its own
-kernel: :func:`saving_operands` turns its forward into the VJP forward, :func:`operand_cotangents`
-its gradient function into the VJP backward (each cotangent summed over the mesh axes its operand
-does not vary along, so it works under ``shard_map``)::
+kernel: :func:`operand_vjp` builds its :class:`~ejk.VJP` from the forward and a gradient function,
+tagged with the residual format that lets implementations of one op pair their forwards and
+backwards (:data:`MATMUL_RESIDUALS`, :data:`GROUPED_MATMUL_RESIDUALS`)::
 
-    forward_with_residuals = saving_operands(forward)
-    backward = operand_cotangents(gradients)
-    vjp = ejk.VJP(fwd=forward_with_residuals, bwd=backward, residuals=MATMUL_RESIDUALS)
+    vjp = operand_vjp(forward, gradients, MATMUL_RESIDUALS)
+
+:func:`saving_operands` and :func:`operand_cotangents` are its two halves: a forward-only
+implementation, whose backward is paired, declares ``VJP(fwd=saving_operands(forward), residuals=...)``.
 """
 
 from __future__ import annotations
@@ -16,9 +17,10 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
+from ejk._kernel_spec import VJP
 from ejk.parallel._vma import cotangent_like
 
-__all__ = ["GROUPED_MATMUL_RESIDUALS", "MATMUL_RESIDUALS", "operand_cotangents", "saving_operands"]
+__all__ = ["GROUPED_MATMUL_RESIDUALS", "MATMUL_RESIDUALS", "operand_cotangents", "operand_vjp", "saving_operands"]
 
 #: ``ejk.VJP.residuals`` of a matmul whose residuals are its operands ``(a, b)``.
 MATMUL_RESIDUALS = "matmul:inputs"
@@ -49,3 +51,17 @@ def operand_cotangents(gradients: Callable[..., tuple[Any, ...]]) -> Callable[..
 
     backward.__name__ = backward.__qualname__ = "backward"
     return backward
+
+
+def operand_vjp(forward: Callable[..., Any], gradients: Callable[..., tuple[Any, ...]], residuals: str) -> VJP:
+    """The :class:`~ejk.VJP` of ``forward`` that saves its array operands and differentiates with ``gradients``.
+
+    Args:
+        forward: The implementation, ``forward(*arrays, **static, cfg=cfg)``.
+        gradients: ``gradients(operands, d_out, *, cfg, **static)``: one cotangent per array operand, in its
+            dtype (``None`` for a non-differentiable one, such as integer group sizes); under ``shard_map``
+            each is summed over the mesh axes its operand does not vary along.
+        residuals: The residual format's tag, :data:`MATMUL_RESIDUALS` or :data:`GROUPED_MATMUL_RESIDUALS`
+            for the matmul ops (equal tags let implementations run each other's backward).
+    """
+    return VJP(fwd=saving_operands(forward), bwd=operand_cotangents(gradients), residuals=residuals)

@@ -6,20 +6,21 @@ in its tests; it never imports a private ``ejk`` module. The names here live els
 and are re-exported unchanged:
 
 - hooks and registration: :data:`hookimpl`, :class:`RegisterKernels` (the callback of
-  ``ejk_register_kernels``), :class:`VJP`, :class:`Platform`, :class:`Backend`, :class:`KernelSpec`,
-  :class:`PlatformStatus`, :func:`installed_version` (a distribution's version, for
-  ``PlatformStatus.versions``);
+  ``ejk_register_kernels``), :class:`VJP`, :class:`Platform`, :class:`Backend`, :class:`Tier`,
+  :class:`KernelSpec`, the arguments of ``ejk_choose_config`` (:class:`Invocation`, :class:`Kernel`);
+- the platform's status: :class:`PlatformStatus`, :func:`probe_platform` (a status from what is
+  installed), :func:`installed_version` (a distribution's version, for ``PlatformStatus.versions``);
 - config classes: the attrs validators :func:`int_in`, :func:`multiple_of`, :func:`one_of`,
   :func:`one_of_str`, :data:`positive_int`, :func:`power_of_two`;
 - tiles: :func:`cdiv`, :func:`fit_block`, :func:`next_pow2`, :func:`padded_dim`,
   :func:`persistent_ctas`, :func:`snake_owner`;
 - the device: :mod:`devices <ejk.devices>` (NVIDIA GPU?, compute capability, SM count, shared
   memory per block) and :class:`InterpreterSwitch` (``EJK_<PLUGIN>_INTERPRET``-style switches);
-- custom VJPs: :func:`saving_operands` and :func:`operand_cotangents` (a matmul-like VJP whose
-  residuals are its operands, tagged :data:`MATMUL_RESIDUALS` / :data:`GROUPED_MATMUL_RESIDUALS`),
-  the flash-attention residual format :data:`FLASH_RESIDUALS` / :data:`FLASH_LSE_RESIDUALS` with
-  :func:`without_residuals`, :func:`with_natural_lse`, :func:`natural_lse`, and the ``shard_map``
-  helpers :func:`cotangent_like` and :func:`varying_like`.
+- custom VJPs: :func:`operand_vjp` (a matmul-like VJP whose residuals are its operands, tagged
+  :data:`MATMUL_RESIDUALS` / :data:`GROUPED_MATMUL_RESIDUALS`) and its halves :func:`saving_operands`
+  and :func:`operand_cotangents`, the flash-attention residual format :data:`FLASH_RESIDUALS` /
+  :data:`FLASH_LSE_RESIDUALS` with :func:`without_residuals`, :func:`with_natural_lse`,
+  :func:`natural_lse`, and the ``shard_map`` helpers :func:`cotangent_like` and :func:`varying_like`.
 """
 
 from __future__ import annotations
@@ -28,14 +29,21 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol, TypeVar
 
 from ejk import devices
-from ejk._operand_vjp import GROUPED_MATMUL_RESIDUALS, MATMUL_RESIDUALS, operand_cotangents, saving_operands
+from ejk._operand_vjp import (
+    GROUPED_MATMUL_RESIDUALS,
+    MATMUL_RESIDUALS,
+    operand_cotangents,
+    operand_vjp,
+    saving_operands,
+)
 from ejk._versions import installed_version
 from ejk.config.validators import int_in, multiple_of, one_of, one_of_str, positive_int, power_of_two
+from ejk.execution.kernel import Invocation, Kernel
 from ejk.hookspecs import hookimpl
 from ejk.interpreter import InterpreterSwitch
 from ejk.ops import FLASH_LSE_RESIDUALS, FLASH_RESIDUALS, natural_lse, with_natural_lse, without_residuals
 from ejk.parallel import cotangent_like, varying_like
-from ejk.plugins import PlatformStatus
+from ejk.plugins import PlatformStatus, probe_platform
 from ejk.registry import VJP, Backend, BackendLike, KernelSpec, Platform, PlatformLike, Tier
 from ejk.tiling import cdiv, fit_block, next_pow2, padded_dim, persistent_ctas, snake_owner
 
@@ -47,11 +55,13 @@ __all__ = [
     "VJP",
     "Backend",
     "InterpreterSwitch",
+    "Invocation",
+    "Kernel",
     "KernelSpec",
     "Platform",
     "PlatformStatus",
-    "Tier",
     "RegisterKernels",
+    "Tier",
     "cdiv",
     "cotangent_like",
     "devices",
@@ -65,10 +75,12 @@ __all__ = [
     "one_of",
     "one_of_str",
     "operand_cotangents",
+    "operand_vjp",
     "padded_dim",
     "persistent_ctas",
     "positive_int",
     "power_of_two",
+    "probe_platform",
     "saving_operands",
     "snake_owner",
     "varying_like",

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 import ejk
-from ejk.registry import kernel_registry
+from ejk import kernel_registry
 from ejk.testing import assert_close, reference_grouped_matmul
 from ejk_cute import _compile, _device, _grouped_matmul, _status
 from ejk_cute._grouped_matmul import (
@@ -70,7 +70,7 @@ def test_backward_compiles(tile: tuple[int, int], cluster: int) -> None:
     cfg = _grouped_matmul.deepest(*tile, cluster)
 
     def f(lhs: jax.Array, rhs: jax.Array, sizes: jax.Array, dy: jax.Array) -> tuple[Any, ...]:
-        return _grouped_matmul.backward((lhs, rhs, sizes), dy, cfg=cfg)
+        return _grouped_matmul.vjp.bwd((lhs, rhs, sizes), dy, cfg=cfg)
 
     args = (S((M, K), jnp.bfloat16), S((G, K, N), jnp.bfloat16), S((G,), jnp.int32), S((M, N), jnp.bfloat16))
     d_lhs, d_rhs, d_sizes = jax.eval_shape(f, *args)

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import ejk
-from ejk.registry import kernel_registry
+from ejk import kernel_registry
 from ejk.testing import assert_close, check_matmul, reference_matmul
 from ejk_cute import _compile, _device, _matmul, _status
 from ejk_cute._matmul import MatmulConfig, capability, config_space, heuristic_config, shape_reason
@@ -61,7 +61,7 @@ def test_backward_compiles_with_transposed_operands(tile: tuple[int, int], dtype
     (sa, sb) = RAGGED
 
     def f(a: jax.Array, b: jax.Array, dc: jax.Array) -> tuple[jax.Array, jax.Array]:
-        return _matmul.backward((a, b), dc, cfg=cfg)  # type: ignore[no-any-return]
+        return _matmul.vjp.bwd((a, b), dc, cfg=cfg)  # type: ignore[misc]
 
     assert len(_kernels_in(f, S(sa, dtype), S(sb, dtype), S((sa[0], sb[1]), dtype))) == 2
 
@@ -76,8 +76,8 @@ def test_batched_shapes_compile_forward_and_backward(sa: tuple[int, ...], sb: tu
     cfg = MatmulConfig(tile_m=128, tile_n=128, cluster_m=1, cluster_n=1, stages=4)
 
     def f(a: jax.Array, b: jax.Array) -> tuple[jax.Array, ...]:
-        out, res = _matmul.forward_with_residuals(a, b, cfg=cfg)
-        return (out, *_matmul.backward(res, jnp.ones_like(out), cfg=cfg))
+        out, res = _matmul.vjp.fwd(a, b, cfg=cfg)
+        return (out, *_matmul.vjp.bwd(res, jnp.ones_like(out), cfg=cfg))
 
     out = jax.eval_shape(f, S(sa, jnp.bfloat16), S(sb, jnp.bfloat16))
     assert out[0].shape == jnp.matmul(jnp.zeros(sa), jnp.zeros(sb)).shape

@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 import ejk
+from ejk.plugin import devices
 from ejk.testing import assert_close, check_matmul, reference_matmul, values_and_grads
 from ejk_pallas import _env
 from ejk_pallas import _matmul_mgpu as mm
@@ -136,7 +137,7 @@ def test_config_validation() -> None:
 
 def test_configs_fit_shared_memory(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(_env, "use_interpreter", lambda: False)  # the GPU's space
-    monkeypatch.setattr(mm, "_sm_count", lambda: 132)
+    monkeypatch.setattr(devices, "sm_count", lambda: 132)
     a = sds((8192, 8192), jnp.bfloat16)
     for out in (None, jnp.float32):
         space = mm.config_space(a, a, preferred_element_type=out)

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 import ejk
+from ejk.plugin import devices
 from ejk.testing import (
     MATMUL_SHAPES,
     assert_close,
@@ -147,7 +148,7 @@ def test_matmul_matches_reference(sa: tuple[int, ...], sb: tuple[int, ...], dtyp
 def test_paged_splits_load_the_sms_evenly(b: int, ctx: int, want: int, monkeypatch: pytest.MonkeyPatch) -> None:
     """Decode split-K on 132 SMs (8 kv heads, page 64, 64 keys a step): at least about two programs per SM
     and 4 key steps a split, then the count that loads the SMs most evenly (6 splits, not 5, at batch 8)."""
-    monkeypatch.setattr(_paged_attention, "_sm_count", lambda: 132)
+    monkeypatch.setattr(devices, "sm_count", lambda: 132)
     per = ctx // 64
     k = jax.ShapeDtypeStruct((b * per, 64, 8, 128), jnp.bfloat16)
     table = jax.ShapeDtypeStruct((b, per), jnp.int32)
@@ -345,12 +346,12 @@ def test_lowers_for_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
     for dtype in (jnp.bfloat16, jnp.float32):
         a, b, c = sds((256, 512), dtype), sds((512, 384), dtype), sds((256, 384), dtype)
         text = _lowered(lambda a, b, c: (_matmul.forward(a, b, cfg=mm_cfg, precision=("high", "high")),
-                                         _matmul.backward((a, b), c, cfg=mm_cfg)), a, b, c, platform="cuda")
+                                         _matmul.vjp.bwd((a, b), c, cfg=mm_cfg)), a, b, c, platform="cuda")
         assert text.count("__gpu$xla.gpu.triton") == 3
     g_cfg = _grouped_matmul.GroupedMatmulConfig()
     lhs, rhs, out = sds((512, 256), jnp.bfloat16), sds((8, 256, 384), jnp.bfloat16), sds((512, 384), jnp.bfloat16)
     text = _lowered(lambda x, w, g, d: (_grouped_matmul.forward(x, w, g, cfg=g_cfg),
-                                        _grouped_matmul.backward((x, w, g), d, cfg=g_cfg)),
+                                        _grouped_matmul.vjp.bwd((x, w, g), d, cfg=g_cfg)),
                     lhs, rhs, sds((8,), jnp.int32), out, platform="cuda")
     assert text.count("__gpu$xla.gpu.triton") == 3
     pages = sds((64, 16, 8, 128), jnp.bfloat16)
@@ -377,8 +378,8 @@ def test_mosaic_tpu_lowers_for_tpu(monkeypatch: pytest.MonkeyPatch) -> None:
     cfg = _matmul_tpu.TpuMatmulConfig()
     lhs, rhs, out = sds((512, 256), jnp.bfloat16), sds((8, 256, 384), jnp.bfloat16), sds((512, 384), jnp.bfloat16)
     text = _lowered(lambda x, w, g, d: (_matmul_tpu.grouped_forward(x, w, g, cfg=cfg),
-                                        _matmul_tpu.grouped_backward((x, w, g), d, cfg=cfg),
-                                        _matmul_tpu.matmul_backward_((x, w[0]), d, cfg=cfg)),
+                                        _matmul_tpu.grouped_vjp.bwd((x, w, g), d, cfg=cfg),
+                                        _matmul_tpu.matmul_vjp.bwd((x, w[0]), d, cfg=cfg)),
                     lhs, rhs, sds((8,), jnp.int32), out, platform="tpu")
     assert text.count("tpu_custom_call") == 5
     pages = sds((64, 16, 8, 128), jnp.bfloat16)
@@ -402,11 +403,11 @@ def test_lowers_for_cuda_under_shard_map(monkeypatch: pytest.MonkeyPatch) -> Non
         return jax.ShapeDtypeStruct(shape, dtype, sharding=NamedSharding(mesh, P("x")))
 
     def ops(a: Any, b: Any, rhs: Any, gs: Any, q: Any, pages: Any, lens: Any, table: Any, cu: Any) -> Any:
-        out, res = _matmul.forward_with_residuals(a, b)
-        grouped, g_res = _grouped_matmul.forward_with_residuals(a, rhs, gs)
+        out, res = _matmul.vjp.fwd(a, b)
+        grouped, g_res = _grouped_matmul.vjp.fwd(a, rhs, gs)
         paged = _paged_attention.ragged_paged_attention(q, pages, pages, lens, table, cu, lens[0], softmax_scale=0.1,
                                                          sliding_window=None, logits_soft_cap=None)
-        return _matmul.backward(res, out), _grouped_matmul.backward(g_res, grouped)[:2], paged
+        return _matmul.vjp.bwd(res, out), _grouped_matmul.vjp.bwd(g_res, grouped)[:2], paged
 
     args = (arg((64, 32), jnp.bfloat16), arg((32, 16), jnp.bfloat16),
             arg((4, 32, 16), jnp.bfloat16), arg((4,), jnp.int32), arg((4, 8, 64), jnp.bfloat16),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ejk.registry import Backend, Platform
+from ejk.plugin import Backend, Platform
 from ejk.testing import check_discovered_plugins, check_imports_lazily, check_plugin
 from ejk_xla import FlashAttentionConfig, GroupedMatmulConfig, MatmulConfig, PagedAttentionConfig
 

@@ -18,8 +18,7 @@ import attrs
 import jax
 import jax.numpy as jnp
 
-from ejk.config.validators import int_in
-from ejk.tiling import cdiv
+from ejk.plugin import cdiv, int_in
 
 __all__ = ["MAX_HIDDEN", "RmsNormConfig", "backward", "capability", "config_space", "forward",
            "forward_with_residuals", "heuristic_config"]

@@ -16,8 +16,7 @@ import attrs
 import jax
 import jax.numpy as jnp
 
-from ejk.config.validators import power_of_two
-from ejk.tiling import next_pow2
+from ejk.plugin import next_pow2, power_of_two
 
 __all__ = ["MAX_SPLITS", "SplitKConfig", "capability", "config_space", "heuristic_config", "matmul"]
 

@@ -9,10 +9,20 @@ Hooks: ``ejk_choose_config`` applies the team policy of :mod:`ejk_example.policy
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
-import ejk
+from ejk.plugin import (
+    VJP,
+    Backend,
+    Invocation,
+    Kernel,
+    Platform,
+    PlatformStatus,
+    RegisterKernels,
+    Tier,
+    hookimpl,
+    probe_platform,
+)
 from ejk_example import _rms_norm, _split_k, ops, policy
 
 #: A FAST-tier kernel, after ejk-xla's ``dot`` (VENDOR tier) and the FAST GEMMs of higher priority:
@@ -20,23 +30,23 @@ from ejk_example import _rms_norm, _split_k, ops, policy
 SPLIT_K_PRIORITY = -5
 
 
-@ejk.hookimpl
-def ejk_register_kernels(register: Callable[..., Callable[[Any], Any]]) -> None:
-    register(ops.KERNEL.op_id, ejk.Platform.XLA, ejk.Backend.ANY, name="fused", cfg_type=_rms_norm.RmsNormConfig,
+@hookimpl
+def ejk_register_kernels(register: RegisterKernels) -> None:
+    register(ops.KERNEL.op_id, Platform.XLA, Backend.ANY, name="fused", cfg_type=_rms_norm.RmsNormConfig,
              config_space=_rms_norm.config_space, heuristic=_rms_norm.heuristic_config,
              capability=_rms_norm.capability,
-             vjp=ejk.VJP(fwd=_rms_norm.forward_with_residuals, bwd=_rms_norm.backward,
-                         residuals="rms_norm:x+weight+inv_rms"))(_rms_norm.forward)
-    register("matmul", ejk.Platform.XLA, ejk.Backend.ANY, priority=SPLIT_K_PRIORITY, tier=ejk.Tier.FAST, name="split_k",
+             vjp=VJP(fwd=_rms_norm.forward_with_residuals, bwd=_rms_norm.backward,
+                     residuals="rms_norm:x+weight+inv_rms"))(_rms_norm.forward)
+    register("matmul", Platform.XLA, Backend.ANY, priority=SPLIT_K_PRIORITY, tier=Tier.FAST, name="split_k",
              cfg_type=_split_k.SplitKConfig, config_space=_split_k.config_space,
              heuristic=_split_k.heuristic_config, capability=_split_k.capability)(_split_k.matmul)
 
 
-@ejk.hookimpl
-def ejk_choose_config(invocation: ejk.Invocation[Any], kernel: ejk.Kernel[Any, Any]) -> Any | None:
+@hookimpl
+def ejk_choose_config(invocation: Invocation[Any], kernel: Kernel[Any, Any]) -> Any | None:
     return policy.choose(invocation, kernel)
 
 
-@ejk.hookimpl
-def ejk_platform_status() -> ejk.PlatformStatus:
-    return ejk.plugins.probe_platform("xla", requires={"jax": "jax"})
+@hookimpl
+def ejk_platform_status() -> PlatformStatus:
+    return probe_platform("xla", requires={"jax": "jax"})

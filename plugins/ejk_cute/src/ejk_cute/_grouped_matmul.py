@@ -26,29 +26,24 @@ import attrs
 import jax
 import jax.numpy as jnp
 
-from ejk.config.validators import int_in, one_of
-from ejk.parallel import cotangent_like
-from ejk.tiling import cdiv
+from ejk.plugin import GROUPED_MATMUL_RESIDUALS, cdiv, int_in, one_of, operand_vjp
 from ejk_cute import _compile, _device, _matmul, _status
 
 __all__ = [
-    "RESIDUALS",
     "GroupedMatmulConfig",
-    "backward",
     "capability",
     "config_space",
     "forward",
-    "forward_with_residuals",
+    "gradients",
     "heuristic_config",
     "outer",
     "plan",
     "product",
     "shape_reason",
     "smem_bytes",
+    "vjp",
 ]
 
-#: The residual format of :func:`forward_with_residuals`: the three inputs.
-RESIDUALS = "grouped_matmul:inputs"
 DTYPES = _matmul.DTYPES
 OUT_DTYPES = _matmul.OUT_DTYPES
 ALIGN = _matmul.ALIGN
@@ -216,22 +211,8 @@ def forward(
     return product(lhs, rhs, group_sizes, out_dtype=out_dtype, cfg=cfg)
 
 
-def forward_with_residuals(
-    lhs: jax.Array,
-    rhs: jax.Array,
-    group_sizes: jax.Array,
-    *,
-    precision: str | tuple[str, str] = ("highest", "highest"),
-    preferred_element_type: Any = None,
-    cfg: GroupedMatmulConfig | None = None,
-) -> tuple[jax.Array, tuple[jax.Array, jax.Array, jax.Array]]:
-    """The output of :func:`forward` and the residuals ``(lhs, rhs, group_sizes)`` :func:`backward` needs."""
-    out = forward(lhs, rhs, group_sizes, precision=precision, preferred_element_type=preferred_element_type, cfg=cfg)
-    return out, (lhs, rhs, group_sizes)
-
-
-def backward(
-    residuals: tuple[jax.Array, jax.Array, jax.Array],
+def gradients(
+    operands: tuple[jax.Array, jax.Array, jax.Array],
     d_out: jax.Array,
     *,
     cfg: GroupedMatmulConfig | None = None,
@@ -243,12 +224,16 @@ def backward(
     ``d lhs`` runs the grouped kernel on ``rhs`` transposed, ``d rhs`` the ragged-reduction kernel (:func:`outer`).
     """
     del precision, preferred_element_type
-    lhs, rhs, group_sizes = residuals
+    lhs, rhs, group_sizes = operands
     cfg = _resolve(cfg, lhs, rhs, group_sizes)
     dy = d_out.astype(lhs.dtype)
     d_lhs = product(dy, rhs, group_sizes, w_t=True, out_dtype=lhs.dtype, cfg=cfg)
     d_rhs = outer(lhs, dy, group_sizes, rhs.shape[0], out_dtype=rhs.dtype, cfg=cfg)
-    return cotangent_like(d_lhs, lhs), cotangent_like(d_rhs, rhs), None
+    return d_lhs, d_rhs, None
+
+
+#: The custom VJP: the operands are the residuals, :func:`gradients` the backward.
+vjp = operand_vjp(forward, gradients, GROUPED_MATMUL_RESIDUALS)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -26,26 +26,21 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ejk.config.validators import int_in, one_of
-from ejk.parallel import cotangent_like
-from ejk.tiling import cdiv
+from ejk.plugin import MATMUL_RESIDUALS, cdiv, int_in, one_of, operand_vjp
 from ejk_cute import _compile, _device, _status
 
 __all__ = [
-    "RESIDUALS",
     "MatmulConfig",
-    "backward",
     "capability",
     "config_space",
     "forward",
-    "forward_with_residuals",
+    "gradients",
     "heuristic_config",
     "product",
     "smem_bytes",
+    "vjp",
 ]
 
-#: The residual format of :func:`forward_with_residuals`: the two operands.
-RESIDUALS = "matmul:inputs"
 #: Operand dtypes the kernel takes (both operands the same).
 DTYPES = ("bfloat16", "float16")
 #: Output dtypes (float32 accumulation, rounded once).
@@ -236,21 +231,8 @@ def forward(
     return product(x, y, out_dtype=out_dtype, cfg=_resolve(cfg, a, b)).reshape(s.out_shape())
 
 
-def forward_with_residuals(
-    a: jax.Array,
-    b: jax.Array,
-    *,
-    precision: str | tuple[str, str] = ("highest", "highest"),
-    preferred_element_type: Any = None,
-    cfg: MatmulConfig | None = None,
-) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
-    """The output of :func:`forward` and the residuals ``(a, b)`` :func:`backward` needs."""
-    out = forward(a, b, precision=precision, preferred_element_type=preferred_element_type, cfg=cfg)
-    return out, (a, b)
-
-
-def backward(
-    residuals: tuple[jax.Array, jax.Array],
+def gradients(
+    operands: tuple[jax.Array, jax.Array],
     d_out: jax.Array,
     *,
     cfg: MatmulConfig | None = None,
@@ -259,7 +241,7 @@ def backward(
 ) -> tuple[jax.Array, jax.Array]:
     """``(d a, d b)`` in the dtypes of ``a`` and ``b``: ``d c @ bᵀ`` and ``aᵀ @ d c``, broadcast batches summed."""
     del precision, preferred_element_type
-    a, b = residuals
+    a, b = operands
     s = _shapes(a, b)
     cfg = _resolve(cfg, a, b)
     x, y = _operands(a, b, s)
@@ -271,7 +253,11 @@ def backward(
     if not s.folds:
         da = _sum_to(da, s.batch, s.a_batch, a.dtype)
         db = _sum_to(db, s.batch, s.b_batch, b.dtype)
-    return cotangent_like(da.reshape(a.shape), a), cotangent_like(db.reshape(b.shape), b)
+    return da.reshape(a.shape), db.reshape(b.shape)
+
+
+#: The custom VJP: the operands are the residuals, :func:`gradients` the backward.
+vjp = operand_vjp(forward, gradients, MATMUL_RESIDUALS)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
-
+from ejk.plugin import PlatformStatus
 from ejk_cute import _compile, _device
 
 __all__ = ["platform_status", "runtime_reason"]
@@ -18,18 +17,17 @@ def runtime_reason() -> str | None:
     return _compile.cutlass_reason() or _device.arch_reason()
 
 
-def platform_status() -> Any:
-    """The ``cute`` platform's :class:`ejk.PlatformStatus` on this machine (imports no toolkit)."""
-    import ejk
+def platform_status() -> PlatformStatus:
+    """The ``cute`` platform's :class:`~ejk.plugin.PlatformStatus` on this machine (imports no toolkit)."""
 
     found = _compile.version()
     versions = {_compile.DISTRIBUTION: found} if found else {}
     if (reason := _compile.cutlass_reason()) is not None:
-        return ejk.PlatformStatus(platform="cute", available=False, versions=versions,
-                                  reason=f"{_compile.DISTRIBUTION} not installed ({reason})",
-                                  fix=f"pip install '{_compile.EXTRA}'")
+        return PlatformStatus(platform="cute", available=False, versions=versions,
+                              reason=f"{_compile.DISTRIBUTION} not installed ({reason})",
+                              fix=f"pip install '{_compile.EXTRA}'")
     if (reason := _device.arch_reason()) is not None:
-        return ejk.PlatformStatus(platform="cute", available=False, versions=versions, reason=reason,
-                                  fix="run on an NVIDIA Hopper (H100/H200) or newer GPU; without one, "
-                                      "ejk_cute._compile.export_for_cuda compiles the kernels for sm_90a")
-    return ejk.PlatformStatus(platform="cute", available=True, versions=versions)
+        return PlatformStatus(platform="cute", available=False, versions=versions, reason=reason,
+                              fix="run on an NVIDIA Hopper (H100/H200) or newer GPU; without one, "
+                                  "ejk_cute._compile.export_for_cuda compiles the kernels for sm_90a")
+    return PlatformStatus(platform="cute", available=True, versions=versions)

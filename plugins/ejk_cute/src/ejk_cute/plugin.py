@@ -7,10 +7,9 @@ installed, an sm_90+ GPU), so the plugin loads everywhere and never crashes a ca
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
-import ejk
+from ejk.plugin import Platform, PlatformStatus, RegisterKernels, hookimpl
 from ejk_cute import _grouped_matmul, _matmul, _status
 from ejk_cute._flash_attention import register_flash_attention
 
@@ -26,27 +25,26 @@ MATMUL_PRIORITY = -5
 GROUPED_MATMUL_PRIORITY = 6
 
 
-@ejk.hookimpl
-def ejk_register_kernels(register: Callable[..., Callable[[Any], Any]]) -> None:
+@hookimpl
+def ejk_register_kernels(register: RegisterKernels) -> None:
     """Registers the implementations that have kernels, for the GPU backend only."""
     mm = _matmul
-    register("matmul", ejk.Platform.CUTE, "gpu", priority=MATMUL_PRIORITY, name="wgmma", cfg_type=mm.MatmulConfig,
-             config_space=mm.config_space, heuristic=mm.heuristic_config, capability=mm.capability,
-             vjp=ejk.VJP(fwd=mm.forward_with_residuals, bwd=mm.backward, residuals=mm.RESIDUALS))(mm.forward)
+    register("matmul", Platform.CUTE, "gpu", priority=MATMUL_PRIORITY, name="wgmma", cfg_type=mm.MatmulConfig,
+             config_space=mm.config_space, heuristic=mm.heuristic_config, capability=mm.capability, vjp=mm.vjp)(
+        mm.forward)
     gmm = _grouped_matmul
-    register("grouped_matmul", ejk.Platform.CUTE, "gpu", priority=GROUPED_MATMUL_PRIORITY, name="grouped",
+    register("grouped_matmul", Platform.CUTE, "gpu", priority=GROUPED_MATMUL_PRIORITY, name="grouped",
              cfg_type=gmm.GroupedMatmulConfig, config_space=gmm.config_space, heuristic=gmm.heuristic_config,
-             capability=gmm.capability,
-             vjp=ejk.VJP(fwd=gmm.forward_with_residuals, bwd=gmm.backward, residuals=gmm.RESIDUALS))(gmm.forward)
+             capability=gmm.capability, vjp=gmm.vjp)(gmm.forward)
     register_flash_attention(register)
 
 
-@ejk.hookimpl
-def ejk_platform_status() -> ejk.PlatformStatus:
-    return _status.platform_status()  # type: ignore[no-any-return]
+@hookimpl
+def ejk_platform_status() -> PlatformStatus:
+    return _status.platform_status()
 
 
-@ejk.hookimpl
+@hookimpl
 def ejk_device_fingerprint(device: Any) -> dict[str, str] | None:
     capability = getattr(device, "compute_capability", None)
     return {"cc": str(capability)} if capability else None

@@ -9,9 +9,7 @@ itself unavailable without an NVIDIA GPU. Nothing here imports Pallas.
 
 from __future__ import annotations
 
-from typing import Any
-
-from ejk.plugin import InterpreterSwitch, devices
+from ejk.plugin import InterpreterSwitch, PlatformStatus, devices, installed_version
 
 __all__ = ["INTERPRET_ENV", "backends", "interpret_mode", "nvidia_gpu", "platform_status", "use_interpreter"]
 
@@ -37,29 +35,27 @@ def use_interpreter() -> bool:
     return interpret_mode() and not nvidia_gpu()[0]
 
 
-def platform_status() -> Any:
-    """The ``pallas`` platform's :class:`ejk.PlatformStatus`: available only where a kernel can run compiled.
+def platform_status() -> PlatformStatus:
+    """The ``pallas`` platform's :class:`~ejk.plugin.PlatformStatus`: available only where a kernel can run compiled.
 
     Available on an NVIDIA GPU (``triton_lowered``) and on a TPU (``mosaic_tpu``, untested on
     hardware, in the UNTESTED tier so ``platform="auto"`` prefers ejk-xla); on the CPU it says why
     not and how to use interpret mode.
     """
-    import ejk
-    from ejk.plugin import installed_version
 
     versions = {dist: v for dist in ("jax", "jaxlib") if (v := installed_version(dist))}
     on_gpu, why = nvidia_gpu()
     if on_gpu:
-        return ejk.PlatformStatus(platform="pallas", available=True, versions=versions)
+        return PlatformStatus(platform="pallas", available=True, versions=versions)
     import jax
 
     if jax.default_backend() == "tpu":  # flash_attention: mosaic_tpu (untested on hardware)
-        return ejk.PlatformStatus(platform="pallas", available=True, versions=versions)
+        return PlatformStatus(platform="pallas", available=True, versions=versions)
     fix = "run on a machine with an NVIDIA GPU (or a TPU)"
     if interpret_mode():
         fix += f" ({INTERPRET_ENV}=1 is set: platform='pallas' runs the kernels in Pallas's interpret mode)"
     else:
         fix += (f"; to check the kernels' numerics on the CPU, set {INTERPRET_ENV}=1 and pass platform='pallas' "
                 "(Pallas's interpret mode: slow, for tests)")
-    return ejk.PlatformStatus(platform="pallas", available=False, versions=versions,
-                              reason=f"no NVIDIA GPU or TPU ({why})", fix=fix)
+    return PlatformStatus(platform="pallas", available=False, versions=versions,
+                          reason=f"no NVIDIA GPU or TPU ({why})", fix=fix)

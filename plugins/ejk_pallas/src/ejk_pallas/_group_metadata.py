@@ -17,7 +17,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from ejk.tiling import cdiv
+from ejk.plugin import cdiv
 
 __all__ = ["Work", "offsets", "work_list"]
 

@@ -25,21 +25,23 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from ejk.config.validators import int_in, one_of, power_of_two
-from ejk.devices import sm_count as _sm_count
-from ejk.parallel import cotangent_like
-from ejk.tiling import cdiv, fit_block
+from ejk.plugin import (
+    GROUPED_MATMUL_RESIDUALS,
+    cdiv,
+    devices,
+    fit_block,
+    int_in,
+    one_of,
+    operand_vjp,
+    power_of_two,
+)
 from ejk_pallas import _env, _mm
 from ejk_pallas._flash_attention import pl
 from ejk_pallas._flash_attention_tpu import _when
 from ejk_pallas._group_metadata import offsets, work_list
 from ejk_pallas._matmul import fitting
 
-__all__ = ["RESIDUALS", "GroupedMatmulConfig", "backward", "capability", "config_space", "forward",
-           "forward_with_residuals", "heuristic_config"]
-
-#: The residual format of :func:`forward_with_residuals`: the three inputs.
-RESIDUALS = "grouped_matmul:inputs"
+__all__ = ["GroupedMatmulConfig", "capability", "config_space", "forward", "gradients", "heuristic_config", "vjp"]
 
 _block = power_of_two(16)
 _MAX_GRID_Y = 65535  # CUDA's limit on the second grid dim (the work list)
@@ -212,25 +214,20 @@ def forward(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array, *,
                             cfg=_resolve(cfg, lhs, rhs, group_sizes))
 
 
-def forward_with_residuals(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array, *,
-                           precision: str | tuple[str, str] = ("highest", "highest"),
-                           preferred_element_type: Any = None,
-                           cfg: GroupedMatmulConfig | None = None) -> tuple[jax.Array, tuple[jax.Array, ...]]:
-    """The output of :func:`forward` and the residuals ``(lhs, rhs, group_sizes)``."""
-    out = forward(lhs, rhs, group_sizes, precision=precision, preferred_element_type=preferred_element_type, cfg=cfg)
-    return out, (lhs, rhs, group_sizes)
-
-
-def backward(residuals: tuple[jax.Array, ...], d_out: jax.Array, *, cfg: GroupedMatmulConfig | None = None,
-             precision: str | tuple[str, str] = ("highest", "highest"),
-             preferred_element_type: Any = None) -> tuple[jax.Array, jax.Array, None]:
+def gradients(operands: tuple[jax.Array, ...], d_out: jax.Array, *, cfg: GroupedMatmulConfig | None = None,
+              precision: str | tuple[str, str] = ("highest", "highest"),
+              preferred_element_type: Any = None) -> tuple[jax.Array, jax.Array, None]:
     """``(d lhs, d rhs, None)`` in the dtypes of ``lhs`` and ``rhs``."""
     del preferred_element_type
-    lhs, rhs, group_sizes = residuals
+    lhs, rhs, group_sizes = operands
     cfg = _resolve(cfg, lhs, rhs, group_sizes)
     d_lhs = _grouped_product(d_out, rhs, group_sizes, tb=True, out_dtype=lhs.dtype, precision=precision, cfg=cfg)
     d_rhs = _grouped_outer(lhs, d_out, group_sizes, rhs.shape[0], out_dtype=rhs.dtype, precision=precision, cfg=cfg)
-    return cotangent_like(d_lhs, lhs), cotangent_like(d_rhs, rhs), None
+    return d_lhs, d_rhs, None
+
+
+#: The custom VJP: the operands are the residuals, :func:`gradients` the backward.
+vjp = operand_vjp(forward, gradients, GROUPED_MATMUL_RESIDUALS)
 
 
 def gate_args(lhs: Any, rhs: Any, group_sizes: Any, preferred_element_type: Any) -> str | None:
@@ -299,4 +296,4 @@ def heuristic_config(lhs: Any, rhs: Any, group_sizes: Any, **_: Any) -> GroupedM
     def tiles(c: GroupedMatmulConfig) -> int:
         return groups * cdiv(average, c.block_m) * cdiv(n, c.block_n)
 
-    return next((c for c in short if tiles(c) >= _sm_count()), max(short, key=tiles))
+    return next((c for c in short if tiles(c) >= devices.sm_count()), max(short, key=tiles))

@@ -39,10 +39,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from ejk.config.validators import int_in, one_of, one_of_str
-from ejk.devices import sm_count as _sm_count
-from ejk.parallel import cotangent_like
-from ejk.tiling import cdiv
+from ejk.plugin import GROUPED_MATMUL_RESIDUALS, cdiv, devices, int_in, one_of, one_of_str, operand_vjp
 from ejk_pallas import _env
 from ejk_pallas import _flash_attention_mgpu as _fa
 from ejk_pallas import _grouped_matmul as _tl
@@ -50,8 +47,17 @@ from ejk_pallas import _matmul_mgpu as _mm
 from ejk_pallas._group_metadata import offsets
 from ejk_pallas._mm import pad_to
 
-__all__ = ["MosaicGroupedMatmulConfig", "backward", "capability", "config_space", "forward",
-           "forward_with_residuals", "grouped_product", "heuristic_config", "smem_bytes"]
+__all__ = [
+    "MosaicGroupedMatmulConfig",
+    "capability",
+    "config_space",
+    "forward",
+    "gradients",
+    "grouped_product",
+    "heuristic_config",
+    "smem_bytes",
+    "vjp",
+]
 
 #: Rows of a tile (the work list's row tiles).
 _BLOCK_M = 128
@@ -279,7 +285,7 @@ def grouped_product(x: jax.Array, w: jax.Array, group_sizes: jax.Array, *, trans
                  else 1), k_steps=kp // _BLOCK_K,
                  transpose_rhs=transpose_rhs, out_dtype=jnp.dtype(out_dtype))
     pair = 2 if cfg.cluster == "n" else 1
-    clusters = min(st.items * st.n_tiles, _INTERPRET_CTAS if interpret else _sm_count() // pair)
+    clusters = min(st.items * st.n_tiles, _INTERPRET_CTAS if interpret else devices.sm_count() // pair)
     kwargs: dict[str, Any] = {"interpret": _fa.interpret_params()} if interpret else {}
     out: jax.Array = plgpu.kernel(
         functools.partial(_kernel, st=st),
@@ -317,29 +323,24 @@ def forward(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array, *,
                            cfg=_resolve(cfg, lhs, rhs, group_sizes, out_dtype))
 
 
-def forward_with_residuals(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array, *,
-                           precision: str | tuple[str, str] = ("highest", "highest"),
-                           preferred_element_type: Any = None,
-                           cfg: MosaicGroupedMatmulConfig | None = None) -> tuple[jax.Array, tuple[jax.Array, ...]]:
-    """The output of :func:`forward` and the residuals ``(lhs, rhs, group_sizes)``."""
-    out = forward(lhs, rhs, group_sizes, precision=precision, preferred_element_type=preferred_element_type, cfg=cfg)
-    return out, (lhs, rhs, group_sizes)
-
-
-def backward(residuals: tuple[jax.Array, ...], d_out: jax.Array, *, cfg: MosaicGroupedMatmulConfig | None = None,
-             precision: str | tuple[str, str] = ("highest", "highest"),
-             preferred_element_type: Any = None) -> tuple[jax.Array, jax.Array, None]:
+def gradients(operands: tuple[jax.Array, ...], d_out: jax.Array, *, cfg: MosaicGroupedMatmulConfig | None = None,
+              precision: str | tuple[str, str] = ("highest", "highest"),
+              preferred_element_type: Any = None) -> tuple[jax.Array, jax.Array, None]:
     """``(d lhs, d rhs, None)``: ``d lhs`` by this kernel (``rhs`` transposed in shared memory), ``d rhs`` by the
     Triton-lowered kernel's ``lhsᵀ · d out`` per group (its heuristic tiles)."""
     del preferred_element_type
-    lhs, rhs, group_sizes = residuals
+    lhs, rhs, group_sizes = operands
     d_out = d_out.astype(lhs.dtype)
     d_lhs = grouped_product(d_out, rhs, group_sizes, transpose_rhs=True, out_dtype=lhs.dtype,
                             cfg=_resolve(cfg, d_out, jnp.swapaxes(rhs, 1, 2), group_sizes, lhs.dtype))
     tl_cfg = _tl.heuristic_config(lhs, rhs, group_sizes)
     d_rhs = _tl._grouped_outer(lhs, d_out, group_sizes, rhs.shape[0], out_dtype=rhs.dtype, precision=precision,
                                cfg=tl_cfg)
-    return cotangent_like(d_lhs, lhs), cotangent_like(d_rhs, rhs), None
+    return d_lhs, d_rhs, None
+
+
+#: The custom VJP: the operands are the residuals, :func:`gradients` the backward.
+vjp = operand_vjp(forward, gradients, GROUPED_MATMUL_RESIDUALS)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -19,20 +19,21 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from ejk.config.validators import int_in, one_of, power_of_two
-from ejk.devices import sm_count as _sm_count
-from ejk.devices import smem_per_block as _smem_limit
-from ejk.parallel import cotangent_like
-from ejk.tiling import cdiv, fit_block
+from ejk.plugin import (
+    MATMUL_RESIDUALS,
+    cdiv,
+    devices,
+    fit_block,
+    int_in,
+    one_of,
+    operand_vjp,
+    power_of_two,
+)
 from ejk_pallas import _env, _mm
 from ejk_pallas._flash_attention import pl
 from ejk_pallas._matmul_shapes import matmul_backward, matmul_forward, shapes
 
-__all__ = ["RESIDUALS", "MatmulConfig", "backward", "capability", "config_space", "forward",
-           "forward_with_residuals", "heuristic_config"]
-
-#: The residual format of :func:`forward_with_residuals`: the two operands.
-RESIDUALS = "matmul:inputs"
+__all__ = ["MatmulConfig", "capability", "config_space", "forward", "gradients", "heuristic_config", "vjp"]
 
 _block = power_of_two(16)
 
@@ -131,22 +132,18 @@ def forward(a: jax.Array, b: jax.Array, *, precision: str | tuple[str, str] = ("
     return matmul_forward(product, a, b, out_dtype)
 
 
-def forward_with_residuals(a: jax.Array, b: jax.Array, *, precision: str | tuple[str, str] = ("highest", "highest"),
-                           preferred_element_type: Any = None,
-                           cfg: MatmulConfig | None = None) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
-    """The output of :func:`forward` and the residuals ``(a, b)``."""
-    return forward(a, b, precision=precision, preferred_element_type=preferred_element_type, cfg=cfg), (a, b)
-
-
-def backward(residuals: tuple[jax.Array, jax.Array], d_out: jax.Array, *, cfg: MatmulConfig | None = None,
-             precision: str | tuple[str, str] = ("highest", "highest"),
-             preferred_element_type: Any = None) -> tuple[jax.Array, jax.Array]:
+def gradients(operands: tuple[jax.Array, jax.Array], d_out: jax.Array, *, cfg: MatmulConfig | None = None,
+              precision: str | tuple[str, str] = ("highest", "highest"),
+              preferred_element_type: Any = None) -> tuple[jax.Array, jax.Array]:
     """``(d a, d b)`` in the dtypes of ``a`` and ``b``, through the forward's kernel (transposes read in place)."""
     del preferred_element_type
-    a, b = residuals
+    a, b = operands
     product = functools.partial(_product, precision=precision, cfg=_resolve(cfg, a, b))
-    da, db = matmul_backward(product, a, b, d_out)
-    return cotangent_like(da, a), cotangent_like(db, b)
+    return matmul_backward(product, a, b, d_out)
+
+
+#: The custom VJP: the operands are the residuals, :func:`gradients` the backward.
+vjp = operand_vjp(forward, gradients, MATMUL_RESIDUALS)
 
 
 def capability(a: Any, b: Any, *, precision: Any = None, preferred_element_type: Any = None) -> str | None:
@@ -191,7 +188,7 @@ def fitting(tiles_16: tuple[tuple[int, ...], ...], tiles_32: tuple[tuple[int, ..
             itemsize: int) -> list[MatmulConfig]:
     """The dtype's table pruned to what fits the GPU's shared memory (at least its smallest entry)."""
     table = [_make(t) for t in (tiles_32 if itemsize == 4 else tiles_16)]
-    limit = _smem_limit()
+    limit = devices.smem_per_block()
     return [c for c in table if smem_bytes(c, itemsize) <= limit] or [min(table, key=lambda c: smem_bytes(c,
                                                                                                        itemsize))]
 
@@ -216,5 +213,5 @@ def heuristic_config(a: Any, b: Any, **_: Any) -> MatmulConfig:
     def tiles(c: MatmulConfig) -> int:
         return s.z * cdiv(s.rows, fit_block(c.block_m, s.rows)) * cdiv(s.n, fit_block(c.block_n, s.n))
 
-    sms = _sm_count()
+    sms = devices.sm_count()
     return next((c for c in short if tiles(c) >= sms), max(short, key=tiles))

@@ -35,18 +35,22 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from ejk.config.validators import int_in, one_of, one_of_str
-from ejk.devices import sm_count as _sm_count
-from ejk.parallel import cotangent_like
-from ejk.tiling import cdiv
+from ejk.plugin import MATMUL_RESIDUALS, cdiv, devices, int_in, one_of, one_of_str, operand_vjp
 from ejk_pallas import _env
 from ejk_pallas import _flash_attention_mgpu as _fa
-from ejk_pallas._matmul import RESIDUALS
 from ejk_pallas._matmul_shapes import matmul_backward, matmul_forward, shapes
 from ejk_pallas._mm import pad_to
 
-__all__ = ["RESIDUALS", "MosaicMatmulConfig", "backward", "capability", "config_space", "forward",
-           "forward_with_residuals", "heuristic_config", "smem_bytes"]
+__all__ = [
+    "MosaicMatmulConfig",
+    "capability",
+    "config_space",
+    "forward",
+    "gradients",
+    "heuristic_config",
+    "smem_bytes",
+    "vjp",
+]
 
 #: The contraction step: one 128-byte swizzle row of 16-bit elements.
 _BLOCK_K = 64
@@ -263,7 +267,7 @@ def product(x: jax.Array, y: jax.Array, *, ta: bool = False, tb: bool = False, o
     st = _Static(cfg=cfg, z=z, m_iters=cdiv(cdiv(mp, bm), pair_m), n_iters=cdiv(cdiv(np_, bn), pair_n),
                  k_steps=kp // _BLOCK_K, ta=ta, tb=tb, out_dtype=jnp.dtype(out_dtype))
     pairs = z * st.m_iters * st.n_iters
-    clusters = min(pairs, _INTERPRET_CTAS if interpret else _sm_count() // (pair_m * pair_n))
+    clusters = min(pairs, _INTERPRET_CTAS if interpret else devices.sm_count() // (pair_m * pair_n))
     kwargs: dict[str, Any] = {"interpret": _fa.interpret_params()} if interpret else {}
     out: jax.Array = plgpu.kernel(
         functools.partial(_kernel, st=st),
@@ -300,23 +304,19 @@ def forward(a: jax.Array, b: jax.Array, *, precision: str | tuple[str, str] = ("
     return matmul_forward(run, a, b, out_dtype)
 
 
-def forward_with_residuals(a: jax.Array, b: jax.Array, *, precision: str | tuple[str, str] = ("highest", "highest"),
-                           preferred_element_type: Any = None,
-                           cfg: MosaicMatmulConfig | None = None) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
-    """The output of :func:`forward` and the residuals ``(a, b)``."""
-    return forward(a, b, precision=precision, preferred_element_type=preferred_element_type, cfg=cfg), (a, b)
-
-
-def backward(residuals: tuple[jax.Array, jax.Array], d_out: jax.Array, *, cfg: MosaicMatmulConfig | None = None,
-             precision: str | tuple[str, str] = ("highest", "highest"),
-             preferred_element_type: Any = None) -> tuple[jax.Array, jax.Array]:
+def gradients(operands: tuple[jax.Array, jax.Array], d_out: jax.Array, *, cfg: MosaicMatmulConfig | None = None,
+              precision: str | tuple[str, str] = ("highest", "highest"),
+              preferred_element_type: Any = None) -> tuple[jax.Array, jax.Array]:
     """``(d a, d b)`` in the dtypes of ``a`` and ``b`` through the forward's kernel (transposes read in place;
     the cotangent in the operands' dtype, as ``a @ b``'s own gradient takes it)."""
     del precision, preferred_element_type
-    a, b = residuals
+    a, b = operands
     run = functools.partial(product, cfg=_resolve(cfg, a, b, a.dtype))
-    da, db = matmul_backward(run, a, b, d_out.astype(a.dtype))
-    return cotangent_like(da, a), cotangent_like(db, b)
+    return matmul_backward(run, a, b, d_out.astype(a.dtype))
+
+
+#: The custom VJP: the operands are the residuals, :func:`gradients` the backward.
+vjp = operand_vjp(forward, gradients, MATMUL_RESIDUALS)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -406,5 +406,5 @@ def heuristic_config(a: Any, b: Any, *, preferred_element_type: Any = None, **_:
     def tiles(c: MosaicMatmulConfig) -> int:
         return s.z * cdiv(s.rows, c.block_m) * cdiv(s.n, c.block_n)
 
-    sms = _INTERPRET_CTAS if _env.use_interpreter() else _sm_count()
+    sms = _INTERPRET_CTAS if _env.use_interpreter() else devices.sm_count()
     return next((c for c in short if tiles(c) >= sms), max(short, key=tiles))

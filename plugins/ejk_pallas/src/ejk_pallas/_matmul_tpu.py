@@ -27,18 +27,27 @@ import attrs
 import jax
 import jax.numpy as jnp
 
-from ejk.config.validators import multiple_of
-from ejk.parallel import cotangent_like
-from ejk.tiling import cdiv
+from ejk.plugin import GROUPED_MATMUL_RESIDUALS, MATMUL_RESIDUALS, cdiv, multiple_of, operand_vjp
 from ejk_pallas import _env, _mm
 from ejk_pallas._flash_attention_tpu import _pl, _pltpu, _when
 from ejk_pallas._group_metadata import work_list
 from ejk_pallas._grouped_matmul import gate_args
 from ejk_pallas._matmul_shapes import matmul_backward, matmul_forward, shapes
 
-__all__ = ["TpuMatmulConfig", "grouped_backward", "grouped_capability", "grouped_config_space", "grouped_forward",
-           "grouped_forward_with_residuals", "heuristic_config", "matmul_backward_", "matmul_capability",
-           "matmul_config_space", "matmul_forward_", "matmul_forward_with_residuals"]
+__all__ = [
+    "TpuMatmulConfig",
+    "grouped_capability",
+    "grouped_config_space",
+    "grouped_forward",
+    "grouped_gradients",
+    "grouped_vjp",
+    "heuristic_config",
+    "matmul_capability",
+    "matmul_config_space",
+    "matmul_forward_",
+    "matmul_gradients",
+    "matmul_vjp",
+]
 
 
 @attrs.frozen(kw_only=True)
@@ -137,24 +146,18 @@ def matmul_forward_(a: jax.Array, b: jax.Array, *, precision: str | tuple[str, s
     return matmul_forward(product, a, b, out_dtype)
 
 
-def matmul_forward_with_residuals(a: jax.Array, b: jax.Array, *,
-                                  precision: str | tuple[str, str] = ("highest", "highest"),
-                                  preferred_element_type: Any = None, cfg: TpuMatmulConfig | None = None
-                                  ) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
-    """The output and the residuals ``(a, b)``."""
-    out = matmul_forward_(a, b, precision=precision, preferred_element_type=preferred_element_type, cfg=cfg)
-    return out, (a, b)
-
-
-def matmul_backward_(residuals: tuple[jax.Array, jax.Array], d_out: jax.Array, *, cfg: TpuMatmulConfig | None = None,
+def matmul_gradients(operands: tuple[jax.Array, jax.Array], d_out: jax.Array, *, cfg: TpuMatmulConfig | None = None,
                      precision: str | tuple[str, str] = ("highest", "highest"),
                      preferred_element_type: Any = None) -> tuple[jax.Array, jax.Array]:
     """``(d a, d b)`` through the forward's kernel."""
     del preferred_element_type
-    a, b = residuals
+    a, b = operands
     product = functools.partial(_product, precision=precision, cfg=cfg or heuristic_config(a, b))
-    da, db = matmul_backward(product, a, b, d_out)
-    return cotangent_like(da, a), cotangent_like(db, b)
+    return matmul_backward(product, a, b, d_out)
+
+
+#: The custom VJP: the operands are the residuals, :func:`matmul_gradients` the backward.
+matmul_vjp = operand_vjp(matmul_forward_, matmul_gradients, MATMUL_RESIDUALS)
 
 
 def matmul_capability(a: Any, b: Any, *, precision: Any = None, preferred_element_type: Any = None) -> str | None:
@@ -300,26 +303,20 @@ def grouped_forward(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array, *,
                             cfg=cfg or heuristic_config(lhs, rhs))
 
 
-def grouped_forward_with_residuals(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array, *,
-                                   precision: str | tuple[str, str] = ("highest", "highest"),
-                                   preferred_element_type: Any = None,
-                                   cfg: TpuMatmulConfig | None = None) -> tuple[jax.Array, tuple[jax.Array, ...]]:
-    """The output and the residuals ``(lhs, rhs, group_sizes)``."""
-    out = grouped_forward(lhs, rhs, group_sizes, precision=precision, preferred_element_type=preferred_element_type,
-                          cfg=cfg)
-    return out, (lhs, rhs, group_sizes)
-
-
-def grouped_backward(residuals: tuple[jax.Array, ...], d_out: jax.Array, *, cfg: TpuMatmulConfig | None = None,
-                     precision: str | tuple[str, str] = ("highest", "highest"),
-                     preferred_element_type: Any = None) -> tuple[jax.Array, jax.Array, None]:
+def grouped_gradients(operands: tuple[jax.Array, ...], d_out: jax.Array, *, cfg: TpuMatmulConfig | None = None,
+                      precision: str | tuple[str, str] = ("highest", "highest"),
+                      preferred_element_type: Any = None) -> tuple[jax.Array, jax.Array, None]:
     """``(d lhs, d rhs, None)``: the forward kernel with ``rhs`` transposed, and the per-group reduction kernel."""
     del preferred_element_type
-    lhs, rhs, group_sizes = residuals
+    lhs, rhs, group_sizes = operands
     cfg = cfg or heuristic_config(lhs, rhs)
     d_lhs = _grouped_product(d_out, rhs, group_sizes, tb=True, out_dtype=lhs.dtype, precision=precision, cfg=cfg)
     d_rhs = _grouped_outer(lhs, d_out, group_sizes, rhs.shape[0], out_dtype=rhs.dtype, precision=precision, cfg=cfg)
-    return cotangent_like(d_lhs, lhs), cotangent_like(d_rhs, rhs), None
+    return d_lhs, d_rhs, None
+
+
+#: The custom VJP: the operands are the residuals, :func:`grouped_gradients` the backward.
+grouped_vjp = operand_vjp(grouped_forward, grouped_gradients, GROUPED_MATMUL_RESIDUALS)
 
 
 def grouped_capability(lhs: Any, rhs: Any, group_sizes: Any, *, precision: Any = None,

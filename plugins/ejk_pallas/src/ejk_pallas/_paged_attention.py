@@ -29,10 +29,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from ejk.config.validators import int_in, one_of, power_of_two
-from ejk.devices import sm_count as _sm_count
 from ejk.ops import paged_merge_splits, paged_owned_rows
-from ejk.tiling import cdiv, next_pow2
+from ejk.plugin import cdiv, devices, int_in, next_pow2, one_of, power_of_two
 from ejk_pallas import _env, _mm
 from ejk_pallas._flash_attention import pl
 from ejk_pallas._flash_attention_tpu import _when
@@ -291,7 +289,7 @@ def _splits(q: Any, k_pages: Any, page_indices: Any, bk: int, block_q: int) -> i
         return 1
     capacity = int(page_indices.shape[1]) * int(k_pages.shape[1])
     most = max(1, min(capacity // (4 * bk), _MAX_SPLITS))
-    sms = _sm_count()
+    sms = devices.sm_count()
     least = min(cdiv(2 * sms, programs), most)
 
     def evenness(splits: int) -> float:
@@ -307,7 +305,7 @@ def _q_programs(q: Any, k_pages: Any, page_indices: Any, block_q: int) -> int:
         return 1
     programs = int(page_indices.shape[0]) * int(k_pages.shape[2])
     blocks = cdiv(cdiv(int(q.shape[0]), max(int(page_indices.shape[0]), 1)), block_q)
-    return max(1, min(cdiv(2 * _sm_count(), max(programs, 1)), blocks, 256))
+    return max(1, min(cdiv(2 * devices.sm_count(), max(programs, 1)), blocks, 256))
 
 
 def heuristic_config(q: Any, k_pages: Any, v_pages: Any, kv_lens: Any, page_indices: Any, cu_q_lens: Any,
@@ -329,9 +327,8 @@ def heuristic_config(q: Any, k_pages: Any, v_pages: Any, kv_lens: Any, page_indi
     rows = max(16, next_pow2(block_q * group))
     cfg = PagedAttentionConfig(block_q=block_q, block_kv=block_kv, num_warps=8 if rows >= 64 else 4,
                                num_stages=3 if decode and jnp.dtype(q.dtype).itemsize == 2 else 2)
-    from ejk.devices import smem_per_block as _smem_limit
 
-    while smem_bytes(cfg, q, k_pages, v_pages) > _smem_limit() and cfg.num_stages > 1:
+    while smem_bytes(cfg, q, k_pages, v_pages) > devices.smem_per_block() and cfg.num_stages > 1:
         cfg = attrs.evolve(cfg, num_stages=cfg.num_stages - 1)
     splits = _splits(q, k_pages, page_indices, max(block_kv, page), block_q)
     return attrs.evolve(cfg, num_splits=splits, q_programs=_q_programs(q, k_pages, page_indices, block_q))
@@ -344,7 +341,6 @@ def config_space(q: Any, k_pages: Any, v_pages: Any, kv_lens: Any, page_indices:
     base = heuristic_config(q, k_pages, v_pages, kv_lens, page_indices, cu_q_lens, num_seqs)
     if _env.use_interpreter():
         return [base]
-    from ejk.devices import smem_per_block as _smem_limit
 
     page = int(k_pages.shape[1])
     evolve = attrs.evolve
@@ -359,5 +355,6 @@ def config_space(q: Any, k_pages: Any, v_pages: Any, kv_lens: Any, page_indices:
     for block_kv in (32, 64, 128, 256):
         for stages in (2, 3, 4):
             out.append(evolve(base, block_kv=max(block_kv, page), num_stages=stages))
-    fits = [c for c in dict.fromkeys(out) if c is base or smem_bytes(c, q, k_pages, v_pages) <= _smem_limit()]
+    limit = devices.smem_per_block()
+    fits = [c for c in dict.fromkeys(out) if c is base or smem_bytes(c, q, k_pages, v_pages) <= limit]
     return fits[:16]

@@ -23,9 +23,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from ejk.config.validators import multiple_of
 from ejk.ops import paged_owned_rows
-from ejk.tiling import cdiv
+from ejk.plugin import cdiv, multiple_of
 from ejk_pallas import _env, _mm
 from ejk_pallas._flash_attention_tpu import _pl, _pltpu, _when
 from ejk_pallas._paged_attention import gate_shapes

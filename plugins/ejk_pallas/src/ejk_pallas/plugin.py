@@ -5,10 +5,7 @@ Imports no Pallas module: kernels import ``jax.experimental.pallas`` when they a
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
-
-import ejk
+from ejk.plugin import VJP, Platform, PlatformStatus, RegisterKernels, Tier, hookimpl
 from ejk_pallas import (
     _env,
     _flash_attention,
@@ -48,24 +45,24 @@ MOSAIC_MATMUL_PRIORITY = -4
 LSE = ("lse",)
 
 
-@ejk.hookimpl
-def ejk_register_kernels(register: Callable[..., Callable[[Any], Any]]) -> None:
+@hookimpl
+def ejk_register_kernels(register: RegisterKernels) -> None:
     fa = _flash_attention
-    vjp = ejk.VJP(fwd=fa.forward_with_residuals, bwd=fa.backward, residuals=fa.RESIDUALS, extra_cotangents=LSE)
+    vjp = VJP(fwd=fa.forward_with_residuals, bwd=fa.backward, residuals=fa.RESIDUALS, extra_cotangents=LSE)
     for backend in _env.backends():
-        register("flash_attention", ejk.Platform.PALLAS, backend, priority=PRIORITY, name="triton_lowered",
+        register("flash_attention", Platform.PALLAS, backend, priority=PRIORITY, name="triton_lowered",
                  cfg_type=fa.FlashAttentionConfig, config_space=fa.config_space, heuristic=fa.heuristic_config,
                  capability=fa.capability, vjp=vjp)(fa.forward)
     mg = _flash_attention_mgpu
-    mg_vjp = ejk.VJP(fwd=mg.forward_with_residuals, bwd=mg.backward, residuals=mg.RESIDUALS, extra_cotangents=LSE)
+    mg_vjp = VJP(fwd=mg.forward_with_residuals, bwd=mg.backward, residuals=mg.RESIDUALS, extra_cotangents=LSE)
     for backend in _env.backends():
-        register("flash_attention", ejk.Platform.PALLAS, backend, priority=MOSAIC_GPU_PRIORITY, name="mosaic",
+        register("flash_attention", Platform.PALLAS, backend, priority=MOSAIC_GPU_PRIORITY, name="mosaic",
                  cfg_type=mg.MosaicFlashAttentionConfig, config_space=mg.config_space,
                  heuristic=mg.heuristic_config, capability=mg.capability, vjp=mg_vjp)(mg.forward)
     tpu = _flash_attention_tpu
-    tpu_vjp = ejk.VJP(fwd=tpu.forward_with_residuals, bwd=tpu.backward, residuals=tpu.RESIDUALS, extra_cotangents=LSE)
+    tpu_vjp = VJP(fwd=tpu.forward_with_residuals, bwd=tpu.backward, residuals=tpu.RESIDUALS, extra_cotangents=LSE)
     for backend in _tpu_backends():
-        register("flash_attention", ejk.Platform.PALLAS, backend, tier=ejk.Tier.UNTESTED, name="mosaic_tpu",
+        register("flash_attention", Platform.PALLAS, backend, tier=Tier.UNTESTED, name="mosaic_tpu",
                  cfg_type=tpu.TpuFlashAttentionConfig, config_space=tpu.config_space, heuristic=tpu.heuristic_config,
                  capability=tpu.capability, vjp=tpu_vjp)(tpu.forward)
     _register_ops(register)
@@ -76,46 +73,40 @@ def _tpu_backends() -> tuple[str, ...]:
     return ("tpu", "cpu") if _env.interpret_mode() else ("tpu",)
 
 
-def _register_ops(register: Callable[..., Callable[[Any], Any]]) -> None:
+def _register_ops(register: RegisterKernels) -> None:
     """ragged_paged_attention (not differentiable), matmul and grouped_matmul (custom VJPs), GPU and TPU."""
     pa, mm, gmm, mgmm = _paged_attention, _matmul, _grouped_matmul, _grouped_matmul_mgpu
-    mm_vjp = ejk.VJP(fwd=mm.forward_with_residuals, bwd=mm.backward, residuals=mm.RESIDUALS)
-    gmm_vjp = ejk.VJP(fwd=gmm.forward_with_residuals, bwd=gmm.backward, residuals=gmm.RESIDUALS)
     for backend in _env.backends():
-        register("ragged_paged_attention", ejk.Platform.PALLAS, backend, priority=PAGED_PRIORITY,
+        register("ragged_paged_attention", Platform.PALLAS, backend, priority=PAGED_PRIORITY,
                  name="triton_lowered", cfg_type=pa.PagedAttentionConfig, config_space=pa.config_space,
                  heuristic=pa.heuristic_config, capability=pa.capability)(pa.ragged_paged_attention)
-        register("matmul", ejk.Platform.PALLAS, backend, priority=MATMUL_PRIORITY, name="triton_lowered",
+        register("matmul", Platform.PALLAS, backend, priority=MATMUL_PRIORITY, name="triton_lowered",
                  cfg_type=mm.MatmulConfig, config_space=mm.config_space, heuristic=mm.heuristic_config,
-                 capability=mm.capability, vjp=mm_vjp)(mm.forward)
+                 capability=mm.capability, vjp=mm.vjp)(mm.forward)
         mmm = _matmul_mgpu
-        register("matmul", ejk.Platform.PALLAS, backend, priority=MOSAIC_MATMUL_PRIORITY, name="mosaic",
+        register("matmul", Platform.PALLAS, backend, priority=MOSAIC_MATMUL_PRIORITY, name="mosaic",
                  cfg_type=mmm.MosaicMatmulConfig, config_space=mmm.config_space, heuristic=mmm.heuristic_config,
-                 capability=mmm.capability,
-                 vjp=ejk.VJP(fwd=mmm.forward_with_residuals, bwd=mmm.backward, residuals=mm.RESIDUALS))(mmm.forward)
-        register("grouped_matmul", ejk.Platform.PALLAS, backend, priority=OPS_PRIORITY, name="triton_lowered",
+                 capability=mmm.capability, vjp=mmm.vjp)(mmm.forward)
+        register("grouped_matmul", Platform.PALLAS, backend, priority=OPS_PRIORITY, name="triton_lowered",
                  cfg_type=gmm.GroupedMatmulConfig, config_space=gmm.config_space, heuristic=gmm.heuristic_config,
-                 capability=gmm.capability, vjp=gmm_vjp)(gmm.forward)
-        register("grouped_matmul", ejk.Platform.PALLAS, backend, priority=MOSAIC_GMM_PRIORITY, name="mosaic",
+                 capability=gmm.capability, vjp=gmm.vjp)(gmm.forward)
+        register("grouped_matmul", Platform.PALLAS, backend, priority=MOSAIC_GMM_PRIORITY, name="mosaic",
                  cfg_type=mgmm.MosaicGroupedMatmulConfig, config_space=mgmm.config_space,
-                 heuristic=mgmm.heuristic_config, capability=mgmm.capability,
-                 vjp=ejk.VJP(fwd=mgmm.forward_with_residuals, bwd=mgmm.backward, residuals=gmm.RESIDUALS))(mgmm.forward)
+                 heuristic=mgmm.heuristic_config, capability=mgmm.capability, vjp=mgmm.vjp)(mgmm.forward)
 
     tm, tpa = _matmul_tpu, _paged_attention_tpu
-    tmm_vjp = ejk.VJP(fwd=tm.matmul_forward_with_residuals, bwd=tm.matmul_backward_, residuals=mm.RESIDUALS)
-    tgmm_vjp = ejk.VJP(fwd=tm.grouped_forward_with_residuals, bwd=tm.grouped_backward, residuals=gmm.RESIDUALS)
     for backend in _tpu_backends():
-        register("matmul", ejk.Platform.PALLAS, backend, tier=ejk.Tier.UNTESTED, name="mosaic_tpu",
+        register("matmul", Platform.PALLAS, backend, tier=Tier.UNTESTED, name="mosaic_tpu",
                  cfg_type=tm.TpuMatmulConfig, config_space=tm.matmul_config_space, heuristic=tm.heuristic_config,
-                 capability=tm.matmul_capability, vjp=tmm_vjp)(tm.matmul_forward_)
-        register("ragged_paged_attention", ejk.Platform.PALLAS, backend, tier=ejk.Tier.UNTESTED, name="mosaic_tpu",
+                 capability=tm.matmul_capability, vjp=tm.matmul_vjp)(tm.matmul_forward_)
+        register("ragged_paged_attention", Platform.PALLAS, backend, tier=Tier.UNTESTED, name="mosaic_tpu",
                  cfg_type=tpa.TpuPagedAttentionConfig, config_space=tpa.config_space, heuristic=tpa.heuristic_config,
                  capability=tpa.capability)(tpa.ragged_paged_attention)
-        register("grouped_matmul", ejk.Platform.PALLAS, backend, tier=ejk.Tier.UNTESTED, name="mosaic_tpu",
+        register("grouped_matmul", Platform.PALLAS, backend, tier=Tier.UNTESTED, name="mosaic_tpu",
                  cfg_type=tm.TpuMatmulConfig, config_space=tm.grouped_config_space, heuristic=tm.heuristic_config,
-                 capability=tm.grouped_capability, vjp=tgmm_vjp)(tm.grouped_forward)
+                 capability=tm.grouped_capability, vjp=tm.grouped_vjp)(tm.grouped_forward)
 
 
-@ejk.hookimpl
-def ejk_platform_status() -> ejk.PlatformStatus:
-    return _env.platform_status()  # type: ignore[no-any-return]
+@hookimpl
+def ejk_platform_status() -> PlatformStatus:
+    return _env.platform_status()

@@ -14,7 +14,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from ejk.tiling import fit_block as _fit
+from ejk.plugin import fit_block as _fit
 from ejk_triton import _env, _grouped_matmul, _matmul
 from ejk_triton._flash_attention import FlashAttentionConfig, _constexprs, _dbias_layout, heuristic_config
 

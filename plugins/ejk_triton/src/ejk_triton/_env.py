@@ -17,9 +17,8 @@ import importlib.util
 import os
 import sys
 from types import ModuleType
-from typing import Any
 
-from ejk.plugin import InterpreterSwitch, devices
+from ejk.plugin import InterpreterSwitch, PlatformStatus, devices, installed_version
 
 __all__ = ["INTERPRET_ENV", "backends", "import_triton", "interpret_mode", "interpreting_on_cpu", "nvidia_gpu",
            "platform_status"]
@@ -69,14 +68,12 @@ def import_triton() -> ModuleType:
 
 
 def _versions() -> dict[str, str]:
-    from ejk.plugin import installed_version
 
     return {dist: v for dist in ("triton", "jax-triton") if (v := installed_version(dist))}
 
 
-def platform_status() -> Any:
-    """The ``triton`` platform's :class:`ejk.PlatformStatus` on this machine (imports no toolkit)."""
-    import ejk
+def platform_status() -> PlatformStatus:
+    """The ``triton`` platform's :class:`~ejk.plugin.PlatformStatus` on this machine (imports no toolkit)."""
 
     versions = _versions()
     on_gpu, why = nvidia_gpu()
@@ -86,11 +83,11 @@ def platform_status() -> Any:
             fix += f" ({INTERPRET_ENV}=1 is set: platform='triton' runs the kernels through the Triton interpreter)"
         else:
             fix += f"; to check the kernels' numerics on the CPU, set {INTERPRET_ENV}=1 and pass platform='triton'"
-        return ejk.PlatformStatus(platform="triton", available=False, reason=f"no CUDA GPU ({why})", fix=fix,
-                                  versions=versions)
+        return PlatformStatus(platform="triton", available=False, reason=f"no CUDA GPU ({why})", fix=fix,
+                              versions=versions)
     missing = [dist for module, dist in (("triton", "triton"), ("jax_triton", "jax-triton"))
                if importlib.util.find_spec(module) is None]
     if missing:
-        return ejk.PlatformStatus(platform="triton", available=False, reason=f"{', '.join(missing)} not installed",
-                                  fix=f"pip install {' '.join(missing)}", versions=versions)
-    return ejk.PlatformStatus(platform="triton", available=True, versions=versions)
+        return PlatformStatus(platform="triton", available=False, reason=f"{', '.join(missing)} not installed",
+                              fix=f"pip install {' '.join(missing)}", versions=versions)
+    return PlatformStatus(platform="triton", available=True, versions=versions)

@@ -25,27 +25,29 @@ import attrs
 import jax
 import jax.numpy as jnp
 
-from ejk.config.validators import int_in, one_of, power_of_two
-from ejk.parallel import cotangent_like
-from ejk.tiling import cdiv, fit_block
+from ejk.plugin import (
+    GROUPED_MATMUL_RESIDUALS,
+    cdiv,
+    fit_block,
+    int_in,
+    one_of,
+    operand_vjp,
+    power_of_two,
+)
 from ejk_triton import _device, _dots, _env
 from ejk_triton._launch import kernels, launch, sequential_vmap
 
 __all__ = [
-    "RESIDUALS",
     "GroupedMatmulConfig",
-    "backward",
     "capability",
     "config_space",
     "forward",
-    "forward_with_residuals",
+    "gradients",
     "heuristic_config",
     "outer_args",
     "product_args",
+    "vjp",
 ]
-
-#: The residual format of :func:`forward_with_residuals`: the three inputs.
-RESIDUALS = "grouped_matmul:inputs"
 
 _block = power_of_two(16)
 
@@ -203,22 +205,8 @@ def forward(
                             precision=precision, cfg=cfg)
 
 
-def forward_with_residuals(
-    lhs: jax.Array,
-    rhs: jax.Array,
-    group_sizes: jax.Array,
-    *,
-    precision: str | tuple[str, str] = ("highest", "highest"),
-    preferred_element_type: Any = None,
-    cfg: GroupedMatmulConfig | None = None,
-) -> tuple[jax.Array, tuple[jax.Array, jax.Array, jax.Array]]:
-    """The output of :func:`forward` and the residuals ``(lhs, rhs, group_sizes)`` :func:`backward` needs."""
-    out = forward(lhs, rhs, group_sizes, precision=precision, preferred_element_type=preferred_element_type, cfg=cfg)
-    return out, (lhs, rhs, group_sizes)
-
-
-def backward(
-    residuals: tuple[jax.Array, jax.Array, jax.Array],
+def gradients(
+    operands: tuple[jax.Array, jax.Array, jax.Array],
     d_out: jax.Array,
     *,
     cfg: GroupedMatmulConfig | None = None,
@@ -227,12 +215,16 @@ def backward(
 ) -> tuple[jax.Array, jax.Array, None]:
     """``(d lhs, d rhs, None)`` in the dtypes of ``lhs`` and ``rhs`` (``group_sizes`` is integer: no gradient)."""
     del preferred_element_type
-    lhs, rhs, group_sizes = residuals
+    lhs, rhs, group_sizes = operands
     cfg = _resolve(cfg, lhs, rhs, group_sizes)
     offsets = _offsets(group_sizes, lhs.shape[0])
     d_lhs = _grouped_product(d_out, rhs, offsets, transpose_w=True, out_dtype=lhs.dtype, precision=precision, cfg=cfg)
     d_rhs = _grouped_outer(lhs, d_out, offsets, rhs.shape[0], out_dtype=rhs.dtype, precision=precision, cfg=cfg)
-    return cotangent_like(d_lhs, lhs), cotangent_like(d_rhs, rhs), None
+    return d_lhs, d_rhs, None
+
+
+#: The custom VJP: the operands are the residuals, :func:`gradients` the backward.
+vjp = operand_vjp(forward, gradients, GROUPED_MATMUL_RESIDUALS)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -20,7 +20,7 @@ import jax
 import jax.custom_batching
 import numpy as np
 
-from ejk.parallel import varying_like
+from ejk.plugin import varying_like
 from ejk_triton import _env
 
 __all__ = ["HostTensor", "kernels", "launch", "sequential_vmap"]

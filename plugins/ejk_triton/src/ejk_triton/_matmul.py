@@ -28,26 +28,20 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ejk.config.validators import int_in, one_of, power_of_two
-from ejk.parallel import cotangent_like
-from ejk.tiling import cdiv, fit_block
+from ejk.plugin import MATMUL_RESIDUALS, cdiv, fit_block, int_in, one_of, operand_vjp, power_of_two
 from ejk_triton import _device, _dots, _env
 from ejk_triton._launch import kernels, launch, sequential_vmap
 
 __all__ = [
-    "RESIDUALS",
     "MatmulConfig",
-    "backward",
     "capability",
     "config_space",
     "forward",
-    "forward_with_residuals",
+    "gradients",
     "heuristic_config",
     "kernel_args",
+    "vjp",
 ]
-
-#: The residual format of :func:`forward_with_residuals`: the two operands.
-RESIDUALS = "matmul:inputs"
 
 _block = power_of_two(16)
 
@@ -279,21 +273,8 @@ def forward(
     return _forward(a, b, _shapes(a, b), out_dtype, precision, _resolve(cfg, a, b))
 
 
-def forward_with_residuals(
-    a: jax.Array,
-    b: jax.Array,
-    *,
-    precision: str | tuple[str, str] = ("highest", "highest"),
-    preferred_element_type: Any = None,
-    cfg: MatmulConfig | None = None,
-) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
-    """The output of :func:`forward` and the residuals ``(a, b)`` :func:`backward` needs."""
-    out = forward(a, b, precision=precision, preferred_element_type=preferred_element_type, cfg=cfg)
-    return out, (a, b)
-
-
-def backward(
-    residuals: tuple[jax.Array, jax.Array],
+def gradients(
+    operands: tuple[jax.Array, jax.Array],
     d_out: jax.Array,
     *,
     cfg: MatmulConfig | None = None,
@@ -302,9 +283,12 @@ def backward(
 ) -> tuple[jax.Array, jax.Array]:
     """``(d a, d b)`` in the dtypes of ``a`` and ``b``: ``d c @ bᵀ`` and ``aᵀ @ d c``, broadcast batches summed."""
     del preferred_element_type
-    a, b = residuals
-    da, db = _backward(a, b, d_out, _shapes(a, b), precision, _resolve(cfg, a, b))
-    return cotangent_like(da, a), cotangent_like(db, b)
+    a, b = operands
+    return _backward(a, b, d_out, _shapes(a, b), precision, _resolve(cfg, a, b))
+
+
+#: The custom VJP: the operands are the residuals, :func:`gradients` the backward.
+vjp = operand_vjp(forward, gradients, MATMUL_RESIDUALS)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -37,11 +37,11 @@ import jax
 import jax.custom_batching
 import jax.numpy as jnp
 
-from ejk.config.validators import int_in, one_of, power_of_two
 from ejk.ops import paged_merge_splits, paged_owned_rows
-from ejk.tiling import cdiv as _cdiv
-from ejk.tiling import next_pow2 as _next_pow2
-from ejk.tiling import padded_dim as _head_dim
+from ejk.plugin import cdiv as _cdiv
+from ejk.plugin import int_in, one_of, power_of_two
+from ejk.plugin import next_pow2 as _next_pow2
+from ejk.plugin import padded_dim as _head_dim
 from ejk_triton import _env
 from ejk_triton._device import compute_capability_reason as _compute_capability_reason
 from ejk_triton._device import sm_count as _sm_count

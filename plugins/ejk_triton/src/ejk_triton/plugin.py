@@ -5,10 +5,9 @@ Imports neither triton nor jax-triton: kernels import them when they are first l
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
-import ejk
+from ejk.plugin import VJP, Platform, PlatformStatus, RegisterKernels, hookimpl
 from ejk_triton import _env, _flash_attention, _grouped_matmul, _matmul, _paged_attention
 
 # Every kernel is in the FAST tier. The priorities below are tie-breaks inside it where no ranking pack
@@ -22,37 +21,35 @@ GROUPED_MATMUL_PRIORITY = 7
 MATMUL_PRIORITY = -5
 
 
-@ejk.hookimpl
-def ejk_register_kernels(register: Callable[..., Callable[[Any], Any]]) -> None:
+@hookimpl
+def ejk_register_kernels(register: RegisterKernels) -> None:
     fa, pa = _flash_attention, _paged_attention
     # Its backward takes the lse cotangent too: ejk.flash_attention_lse comes with it.
-    vjp = ejk.VJP(fwd=fa.forward_with_residuals, bwd=fa.backward, residuals=fa.RESIDUALS, extra_cotangents=("lse",))
+    vjp = VJP(fwd=fa.forward_with_residuals, bwd=fa.backward, residuals=fa.RESIDUALS, extra_cotangents=("lse",))
     for backend in _env.backends():
-        register("flash_attention", ejk.Platform.TRITON, backend, priority=PRIORITY, name="flash",
+        register("flash_attention", Platform.TRITON, backend, priority=PRIORITY, name="flash",
                  cfg_type=fa.FlashAttentionConfig, config_space=fa.config_space, heuristic=fa.heuristic_config,
                  capability=fa.capability, vjp=vjp)(fa.forward)
         # Not differentiable (serving-time attention), like ejk-xla's: no VJP.
-        register("ragged_paged_attention", ejk.Platform.TRITON, backend, priority=PRIORITY, name="paged",
+        register("ragged_paged_attention", Platform.TRITON, backend, priority=PRIORITY, name="paged",
                  cfg_type=pa.PagedAttentionConfig, config_space=pa.config_space, heuristic=pa.heuristic_config,
                  capability=pa.capability)(pa.ragged_paged_attention)
     mm, gmm = _matmul, _grouped_matmul
-    mm_vjp = ejk.VJP(fwd=mm.forward_with_residuals, bwd=mm.backward, residuals=mm.RESIDUALS)
-    gmm_vjp = ejk.VJP(fwd=gmm.forward_with_residuals, bwd=gmm.backward, residuals=gmm.RESIDUALS)
     for backend in _env.backends():
-        register("matmul", ejk.Platform.TRITON, backend, priority=MATMUL_PRIORITY, name="gemm",
+        register("matmul", Platform.TRITON, backend, priority=MATMUL_PRIORITY, name="gemm",
                  cfg_type=mm.MatmulConfig, config_space=mm.config_space, heuristic=mm.heuristic_config,
-                 capability=mm.capability, vjp=mm_vjp)(mm.forward)
-        register("grouped_matmul", ejk.Platform.TRITON, backend, priority=GROUPED_MATMUL_PRIORITY, name="persistent",
+                 capability=mm.capability, vjp=mm.vjp)(mm.forward)
+        register("grouped_matmul", Platform.TRITON, backend, priority=GROUPED_MATMUL_PRIORITY, name="persistent",
                  cfg_type=gmm.GroupedMatmulConfig, config_space=gmm.config_space, heuristic=gmm.heuristic_config,
-                 capability=gmm.capability, vjp=gmm_vjp)(gmm.forward)
+                 capability=gmm.capability, vjp=gmm.vjp)(gmm.forward)
 
 
-@ejk.hookimpl
-def ejk_platform_status() -> ejk.PlatformStatus:
-    return _env.platform_status()  # type: ignore[no-any-return]
+@hookimpl
+def ejk_platform_status() -> PlatformStatus:
+    return _env.platform_status()
 
 
-@ejk.hookimpl
+@hookimpl
 def ejk_device_fingerprint(device: Any) -> dict[str, str] | None:
     capability = getattr(device, "compute_capability", None)
     return {"cc": str(capability)} if capability else None

@@ -24,8 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from ejk.config.validators import positive_int
-from ejk.parallel import cotangent_like, varying_like
+from ejk.plugin import cotangent_like, positive_int, varying_like
 
 __all__ = ["GroupedMatmulConfig", "config_space", "grouped_matmul", "heuristic_config"]
 

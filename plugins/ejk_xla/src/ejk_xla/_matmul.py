@@ -15,12 +15,10 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-__all__ = [
-    "RESIDUALS", "MatmulConfig", "backward", "config_space", "forward_with_residuals", "heuristic_config", "matmul",
-]
+from ejk.plugin import MATMUL_RESIDUALS, operand_vjp
 
-#: The residual format of :func:`forward_with_residuals`: the operands ``(a, b)``.
-RESIDUALS = "matmul:inputs"
+__all__ = ["MatmulConfig", "config_space", "gradients", "heuristic_config", "matmul", "vjp"]
+
 #: Operand dtypes whose GPU GEMM (cuBLAS) accumulates in float32 and rounds a same-dtype output once.
 _GEMM_16BIT = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 
@@ -78,21 +76,8 @@ def matmul(
     return accumulate_then_round(a, b)
 
 
-def forward_with_residuals(
-    a: jax.Array,
-    b: jax.Array,
-    *,
-    precision: str | tuple[str, str] = ("highest", "highest"),
-    preferred_element_type: Any = None,
-    cfg: MatmulConfig | None = None,
-) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
-    """:func:`matmul`'s output and the residuals ``(a, b)`` :func:`backward` needs."""
-    out = matmul(a, b, precision=precision, preferred_element_type=preferred_element_type, cfg=cfg)
-    return out, (a, b)
-
-
-def backward(
-    residuals: tuple[jax.Array, jax.Array],
+def gradients(
+    operands: tuple[jax.Array, jax.Array],
     d_out: jax.Array,
     *,
     cfg: MatmulConfig | None = None,
@@ -108,7 +93,7 @@ def backward(
     speed on an H100. A float32 output (``preferred_element_type``) keeps its float32 cotangent.
     """
     del cfg, preferred_element_type
-    a, b = residuals
+    a, b = operands
     compute = jnp.promote_types(jnp.result_type(a, b), d_out.dtype)
 
     def product(x: jax.Array, y: jax.Array) -> jax.Array:
@@ -117,6 +102,10 @@ def backward(
     _, pullback = jax.vjp(product, a.astype(compute), b.astype(compute))
     da, db = pullback(d_out.astype(compute))
     return da.astype(a.dtype), db.astype(b.dtype)
+
+
+#: The custom VJP: the operands are the residuals, :func:`gradients` the backward.
+vjp = operand_vjp(matmul, gradients, MATMUL_RESIDUALS)
 
 
 def config_space(a: Any, b: Any, **_: Any) -> list[MatmulConfig]:

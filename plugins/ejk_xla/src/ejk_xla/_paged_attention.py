@@ -36,8 +36,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from ejk.config.validators import positive_int
-from ejk.parallel import varying_like
+from ejk.plugin import positive_int, varying_like
 
 __all__ = ["PagedAttentionConfig", "config_space", "heuristic_config", "ragged_paged_attention"]
 

@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
-
-import ejk
+from ejk.plugin import Backend, Platform, PlatformStatus, RegisterKernels, Tier, hookimpl
 from ejk_xla import _cudnn_attention, _flash_attention, _grouped_matmul, _matmul, _paged_attention
 
 #: Tie-break of cuDNN attention inside the VENDOR tier (first wherever its gate allows).
@@ -15,11 +12,11 @@ CUDNN_PRIORITY = 10
 SIBLING_DISTRIBUTIONS = {"pallas": "ejk-pallas", "triton": "ejk-triton", "cute": "ejk-cute"}
 
 
-@ejk.hookimpl
-def ejk_register_kernels(register: Callable[..., Callable[[Any], Any]]) -> None:
-    portable = (ejk.Platform.XLA, ejk.Backend.ANY)
-    fallback = ejk.Tier.PORTABLE  # pure XLA: runs everywhere, the kernels' fallback
-    vendor = ejk.Tier.VENDOR  # XLA's dot (cuBLAS on NVIDIA GPUs) and cuDNN: the baselines kernels must beat
+@hookimpl
+def ejk_register_kernels(register: RegisterKernels) -> None:
+    portable = (Platform.XLA, Backend.ANY)
+    fallback = Tier.PORTABLE  # pure XLA: runs everywhere, the kernels' fallback
+    vendor = Tier.VENDOR  # XLA's dot (cuBLAS on NVIDIA GPUs) and cuDNN: the baselines kernels must beat
     fa = _flash_attention
     register("flash_attention", *portable, tier=fallback, name="chunked", cfg_type=fa.FlashAttentionConfig,
              config_space=fa.config_space, heuristic=fa.heuristic_config)(fa.flash_attention)
@@ -27,12 +24,10 @@ def ejk_register_kernels(register: Callable[..., Callable[[Any], Any]]) -> None:
     # (no ejk.VJP, and its lse is blocked internally), so the core cannot derive the variant from it.
     register("flash_attention_lse", *portable, tier=fallback, name="chunked", cfg_type=fa.FlashAttentionConfig,
              config_space=fa.config_space, heuristic=fa.heuristic_config)(fa.flash_attention_lse)
-    register("flash_attention", ejk.Platform.XLA, ejk.Backend.GPU, priority=CUDNN_PRIORITY, tier=vendor, name="cudnn",
+    register("flash_attention", Platform.XLA, Backend.GPU, priority=CUDNN_PRIORITY, tier=vendor, name="cudnn",
              capability=_cudnn_attention.capability)(_cudnn_attention.cudnn_attention)
     register("matmul", *portable, tier=vendor, name="dot", cfg_type=_matmul.MatmulConfig,
-             config_space=_matmul.config_space, heuristic=_matmul.heuristic_config,
-             vjp=ejk.VJP(fwd=_matmul.forward_with_residuals, bwd=_matmul.backward,
-                         residuals=_matmul.RESIDUALS))(_matmul.matmul)
+             config_space=_matmul.config_space, heuristic=_matmul.heuristic_config, vjp=_matmul.vjp)(_matmul.matmul)
     gmm, pa = _grouped_matmul, _paged_attention
     register("grouped_matmul", *portable, tier=fallback, name="tiled", cfg_type=gmm.GroupedMatmulConfig,
              config_space=gmm.config_space, heuristic=gmm.heuristic_config)(gmm.grouped_matmul)
@@ -40,13 +35,13 @@ def ejk_register_kernels(register: Callable[..., Callable[[Any], Any]]) -> None:
              config_space=pa.config_space, heuristic=pa.heuristic_config)(pa.ragged_paged_attention)
 
 
-@ejk.hookimpl
-def ejk_platform_status() -> ejk.PlatformStatus:
+@hookimpl
+def ejk_platform_status() -> PlatformStatus:
     import jax
 
-    return ejk.PlatformStatus(platform="xla", available=True, versions={"jax": jax.__version__})
+    return PlatformStatus(platform="xla", available=True, versions={"jax": jax.__version__})
 
 
-@ejk.hookimpl
+@hookimpl
 def ejk_platform_distributions() -> dict[str, str]:
     return SIBLING_DISTRIBUTIONS

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -300,3 +301,45 @@ def test_new_plugin_writes_a_distribution(tmp_path: Path, capsys: pytest.Capture
     long_root = _new_plugin.write_plugin("team_attention", tmp_path)  # its own ruff settings: 120 columns
     for path in long_root.rglob("*.py"):
         assert max(len(line) for line in path.read_text().splitlines()) <= 120, path
+
+
+def _new_plugin_error(capsys: pytest.CaptureFixture[str], *args: str) -> str:
+    assert cli.main(["new-plugin", *args]) == 2
+    captured = capsys.readouterr()
+    assert "Traceback" not in captured.err and captured.err.startswith("error: ")
+    return " ".join(captured.err.split())
+
+
+def test_new_plugin_refuses_an_over_long_name(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from ejk import _new_plugin
+
+    err = _new_plugin_error(capsys, "k" * 300, "--dir", str(tmp_path))
+    assert "plugin name" in err and "too long" in err and f"at most {_new_plugin.MAX_NAME_LENGTH}" in err
+    longest = _new_plugin.write_plugin("k" * _new_plugin.MAX_NAME_LENGTH, tmp_path)  # still 120 columns
+    for path in longest.rglob("*.py"):
+        assert max(len(line) for line in path.read_text().splitlines()) <= 120, path
+    assert list(tmp_path.iterdir()) == [longest]
+
+
+def test_new_plugin_names_what_is_in_the_way(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "ejk-mine").write_text("a file where the distribution goes")
+    err = _new_plugin_error(capsys, "mine", "--dir", str(tmp_path))
+    assert f"{tmp_path / 'ejk-mine'} is a file" in err and "--dir" in err
+    a_file = tmp_path / "notes.txt"
+    a_file.write_text("")
+    err = _new_plugin_error(capsys, "other", "--dir", str(a_file))
+    assert f"--dir {a_file} is not a directory" in err
+    read_only = tmp_path / "read-only"
+    read_only.mkdir(mode=0o555)
+    unwritable = read_only if not os.access(read_only, os.W_OK) else Path("/proc")  # root writes all but /proc
+    err = _new_plugin_error(capsys, "other", "--dir", str(unwritable))
+    assert f"cannot write {unwritable / 'ejk-other'}" in err and "--dir" in err
+
+
+@pytest.mark.parametrize("name", ["xla", "ejk-pallas", "Triton", "cute", "core", "ejk_core"])
+def test_new_plugin_refuses_the_names_of_ejks_own_distributions(name: str, tmp_path: Path,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    err = _new_plugin_error(capsys, name, "--dir", str(tmp_path))
+    distribution = "ejk-" + name.lower().removeprefix("ejk-").removeprefix("ejk_")
+    assert f"would write {distribution}" in err and "choose another" in err
+    assert list(tmp_path.iterdir()) == []

@@ -149,6 +149,28 @@ def test_a_plugin_can_mark_its_own_implementations_unavailable(host: PluginHost,
     assert "toy_avail xla/any:fancy" in table and "pip install mylib" in table
 
 
+def test_kernels_and_plugins_agree_on_availability(host: PluginHost, capsys: pytest.CaptureFixture[str]) -> None:
+    other_backend = "tpu" if jax.default_backend() != "tpu" else "gpu"
+
+    def register(reg: Any) -> None:
+        reg("toy_where", "xla", "any", name="portable")(lambda x, *, cfg=None: x)
+        reg("toy_where", "xla", other_backend, name="elsewhere")(lambda x, *, cfg=None: x)
+
+    host.register_plugin(_Status("where", "xla", True, register), "where")
+    host.register_plugin(_Status("down", "downplat", False, lambda reg: reg("toy_where", "downplat", "any")(
+        lambda x, *, cfg=None: x)), "down")
+    assert cli.main(["plugins", "--json"]) == 0
+    plugins = {impl["implementation"]: impl for row in json.loads(capsys.readouterr().out)
+               for impl in row["implementations"]}
+    assert cli.main(["kernels", "toy_where", "--json"]) == 0
+    kernels = {r["implementation"]: r for r in json.loads(capsys.readouterr().out)}
+    assert set(kernels) == set(plugins) == {"xla/any:portable", f"xla/{other_backend}:elsewhere", "downplat/any"}
+    for label, impl in plugins.items():
+        assert kernels[label]["available"] == (impl["status"] == "available"), label
+        assert kernels[label]["reason"] == impl["reason"], label
+    assert not kernels[f"xla/{other_backend}:elsewhere"]["available"]
+
+
 # -- ejk.run: an algorithm without an op ----------------------------------------------------------------
 
 @attrs.frozen(kw_only=True)

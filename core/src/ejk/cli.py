@@ -41,14 +41,16 @@ def cmd_plugins(args: argparse.Namespace) -> int:
 
 
 def cmd_kernels(args: argparse.Namespace) -> int:
+    from ejk._plugins_cli import implementation_status
+
     host = _host()
     registry = host.registry
     rows = [{
         "algorithm": s.algorithm, "platform": str(s.platform), "backend": str(s.backend), "name": s.name,
-        "tier": str(s.tier), "priority": s.priority, "gated": s.capability is not None, "custom_vjp": s.vjp is not None,
-        "backward": None if s.vjp is None else s.vjp.describe_backward(),
-        "plugin": str(s.plugin) if s.plugin else "-", "available": registry.spec_available(s)[0],
-        "config": s.cfg_type.__name__ if s.cfg_type else "-",
+        "implementation": s.label, "tier": str(s.tier), "priority": s.priority, "gated": s.capability is not None,
+        "custom_vjp": s.vjp is not None, "backward": None if s.vjp is None else s.vjp.describe_backward(),
+        "plugin": str(s.plugin) if s.plugin else "-", "config": s.cfg_type.__name__ if s.cfg_type else "-",
+        "reason": (status := implementation_status(host, s))[0], "fix": status[1], "available": status[0] is None,
     } for s in registry if args.algorithm is None or s.algorithm == args.algorithm.lower()]
     from ejk.ops import OPS
 

@@ -171,6 +171,25 @@ def test_kernels_and_plugins_agree_on_availability(host: PluginHost, capsys: pyt
     assert not kernels[f"xla/{other_backend}:elsewhere"]["available"]
 
 
+def test_a_gate_that_raises_warns_once_per_implementation(host: PluginHost) -> None:
+    def broken_gate(x: Any) -> str | None:
+        raise KeyError("no such shape table")
+
+    def register(reg: Any) -> None:
+        reg("toy_gated", "xla", "any", priority=5, name="broken", capability=broken_gate)(lambda x, *, cfg=None: x + 1)
+        reg("toy_gated", "xla", "any", name="plain")(lambda x, *, cfg=None: x + 2)
+
+    host.register_plugin(_Status("gated", "xla", True, register), "gated")
+    with pytest.warns(RuntimeWarning) as caught:
+        np.testing.assert_allclose(ejk.run("toy_gated", jnp.zeros(2)), [2.0, 2.0])  # the gate refuses
+        ejk.run("toy_gated", jnp.zeros(3))
+        ejk.run("toy_gated", jnp.zeros(4))
+    messages = [str(w.message) for w in caught if "capability" in str(w.message)]
+    assert len(messages) == 1, messages
+    assert "xla/any:broken" in messages[0] and "plugin gated" in messages[0]
+    assert "KeyError: 'no such shape table'" in messages[0]
+
+
 # -- ejk.run: an algorithm without an op ----------------------------------------------------------------
 
 @attrs.frozen(kw_only=True)

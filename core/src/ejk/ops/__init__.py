@@ -1,7 +1,10 @@
-"""The public operations and how they are dispatched."""
+"""The public operations and how they are dispatched, and the residual tags of their custom VJPs
+(:data:`FLASH_RESIDUALS`, :data:`FLASH_LSE_RESIDUALS`, :data:`MATMUL_RESIDUALS`,
+:data:`GROUPED_MATMUL_RESIDUALS`; see docs/KERNEL_CONTRACT.md)."""
 
 from __future__ import annotations
 
+from ejk._operand_vjp import GROUPED_MATMUL_RESIDUALS, MATMUL_RESIDUALS
 from ejk.ops._attention import FlashAttentionKernel, flash_attention
 from ejk.ops._attention_lse import FlashAttentionLseKernel, flash_attention_lse
 from ejk.ops._base import (
@@ -29,6 +32,8 @@ from ejk.ops._residuals import (
 __all__ = [
     "FLASH_LSE_RESIDUALS",
     "FLASH_RESIDUALS",
+    "GROUPED_MATMUL_RESIDUALS",
+    "MATMUL_RESIDUALS",
     "OPS",
     "AlgorithmKernel",
     "Candidate",

@@ -104,6 +104,27 @@ def test_overlay_exit_restores_after_an_exception() -> None:
     assert cache.get(*KEY) is None
 
 
+def test_overlays_exited_out_of_order_leave_none_active() -> None:
+    from ejk.config.cache import active_overlays
+
+    outer, inner = overlay_cache({KEY: "outer"}), overlay_cache({KEY: "inner"})
+    outer.__enter__()
+    inner.__enter__()
+    outer.__exit__(None, None, None)  # e.g. two ExitStacks unwound in the wrong order
+    assert overlay_lookup(*KEY) == (True, "inner")  # the inner block is still open
+    inner.__exit__(None, None, None)
+    assert overlay_lookup(*KEY) == (False, None) and active_overlays() == ()
+
+
+def test_an_overlay_entered_twice_is_left_twice() -> None:
+    overlay = overlay_cache({KEY: "again"})
+    with overlay:
+        with overlay_cache({KEY: "between"}), overlay:
+            assert overlay_lookup(*KEY) == (True, "again")
+        assert overlay_lookup(*KEY) == (True, "again")
+    assert overlay_lookup(*KEY) == (False, None)
+
+
 def test_overlay_is_not_copied_from_its_source_mapping() -> None:
     mapping = {KEY: "a"}
     with overlay_cache(mapping):

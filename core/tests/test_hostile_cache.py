@@ -158,3 +158,94 @@ def test_clear_of_an_unreadable_file_fails(tmp_path: Path, monkeypatch: pytest.M
     captured = capsys.readouterr()
     assert "nothing to clear" not in captured.out
     assert "could not clear" in captured.err and "cannot be read" in captured.err
+
+
+# -- kills mid-write ---------------------------------------------------------------------------------------
+
+_WATCH_TARGET = """
+import os, sys
+target = os.path.realpath(sys.argv[1])
+def hook(event, args):
+    if event == "open" and isinstance(args[0], str) and os.path.realpath(args[0]) == target \\
+            and args[2] & (os.O_WRONLY | os.O_RDWR):
+        print("the target was opened for writing: a kill now leaves it partial", file=sys.stderr)
+        os._exit(9)
+sys.addaudithook(hook)
+from ejk import cli
+sys.exit(cli.main(["cache", "export", *sys.argv[3:], "--dir", sys.argv[2], sys.argv[1]]))
+"""
+
+
+@pytest.mark.parametrize("pack", [False, True], ids=["export", "pack"])
+def test_export_only_ever_renames_a_whole_file_into_place(tmp_path: Path, pack: bool) -> None:
+    import subprocess
+    import sys
+
+    directory = tmp_path / "cache"
+    PersistentCache("op", directory / "op.json").put(DEV, OP, "k", {"b": 1})
+    target = tmp_path / "export.json"
+    target.write_text("the previous export")
+    done = subprocess.run([sys.executable, "-c", _WATCH_TARGET, str(target), str(directory),
+                           *(["--pack"] if pack else [])], capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(target.read_text())["ops"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cache", "export.json"]  # no temporary file left
+
+
+def test_an_interrupted_export_leaves_the_previous_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    directory = tmp_path / "cache"
+    PersistentCache("op", directory / "op.json").put(DEV, OP, "k", {"b": 1})
+    target = tmp_path / "export.json"
+    target.write_text("the previous export")
+
+    def interrupted(fd: int) -> None:
+        raise KeyboardInterrupt  # Ctrl-C once the data is written, before it is on disk
+
+    monkeypatch.setattr(os, "fsync", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        cli.main(["cache", "export", "--dir", str(directory), str(target)])
+    monkeypatch.undo()
+    assert target.read_text() == "the previous export"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cache", "export.json"]
+
+
+def _leftover(directory: Path, name: str, age_s: float) -> Path:
+    """A temporary file as a killed writer leaves it, last modified ``age_s`` ago."""
+    import time
+
+    path = directory / name
+    path.write_text('{"format": "ejk-config-cache", "entr')
+    os.utime(path, (time.time() - age_s, time.time() - age_s))
+    return path
+
+
+def test_clear_removes_temporary_files_left_by_killed_writers(tmp_path: Path,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    PersistentCache("op", tmp_path / "op.json").put(DEV, OP, "k", {"b": 1})
+    killed = [_leftover(tmp_path, "op.json.0a1b2c3d.tmp", 3600),
+              _leftover(tmp_path, "gone.json.deadbeef.tmp", 3600)]  # its writer never got to write gone.json
+    recent = _leftover(tmp_path, "op.json.12345678.tmp", 0)  # maybe a live writer's
+    others = [_leftover(tmp_path, name, 3600) for name in ("notes.tmp", "op.json.tmp", "op.json.xyz.tmp")]
+    assert cli.main(["cache", "clear", "--dir", str(tmp_path), "-y"]) == 0
+    out = capsys.readouterr().out
+    assert "2 temporary files" in " ".join(out.split())
+    assert not any(p.exists() for p in killed)
+    assert recent.exists() and all(p.exists() for p in others)
+
+
+def test_clear_leaves_a_temporary_file_whose_writer_holds_the_lock(tmp_path: Path,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    import filelock
+
+    held = _leftover(tmp_path, "op.json.0a1b2c3d.tmp", 3600)
+    with filelock.FileLock(str(tmp_path / "op.json.lock")):  # e.g. a writer stopped mid-write
+        code = cli.main(["cache", "clear", "--dir", str(tmp_path), "-y"])
+    assert held.exists()
+    assert code == 0 and "kept 1 temporary files whose writers are still running" in capsys.readouterr().out
+
+
+def test_clear_with_op_removes_only_that_ops_temporary_files(tmp_path: Path) -> None:
+    mine = _leftover(tmp_path, "op.json.0a1b2c3d.tmp", 3600)
+    theirs = _leftover(tmp_path, "other.json.0a1b2c3d.tmp", 3600)
+    assert cli.main(["cache", "clear", "--dir", str(tmp_path), "--op", "op", "-y"]) == 0
+    assert not mine.exists() and theirs.exists()

@@ -225,3 +225,23 @@ def test_vjp_declarations() -> None:
         ejk.VJP(fwd=square_fwd, bwd=bwd_plus(0.0), residuals=TAG, fix="pip install x")
     with pytest.raises(ValueError, match="residuals"):
         ejk.VJP(fwd=square_fwd, residuals="")
+
+
+def test_provenance_records_every_distribution_a_choice_runs(host: PluginHost) -> None:
+    from importlib.metadata import version
+
+    # any installed distributions stand for the plugins' own
+    host.register_plugin(_plugin("fwdonly", lambda reg: reg("square", "xla", "any", **FORWARD_ONLY)(square), "xla"),
+                         "fwdonly", distribution="pytest")
+    host.register_plugin(_plugin("full", full("full", 0.0), "xla"), "full", distribution="pluggy")
+    host.register_plugin(_plugin("other", full("other", 0.0, tag="square:other"), "xla"), "other",
+                         distribution="attrs")
+    kernel = SquareKernel(host.registry)
+    fo = ImplChoice(platform="xla", backend="any", implementation="fo")
+    # the forward's, and that of every backward it may pair with (not the other residual tag's)
+    assert kernel.cfg_versions(fo) == {"pytest": version("pytest"), "pluggy": version("pluggy")}
+    other = ImplChoice(platform="xla", backend="any", implementation="other")
+    assert kernel.cfg_versions(other) == {"attrs": version("attrs")}  # a backward of its own: its alone
+    named = ImplChoice(platform="xla", backend="any", implementation="fo",
+                       backward=ImplChoice(platform="xla", backend="any", implementation="full"))
+    assert kernel.cfg_versions(named) == {"pytest": version("pytest"), "pluggy": version("pluggy")}

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -146,6 +147,47 @@ def test_a_plugin_can_mark_its_own_implementations_unavailable(host: PluginHost,
     assert cli.main(["plugins"]) == 0
     table = capsys.readouterr().out
     assert "toy_avail xla/any:fancy" in table and "pip install mylib" in table
+
+
+def test_kernels_and_plugins_agree_on_availability(host: PluginHost, capsys: pytest.CaptureFixture[str]) -> None:
+    other_backend = "tpu" if jax.default_backend() != "tpu" else "gpu"
+
+    def register(reg: Any) -> None:
+        reg("toy_where", "xla", "any", name="portable")(lambda x, *, cfg=None: x)
+        reg("toy_where", "xla", other_backend, name="elsewhere")(lambda x, *, cfg=None: x)
+
+    host.register_plugin(_Status("where", "xla", True, register), "where")
+    host.register_plugin(_Status("down", "downplat", False, lambda reg: reg("toy_where", "downplat", "any")(
+        lambda x, *, cfg=None: x)), "down")
+    assert cli.main(["plugins", "--json"]) == 0
+    plugins = {impl["implementation"]: impl for row in json.loads(capsys.readouterr().out)
+               for impl in row["implementations"]}
+    assert cli.main(["kernels", "toy_where", "--json"]) == 0
+    kernels = {r["implementation"]: r for r in json.loads(capsys.readouterr().out)}
+    assert set(kernels) == set(plugins) == {"xla/any:portable", f"xla/{other_backend}:elsewhere", "downplat/any"}
+    for label, impl in plugins.items():
+        assert kernels[label]["available"] == (impl["status"] == "available"), label
+        assert kernels[label]["reason"] == impl["reason"], label
+    assert not kernels[f"xla/{other_backend}:elsewhere"]["available"]
+
+
+def test_a_gate_that_raises_warns_once_per_implementation(host: PluginHost) -> None:
+    def broken_gate(x: Any) -> str | None:
+        raise KeyError("no such shape table")
+
+    def register(reg: Any) -> None:
+        reg("toy_gated", "xla", "any", priority=5, name="broken", capability=broken_gate)(lambda x, *, cfg=None: x + 1)
+        reg("toy_gated", "xla", "any", name="plain")(lambda x, *, cfg=None: x + 2)
+
+    host.register_plugin(_Status("gated", "xla", True, register), "gated")
+    with pytest.warns(RuntimeWarning) as caught:
+        np.testing.assert_allclose(ejk.run("toy_gated", jnp.zeros(2)), [2.0, 2.0])  # the gate refuses
+        ejk.run("toy_gated", jnp.zeros(3))
+        ejk.run("toy_gated", jnp.zeros(4))
+    messages = [str(w.message) for w in caught if "capability" in str(w.message)]
+    assert len(messages) == 1, messages
+    assert "xla/any:broken" in messages[0] and "plugin gated" in messages[0]
+    assert "KeyError: 'no such shape table'" in messages[0]
 
 
 # -- ejk.run: an algorithm without an op ----------------------------------------------------------------
@@ -300,3 +342,45 @@ def test_new_plugin_writes_a_distribution(tmp_path: Path, capsys: pytest.Capture
     long_root = _new_plugin.write_plugin("team_attention", tmp_path)  # its own ruff settings: 120 columns
     for path in long_root.rglob("*.py"):
         assert max(len(line) for line in path.read_text().splitlines()) <= 120, path
+
+
+def _new_plugin_error(capsys: pytest.CaptureFixture[str], *args: str) -> str:
+    assert cli.main(["new-plugin", *args]) == 2
+    captured = capsys.readouterr()
+    assert "Traceback" not in captured.err and captured.err.startswith("error: ")
+    return " ".join(captured.err.split())
+
+
+def test_new_plugin_refuses_an_over_long_name(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from ejk import _new_plugin
+
+    err = _new_plugin_error(capsys, "k" * 300, "--dir", str(tmp_path))
+    assert "plugin name" in err and "too long" in err and f"at most {_new_plugin.MAX_NAME_LENGTH}" in err
+    longest = _new_plugin.write_plugin("k" * _new_plugin.MAX_NAME_LENGTH, tmp_path)  # still 120 columns
+    for path in longest.rglob("*.py"):
+        assert max(len(line) for line in path.read_text().splitlines()) <= 120, path
+    assert list(tmp_path.iterdir()) == [longest]
+
+
+def test_new_plugin_names_what_is_in_the_way(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "ejk-mine").write_text("a file where the distribution goes")
+    err = _new_plugin_error(capsys, "mine", "--dir", str(tmp_path))
+    assert f"{tmp_path / 'ejk-mine'} is a file" in err and "--dir" in err
+    a_file = tmp_path / "notes.txt"
+    a_file.write_text("")
+    err = _new_plugin_error(capsys, "other", "--dir", str(a_file))
+    assert f"--dir {a_file} is not a directory" in err
+    read_only = tmp_path / "read-only"
+    read_only.mkdir(mode=0o555)
+    unwritable = read_only if not os.access(read_only, os.W_OK) else Path("/proc")  # root writes all but /proc
+    err = _new_plugin_error(capsys, "other", "--dir", str(unwritable))
+    assert f"cannot write {unwritable / 'ejk-other'}" in err and "--dir" in err
+
+
+@pytest.mark.parametrize("name", ["xla", "ejk-pallas", "Triton", "cute", "core", "ejk_core"])
+def test_new_plugin_refuses_the_names_of_ejks_own_distributions(name: str, tmp_path: Path,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    err = _new_plugin_error(capsys, name, "--dir", str(tmp_path))
+    distribution = "ejk-" + name.lower().removeprefix("ejk-").removeprefix("ejk_")
+    assert f"would write {distribution}" in err and "choose another" in err
+    assert list(tmp_path.iterdir()) == []

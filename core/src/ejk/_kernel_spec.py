@@ -8,6 +8,8 @@ registry that uses it.
 from __future__ import annotations
 
 import enum
+import warnings
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
@@ -220,14 +222,35 @@ def default_order(spec: KernelSpec) -> tuple[int, int]:
 
 def capability_reason(spec: KernelSpec, call: Mapping[str, Any]) -> str | None:
     """``spec``'s capability gate on ``call``: its reason, ``None`` when it accepts (or has no gate).
-    A gate that raises refuses, with the exception as its reason: it never takes the op down."""
+    A gate that raises refuses, with the exception as its reason: it never takes the op down, and
+    the first time it raises a ``RuntimeWarning`` names the implementation, its plugin and the error."""
     if spec.capability is None:
         return None
     try:
         reason = spec.capability(**call)
     except Exception as exc:
+        _warn_broken_gate(spec, exc)
         return f"capability check raised {type(exc).__name__}: {exc}"
     return None if reason is None else str(reason)
+
+
+#: ``id(spec) -> weakref(spec)`` of the implementations whose raising gate was already reported.
+_warned_gates: dict[int, weakref.ref[KernelSpec]] = {}
+
+
+def _warn_broken_gate(spec: KernelSpec, exc: Exception) -> None:
+    """Warn once per registered implementation (while it lives) that its capability gate raised."""
+    key = id(spec)
+    known = _warned_gates.get(key)
+    if known is not None and known() is spec:
+        return
+    _warned_gates[key] = weakref.ref(spec, lambda _: _warned_gates.pop(key, None))
+    owner = f"plugin {spec.plugin.name}" if spec.plugin else "no plugin"
+    warnings.warn(
+        f"the capability gate of {spec.algorithm} {spec.label} ({owner}) raised {type(exc).__name__}: {exc}; "
+        "the implementation is treated as refusing such calls (ejk.explain shows each reason). Fix the gate to "
+        "return a reason string instead of raising; this is reported once per implementation.",
+        RuntimeWarning, stacklevel=3)
 
 
 def normalize_platform(platform: PlatformLike) -> str:

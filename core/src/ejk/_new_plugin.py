@@ -15,9 +15,13 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-__all__ = ["add_parser", "core_range", "names", "write_plugin"]
+__all__ = ["MAX_NAME_LENGTH", "OWN_NAMES", "add_parser", "core_range", "names", "write_plugin"]
 
 _NAME = re.compile(r"^[a-z][a-z0-9_]*$")
+#: The longest plugin name whose generated code keeps to the template's 120-column lines.
+MAX_NAME_LENGTH = 20
+#: Names of ejk's own distributions (``ejk-<name>``): a plugin of that name would install over one of them.
+OWN_NAMES = ("core", "xla", "pallas", "triton", "cute")
 
 
 def names(name: str) -> dict[str, str]:
@@ -31,6 +35,13 @@ def names(name: str) -> dict[str, str]:
     if not _NAME.match(raw) or raw.endswith("_"):
         raise ValueError(f"plugin name {name!r} is not valid: use lower-case letters, digits and '_' (or '-'), "
                          "starting with a letter, e.g. 'mykernels'")
+    if len(raw) > MAX_NAME_LENGTH:
+        shown = repr(name) if len(name) <= 40 else f"{name[:40]!r}..."
+        raise ValueError(f"plugin name {shown} is too long ({len(raw)} characters, at most "
+                         f"{MAX_NAME_LENGTH}); choose a shorter NAME")
+    if raw in OWN_NAMES:
+        raise ValueError(f"plugin name {name!r} would write ejk-{raw}, the name of ejk's own distribution: "
+                         f"installing it would replace the real one; choose another NAME, e.g. 'my_{raw}'")
     from ejk import __version__
 
     return {
@@ -55,13 +66,18 @@ def write_plugin(name: str, directory: str | Path = ".") -> Path:
     """Write the distribution of plugin ``name`` into ``directory``; returns its root.
 
     Raises:
-        ValueError: for an invalid name.
-        FileExistsError: when the target exists and is not empty.
+        ValueError: for an invalid name, too long or one of :data:`OWN_NAMES`.
+        FileExistsError: when the target exists and is not an empty directory, or ``directory`` is a file.
+        OSError: when the distribution cannot be written there.
     """
     subs = names(name)
     root = Path(directory) / subs["distribution"]
-    if root.exists() and any(root.iterdir()):
-        raise FileExistsError(f"{root} exists and is not empty; choose another --dir or remove it")
+    try:
+        _check_target(Path(directory), root)
+    except FileExistsError:
+        raise
+    except OSError as exc:  # e.g. a path too long for the file system
+        raise OSError(f"cannot write {root} ({exc.strerror or exc}); choose another --dir") from exc
     template = resources.files("ejk").joinpath("templates", "plugin")
     written = []
 
@@ -77,10 +93,25 @@ def write_plugin(name: str, directory: str | Path = ".") -> Path:
                 target.write_text(_render(child.read_text(encoding="utf-8"), subs), encoding="utf-8")
                 written.append(target)
 
-    walk(template, ())
+    try:
+        walk(template, ())
+    except OSError as exc:
+        raise OSError(f"cannot write {root} ({exc.strerror or exc}: {exc.filename}); "
+                      "choose a --dir you can write to") from exc
     if not written:
         raise FileNotFoundError(f"the plugin template of ejk-core is missing ({template}); reinstall ejk-core")
     return root
+
+
+def _check_target(directory: Path, root: Path) -> None:
+    """Refuse a ``directory`` that is a file, and a ``root`` that is a file or a non-empty directory."""
+    if directory.exists() and not directory.is_dir():
+        raise FileExistsError(f"--dir {directory} is not a directory; choose a directory (it is created if missing)")
+    if root.exists() and not root.is_dir():
+        raise FileExistsError(f"{root} is a file, in the way of the new distribution; move it, or choose another "
+                              "--dir or NAME")
+    if root.exists() and any(root.iterdir()):
+        raise FileExistsError(f"{root} exists and is not empty; choose another --dir or remove it")
 
 
 def add_parser(sub: Any) -> None:
@@ -95,7 +126,7 @@ def add_parser(sub: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     try:
         root = write_plugin(args.name, args.dir)
-    except (ValueError, FileExistsError) as exc:
+    except (ValueError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     subs = names(args.name)

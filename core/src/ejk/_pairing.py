@@ -18,12 +18,23 @@ from ejk._kernel_spec import Backend, KernelSpec, capability_reason, default_bac
 if TYPE_CHECKING:
     from ejk.registry import KernelRegistry
 
-__all__ = ["paired_backward", "paired_capability", "pairing_reason"]
+__all__ = ["paired_backward", "paired_capability", "pairing_candidates", "pairing_reason"]
 
 
 def _default_fix(algorithm: str, tag: str) -> str:
     return (f"Install a plugin whose implementation of {algorithm!r} has a backward of residuals {tag!r}, "
             "or differentiate through another platform (platform=...).")
+
+
+def pairing_candidates(registry: KernelRegistry, spec: KernelSpec,
+                       among: Sequence[KernelSpec] | None = None) -> list[KernelSpec]:
+    """The implementations whose backward may run on forward-only ``spec``'s residuals, in the
+    registry's order (or ``among``'s, e.g. an op variant's derived implementations): those of
+    ``spec.algorithm`` with a backward of their own declaring ``spec.vjp.residuals`` (which one
+    does is decided per call, by :func:`paired_backward`)."""
+    tag = spec.vjp.residuals if spec.vjp is not None else None
+    found = registry.list_implementations(spec.algorithm) if among is None else among
+    return [other for other in found if other.vjp is not None and not other.vjp.paired and other.vjp.residuals == tag]
 
 
 def paired_backward(registry: KernelRegistry, spec: KernelSpec, call: Mapping[str, Any],
@@ -51,9 +62,7 @@ def paired_backward(registry: KernelRegistry, spec: KernelSpec, call: Mapping[st
     backend = default_backend()
     reasons: list[str] = []
     fallback: KernelSpec | None = None
-    for other in registry.list_implementations(spec.algorithm) if candidates is None else candidates:
-        if other.vjp is None or other.vjp.paired or other.vjp.residuals != tag:
-            continue
+    for other in pairing_candidates(registry, spec, candidates):
         if other.backend not in (Backend.ANY, backend):
             reasons.append(f"{other.label}: targets {other.backend}, not JAX's default backend {backend}")
             continue

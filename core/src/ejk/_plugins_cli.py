@@ -12,7 +12,25 @@ from rich.table import Table
 
 from ejk._console import console as make_console
 
-__all__ = ["cmd_plugins", "implementation_rows", "plugin_rows", "problems"]
+__all__ = ["cmd_plugins", "implementation_rows", "implementation_status", "plugin_rows", "problems"]
+
+
+def implementation_status(host: Any, spec: Any) -> tuple[str | None, str | None]:
+    """``(reason, fix)`` when implementation ``spec`` cannot run here, ``(None, None)`` when it can:
+    the status its plugin (else any plugin) reported for its platform, then its backend against JAX's
+    default one. The one answer of ``ejk plugins`` and ``ejk kernels``."""
+    from ejk.registry import Backend, default_backend
+
+    plugin = spec.plugin.name if spec.plugin else None
+    status = (host.plugin_status(plugin, spec.platform) if plugin is not None else None) \
+        or host.platform_statuses().get(str(spec.platform))
+    if status is not None and not status.available:
+        return f"platform {spec.platform}: {status.reason or 'unavailable'}", status.fix
+    backend = default_backend()
+    if spec.backend not in (Backend.ANY, backend):
+        return (f"targets {spec.backend}, but JAX's default backend is {backend}",
+                f"run on a machine with a {str(spec.backend).upper()}")
+    return None, None
 
 
 def implementation_rows(host: Any, plugin: str | None) -> list[dict[str, Any]]:
@@ -20,28 +38,17 @@ def implementation_rows(host: Any, plugin: str | None) -> list[dict[str, Any]]:
     its label, priority, config class, ``backward`` (``None``: JAX differentiates the forward; ``own``;
     ``paired by residuals '<tag>'`` for a forward-only one), and ``status`` ``available`` or
     ``unavailable`` with ``reason`` and ``fix``."""
-    from ejk.registry import Backend, default_backend
-
-    backend = default_backend()
     rows = []
     for spec in host.registry:
         if (spec.plugin.name if spec.plugin else None) != plugin:
             continue
-        row: dict[str, Any] = {
+        reason, fix = implementation_status(host, spec)
+        rows.append({
             "algorithm": spec.algorithm, "implementation": spec.label, "priority": spec.priority,
             "config": spec.cfg_type.__name__ if spec.cfg_type else None, "gated": spec.capability is not None,
             "backward": None if spec.vjp is None else spec.vjp.describe_backward(),
-            "status": "available", "reason": None, "fix": None,
-        }
-        status = (host.plugin_status(plugin, spec.platform) if plugin is not None else None) \
-            or host.platform_statuses().get(str(spec.platform))
-        if status is not None and not status.available:
-            row.update(status="unavailable", reason=f"platform {spec.platform}: {status.reason or 'unavailable'}",
-                       fix=status.fix)
-        elif spec.backend not in (Backend.ANY, backend):
-            row.update(status="unavailable", reason=f"targets {spec.backend}, but JAX's default backend is {backend}",
-                       fix=f"run on a machine with a {str(spec.backend).upper()}")
-        rows.append(row)
+            "status": "available" if reason is None else "unavailable", "reason": reason, "fix": fix,
+        })
     return rows
 
 

@@ -57,15 +57,18 @@ def _all_implementations(registry: KernelRegistry) -> list[tuple[KernelSpec, boo
 
 
 def cmd_kernels(args: argparse.Namespace) -> int:
+    from ejk._plugins_cli import implementation_status
+
     host = _host()
     registry = host.registry
     found = _all_implementations(registry)
     rows = [{
         "algorithm": s.algorithm, "platform": str(s.platform), "backend": str(s.backend), "name": s.name,
-        "tier": str(s.tier), "priority": s.priority, "gated": s.capability is not None, "custom_vjp": s.vjp is not None,
-        "backward": None if s.vjp is None else s.vjp.describe_backward(),
-        "plugin": str(s.plugin) if s.plugin else "-", "available": registry.spec_available(s)[0],
-        "config": s.cfg_type.__name__ if s.cfg_type else "-", "derived": derived,
+        "implementation": s.label, "tier": str(s.tier), "priority": s.priority, "gated": s.capability is not None,
+        "custom_vjp": s.vjp is not None, "backward": None if s.vjp is None else s.vjp.describe_backward(),
+        "plugin": str(s.plugin) if s.plugin else "-", "config": s.cfg_type.__name__ if s.cfg_type else "-",
+        "reason": (status := implementation_status(host, s))[0], "fix": status[1], "available": status[0] is None,
+        "derived": derived,
     } for s, derived in found if args.algorithm is None or s.algorithm == args.algorithm.lower()]
     from ejk.ops import OPS
 
@@ -80,7 +83,7 @@ def cmd_kernels(args: argparse.Namespace) -> int:
                    "available here"):
         table.add_column(column)
     for r in rows:
-        name = f"{r['name']} (from {OPS[r['algorithm']].variant_of})" if r["derived"] else r["name"]
+        name = f"{r['name']} (from {OPS[str(r['algorithm'])].variant_of})" if r["derived"] else r["name"]
         table.add_row(*(escape(str(v)) for v in (r["algorithm"], r["platform"], r["backend"], name, r["tier"],
                                                   r["priority"], r["plugin"], r["config"])),
                       "yes" if r["available"] else "no")
@@ -189,9 +192,10 @@ def cmd_cache_show(args: argparse.Namespace) -> int:
 
 
 def cmd_cache_clear(args: argparse.Namespace) -> int:
-    from ejk.config.persistent import PersistentCache, read_cache_file
+    from ejk.config.persistent import PersistentCache, leftover_temp_files, read_cache_file
 
-    files = _cache_files(_cache_dir(args), args.op or None)
+    directory = _cache_dir(args)
+    files = _cache_files(directory, args.op or None)
     ours, unreadable = {}, []
     for name, path in files.items():
         state = read_cache_file(path)
@@ -202,15 +206,18 @@ def cmd_cache_clear(args: argparse.Namespace) -> int:
             print(f"error: could not clear {path}: {state.note}", file=sys.stderr)
         else:  # only files carrying the ejk format marker are ever touched
             _note(f"{state.note or path}; not cleared")
-    if not ours:
+    leftovers = leftover_temp_files(directory, args.op or None)
+    if not ours and not leftovers:
         if not unreadable:
             _console().print("nothing to clear")
         return 1 if unreadable else 0
     if not args.yes and sys.stdin.isatty():
-        answer = input(f"remove every entry of {', '.join(ours)}? [y/N] ")
+        what = [f"every entry of {', '.join(ours)}"] if ours else []
+        what += [f"{len(leftovers)} temporary files left by killed writers"] if leftovers else []
+        answer = input(f"remove {' and '.join(what)}? [y/N] ")
         if answer.strip().lower() not in ("y", "yes"):
             return 1
-    failed = 0
+    failed = _clear_leftovers(leftovers)
     for name, path in ours.items():
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
@@ -222,6 +229,24 @@ def cmd_cache_clear(args: argparse.Namespace) -> int:
             why = "; ".join(str(w.message) for w in caught) or "unknown reason"
             print(f"error: could not clear {path}: {why}", file=sys.stderr)
     return 1 if failed or unreadable else 0
+
+
+def _clear_leftovers(paths: list[str]) -> int:
+    """Delete killed writers' temporary files (those a live writer holds are kept); how many failed."""
+    from ejk.config.persistent import remove_leftover_temp_file
+
+    removed = failed = 0
+    for path in paths:
+        try:
+            removed += remove_leftover_temp_file(path)
+        except OSError as exc:
+            failed += 1
+            print(f"error: could not remove {path}: {exc}", file=sys.stderr)
+    if removed:
+        _console().print(f"removed {removed} temporary files left by killed writers")
+    if len(paths) - removed - failed:
+        _console().print(f"kept {len(paths) - removed - failed} temporary files whose writers are still running")
+    return failed
 
 
 EXPORT_FORMAT = "ejk-cache-export"
@@ -245,8 +270,9 @@ def cmd_cache_export(args: argparse.Namespace) -> int:
     if args.file == "-":
         print(text)
     else:
-        with open(args.file, "w", encoding="utf-8") as f:
-            f.write(text)
+        from ejk.config.cache_file import atomic_write_text
+
+        atomic_write_text(args.file, text)  # a kill mid-write leaves the previous file, never a part
         count = sum(len(v) for v in ops.values())
         _console().print(f"exported {count} entries of {len(ops)} op(s) to {escape(args.file)}")
     return 0

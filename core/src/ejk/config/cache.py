@@ -98,18 +98,23 @@ class overlay_cache:  # noqa: N801 - a context manager named like the function i
             if not (isinstance(key, tuple) and len(key) == 3 and all(isinstance(p, str) for p in key)):
                 raise ValueError(f"overlay_cache keys must be (device, op_id, call_key) string triples, got {key!r}")
         self._mapping = _Overlay(mapping)
-        self._tokens: list[contextvars.Token[tuple[Mapping[CacheKey, Any], ...]]] = []
 
     def __enter__(self) -> overlay_cache:
         stack = (*_overlays.get(), self._mapping)
-        self._tokens.append(_overlays.set(stack))
+        _overlays.set(stack)
         _set_jit_context(stack)
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
-        _overlays.reset(self._tokens.pop())
-        _set_jit_context(_overlays.get())  # the restored stack's: consistent even when tasks interleave
+        # Leaving removes this overlay (its innermost entry) from the stack rather than restoring the
+        # stack it entered on: overlays left out of order (outer first) leave none of them active.
+        stack = _overlays.get()
+        at = next((i for i in reversed(range(len(stack))) if stack[i] is self._mapping), None)
+        if at is not None:
+            stack = (*stack[:at], *stack[at + 1:])
+            _overlays.set(stack)
+        _set_jit_context(stack)  # the remaining stack's: consistent even when tasks interleave
 
 
 class ConfigCache(Generic[Cfg]):

@@ -1,5 +1,6 @@
 """The on-disk format of a persistent config cache: entries with their provenance, reading a file
-without changing anything, and writing one atomically.
+without changing anything, and writing one atomically (through a ``<file>.<8 hex digits>.tmp``
+beside it, renamed over it once on disk: a killed writer leaves at most such a temporary file).
 
 A file is ``{"format": "ejk-config-cache", "schema": 1, "opname": ..., "entries":
 {device: {op_id: {call_key: {"cfg", "schema", "source", "provenance"}}}}}``. Locking and merging
@@ -11,6 +12,7 @@ from __future__ import annotations
 import datetime
 import json
 import os
+import re
 import secrets
 import stat
 import warnings
@@ -27,14 +29,17 @@ __all__ = [
     "CacheEntry",
     "CacheFile",
     "atomic_write_json",
+    "atomic_write_text",
     "file_payload",
     "move_aside",
     "read_cache_file",
     "stat_stamp",
+    "temp_file_target",
 ]
 
 SCHEMA_VERSION = 1
 FILE_FORMAT = "ejk-config-cache"
+_TEMP_NAME = re.compile(r"^(?P<target>.+)\.[0-9a-f]{8}\.tmp$")
 
 
 @attrs.frozen(kw_only=True)
@@ -180,6 +185,13 @@ def file_payload(opname: str, data: Mapping[tuple[str, str, str], CacheEntry]) -
     return {"format": FILE_FORMAT, "schema": SCHEMA_VERSION, "opname": opname, "entries": nested}
 
 
+def temp_file_target(name: str) -> str | None:
+    """The name of the file that temporary file ``name`` was written to replace, or ``None`` when
+    ``name`` is not one of :func:`atomic_write_text`'s temporary files."""
+    match = _TEMP_NAME.match(name)
+    return match.group("target") if match else None
+
+
 def _temp_file(path: str) -> tuple[int, str]:
     """A new ``<path>.<random>.tmp`` opened for writing, with the permissions a new file gets here
     (``0o666`` less the umask: readable by the others of a shared directory when the umask says so)."""
@@ -191,8 +203,9 @@ def _temp_file(path: str) -> tuple[int, str]:
             continue
 
 
-def atomic_write_json(path: str, payload: Any) -> None:
-    """Write ``payload`` to ``path`` atomically; a rewrite keeps the file's permissions."""
+def atomic_write_text(path: str, text: str) -> None:
+    """Replace ``path`` by ``text`` atomically: a reader, or a kill at any moment, sees the old file
+    or the whole new one, never a part. A rewrite keeps the file's permissions."""
     try:
         mode: int | None = stat.S_IMODE(os.stat(path).st_mode)
     except OSError:
@@ -202,7 +215,7 @@ def atomic_write_json(path: str, payload: Any) -> None:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             if mode is not None:
                 os.fchmod(f.fileno(), mode)
-            json.dump(payload, f, indent=1, sort_keys=True)
+            f.write(text)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -212,3 +225,8 @@ def atomic_write_json(path: str, payload: Any) -> None:
         except OSError:
             pass
         raise
+
+
+def atomic_write_json(path: str, payload: Any) -> None:
+    """Write ``payload`` as indented JSON to ``path`` with :func:`atomic_write_text`."""
+    atomic_write_text(path, json.dumps(payload, indent=1, sort_keys=True))

@@ -27,6 +27,7 @@ from typing import Any
 import attrs
 
 from ejk.config._cache_import import ImportProblem, _entry
+from ejk.config.cache_file import atomic_write_json
 from ejk.config.persistent import CacheEntry
 from ejk.config.rankings import Ranking, RankingError, parse_rankings
 from ejk.config.serialization import from_jsonable
@@ -122,8 +123,7 @@ def write_pack(entries: Iterable[CacheEntry], path: str, *, name: str | None = N
         ops.setdefault(e.op_id.split("@")[0], []).append(
             {"device": e.device, "op_id": e.op_id, "call_key": e.call_key, **e.to_json(), "source": "pack"})
     payload = {"format": PACK_FORMAT, "schema": 1, "name": name or os.path.basename(path), "ops": ops}
-    with open(path, "w", encoding="utf-8") as f:
-        json.dump(payload, f, indent=1, sort_keys=True)
+    atomic_write_json(path, payload)
     return sum(len(v) for v in ops.values())
 
 

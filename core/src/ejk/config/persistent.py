@@ -21,8 +21,9 @@ import datetime
 import os
 import re
 import threading
+import time
 import warnings
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from typing import Any, Generic, TypeVar
 
 import filelock
@@ -40,6 +41,7 @@ from ejk.config.cache_file import (
     move_aside,
     read_cache_file,
     stat_stamp,
+    temp_file_target,
 )
 from ejk.config.serialization import from_jsonable, to_jsonable
 
@@ -51,13 +53,17 @@ __all__ = [
     "PersistentCache",
     "StaleCacheWarning",
     "cache_file_name",
+    "leftover_temp_files",
     "op_id_of_file_name",
     "read_cache_file",
+    "remove_leftover_temp_file",
 ]
 
 Cfg = TypeVar("Cfg")
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9_.@+%-]+$")
 LOCK_TIMEOUT_S = 60.0
+#: A temporary file untouched this long is a killed writer's (a live one renames it within moments).
+TEMP_FILE_GRACE_S = 60.0
 
 
 class StaleCacheWarning(UserWarning):
@@ -348,3 +354,49 @@ def _clear_all(data: dict[tuple[str, str, str], CacheEntry]) -> bool:
     return True
 
 
+
+
+def leftover_temp_files(directory: str, ops: Collection[str] | None = None) -> list[str]:
+    """The temporary files that killed writers left in ``directory``: only ejk's own
+    (``<cache file>.json.<8 hex digits>.tmp``), untouched for ``TEMP_FILE_GRACE_S``; with ``ops``,
+    only those of these ops' cache files."""
+    try:
+        names = sorted(os.listdir(directory))
+    except OSError:
+        return []
+    found = []
+    for name in names:
+        target = temp_file_target(name)
+        if target is None or not target.endswith(".json"):
+            continue
+        if ops and (op_id_of_file_name(target) or target[: -len(".json")]) not in ops:
+            continue
+        path = os.path.join(directory, name)
+        try:
+            if time.time() - os.stat(path).st_mtime < TEMP_FILE_GRACE_S:
+                continue
+        except OSError:
+            continue
+        found.append(path)
+    return found
+
+
+def remove_leftover_temp_file(path: str) -> bool:
+    """Delete a file of :func:`leftover_temp_files` while holding its cache file's lock, so that a
+    writer stopped mid-write keeps its file. Returns ``False`` when such a writer holds the lock.
+
+    Raises:
+        OSError: when the file exists and cannot be deleted.
+    """
+    directory, name = os.path.split(path)
+    target = temp_file_target(name)
+    if target is None:
+        raise ValueError(f"{path} is not a temporary file of an ejk cache")
+    try:
+        with filelock.FileLock(os.path.join(directory, target + ".lock"), timeout=0):
+            os.unlink(path)
+    except filelock.Timeout:
+        return False
+    except FileNotFoundError:  # another clear got there first
+        pass
+    return True

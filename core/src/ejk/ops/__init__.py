@@ -1,4 +1,6 @@
-"""The public operations and how they are dispatched.
+"""The public operations and how they are dispatched, and the residual tags of their custom VJPs
+(:data:`FLASH_RESIDUALS`, :data:`FLASH_LSE_RESIDUALS`, :data:`MATMUL_RESIDUALS`,
+:data:`GROUPED_MATMUL_RESIDUALS`; see docs/KERNEL_CONTRACT.md).
 
 Each built-in operation is one folder, ``ejk/ops/_<name>/`` (listed in :mod:`ejk.ops._builtin`),
 holding its kernel and public function, validation, reference, conformance check, residual
@@ -7,6 +9,7 @@ formats, shard rule and bench workload, tied together by its :func:`define_op` c
 
 from __future__ import annotations
 
+from ejk._operand_vjp import GROUPED_MATMUL_RESIDUALS, MATMUL_RESIDUALS
 from ejk.ops._base import (
     Candidate,
     ImplChoice,
@@ -38,6 +41,8 @@ __all__ = [
     "BUILTIN_OPS",
     "FLASH_LSE_RESIDUALS",
     "FLASH_RESIDUALS",
+    "GROUPED_MATMUL_RESIDUALS",
+    "MATMUL_RESIDUALS",
     "OPS",
     "AlgorithmKernel",
     "Candidate",

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import jax
 
-from ejk._pairing import paired_backward
+from ejk._pairing import paired_backward, pairing_candidates
 from ejk._versions import installed_version
 from ejk.config.packs import pack_rankings
 from ejk.config.selection import ConfigSelectorChain
@@ -510,11 +510,13 @@ class OpKernel(Kernel[ImplChoice, Any]):
         return dict(self._host().platform_device_facts(jax.devices()[0], platform))
 
     def cfg_versions(self, cfg: ImplChoice) -> Mapping[str, str]:
+        """The versions of every distribution ``cfg`` runs (and its platforms' toolkits): its forward's,
+        its named backward's, else, for a forward-only implementation, every one it may pair with."""
         versions: dict[str, str] = {}
-        for choice in (cfg, cfg.backward):
-            if choice is None:
-                continue
-            spec = self.spec_for(choice)
+        specs = [self.spec_for(choice) for choice in (cfg, cfg.backward) if choice is not None]
+        if cfg.backward is None and specs[0].vjp is not None and specs[0].vjp.paired:
+            specs += pairing_candidates(self.registry, specs[0], self.implementations())
+        for spec in specs:
             dist = spec.plugin.distribution if spec.plugin else None
             if dist and (version := installed_version(dist)):
                 versions[dist] = version

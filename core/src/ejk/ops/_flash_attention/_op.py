@@ -115,5 +115,6 @@ DEFINITION = define_op(
     check=f"{_HERE}._conformance:check_flash_attention",
     shard_rule=f"{_HERE}._shard:attention_rule",
     bench=f"{_HERE}._bench:BENCH",
+    samples=f"{_HERE}._samples:samples",
     residuals=(FLASH_RESIDUALS,),
 )

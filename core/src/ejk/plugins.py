@@ -304,12 +304,18 @@ class PluginHost:
     def _refused(self, spec: KernelSpec, message: str) -> None:
         """A registration of ``spec`` was refused (its label is another plugin's, or its signature
         cannot take the op's call): reported against its plugin, which otherwise keeps loading."""
+        self.report_implementation(spec, f"ejk_register_kernels: {message}")
+
+    def report_implementation(self, spec: KernelSpec, problem: str) -> None:
+        """Report (once, with a warning) a problem of one implementation against the plugin that
+        registered it (:attr:`PluginInfo.hook_errors`: ``ejk plugins`` and ``ejk doctor`` list it)."""
         name = spec.plugin.name if spec.plugin is not None else "?"
-        info = self.plugins.get(name) or PluginInfo(name=name)
-        entry = f"ejk_register_kernels: {message}"
-        if entry not in info.hook_errors:
-            info.hook_errors.append(entry)
-            warnings.warn(f"ejk plugin {name!r}: {message}", RuntimeWarning, stacklevel=4)
+        info = self.plugins.get(name)
+        if info is None:
+            info = self.plugins[name] = PluginInfo(name=name, status="unknown")
+        if problem not in info.hook_errors:
+            info.hook_errors.append(problem)
+            warnings.warn(f"ejk plugin {name!r}: {problem}", RuntimeWarning, stacklevel=3)
 
     def _fail(self, info: PluginInfo, error: str, fix: str) -> None:
         info.status, info.error, info.fix = "failed", error, fix

@@ -477,13 +477,15 @@ class KernelRegistry:
     # -- signature validation ----------------------------------------------------------------
 
     def validate_signatures(self, algorithm: str | None = None, verbose: bool = False) -> bool:
-        """Check that every implementation of an algorithm has the same signature.
+        """Check the signatures of every implementation of an algorithm.
 
-        Compares each implementation with the highest-priority one, parameter by parameter:
-        name, kind, default and annotation (the ``cfg`` parameter's annotation is
-        platform-specific and not compared, and an unannotated parameter matches any
-        annotation). Each mismatch emits a ``UserWarning`` naming the plugin of the
-        implementation that differs.
+        An algorithm whose op declares its call contract (every op of :func:`ejk.ops.define_op`)
+        checks each implementation against it: can it, its VJP forward and its backward take the
+        call the core makes (annotations, defaults and positional names are the implementation's
+        own). Another algorithm compares each implementation with the highest-priority one,
+        parameter by parameter: name, kind, default and annotation (the ``cfg`` parameter's
+        annotation is platform-specific and not compared, and an unannotated parameter matches any
+        annotation). Each problem emits a ``UserWarning`` naming the plugin of the implementation.
 
         Returns:
             ``True`` when the implementations of ``algorithm`` (of every algorithm when it is
@@ -500,13 +502,21 @@ class KernelRegistry:
         if not specs:
             known = ", ".join(self.list_algorithms()) or "none"
             raise ValueError(f"algorithm {algorithm!r} is not registered; registered: {known}")
-        reference = specs[0]
-        ref_params = list(_signature(reference.implementation).parameters.values())
         if verbose:
             for spec in specs:
                 print(f"{spec.algorithm} {spec.label} {_qualname(spec.implementation)}"
                       f"{inspect.signature(spec.implementation)}")
+        contract = _contract.contract_of(specs[0].algorithm)
         ok = True
+        if contract is not None:
+            for spec in specs:
+                for problem in contract.problems(spec.implementation, spec.vjp):
+                    ok = False
+                    warnings.warn(f"{spec.algorithm}: {spec.label} of plugin {spec.plugin or '<none>'}: {problem}",
+                                  UserWarning, stacklevel=2)
+            return ok
+        reference = specs[0]
+        ref_params = list(_signature(reference.implementation).parameters.values())
         for spec in specs[1:]:
             params = list(_signature(spec.implementation).parameters.values())
             for problem in _compare_parameters(ref_params, params):

@@ -168,3 +168,52 @@ def test_a_wrong_output_is_refused_naming_its_plugin(host: PluginHost, tmp_path:
         _run(MatmulKernel(host.registry), tmp_path, a, b)
     with pytest.raises(KernelContractError, match="of plugin shapeless"):
         jax.grad(lambda a: _run(MatmulKernel(host.registry), tmp_path, a, b).sum())(a)
+
+
+# -- 15: an ImplChoice without a config runs its implementation's heuristic config, forward and backward ----
+
+
+@pytest.fixture
+def seen() -> list[tuple[str, Any]]:
+    return []
+
+
+def test_an_impl_choice_without_config_uses_its_heuristic_forward_and_backward(
+        host: PluginHost, tmp_path: Path, seen: list[tuple[str, Any]]) -> None:
+    def fwd(a: Any, b: Any, *, precision: Any, preferred_element_type: Any, cfg: Any = None) -> Any:
+        seen.append(("fwd", cfg))
+        return good_matmul(a, b, precision=precision, preferred_element_type=preferred_element_type), (a, b)
+
+    def bwd(residuals: Any, d_out: Any, *, cfg: Any = None, **static: Any) -> Any:
+        seen.append(("bwd", cfg))
+        a, b = residuals
+        return d_out @ b.T, a.T @ d_out
+
+    vjp = ejk.VJP(fwd=fwd, bwd=bwd, residuals="acme")
+    host.register_plugin(_plugin(lambda r: r("matmul", "acme", "any", name="tiled", cfg_type=int,
+                                             heuristic=lambda **call: 7, vjp=vjp)(good_matmul)), "acme")
+    a, b = _ab()
+    choice = ImplChoice(platform="acme", backend="any", implementation="tiled")
+    jax.grad(lambda a: _run(MatmulKernel(host.registry), tmp_path, a, b, cfg=choice).sum())(a)
+    assert seen == [("fwd", 7), ("bwd", 7)]
+
+
+class Shared(int):
+    """A config class two implementations share."""
+
+
+def test_a_shared_config_class_picks_an_available_implementation(host: PluginHost, tmp_path: Path) -> None:
+    class Down:
+        @ejk.hookimpl
+        def ejk_register_kernels(self, register: Any) -> None:
+            register("matmul", "down", "any", priority=10, cfg_type=Shared)(zeros_matmul)
+
+        @ejk.hookimpl
+        def ejk_platform_status(self) -> PlatformStatus:
+            return PlatformStatus(platform="down", available=False, reason="no device")
+
+    host.register_plugin(Down(), "down")
+    host.register_plugin(_plugin(lambda r: r("matmul", "acme", "any", cfg_type=Shared)(good_matmul)), "acme")
+    assert MatmulKernel(host.registry).choice_for(Shared(3), "auto").platform == "acme"
+    a, b = _ab()
+    np.testing.assert_allclose(_run(MatmulKernel(host.registry), tmp_path, a, b, cfg=Shared(3)), 8.0)

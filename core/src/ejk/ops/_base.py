@@ -365,6 +365,23 @@ class OpKernel(Kernel[ImplChoice, Any]):
             return f"an ImplChoice whose cfg is None or a {spec.cfg_type.__name__} (for {spec.label})"
         return None
 
+    def complete_cfg(self, inv: Invocation[ImplChoice], cfg: ImplChoice) -> ImplChoice:
+        """``cfg`` with its implementation's heuristic config for ``inv`` where it names none (and its
+        ``backward``'s likewise), so the forward and the backward of an ``ImplChoice(platform,
+        backend, implementation)`` run the config that implementation would pick for the call."""
+        if not isinstance(cfg, ImplChoice):
+            return cfg
+        backward = None if cfg.backward is None else self.complete_cfg(inv, cfg.backward)
+        filled = cfg.cfg
+        if filled is None:
+            try:
+                filled = self.heuristic_of(self.spec_for(cfg), inv)
+            except KernelNotFoundError:
+                return cfg  # running it says what is missing
+        if filled is cfg.cfg and backward is cfg.backward:
+            return cfg
+        return attrs.evolve(cfg, cfg=filled, backward=backward)
+
     def resolve(self, choice: ImplChoice) -> ImplChoice:
         """``choice`` with its implementation (and its backward's) named explicitly."""
         backward = None if choice.backward is None else self.resolve(choice.backward)
@@ -376,6 +393,9 @@ class OpKernel(Kernel[ImplChoice, Any]):
     def choice_for(self, cfg: Any, platform: str) -> ImplChoice:
         """Turn a user's ``cfg=`` (an :class:`ImplChoice` or an implementation config) into a choice.
 
+        A config class several implementations share names the highest-priority one whose platform
+        is available here (with ``platform="auto"``; else the first of the forced platform).
+
         Raises:
             ValueError: when the config's type belongs to no registered implementation.
         """
@@ -384,9 +404,10 @@ class OpKernel(Kernel[ImplChoice, Any]):
         backend = default_backend()
         specs = [s for s in self.implementations()
                  if s.backend in (Backend.ANY, backend) and (platform == "auto" or s.platform == platform)]
-        for spec in specs:
-            if spec.cfg_type is not None and isinstance(cfg, spec.cfg_type):
-                return self._choice(spec, cfg)
+        matching = [s for s in specs if s.cfg_type is not None and isinstance(cfg, s.cfg_type)]
+        if matching:  # a config class two implementations share: the first that can run here
+            usable = [s for s in matching if platform != "auto" or self.registry.spec_available(s)[0]]
+            return self._choice((usable or matching)[0], cfg)
         if not specs:
             self.registry.get_spec(self.op_id, platform=platform, backend=backend)  # raises the diagnosis
         names = ", ".join(f"{s.label} ({s.cfg_type.__name__ if s.cfg_type else 'no config class'})" for s in specs)

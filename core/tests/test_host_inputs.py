@@ -28,9 +28,10 @@ def test_kv_lens_and_num_seqs_that_would_wrap_are_refused() -> None:
     q, k_pages, v_pages, kv_lens, page_indices, cu_q_lens, num_seqs = paged_batch()
     wrapped = np.asarray(kv_lens, np.int64)
     wrapped[0] += 2**32  # 2**32 + 9 would run as 9
-    with pytest.raises(ValueError, match="ragged_paged_attention: kv_lens holds 4294967305, which does not fit int32"):
+    with pytest.raises(ValueError, match=r"ragged_paged_attention: kv_lens holds 4294967305, which does not fit"):
         RaggedPagedAttentionKernel().normalize(q, k_pages, v_pages, wrapped, page_indices, cu_q_lens, num_seqs)
-    with pytest.raises(ValueError, match="ragged_paged_attention: num_seqs is np.int64.4294967299. but needs a value that fits int32"):
+    with pytest.raises(ValueError, match=r"ragged_paged_attention: num_seqs is np.int64.4294967299. but needs a "
+                                         r"value that fits int32"):
         RaggedPagedAttentionKernel().normalize(q, k_pages, v_pages, kv_lens, page_indices, cu_q_lens,
                                                np.int64(2**32 + 3))
 

@@ -155,7 +155,7 @@ def _require_int32(op: str, name: str, host: np.ndarray[Any, Any]) -> None:
     checked before the conversion, which would wrap them."""
     import jax
 
-    if host.size == 0 or not np.issubdtype(host.dtype, np.integer) or jax.config.jax_enable_x64:
+    if host.size == 0 or not np.issubdtype(host.dtype, np.integer) or jax.config.read("jax_enable_x64"):
         return
     low, high = int(host.min()), int(host.max())
     if low < _INT32.min or high > _INT32.max:

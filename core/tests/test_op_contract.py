@@ -217,3 +217,17 @@ def test_a_shared_config_class_picks_an_available_implementation(host: PluginHos
     assert MatmulKernel(host.registry).choice_for(Shared(3), "auto").platform == "acme"
     a, b = _ab()
     np.testing.assert_allclose(_run(MatmulKernel(host.registry), tmp_path, a, b, cfg=Shared(3)), 8.0)
+
+
+def test_an_op_whose_contract_cannot_be_computed_checks_nothing_and_warns(host: PluginHost) -> None:
+    class Broken(_LateKernel):
+        op_id = "broken_contract_op"
+
+    def broken_samples() -> Any:
+        raise RuntimeError("no samples today")
+
+    define_op(Broken(host.registry), lambda x, **kw: x, samples=broken_samples)
+    with pytest.warns(RuntimeWarning, match="broken_contract_op: its call contract could not be computed"):
+        host.register_plugin(_plugin(lambda r: r("broken_contract_op", "acme", "any")(lambda x, *, cfg=None: x)),
+                             "any")
+    assert len(host.registry.list_implementations("broken_contract_op")) == 1

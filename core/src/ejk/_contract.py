@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import inspect
 import threading
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -115,7 +116,12 @@ def contract_of(algorithm: str) -> CallContract | None:
         provider = _contracts.get(algorithm)
     if provider is None:
         return None
-    contract = provider()
+    try:
+        contract = provider()
+    except Exception as exc:  # an op's broken sample call must not take every query down
+        warnings.warn(f"op {algorithm}: its call contract could not be computed ({type(exc).__name__}: {exc}); "
+                      "its implementations' signatures are not checked", RuntimeWarning, stacklevel=2)
+        contract = None
     with _lock:
         _resolved[algorithm] = contract
     return contract

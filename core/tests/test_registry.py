@@ -63,12 +63,12 @@ def test_equal_priorities_keep_registration_order(registry: KernelRegistry) -> N
 
 
 def test_names_are_case_insensitive(registry: KernelRegistry) -> None:
-    registry.register("Flash_Attention", "TRITON", "GPU")(impl_a)
-    assert registry.list_algorithms() == ["flash_attention"]
-    assert registry.get("FLASH_ATTENTION", platform="Triton", backend="Gpu") is impl_a
-    assert registry.get("flash_attention", platform=Platform.TRITON, backend=Backend.GPU) is impl_a
-    spec = registry.get_spec("flash_attention")
-    assert spec.algorithm == "flash_attention"
+    registry.register("My_Attention", "TRITON", "GPU")(impl_a)  # not a defined op: no call contract
+    assert registry.list_algorithms() == ["my_attention"]
+    assert registry.get("MY_ATTENTION", platform="Triton", backend="Gpu") is impl_a
+    assert registry.get("my_attention", platform=Platform.TRITON, backend=Backend.GPU) is impl_a
+    spec = registry.get_spec("my_attention")
+    assert spec.algorithm == "my_attention"
     assert spec.platform is Platform.TRITON
     assert spec.backend is Backend.GPU
 
@@ -173,13 +173,13 @@ def test_kernel_not_found_is_a_value_error_listing_what_is_registered(registry: 
 
 
 def test_kernel_not_found_for_unknown_algorithm_lists_algorithms(registry: KernelRegistry) -> None:
-    registry.register("matmul", "xla", "any")(impl_a)
-    registry.register("flash_attention", "xla", "any")(impl_a)
+    registry.register("my_matmul", "xla", "any")(impl_a)  # toy algorithms: no op's call contract applies
+    registry.register("my_attention", "xla", "any")(impl_a)
     with pytest.raises(KernelNotFoundError) as excinfo:
         registry.get("not_an_op")
     message = str(excinfo.value)
     assert "'not_an_op'" in message
-    assert "flash_attention, matmul" in message
+    assert "my_attention, my_matmul" in message
     assert "pip install ejk-xla" in message
 
 
@@ -295,21 +295,36 @@ def test_duplicate_registration_names_both_registrants(registry: KernelRegistry)
     assert [s.implementation for s in registry.list_implementations("my_op")] == [impl_a]
 
 
-def test_same_triple_from_different_plugins_is_allowed(registry: KernelRegistry) -> None:
+def _label_plugin(fn: Any, priority: int, extra: Any = None) -> object:
+    class P:
+        @ejk.hookimpl
+        def ejk_register_kernels(self, register: Any) -> None:
+            register("my_op", "triton", "gpu", priority=priority)(fn)
+            if extra is not None:
+                register("my_op", "triton", "gpu", name="own")(extra)
+
+    return P()
+
+
+def test_a_label_taken_by_another_plugin_is_refused_and_reported(registry: KernelRegistry) -> None:
     host = PluginHost(registry, load_entry_points=False)
+    host.register_plugin(_label_plugin(impl_a, 1), "first")
+    with pytest.warns(RuntimeWarning, match="plugin first already registered triton/gpu"):
+        second = host.register_plugin(_label_plugin(impl_b, 50, extra=impl_c), "second")
+    assert registry.get_spec("my_op", "triton", "gpu", name="triton").implementation is impl_a  # never silently won
+    assert [(s.name, s.plugin.name) for s in registry.list_implementations("my_op") if s.plugin] == [
+        ("triton", "first"), ("own", "second")]  # the rest of the squatting plugin still loads
+    assert second.status == "loaded"
+    assert any("my_op triton/gpu of plugin second" in e and "refused" in e for e in second.hook_errors)
+    assert not host.plugins["first"].hook_errors
 
-    def plugin(fn: Any, priority: int) -> object:
-        class P:
-            @ejk.hookimpl
-            def ejk_register_kernels(self, register: Any) -> None:
-                register("my_op", "triton", "gpu", priority=priority)(fn)
 
-        return P()
-
-    host.register_plugin(plugin(impl_a, 1), "first")
-    host.register_plugin(plugin(impl_b, 2), "second")
-    assert registry.get("my_op", platform="triton", backend="gpu") is impl_b
-    assert [s.plugin.name for s in registry.list_implementations("my_op") if s.plugin] == ["second", "first"]
+def test_a_label_taken_outside_a_plugin_raises(registry: KernelRegistry) -> None:
+    registry.register("my_op", "triton", "gpu")(impl_a)
+    host = PluginHost(registry, load_entry_points=False)
+    with pytest.warns(RuntimeWarning, match="plugin <none> already registered"):
+        host.register_plugin(_label_plugin(impl_b, 1), "late")
+    assert registry.get("my_op", platform="triton", backend="gpu") is impl_a
 
 
 def test_duplicate_inside_a_plugin_fails_that_plugin_and_rolls_back(registry: KernelRegistry) -> None:

@@ -8,6 +8,8 @@ from typing import Any
 
 __all__ = ["add_parser"]
 
+#: The ops with their own shape options; every other op (ragged_paged_attention, plugins' ops and
+#: algorithms) is described with --arg and --static, or runs its first sample call.
 _OPS = ("flash_attention", "matmul", "grouped_matmul")
 
 
@@ -54,12 +56,37 @@ def _dtype(text: str) -> str:
         raise argparse.ArgumentTypeError(f"{text!r} is not a dtype; use e.g. bfloat16, float16 or float32") from None
 
 
+def _array_arg(text: str) -> tuple[str, tuple[int, ...], str | None]:
+    """``NAME=SHAPE[:DTYPE]``, e.g. ``kv_lens=8:int32``."""
+    name, eq, rest = text.partition("=")
+    shape, _, dtype = rest.partition(":")
+    if not eq or not name.strip().isidentifier():
+        raise argparse.ArgumentTypeError(f"{text!r} is not NAME=SHAPE[:DTYPE], e.g. x=8x4096 or kv_lens=8:int32")
+    return name.strip(), _shape(shape), _dtype(dtype) if dtype else None
+
+
+def _static_arg(text: str) -> tuple[str, Any]:
+    """``NAME=VALUE``; the value a Python literal (``1e-6``, ``True``, ``(128, 0)``), else the text."""
+    import ast
+
+    name, eq, value = text.partition("=")
+    if not eq or not name.strip().isidentifier():
+        raise argparse.ArgumentTypeError(f"{text!r} is not NAME=VALUE, e.g. eps=1e-6 or causal=True")
+    try:
+        return name.strip(), ast.literal_eval(value)
+    except (ValueError, SyntaxError):
+        return name.strip(), value
+
+
 def add_parser(sub: Any) -> None:
     p = sub.add_parser(
         "explain", help="which implementation and config a call would use, from which tier, and why not the others",
-        description="Shapes are written 4x4096x16x128. Nothing runs and nothing is tuned.",
+        description="Shapes are written 4x4096x16x128. Nothing runs and nothing is tuned. Every defined op "
+                    "(built-in or a plugin's) and registered algorithm can be explained: "
+                    f"{', '.join(_OPS)} take the options below, any op takes --arg/--static, and an op "
+                    "given no arguments explains its first sample call.",
     )
-    p.add_argument("op", choices=_OPS)
+    p.add_argument("op", help="an op (e.g. flash_attention, ragged_paged_attention, a plugin's op) or algorithm")
     p.add_argument("--dtype", type=_dtype, default="bfloat16",
                    help="element type of the float inputs (default bfloat16)")
     p.add_argument("--platform", default="auto", help="force a platform, as the op's platform= argument")
@@ -83,13 +110,56 @@ def add_parser(sub: Any) -> None:
     matmuls.add_argument("--precision", default="highest", help="precision of the products (default highest)")
     matmuls.add_argument("--preferred-element-type", type=_dtype,
                          help="output dtype (default: the op's, from the inputs)")
+    generic = p.add_argument_group("any op")
+    generic.add_argument("--arg", type=_array_arg, action="append", default=[], metavar="NAME=SHAPE[:DTYPE]",
+                         help="an array argument by name (dtype default: --dtype), e.g. --arg kv_lens=8:int32; "
+                              "repeat it; arrays of an algorithm without an op go in the order given")
+    generic.add_argument("--static", type=_static_arg, action="append", default=[], metavar="NAME=VALUE",
+                         help="a non-array argument, e.g. --static eps=1e-6; repeat it")
     p.set_defaults(func=run)
+
+
+def _generic_call(args: argparse.Namespace) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """The call --arg / --static describe (the op's first sample call when they describe nothing):
+    arrays that are positional parameters of the op's public function go positionally."""
+    import inspect
+
+    import jax
+    import jax.numpy as jnp
+
+    from ejk.ops import OPS, get_op
+    from ejk.registry import kernel_registry
+
+    definition = OPS.get(args.op)
+    if definition is None and args.op.strip().lower() not in kernel_registry.list_algorithms():
+        get_op(args.op)  # raises: unknown operation, naming the known ones
+        definition = OPS[args.op]  # a plugin defined it while loading
+    if not args.arg and not args.static:
+        samples = [] if definition is None else definition.sample_calls()
+        if not samples:
+            raise SystemExit(f"ejk explain {args.op}: describe the call with --arg NAME=SHAPE[:DTYPE] "
+                             "(and --static NAME=VALUE)")
+        return samples[0]
+    arrays = {name: jax.ShapeDtypeStruct(shape, jnp.dtype(dtype or args.dtype)) for name, shape, dtype in args.arg}
+    kwargs: dict[str, Any] = dict(args.static)
+    if definition is None:  # an algorithm without an op: its arrays are positional
+        return tuple(arrays.values()), kwargs
+    params = inspect.signature(definition.function).parameters.values()
+    positional = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    missing = [name for name in positional if name not in arrays and name not in kwargs]
+    if missing:
+        raise SystemExit(f"ejk explain {args.op}: --arg {missing[0]}=SHAPE[:DTYPE] (or --static {missing[0]}=VALUE) "
+                         f"is required (its positional arguments: {', '.join(positional)})")
+    call = tuple(arrays.pop(name) if name in arrays else kwargs.pop(name) for name in positional)
+    return call, {**arrays, **kwargs}
 
 
 def _call(args: argparse.Namespace) -> tuple[tuple[Any, ...], dict[str, Any]]:
     import jax
     import jax.numpy as jnp
 
+    if args.op not in _OPS or args.arg or args.static:
+        return _generic_call(args)
     dtype = jnp.dtype(args.dtype)
 
     def need(name: str) -> Any:
@@ -127,8 +197,8 @@ def run(args: argparse.Namespace) -> int:
     import ejk
     from ejk._console import console as make_console
 
-    call_args, kwargs = _call(args)
     try:
+        call_args, kwargs = _call(args)
         found = ejk.explain(args.op, *call_args, platform=args.platform, **kwargs)
     except ValueError as exc:
         if args.json:

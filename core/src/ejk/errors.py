@@ -7,6 +7,7 @@ __all__ = [
     "DuplicateKernelError",
     "EjkError",
     "FrozenConfigMissError",
+    "KernelContractError",
     "KernelNotFoundError",
     "PluginError",
 ]
@@ -21,7 +22,13 @@ class KernelNotFoundError(EjkError, ValueError):
 
 
 class DuplicateKernelError(EjkError, ValueError):
-    """The same plugin registered one (algorithm, platform, backend) twice."""
+    """One (algorithm, platform, backend, name) was registered twice: by the same plugin, or by a
+    second plugin (the first registration keeps the label)."""
+
+
+class KernelContractError(EjkError, ValueError):
+    """An implementation breaks its op's contract: a signature that cannot take the op's call, or an
+    output whose shape or dtype differs from the op's declared output."""
 
 
 class ConfigSelectionError(EjkError, RuntimeError):

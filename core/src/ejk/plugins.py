@@ -48,7 +48,15 @@ import attrs
 import pluggy
 
 from ejk import _hooktrace, environment, hookspecs
-from ejk.registry import LOAD_LOCK, KernelRegistry, PluginRef, _current_plugin, kernel_registry, platform_name
+from ejk.registry import (
+    LOAD_LOCK,
+    KernelRegistry,
+    KernelSpec,
+    PluginRef,
+    _current_plugin,
+    kernel_registry,
+    platform_name,
+)
 
 __all__ = [
     "ENTRY_POINT_GROUP",
@@ -174,7 +182,7 @@ class PluginHost:
         self._callers: dict[tuple[str, int], pluggy.HookCaller] = {}
         self._order: dict[str, tuple[list[pluggy.HookImpl], list[pluggy.HookImpl]]] = {}
         self._stop_tracing: Callable[[], None] | None = None
-        self.registry.set_diagnostics(self._availability, self._explain, self.distribution_of)
+        self.registry.set_diagnostics(self._availability, self._explain, self.distribution_of, self._refused)
         if environment.trace_hooks():
             self.trace_hooks(True)
         if load_entry_points:
@@ -292,6 +300,22 @@ class PluginHost:
             info.hook_errors.append(message)
             warnings.warn(f"ejk plugin {info.name!r}: {message}; its answer is ignored",
                           RuntimeWarning, stacklevel=4)
+
+    def _refused(self, spec: KernelSpec, message: str) -> None:
+        """A registration of ``spec`` was refused (its label is another plugin's, or its signature
+        cannot take the op's call): reported against its plugin, which otherwise keeps loading."""
+        self.report_implementation(spec, f"ejk_register_kernels: {message}")
+
+    def report_implementation(self, spec: KernelSpec, problem: str) -> None:
+        """Report (once, with a warning) a problem of one implementation against the plugin that
+        registered it (:attr:`PluginInfo.hook_errors`: ``ejk plugins`` and ``ejk doctor`` list it)."""
+        name = spec.plugin.name if spec.plugin is not None else "?"
+        info = self.plugins.get(name)
+        if info is None:
+            info = self.plugins[name] = PluginInfo(name=name, status="unknown")
+        if problem not in info.hook_errors:
+            info.hook_errors.append(problem)
+            warnings.warn(f"ejk plugin {name!r}: {problem}", RuntimeWarning, stacklevel=3)
 
     def _fail(self, info: PluginInfo, error: str, fix: str) -> None:
         info.status, info.error, info.fix = "failed", error, fix

@@ -17,6 +17,7 @@ from typing import Any, Literal, TypeVar
 
 import attrs
 
+from ejk import _contract
 from ejk._kernel_spec import (
     PORTABLE_DISTRIBUTION,
     VJP,
@@ -35,7 +36,7 @@ from ejk._kernel_spec import (
     normalize_tier,
     platform_name,
 )
-from ejk.errors import DuplicateKernelError, KernelNotFoundError
+from ejk.errors import DuplicateKernelError, KernelContractError, KernelNotFoundError
 
 # The names of ejk._kernel_spec are re-exported: this module is where users and plugins find them.
 __all__ = [
@@ -113,6 +114,9 @@ class KernelRegistry:
         self._availability: Callable[[str, str | None], tuple[bool, str | None]] | None = None
         self._explain: Callable[[], list[str]] | None = None
         self._distribution_of: Callable[[str], str | None] | None = None
+        self._refused: Callable[[KernelSpec, str], None] | None = None
+        self._unchecked: list[KernelSpec] = []  # registered before their op declared its contract
+        self._contracts_seen = -1
         self._version = 0
 
     @property
@@ -139,6 +143,8 @@ class KernelRegistry:
     # -- loading ---------------------------------------------------------------------------
 
     def _ensure_loaded(self) -> None:
+        if self._unchecked and self._contracts_seen != _contract.generation():
+            self._check_unchecked()
         if self._loaded:
             return
         with LOAD_LOCK:  # not self._lock: see LOAD_LOCK
@@ -151,19 +157,25 @@ class KernelRegistry:
                 self._loaded = True  # not when interrupted (Ctrl-C): the next query loads again
             finally:
                 self._loading = False
+        if self._unchecked:  # a plugin may have defined the op after registering for it
+            self._check_unchecked()
 
     def set_diagnostics(
         self,
         availability: Callable[[str, str | None], tuple[bool, str | None]] | None,
         explain: Callable[[], list[str]] | None,
         distribution_of: Callable[[str], str | None] | None = None,
+        refused: Callable[[KernelSpec, str], None] | None = None,
     ) -> None:
         """Install the callbacks (from the plugin loader) that say whether a platform is usable —
-        ``availability(platform, plugin name or None)`` —, describe skipped plugins and name the
-        distribution providing a platform (``None``: unknown) in :class:`KernelNotFoundError` messages."""
+        ``availability(platform, plugin name or None)`` —, describe skipped plugins, name the
+        distribution providing a platform (``None``: unknown) in :class:`KernelNotFoundError` messages
+        and report a plugin's refused registration — ``refused(spec, why)``; without it, or for a
+        registration outside any plugin, a refused registration raises."""
         self._availability = availability
         self._explain = explain
         self._distribution_of = distribution_of
+        self._refused = refused
 
     def platform_available(self, platform: PlatformLike) -> tuple[bool, str | None]:
         """``(available, reason)`` for a platform, as reported by its plugin's status hook."""
@@ -204,9 +216,16 @@ class KernelRegistry:
         The keyword arguments are the :class:`KernelSpec` fields of the same names: ``tier`` says
         what the implementation is, ``priority`` breaks ties inside its tier.
 
+        A registration is refused — reported against its plugin (:meth:`set_diagnostics`), or
+        raised when made outside any plugin — when another plugin already registered the same
+        (algorithm, platform, backend, name) (the first keeps it: no plugin takes over another's
+        label), or when the op's declared contract (see :mod:`ejk._contract`) says the function
+        (or its VJP) cannot take the op's call; an op defined after the registration checks it then.
+
         Raises:
             DuplicateKernelError: if the same plugin already registered this
-                (algorithm, platform, backend, name).
+                (algorithm, platform, backend, name), or (outside a plugin) another one did.
+            KernelContractError: (outside a plugin) when the signature cannot take the op's call.
         """
         algo = _algorithm_name(algorithm)
         plat = normalize_platform(platform)
@@ -245,34 +264,93 @@ class KernelRegistry:
                 from ejk._pairing import paired_capability
 
                 spec = attrs.evolve(spec, capability=paired_capability(self, spec))
-            self._add(spec)
+            contract = _contract.contract_of(algo)
+            if contract is not None and (problems := contract.problems(fn, vjp)):
+                self._refuse(spec, _contract_message(spec, problems), KernelContractError)
+                return fn
+            if self._add(spec) and contract is None:
+                with self._lock:
+                    self._unchecked.append(spec)
             return fn
 
         return decorator
 
-    def _add(self, spec: KernelSpec) -> None:
+    def _refuse(self, spec: KernelSpec, message: str, error: type[Exception]) -> None:
+        """Report a refused registration against its plugin, or raise ``error`` outside a plugin."""
+        if spec.plugin is None or self._refused is None:
+            raise error(message)
+        self._refused(spec, message)
+
+    def _add(self, spec: KernelSpec) -> bool:
+        """Add ``spec`` unless its label is taken (``False``: refused)."""
         with self._lock:
             specs = self._registry.setdefault(spec.algorithm, [])
             owner = spec.plugin.name if spec.plugin else None
-            for existing in specs:
-                same_owner = (existing.plugin.name if existing.plugin else None) == owner
-                same_impl = (existing.platform, existing.backend, existing.name) == (spec.platform, spec.backend,
-                                                                                     spec.name)
-                if same_owner and same_impl:
-                    raise DuplicateKernelError(
+            existing = next((s for s in specs if (s.platform, s.backend, s.name)
+                             == (spec.platform, spec.backend, spec.name)), None)
+            if existing is not None:
+                holder = existing.plugin.name if existing.plugin else None
+                if holder != owner:
+                    message = (
+                        f"{spec.algorithm} {spec.label} of plugin {owner or '<none>'} "
+                        f"({_qualname(spec.implementation)}) is refused: plugin {holder or '<none>'} already "
+                        f"registered {spec.label} ({_qualname(existing.implementation)}). A label belongs to "
+                        f"the plugin that registered it first: give this implementation its own name= "
+                        f"(e.g. name='{owner or 'mine'}_{spec.name}') or its own platform."
+                    )
+                else:
+                    message = (
                         f"{spec.algorithm} {spec.label} is registered twice by plugin "
                         f"{owner or '<none>'}: first {_qualname(existing.implementation)}, then "
                         f"{_qualname(spec.implementation)}. Register each (algorithm, platform, "
                         f"backend, name) once per plugin; give a second implementation its own name=."
                     )
+        if existing is not None:
+            if holder == owner:
+                raise DuplicateKernelError(message)
+            self._refuse(spec, message, DuplicateKernelError)
+            return False
+        with self._lock:
             specs.append(spec)
             specs.sort(key=default_order)  # stable: equal tiers and priorities keep registration order
             self._version += 1
+        return True
+
+    def _check_unchecked(self) -> None:
+        """Check the registrations made before their op declared its contract; remove those that
+        break it (reported against their plugin, or warned about outside one)."""
+        with self._lock:
+            self._contracts_seen = _contract.generation()
+            waiting = list(self._unchecked)
+        refused: list[tuple[KernelSpec, str]] = []
+        done: list[KernelSpec] = []
+        for spec in waiting:
+            contract = _contract.contract_of(spec.algorithm)
+            if contract is None:
+                continue
+            done.append(spec)
+            if problems := contract.problems(spec.implementation, spec.vjp):
+                refused.append((spec, _contract_message(spec, problems)))
+        if not done:
+            return
+        with self._lock:
+            self._unchecked = [s for s in self._unchecked if s not in done]
+            for spec, _ in refused:
+                specs = self._registry.get(spec.algorithm, [])
+                if spec in specs:
+                    specs.remove(spec)
+            self._version += 1
+        for spec, message in refused:
+            try:
+                self._refuse(spec, message, KernelContractError)
+            except KernelContractError as exc:  # no plugin to report it against: a query must not fail for it
+                warnings.warn(str(exc), RuntimeWarning, stacklevel=3)
 
     def unregister_plugin(self, name: str) -> int:
         """Remove every implementation registered by plugin ``name``; returns how many."""
         removed = 0
         with self._lock:
+            self._unchecked = [s for s in self._unchecked if not (s.plugin and s.plugin.name == name)]
             for algo in list(self._registry):
                 keep = [s for s in self._registry[algo] if not (s.plugin and s.plugin.name == name)]
                 removed += len(self._registry[algo]) - len(keep)
@@ -399,13 +477,15 @@ class KernelRegistry:
     # -- signature validation ----------------------------------------------------------------
 
     def validate_signatures(self, algorithm: str | None = None, verbose: bool = False) -> bool:
-        """Check that every implementation of an algorithm has the same signature.
+        """Check the signatures of every implementation of an algorithm.
 
-        Compares each implementation with the highest-priority one, parameter by parameter:
-        name, kind, default and annotation (the ``cfg`` parameter's annotation is
-        platform-specific and not compared, and an unannotated parameter matches any
-        annotation). Each mismatch emits a ``UserWarning`` naming the plugin of the
-        implementation that differs.
+        An algorithm whose op declares its call contract (every op of :func:`ejk.ops.define_op`)
+        checks each implementation against it: can it, its VJP forward and its backward take the
+        call the core makes (annotations, defaults and positional names are the implementation's
+        own). Another algorithm compares each implementation with the highest-priority one,
+        parameter by parameter: name, kind, default and annotation (the ``cfg`` parameter's
+        annotation is platform-specific and not compared, and an unannotated parameter matches any
+        annotation). Each problem emits a ``UserWarning`` naming the plugin of the implementation.
 
         Returns:
             ``True`` when the implementations of ``algorithm`` (of every algorithm when it is
@@ -422,13 +502,21 @@ class KernelRegistry:
         if not specs:
             known = ", ".join(self.list_algorithms()) or "none"
             raise ValueError(f"algorithm {algorithm!r} is not registered; registered: {known}")
-        reference = specs[0]
-        ref_params = list(_signature(reference.implementation).parameters.values())
         if verbose:
             for spec in specs:
                 print(f"{spec.algorithm} {spec.label} {_qualname(spec.implementation)}"
                       f"{inspect.signature(spec.implementation)}")
+        contract = _contract.contract_of(specs[0].algorithm)
         ok = True
+        if contract is not None:
+            for spec in specs:
+                for problem in contract.problems(spec.implementation, spec.vjp):
+                    ok = False
+                    warnings.warn(f"{spec.algorithm}: {spec.label} of plugin {spec.plugin or '<none>'}: {problem}",
+                                  UserWarning, stacklevel=2)
+            return ok
+        reference = specs[0]
+        ref_params = list(_signature(reference.implementation).parameters.values())
         for spec in specs[1:]:
             params = list(_signature(spec.implementation).parameters.values())
             for problem in _compare_parameters(ref_params, params):
@@ -441,6 +529,11 @@ class KernelRegistry:
                     stacklevel=2,
                 )
         return ok
+
+
+def _contract_message(spec: KernelSpec, problems: list[str]) -> str:
+    return (f"{spec.algorithm} {spec.label} of plugin {spec.plugin or '<none>'} is refused: "
+            f"{'; '.join(problems)}. Fix: give it the op's signature (see docs/KERNEL_CONTRACT.md).")
 
 
 def _signature(fn: Callable[..., Any]) -> inspect.Signature:

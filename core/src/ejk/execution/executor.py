@@ -250,7 +250,7 @@ class Executor(Generic[Cfg, Out]):
         chosen, still_valid = self._choose_reusable(inv, kernel, cfg)
         if environment.record_enabled():
             record_invocation(inv.device, inv.op_id_v, inv.call_key, kernel, args, kwargs, kernel.cfg_label(chosen))
-        fn = self.bind(kernel, chosen, kwargs, self._stamp(inv, environment.stamp_mode()))
+        fn = self.bind(kernel, kernel.complete_cfg(inv, chosen), kwargs, self._stamp(inv, environment.stamp_mode()))
         if key is not None and still_valid is not None and key[1] == environment.raw(environment.EJKERNEL_OPS_STAMP):
             if len(self._fast) >= _FAST_PATH_SIZE:
                 self._fast.clear()  # bounded; rebuilt by the next calls
@@ -317,7 +317,7 @@ class Executor(Generic[Cfg, Out]):
         """
         args, kwargs = kernel.prepare(*example_args, **example_kwargs)
         inv = self.invocation(kernel, args, kwargs, cfg)
-        chosen = self._choose(inv, kernel, cfg)
+        chosen = kernel.complete_cfg(inv, self._choose(inv, kernel, cfg))
         fn = self.bind(kernel, chosen, kwargs, self._stamp(inv, environment.stamp_mode()))
         compiled = jax.jit(fn).lower(*args).compile()  # jit of a jitted function adds nothing
 

@@ -206,6 +206,11 @@ class Kernel(Generic[Cfg, Out]):
         that (``None``: accepted, the default); the plugin host refuses an override with a problem."""
         return None
 
+    def complete_cfg(self, inv: Invocation[Cfg], cfg: Cfg) -> Cfg:
+        """The config a call runs with: ``cfg`` with what it leaves open decided for ``inv`` (the
+        Executor calls it on every chosen or explicit config before binding; default: ``cfg``)."""
+        return cfg
+
     def fwd(self, *args: Any, cfg: Cfg, **kwargs: Any) -> tuple[Out, Any]:
         """Forward pass of a custom VJP: ``(out, residuals)``. Optional."""
         raise NotImplementedError

@@ -23,7 +23,7 @@ from ejk._versions import installed_version
 from ejk.config.packs import pack_rankings
 from ejk.config.selection import ConfigSelectorChain
 from ejk.config.serialization import from_jsonable, to_jsonable
-from ejk.errors import KernelNotFoundError
+from ejk.errors import KernelContractError, KernelNotFoundError
 from ejk.execution.executor import Executor
 from ejk.execution.kernel import Invocation, Kernel, abstract_args
 from ejk.registry import (
@@ -72,6 +72,9 @@ class ImplChoice:
         cfg: The implementation's config (``None``: its defaults).
         backward: Another implementation whose backward pass consumes this one's residuals
             (both must declare the same :attr:`ejk.VJP.residuals`); ``None``: its own.
+        plugin: The plugin (entry-point name) that must have registered the implementation
+            (``None``: whichever did; a label belongs to one plugin). A choice naming another
+            plugin than the label's owner is not registered.
     """
 
     platform: str = attrs.field(converter=platform_name)
@@ -79,10 +82,28 @@ class ImplChoice:
     implementation: str | None = attrs.field(default=None, converter=_optional_name)
     cfg: Any = None
     backward: ImplChoice | None = None
+    plugin: str | None = attrs.field(default=None, converter=_optional_name)
+
+    @classmethod
+    def from_label(cls, label: str, cfg: Any = None) -> ImplChoice:
+        """The choice a label names: ``platform/backend[:name]``, optionally prefixed by its plugin,
+        ``plugin:platform/backend[:name]`` (e.g. ``ejk-example:xla/any:split_k`` or ``xla/gpu:cudnn``).
+
+        Raises:
+            ValueError: when ``label`` has no ``platform/backend`` part.
+        """
+        head, slash, tail = str(label).strip().partition("/")
+        plugin, _, platform = head.rpartition(":")
+        backend, _, name = tail.partition(":")
+        if not slash or not platform or not backend:
+            raise ValueError(f"implementation label {label!r} must read [plugin:]platform/backend[:name], "
+                             "e.g. 'xla/any:chunked'")
+        return cls(platform=platform, backend=backend, implementation=name or None, cfg=cfg, plugin=plugin or None)
 
     def __str__(self) -> str:
         name = "" if self.implementation in (None, self.platform) else f":{self.implementation}"
-        text = f"{self.platform}/{self.backend}{name} {self.cfg!r}"
+        owner = "" if self.plugin is None else f"{self.plugin}:"
+        text = f"{owner}{self.platform}/{self.backend}{name} {self.cfg!r}"
         return text if self.backward is None else f"{text} + backward {self.backward}"
 
 
@@ -126,7 +147,8 @@ class OpKernel(Kernel[ImplChoice, Any]):
 
     array_names: tuple[str, ...] = ()
     positional: int = 0
-    #: The op's definition, set by :func:`~ejk.ops.define_op` (``None`` for a kernel no op declares).
+    #: The op's definition, set by :func:`~ejk.ops.define_op` on the kernel and its class (so another
+    #: instance, bound to another registry, knows it too; ``None`` for a kernel no op declares).
     definition: OpDefinition | None = None
     #: The op this one is a variant of (``None``: none): its implementations that :meth:`derive`
     #: turns into this op's count as this op's own, unless one registered for this op shadows them.
@@ -135,6 +157,7 @@ class OpKernel(Kernel[ImplChoice, Any]):
     def __init__(self, registry: KernelRegistry | None = None) -> None:
         self.registry = registry if registry is not None else kernel_registry
         self._derived: tuple[tuple[int, int], list[KernelSpec]] | None = None
+        self._outputs: dict[Any, Any] = {}
 
     def normalize(self, *args: Any, **kwargs: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
         """Validate the public function's arguments (without ``platform`` / ``cfg``) and return
@@ -188,19 +211,14 @@ class OpKernel(Kernel[ImplChoice, Any]):
     def candidates(self, inv: Invocation[ImplChoice]) -> list[Candidate]:
         """Every registered implementation of this op, each with why it cannot run ``inv`` (if so).
 
-        One entry per (platform, backend, name): a lower-priority registration of the same
-        implementation by another plugin is shadowed.
+        One entry per (platform, backend, name): the registry refuses a second plugin's registration
+        of a label, and a variant's own registration replaces the derived one of its label.
         """
         platform = str(inv.kwargs.get("platform", "auto"))
         backend = default_backend()
         call = self.call_view(inv)
-        seen: set[tuple[str, str, str]] = set()
         found: list[Candidate] = []
         for spec in self.implementations():
-            ident = (str(spec.platform), str(spec.backend), spec.name)
-            if ident in seen:
-                continue
-            seen.add(ident)
             requested = platform == "auto" or spec.platform == platform
             reason: str | None = None
             if spec.backend not in (Backend.ANY, backend):
@@ -308,9 +326,14 @@ class OpKernel(Kernel[ImplChoice, Any]):
     # -- resolving choices -------------------------------------------------------------------------
 
     def spec_for(self, choice: ImplChoice) -> KernelSpec:
-        """The implementation a choice names (highest priority for that name)."""
+        """The implementation a choice names (highest priority for that name; of ``choice.plugin``
+        when it names one).
+
+        Raises:
+            KernelNotFoundError: when none is registered, or the one registered is another plugin's.
+        """
         try:
-            return self.registry.get_spec(self.op_id, platform=choice.platform, backend=choice.backend,
+            spec = self.registry.get_spec(self.op_id, platform=choice.platform, backend=choice.backend,
                                           name=choice.implementation)
         except KernelNotFoundError:
             if self.variant_of is None:
@@ -318,8 +341,14 @@ class OpKernel(Kernel[ImplChoice, Any]):
             for spec in self.implementations():  # a derived one
                 if (spec.platform == choice.platform and spec.backend == choice.backend
                         and choice.implementation in (None, spec.name)):
-                    return spec
-            raise
+                    break
+            else:
+                raise
+        owner = spec.plugin.name if spec.plugin is not None else None
+        if choice.plugin is not None and owner != choice.plugin:
+            raise KernelNotFoundError(f"{self.op_id}: {spec.label} is registered by plugin {owner or '<none>'}, "
+                                      f"not by plugin {choice.plugin} (the ImplChoice's plugin=)")
+        return spec
 
     def override_problem(self, choice: Any) -> str | None:
         """What an ``ejk_choose_config`` override of this op must be, when ``choice`` is not that
@@ -336,6 +365,23 @@ class OpKernel(Kernel[ImplChoice, Any]):
             return f"an ImplChoice whose cfg is None or a {spec.cfg_type.__name__} (for {spec.label})"
         return None
 
+    def complete_cfg(self, inv: Invocation[ImplChoice], cfg: ImplChoice) -> ImplChoice:
+        """``cfg`` with its implementation's heuristic config for ``inv`` where it names none (and its
+        ``backward``'s likewise), so the forward and the backward of an ``ImplChoice(platform,
+        backend, implementation)`` run the config that implementation would pick for the call."""
+        if not isinstance(cfg, ImplChoice):
+            return cfg
+        backward = None if cfg.backward is None else self.complete_cfg(inv, cfg.backward)
+        filled = cfg.cfg
+        if filled is None:
+            try:
+                filled = self.heuristic_of(self.spec_for(cfg), inv)
+            except KernelNotFoundError:
+                return cfg  # running it says what is missing
+        if filled is cfg.cfg and backward is cfg.backward:
+            return cfg
+        return attrs.evolve(cfg, cfg=filled, backward=backward)
+
     def resolve(self, choice: ImplChoice) -> ImplChoice:
         """``choice`` with its implementation (and its backward's) named explicitly."""
         backward = None if choice.backward is None else self.resolve(choice.backward)
@@ -347,6 +393,9 @@ class OpKernel(Kernel[ImplChoice, Any]):
     def choice_for(self, cfg: Any, platform: str) -> ImplChoice:
         """Turn a user's ``cfg=`` (an :class:`ImplChoice` or an implementation config) into a choice.
 
+        A config class several implementations share names the highest-priority one whose platform
+        is available here (with ``platform="auto"``; else the first of the forced platform).
+
         Raises:
             ValueError: when the config's type belongs to no registered implementation.
         """
@@ -355,9 +404,10 @@ class OpKernel(Kernel[ImplChoice, Any]):
         backend = default_backend()
         specs = [s for s in self.implementations()
                  if s.backend in (Backend.ANY, backend) and (platform == "auto" or s.platform == platform)]
-        for spec in specs:
-            if spec.cfg_type is not None and isinstance(cfg, spec.cfg_type):
-                return self._choice(spec, cfg)
+        matching = [s for s in specs if s.cfg_type is not None and isinstance(cfg, s.cfg_type)]
+        if matching:  # a config class two implementations share: the first that can run here
+            usable = [s for s in matching if platform != "auto" or self.registry.spec_available(s)[0]]
+            return self._choice((usable or matching)[0], cfg)
         if not specs:
             self.registry.get_spec(self.op_id, platform=platform, backend=backend)  # raises the diagnosis
         names = ", ".join(f"{s.label} ({s.cfg_type.__name__ if s.cfg_type else 'no config class'})" for s in specs)
@@ -375,8 +425,9 @@ class OpKernel(Kernel[ImplChoice, Any]):
             return f"it names platform {cfg.platform}, but platform={platform} was requested"
         try:
             spec = self.spec_for(cfg)
-        except KernelNotFoundError:
-            return f"{cfg.platform}/{cfg.backend}:{cfg.implementation} is not registered"
+        except KernelNotFoundError as exc:
+            return str(exc) if cfg.plugin is not None else (f"{cfg.platform}/{cfg.backend}:{cfg.implementation} "
+                                                            "is not registered")
         if spec.cfg_type is not None and cfg.cfg is not None and not isinstance(cfg.cfg, spec.cfg_type):
             return (f"{spec.label} takes {spec.cfg_type.__name__}, not {type(cfg.cfg).__name__}")
         if spec.backend not in (Backend.ANY, default_backend()):
@@ -434,9 +485,60 @@ class OpKernel(Kernel[ImplChoice, Any]):
         named = dict(zip(self.array_names[self.positional:], arrays[self.positional:], strict=True))
         return arrays[: self.positional], named
 
+    def expected_output(self, arrays: tuple[Any, ...], static: Mapping[str, Any]) -> Any:
+        """The abstract output the op declares for a call (see :meth:`OpDefinition.output_fn`), or
+        ``None`` when it declares none or cannot tell for this call; computed once per call signature."""
+        definition = self.definition
+        if definition is None or definition.name != self.op_id:
+            return None
+        abstract = tuple(abstract_args(arrays))
+        try:
+            key: Any = (tuple(None if a is None else (a.shape, str(a.dtype)) for a in abstract),
+                        tuple(sorted(static.items())))
+            hash(key)
+        except (TypeError, AttributeError):
+            key = None
+        if key is not None and key in self._outputs:
+            return self._outputs[key]
+        output = definition.output_fn()
+        try:
+            expected = None if output is None else output(*abstract, **static)
+        except Exception:  # the reference cannot trace this call: nothing to check against
+            expected = None
+        if key is not None:
+            if len(self._outputs) > 256:
+                self._outputs.clear()
+            self._outputs[key] = expected
+        return expected
+
+    def check_output(self, spec: KernelSpec, out: Any, arrays: tuple[Any, ...], static: Mapping[str, Any]) -> Any:
+        """``out``, once its shapes and dtypes match the op's declared output for the call (a check
+        made while tracing: free under ``jit``).
+
+        Raises:
+            KernelContractError: naming the implementation, its plugin, what it returned and what
+                the op declares.
+        """
+        expected = self.expected_output(arrays, static)
+        if expected is None:
+            return out
+        got = jax.tree.map(lambda x: _abstract(x), out)
+        if _shapes_differ(got, expected):
+            raise KernelContractError(
+                f"{self.op_id} {spec.label} of plugin {spec.plugin or '<none>'} returned {_describe_tree(got)}, but "
+                f"the op's output for this call ({_describe_call(self._call(arrays, static))}) is "
+                f"{_describe_tree(expected)}. The implementation is refused: report it to its plugin's "
+                "maintainers, or choose another with platform= or cfg=."
+            )
+        return out
+
+    def _call(self, arrays: tuple[Any, ...], static: Mapping[str, Any]) -> dict[str, Any]:
+        return {**dict(zip(self.array_names, abstract_args(arrays), strict=True)), **static}
+
     def run(self, *arrays: Any, cfg: ImplChoice, platform: str = "auto", **static: Any) -> Any:
         pos, named = self._split(arrays)
-        return self.spec_for(cfg).implementation(*pos, **named, **static, cfg=cfg.cfg)
+        spec = self.spec_for(cfg)
+        return self.check_output(spec, spec.implementation(*pos, **named, **static, cfg=cfg.cfg), arrays, static)
 
     def uses_custom_vjp(self, cfg: ImplChoice) -> bool:
         return self.spec_for(cfg).vjp is not None
@@ -446,9 +548,9 @@ class OpKernel(Kernel[ImplChoice, Any]):
         assert spec.vjp is not None
         pos, named = self._split(arrays)
         out, residuals = spec.vjp.fwd(*pos, **named, **static, cfg=cfg.cfg)
+        self.check_output(spec, out, arrays, static)
         if spec.vjp.paired and cfg.backward is None:  # which other implementation's backward, for this call
-            call = {**dict(zip(self.array_names, abstract_args(arrays), strict=True)), **static}
-            residuals = (residuals, _PairedWith(self.paired_backward(spec, call)))
+            residuals = (residuals, _PairedWith(self.paired_backward(spec, self._call(arrays, static))))
         return out, residuals
 
     def bwd(self, residuals: Any, cotangent: Any, *, cfg: ImplChoice, platform: str = "auto",
@@ -484,7 +586,12 @@ class OpKernel(Kernel[ImplChoice, Any]):
         return choices
 
     def cfg_to_json(self, cfg: ImplChoice) -> Any:
+        try:
+            owner = self.spec_for(cfg).plugin
+        except KernelNotFoundError:
+            owner = None
         data = {"platform": cfg.platform, "backend": cfg.backend, "implementation": cfg.implementation,
+                "plugin": owner.name if owner is not None else None,
                 "cfg": None if cfg.cfg is None else to_jsonable(cfg.cfg),
                 "device_facts": self._platform_facts(cfg.platform)}
         if cfg.backward is not None:
@@ -498,6 +605,9 @@ class OpKernel(Kernel[ImplChoice, Any]):
             raise ValueError("written before implementations had names")
         choice = ImplChoice(platform=data["platform"], backend=data["backend"], implementation=data["implementation"])
         spec = self.spec_for(choice)
+        owner = spec.plugin.name if spec.plugin is not None else None
+        if data.get("plugin", owner) != owner:
+            raise ValueError(f"{spec.label} was plugin {data['plugin']}'s when tuned, it is now {owner}'s")
         recorded = data.get("device_facts") or {}
         current = self._platform_facts(spec.platform)
         if recorded != current:
@@ -527,6 +637,32 @@ class OpKernel(Kernel[ImplChoice, Any]):
 
     def describe_cfg(self, cfg: ImplChoice) -> str:
         return str(cfg)
+
+
+def _abstract(x: Any) -> Any:
+    return jax.ShapeDtypeStruct(tuple(x.shape), x.dtype) if hasattr(x, "shape") and hasattr(x, "dtype") else x
+
+
+def _shapes_differ(got: Any, expected: Any) -> bool:
+    got_leaves, got_tree = jax.tree.flatten(got)
+    want_leaves, want_tree = jax.tree.flatten(jax.tree.map(_abstract, expected))
+    if str(got_tree) != str(want_tree):
+        return True
+    return any(not (hasattr(g, "shape") and tuple(g.shape) == tuple(w.shape)
+                    and jax.numpy.dtype(g.dtype) == jax.numpy.dtype(w.dtype))
+               for g, w in zip(got_leaves, want_leaves, strict=True) if hasattr(w, "shape"))
+
+
+def _describe_tree(tree: Any) -> str:
+    def one(x: Any) -> str:
+        if hasattr(x, "shape") and hasattr(x, "dtype"):
+            return f"{jax.numpy.dtype(x.dtype).name}[{','.join(map(str, x.shape))}]"
+        return repr(x)
+
+    leaves = jax.tree.leaves(tree, is_leaf=lambda x: hasattr(x, "shape"))
+    if len(leaves) == 1 and not isinstance(tree, tuple | list):
+        return one(leaves[0])
+    return f"({', '.join(one(x) for x in leaves)})"
 
 
 @jax.tree_util.register_static

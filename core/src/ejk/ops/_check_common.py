@@ -147,22 +147,52 @@ def softmax_scale(op: str, value: Any, head_dim: int) -> float:
     return float(value)
 
 
+_INT32 = np.iinfo(np.int32)
+
+
+def _require_int32(op: str, name: str, host: np.ndarray[Any, Any]) -> None:
+    """Integer values given on the host must fit int32 while JAX computes in 32 bits (x64 off):
+    checked before the conversion, which would wrap them."""
+    import jax
+
+    if host.size == 0 or not np.issubdtype(host.dtype, np.integer) or jax.config.read("jax_enable_x64"):
+        return
+    low, high = int(host.min()), int(host.max())
+    if low < _INT32.min or high > _INT32.max:
+        bad = high if high > _INT32.max else low
+        raise ValueError(f"{op}: {name} holds {bad}, which does not fit int32 (JAX converts integers to int32 "
+                         "unless jax_enable_x64 is on, which would wrap it): pass values in "
+                         f"[{_INT32.min}, {_INT32.max}], or enable x64 (jax.config.update('jax_enable_x64', True))")
+
+
 def as_array(op: str, name: str, value: Any) -> Any:
     """Python lists / tuples and NumPy values → a JAX array (as ``jnp.asarray``); arrays, tracers
     and ``jax.ShapeDtypeStruct`` pass through unchanged.
 
+    Checked before converting: NumPy float64 values are refused, as every op refuses float64 arrays
+    (a Python list of floats becomes JAX's default float dtype, as in ``jnp.asarray``), and integers
+    must fit int32 unless x64 is on (the conversion would wrap them).
+
     Raises:
-        ValueError: when the value cannot be an array (ragged lists, strings inside …).
+        ValueError: when the value cannot be an array (ragged lists, strings inside …), is NumPy
+            float64, or holds integers that do not fit int32.
     """
     if not isinstance(value, list | tuple | np.ndarray | np.generic):
         return value
     import jax.numpy as jnp
 
     try:
-        return jnp.asarray(value)
+        host = np.asarray(value)
+        if host.dtype == object or not (np.issubdtype(host.dtype, np.number) or host.dtype == np.bool_):
+            raise TypeError(f"its elements are {host.dtype}")
     except (TypeError, ValueError) as exc:
         raise ValueError(f"{op}: {name} is {value!r:.60} but needs an array (a list converts only when it is "
                          f"rectangular and numeric): {exc}") from None
+    if isinstance(value, np.ndarray | np.generic) and (needs := float_dtype_problem(host.dtype)) is not None \
+            and np.issubdtype(host.dtype, np.floating):
+        raise ValueError(f"{op}: {name} has dtype {host.dtype} but needs {needs}")
+    _require_int32(op, name, host)
+    return jnp.asarray(value)
 
 
 def scalar_count(op: str, name: str, value: Any) -> Any:
@@ -188,6 +218,8 @@ def scalar_count(op: str, name: str, value: Any) -> Any:
     dtype = getattr(value, "dtype", None)
     if dtype is None or not jnp.issubdtype(dtype, jnp.integer) or jnp.issubdtype(dtype, jnp.bool_):
         raise ValueError(f"{op}: {name} is {value!r:.60} but needs {needs}")
+    if isinstance(value, np.ndarray | np.generic):  # on the host: check before int32 wraps it
+        _require_int32(op, name, np.asarray(value))
     return jnp.asarray(value, dtype=jnp.int32)
 
 

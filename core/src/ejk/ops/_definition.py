@@ -13,12 +13,14 @@ first use (keeps ``import ejk`` light).
 from __future__ import annotations
 
 import importlib
+import inspect
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import attrs
 
+from ejk import _contract
 from ejk.ops._base import OpKernel
 
 __all__ = ["OPS", "OpDefinition", "define_op", "get_op"]
@@ -64,6 +66,17 @@ class OpDefinition:
         bench: What ``ejk bench`` measures (an :class:`ejk.ops._workload.OpBench`).
         residuals: The residual formats (``ejk.VJP.residuals`` tags) its implementations share,
             so that one's backward may run on another's forward.
+        samples: ``samples() -> [(args, kwargs), ...]``: small calls of the public function (arrays
+            may be ``jax.ShapeDtypeStruct``) on which ``ejk doctor`` and
+            :func:`ejk.testing.check_plugin` run every implementation's gate, heuristic, config
+            space and abstract output; the first also tells the op's static arguments.
+        output: ``output(*arrays, **static)`` in the implementations' view (every array of
+            ``kernel.array_names`` positionally): the abstract output of a call (``None``: ``jax.eval_shape``
+            of ``reference`` called as the implementations are). Every implementation's output is
+            checked against it, once per trace.
+
+    The op's call contract (:meth:`call_contract`: positional and keyword arrays, static arguments,
+    ``cfg``) is what every implementation must accept; a registration that cannot is refused.
 
     A variant of another op (``variant_of``: its kernel's) gets implementations derived from that
     op's; ``variants`` lists an op's variants.
@@ -76,6 +89,9 @@ class OpDefinition:
     shard_rule: Callable[..., Any] | str | None = attrs.field(default=None, eq=False)
     bench: Any = attrs.field(default=None, eq=False)
     residuals: tuple[str, ...] = ()
+    samples: Callable[[], Sequence[tuple[tuple[Any, ...], dict[str, Any]]]] | str | None = attrs.field(
+        default=None, eq=False)
+    output: Callable[..., Any] | str | None = attrs.field(default=None, eq=False)
 
     @property
     def name(self) -> str:
@@ -105,6 +121,58 @@ class OpDefinition:
         """The op's :class:`ejk.ops._workload.OpBench` (``None``: ``ejk bench`` does not measure it)."""
         return _load(self.bench, "bench")
 
+    def sample_calls(self) -> list[tuple[tuple[Any, ...], dict[str, Any]]]:
+        """The op's sample calls of its public function (empty when it declares none)."""
+        samples = _resolve(self.samples, "samples")
+        return [] if samples is None else [(tuple(args), dict(kwargs)) for args, kwargs in samples()]
+
+    def static_names(self) -> tuple[str, ...] | None:
+        """The static keyword arguments implementations receive: those of the first sample call's
+        :meth:`~ejk.ops.OpKernel.normalize`, else the validator's keyword-only parameters
+        (``None`` when neither tells)."""
+        calls = self.sample_calls()
+        if calls:
+            args, kwargs = calls[0]
+            return tuple(self.kernel.normalize(*args, **kwargs)[1])
+        try:
+            params = inspect.signature(self.kernel.normalize).parameters.values()
+        except (TypeError, ValueError):
+            return None
+        if any(p.kind in (p.VAR_KEYWORD, p.VAR_POSITIONAL) for p in params):
+            return None
+        return tuple(p.name for p in params if p.kind == p.KEYWORD_ONLY and p.name not in self.kernel.array_names)
+
+    def call_contract(self) -> _contract.CallContract | None:
+        """How the core calls every implementation of this op (``None``: its static arguments are unknown)."""
+        static = self.static_names()
+        if static is None:
+            return None
+        kernel = self.kernel
+        return _contract.CallContract(algorithm=self.name, positional=kernel.array_names[:kernel.positional],
+                                      keyword_arrays=kernel.array_names[kernel.positional:], static=static)
+
+    def output_fn(self) -> Callable[..., Any] | None:
+        """``f(*arrays, **static)`` → the abstract output of a call in the implementations' view
+        (``None``: the op declares neither ``output`` nor ``reference``)."""
+        output = _resolve(self.output, "output")
+        if output is not None:
+            return output
+        reference = self.reference_fn()
+        if reference is None:
+            return None
+        kernel = self.kernel
+
+        def from_reference(*arrays: Any, **static: Any) -> Any:
+            import jax
+
+            def call(*given: Any) -> Any:
+                named = dict(zip(kernel.array_names[kernel.positional:], given[kernel.positional:], strict=True))
+                return reference(*given[:kernel.positional], **named, **static)
+
+            return jax.eval_shape(call, *arrays)
+
+        return from_reference
+
 
 #: Every defined operation by name (the built-in ones and those third-party plugins define).
 OPS: dict[str, OpDefinition] = {}
@@ -113,7 +181,9 @@ _lock = threading.Lock()
 
 def define_op(kernel: OpKernel, function: Callable[..., Any], *, reference: Callable[..., Any] | str | None = None,
               check: Callable[..., int] | str | None = None, shard_rule: Callable[..., Any] | str | None = None,
-              bench: Any = None, residuals: tuple[str, ...] = ()) -> OpDefinition:
+              bench: Any = None, residuals: tuple[str, ...] = (),
+              samples: Callable[[], Sequence[tuple[tuple[Any, ...], dict[str, Any]]]] | str | None = None,
+              output: Callable[..., Any] | str | None = None) -> OpDefinition:
     """Declare an operation (see :class:`OpDefinition` for the arguments); returns its definition.
 
     Raises:
@@ -123,14 +193,16 @@ def define_op(kernel: OpKernel, function: Callable[..., Any], *, reference: Call
     if not name.isidentifier() or name.startswith("_"):
         raise ValueError(f"op name {name!r} must be a public Python identifier (it becomes ejk.{name})")
     definition = OpDefinition(kernel=kernel, function=function, reference=reference, check=check,
-                              shard_rule=shard_rule, bench=bench, residuals=tuple(residuals))
+                              shard_rule=shard_rule, bench=bench, residuals=tuple(residuals), samples=samples,
+                              output=output)
     with _lock:
         existing = OPS.get(name)
         if existing is not None and existing.function is not function:
             raise ValueError(f"an operation named {name!r} is already defined by "
                              f"{getattr(existing.function, '__module__', '?')}; choose another name")
         OPS[name] = definition
-    kernel.definition = definition
+    kernel.definition = type(kernel).definition = definition
+    _contract.declare(name, definition.call_contract)  # registrations are checked against it from now on
     return definition
 
 

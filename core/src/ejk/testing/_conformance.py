@@ -39,18 +39,23 @@ def expected_plugins() -> set[str] | None:
 def check_plugin(name: str) -> tuple[PluginInfo, KernelRegistry]:
     """Load the installed plugin ``name`` into a fresh registry and check it behaves.
 
-    Checks: its entry point exists in group ``ejk`` and loads, its hooks validate, it
-    reports a status for at least one platform, and every kernel it registered names it as
-    owner. Then its hooks are asked as ``ejk doctor`` asks them (``ejk_device_fingerprint``
-    for this machine's device, ``ejk_config_packs``, and ``ejk_choose_config`` and
-    ``ejk_config_space`` on a sample call of each built-in op it implements): none may raise
-    or return a result of the wrong type, or one whose ``repr`` / ``str`` raises.
+    Checks: its entry point exists in group ``ejk`` and loads, also among every installed plugin
+    (none of its registrations may take a label another plugin registered first, or have a
+    signature its op's call contract refuses), its hooks validate, it reports a status for at least one
+    platform, and every kernel it registered names it as owner. Then its hooks are asked as ``ejk
+    doctor`` asks them (``ejk_device_fingerprint`` for this machine's device, ``ejk_config_packs``,
+    and ``ejk_choose_config`` and ``ejk_config_space`` on each sample call of each defined op it
+    implements), and each of its implementations runs its gate, heuristic, config space and abstract
+    output on those calls (see :func:`ejk.testing._hook_probe.implementation_problems`): none may
+    raise or return a result of the wrong type, or one whose ``repr`` / ``str`` raises.
 
     Returns:
         The plugin's report and the registry it filled.
     """
-    eps = [ep for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP) if ep.name == name]
+    installed = importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)
+    eps = [ep for ep in installed if ep.name == name]
     _require(eps, f"no entry point {name!r} in group {ENTRY_POINT_GROUP!r}: is the distribution installed?")
+    _check_among_others(name, installed)
     registry = KernelRegistry()
     host = PluginHost(registry, load_entry_points=False)
     host.load_entry_points(eps)
@@ -69,9 +74,21 @@ def check_plugin(name: str) -> tuple[PluginInfo, KernelRegistry]:
     with warnings.catch_warnings():  # what a hook got wrong lands in info.hook_errors
         warnings.simplefilter("ignore")
         host.device_facts(jax.devices()[0])
-    _hook_probe.probe_hooks(host)
+    _hook_probe.probe_hooks(host, plugin=name)
     _require(not info.hook_errors, f"plugin {name} hooks failed: {info.hook_errors}")
     return info, registry
+
+
+def _check_among_others(name: str, installed: Iterable[importlib.metadata.EntryPoint]) -> None:
+    """Load every installed plugin, in the order ejk loads them: none of plugin ``name``'s
+    registrations may be refused (a label another plugin registered first, a signature its op's
+    contract refuses)."""
+    host = PluginHost(KernelRegistry(), load_entry_points=False)
+    with warnings.catch_warnings():  # the other plugins' problems are theirs; this one's land in hook_errors
+        warnings.simplefilter("ignore")
+        host.load_entry_points(installed)
+    refused = [e for e in host.plugins[name].hook_errors if e.startswith("ejk_register_kernels:")]
+    _require(not refused, f"plugin {name} registrations were refused: {refused}")
 
 
 def check_discovered_plugins() -> bool:

@@ -70,5 +70,12 @@ def rms_norm(x: jax.Array, weight: jax.Array, *, eps: float = 1e-6, platform: st
     return run_op(KERNEL, arrays, static, platform, cfg)  # type: ignore[no-any-return]
 
 
+def samples() -> list[tuple[tuple[Any, ...], dict[str, Any]]]:
+    """Small calls on which ``ejk doctor`` and ``ejk.testing.check_plugin`` run every implementation of
+    ``rms_norm`` (its gate, heuristic, config space and output); the first also tells its static arguments."""
+    return [((jax.ShapeDtypeStruct((8, 256), jnp.bfloat16), jax.ShapeDtypeStruct((256,), jnp.bfloat16)), {}),
+            ((jax.ShapeDtypeStruct((2, 3, 64), jnp.float32), jax.ShapeDtypeStruct((64,), jnp.float32)), {"eps": 1e-5})]
+
+
 DEFINITION = define_op(KERNEL, rms_norm, reference="ejk_example.reference:reference_rms_norm",
-                       check="ejk_example.testing:check_rms_norm")
+                       check="ejk_example.testing:check_rms_norm", samples=samples)

@@ -347,9 +347,10 @@ def vmem_bytes(cfg: TpuMatmulConfig, itemsize: int, out_itemsize: int = 4) -> in
             + 2 * cfg.block_m * cfg.block_n * out_itemsize + 4 * cfg.block_m * cfg.block_n)
 
 
-def heuristic_config(a: Any, b: Any, *rest: Any, **_: Any) -> TpuMatmulConfig:
-    """256 x 256 blocks, k steps of 512 (MXU-sized tiles; untimed on hardware); 16 x 128 x 128 in interpret mode."""
-    del a, b, rest
+def heuristic_config(*arrays: Any, **options: Any) -> TpuMatmulConfig:
+    """256 x 256 blocks, k steps of 512 (MXU-sized tiles; untimed on hardware); 16 x 128 x 128 in interpret
+    mode. The same for ``matmul`` (``a``, ``b``) and ``grouped_matmul`` (``lhs``, ``rhs``, ``group_sizes``)."""
+    del arrays, options
     if _env.use_interpreter():
         return TpuMatmulConfig(block_m=16, block_n=128, block_k=128)
     return TpuMatmulConfig()

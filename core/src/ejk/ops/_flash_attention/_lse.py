@@ -137,4 +137,5 @@ DEFINITION = define_op(
     check=f"{_HERE}._conformance:check_flash_attention_lse",
     shard_rule=f"{_HERE}._shard:attention_lse_rule",
     residuals=(FLASH_LSE_RESIDUALS,),
+    samples=f"{_HERE}._samples:samples",
 )

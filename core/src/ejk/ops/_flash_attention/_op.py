@@ -7,6 +7,7 @@ from typing import Any
 import jax
 
 from ejk.ops._base import ImplChoice, OpKernel, run_op
+from ejk.ops._check_common import as_array
 from ejk.ops._definition import define_op
 from ejk.ops._flash_attention._check import check_flash_attention_args
 from ejk.ops._flash_attention._residuals import FLASH_RESIDUALS
@@ -94,6 +95,10 @@ def flash_attention_call(
     bias: jax.Array | None = None,
 ) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """Validate ``flash_attention``'s arguments; return the kernel's (arrays, static kwargs)."""
+    op = "flash_attention"
+    q, k, v = as_array(op, "q", q), as_array(op, "k", k), as_array(op, "v", v)
+    q_segment_ids, kv_segment_ids, bias = (None if x is None else as_array(op, name, x) for name, x in (
+        ("q_segment_ids", q_segment_ids), ("kv_segment_ids", kv_segment_ids), ("bias", bias)))
     scale, window = check_flash_attention_args(
         q, k, v, causal=causal, softmax_scale=softmax_scale, sliding_window=sliding_window,
         logits_soft_cap=logits_soft_cap, q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids, bias=bias,
@@ -115,5 +120,6 @@ DEFINITION = define_op(
     check=f"{_HERE}._conformance:check_flash_attention",
     shard_rule=f"{_HERE}._shard:attention_rule",
     bench=f"{_HERE}._bench:BENCH",
+    samples=f"{_HERE}._samples:samples",
     residuals=(FLASH_RESIDUALS,),
 )

@@ -102,4 +102,5 @@ DEFINITION = define_op(
     check=f"{_HERE}._conformance:check_grouped_matmul",
     shard_rule=f"{_HERE}._shard:grouped_rule",
     bench=f"{_HERE}._bench:BENCH",
+    samples=f"{_HERE}._samples:samples",
 )

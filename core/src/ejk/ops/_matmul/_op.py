@@ -90,4 +90,5 @@ DEFINITION = define_op(
     check=f"{_HERE}._conformance:check_matmul",
     shard_rule=f"{_HERE}._shard:matmul_rule",
     bench=f"{_HERE}._bench:BENCH",
+    samples=f"{_HERE}._samples:samples",
 )

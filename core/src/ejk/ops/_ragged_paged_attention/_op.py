@@ -119,4 +119,6 @@ DEFINITION = define_op(
     check=f"{_HERE}._conformance:check_ragged_paged_attention",
     shard_rule=f"{_HERE}._shard:paged_rule",
     bench=f"{_HERE}._bench:BENCH",
+    samples=f"{_HERE}._samples:samples",
+    output=f"{_HERE}._reference:reference_output",
 )

@@ -8,6 +8,7 @@ float32 (a Python loop over sequences, no compilation per shape), so it cannot r
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -114,3 +115,9 @@ def reference_ragged_paged_attention(
         v = v32[pages].reshape(-1, *v32.shape[2:])[:kv_len]
         out[start:stop] = _sequence_attention(q32[start:stop], k, v, scale=scale, left=left, cap=logits_soft_cap)
     return jnp.asarray(out, q.dtype)
+
+
+def reference_output(q: jax.Array, *arrays: Any, **static: Any) -> jax.ShapeDtypeStruct:
+    """The abstract output of a call in the implementations' view: ``q``'s shape and dtype (the
+    reference runs in NumPy, so ``jax.eval_shape`` cannot trace it)."""
+    return jax.ShapeDtypeStruct(q.shape, q.dtype)

@@ -53,6 +53,7 @@ __all__ = [
     "Tier",
     "capability_reason",
     "default_backend",
+    "default_order",
     "kernel_registry",
     "normalize_backend",
     "normalize_platform",

@@ -32,6 +32,7 @@ from ejk.registry import (
     KernelSpec,
     capability_reason,
     default_backend,
+    default_order,
     kernel_registry,
     normalize_backend,
     normalize_platform,
@@ -199,7 +200,7 @@ class OpKernel(Kernel[ImplChoice, Any]):
                                    if (d := self.derive(s)) is not None])
         taken = {(s.platform, s.backend, s.name) for s in own}
         found = own + [d for d in self._derived[1] if (d.platform, d.backend, d.name) not in taken]
-        return sorted(found, key=lambda s: -s.priority)  # stable: registered ones first among equals
+        return sorted(found, key=default_order)  # stable: registered ones first among equals
 
     def paired_backward(self, spec: KernelSpec, call: Mapping[str, Any]) -> KernelSpec:
         """The implementation whose backward runs on forward-only ``spec``'s residuals for ``call``."""

@@ -231,3 +231,14 @@ def test_an_op_whose_contract_cannot_be_computed_checks_nothing_and_warns(host: 
         host.register_plugin(_plugin(lambda r: r("broken_contract_op", "acme", "any")(lambda x, *, cfg=None: x)),
                              "any")
     assert len(host.registry.list_implementations("broken_contract_op")) == 1
+
+
+def test_the_declared_outputs_follow_the_value_head_dim() -> None:
+    from ejk.ops import OPS
+    from ejk.testing import paged_batch
+
+    q, k_pages, v_pages, *rest = paged_batch(d=24)
+    v_pages = v_pages[..., :12]  # Dv != D
+    definition = OPS["ragged_paged_attention"]
+    arrays, static = definition.kernel.normalize(q, k_pages, v_pages, *rest)
+    assert definition.output_fn()(*arrays, **static).shape == (q.shape[0], q.shape[1], 12)  # type: ignore[misc]

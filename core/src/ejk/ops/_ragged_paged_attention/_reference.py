@@ -117,7 +117,8 @@ def reference_ragged_paged_attention(
     return jnp.asarray(out, q.dtype)
 
 
-def reference_output(q: jax.Array, *arrays: Any, **static: Any) -> jax.ShapeDtypeStruct:
-    """The abstract output of a call in the implementations' view: ``q``'s shape and dtype (the
-    reference runs in NumPy, so ``jax.eval_shape`` cannot trace it)."""
-    return jax.ShapeDtypeStruct(q.shape, q.dtype)
+def reference_output(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array, *arrays: Any,
+                     **static: Any) -> jax.ShapeDtypeStruct:
+    """The abstract output of a call in the implementations' view: ``[T, Hq, Dv]`` in ``q``'s dtype
+    (the reference runs in NumPy, so ``jax.eval_shape`` cannot trace it)."""
+    return jax.ShapeDtypeStruct((*q.shape[:-1], v_pages.shape[-1]), q.dtype)

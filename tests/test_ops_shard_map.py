@@ -156,3 +156,58 @@ def test_flash_attention_gradients_under_shard_map_on_gpus() -> None:
     single = run(lambda q, k, v: ejk.flash_attention(q, k, v, causal=True))
     for got, want in zip(run(local), single, strict=True):
         np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want, np.float32), atol=2e-2, rtol=2e-2)
+
+
+UNTYPED_OUTPUT_CODE = textwrap.dedent(
+    """
+    import jax, jax.numpy as jnp, numpy as np
+    from jax.sharding import Mesh, PartitionSpec as P
+    import ejk
+
+    # A kernel whose output does not carry the mesh axes its inputs vary along, as a Mosaic GPU custom call's
+    # does not (here: a constant).
+    def fwd(a, b, *, precision, preferred_element_type, cfg=None):
+        out = jnp.zeros((a.shape[0], b.shape[1]), preferred_element_type)
+        return out, (a, b)
+
+    def bwd(residuals, d_out, *, precision, preferred_element_type, cfg=None):
+        a, b = residuals
+        return jnp.zeros_like(a), jnp.zeros_like(b)
+
+    ejk.kernel_registry.register("matmul", "untyped", "any", name="zeros",
+                                 vjp=ejk.VJP(fwd=fwd, bwd=bwd, residuals="untyped:test"))(
+        lambda a, b, *, precision, preferred_element_type, cfg=None: fwd(
+            a, b, precision=precision, preferred_element_type=preferred_element_type)[0])
+    mesh = Mesh(np.array(jax.devices()[:2]), ("data",))
+    a = jnp.ones((4, 8), jnp.float32)
+    b = jnp.ones((8, 4), jnp.float32)
+
+    def loss(a, b):  # the product's cotangent varies along "data", as a ring attention block's does
+        return jnp.sum(ejk.matmul(a, b, platform="untyped") * a[:, :4])
+
+    from ejk.parallel import varying_axes
+
+    axes = []
+
+    def forward(a, b):
+        out = ejk.matmul(a, b, platform="untyped")
+        axes.append(sorted(varying_axes(out)))
+        return out
+
+    jax.jit(jax.shard_map(forward, mesh=mesh, in_specs=(P("data"), P()), out_specs=P("data")))(a, b)
+    assert axes == [["data"]], axes
+    grad = jax.jit(jax.shard_map(jax.grad(loss), mesh=mesh, in_specs=(P("data"), P()), out_specs=P("data")))
+    print("ok", grad(a, b).shape)
+    """
+)
+
+
+def test_an_output_without_the_inputs_mesh_axes_is_typed_like_them() -> None:
+    # The core casts every implementation's output to vary along its inputs' mesh axes, so a kernel that does
+    # not (a custom call) still differentiates under shard_map: the cotangent varies along them.
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("EJK_", "EJKERNEL_"))}
+    env.update(JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=2")
+    result = subprocess.run([sys.executable, "-c", UNTYPED_OUTPUT_CODE], capture_output=True, text=True, env=env,
+                            timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.strip().endswith("ok (4, 8)")

@@ -26,6 +26,7 @@ from ejk.config.serialization import from_jsonable, to_jsonable
 from ejk.errors import KernelContractError, KernelNotFoundError
 from ejk.execution.executor import Executor
 from ejk.execution.kernel import Invocation, Kernel, abstract_args
+from ejk.parallel._vma import varying_like
 from ejk.registry import (
     Backend,
     KernelRegistry,
@@ -539,7 +540,8 @@ class OpKernel(Kernel[ImplChoice, Any]):
     def run(self, *arrays: Any, cfg: ImplChoice, platform: str = "auto", **static: Any) -> Any:
         pos, named = self._split(arrays)
         spec = self.spec_for(cfg)
-        return self.check_output(spec, spec.implementation(*pos, **named, **static, cfg=cfg.cfg), arrays, static)
+        out = varying_like(spec.implementation(*pos, **named, **static, cfg=cfg.cfg), *arrays)
+        return self.check_output(spec, out, arrays, static)
 
     def uses_custom_vjp(self, cfg: ImplChoice) -> bool:
         return self.spec_for(cfg).vjp is not None
@@ -549,6 +551,9 @@ class OpKernel(Kernel[ImplChoice, Any]):
         assert spec.vjp is not None
         pos, named = self._split(arrays)
         out, residuals = spec.vjp.fwd(*pos, **named, **static, cfg=cfg.cfg)
+        # Under shard_map a custom call's output may not carry the mesh axes its inputs vary along (a
+        # Mosaic GPU kernel's does not); the cotangent will: type it as the inputs, for every implementation.
+        out = varying_like(out, *arrays)
         self.check_output(spec, out, arrays, static)
         if spec.vjp.paired and cfg.backward is None:  # which other implementation's backward, for this call
             residuals = (residuals, _PairedWith(self.paired_backward(spec, self._call(arrays, static))))

@@ -23,6 +23,12 @@ from ejk.ops._builtin import BUILTIN_OPS, builtin_ops
 from ejk.ops._definition import OPS, OpDefinition, define_op, get_op
 from ejk.ops._explain import Explanation, ImplementationReport, explain
 from ejk.ops._flash_attention import FlashAttentionKernel, FlashAttentionLseKernel, flash_attention, flash_attention_lse
+from ejk.ops._flash_attention_varlen import (
+    FlashAttentionVarlenKernel,
+    flash_attention_varlen,
+    sanitize_offsets,
+    varlen_row_ranges,
+)
 from ejk.ops._flash_attention._residuals import FLASH_LSE_RESIDUALS, FLASH_RESIDUALS, natural_lse, with_natural_lse
 from ejk.ops._generic import AlgorithmKernel, run
 from ejk.ops._grouped_matmul import GroupedMatmulKernel, grouped_matmul
@@ -49,6 +55,7 @@ __all__ = [
     "Explanation",
     "FlashAttentionKernel",
     "FlashAttentionLseKernel",
+    "FlashAttentionVarlenKernel",
     "GroupedMatmulKernel",
     "ImplChoice",
     "ImplementationReport",
@@ -61,6 +68,7 @@ __all__ = [
     "explain",
     "flash_attention",
     "flash_attention_lse",
+    "flash_attention_varlen",
     "get_default_executor",
     "get_op",
     "grouped_matmul",
@@ -71,8 +79,10 @@ __all__ = [
     "ragged_paged_attention",
     "run",
     "run_op",
+    "sanitize_offsets",
     "set_default_executor",
     "use_executor",
+    "varlen_row_ranges",
     "with_natural_lse",
     "without_residuals",
 ]

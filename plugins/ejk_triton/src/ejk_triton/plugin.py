@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from ejk.plugin import VJP, Platform, PlatformStatus, RegisterKernels, hookimpl
-from ejk_triton import _env, _flash_attention, _grouped_matmul, _matmul, _paged_attention
+from ejk_triton import _env, _flash_attention, _grouped_matmul, _matmul, _paged_attention, _varlen_attention
 
 # Every kernel is in the FAST tier. The priorities below are tie-breaks inside it where no ranking pack
 # covers the device; measured orders are the rankings of ejk-core's packs (docs/RANKINGS.md).
@@ -34,6 +34,12 @@ def ejk_register_kernels(register: RegisterKernels) -> None:
         register("ragged_paged_attention", Platform.TRITON, backend, priority=PRIORITY, name="paged",
                  cfg_type=pa.PagedAttentionConfig, config_space=pa.config_space, heuristic=pa.heuristic_config,
                  capability=pa.capability)(pa.ragged_paged_attention)
+    va = _varlen_attention
+    for backend in _env.backends():
+        # Differentiable through its own custom_vjp (dk/dv and dq kernels), like ejk-xla's chunked kernel.
+        register("flash_attention_varlen", Platform.TRITON, backend, priority=PRIORITY, name="flash",
+                 cfg_type=va.VarlenAttentionConfig, config_space=va.config_space, heuristic=va.heuristic_config,
+                 capability=va.capability)(va.flash_attention_varlen)
     mm, gmm = _matmul, _grouped_matmul
     for backend in _env.backends():
         register("matmul", Platform.TRITON, backend, priority=MATMUL_PRIORITY, name="gemm",

@@ -6,7 +6,13 @@ import pytest
 
 from ejk.plugin import Backend, Platform
 from ejk.testing import check_discovered_plugins, check_imports_lazily, check_plugin
-from ejk_xla import FlashAttentionConfig, GroupedMatmulConfig, MatmulConfig, PagedAttentionConfig
+from ejk_xla import (
+    FlashAttentionConfig,
+    GroupedMatmulConfig,
+    MatmulConfig,
+    PagedAttentionConfig,
+    VarlenAttentionConfig,
+)
 
 
 def test_plugin_conforms_and_registers_every_op() -> None:
@@ -17,12 +23,14 @@ def test_plugin_conforms_and_registers_every_op() -> None:
     expected = {
         "flash_attention": FlashAttentionConfig,
         "flash_attention_lse": FlashAttentionConfig,
+        "flash_attention_varlen": VarlenAttentionConfig,
         "matmul": MatmulConfig,
         "grouped_matmul": GroupedMatmulConfig,
         "ragged_paged_attention": PagedAttentionConfig,
     }
     assert registry.list_algorithms() == sorted(expected)
-    names = {"flash_attention": "chunked", "flash_attention_lse": "chunked", "matmul": "dot", "grouped_matmul": "tiled",
+    names = {"flash_attention": "chunked", "flash_attention_lse": "chunked", "flash_attention_varlen": "chunked",
+             "matmul": "dot", "grouped_matmul": "tiled",
              "ragged_paged_attention": "paged"}
     for algorithm, cfg_type in expected.items():
         (spec,) = [s for s in registry.list_implementations(algorithm) if s.backend == Backend.ANY]

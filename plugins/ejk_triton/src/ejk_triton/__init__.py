@@ -3,7 +3,8 @@
 Today: ``flash_attention`` forward and backward (FlashAttention-2 style kernels; GQA, causal,
 sliding windows, soft cap, segment ids, bias), ``matmul`` (``jnp.matmul`` shapes),
 ``grouped_matmul`` (mixture of experts, one persistent launch over all groups), each with its
-backward, and ``ragged_paged_attention`` (decode with split-K and chunked prefill over a paged KV
+backward, ``flash_attention_varlen`` (packed variable-length sequences, forward and backward)
+and ``ragged_paged_attention`` (decode with split-K and chunked prefill over a paged KV
 cache, one kernel). Triton and jax-triton are imported lazily, when
 a kernel is first launched, so this package imports (and reports its status) without them.
 
@@ -18,5 +19,7 @@ from ejk_triton._flash_attention import FlashAttentionConfig
 from ejk_triton._grouped_matmul import GroupedMatmulConfig
 from ejk_triton._matmul import MatmulConfig
 from ejk_triton._paged_attention import PagedAttentionConfig
+from ejk_triton._varlen_attention import VarlenAttentionConfig
 
-__all__ = ["INTERPRET_ENV", "FlashAttentionConfig", "GroupedMatmulConfig", "MatmulConfig", "PagedAttentionConfig"]
+__all__ = ["INTERPRET_ENV", "FlashAttentionConfig", "GroupedMatmulConfig", "MatmulConfig", "PagedAttentionConfig",
+           "VarlenAttentionConfig"]

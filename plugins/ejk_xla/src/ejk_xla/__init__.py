@@ -11,13 +11,16 @@ from ejk_xla._flash_attention import FlashAttentionConfig, flash_attention
 from ejk_xla._grouped_matmul import GroupedMatmulConfig, grouped_matmul
 from ejk_xla._matmul import MatmulConfig, matmul
 from ejk_xla._paged_attention import PagedAttentionConfig, ragged_paged_attention
+from ejk_xla._varlen_attention import VarlenAttentionConfig, flash_attention_varlen
 
 __all__ = [
     "FlashAttentionConfig",
     "GroupedMatmulConfig",
     "MatmulConfig",
     "PagedAttentionConfig",
+    "VarlenAttentionConfig",
     "flash_attention",
+    "flash_attention_varlen",
     "grouped_matmul",
     "matmul",
     "ragged_paged_attention",

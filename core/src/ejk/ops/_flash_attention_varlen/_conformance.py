@@ -15,10 +15,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from ejk.ops._flash_attention_varlen._op import flash_attention_varlen
-from ejk.ops._flash_attention_varlen._reference import reference_flash_attention_varlen
-from ejk.testing._op_checks import compare, normal
+from ejk.ops._flash_attention_varlen._reference import reference_flash_attention_varlen, reference_per_sequence
+from ejk.testing._op_checks import assert_close, compare, normal
 
-__all__ = ["VARLEN_CASES", "check_flash_attention_varlen", "varlen_inputs"]
+__all__ = ["VARLEN_CASES", "check_against_float64", "check_flash_attention_varlen", "varlen_inputs"]
 
 #: Cases: per-sequence query and key lengths, padding rows after the last offset, heads
 #: ``(Hq, Hkv)``, head dim and options.
@@ -73,3 +73,38 @@ def check_flash_attention_varlen(
             label = f"flash_attention_varlen[{platform}] {case} {jnp.dtype(dtype).name}"
             compare(ours, ref, (q, k, v, sinks), dtype, label, grads)
     return len(dtypes) * len(cases)
+
+
+def check_against_float64(platform: str, case: dict[str, Any], dtype: Any = jnp.float32, *, seed: int = 0,
+                          cfg: Any = None, grads: bool = True) -> None:
+    """One case on ``platform`` against :func:`reference_per_sequence` in float64 (each sequence
+    attended alone): the output and the gradients of q, k, v and sinks for one random cotangent.
+
+    Raises:
+        AssertionError: naming the case and the value that differs.
+    """
+    (q, k, v, cu_q, cu_k, sinks), options = varlen_inputs(case, dtype, seed)
+    label = f"flash_attention_varlen[{platform}] {case} {jnp.dtype(dtype).name} vs float64"
+    rng = np.random.default_rng(seed + 11)
+    cotangent = normal(rng, (q.shape[0], q.shape[1], v.shape[2]), dtype)
+    args = (q, k, v, sinks)
+
+    def ours(q: jax.Array, k: jax.Array, v: jax.Array, sinks: Any) -> Any:
+        return flash_attention_varlen(q, k, v, cu_q, cu_k, sinks=sinks, platform=platform, cfg=cfg, **options)
+
+    out, vjp = jax.vjp(ours, *args)
+    got_grads = vjp(cotangent) if grads else (None,) * 4
+    with jax.enable_x64(True):
+        wide = tuple(None if x is None else np.asarray(x, np.float64) for x in args)
+
+        def ref(q: Any, k: Any, v: Any, sinks: Any) -> Any:
+            return reference_per_sequence(q, k, v, case["q_lens"], case["k_lens"], sinks=sinks, **options)
+
+        want, ref_vjp = jax.vjp(ref, *(None if x is None else jnp.asarray(x) for x in wide))
+        want_grads = ref_vjp(jnp.asarray(np.asarray(cotangent, np.float64))) if grads else (None,) * 4
+        want = np.asarray(want)
+        want_grads = tuple(None if g is None else np.asarray(g) for g in want_grads)
+    assert_close(out, want, dtype, what=f"{label} out")
+    for name, got_g, want_g in zip(("dq", "dk", "dv", "dsinks"), got_grads, want_grads, strict=True):
+        if want_g is not None and got_g is not None:
+            assert_close(got_g, want_g, dtype, what=f"{label} gradient {name}")

@@ -8,6 +8,7 @@ is built from each token's sequence and position, independently of the kernels' 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any
 
 import jax
@@ -15,7 +16,7 @@ import jax.numpy as jnp
 
 from ejk.ops._flash_attention_varlen._ranges import sanitize_offsets
 
-__all__ = ["reference_flash_attention_varlen", "reference_output", "varlen_mask"]
+__all__ = ["reference_flash_attention_varlen", "reference_output", "reference_per_sequence", "varlen_mask"]
 
 
 def _tokens(cu: jax.Array, tokens: int) -> tuple[jax.Array, jax.Array]:
@@ -98,3 +99,50 @@ def reference_flash_attention_varlen(
 def reference_output(q: jax.Array, k: jax.Array, v: jax.Array, *arrays: Any, **static: Any) -> jax.ShapeDtypeStruct:
     """The abstract output of a call in the implementations' view: ``[Tq, Hq, Dv]`` in ``q``'s dtype."""
     return jax.ShapeDtypeStruct((q.shape[0], q.shape[1], v.shape[2]), q.dtype)
+
+
+def reference_per_sequence(
+    q: jax.Array, k: jax.Array, v: jax.Array, q_lens: Sequence[int], k_lens: Sequence[int], *,
+    causal: bool = False, softmax_scale: float | None = None, sliding_window: int | tuple[int, int] | None = None,
+    logits_soft_cap: float | None = None, sinks: jax.Array | None = None,
+) -> jax.Array:
+    """An independent reference for tests: dense attention of each sequence alone (host lengths),
+    computed in the inputs' dtype (float64 under ``jax.enable_x64``); rows past the sequences are zeros.
+
+    Differentiable (``jax.vjp``) in q, k, v and sinks.
+    """
+    tq, hq, d = q.shape
+    hkv, dv = v.shape[1], v.shape[2]
+    scale = 1.0 / math.sqrt(d) if softmax_scale is None else softmax_scale
+    window = (sliding_window, sliding_window) if isinstance(sliding_window, int) else sliding_window
+    pieces, q0, k0 = [], 0, 0
+    for sq, sk in zip(q_lens, k_lens, strict=True):
+        qs, ks, vs = q[q0:q0 + sq], k[k0:k0 + sk], v[k0:k0 + sk]
+        q0, k0 = q0 + sq, k0 + sk
+        if sq == 0:
+            continue
+        if sk == 0:
+            pieces.append(jnp.zeros((sq, hq, dv), q.dtype))
+            continue
+        ks, vs = jnp.repeat(ks, hq // hkv, axis=1), jnp.repeat(vs, hq // hkv, axis=1)
+        s = jnp.einsum("qhd,khd->hqk", qs, ks, precision=jax.lax.Precision.HIGHEST) * scale
+        if logits_soft_cap is not None:
+            s = logits_soft_cap * jnp.tanh(s / logits_soft_cap)
+        rel = jnp.arange(sk)[None, :] - (jnp.arange(sq)[:, None] + sk - sq)
+        mask = jnp.ones((sq, sk), bool)
+        if causal:
+            mask &= rel <= 0
+        if window is not None:
+            mask &= (rel >= -window[0]) & (rel <= (0 if causal else window[1]))
+        logits = jnp.where(mask, s, -jnp.inf)
+        if sinks is not None:
+            sink = jnp.broadcast_to(sinks.astype(q.dtype)[:, None, None], (hq, sq, 1))
+            logits = jnp.concatenate([logits, sink], axis=-1)
+        top = jax.lax.stop_gradient(jnp.max(logits, axis=-1, keepdims=True))
+        top = jnp.where(jnp.isfinite(top), top, 0.0)
+        w = jnp.exp(logits - top)
+        total = jnp.sum(w, axis=-1, keepdims=True)
+        probs = w / jnp.where(total > 0, total, 1.0)
+        pieces.append(jnp.einsum("hqk,khd->qhd", probs[..., :sk], vs, precision=jax.lax.Precision.HIGHEST))
+    pieces.append(jnp.zeros((tq - q0, hq, dv), q.dtype))
+    return jnp.concatenate(pieces, axis=0).astype(q.dtype)

@@ -262,3 +262,32 @@ def heuristic_config(q: Any, k: Any, v: Any, *_: Any, **__: Any) -> VarlenAttent
     if _env.interpret_mode() and not _env.nvidia_gpu()[0]:
         return VarlenAttentionConfig(block_m=16, block_n=16, bwd_block_m=16, bwd_block_n=16)
     return _fitting(q, v)[0]
+
+
+def compile_kernels(q: Any, k: Any, v: Any, *, cfg: VarlenAttentionConfig | None = None, sinks: bool = False,
+                    logits_soft_cap: float | None = None, precision: str = "highest",
+                    arch: int = 90) -> dict[str, dict[str, int]]:
+    """Compile the three kernels one call would launch for compute capability ``arch`` (no GPU needed;
+    not in the interpreter mode): per kernel (``forward``, ``dkdv``, ``dq``) its shared memory in
+    bytes, warps and stages. Arguments are abstract arrays (``jax.ShapeDtypeStruct``) and static values."""
+    from ejk_triton import _aot, _varlen_kernels
+
+    _aot._compiled_mode()
+    cfg = heuristic_config(q, k, v) if cfg is None else cfg
+    st = _Static(scale=1.0 / float(int(q.shape[2])) ** 0.5, cap=logits_soft_cap, precision=precision, cfg=cfg)
+    consts = _consts(st, q, k, v)
+    tq, tk = int(q.shape[0]), int(k.shape[0])
+    ptr, i32, f32 = _aot._ptr, _aot._ptr(jnp.int32), _aot._ptr(jnp.float32)
+    qkv = [ptr(q.dtype), ptr(k.dtype), ptr(v.dtype)]
+    m, n = fit_block(cfg.bwd_block_m, tq), fit_block(cfg.bwd_block_n, tk)
+    return {
+        "forward": _aot._compile(_varlen_kernels.varlen_fwd_kernel, [*qkv, i32, i32, f32, ptr(q.dtype), f32],
+                                 dict(consts, HAS_SINKS=sinks, BLOCK_M=fit_block(cfg.block_m, tq),
+                                      BLOCK_N=fit_block(cfg.block_n, tk)), cfg.num_warps, cfg.num_stages, arch),
+        "dkdv": _aot._compile(_varlen_kernels.varlen_bwd_dkdv_kernel,
+                              [*qkv, i32, i32, i32, i32, ptr(q.dtype), f32, f32, ptr(k.dtype), ptr(v.dtype)],
+                              dict(consts, BLOCK_M=m, BLOCK_N=n), cfg.bwd_num_warps, cfg.bwd_num_stages, arch),
+        "dq": _aot._compile(_varlen_kernels.varlen_bwd_dq_kernel, [*qkv, i32, i32, ptr(q.dtype), f32, f32, ptr(q.dtype)],
+                            dict(consts, BLOCK_M=fit_block(cfg.bwd_block_n, tq), BLOCK_N=fit_block(cfg.bwd_block_m, tk)),
+                            cfg.bwd_num_warps, cfg.bwd_num_stages, arch),
+    }

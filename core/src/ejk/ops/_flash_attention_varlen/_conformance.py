@@ -92,16 +92,22 @@ def check_against_float64(platform: str, case: dict[str, Any], dtype: Any = jnp.
     def ours(q: jax.Array, k: jax.Array, v: jax.Array, sinks: Any) -> Any:
         return flash_attention_varlen(q, k, v, cu_q, cu_k, sinks=sinks, platform=platform, cfg=cfg, **options)
 
-    out, vjp = jax.vjp(ours, *args)
-    got_grads = vjp(cotangent) if grads else (None,) * 4
+    def ours_vjp(*xs: Any) -> Any:
+        y, vjp = jax.vjp(ours, *xs)
+        return y, vjp(cotangent) if grads else (None,) * 4
+
+    out, got_grads = jax.jit(ours_vjp)(*args)  # one program: eager calls would compile every small op
     with jax.enable_x64(True):
-        wide = tuple(None if x is None else np.asarray(x, np.float64) for x in args)
+        wide = tuple(None if x is None else jnp.asarray(np.asarray(x, np.float64)) for x in args)
 
-        def ref(q: Any, k: Any, v: Any, sinks: Any) -> Any:
-            return reference_per_sequence(q, k, v, case["q_lens"], case["k_lens"], sinks=sinks, **options)
+        def ref_vjp(*xs: Any) -> Any:
+            def ref(q: Any, k: Any, v: Any, sinks: Any) -> Any:
+                return reference_per_sequence(q, k, v, case["q_lens"], case["k_lens"], sinks=sinks, **options)
 
-        want, ref_vjp = jax.vjp(ref, *(None if x is None else jnp.asarray(x) for x in wide))
-        want_grads = ref_vjp(jnp.asarray(np.asarray(cotangent, np.float64))) if grads else (None,) * 4
+            y, vjp = jax.vjp(ref, *xs)
+            return y, vjp(jnp.asarray(cotangent, jnp.float64)) if grads else (None,) * 4
+
+        want, want_grads = jax.jit(ref_vjp)(*wide)
         want = np.asarray(want)
         want_grads = tuple(None if g is None else np.asarray(g) for g in want_grads)
     assert_close(out, want, dtype, what=f"{label} out")

@@ -14,7 +14,7 @@ from ejk.ops._flash_attention_varlen._bench import BENCH, RAGGED_32K, VarlenCase
 from ejk.ops._flash_attention_varlen._op import flash_attention_varlen_call
 from ejk.ops._flash_attention_varlen._reference import (
     reference_flash_attention_varlen,
-    reference_per_sequence,
+    reference_varlen_per_sequence,
     varlen_mask,
 )
 from ejk.ops._flash_attention_varlen._samples import samples
@@ -120,7 +120,7 @@ def test_reference_matches_per_sequence_float64(case: dict[str, Any]) -> None:
     sinks = rng.standard_normal(hq) if case.pop("sinks", False) else None
     cu_q, cu_k = np.cumsum([0, *q_lens]).astype(np.int32), np.cumsum([0, *k_lens]).astype(np.int32)
     with jax.enable_x64(True):
-        want = np.asarray(reference_per_sequence(jnp.asarray(q), jnp.asarray(k), jnp.asarray(v), q_lens, k_lens,
+        want = np.asarray(reference_varlen_per_sequence(jnp.asarray(q), jnp.asarray(k), jnp.asarray(v), q_lens, k_lens,
                                                  sinks=None if sinks is None else jnp.asarray(sinks), **case))
     f32 = [None if x is None else jnp.asarray(x, jnp.float32) for x in (q, k, v, sinks)]
     got = reference_flash_attention_varlen(*f32[:3], jnp.asarray(cu_q), jnp.asarray(cu_k), sinks=f32[3], **case)
@@ -138,7 +138,7 @@ def test_bench_workload_and_shapes() -> None:
     with pytest.raises(ValueError, match="kv=3 must divide"):
         BENCH.parse("16x2048x16x128", {"kv": "3"}, "s")
     small = VarlenWorkload(case=VarlenCase(lens=(3, 5), heads=2, dim=4, causal=True), dtype="float32")
-    q, k, v, cu_q, cu_k = small.inputs()
+    q, *_, cu_q, _ = small.inputs()
     assert q.shape == (8, 2, 4) and np.asarray(cu_q).tolist() == [0, 3, 8]
     assert small.work("fwd")[0] == 4.0 * 2 * 4 * (6 + 15) and small.work("fwd+bwd")[0] == 3.5 * small.work("fwd")[0]
 

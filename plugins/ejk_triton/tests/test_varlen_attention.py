@@ -15,12 +15,12 @@ import numpy as np
 import pytest
 
 import ejk
-from ejk.ops._flash_attention_varlen._conformance import (
+from ejk.testing import (
     VARLEN_CASES,
-    check_against_float64,
+    assert_close,
     check_flash_attention_varlen,
+    check_varlen_against_float64,
 )
-from ejk.testing import assert_close
 from ejk_triton import _env
 from ejk_triton._varlen_attention import VarlenAttentionConfig, capability, config_space, heuristic_config
 
@@ -38,7 +38,7 @@ CASES = [
 
 @pytest.mark.parametrize("case", CASES)
 def test_interpreter_against_float64_reference(case: dict[str, Any]) -> None:
-    check_against_float64("triton", case, jnp.float32)
+    check_varlen_against_float64("triton", case, jnp.float32)
 
 
 def test_interpreter_conformance_bfloat16() -> None:

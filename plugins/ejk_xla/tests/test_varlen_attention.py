@@ -11,9 +11,12 @@ import numpy as np
 import pytest
 
 import ejk
-from ejk.ops._flash_attention_varlen._conformance import check_against_float64, check_flash_attention_varlen
-from ejk.ops._flash_attention_varlen._reference import reference_flash_attention_varlen
-from ejk.testing import assert_close
+from ejk.testing import (
+    assert_close,
+    check_flash_attention_varlen,
+    check_varlen_against_float64,
+    reference_flash_attention_varlen,
+)
 from ejk_xla import VarlenAttentionConfig
 
 pytestmark = pytest.mark.filterwarnings("error")
@@ -37,7 +40,7 @@ CASES = [
 
 @pytest.mark.parametrize("case", CASES)
 def test_against_float64_reference(case: dict[str, Any]) -> None:
-    check_against_float64("xla", case, jnp.float32, cfg=SMALL)
+    check_varlen_against_float64("xla", case, jnp.float32, cfg=SMALL)
 
 
 def test_conformance_check_small_blocks() -> None:

@@ -23,13 +23,13 @@ from ejk.ops._builtin import BUILTIN_OPS, builtin_ops
 from ejk.ops._definition import OPS, OpDefinition, define_op, get_op
 from ejk.ops._explain import Explanation, ImplementationReport, explain
 from ejk.ops._flash_attention import FlashAttentionKernel, FlashAttentionLseKernel, flash_attention, flash_attention_lse
+from ejk.ops._flash_attention._residuals import FLASH_LSE_RESIDUALS, FLASH_RESIDUALS, natural_lse, with_natural_lse
 from ejk.ops._flash_attention_varlen import (
     FlashAttentionVarlenKernel,
     flash_attention_varlen,
     sanitize_offsets,
     varlen_row_ranges,
 )
-from ejk.ops._flash_attention._residuals import FLASH_LSE_RESIDUALS, FLASH_RESIDUALS, natural_lse, with_natural_lse
 from ejk.ops._generic import AlgorithmKernel, run
 from ejk.ops._grouped_matmul import GroupedMatmulKernel, grouped_matmul
 from ejk.ops._matmul import MatmulKernel, matmul

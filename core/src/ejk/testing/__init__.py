@@ -42,6 +42,15 @@ if TYPE_CHECKING:
         reference_flash_attention,
         reference_flash_attention_lse,
     )
+    from ejk.ops._flash_attention_varlen._conformance import (
+        VARLEN_CASES,
+        check_flash_attention_varlen,
+        check_varlen_against_float64,
+    )
+    from ejk.ops._flash_attention_varlen._reference import (
+        reference_flash_attention_varlen,
+        reference_varlen_per_sequence,
+    )
     from ejk.ops._grouped_matmul._conformance import check_grouped_matmul
     from ejk.ops._grouped_matmul._reference import reference_grouped_matmul
     from ejk.ops._matmul._conformance import MATMUL_SHAPES, check_matmul
@@ -54,6 +63,9 @@ _OP_EXTRAS = {
     "FLASH_ATTENTION_CASES": "ejk.ops._flash_attention._conformance",
     "attention_mask": "ejk.ops._flash_attention._reference",
     "MATMUL_SHAPES": "ejk.ops._matmul._conformance",
+    "VARLEN_CASES": "ejk.ops._flash_attention_varlen._conformance",
+    "check_varlen_against_float64": "ejk.ops._flash_attention_varlen._conformance",
+    "reference_varlen_per_sequence": "ejk.ops._flash_attention_varlen._reference",
 }
 
 __all__ = [
@@ -63,11 +75,13 @@ __all__ = [
     "FLASH_ATTENTION_CASES",
     "MATMUL_SHAPES",
     "TOLERANCES",
+    "VARLEN_CASES",
     "assert_close",
     "attention_mask",
     "attention_values_and_grads",
     "check_flash_attention",
     "check_flash_attention_lse",
+    "check_flash_attention_varlen",
     "check_grouped_matmul",
     "check_matmul",
     "check_op",
@@ -75,14 +89,17 @@ __all__ = [
     "check_discovered_plugins",
     "check_imports_lazily",
     "check_plugin",
+    "check_varlen_against_float64",
     "expected_plugins",
     "fast_jit",
     "paged_batch",
     "reference_flash_attention",
     "reference_flash_attention_lse",
+    "reference_flash_attention_varlen",
     "reference_grouped_matmul",
     "reference_matmul",
     "reference_ragged_paged_attention",
+    "reference_varlen_per_sequence",
     "tolerance",
     "values_and_grads",
 ]

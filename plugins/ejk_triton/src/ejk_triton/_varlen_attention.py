@@ -215,14 +215,15 @@ def capability(q: Any, k: Any, v: Any, *_: Any, **__: Any) -> str | None:
 
 # (block_m, block_n, warps, stages) forward x (bwd_block_m, bwd_block_n, warps, stages) backward, by head-dim
 # class: the tiles of ejk-triton's dense flash attention for the same head dims (the loops are the same shape).
-_GPU_CANDIDATES: dict[int, tuple[tuple[tuple[int, int, int, int], tuple[int, int, int, int]], ...]] = {
+_Tiles = tuple[tuple[int, int, int, int], tuple[int, int, int, int]]
+_GPU_CANDIDATES: dict[int, tuple[_Tiles, ...]] = {
     64: (((128, 64, 4, 3), (32, 128, 4, 3)), ((128, 128, 8, 3), (64, 128, 8, 2)), ((64, 64, 4, 3), (32, 64, 4, 3)),
          ((64, 32, 4, 2), (16, 64, 4, 2))),
     128: (((128, 64, 8, 3), (64, 128, 8, 1)), ((128, 64, 8, 3), (32, 64, 4, 3)), ((128, 128, 8, 2), (64, 128, 8, 2)),
           ((64, 64, 4, 3), (16, 128, 8, 3)), ((64, 32, 4, 2), (16, 64, 4, 2))),
     256: (((64, 64, 8, 2), (16, 64, 8, 2)), ((64, 32, 4, 3), (16, 64, 8, 2)), ((64, 32, 4, 1), (16, 64, 8, 1))),
 }
-_GPU_CANDIDATES_F32 = (((64, 32, 8, 2), (16, 64, 8, 2)), ((32, 32, 4, 2), (16, 32, 4, 2)),
+_GPU_CANDIDATES_F32: tuple[_Tiles, ...] = (((64, 32, 8, 2), (16, 64, 8, 2)), ((32, 32, 4, 2), (16, 32, 4, 2)),
                        ((64, 64, 8, 2), (32, 64, 8, 1)))
 
 
@@ -236,6 +237,7 @@ def _smem_bytes(cfg: VarlenAttentionConfig, d: int, dv: int, itemsize: int) -> i
 def _fitting(q: Any, v: Any) -> list[VarlenAttentionConfig]:
     d, dv = int(q.shape[2]), int(v.shape[2])
     itemsize = jnp.dtype(q.dtype).itemsize
+    table: tuple[_Tiles, ...]
     if jnp.dtype(q.dtype) == jnp.float32:
         table = _GPU_CANDIDATES_F32
     else:
@@ -287,7 +289,8 @@ def compile_kernels(q: Any, k: Any, v: Any, *, cfg: VarlenAttentionConfig | None
         "dkdv": _aot._compile(_varlen_kernels.varlen_bwd_dkdv_kernel,
                               [*qkv, i32, i32, i32, i32, ptr(q.dtype), f32, f32, ptr(k.dtype), ptr(v.dtype)],
                               dict(consts, BLOCK_M=m, BLOCK_N=n), cfg.bwd_num_warps, cfg.bwd_num_stages, arch),
-        "dq": _aot._compile(_varlen_kernels.varlen_bwd_dq_kernel, [*qkv, i32, i32, ptr(q.dtype), f32, f32, ptr(q.dtype)],
-                            dict(consts, BLOCK_M=fit_block(cfg.bwd_block_n, tq), BLOCK_N=fit_block(cfg.bwd_block_m, tk)),
-                            cfg.bwd_num_warps, cfg.bwd_num_stages, arch),
+        "dq": _aot._compile(_varlen_kernels.varlen_bwd_dq_kernel,
+                            [*qkv, i32, i32, ptr(q.dtype), f32, f32, ptr(q.dtype)],
+                            dict(consts, BLOCK_M=fit_block(cfg.bwd_block_n, tq),
+                                 BLOCK_N=fit_block(cfg.bwd_block_m, tk)), cfg.bwd_num_warps, cfg.bwd_num_stages, arch),
     }

@@ -24,13 +24,17 @@ __all__ = ["BENCH", "VarlenCase", "VarlenWorkload"]
 RAGGED_32K = (4096, 1024, 1024, 3072, 1024, 2048, 1536, 2560, 3584, 1024, 1536, 1536, 2048, 2048, 1792, 2816)
 
 
+def _int_tuple(values: Any) -> tuple[int, ...]:
+    return tuple(int(n) for n in values)
+
+
 @attrs.frozen(kw_only=True)
 class VarlenCase(Case):
     """``flash_attention_varlen`` on sequences of ``lens`` tokens (queries and keys), ``heads`` query heads."""
 
     op: ClassVar[str] = "flash_attention_varlen"
     x_name: ClassVar[str] = "packed tokens"
-    lens: tuple[int, ...] = attrs.field(converter=tuple)
+    lens: tuple[int, ...] = attrs.field(converter=_int_tuple)
     heads: int
     dim: int
     kv_heads: int = attrs.field()

@@ -15,10 +15,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from ejk.ops._flash_attention_varlen._op import flash_attention_varlen
-from ejk.ops._flash_attention_varlen._reference import reference_flash_attention_varlen, reference_per_sequence
+from ejk.ops._flash_attention_varlen._reference import reference_flash_attention_varlen, reference_varlen_per_sequence
 from ejk.testing._op_checks import assert_close, compare, normal
 
-__all__ = ["VARLEN_CASES", "check_against_float64", "check_flash_attention_varlen", "varlen_inputs"]
+__all__ = ["VARLEN_CASES", "check_varlen_against_float64", "check_flash_attention_varlen", "varlen_inputs"]
 
 #: Cases: per-sequence query and key lengths, padding rows after the last offset, heads
 #: ``(Hq, Hkv)``, head dim and options.
@@ -44,7 +44,8 @@ def varlen_inputs(case: dict[str, Any], dtype: Any, seed: int) -> tuple[tuple[An
     cu_k = jnp.asarray(np.cumsum([0, *case["k_lens"]]), jnp.int32)
     q, k, v = normal(rng, (tq, hq, d), dtype), normal(rng, (tk, hkv, d), dtype), normal(rng, (tk, hkv, d), dtype)
     sinks = normal(rng, (hq,), jnp.float32) if case.get("sinks") else None
-    options = {name: case[name] for name in ("causal", "sliding_window", "logits_soft_cap") if name in case}
+    options: dict[str, Any] = {name: case[name] for name in ("causal", "sliding_window", "logits_soft_cap")
+                               if name in case}
     return (q, k, v, cu_q, cu_k, sinks), options
 
 
@@ -75,9 +76,9 @@ def check_flash_attention_varlen(
     return len(dtypes) * len(cases)
 
 
-def check_against_float64(platform: str, case: dict[str, Any], dtype: Any = jnp.float32, *, seed: int = 0,
+def check_varlen_against_float64(platform: str, case: dict[str, Any], dtype: Any = jnp.float32, *, seed: int = 0,
                           cfg: Any = None, grads: bool = True) -> None:
-    """One case on ``platform`` against :func:`reference_per_sequence` in float64 (each sequence
+    """One case on ``platform`` against :func:`reference_varlen_per_sequence` in float64 (each sequence
     attended alone): the output and the gradients of q, k, v and sinks for one random cotangent.
 
     Raises:
@@ -102,7 +103,7 @@ def check_against_float64(platform: str, case: dict[str, Any], dtype: Any = jnp.
 
         def ref_vjp(*xs: Any) -> Any:
             def ref(q: Any, k: Any, v: Any, sinks: Any) -> Any:
-                return reference_per_sequence(q, k, v, case["q_lens"], case["k_lens"], sinks=sinks, **options)
+                return reference_varlen_per_sequence(q, k, v, case["q_lens"], case["k_lens"], sinks=sinks, **options)
 
             y, vjp = jax.vjp(ref, *xs)
             return y, vjp(jnp.asarray(cotangent, jnp.float64)) if grads else (None,) * 4

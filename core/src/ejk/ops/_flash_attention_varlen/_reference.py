@@ -16,7 +16,7 @@ import jax.numpy as jnp
 
 from ejk.ops._flash_attention_varlen._ranges import sanitize_offsets
 
-__all__ = ["reference_flash_attention_varlen", "reference_output", "reference_per_sequence", "varlen_mask"]
+__all__ = ["reference_flash_attention_varlen", "reference_output", "reference_varlen_per_sequence", "varlen_mask"]
 
 
 def _tokens(cu: jax.Array, tokens: int) -> tuple[jax.Array, jax.Array]:
@@ -101,7 +101,7 @@ def reference_output(q: jax.Array, k: jax.Array, v: jax.Array, *arrays: Any, **s
     return jax.ShapeDtypeStruct((q.shape[0], q.shape[1], v.shape[2]), q.dtype)
 
 
-def reference_per_sequence(
+def reference_varlen_per_sequence(
     q: jax.Array, k: jax.Array, v: jax.Array, q_lens: Sequence[int], k_lens: Sequence[int], *,
     causal: bool = False, softmax_scale: float | None = None, sliding_window: int | tuple[int, int] | None = None,
     logits_soft_cap: float | None = None, sinks: jax.Array | None = None,

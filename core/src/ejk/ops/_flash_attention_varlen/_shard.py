@@ -13,7 +13,7 @@ __all__ = ["varlen_rule"]
 
 
 def varlen_rule(arrays: tuple[Any, ...], axes_of: AxesOf, size: Size) -> ShardPlan:
-    q, k, _, cu_q, cu_k, sinks = arrays
+    q, k, *_, sinks = arrays
     heads, kv_heads = head_axes(axes_of, size, q, 1, k, 1)
     specs = (spec(None, heads, None), spec(None, kv_heads, None), spec(None, kv_heads, None), spec(None),
              spec(None), None if sinks is None else spec(heads))

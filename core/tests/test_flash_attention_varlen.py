@@ -120,10 +120,14 @@ def test_reference_matches_per_sequence_float64(case: dict[str, Any]) -> None:
     sinks = rng.standard_normal(hq) if case.pop("sinks", False) else None
     cu_q, cu_k = np.cumsum([0, *q_lens]).astype(np.int32), np.cumsum([0, *k_lens]).astype(np.int32)
     with jax.enable_x64(True):
-        want = np.asarray(reference_varlen_per_sequence(jnp.asarray(q), jnp.asarray(k), jnp.asarray(v), q_lens, k_lens,
-                                                 sinks=None if sinks is None else jnp.asarray(sinks), **case))
+        per_sequence = jax.jit(lambda q, k, v, sinks: reference_varlen_per_sequence(q, k, v, q_lens, k_lens,
+                                                                                    sinks=sinks, **case))
+        want = np.asarray(per_sequence(jnp.asarray(q), jnp.asarray(k), jnp.asarray(v),
+                                       None if sinks is None else jnp.asarray(sinks)))
     f32 = [None if x is None else jnp.asarray(x, jnp.float32) for x in (q, k, v, sinks)]
-    got = reference_flash_attention_varlen(*f32[:3], jnp.asarray(cu_q), jnp.asarray(cu_k), sinks=f32[3], **case)
+    packed = jax.jit(lambda q, k, v, sinks: reference_flash_attention_varlen(q, k, v, jnp.asarray(cu_q),
+                                                                             jnp.asarray(cu_k), sinks=sinks, **case))
+    got = packed(*f32)
     assert_close(got, want, jnp.float32)
     assert not np.any(np.asarray(got)[sum(q_lens):])
     if sinks is not None and k_lens == (0,):

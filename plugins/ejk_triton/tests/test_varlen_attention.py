@@ -20,6 +20,7 @@ from ejk.testing import (
     assert_close,
     check_flash_attention_varlen,
     check_varlen_against_float64,
+    reference_flash_attention,
 )
 from ejk_triton import _env
 from ejk_triton._varlen_attention import VarlenAttentionConfig, capability, config_space, heuristic_config
@@ -81,6 +82,7 @@ q64 = sds((1000, 64, 64), jnp.bfloat16)
 report["d64 cap"] = compile_kernels(q64, q64, q64, logits_soft_cap=30.0)
 q32 = sds((333, 4, 128), jnp.float32)
 report["f32"] = compile_kernels(q32, q32, q32)
+report["segments"] = compile_kernels(q, kv, kv, segment_ids=True)
 print(json.dumps(report))
 """
 
@@ -148,3 +150,57 @@ def test_gpu_matches_xla(lens: list[int], pad: int, hq: int, hkv: int, d: int, d
 @pytest.mark.skipif(not ON_GPU, reason="needs an NVIDIA GPU")
 def test_gpu_public_op_conformance() -> None:
     assert check_flash_attention_varlen("triton", dtypes=(jnp.bfloat16, jnp.float16, jnp.float32)) == 18
+
+
+# ----------------------------------------------------------------------------------------------
+# flash_attention with segment ids on the varlen kernels (triton/...:segments)
+# ----------------------------------------------------------------------------------------------
+
+SEGMENTS = ejk.ImplChoice(platform="triton", backend="gpu" if ON_GPU else "cpu", implementation="segments")
+
+
+def _segment_ids(rng: np.random.Generator, batch: int, length: int, kind: str) -> jax.Array:
+    if kind == "packed":  # contiguous documents of random lengths, a padding id at the end
+        ids = np.zeros((batch, length), np.int32)
+        for b in range(batch):
+            cuts = np.sort(rng.choice(np.arange(1, length), size=3, replace=False))
+            ids[b] = np.searchsorted(cuts, np.arange(length), side="right")
+        return jnp.asarray(ids)
+    return jnp.asarray(rng.integers(0, 3, size=(batch, length)), jnp.int32)  # arbitrary: runs interleave
+
+
+@pytest.mark.parametrize(("kind", "shape", "options"), [
+    pytest.param("packed", (2, 40, 4, 40, 2, 16), {"causal": True}, id="packed-causal-gqa2"),
+    pytest.param("arbitrary", (1, 24, 4, 33, 1, 16), {}, id="arbitrary-sq!=sk-mqa"),
+    pytest.param("arbitrary", (2, 30, 2, 30, 2, 16), {"causal": True, "sliding_window": 5, "logits_soft_cap": 3.0},
+                 id="arbitrary-window-cap"),
+])
+def test_segments_kernel_matches_the_reference(kind: str, shape: tuple[int, ...], options: dict[str, Any]) -> None:
+    b, sq, hq, sk, hkv, d = shape
+    rng = np.random.default_rng(sum(shape))
+    q = jnp.asarray(rng.standard_normal((b, sq, hq, d)), jnp.float32)
+    k, v = (jnp.asarray(rng.standard_normal((b, sk, hkv, d)), jnp.float32) for _ in range(2))
+    q_ids = _segment_ids(rng, b, sq, kind)
+    kv_ids = q_ids if sq == sk else _segment_ids(rng, b, sk, kind)
+    ct = jnp.asarray(rng.standard_normal((b, sq, hq, d)), jnp.float32)
+
+    def run(fn: Any) -> Any:
+        out, vjp = jax.vjp(lambda q, k, v: fn(q, k, v, q_segment_ids=q_ids, kv_segment_ids=kv_ids, **options), q, k, v)
+        return out, vjp(ct)
+
+    got, got_g = jax.jit(lambda: run(lambda *a, **kw: ejk.flash_attention(*a, **kw, platform="triton", cfg=SEGMENTS)))()
+    want, want_g = jax.jit(lambda: run(reference_flash_attention))()
+    assert_close(got, want, jnp.float32, what="out")
+    for name, a, w in zip(("dq", "dk", "dv"), got_g, want_g, strict=True):
+        assert_close(a, w, jnp.float32, what=name)
+
+
+def test_segments_gate_takes_segment_calls_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    from ejk_triton._segment_attention import capability as segments_gate
+
+    monkeypatch.setenv("EJK_TRITON_INTERPRET", "1")
+    q, ids = _sds((2, 64, 4, 64)), _sds((2, 64), jnp.int32)
+    assert segments_gate(q, q, q, q_segment_ids=ids, kv_segment_ids=ids) is None
+    assert "segment ids only" in (segments_gate(q, q, q) or "")
+    assert "no bias" in (segments_gate(q, q, q, q_segment_ids=ids, kv_segment_ids=ids,
+                                       bias=_sds((1, 1, 64, 64))) or "")

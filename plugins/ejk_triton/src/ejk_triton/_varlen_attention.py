@@ -83,44 +83,54 @@ def _consts(st: _Static, q: Any, k: Any, v: Any) -> dict[str, Any]:
                 DOT_PREC=dot_precision(q.dtype, st.precision))
 
 
+def _seg_args(q: jax.Array, qseg: jax.Array | None, kseg: jax.Array | None) -> tuple[jax.Array, jax.Array]:
+    """Segment ids as int32, or ``q`` standing in (never read) without them."""
+    if qseg is None or kseg is None:
+        return q, q
+    return qseg.astype(jnp.int32), kseg.astype(jnp.int32)
+
+
 def _forward(st: _Static, q: jax.Array, k: jax.Array, v: jax.Array, lo: jax.Array, hi: jax.Array,
-             sinks: jax.Array | None) -> tuple[jax.Array, jax.Array]:
+             qseg: jax.Array | None, kseg: jax.Array | None, sinks: jax.Array | None) -> tuple[jax.Array, jax.Array]:
     """``(out [TQ, HQ, DV], lse2 [HQ, TQ])``."""
     tq, hq, _ = q.shape
     block_m, block_n = fit_block(st.cfg.block_m, tq), fit_block(st.cfg.block_n, k.shape[0])
     sink_arg = q if sinks is None else sinks.astype(jnp.float32)  # q stands in (never read) without sinks
     out, lse = launch(
         kernels("_varlen_kernels").varlen_fwd_kernel, grid=(cdiv(tq, block_m), hq),
-        inputs=(q, k, v, lo, hi, sink_arg),
+        inputs=(q, k, v, lo, hi, *_seg_args(q, qseg, kseg), sink_arg),
         out_shapes=(jax.ShapeDtypeStruct((tq, hq, v.shape[2]), q.dtype), jax.ShapeDtypeStruct((hq, tq), jnp.float32)),
         num_warps=st.cfg.num_warps, num_stages=st.cfg.num_stages, BLOCK_M=block_m, BLOCK_N=block_n,
-        HAS_SINKS=sinks is not None, **_consts(st, q, k, v),
+        HAS_SINKS=sinks is not None, HAS_SEG=qseg is not None, **_consts(st, q, k, v),
     )
     return out, lse
 
 
 def _backward(st: _Static, residuals: tuple[Any, ...], d_out: jax.Array) -> tuple[Any, ...]:
-    q, k, v, lo, hi, sinks, out, lse = residuals
+    q, k, v, lo, hi, hull_lo, hull_hi, qseg, kseg, sinks, out, lse = residuals
     tq, hq, _ = q.shape
     tk, hkv = k.shape[0], k.shape[1]
     d_out = d_out.astype(q.dtype)
     delta = jnp.sum(d_out.astype(jnp.float32) * out.astype(jnp.float32), axis=-1).T  # [HQ, TQ]
-    consts = _consts(st, q, k, v)
+    consts = dict(_consts(st, q, k, v), HAS_SEG=qseg is not None)
+    seg = _seg_args(q, qseg, kseg)
     cfg = st.cfg
     mod = kernels("_varlen_kernels")
     m, n = fit_block(cfg.bwd_block_m, tq), fit_block(cfg.bwd_block_n, tk)
     starts = jnp.arange(cdiv(tk, n), dtype=jnp.int32) * n
-    # The rows that see key block [start, start + n): hi > start and lo < start + n (a contiguous range).
-    q_lo = jnp.searchsorted(hi, starts, side="right").astype(jnp.int32) // m * m
-    q_hi = jnp.searchsorted(lo, starts + n, side="left").astype(jnp.int32)
+    # The rows that see key block [start, start + n): hi > start and lo < start + n, a contiguous range of the
+    # non-decreasing hulls (the intervals themselves without segment ids).
+    q_lo = jnp.searchsorted(hull_hi, starts, side="right").astype(jnp.int32) // m * m
+    q_hi = jnp.searchsorted(hull_lo, starts + n, side="left").astype(jnp.int32)
     dk, dv = launch(
-        mod.varlen_bwd_dkdv_kernel, grid=(cdiv(tk, n), hkv), inputs=(q, k, v, lo, hi, q_lo, q_hi, d_out, lse, delta),
+        mod.varlen_bwd_dkdv_kernel, grid=(cdiv(tk, n), hkv),
+        inputs=(q, k, v, lo, hi, *seg, q_lo, q_hi, d_out, lse, delta),
         out_shapes=(jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)),
         num_warps=cfg.bwd_num_warps, num_stages=cfg.bwd_num_stages, BLOCK_M=m, BLOCK_N=n, **consts,
     )
     dq_m, dq_n = fit_block(cfg.bwd_block_n, tq), fit_block(cfg.bwd_block_m, tk)
     (dq,) = launch(
-        mod.varlen_bwd_dq_kernel, grid=(cdiv(tq, dq_m), hq), inputs=(q, k, v, lo, hi, d_out, lse, delta),
+        mod.varlen_bwd_dq_kernel, grid=(cdiv(tq, dq_m), hq), inputs=(q, k, v, lo, hi, *seg, d_out, lse, delta),
         out_shapes=(jax.ShapeDtypeStruct(q.shape, q.dtype),),
         num_warps=cfg.bwd_num_warps, num_stages=cfg.bwd_num_stages, BLOCK_M=dq_m, BLOCK_N=dq_n, **consts,
     )
@@ -128,16 +138,19 @@ def _backward(st: _Static, residuals: tuple[Any, ...], d_out: jax.Array) -> tupl
     if sinks is not None:
         weight = jnp.exp2(sinks.astype(jnp.float32)[:, None] * _LOG2E - lse)  # lse includes the sink: finite
         d_sinks = -jnp.sum(weight * delta, axis=1).astype(sinks.dtype)
-    return dq, dk, dv, None, None, d_sinks
+    return dq, dk, dv, None, None, None, None, None, None, d_sinks
 
 
-def _fa(st: _Static, q: Any, k: Any, v: Any, lo: Any, hi: Any, sinks: Any) -> jax.Array:
-    return _forward(st, q, k, v, lo, hi, sinks)[0]
+def _fa(st: _Static, q: Any, k: Any, v: Any, lo: Any, hi: Any, hull_lo: Any, hull_hi: Any, qseg: Any, kseg: Any,
+        sinks: Any) -> jax.Array:
+    del hull_lo, hull_hi
+    return _forward(st, q, k, v, lo, hi, qseg, kseg, sinks)[0]
 
 
-def _fa_fwd(st: _Static, q: Any, k: Any, v: Any, lo: Any, hi: Any, sinks: Any) -> tuple[jax.Array, Any]:
-    out, lse = _forward(st, q, k, v, lo, hi, sinks)
-    return out, (q, k, v, lo, hi, sinks, out, lse)
+def _fa_fwd(st: _Static, q: Any, k: Any, v: Any, lo: Any, hi: Any, hull_lo: Any, hull_hi: Any, qseg: Any, kseg: Any,
+            sinks: Any) -> tuple[jax.Array, Any]:
+    out, lse = _forward(st, q, k, v, lo, hi, qseg, kseg, sinks)
+    return out, (q, k, v, lo, hi, hull_lo, hull_hi, qseg, kseg, sinks, out, lse)
 
 
 _varlen = jax.custom_vjp(_fa, nondiff_argnums=(0,))
@@ -175,7 +188,23 @@ def flash_attention_varlen(
     st = _Static(scale=float(softmax_scale), cap=None if logits_soft_cap is None else float(logits_soft_cap),
                  precision=precision, cfg=cfg)
     lo, hi = varlen_row_ranges(cu_seqlens_q, cu_seqlens_k, tq, tk, causal=causal, sliding_window=sliding_window)
-    out: jax.Array = _varlen(st, q, k, v, lo, hi, sinks)
+    out: jax.Array = _varlen(st, q, k, v, lo, hi, lo, hi, None, None, sinks)
+    return out
+
+
+def attend_intervals(q: jax.Array, k: jax.Array, v: jax.Array, lo: jax.Array, hi: jax.Array, *,
+                     hull: tuple[jax.Array, jax.Array] | None = None,
+                     segment_ids: tuple[jax.Array, jax.Array] | None = None, sinks: jax.Array | None = None,
+                     softmax_scale: float, logits_soft_cap: float | None, precision: str,
+                     cfg: VarlenAttentionConfig) -> jax.Array:
+    """Differentiable packed attention where row ``i`` sees keys ``lo[i] <= j < hi[i]`` (and, with
+    ``segment_ids = (q_ids, k_ids)``, only those of its id). ``hull``: non-decreasing ``(lo', hi')`` with
+    ``lo' <= lo`` and ``hi' >= hi`` (required when ``lo`` / ``hi`` are not non-decreasing themselves)."""
+    st = _Static(scale=float(softmax_scale), cap=None if logits_soft_cap is None else float(logits_soft_cap),
+                 precision=precision, cfg=cfg)
+    hull_lo, hull_hi = (lo, hi) if hull is None else hull
+    qseg, kseg = (None, None) if segment_ids is None else segment_ids
+    out: jax.Array = _varlen(st, q, k, v, lo, hi, hull_lo, hull_hi, qseg, kseg, sinks)
     return out
 
 
@@ -267,7 +296,7 @@ def heuristic_config(q: Any, k: Any, v: Any, *_: Any, **__: Any) -> VarlenAttent
 
 
 def compile_kernels(q: Any, k: Any, v: Any, *, cfg: VarlenAttentionConfig | None = None, sinks: bool = False,
-                    logits_soft_cap: float | None = None, precision: str = "highest",
+                    segment_ids: bool = False, logits_soft_cap: float | None = None, precision: str = "highest",
                     arch: int = 90) -> dict[str, dict[str, int]]:
     """Compile the three kernels one call would launch for compute capability ``arch`` (no GPU needed;
     not in the interpreter mode): per kernel (``forward``, ``dkdv``, ``dq``) its shared memory in
@@ -277,20 +306,21 @@ def compile_kernels(q: Any, k: Any, v: Any, *, cfg: VarlenAttentionConfig | None
     _aot._compiled_mode()
     cfg = heuristic_config(q, k, v) if cfg is None else cfg
     st = _Static(scale=1.0 / float(int(q.shape[2])) ** 0.5, cap=logits_soft_cap, precision=precision, cfg=cfg)
-    consts = _consts(st, q, k, v)
+    consts = dict(_consts(st, q, k, v), HAS_SEG=segment_ids)
     tq, tk = int(q.shape[0]), int(k.shape[0])
     ptr, i32, f32 = _aot._ptr, _aot._ptr(jnp.int32), _aot._ptr(jnp.float32)
+    ints = [i32, i32, i32 if segment_ids else ptr(q.dtype), i32 if segment_ids else ptr(q.dtype)]
     qkv = [ptr(q.dtype), ptr(k.dtype), ptr(v.dtype)]
     m, n = fit_block(cfg.bwd_block_m, tq), fit_block(cfg.bwd_block_n, tk)
     return {
-        "forward": _aot._compile(_varlen_kernels.varlen_fwd_kernel, [*qkv, i32, i32, f32, ptr(q.dtype), f32],
+        "forward": _aot._compile(_varlen_kernels.varlen_fwd_kernel, [*qkv, *ints, f32, ptr(q.dtype), f32],
                                  dict(consts, HAS_SINKS=sinks, BLOCK_M=fit_block(cfg.block_m, tq),
                                       BLOCK_N=fit_block(cfg.block_n, tk)), cfg.num_warps, cfg.num_stages, arch),
         "dkdv": _aot._compile(_varlen_kernels.varlen_bwd_dkdv_kernel,
-                              [*qkv, i32, i32, i32, i32, ptr(q.dtype), f32, f32, ptr(k.dtype), ptr(v.dtype)],
+                              [*qkv, *ints, i32, i32, ptr(q.dtype), f32, f32, ptr(k.dtype), ptr(v.dtype)],
                               dict(consts, BLOCK_M=m, BLOCK_N=n), cfg.bwd_num_warps, cfg.bwd_num_stages, arch),
         "dq": _aot._compile(_varlen_kernels.varlen_bwd_dq_kernel,
-                            [*qkv, i32, i32, ptr(q.dtype), f32, f32, ptr(q.dtype)],
+                            [*qkv, *ints, ptr(q.dtype), f32, f32, ptr(q.dtype)],
                             dict(consts, BLOCK_M=fit_block(cfg.bwd_block_n, tq),
                                  BLOCK_N=fit_block(cfg.bwd_block_m, tk)), cfg.bwd_num_warps, cfg.bwd_num_stages, arch),
     }

@@ -7,7 +7,10 @@ compiled on an NVIDIA GPU (through jax-triton) and under Triton's interpreter on
 Layouts (contiguous): q ``[TQ, HQ, D]``, k ``[TK, HKV, D]``, v ``[TK, HKV, DV]``, out / d_out
 ``[TQ, HQ, DV]``, lse / delta ``[HQ, TQ]`` float32, the row intervals ``lo`` / ``hi`` ``[TQ]`` int32
 (packed row ``i`` sees keys ``lo[i] <= j < hi[i]``, both non-decreasing in ``i``), the query range
-of each key block ``q_lo`` / ``q_hi`` ``[cdiv(TK, BLOCK_N)]`` int32, ``sinks`` ``[HQ]`` float32.
+of each key block ``q_lo`` / ``q_hi`` ``[cdiv(TK, BLOCK_N)]`` int32, ``sinks`` ``[HQ]`` float32, and with
+``HAS_SEG`` segment ids ``qseg [TQ]`` / ``kseg [TK]`` int32: a key is then visible iff it is in the row's
+interval *and* has the row's segment id (``ejk.flash_attention`` with segment ids, batch folded into the
+packed axis; the intervals are then the hull of the row's segment intersected with its causal / window band).
 
 Numerics: base-2 logits (``exp2``); the saved log-sum-exp is base 2, includes the sink, and is
 ``+inf`` for rows that see no key when there is no sink (their probabilities and gradients are then
@@ -43,11 +46,11 @@ def _logits2(qk, SCALE: tl.constexpr, CAP: tl.constexpr, HAS_CAP: tl.constexpr):
 
 
 @triton.jit
-def varlen_fwd_kernel(q_ptr, k_ptr, v_ptr, lo_ptr, hi_ptr, sinks_ptr, out_ptr, lse_ptr,
+def varlen_fwd_kernel(q_ptr, k_ptr, v_ptr, lo_ptr, hi_ptr, qseg_ptr, kseg_ptr, sinks_ptr, out_ptr, lse_ptr,
                       TQ: tl.constexpr, TK: tl.constexpr, HQ: tl.constexpr, GROUP: tl.constexpr,
                       D: tl.constexpr, DV: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr,
                       SCALE: tl.constexpr, CAP: tl.constexpr, HAS_CAP: tl.constexpr, HAS_SINKS: tl.constexpr,
-                      DOT_PREC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+                      HAS_SEG: tl.constexpr, DOT_PREC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """One program per (block of packed query rows, q head): online softmax over the keys it sees."""
     start_m = tl.program_id(0) * BLOCK_M
     head = tl.program_id(1)
@@ -60,6 +63,8 @@ def varlen_fwd_kernel(q_ptr, k_ptr, v_ptr, lo_ptr, hi_ptr, sinks_ptr, out_ptr, l
     offs_n = tl.arange(0, BLOCK_N)
     lo = tl.load(lo_ptr + rows, mask=row_ok, other=TK)
     hi = tl.load(hi_ptr + rows, mask=row_ok, other=TK)
+    if HAS_SEG:
+        qseg = tl.load(qseg_ptr + rows, mask=row_ok, other=0)
     q = tl.load(q_ptr + rows[:, None] * (HQ * D) + head * D + offs_d[None, :],
                 mask=row_ok[:, None] & (offs_d[None, :] < D), other=0.0)
     if HAS_SINKS:
@@ -83,6 +88,9 @@ def varlen_fwd_kernel(q_ptr, k_ptr, v_ptr, lo_ptr, hi_ptr, sinks_ptr, out_ptr, l
                     mask=col_ok[:, None] & (offs_dv[None, :] < DV), other=0.0)
         s, _t = _logits2(tl.dot(q, kt, input_precision=DOT_PREC), SCALE, CAP, HAS_CAP)
         seen = (cols[None, :] >= lo[:, None]) & (cols[None, :] < hi[:, None])
+        if HAS_SEG:
+            kseg = tl.load(kseg_ptr + cols, mask=col_ok, other=0)
+            seen = seen & (qseg[:, None] == kseg[None, :])
         s = tl.where(seen, s, _NEG_INF)
         m_new = tl.maximum(m_i, tl.max(s, 1))
         m_safe = tl.where(m_new == _NEG_INF, 0.0, m_new)
@@ -101,12 +109,12 @@ def varlen_fwd_kernel(q_ptr, k_ptr, v_ptr, lo_ptr, hi_ptr, sinks_ptr, out_ptr, l
 
 
 @triton.jit
-def varlen_bwd_dkdv_kernel(q_ptr, k_ptr, v_ptr, lo_ptr, hi_ptr, q_lo_ptr, q_hi_ptr, do_ptr, lse_ptr, delta_ptr,
-                           dk_ptr, dv_ptr,
+def varlen_bwd_dkdv_kernel(q_ptr, k_ptr, v_ptr, lo_ptr, hi_ptr, qseg_ptr, kseg_ptr, q_lo_ptr, q_hi_ptr, do_ptr,
+                           lse_ptr, delta_ptr, dk_ptr, dv_ptr,
                            TQ: tl.constexpr, TK: tl.constexpr, HQ: tl.constexpr, GROUP: tl.constexpr,
                            D: tl.constexpr, DV: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr,
-                           SCALE: tl.constexpr, CAP: tl.constexpr, HAS_CAP: tl.constexpr, DOT_PREC: tl.constexpr,
-                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+                           SCALE: tl.constexpr, CAP: tl.constexpr, HAS_CAP: tl.constexpr, HAS_SEG: tl.constexpr,
+                           DOT_PREC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """One program per (key block, kv head): loops over the q heads of its group and the rows that see it."""
     block_n = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -120,6 +128,8 @@ def varlen_bwd_dkdv_kernel(q_ptr, k_ptr, v_ptr, lo_ptr, hi_ptr, q_lo_ptr, q_hi_p
                 mask=col_ok[:, None] & (offs_d[None, :] < D), other=0.0)
     v = tl.load(v_ptr + cols[:, None] * (HKV * DV) + kv_head * DV + offs_dv[None, :],
                 mask=col_ok[:, None] & (offs_dv[None, :] < DV), other=0.0)
+    if HAS_SEG:
+        kseg = tl.load(kseg_ptr + cols, mask=col_ok, other=0)
     dk = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
     dv = tl.zeros([BLOCK_N, HEAD_DIM_V], tl.float32)
     first = tl.load(q_lo_ptr + block_n)
@@ -139,6 +149,9 @@ def varlen_bwd_dkdv_kernel(q_ptr, k_ptr, v_ptr, lo_ptr, hi_ptr, q_lo_ptr, q_hi_p
             delta = tl.load(delta_ptr + head * TQ + rows, mask=row_ok, other=0.0)
             st, t = _logits2(tl.dot(k, qt, input_precision=DOT_PREC), SCALE, CAP, HAS_CAP)  # [BLOCK_N, BLOCK_M]
             seen = (cols[:, None] >= lo[None, :]) & (cols[:, None] < hi[None, :])
+            if HAS_SEG:
+                qseg = tl.load(qseg_ptr + rows, mask=row_ok, other=0)
+                seen = seen & (kseg[:, None] == qseg[None, :])
             pt = tl.where(seen, tl.exp2(st - lse[None, :]), 0.0)
             dv = tl.dot(pt.to(do.dtype), do, dv, input_precision=DOT_PREC)
             dpt = tl.dot(v, tl.trans(do), input_precision=DOT_PREC)
@@ -153,11 +166,11 @@ def varlen_bwd_dkdv_kernel(q_ptr, k_ptr, v_ptr, lo_ptr, hi_ptr, q_lo_ptr, q_hi_p
 
 
 @triton.jit
-def varlen_bwd_dq_kernel(q_ptr, k_ptr, v_ptr, lo_ptr, hi_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr,
+def varlen_bwd_dq_kernel(q_ptr, k_ptr, v_ptr, lo_ptr, hi_ptr, qseg_ptr, kseg_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr,
                          TQ: tl.constexpr, TK: tl.constexpr, HQ: tl.constexpr, GROUP: tl.constexpr,
                          D: tl.constexpr, DV: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr,
-                         SCALE: tl.constexpr, CAP: tl.constexpr, HAS_CAP: tl.constexpr, DOT_PREC: tl.constexpr,
-                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+                         SCALE: tl.constexpr, CAP: tl.constexpr, HAS_CAP: tl.constexpr, HAS_SEG: tl.constexpr,
+                         DOT_PREC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """One program per (block of packed query rows, q head): ``dq`` over the keys its rows see."""
     start_m = tl.program_id(0) * BLOCK_M
     head = tl.program_id(1)
@@ -170,6 +183,8 @@ def varlen_bwd_dq_kernel(q_ptr, k_ptr, v_ptr, lo_ptr, hi_ptr, do_ptr, lse_ptr, d
     offs_n = tl.arange(0, BLOCK_N)
     lo = tl.load(lo_ptr + rows, mask=row_ok, other=TK)
     hi = tl.load(hi_ptr + rows, mask=row_ok, other=TK)
+    if HAS_SEG:
+        qseg = tl.load(qseg_ptr + rows, mask=row_ok, other=0)
     q = tl.load(q_ptr + rows[:, None] * (HQ * D) + head * D + offs_d[None, :],
                 mask=row_ok[:, None] & (offs_d[None, :] < D), other=0.0)
     do = tl.load(do_ptr + rows[:, None] * (HQ * DV) + head * DV + offs_dv[None, :],
@@ -190,6 +205,9 @@ def varlen_bwd_dq_kernel(q_ptr, k_ptr, v_ptr, lo_ptr, hi_ptr, do_ptr, lse_ptr, d
                      mask=col_ok[None, :] & (offs_dv[:, None] < DV), other=0.0)
         s, t = _logits2(tl.dot(q, tl.trans(k), input_precision=DOT_PREC), SCALE, CAP, HAS_CAP)
         seen = (cols[None, :] >= lo[:, None]) & (cols[None, :] < hi[:, None])
+        if HAS_SEG:
+            kseg = tl.load(kseg_ptr + cols, mask=col_ok, other=0)
+            seen = seen & (qseg[:, None] == kseg[None, :])
         p = tl.where(seen, tl.exp2(s - lse[:, None]), 0.0)
         dp = tl.dot(do, vt, input_precision=DOT_PREC)
         ds = p * (dp - delta[:, None])

@@ -32,6 +32,8 @@ CASES = [
                   "causal": True}, id="empty-pad-gqa2"),
     pytest.param({"q_lens": (3, 18), "k_lens": (9, 13), "heads": (8, 1), "dim": 16, "causal": True,
                   "sliding_window": 4, "sinks": True}, id="sq!=sk-window-sinks-gqa8"),
+    pytest.param({"q_lens": (45, 38), "k_lens": (45, 40), "heads": (2, 1), "dim": 16, "causal": True},
+                 id="long-causal-interior-blocks"),
     pytest.param({"q_lens": (17, 6), "k_lens": (17, 0), "pad": 1, "heads": (4, 4), "dim": 24,
                   "logits_soft_cap": 4.0, "sinks": True}, id="empty-keys-cap-d24"),
 ]

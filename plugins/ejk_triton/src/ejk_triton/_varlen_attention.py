@@ -122,9 +122,12 @@ def _backward(st: _Static, residuals: tuple[Any, ...], d_out: jax.Array) -> tupl
     # non-decreasing hulls (the intervals themselves without segment ids).
     q_lo = jnp.searchsorted(hull_hi, starts, side="right").astype(jnp.int32) // m * m
     q_hi = jnp.searchsorted(hull_lo, starts + n, side="left").astype(jnp.int32)
+    # The rows that see the whole block (lo <= start, hi >= start + n): masks skipped there (exact intervals only).
+    full_lo = jnp.searchsorted(hi, starts + n, side="left").astype(jnp.int32)
+    full_hi = jnp.searchsorted(lo, starts, side="right").astype(jnp.int32)
     dk, dv = launch(
         mod.varlen_bwd_dkdv_kernel, grid=(cdiv(tk, n), hkv),
-        inputs=(q, k, v, lo, hi, *seg, q_lo, q_hi, d_out, lse, delta),
+        inputs=(q, k, v, lo, hi, *seg, q_lo, q_hi, full_lo, full_hi, d_out, lse, delta),
         out_shapes=(jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)),
         num_warps=cfg.bwd_num_warps, num_stages=cfg.bwd_num_stages, BLOCK_M=m, BLOCK_N=n, **consts,
     )
@@ -317,7 +320,7 @@ def compile_kernels(q: Any, k: Any, v: Any, *, cfg: VarlenAttentionConfig | None
                                  dict(consts, HAS_SINKS=sinks, BLOCK_M=fit_block(cfg.block_m, tq),
                                       BLOCK_N=fit_block(cfg.block_n, tk)), cfg.num_warps, cfg.num_stages, arch),
         "dkdv": _aot._compile(_varlen_kernels.varlen_bwd_dkdv_kernel,
-                              [*qkv, *ints, i32, i32, ptr(q.dtype), f32, f32, ptr(k.dtype), ptr(v.dtype)],
+                              [*qkv, *ints, i32, i32, i32, i32, ptr(q.dtype), f32, f32, ptr(k.dtype), ptr(v.dtype)],
                               dict(consts, BLOCK_M=m, BLOCK_N=n), cfg.bwd_num_warps, cfg.bwd_num_stages, arch),
         "dq": _aot._compile(_varlen_kernels.varlen_bwd_dq_kernel,
                             [*qkv, *ints, ptr(q.dtype), f32, f32, ptr(q.dtype)],

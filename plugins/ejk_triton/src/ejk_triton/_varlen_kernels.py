@@ -52,7 +52,7 @@ def _logits2(qk, SCALE: tl.constexpr, CAP: tl.constexpr, HAS_CAP: tl.constexpr):
 @triton.jit
 def _load(ptrs, ok, dim_ok, MASKED: tl.constexpr):
     """``ptrs`` loaded with the head-dim mask, and the row / column mask ``ok`` on masked blocks only."""
-    if MASKED:
+    if MASKED:  # noqa: SIM108 (a static branch of a Triton kernel)
         x = tl.load(ptrs, mask=ok & dim_ok, other=0.0)
     else:
         x = tl.load(ptrs, mask=dim_ok, other=0.0)

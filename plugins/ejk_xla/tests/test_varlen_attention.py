@@ -120,3 +120,14 @@ def test_precision_default_and_choice() -> None:
     for precision in ("highest", "default", None):
         got = ejk.flash_attention_varlen(q, q, q, cu, cu, causal=True, precision=precision, platform="xla")
         assert_close(got, want, jnp.float32)
+
+
+def test_vmap_over_packings() -> None:
+    rng = np.random.default_rng(4)
+    q = jnp.asarray(rng.standard_normal((3, 12, 2, 8)), jnp.float32)
+    cu = jnp.asarray([[0, 5, 12], [0, 2, 9], [0, 12, 12]], jnp.int32)
+    got = jax.vmap(lambda q, cu: ejk.flash_attention_varlen(q, q, q, cu, cu, causal=True, platform="xla",
+                                                            cfg=SMALL))(q, cu)
+    for i in range(3):
+        assert_close(got[i], reference_flash_attention_varlen(q[i], q[i], q[i], cu[i], cu[i], causal=True),
+                     jnp.float32)

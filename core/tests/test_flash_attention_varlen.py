@@ -150,3 +150,16 @@ def test_bench_workload_and_shapes() -> None:
 def test_samples_validate() -> None:
     for args, kwargs in samples():
         flash_attention_varlen_call(*args, **kwargs)
+
+
+def test_tuning_inputs_pack_every_token() -> None:
+    from ejk.execution.kernel import Invocation
+    from ejk.ops._flash_attention_varlen._op import KERNEL
+
+    args = (sds((100, 4, 16), jnp.bfloat16), sds((80, 2, 16), jnp.bfloat16), sds((80, 2, 16), jnp.bfloat16),
+            sds((6,), jnp.int32), sds((6,), jnp.int32), None)
+    inv = Invocation(op_id=KERNEL.op_id, version=KERNEL.version, args=args, call_key="k", device="cpu")
+    *_, cu_q, cu_k, _ = KERNEL.tuning_args(inv)
+    for cu, tokens in ((cu_q, 100), (cu_k, 80)):
+        host = np.asarray(cu)
+        assert host[0] == 0 and host[-1] == tokens and np.all(np.diff(host) >= 0) and host.dtype == np.int32

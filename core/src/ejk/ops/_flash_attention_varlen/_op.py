@@ -5,7 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 import jax
+import jax.numpy as jnp
+import numpy as np
 
+from ejk.execution.kernel import Invocation
 from ejk.ops._base import ImplChoice, OpKernel, run_op
 from ejk.ops._check_common import as_array
 from ejk.ops._definition import define_op
@@ -26,6 +29,22 @@ class FlashAttentionVarlenKernel(OpKernel):
 
     def normalize(self, *args: Any, **kwargs: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
         return flash_attention_varlen_call(*args, **kwargs)
+
+    def tuning_args(self, inv: Invocation[ImplChoice], seed: int = 0) -> tuple[Any, ...]:
+        """Random inputs, and offsets that pack every token into the N sequences with random lengths
+        (zeros, the default for integers, would make every row padding: no work to time)."""
+        q, k, v, cu_q, cu_k, sinks = super().tuning_args(inv, seed)
+        seqs = cu_q.shape[0] - 1
+        rng = np.random.default_rng(seed)
+        weights = rng.dirichlet(np.ones(seqs)) if seqs else np.zeros(0)
+
+        def offsets(tokens: int, dtype: Any) -> jax.Array:
+            cuts = np.floor(np.cumsum(weights) * tokens).astype(np.int64)
+            if seqs:
+                cuts[-1] = tokens
+            return jnp.asarray(np.concatenate([[0], cuts]), dtype)
+
+        return q, k, v, offsets(q.shape[0], cu_q.dtype), offsets(k.shape[0], cu_k.dtype), sinks
 
 
 KERNEL = FlashAttentionVarlenKernel()

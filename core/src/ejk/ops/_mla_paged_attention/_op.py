@@ -87,8 +87,10 @@ def mla_paged_attention(
 
     Returns:
         ``[B, Sq, Hq, v_head_dim]`` in ``q.dtype``. A query that sees no key (``kv_len = 0``, or
-        ``kv_len < Sq`` for the first queries under ``causal``) gives zeros. NaN in a query or a
-        key it sees propagates to its row.
+        ``kv_len < Sq`` for the first queries under ``causal``) gives zeros. NaN in a query
+        propagates to its row, NaN in a cached position a row sees to that row (and may reach the
+        sequence's other rows: its value is multiplied by their zero weight); NaN in positions past a
+        sequence's context never does.
     """
     arrays, static = KERNEL.normalize(q, kv_pages, kv_lens, page_indices, v_head_dim=v_head_dim,
                                       softmax_scale=softmax_scale, causal=causal)

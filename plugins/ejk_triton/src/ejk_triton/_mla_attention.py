@@ -89,14 +89,27 @@ def _dims(q: Any, v_head_dim: int) -> tuple[int, int, int, int]:
     return v_head_dim, _padded(v_head_dim), dr, _padded(dr)
 
 
+def kernel_args(q: Any, kv_pages: Any, page_indices: Any, *, v_head_dim: int, scale: float, causal: bool,
+                cfg: MlaAttentionConfig) -> dict[str, Any]:
+    """The kernel's ``constexpr`` arguments for one call (abstract arrays suffice)."""
+    batch, sq, hq, _ = (int(n) for n in q.shape)
+    num_pages, page, _ = (int(n) for n in kv_pages.shape)
+    dv, dv_pad, dr, dr_pad = _dims(q, v_head_dim)
+    block_h = min(cfg.block_h, _next_pow2(hq))
+    return dict(
+        SCALE=scale, SQ=sq, HQ=hq, DK=dv + dr, DV=dv, DV_PAD=dv_pad, DR=dr, DR_PAD=dr_pad, NUM_PAGES=num_pages,
+        PAGE=page, PAGES_PER_SEQ=int(page_indices.shape[1]), CAUSAL=causal,
+        DOT_PREC="ieee" if jnp.dtype(q.dtype) == jnp.float32 else "tf32",  # 16-bit operands ignore it
+        BLOCK_H=block_h, BLOCK_M=_block_m(block_h, sq), BLOCK_N=cfg.block_kv, NUM_SPLITS=cfg.num_splits,
+        ROWS=batch * sq * hq,
+    )
+
+
 def _launch(q: jax.Array, kv_pages: jax.Array, kv_lens: jax.Array, page_indices: jax.Array, *, v_head_dim: int,
             scale: float, causal: bool, cfg: MlaAttentionConfig) -> jax.Array:
     batch, sq, hq, _ = q.shape
-    num_pages, page, _ = kv_pages.shape
-    dv, dv_pad, dr, dr_pad = _dims(q, v_head_dim)
-    block_h = min(cfg.block_h, _next_pow2(hq))
-    splits = cfg.num_splits
-    rows = batch * sq * hq
+    consts = kernel_args(q, kv_pages, page_indices, v_head_dim=v_head_dim, scale=scale, causal=causal, cfg=cfg)
+    splits, rows, dv = cfg.num_splits, consts["ROWS"], v_head_dim
     sds = jax.ShapeDtypeStruct
     unused = sds((1,), jnp.float32)
     if splits == 1:
@@ -104,15 +117,10 @@ def _launch(q: jax.Array, kv_pages: jax.Array, kv_lens: jax.Array, page_indices:
     else:
         out_shapes = (sds((1,), q.dtype), sds((splits, rows, dv), jnp.float32), sds((splits, rows), jnp.float32),
                       sds((splits, rows), jnp.float32))
-    kernels = _kernels()
     result = launch(
-        kernels.mla_kernel, grid=(batch, _cdiv(hq, block_h), splits),
+        _kernels().mla_kernel, grid=(_cdiv(hq, consts["BLOCK_H"]), batch, splits),
         inputs=(q, kv_pages, kv_lens.astype(jnp.int32), page_indices.astype(jnp.int32)), out_shapes=out_shapes,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-        SCALE=scale, SQ=sq, HQ=hq, DK=dv + dr, DV=dv, DV_PAD=dv_pad, DR=dr, DR_PAD=dr_pad, NUM_PAGES=num_pages,
-        PAGE=page, PAGES_PER_SEQ=int(page_indices.shape[1]), CAUSAL=causal,
-        DOT_PREC="ieee" if jnp.dtype(q.dtype) == jnp.float32 else "tf32",  # 16-bit operands ignore it
-        BLOCK_H=block_h, BLOCK_M=_block_m(block_h, sq), BLOCK_N=cfg.block_kv, NUM_SPLITS=splits, ROWS=rows,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **consts,
     )
     if splits == 1:
         return result[0]
@@ -167,7 +175,7 @@ def capability(q: Any, kv_pages: Any, kv_lens: Any, page_indices: Any, *, v_head
 
     Supported: bfloat16 / float16 q and kv_pages of one dtype with up to 512 value dims and up to 128
     key dims past them (DeepSeek's 512 + 64), float32 up to 256 and 64; up to 128 query tokens per
-    sequence. Needs an NVIDIA GPU (compute capability 8.0+), except in the interpreter mode
+    sequence and 65535 sequences. Needs an NVIDIA GPU (compute capability 8.0+), except in the interpreter mode
     (``EJK_TRITON_INTERPRET=1``).
     """
     del kv_lens, page_indices
@@ -187,8 +195,8 @@ def capability(q: Any, kv_pages: Any, kv_lens: Any, page_indices: Any, *, v_head
         return f"{dr} key dims past v_head_dim not supported{where} (at most {max_dr})"
     if int(q.shape[1]) > _MAX_ROWS:
         return f"{int(q.shape[1])} query tokens per sequence not supported (at most {_MAX_ROWS})"
-    if int(q.shape[2]) > _MAX_GRID_YZ:  # block_h = 1: one program per head
-        return f"{int(q.shape[2])} query heads exceed the grid limit {_MAX_GRID_YZ}"
+    if int(q.shape[0]) > _MAX_GRID_YZ:
+        return f"batch {int(q.shape[0])} exceeds the grid limit {_MAX_GRID_YZ}"
     if _env.interpret_mode():
         return None
     on_gpu, why = _env.nvidia_gpu()
@@ -198,12 +206,18 @@ def capability(q: Any, kv_pages: Any, kv_lens: Any, page_indices: Any, *, v_head
 
 
 def smem_bytes(cfg: MlaAttentionConfig, q: Any, v_head_dim: int) -> int:
-    """Shared memory estimate (bytes): ``num_stages - 1`` buffers of latents, the query tile and
-    the probabilities."""
+    """Shared memory estimate (bytes), as triton 3.6 allocates for sm_90 (checked on DeepSeek's dims).
+
+    From 64 rows in 16 bits (warpgroup MMAs): ``num_stages`` buffers of latents and the query tile,
+    the probabilities staying in registers. Otherwise: ``num_stages - 1`` buffers, the query tile
+    and the probabilities.
+    """
     itemsize = jnp.dtype(q.dtype).itemsize
     _, dv_pad, dr, dr_pad = _dims(q, v_head_dim)
     rows = _block_m(min(cfg.block_h, _next_pow2(int(q.shape[2]))), int(q.shape[1]))
     width = dv_pad + (dr_pad if dr else 0)
+    if rows >= 64 and itemsize == 2:
+        return int((cfg.num_stages * cfg.block_kv + rows) * width * itemsize)
     return int((max(1, cfg.num_stages - 1) * cfg.block_kv * width + rows * (width + cfg.block_kv)) * itemsize)
 
 

@@ -42,13 +42,15 @@ def mla_kernel(Q, KV, KvLens, Table, Out, AccPart, MaxPart, SumPart,
                PAGE: tl.constexpr, PAGES_PER_SEQ: tl.constexpr, CAUSAL: tl.constexpr, DOT_PREC: tl.constexpr,
                BLOCK_H: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr,
                ROWS: tl.constexpr):
-    """Grid ``(B, cdiv(Hq, BLOCK_H), NUM_SPLITS)``; ``ROWS = B·Sq·Hq`` (the partials' split stride).
+    """Grid ``(cdiv(Hq, BLOCK_H), B, NUM_SPLITS)``; ``ROWS = B·Sq·Hq`` (the partials' split stride).
+
+    The head blocks of a sequence are neighbours in launch order, so they read its pages from L2.
 
     With one split the program writes its rows of ``Out``; with several, its partials (the caller
     merges them). Unused outputs are placeholders.
     """
-    b = tl.program_id(0)
-    hb = tl.program_id(1)
+    hb = tl.program_id(0)
+    b = tl.program_id(1)
     split = tl.program_id(2)
 
     kv_len = tl.minimum(tl.maximum(tl.load(KvLens + b), 0), PAGES_PER_SEQ * PAGE)

@@ -186,7 +186,7 @@ def capability(q: Any, kv_pages: Any, kv_lens: Any, page_indices: Any, *, v_head
     if len(dtypes) > 1:
         return f"q and kv_pages must share one dtype (got {', '.join(sorted(dtypes))})"
     f32 = "float32" in dtypes
-    dv, _, dr, _ = _dims(q, v_head_dim)
+    dv, _dv_pad, dr, _dr_pad = _dims(q, v_head_dim)
     max_dv, max_dr = (_MAX_DV // 2, _MAX_DR // 2) if f32 else (_MAX_DV, _MAX_DR)
     where = " in float32" if f32 else ""
     if dv > max_dv:

@@ -58,7 +58,7 @@ def mla_kernel(Q, KV, KvLens, Table, Out, AccPart, MaxPart, SumPart,
     tok = offs_m // BLOCK_H
     head = hb * BLOCK_H + offs_m % BLOCK_H
     row_ok = (tok < SQ) & (head < HQ)
-    if CAUSAL:
+    if CAUSAL:  # noqa: SIM108 (static branches of a Triton kernel)
         last = kv_len - SQ + tok  # the last key each row sees (negative: none)
     else:
         last = tl.zeros([BLOCK_M], tl.int32) + kv_len - 1

@@ -120,8 +120,9 @@ def mla_paged_attention(q: jax.Array, kv_pages: jax.Array, kv_lens: jax.Array, p
     if min(batch, sq, hq, pages_per_seq) == 0:
         return jnp.zeros((batch, sq, hq, v_head_dim), q.dtype)
     cfg = heuristic_config(q, kv_pages, kv_lens, page_indices) if cfg is None else cfg
-    return _attend(q, kv_pages, kv_lens, page_indices, dv=int(v_head_dim), scale=float(softmax_scale),
-                   causal=bool(causal), pages_per_block=min(cfg.pages_per_block, pages_per_seq))
+    out: jax.Array = _attend(q, kv_pages, kv_lens, page_indices, dv=int(v_head_dim), scale=float(softmax_scale),
+                             causal=bool(causal), pages_per_block=min(cfg.pages_per_block, pages_per_seq))
+    return out
 
 
 def _step_bytes(q: Any, kv_pages: Any, pages_per_block: int) -> int:
@@ -161,5 +162,5 @@ def config_space(q: Any, kv_pages: Any, kv_lens: Any, page_indices: Any, **_: An
     """
     sizes = _sizes(q, kv_pages, page_indices)
     target = _target(sizes, int(kv_pages.shape[1]))
-    picks = [sizes[target]] + sizes[max(0, target - 1):target] + sizes[target + 1:target + 3]
+    picks = [sizes[target], *sizes[max(0, target - 1):target], *sizes[target + 1:target + 3]]
     return [MlaAttentionConfig(pages_per_block=s) for s in picks]

@@ -27,7 +27,8 @@ COMPUTE_BOUND_ROWS = 156
 
 @attrs.frozen(kw_only=True)
 class MlaCase(Case):
-    """``mla_paged_attention``: ``batch`` sequences of ``ctx`` latent positions, the last ``sq`` queried by ``hq`` heads."""
+    """``mla_paged_attention``: ``batch`` sequences of ``ctx`` latent positions, the last ``sq`` queried
+    by ``hq`` heads."""
 
     op: ClassVar[str] = "mla_paged_attention"
     x_name: ClassVar[str] = "context length"

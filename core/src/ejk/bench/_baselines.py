@@ -19,6 +19,7 @@ import jax.numpy as jnp
 
 from ejk.bench._cases import AttentionCase, MoeCase, PagedCase
 from ejk.bench._workloads import Workload
+from ejk.ops._mla_paged_attention._bench import MlaCase
 
 __all__ = ["BASELINES", "Baseline", "Prepared", "baselines_for", "register_baseline"]
 
@@ -192,6 +193,29 @@ def _pallas_paged_unsupported(workload: Workload) -> str | None:
     return None
 
 
+# -- mla_paged_attention -----------------------------------------------------------------------------
+
+
+def _dense_mla(workload: Workload, inputs: tuple[Any, ...]) -> Prepared:
+    """Gather each sequence's latents into ``[B, ctx, Dk]``, then plain ``einsum`` attention (xla):
+    float32 logits and softmax, the latents' first ``Dv`` dims as values. The gather is timed."""
+    case = workload.case
+    assert isinstance(case, MlaCase)
+    q_pos = case.ctx - case.sq + jnp.arange(case.sq)
+    mask = (jnp.arange(case.ctx)[None, :] <= q_pos[:, None])[None, :, None, :]  # [1, Sq, 1, ctx], causal
+
+    def fn(q: jax.Array, kv_pages: jax.Array, page_indices: jax.Array) -> jax.Array:
+        latent = kv_pages[page_indices].reshape(case.batch, -1, case.dk)[:, : case.ctx]
+        logits = jnp.einsum("bshd,bkd->bshk", q, latent, preferred_element_type=jnp.float32) * case.dk ** -0.5
+        probs = jax.nn.softmax(jnp.where(mask, logits, -jnp.inf), axis=-1)
+        out = jnp.einsum("bshk,bkd->bshd", probs.astype(q.dtype), latent[..., : case.dv],
+                         preferred_element_type=jnp.float32)
+        return out.astype(q.dtype)
+
+    q, kv_pages, _, page_indices = inputs
+    return Prepared(fn=fn, args=(q, kv_pages, page_indices))
+
+
 # -- grouped_matmul ----------------------------------------------------------------------------------
 
 
@@ -250,6 +274,8 @@ for _baseline in (
              note="jax.experimental.pallas.ops.gpu.paged_attention (decode), default blocks"),
     Baseline(name="dense gather + jax.nn xla", op="ragged_paged_attention", build=_dense_paged,
              note="gather the pages, repeat kv heads, jax.nn.dot_product_attention(implementation='xla')"),
+    Baseline(name="dense gather + einsum xla", op="mla_paged_attention", build=_dense_mla,
+             note="gather the latents, einsum attention with float32 logits (xla)"),
     Baseline(name="lax.ragged_dot", op="grouped_matmul", build=_ragged_dot, note="jax.lax.ragged_dot"),
     Baseline(name="dense einsum (equal groups)", op="grouped_matmul", build=_dense_equal_groups,
              unsupported=_equal_groups_unsupported, comparable=_equal_groups_comparable,

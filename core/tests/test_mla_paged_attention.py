@@ -83,11 +83,11 @@ def test_public_function_validates_before_dispatch() -> None:
         ejk.mla_paged_attention(q, kv, np.asarray([3.0, 2.0]), table, v_head_dim=64)
 
 
-@pytest.mark.parametrize(("sq", "causal"), [(1, True), (3, True), (2, False)])
+@pytest.mark.parametrize(("sq", "causal"), [(3, True), (3, False)])
 def test_reference_is_flash_attention_over_the_gathered_latents(sq: int, causal: bool) -> None:
     """Per sequence, the same as flash attention with keys = the latents (one kv head) and values
     = their first Dv dims; rows that see nothing (kv_len < Sq) are zeros in both."""
-    q, kv, lens, table = mla_batch(1, kv_lens=(9, 2, 5), sq=sq, hq=4, dk=24, page=4, dtype=jnp.float32)
+    q, kv, lens, table = mla_batch(1, kv_lens=(9, 2), sq=sq, hq=4, dk=24, page=4, dtype=jnp.float32)
     got = mla_paged_attention_float64(q, kv, lens, table, v_head_dim=16, softmax_scale=0.3, causal=causal)
     for b, n in enumerate(np.asarray(lens)):
         latent = np.asarray(kv)[np.asarray(table)[b, : -(-n // 4)]].reshape(-1, 24)[:n]

@@ -57,6 +57,8 @@ SCENARIOS: dict[str, tuple[dict[str, Any], MlaAttentionConfig | None, dict[str, 
     # pages of 3 (not a power of two), a scale, Hq not a power of two
     "odd_page": ({"kv_lens": (5, 19), "page": 3, "hq": 6, "sq": 2}, cfg(block_h=4), {"softmax_scale": 0.2}),
     "single_key": ({"kv_lens": (1,), "page": 1, "hq": 1}, None, {}),
+    # 40 heads x 2 tokens in one program: 128 rows, the last 48 padding
+    "many_heads": ({"kv_lens": (21, 6), "sq": 2, "hq": 40, "dk": 24}, cfg(block_h=64, splits=2), {"dv": 16}),
     "empty_contexts": ({"kv_lens": (0, 0), "sq": 2}, cfg(splits=2), {}),
 }
 
@@ -129,6 +131,14 @@ def test_traced_lengths_and_vmap() -> None:
     out = jax.vmap(run)(*stacked)
     assert out.shape == (2, *want.shape)
     assert_close(out[1], want, jnp.float32)
+
+
+@needs_kernels
+def test_empty_shapes() -> None:
+    q, kv, lens, table = mla_batch(4, kv_lens=(3, 4), hq=4)
+    run = lambda *a: ejk.mla_paged_attention(*a, v_head_dim=64, platform="triton")  # noqa: E731
+    assert run(q[:, :0], kv, lens, table).shape == (2, 0, 4, 64)
+    assert run(q[:0], kv, lens[:0], table[:0]).shape == (0, 1, 4, 64)
 
 
 @needs_kernels

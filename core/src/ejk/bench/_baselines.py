@@ -96,9 +96,16 @@ def _has_module(name: str) -> bool:
 def _jax_nn(implementation: Literal["xla", "cudnn"]) -> Callable[[Workload, tuple[Any, ...]], Prepared]:
     def build(workload: Workload, inputs: tuple[Any, ...]) -> Prepared:
         causal = bool(getattr(workload.case, "causal", False))
+        d, dv = inputs[0].shape[-1], inputs[2].shape[-1]
+        width = max(d, dv)  # jax.nn needs one head dim: zeros pad the narrower (q, k or v), as users do
+
+        def pad(x: jax.Array) -> jax.Array:
+            return jnp.pad(x, [(0, 0)] * 3 + [(0, width - x.shape[-1])]) if x.shape[-1] < width else x
 
         def fn(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
-            return jax.nn.dot_product_attention(q, k, v, is_causal=causal, implementation=implementation)
+            out = jax.nn.dot_product_attention(pad(q), pad(k), pad(v), scale=d ** -0.5, is_causal=causal,
+                                               implementation=implementation)
+            return out[..., :dv]
 
         return Prepared(fn=fn, args=inputs, diff=(0, 1, 2))
 
@@ -134,6 +141,8 @@ def _pallas_mha_unsupported(workload: Workload) -> str | None:
     case = workload.case
     if isinstance(case, AttentionCase) and case.kv_heads != case.heads:
         return "jax's Pallas mha needs as many kv heads as q heads (no GQA)"
+    if isinstance(case, AttentionCase) and case.v_dim != case.dim:
+        return "jax's Pallas mha needs one head dim for q, k and v"
     return None
 
 

@@ -224,6 +224,7 @@ def test_presets_hold_the_issue_shapes() -> None:
     ("moe:64x2048x1536x32768:skewed", bench.MoeCase(experts=64, k=2048, n=1536, tokens=32768, skewed=True)),
     ("gmm:8x64x32x256", bench.MoeCase(experts=8, k=64, n=32, tokens=256)),
     ("matmul:16x4096x14336", bench.MatmulCase(m=16, k=4096, n=14336)),
+    ("mla:128x8192:sq=2,hq=128", bench.MlaCase(batch=128, ctx=8192, sq=2, hq=128)),
 ])
 def test_shape_specs(spec: str, expected: bench.Case) -> None:
     assert bench.parse_case(spec) == expected

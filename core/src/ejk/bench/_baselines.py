@@ -17,9 +17,8 @@ import attrs
 import jax
 import jax.numpy as jnp
 
-from ejk.bench._cases import AttentionCase, MoeCase, PagedCase
+from ejk.bench._cases import AttentionCase, MlaCase, MoeCase, PagedCase
 from ejk.bench._workloads import Workload
-from ejk.ops._mla_paged_attention._bench import MlaCase
 
 __all__ = ["BASELINES", "Baseline", "Prepared", "baselines_for", "register_baseline"]
 

@@ -19,10 +19,11 @@ external baselines (jax.nn.dot_product_attention cudnn/xla, jax's Pallas GPU att
 attention, a @ b, lax.ragged_dot, a dense einsum over equal groups), all in one process on the
 same inputs. Writes bench.json (every number), bench.md and one PNG per op and mode to --out.
 
-OP: flash_attention (attention), ragged_paged_attention (decode), grouped_matmul (moe), matmul;
-default: all four, each with its preset shapes.
---shapes: presets (attention, decode, moe, matmul) or specs:
-  attention:BxSxHxD[:causal,kv=Hkv]   decode:SEQSxCTX[:q=1,hq=32,hkv=8,d=128,page=64]
+OP: flash_attention (attention), ragged_paged_attention (decode), mla_paged_attention (mla),
+grouped_matmul (moe), matmul; default: all five, each with its preset shapes.
+--shapes: presets (attention, decode, mla, moe, matmul) or specs:
+  attention:BxSxHxD[:causal,kv=Hkv,dv=Dv]  decode:SEQSxCTX[:q=1,hq=32,hkv=8,d=128,page=64]
+  mla:BxCTX[:sq=1,hq=16,dk=576,dv=512,page=64]
   moe:GxKxNxM[:skewed]                matmul:MxKxN
 
 Other lines: --all-configs times every config of each implementation's config space; --backward

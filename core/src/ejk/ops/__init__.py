@@ -27,6 +27,7 @@ from ejk.ops._flash_attention._residuals import FLASH_LSE_RESIDUALS, FLASH_RESID
 from ejk.ops._generic import AlgorithmKernel, run
 from ejk.ops._grouped_matmul import GroupedMatmulKernel, grouped_matmul
 from ejk.ops._matmul import MatmulKernel, matmul
+from ejk.ops._mla_paged_attention import MlaPagedAttentionKernel, mla_paged_attention
 from ejk.ops._ragged_paged_attention import (
     RaggedPagedAttentionKernel,
     paged_merge_splits,
@@ -53,6 +54,7 @@ __all__ = [
     "ImplChoice",
     "ImplementationReport",
     "MatmulKernel",
+    "MlaPagedAttentionKernel",
     "OpDefinition",
     "OpKernel",
     "RaggedPagedAttentionKernel",
@@ -65,6 +67,7 @@ __all__ = [
     "get_op",
     "grouped_matmul",
     "matmul",
+    "mla_paged_attention",
     "natural_lse",
     "paged_merge_splits",
     "paged_owned_rows",

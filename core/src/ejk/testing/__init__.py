@@ -46,6 +46,8 @@ if TYPE_CHECKING:
     from ejk.ops._grouped_matmul._reference import reference_grouped_matmul
     from ejk.ops._matmul._conformance import MATMUL_SHAPES, check_matmul
     from ejk.ops._matmul._reference import reference_matmul
+    from ejk.ops._mla_paged_attention._conformance import check_mla_paged_attention, mla_batch
+    from ejk.ops._mla_paged_attention._reference import mla_paged_attention_float64, reference_mla_paged_attention
     from ejk.ops._ragged_paged_attention._conformance import check_ragged_paged_attention
     from ejk.ops._ragged_paged_attention._reference import reference_ragged_paged_attention
 
@@ -54,6 +56,8 @@ _OP_EXTRAS = {
     "FLASH_ATTENTION_CASES": "ejk.ops._flash_attention._conformance",
     "attention_mask": "ejk.ops._flash_attention._reference",
     "MATMUL_SHAPES": "ejk.ops._matmul._conformance",
+    "mla_batch": "ejk.ops._mla_paged_attention._conformance",
+    "mla_paged_attention_float64": "ejk.ops._mla_paged_attention._reference",
 }
 
 __all__ = [
@@ -70,6 +74,7 @@ __all__ = [
     "check_flash_attention_lse",
     "check_grouped_matmul",
     "check_matmul",
+    "check_mla_paged_attention",
     "check_op",
     "check_ragged_paged_attention",
     "check_discovered_plugins",
@@ -77,11 +82,14 @@ __all__ = [
     "check_plugin",
     "expected_plugins",
     "fast_jit",
+    "mla_batch",
+    "mla_paged_attention_float64",
     "paged_batch",
     "reference_flash_attention",
     "reference_flash_attention_lse",
     "reference_grouped_matmul",
     "reference_matmul",
+    "reference_mla_paged_attention",
     "reference_ragged_paged_attention",
     "tolerance",
     "values_and_grads",

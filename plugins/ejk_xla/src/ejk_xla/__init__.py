@@ -10,15 +10,18 @@ from __future__ import annotations
 from ejk_xla._flash_attention import FlashAttentionConfig, flash_attention
 from ejk_xla._grouped_matmul import GroupedMatmulConfig, grouped_matmul
 from ejk_xla._matmul import MatmulConfig, matmul
+from ejk_xla._mla_attention import MlaAttentionConfig, mla_paged_attention
 from ejk_xla._paged_attention import PagedAttentionConfig, ragged_paged_attention
 
 __all__ = [
     "FlashAttentionConfig",
     "GroupedMatmulConfig",
     "MatmulConfig",
+    "MlaAttentionConfig",
     "PagedAttentionConfig",
     "flash_attention",
     "grouped_matmul",
     "matmul",
+    "mla_paged_attention",
     "ragged_paged_attention",
 ]

@@ -3,6 +3,7 @@ and the one-token step."""
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import jax
@@ -11,8 +12,7 @@ import numpy as np
 import pytest
 
 import ejk
-from ejk.ops._gated_delta_rule._conformance import GdrCase, gdr_inputs
-from ejk.testing import assert_close, reference_gated_delta_rule
+from ejk.testing import GdrCase, assert_close, gdr_inputs, reference_gated_delta_rule
 
 
 def numpy_loop(q: Any, k: Any, v: Any, g: Any, beta: Any, init: Any, cu: Any, scale: float,
@@ -24,8 +24,7 @@ def numpy_loop(q: Any, k: Any, v: Any, g: Any, beta: Any, init: Any, cu: Any, sc
         k = k / np.sqrt((k * k).sum(-1, keepdims=True) + 1e-6)
     b, t, h, dk = q.shape
     dv = v.shape[-1]
-    bounds = [(r, 0, t) for r in range(b)] if cu is None else [(0, int(s), int(e)) for s, e in zip(cu[:-1], cu[1:],
-                                                                                                  strict=True)]
+    bounds = [(r, 0, t) for r in range(b)] if cu is None else [(0, int(s), int(e)) for s, e in itertools.pairwise(cu)]
     o = np.zeros((b, t, h, dv))
     finals = []
     for n, (row, start, end) in enumerate(bounds):

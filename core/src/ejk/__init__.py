@@ -62,7 +62,8 @@ if TYPE_CHECKING:
 __version__ = installed_version("ejk-core") or "0+unknown"
 
 #: The dispatch API of :mod:`ejk.ops` that ``ejk`` serves too (imported on first access, like the ops).
-_FROM_OPS = {"ImplChoice", "explain", "gated_delta_rule_step", "get_default_executor", "run", "set_default_executor", "use_executor"}
+_FROM_OPS = {"ImplChoice", "explain", "gated_delta_rule_step", "get_default_executor", "run", "set_default_executor",
+             "use_executor"}
 
 #: Static typing sees the operations through the imports above; ``__all__`` lists them for tools. At run
 #: time ``ejk.<op>`` is read from the op definitions (a test keeps both lists equal to the built-in ops).

@@ -16,8 +16,7 @@ import numpy as np
 import pytest
 
 import ejk
-from ejk.ops._gated_delta_rule._conformance import GdrCase, gdr_inputs
-from ejk.testing import FAST_COMPILE, assert_close, reference_gated_delta_rule
+from ejk.testing import FAST_COMPILE, GdrCase, assert_close, gdr_inputs, reference_gated_delta_rule
 from ejk_triton import _env
 from ejk_triton._gated_delta_rule import GatedDeltaRuleConfig, capability
 

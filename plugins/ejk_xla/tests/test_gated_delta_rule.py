@@ -11,8 +11,7 @@ import numpy as np
 import pytest
 
 import ejk
-from ejk.ops._gated_delta_rule._conformance import GdrCase, gdr_inputs
-from ejk.testing import FAST_COMPILE, assert_close, check_op, reference_gated_delta_rule
+from ejk.testing import FAST_COMPILE, GdrCase, assert_close, check_op, gdr_inputs, reference_gated_delta_rule
 from ejk_xla._gated_delta_rule import GatedDeltaRuleConfig
 
 NAMES = ("q", "k", "v", "g", "beta", "initial_state")

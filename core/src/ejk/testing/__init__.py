@@ -42,6 +42,7 @@ if TYPE_CHECKING:
         reference_flash_attention,
         reference_flash_attention_lse,
     )
+    from ejk.ops._gated_delta_rule._conformance import GdrCase, gdr_inputs
     from ejk.ops._grouped_matmul._conformance import check_grouped_matmul
     from ejk.ops._grouped_matmul._reference import reference_grouped_matmul
     from ejk.ops._matmul._conformance import MATMUL_SHAPES, check_matmul
@@ -54,6 +55,8 @@ _OP_EXTRAS = {
     "FLASH_ATTENTION_CASES": "ejk.ops._flash_attention._conformance",
     "attention_mask": "ejk.ops._flash_attention._reference",
     "MATMUL_SHAPES": "ejk.ops._matmul._conformance",
+    "GdrCase": "ejk.ops._gated_delta_rule._conformance",
+    "gdr_inputs": "ejk.ops._gated_delta_rule._conformance",
 }
 
 __all__ = [
@@ -61,6 +64,7 @@ __all__ = [
     "AttentionCase",
     "ConformanceError",
     "FLASH_ATTENTION_CASES",
+    "GdrCase",
     "MATMUL_SHAPES",
     "TOLERANCES",
     "assert_close",
@@ -77,6 +81,7 @@ __all__ = [
     "check_plugin",
     "expected_plugins",
     "fast_jit",
+    "gdr_inputs",
     "paged_batch",
     "reference_flash_attention",
     "reference_flash_attention_lse",

@@ -209,9 +209,15 @@ def _backward_rows(st: _Static, residuals: tuple[jax.Array, ...], cotangents: tu
     def rowed(x: jax.Array, like: jax.Array) -> jax.Array:
         return jnp.swapaxes(x, 1, 2).reshape(like.shape).astype(like.dtype)
 
-    local = jax.vmap(jax.vmap(partial(_chunk_local, st.scale)))
-    primals = tuple(chunked(x) for x in (q, k, v, g, beta))
-    _, pull = jax.vjp(lambda *xs: local(*xs, h), *primals)
+    def one(q: jax.Array, k: jax.Array, v: jax.Array, g: jax.Array, beta: jax.Array,
+            state: jax.Array) -> tuple[jax.Array, jax.Array]:
+        return _chunk_local(st.scale, q, k, v, g, beta, state)
+
+    local = jax.vmap(jax.vmap(one))
+    def of_inputs(qc: jax.Array, kc: jax.Array, vc: jax.Array, gr: jax.Array, bc: jax.Array) -> Any:
+        return local(qc, kc, vc, gr, bc, h)
+
+    _, pull = jax.vjp(of_inputs, *(chunked(x) for x in (q, k, v, g, beta)))
     grads = pull((chunked(d_o), dh))
     dq, dk_, dv_, dg, db = (rowed(d, x) for d, x in zip(grads, (q, k, v, g, beta), strict=True))
     return dq, dk_, dv_, dg, db, d_init.astype(init.dtype), np.zeros(cstart.shape, jax.dtypes.float0)

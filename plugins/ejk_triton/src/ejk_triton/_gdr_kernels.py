@@ -1,3 +1,4 @@
+# mypy: disable-error-code="no-untyped-def,no-any-return,misc,untyped-decorator"
 """The Triton kernels of the chunked gated delta rule (see ``_gated_delta_rule`` for the algorithm).
 
 Tokens sit in rows of ``C``-token chunks: row ``r = chunk·C + i`` of a ``[R, H, D]`` array. Inputs
@@ -16,7 +17,7 @@ __all__ = ["gdr_output_kernel", "gdr_prep_kernel", "gdr_state_bwd_kernel", "gdr_
 
 @triton.jit
 def _rows(ptr, c, h, H: tl.constexpr, D: tl.constexpr, C: tl.constexpr, BD: tl.constexpr, col0):
-    """Pointers and mask of chunk ``c``'s ``[C, BD]`` tile of a ``[R, H, D]`` array, columns from ``col0``."""
+    """Pointers and mask of chunk ``c``'s ``[C, BD]`` tile of a ``[R, H, D]`` array (columns from ``col0``)."""
     rows = c * C + tl.arange(0, C)
     cols = col0 + tl.arange(0, BD)
     return ptr + (rows[:, None] * H + h) * D + cols[None, :], (cols < D)[None, :]
@@ -42,7 +43,8 @@ def _decay(gc, C: tl.constexpr, STRICT: tl.constexpr):
 def gdr_prep_kernel(k_ptr, v_ptr, g_ptr, b_ptr, w_ptr, u_ptr, gc_ptr, H: tl.constexpr, K: tl.constexpr,
                     V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr,
                     IN_PREC: tl.constexpr):
-    """Per (chunk, head): ``gc = cumsum(g)``, ``T = (I + strictly_lower(β k kᵀ Γ))⁻¹``, ``W = T β e^gc k``, ``U = T β v``."""
+    """Per (chunk, head): ``gc = cumsum(g)``, ``T = (I + strictly_lower(β k kᵀ Γ))⁻¹``, ``W = T β e^gc k`` and
+    ``U = T β v``."""
     c, h = tl.program_id(0), tl.program_id(1)
     kp, km = _rows(k_ptr, c, h, H, K, C, BK, 0)
     k = tl.load(kp, mask=km, other=0.0)
@@ -69,7 +71,7 @@ def gdr_prep_kernel(k_ptr, v_ptr, g_ptr, b_ptr, w_ptr, u_ptr, gc_ptr, H: tl.cons
 @triton.jit
 def _state_tile(ptr, idx, h, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr,
                 BV: tl.constexpr, col0):
-    """Pointers and mask of the ``[BK, BV]`` tile (columns from ``col0``) of state ``idx`` of a ``[·, H, K, V]`` array."""
+    """Pointers and mask of the ``[BK, BV]`` tile (columns from ``col0``) of state ``idx`` of ``[·, H, K, V]``."""
     ik = tl.arange(0, BK)
     iv = col0 + tl.arange(0, BV)
     return ptr + ((idx * H + h) * K + ik[:, None]) * V + iv[None, :], (ik < K)[:, None] & (iv < V)[None, :]
@@ -105,9 +107,9 @@ def gdr_state_kernel(w_ptr, u_ptr, k_ptr, gc_ptr, init_ptr, cstart_ptr, h_ptr, f
 
 
 @triton.jit
-def gdr_output_kernel(q_ptr, k_ptr, w_ptr, u_ptr, gc_ptr, h_ptr, o_ptr, SCALE: tl.constexpr, H: tl.constexpr, K: tl.constexpr,
-                      V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr,
-                      IN_PREC: tl.constexpr):
+def gdr_output_kernel(q_ptr, k_ptr, w_ptr, u_ptr, gc_ptr, h_ptr, o_ptr, SCALE: tl.constexpr, H: tl.constexpr,
+                      K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+                      PREC: tl.constexpr, IN_PREC: tl.constexpr):
     """Per (chunk, head, V block): ``o = scale (e^gc q S + lower(q kᵀ Γ) (U − W S))``."""
     c, h, col0 = tl.program_id(0), tl.program_id(1), tl.program_id(2) * BV
     qp, qm = _rows(q_ptr, c, h, H, K, C, BK, 0)
@@ -127,9 +129,9 @@ def gdr_output_kernel(q_ptr, k_ptr, w_ptr, u_ptr, gc_ptr, h_ptr, o_ptr, SCALE: t
 
 
 @triton.jit
-def gdr_state_bwd_kernel(q_ptr, k_ptr, w_ptr, gc_ptr, do_ptr, dfinal_ptr, cstart_ptr, dh_ptr, dinit_ptr, SCALE: tl.constexpr,
-                         H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr,
-                         BV: tl.constexpr, PREC: tl.constexpr, IN_PREC: tl.constexpr):
+def gdr_state_bwd_kernel(q_ptr, k_ptr, w_ptr, gc_ptr, do_ptr, dfinal_ptr, cstart_ptr, dh_ptr, dinit_ptr,
+                         SCALE: tl.constexpr, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr,
+                         BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr, IN_PREC: tl.constexpr):
     """Per (V block, sequence·head), chunks in reverse: the gradient of the state leaving each chunk.
 
     With ``dS'`` that of the state leaving chunk c (the final state's cotangent for the last):

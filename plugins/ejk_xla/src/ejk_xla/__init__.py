@@ -8,16 +8,19 @@ through the ``xla`` entry point of the ``ejk`` group.
 from __future__ import annotations
 
 from ejk_xla._flash_attention import FlashAttentionConfig, flash_attention
+from ejk_xla._gated_delta_rule import GatedDeltaRuleConfig, gated_delta_rule
 from ejk_xla._grouped_matmul import GroupedMatmulConfig, grouped_matmul
 from ejk_xla._matmul import MatmulConfig, matmul
 from ejk_xla._paged_attention import PagedAttentionConfig, ragged_paged_attention
 
 __all__ = [
     "FlashAttentionConfig",
+    "GatedDeltaRuleConfig",
     "GroupedMatmulConfig",
     "MatmulConfig",
     "PagedAttentionConfig",
     "flash_attention",
+    "gated_delta_rule",
     "grouped_matmul",
     "matmul",
     "ragged_paged_attention",

@@ -24,7 +24,8 @@ _CHUNK = 64
 
 @attrs.frozen(kw_only=True)
 class GdrBenchCase(Case):
-    """``gated_delta_rule``: ``[B, T, H, K]``; ``seqs > 0`` packs ``B = 1`` into that many sequences of random lengths."""
+    """``gated_delta_rule``: ``[B, T, H, K]``; ``seqs > 0`` packs ``B = 1`` into that many sequences of random
+    lengths."""
 
     op: ClassVar[str] = "gated_delta_rule"
     x_name: ClassVar[str] = "tokens"

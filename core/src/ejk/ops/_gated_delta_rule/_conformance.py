@@ -43,7 +43,7 @@ GDR_CASES: tuple[GdrCase, ...] = (
 )
 
 
-def gdr_inputs(case: GdrCase, dtype: Any, seed: int = 0) -> tuple[jax.Array, ...]:
+def gdr_inputs(case: GdrCase, dtype: Any, seed: int = 0) -> tuple[Any, ...]:
     """``(q, k, v, g, beta, initial_state)`` (unit-normalised keys unless the op normalises them, decays
     ``g`` in about ``[-0.7, 0]``, ``beta`` in ``(0, 1)``); ``initial_state`` is ``None`` unless asked for."""
     rng = np.random.default_rng(seed)
@@ -93,7 +93,8 @@ def check_gated_delta_rule(
 
             def ref(*xs: jax.Array, case: GdrCase = case, cu: Any = cu) -> tuple[jax.Array, jax.Array]:
                 state = xs[5] if len(xs) > 5 else None
-                return reference_gated_delta_rule(*xs[:5], state, cu, use_qk_l2norm=case.l2norm)
+                q, k, v, g, beta = xs[:5]
+                return reference_gated_delta_rule(q, k, v, g, beta, state, cu, use_qk_l2norm=case.l2norm)
 
             (o, final), pull = jax.vjp(jax.jit(ours), *diff)
             (want_o, want_final), ref_pull = jax.vjp(jax.jit(ref), *diff)

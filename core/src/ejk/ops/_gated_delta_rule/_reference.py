@@ -83,7 +83,11 @@ def reference_gated_delta_rule(
     if cu_seqlens is None:
         init = jnp.zeros((batch, heads, dk, dv), ct) if initial_state is None else initial_state.astype(ct)
         cu = jnp.asarray([0, length], jnp.int32)
-        o, finals = jax.vmap(lambda *a: _packed(*a, cu, scale))(q, k, v, g, beta, init[:, None])
+        def row(q: jax.Array, k: jax.Array, v: jax.Array, g: jax.Array, beta: jax.Array,
+                init: jax.Array) -> tuple[jax.Array, jax.Array]:
+            return _packed(q, k, v, g, beta, init, cu, scale)
+
+        o, finals = jax.vmap(row)(q, k, v, g, beta, init[:, None])
         return o.astype(out_dtype), finals[:, 0]
     sequences = cu_seqlens.shape[0] - 1
     init = jnp.zeros((sequences, heads, dk, dv), ct) if initial_state is None else initial_state.astype(ct)

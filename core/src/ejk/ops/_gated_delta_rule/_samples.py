@@ -1,4 +1,5 @@
-"""Sample calls of ``gated_delta_rule`` (``ejk doctor`` and ``ejk.testing.check_plugin`` run every implementation on them)."""
+"""Sample calls of ``gated_delta_rule`` (``ejk doctor`` and ``ejk.testing.check_plugin`` run every implementation
+on them)."""
 
 from __future__ import annotations
 

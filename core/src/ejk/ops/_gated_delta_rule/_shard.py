@@ -15,7 +15,7 @@ __all__ = ["gated_delta_rule_rule"]
 
 
 def gated_delta_rule_rule(arrays: tuple[Any, ...], axes_of: AxesOf, size: Size) -> ShardPlan | None:
-    q, k, v, g, beta, initial_state, cu_seqlens = arrays
+    q, *_, initial_state, cu_seqlens = arrays
     batch, _, heads, _ = q.shape
     rows: Axes = () if cu_seqlens is not None else divides(size, axes_of(q, 0), batch)
     cols: Axes = divides(size, axes_of(q, 2), heads)

@@ -19,11 +19,12 @@ external baselines (jax.nn.dot_product_attention cudnn/xla, jax's Pallas GPU att
 attention, a @ b, lax.ragged_dot, a dense einsum over equal groups), all in one process on the
 same inputs. Writes bench.json (every number), bench.md and one PNG per op and mode to --out.
 
-OP: flash_attention (attention), ragged_paged_attention (decode), grouped_matmul (moe), matmul;
-default: all four, each with its preset shapes.
---shapes: presets (attention, decode, moe, matmul) or specs:
+OP: flash_attention (attention), ragged_paged_attention (decode), grouped_matmul (moe), matmul,
+gated_delta_rule (gdr); default: all of them, each with its preset shapes.
+--shapes: presets (attention, decode, moe, matmul, gdr) or specs:
   attention:BxSxHxD[:causal,kv=Hkv]   decode:SEQSxCTX[:q=1,hq=32,hkv=8,d=128,page=64]
   moe:GxKxNxM[:skewed]                matmul:MxKxN
+  gdr:BxT[:h=32,k=128,v=128,seqs=0]
 
 Other lines: --all-configs times every config of each implementation's config space; --backward
 LABEL pairs each forward with another implementation's backward (fwd+bwd). Other studies of the

@@ -4,8 +4,9 @@ Today: ``flash_attention`` forward and backward (FlashAttention-2 style kernels;
 sliding windows, soft cap, segment ids, bias), ``matmul`` (``jnp.matmul`` shapes),
 ``grouped_matmul`` (mixture of experts, one persistent launch over all groups), each with its
 backward, ``ragged_paged_attention`` (decode with split-K and chunked prefill over a paged KV
-cache, one kernel) and ``gated_delta_rule`` (chunked WY form, forward and backward). Triton and jax-triton are imported lazily, when
-a kernel is first launched, so this package imports (and reports its status) without them.
+cache, one kernel) and ``gated_delta_rule`` (chunked WY form, forward and backward). Triton and
+jax-triton are imported lazily, when a kernel is first launched, so this package imports (and
+reports its status) without them.
 
 ``EJK_TRITON_INTERPRET=1`` runs the same kernels through Triton's interpreter on the CPU
 (a test / debug mode: only ``platform="triton"`` reaches it, never ``platform="auto"``).

@@ -16,10 +16,11 @@ Forward, three launches:
 
 Backward: the forward's first two launches again (the states are recomputed, not kept), then
 ``gdr_state_bwd_kernel`` (V block, sequence·head) walks each sequence's chunks in reverse for the
-gradient of the state leaving every chunk and of the initial state. Given those, every chunk's
-inputs get their gradients independently: the VJP of the chunk's own computation (its
-triangular solve included), batched over all chunks by XLA. ``use_qk_l2norm`` normalises
-``q`` and ``k`` in XLA before the kernels (in float32, then back to the input dtype), differentiated by JAX.
+gradient of the state leaving every chunk and of the initial state, and ``gdr_local_bwd_kernel``
+(chunk, head) gives every chunk's ``dq, dk, dv, dβ, dg`` from the state entering it, the gradient
+of the state leaving it and ``dO`` (its ``(I + A)⁻¹`` recomputed, ``V`` in blocks). ``use_qk_l2norm``
+normalises ``q`` and ``k`` in XLA before the kernels (in float32, then back to the input dtype),
+differentiated by JAX.
 """
 
 from __future__ import annotations
@@ -40,7 +41,6 @@ from ejk_triton._launch import kernels, launch, sequential_vmap
 __all__ = ["GatedDeltaRuleConfig", "capability", "config_space", "forward", "heuristic_config"]
 
 _EPS = 1e-6
-_HIGHEST = lax.Precision.HIGHEST
 
 
 @attrs.frozen(kw_only=True)
@@ -162,38 +162,13 @@ def _forward_rows(st: _Static, q: jax.Array, k: jax.Array, v: jax.Array, g: jax.
     return o, final
 
 
-def _dot(spec: str, a: jax.Array, b: jax.Array) -> jax.Array:
-    return jnp.einsum(spec, a, b, precision=_HIGHEST)
-
-
-def _chunk_local(scale: float, q: jax.Array, k: jax.Array, v: jax.Array, g: jax.Array, beta: jax.Array,
-                 state: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """One chunk in XLA (``q [C, K]`` … ``state [K, V]`` entering it): ``(o [C, V], state leaving it)``."""
-    c = q.shape[0]
-    gc = jnp.cumsum(g)
-    i = jnp.arange(c)
-    lower = i[:, None] >= i[None, :]
-    gamma = jnp.where(lower, jnp.exp(jnp.where(lower, gc[:, None] - gc[None, :], 0.0)), 0.0)
-    strict = jnp.where(i[:, None] > i[None, :], gamma, 0.0)
-    a = beta[:, None] * _dot("ik,jk->ij", k, k) * strict
-    rhs = jnp.concatenate([(beta * jnp.exp(gc))[:, None] * k, beta[:, None] * v], axis=-1)
-    wu = lax.linalg.triangular_solve(a + jnp.eye(c, dtype=a.dtype), rhs, left_side=True, lower=True,
-                                     unit_diagonal=True)
-    w, u = wu[:, : k.shape[1]], wu[:, k.shape[1]:]
-    new = u - _dot("ck,kv->cv", w, state)
-    o = scale * (_dot("ck,kv->cv", jnp.exp(gc)[:, None] * q, state) + _dot("ij,jv->iv", _dot("ik,jk->ij", q, k)
-                                                                         * gamma, new))
-    k_dec = k * jnp.exp(gc[-1] - gc)[:, None]
-    return o, jnp.exp(gc[-1]) * state + _dot("ck,cv->kv", k_dec, new)
-
-
 def _backward_rows(st: _Static, residuals: tuple[jax.Array, ...], cotangents: tuple[jax.Array, jax.Array]
                    ) -> tuple[Any, ...]:
     q, k, v, g, beta, init, cstart = residuals
     d_o, d_final = cotangents
     rows, heads, dk, dv, bk = _shapes(q, v)
     chunks, sequences, c = rows // st.chunk, init.shape[0], st.chunk
-    w, _, gc, h, _ = _prep_and_states(st, k, v, g, beta, init, cstart)
+    w, u, gc, h, _ = _prep_and_states(st, k, v, g, beta, init, cstart)
     bv = min(st.block_v, max(16, 1 << (dv - 1).bit_length()))
     f32 = jnp.float32
     dh, d_init = _launch("gdr_state_bwd_kernel", grid=(cdiv(dv, bv), sequences * heads),
@@ -203,23 +178,14 @@ def _backward_rows(st: _Static, residuals: tuple[jax.Array, ...], cotangents: tu
                          num_warps=st.num_warps, num_stages=st.num_stages, SCALE=st.scale, H=heads, K=dk, V=dv,
                          C=c, BK=bk, BV=bv, PREC=st.prec, IN_PREC=st.in_prec)
 
-    def chunked(x: jax.Array) -> jax.Array:  # [R, H, ...] -> [chunks, H, C, ...] float32
-        return jnp.swapaxes(x.reshape(chunks, c, *x.shape[1:]), 1, 2).astype(f32)
-
-    def rowed(x: jax.Array, like: jax.Array) -> jax.Array:
-        return jnp.swapaxes(x, 1, 2).reshape(like.shape).astype(like.dtype)
-
-    def one(q: jax.Array, k: jax.Array, v: jax.Array, g: jax.Array, beta: jax.Array,
-            state: jax.Array) -> tuple[jax.Array, jax.Array]:
-        return _chunk_local(st.scale, q, k, v, g, beta, state)
-
-    local = jax.vmap(jax.vmap(one))
-    def of_inputs(qc: jax.Array, kc: jax.Array, vc: jax.Array, gr: jax.Array, bc: jax.Array) -> Any:
-        return local(qc, kc, vc, gr, bc, h)
-
-    _, pull = jax.vjp(of_inputs, *(chunked(x) for x in (q, k, v, g, beta)))
-    grads = pull((chunked(d_o), dh))
-    dq, dk_, dv_, dg, db = (rowed(d, x) for d, x in zip(grads, (q, k, v, g, beta), strict=True))
+    dq, dk_, dv_, db, dg = _launch(
+        "gdr_local_bwd_kernel", grid=(chunks, heads), inputs=(q, k, v, beta, gc, w, u, h, dh, d_o.astype(f32)),
+        out_shapes=(jax.ShapeDtypeStruct((rows, heads, dk), f32), jax.ShapeDtypeStruct((rows, heads, dk), f32),
+                    jax.ShapeDtypeStruct((rows, heads, dv), f32), jax.ShapeDtypeStruct((rows, heads), f32),
+                    jax.ShapeDtypeStruct((rows, heads), f32)),
+        num_warps=st.num_warps, num_stages=st.num_stages, SCALE=st.scale, H=heads, K=dk, V=dv, C=c, BK=bk, BV=bv,
+        PREC=st.prec, IN_PREC=st.in_prec)
+    dq, dk_, dv_, dg, db = (d.astype(x.dtype) for d, x in ((dq, q), (dk_, k), (dv_, v), (dg, g), (db, beta)))
     return dq, dk_, dv_, dg, db, d_init.astype(init.dtype), np.zeros(cstart.shape, jax.dtypes.float0)
 
 

@@ -124,3 +124,32 @@ def test_the_step_names_its_bad_state() -> None:
     with pytest.raises(ValueError, match=r"gated_delta_rule_step: state has shape \(2, 3, 4, 4\) but needs"):
         ejk.gated_delta_rule_step(q, q, jnp.zeros((2, 3, 5)), jnp.zeros((2, 3)), jnp.zeros((2, 3)),
                                   jnp.zeros((2, 3, 4, 4)))
+
+
+def _gdr_plan(layout: dict[int, tuple[tuple[str, ...], ...]], cu: bool = False, init: bool = True) -> Any:
+    f32 = jnp.float32
+    arrays = (jax.ShapeDtypeStruct((4, 16, 8, 4), f32), jax.ShapeDtypeStruct((4, 16, 8, 4), f32),
+              jax.ShapeDtypeStruct((4, 16, 8, 6), f32), jax.ShapeDtypeStruct((4, 16, 8), f32),
+              jax.ShapeDtypeStruct((4, 16, 8), f32),
+              jax.ShapeDtypeStruct((3 if cu else 4, 8, 4, 6), f32) if init else None,
+              jax.ShapeDtypeStruct((4,), jnp.int32) if cu else None)
+
+    def axes_of(x: Any, dim: int) -> tuple[str, ...]:
+        for i, spec in layout.items():
+            if arrays[i] is x and dim < len(spec):
+                return spec[dim]
+        return ()
+
+    return ejk.ops.get_op("gated_delta_rule").shard_rule_fn()(arrays, axes_of, lambda axes: 2 ** len(axes))
+
+
+def test_the_shard_rule_splits_batch_rows_and_heads_only() -> None:
+    from jax.sharding import PartitionSpec as P
+
+    plan = _gdr_plan({0: (("x",), (), ("y",))})
+    assert plan.in_specs[0] == P("x", None, "y", None) and plan.in_specs[3] == P("x", None, "y")
+    assert plan.in_specs[5] == P("x", "y", None, None) and plan.in_specs[6] is None
+    assert plan.out_specs == (P("x", None, "y", None), P("x", "y", None, None)) and plan.body is None
+    packed = _gdr_plan({0: (("x",), (), ("y",))}, cu=True)  # packed sequences: heads only
+    assert packed.in_specs[0] == P(None, None, "y", None) and packed.in_specs[6] == P(None)
+    assert _gdr_plan({0: ((), ("x",))}) is None  # time is never split: gathered

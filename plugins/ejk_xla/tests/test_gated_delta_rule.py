@@ -67,7 +67,7 @@ def check_case(case: GdrCase, cfg: Any, *, seed: int = 0) -> None:
 
 
 @pytest.mark.parametrize("case", [
-    GdrCase(batch=2, length=37, heads=2, dk=8, dv=4, initial_state=True),  # odd length: a padded last chunk
+    GdrCase(batch=2, length=37, heads=1, dk=8, dv=4, initial_state=True),  # odd length: a padded last chunk
     GdrCase(batch=1, length=1, heads=1, dk=4, dv=4),
     GdrCase(batch=1, length=45, heads=2, dk=8, dv=8, seqlens=(0, 16, 3, 0, 26), initial_state=True, l2norm=True),
     GdrCase(batch=1, length=0, heads=1, dk=4, dv=4, seqlens=(0, 0), initial_state=True),
@@ -92,7 +92,7 @@ def test_chunk_sizes_agree() -> None:
 
 def test_conformance_in_bfloat16() -> None:
     assert check_op("gated_delta_rule", "xla", dtypes=(jnp.bfloat16,), cases=[
-        GdrCase(batch=1, length=40, heads=2, dk=16, dv=8, seqlens=(3, 0, 37), initial_state=True, l2norm=True)]) == 1
+        GdrCase(batch=1, length=24, heads=1, dk=8, dv=8, seqlens=(3, 0, 21), initial_state=True, l2norm=True)]) == 1
 
 
 def test_traced_offsets_under_jit_and_vmap() -> None:

@@ -12,8 +12,9 @@ log decay inside the chunk, ``Γ_ij = exp(G_i − G_j)`` for ``i ≥ j``:
 - ``o = scale (e^G q S + lower(q·k Γ) (U − W S))``, all chunks at once.
 
 Everything is float32 with full-precision products. Gradients are JAX's autodiff of this
-computation: the scan keeps one ``[H, K, V]`` state per chunk (``T / C`` of them), the rest is
-recomputed-free batched algebra, so memory is ``O(T·H·(K + V) + (T / C)·H·K·V)``.
+computation (no custom VJP): the backward keeps one ``[H, K, V]`` state per chunk (``T / C`` of
+them) and the chunks' ``[C, C]`` matrices, so memory is ``O(T·H·(K + V + C) + (T / C)·H·K·V)``
+(about 2 GB at 32k tokens, H 32, K = V = 128).
 """
 
 from __future__ import annotations

@@ -8,6 +8,10 @@ Qwen3-Next-sized heads compiled on an NVIDIA GPU against the float64 reference t
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from typing import Any
 
 import jax
@@ -23,7 +27,7 @@ from ejk_triton._gated_delta_rule import GatedDeltaRuleConfig, capability
 ON_GPU = _env.nvidia_gpu()[0]
 needs_kernels = pytest.mark.skipif(not (ON_GPU or _env.interpret_mode()),
                                    reason="needs an NVIDIA GPU or EJK_TRITON_INTERPRET=1")
-SMALL = GatedDeltaRuleConfig(chunk=16, block_v=16, num_warps=4, num_stages=1)
+SMALL = GatedDeltaRuleConfig(chunk=16, block_v=16, num_warps=4, num_stages=1, backward_chunk=16)
 NAMES = ("q", "k", "v", "g", "beta", "initial_state")
 
 
@@ -87,6 +91,13 @@ def test_values_states_and_gradients_match_float64(case: GdrCase) -> None:
 
 
 @needs_kernels
+def test_the_backward_splits_the_forward_chunks() -> None:
+    """A 32-token forward layout, the backward kernels in 16-token chunks (the GPU heuristic's 64 / 32)."""
+    check_case(GdrCase(batch=1, length=40, heads=1, dk=16, dv=16, seqlens=(35, 5), initial_state=True),
+               jnp.float32, GatedDeltaRuleConfig(chunk=32, block_v=16, num_warps=4, num_stages=1, backward_chunk=16))
+
+
+@needs_kernels
 def test_bfloat16_inputs() -> None:
     check_case(GdrCase(batch=1, length=20, heads=1, dk=16, dv=16, initial_state=True, l2norm=True), jnp.bfloat16, SMALL)
 
@@ -112,6 +123,31 @@ def test_vmap_runs_each_element() -> None:
     q, k, v, g, beta, _ = gdr_inputs(GdrCase(batch=2, length=16, heads=1, dk=16, dv=16), jnp.float32)
     batched = jax.vmap(lambda *xs: ejk.gated_delta_rule(*(x[None] for x in xs), platform="triton", cfg=SMALL)[0][0])
     assert_close(batched(q, k, v, g, beta), reference_gated_delta_rule(q, k, v, g, beta)[0], jnp.float32)
+
+
+_AOT_SCRIPT = """
+import json, jax.numpy as jnp
+from ejk_triton._gated_delta_rule import compile_kernels, heuristic_config
+report = compile_kernels(128, 128, jnp.bfloat16, cfg=heuristic_config(None))
+print(json.dumps({name: info["shared"] for name, info in report.items()}))
+"""
+
+
+def test_kernels_compile_for_sm90_without_a_gpu(tmp_path: Any) -> None:
+    """Every kernel of a forward and a backward compiles for sm_90 at K = V = 128 with the GPU heuristic's config
+    and fits an H100's shared memory (the interpreter runs what the compiler may refuse)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "EJK_TRITON_INTERPRET")}
+    env.update(JAX_PLATFORMS="cpu", TRITON_CACHE_DIR=str(tmp_path / "triton-cache"))
+    result = subprocess.run([sys.executable, "-c", _AOT_SCRIPT], capture_output=True, text=True, env=env,
+                            timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    shared = json.loads(result.stdout.strip().splitlines()[-1])
+    assert len(shared) == 7 and all(0 < size <= 227 * 1024 for size in shared.values()), shared
+
+
+def test_a_backward_chunk_above_the_forward_chunk_is_refused() -> None:
+    with pytest.raises(ValueError, match="backward_chunk=64 but needs at most chunk=32"):
+        GatedDeltaRuleConfig(chunk=32, backward_chunk=64)
 
 
 def test_the_gate_names_what_it_cannot_run() -> None:

@@ -48,16 +48,29 @@ class GatedDeltaRuleConfig:
     """Chunk and tiles of the Triton gated delta rule.
 
     Attributes:
-        chunk: Tokens per chunk (16, 32 or 64): the state kernels run ``T / chunk`` sequential steps.
-        block_v: Columns of ``V`` per program of the state and output kernels (clamped to ``V``).
-        num_warps: Warps per program.
+        chunk: Tokens per chunk of the forward (16, 32 or 64): the state kernels run ``T / chunk``
+            sequential steps.
+        block_v: Columns of ``V`` per program of the state, output and gradient kernels (clamped to ``V``).
+        num_warps: Warps per program of the forward kernels.
         num_stages: Software-pipelining stages.
+        backward_chunk: Tokens per chunk of the backward kernels (at most ``chunk``; the chunks of
+            the forward's layout split evenly): its per-chunk gradient kernel holds several
+            ``[chunk, K]`` float32 tiles, which at 64 tokens and ``K = 128`` need more shared memory
+            than an H100 has.
+        backward_warps: Warps per program of the backward kernels.
     """
 
     chunk: int = attrs.field(default=64, validator=one_of(16, 32, 64))
-    block_v: int = attrs.field(default=64, validator=power_of_two(16))
+    block_v: int = attrs.field(default=32, validator=power_of_two(16))
     num_warps: int = attrs.field(default=4, validator=one_of(1, 2, 4, 8))
     num_stages: int = attrs.field(default=2, validator=int_in(1, 4))
+    backward_chunk: int = attrs.field(default=32, validator=one_of(16, 32, 64))
+    backward_warps: int = attrs.field(default=8, validator=one_of(1, 2, 4, 8))
+
+    def __attrs_post_init__(self) -> None:
+        if self.backward_chunk > self.chunk:
+            raise ValueError(f"GatedDeltaRuleConfig: backward_chunk={self.backward_chunk} but needs at most "
+                             f"chunk={self.chunk} (the backward splits the forward's chunks)")
 
 
 class _Layout(NamedTuple):
@@ -112,6 +125,8 @@ class _Static(NamedTuple):
     num_stages: int
     prec: str
     in_prec: str
+    backward_chunk: int
+    backward_warps: int
 
 
 def _shapes(q: jax.Array, v: jax.Array) -> tuple[int, int, int, int, int]:
@@ -166,6 +181,8 @@ def _backward_rows(st: _Static, residuals: tuple[jax.Array, ...], cotangents: tu
                    ) -> tuple[Any, ...]:
     q, k, v, g, beta, init, cstart = residuals
     d_o, d_final = cotangents
+    cstart = cstart * (st.chunk // st.backward_chunk)  # the same layout in smaller chunks
+    st = st._replace(chunk=st.backward_chunk, num_warps=st.backward_warps)
     rows, heads, dk, dv, bk = _shapes(q, v)
     chunks, sequences, c = rows // st.chunk, init.shape[0], st.chunk
     w, u, gc, h, _ = _prep_and_states(st, k, v, g, beta, init, cstart)
@@ -186,7 +203,7 @@ def _backward_rows(st: _Static, residuals: tuple[jax.Array, ...], cotangents: tu
         num_warps=st.num_warps, num_stages=st.num_stages, SCALE=st.scale, H=heads, K=dk, V=dv, C=c, BK=bk, BV=bv,
         PREC=st.prec, IN_PREC=st.in_prec)
     dq, dk_, dv_, dg, db = (d.astype(x.dtype) for d, x in ((dq, q), (dk_, k), (dv_, v), (dg, g), (db, beta)))
-    return dq, dk_, dv_, dg, db, d_init.astype(init.dtype), np.zeros(cstart.shape, jax.dtypes.float0)
+    return dq, dk_, dv_, dg, db, d_init.astype(init.dtype), np.zeros(residuals[6].shape, jax.dtypes.float0)
 
 
 @partial(jax.custom_vjp, nondiff_argnums=(0,))
@@ -228,7 +245,8 @@ def forward(
     st = _Static(scale=float(scale), chunk=cfg.chunk, block_v=cfg.block_v, num_warps=cfg.num_warps,
                  num_stages=cfg.num_stages, prec=_dots.dot_precision(dtype, "highest" if dtype == jnp.float32
                                                                        else "high"),
-                 in_prec=_dots.dot_precision(dtype, "highest"))
+                 in_prec=_dots.dot_precision(dtype, "highest"), backward_chunk=cfg.backward_chunk,
+                 backward_warps=cfg.backward_warps)
     rows = [_to_rows(x, layout, cfg.chunk) for x in (q, k, v, g, beta)]
 
     o, final = _rows_op(st, *rows, init, layout.cstart)
@@ -254,23 +272,77 @@ def capability(q: Any, k: Any, v: Any, g: Any, beta: Any, initial_state: Any = N
                       (("states", chunks * heads * dk * dv), ("padded v", (chunks * 16) * heads * dv)))
 
 
-_INTERPRETER = GatedDeltaRuleConfig(chunk=16, block_v=16, num_warps=4, num_stages=1)
+_INTERPRETER = GatedDeltaRuleConfig(chunk=16, block_v=16, num_warps=4, num_stages=1, backward_chunk=16)
 
 
 def config_space(q: Any, *_: Any, **__: Any) -> list[GatedDeltaRuleConfig]:
-    """Autotuning candidates: chunks of 32 and 64, ``V`` blocks of 32 to 128, 4 or 8 warps; the heuristic's first."""
+    """Autotuning candidates: chunks of 32 and 64, ``V`` blocks of 32 and 64, 4 or 8 warps (the backward's
+    chunk 32, or 16 with 64-column blocks); the heuristic's first."""
     if _env.interpreting_on_cpu():
         return [_INTERPRETER]
     first = heuristic_config(q)
-    space = [GatedDeltaRuleConfig(chunk=c, block_v=b, num_warps=w) for c in (64, 32) for b in (32, 64, 128)
-             for w in (4, 8)]
+    space = [GatedDeltaRuleConfig(chunk=c, block_v=b, num_warps=w, backward_chunk=32 if b == 32 else 16)
+             for c in (64, 32) for b in (32, 64) for w in (4, 8)]
     return [first, *(c for c in space if c != first)]
 
 
 def heuristic_config(q: Any, *_: Any, **__: Any) -> GatedDeltaRuleConfig:
-    """Chunks of 64 tokens, ``V`` blocks of 32 (enough programs for the state kernel), 4 warps; 16-token chunks and
+    """Chunks of 64 tokens, ``V`` blocks of 32 (enough programs for the state kernel), 4 warps; the backward in
+    32-token chunks with 8 warps (what fits an H100's shared memory at ``K = 128``); 16-token chunks and
     blocks in the interpreter mode (CPU)."""
     del q
     if _env.interpreting_on_cpu():
         return _INTERPRETER
-    return GatedDeltaRuleConfig(chunk=64, block_v=32, num_warps=4, num_stages=2)
+    return GatedDeltaRuleConfig(chunk=64, block_v=32, num_warps=4, num_stages=2, backward_chunk=32, backward_warps=8)
+
+
+def compile_kernels(k_dim: int = 128, v_dim: int = 128, dtype: Any = jnp.bfloat16, *,
+                    cfg: GatedDeltaRuleConfig | None = None, arch: int = 90) -> dict[str, Any]:
+    """Compile the kernels a forward and a backward launch (at their own chunks and warps) for compute
+    capability ``arch``, without a GPU, at ``H = 32``.
+
+    Returns each kernel's shared memory (bytes) and PTX. Needs compiled Triton (not the interpreter
+    mode), like ``ejk_triton._aot``.
+    """
+    from triton import compile as triton_compile
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from ejk_triton._aot import _compiled_mode, _ptr
+
+    cfg = cfg or GatedDeltaRuleConfig()
+
+    def build(fn: Any, pointers: list[str], consts: dict[str, Any], warps: int) -> dict[str, Any]:
+        signature: dict[str, str] = {fn.arg_names[i]: p for i, p in enumerate(pointers)}
+        signature.update({name: "constexpr" for name in consts})
+        attrs = {(i,): [["tt.divisibility", 16]] for i in range(len(pointers))}
+        kernel = triton_compile(ASTSource(fn, signature=signature, constexprs=consts, attrs=attrs),
+                                target=GPUTarget("cuda", arch, 32),
+                                options={"num_warps": warps, "num_stages": cfg.num_stages})
+        return {"shared": int(kernel.metadata.shared), "ptx": kernel.asm["ptx"]}
+
+    _compiled_mode()
+    bk, bv_all = max(16, 1 << (k_dim - 1).bit_length()), max(16, 1 << (v_dim - 1).bit_length())
+    bv = min(cfg.block_v, bv_all)
+    dtype = jnp.dtype(dtype)
+    prec = _dots.dot_precision(dtype, "highest" if dtype == jnp.float32 else "high")
+    x, f32, i32 = _ptr(dtype), _ptr(jnp.float32), _ptr(jnp.int32)
+    module = kernels("_gdr_kernels")
+    report = {}
+    phases = (("", cfg.chunk, cfg.num_warps), (" (backward)", cfg.backward_chunk, cfg.backward_warps))
+    for phase, chunk, warps in phases:
+        base = dict(H=32, K=k_dim, V=v_dim, C=chunk, BK=bk, PREC=prec)
+        inner = dict(base, IN_PREC=_dots.dot_precision(dtype, "highest"), BV=bv)
+        launches = {
+            "prep": ("gdr_prep_kernel", [x, x, f32, x, f32, f32, f32], dict(inner, BV=bv_all)),
+            "state": ("gdr_state_kernel", [f32, f32, x, f32, f32, i32, f32, f32], dict(base, BV=bv, HAS_INIT=True)),
+        }
+        if phase:
+            launches["state_bwd"] = ("gdr_state_bwd_kernel", [x, x, f32, f32, f32, f32, i32, f32, f32],
+                                     dict(inner, SCALE=0.0884))
+            launches["local_bwd"] = ("gdr_local_bwd_kernel", [x, x, x, x] + [f32] * 11, dict(inner, SCALE=0.0884))
+        else:
+            launches["output"] = ("gdr_output_kernel", [x, x, f32, f32, f32, f32, x], dict(inner, SCALE=0.0884))
+        for name, (fn, pointers, consts) in launches.items():
+            report[name + phase] = build(getattr(module, fn), pointers, consts, warps)
+    return report

@@ -47,6 +47,8 @@ if TYPE_CHECKING:
         explain,
         flash_attention,
         flash_attention_lse,
+        gated_delta_rule,
+        gated_delta_rule_step,
         get_default_executor,
         grouped_matmul,
         matmul,
@@ -61,7 +63,8 @@ if TYPE_CHECKING:
 __version__ = installed_version("ejk-core") or "0+unknown"
 
 #: The dispatch API of :mod:`ejk.ops` that ``ejk`` serves too (imported on first access, like the ops).
-_FROM_OPS = {"ImplChoice", "explain", "get_default_executor", "run", "set_default_executor", "use_executor"}
+_FROM_OPS = {"ImplChoice", "explain", "gated_delta_rule_step", "get_default_executor", "run", "set_default_executor",
+             "use_executor"}
 
 #: Static typing sees the operations through the imports above; ``__all__`` lists them for tools. At run
 #: time ``ejk.<op>`` is read from the op definitions (a test keeps both lists equal to the built-in ops).
@@ -97,6 +100,8 @@ __all__ = [
     "explain",
     "flash_attention",
     "flash_attention_lse",
+    "gated_delta_rule",
+    "gated_delta_rule_step",
     "get_default_executor",
     "get_implementations",
     "get_invocations",

@@ -20,11 +20,12 @@ attention, a @ b, lax.ragged_dot, a dense einsum over equal groups), all in one 
 same inputs. Writes bench.json (every number), bench.md and one PNG per op and mode to --out.
 
 OP: flash_attention (attention), ragged_paged_attention (decode), mla_paged_attention (mla),
-grouped_matmul (moe), matmul; default: all five, each with its preset shapes.
---shapes: presets (attention, decode, mla, moe, matmul) or specs:
+grouped_matmul (moe), matmul, gated_delta_rule (gdr); default: all of them, each with its preset shapes.
+--shapes: presets (attention, decode, mla, moe, matmul, gdr) or specs:
   attention:BxSxHxD[:causal,kv=Hkv,dv=Dv]  decode:SEQSxCTX[:q=1,hq=32,hkv=8,d=128,page=64]
   mla:BxCTX[:sq=1,hq=16,dk=576,dv=512,page=64]
   moe:GxKxNxM[:skewed]                matmul:MxKxN
+  gdr:BxT[:h=32,k=128,v=128,seqs=0]
 
 Other lines: --all-configs times every config of each implementation's config space; --backward
 LABEL pairs each forward with another implementation's backward (fwd+bwd). Other studies of the

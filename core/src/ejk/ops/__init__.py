@@ -24,6 +24,7 @@ from ejk.ops._definition import OPS, OpDefinition, define_op, get_op
 from ejk.ops._explain import Explanation, ImplementationReport, explain
 from ejk.ops._flash_attention import FlashAttentionKernel, FlashAttentionLseKernel, flash_attention, flash_attention_lse
 from ejk.ops._flash_attention._residuals import FLASH_LSE_RESIDUALS, FLASH_RESIDUALS, natural_lse, with_natural_lse
+from ejk.ops._gated_delta_rule import GatedDeltaRuleKernel, gated_delta_rule, gated_delta_rule_step
 from ejk.ops._generic import AlgorithmKernel, run
 from ejk.ops._grouped_matmul import GroupedMatmulKernel, grouped_matmul
 from ejk.ops._matmul import MatmulKernel, matmul
@@ -49,6 +50,7 @@ __all__ = [
     "Candidate",
     "Explanation",
     "FlashAttentionKernel",
+    "GatedDeltaRuleKernel",
     "FlashAttentionLseKernel",
     "GroupedMatmulKernel",
     "ImplChoice",
@@ -63,6 +65,8 @@ __all__ = [
     "explain",
     "flash_attention",
     "flash_attention_lse",
+    "gated_delta_rule",
+    "gated_delta_rule_step",
     "get_default_executor",
     "get_op",
     "grouped_matmul",

@@ -42,6 +42,7 @@ if TYPE_CHECKING:
         reference_flash_attention,
         reference_flash_attention_lse,
     )
+    from ejk.ops._gated_delta_rule._conformance import GdrCase, gdr_inputs
     from ejk.ops._grouped_matmul._conformance import check_grouped_matmul
     from ejk.ops._grouped_matmul._reference import reference_grouped_matmul
     from ejk.ops._matmul._conformance import MATMUL_SHAPES, check_matmul
@@ -58,6 +59,8 @@ _OP_EXTRAS = {
     "MATMUL_SHAPES": "ejk.ops._matmul._conformance",
     "mla_batch": "ejk.ops._mla_paged_attention._conformance",
     "mla_paged_attention_float64": "ejk.ops._mla_paged_attention._reference",
+    "GdrCase": "ejk.ops._gated_delta_rule._conformance",
+    "gdr_inputs": "ejk.ops._gated_delta_rule._conformance",
 }
 
 __all__ = [
@@ -65,6 +68,7 @@ __all__ = [
     "AttentionCase",
     "ConformanceError",
     "FLASH_ATTENTION_CASES",
+    "GdrCase",
     "MATMUL_SHAPES",
     "TOLERANCES",
     "assert_close",
@@ -82,6 +86,7 @@ __all__ = [
     "check_plugin",
     "expected_plugins",
     "fast_jit",
+    "gdr_inputs",
     "mla_batch",
     "mla_paged_attention_float64",
     "paged_batch",

@@ -8,7 +8,15 @@ from __future__ import annotations
 from typing import Any
 
 from ejk.plugin import VJP, Platform, PlatformStatus, RegisterKernels, hookimpl
-from ejk_triton import _env, _flash_attention, _grouped_matmul, _matmul, _mla_attention, _paged_attention
+from ejk_triton import (
+    _env,
+    _flash_attention,
+    _gated_delta_rule,
+    _grouped_matmul,
+    _matmul,
+    _mla_attention,
+    _paged_attention,
+)
 
 # Every kernel is in the FAST tier. The priorities below are tie-breaks inside it where no ranking pack
 # covers the device; measured orders are the rankings of ejk-core's packs (docs/RANKINGS.md).
@@ -46,6 +54,11 @@ def ejk_register_kernels(register: RegisterKernels) -> None:
         register("grouped_matmul", Platform.TRITON, backend, priority=GROUPED_MATMUL_PRIORITY, name="persistent",
                  cfg_type=gmm.GroupedMatmulConfig, config_space=gmm.config_space, heuristic=gmm.heuristic_config,
                  capability=gmm.capability, vjp=gmm.vjp)(gmm.forward)
+    gdr = _gated_delta_rule  # differentiable through its own custom_vjp (no ejk.VJP: no residual format to share)
+    for backend in _env.backends():
+        register("gated_delta_rule", Platform.TRITON, backend, priority=PRIORITY, name="chunked",
+                 cfg_type=gdr.GatedDeltaRuleConfig, config_space=gdr.config_space, heuristic=gdr.heuristic_config,
+                 capability=gdr.capability)(gdr.forward)
 
 
 @hookimpl

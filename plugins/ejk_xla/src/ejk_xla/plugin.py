@@ -3,7 +3,15 @@
 from __future__ import annotations
 
 from ejk.plugin import Backend, Platform, PlatformStatus, RegisterKernels, Tier, hookimpl
-from ejk_xla import _cudnn_attention, _flash_attention, _grouped_matmul, _matmul, _mla_attention, _paged_attention
+from ejk_xla import (
+    _cudnn_attention,
+    _flash_attention,
+    _gated_delta_rule,
+    _grouped_matmul,
+    _matmul,
+    _mla_attention,
+    _paged_attention,
+)
 
 #: Tie-break of cuDNN attention inside the VENDOR tier (first wherever its gate allows).
 CUDNN_PRIORITY = 10
@@ -36,6 +44,9 @@ def ejk_register_kernels(register: RegisterKernels) -> None:
     mla = _mla_attention
     register("mla_paged_attention", *portable, tier=fallback, name="paged", cfg_type=mla.MlaAttentionConfig,
              config_space=mla.config_space, heuristic=mla.heuristic_config)(mla.mla_paged_attention)
+    gdr = _gated_delta_rule  # differentiated by JAX's autodiff of the chunked algorithm (no ejk.VJP)
+    register("gated_delta_rule", *portable, tier=fallback, name="chunked", cfg_type=gdr.GatedDeltaRuleConfig,
+             config_space=gdr.config_space, heuristic=gdr.heuristic_config)(gdr.gated_delta_rule)
 
 
 @hookimpl

@@ -48,7 +48,7 @@ def linear_cross_entropy_rule(arrays: tuple[Any, ...], axes_of: AxesOf, size: Si
 def combine_vocab_shards(lse: jax.Array, z_label: jax.Array, z_sum: jax.Array,
                          axes: Axes) -> tuple[jax.Array, jax.Array, jax.Array]:
     """The statistics of the whole vocabulary from each shard's (inside ``shard_map`` over ``axes``)."""
-    top = jax.lax.stop_gradient(jax.lax.pmax(lse, axes))
+    top = jax.lax.pmax(jax.lax.stop_gradient(lse), axes)  # a shift only: no gradient
     total = top + jnp.log(jax.lax.psum(jnp.exp(lse - top), axes))
     return total, jax.lax.psum(z_label, axes), jax.lax.psum(z_sum, axes)
 

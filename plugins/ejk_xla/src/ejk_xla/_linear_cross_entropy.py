@@ -1,10 +1,11 @@
 """XLA ``linear_cross_entropy``: the logits' statistics over (token chunk, vocabulary chunk) tiles.
 
-The forward pass walks the token chunks (``lax.scan``) and, inside each, the vocabulary chunks
-(``lax.scan``): it computes a ``[block_t, block_v]`` float32 tile of logits ``x @ w`` (soft-capped
-when asked) and folds it into an online log-sum-exp, the label's logit and the logits' sum. Only
-one tile of logits lives at a time, so the temporary memory is ``block_t · block_v`` floats
-whatever ``T · V``.
+The forward pass walks the vocabulary chunks (``lax.scan``; each slice of ``w`` is taken once)
+and, inside each, the token chunks (``lax.scan``): it computes a ``[block_t, block_v]`` float32
+tile of logits ``x @ w`` (soft-capped when asked) and folds it into per-token running statistics
+(``[T]`` vectors: an online log-sum-exp, the label's logit and the logits' sum). Only one tile
+of logits lives at a time, so the temporary memory is ``block_t · block_v`` floats (plus a few
+``[T]`` vectors) whatever ``T · V``.
 
 The backward pass (a custom VJP whose residuals are ``(x, w, labels, lse)``) recomputes each tile
 and its logits' cotangent ``d_lse · softmax + d_z_label · onehot(label) + d_z_sum``, walking the
@@ -60,13 +61,9 @@ def _fresh(start: jax.Array, block: int, nominal: jax.Array) -> jax.Array:
     return start + jnp.arange(block, dtype=jnp.int32) >= nominal
 
 
-def _tile(x_chunk: jax.Array, w: jax.Array, col: jax.Array, block_v: int, cap: float | None,
-          precision: Precision) -> jax.Array:
-    """Soft-capped float32 logits of a token chunk against ``block_v`` columns of ``w`` from ``col``."""
-    dtype = jnp.promote_types(x_chunk.dtype, w.dtype)
-    w_chunk = lax.dynamic_slice_in_dim(w, col, block_v, axis=1)
-    z = jnp.matmul(x_chunk.astype(dtype), w_chunk.astype(dtype), precision=precision,
-                   preferred_element_type=jnp.float32)
+def _logits(x_chunk: jax.Array, w_chunk: jax.Array, cap: float | None, precision: Precision) -> jax.Array:
+    """Soft-capped float32 logits of a token chunk against a column chunk (both in the compute dtype)."""
+    z = jnp.matmul(x_chunk, w_chunk, precision=precision, preferred_element_type=jnp.float32)
     return z if cap is None else cap * jnp.tanh(z / cap)
 
 
@@ -74,38 +71,43 @@ def _tile(x_chunk: jax.Array, w: jax.Array, col: jax.Array, block_v: int, cap: f
 def _statistics(x: jax.Array, w: jax.Array, labels: jax.Array, *, block_t: int, block_v: int, cap: float | None,
                 precision: Precision) -> Statistics:
     t, v = x.shape[0], w.shape[1]
+    dtype = jnp.promote_types(x.dtype, w.dtype)
+    row_starts = _chunk_starts(t, block_t)
+    nominal_rows = jnp.arange(row_starts.shape[0], dtype=jnp.int32) * block_t
     col_starts = _chunk_starts(v, block_v)
     nominal_cols = jnp.arange(col_starts.shape[0], dtype=jnp.int32) * block_v
 
-    def token_chunk(outs: Statistics, row: jax.Array) -> tuple[Statistics, None]:
-        x_chunk = lax.dynamic_slice_in_dim(x, row, block_t)
-        label = lax.dynamic_slice_in_dim(labels, row, block_t).astype(jnp.int32)
+    def vocab_chunk(stats: tuple[jax.Array, ...], cols: tuple[jax.Array, jax.Array]) -> tuple[Any, None]:
+        col, col_nominal = cols
+        w_chunk = lax.dynamic_slice_in_dim(w, col, block_v, axis=1).astype(dtype)  # once per vocabulary chunk
+        fresh_cols = _fresh(col, block_v, col_nominal)[None, :]
+        index = col + jnp.arange(block_v, dtype=jnp.int32)[None, :]
 
-        def vocab_chunk(carry: tuple[jax.Array, ...], item: tuple[jax.Array, jax.Array]) -> tuple[Any, None]:
-            top, total, z_label, z_sum = carry
-            col, nominal = item
-            z = _tile(x_chunk, w, col, block_v, cap, precision)
-            fresh = _fresh(col, block_v, nominal)[None, :]
-            new_top = jnp.maximum(top, jnp.max(jnp.where(fresh, z, -jnp.inf), axis=1))
-            total = total * jnp.exp(top - new_top) + jnp.sum(jnp.where(fresh, jnp.exp(z - new_top[:, None]), 0.0),
-                                                             axis=1)
-            hit = fresh & (col + jnp.arange(block_v, dtype=jnp.int32)[None, :] == label[:, None])
-            z_label = z_label + jnp.sum(jnp.where(hit, z, 0.0), axis=1)
-            z_sum = z_sum + jnp.sum(jnp.where(fresh, z, 0.0), axis=1)
-            return (new_top, total, z_label, z_sum), None
+        def token_chunk(stats: tuple[jax.Array, ...], rows: tuple[jax.Array, jax.Array]) -> tuple[Any, None]:
+            row, row_nominal = rows
+            old = tuple(lax.dynamic_slice_in_dim(s, row, block_t) for s in stats)
+            top, total, z_label, z_sum = old
+            z = _logits(lax.dynamic_slice_in_dim(x, row, block_t).astype(dtype), w_chunk, cap, precision)
+            new_top = jnp.maximum(top, jnp.max(jnp.where(fresh_cols, z, -jnp.inf), axis=1))
+            total = total * jnp.exp(top - new_top) + jnp.sum(
+                jnp.where(fresh_cols, jnp.exp(z - new_top[:, None]), 0.0), axis=1)
+            label = lax.dynamic_slice_in_dim(labels, row, block_t).astype(jnp.int32)
+            z_label = z_label + jnp.sum(jnp.where(fresh_cols & (index == label[:, None]), z, 0.0), axis=1)
+            z_sum = z_sum + jnp.sum(jnp.where(fresh_cols, z, 0.0), axis=1)
+            # Rows an earlier token chunk covered already hold this column chunk: keep them.
+            fresh_rows = _fresh(row, block_t, row_nominal)
+            new = (new_top, total, z_label, z_sum)
+            stats = tuple(lax.dynamic_update_slice_in_dim(s, jnp.where(fresh_rows, n, o), row, 0)
+                          for s, n, o in zip(stats, new, old, strict=True))
+            return stats, None
 
-        zeros = jnp.zeros((block_t,), jnp.float32)
-        init = varying_like((jnp.full((block_t,), -jnp.inf, jnp.float32), zeros, zeros, zeros), x, w, labels)
-        (top, total, z_label, z_sum), _ = lax.scan(vocab_chunk, init, (col_starts, nominal_cols))
-        lse = top + jnp.log(total)
-        outs = tuple(lax.dynamic_update_slice_in_dim(o, s, row, 0)  # type: ignore[assignment]
-                     for o, s in zip(outs, (lse, z_label, z_sum), strict=True))
-        return outs, None
+        stats, _ = lax.scan(token_chunk, stats, (row_starts, nominal_rows))
+        return stats, None
 
-    vector = jnp.zeros((t,), jnp.float32)
-    init = varying_like((vector, vector, vector), x, w, labels)
-    outs, _ = lax.scan(token_chunk, init, _chunk_starts(t, block_t))
-    return outs
+    zeros = jnp.zeros((t,), jnp.float32)
+    init = varying_like((jnp.full((t,), -jnp.inf, jnp.float32), zeros, zeros, zeros), x, w, labels)
+    (top, total, z_label, z_sum), _ = lax.scan(vocab_chunk, init, (col_starts, nominal_cols))
+    return top + jnp.log(total), z_label, z_sum
 
 
 @functools.partial(jax.jit, static_argnames=("block_t", "block_v", "cap", "precision"))
@@ -128,8 +130,8 @@ def _gradients(x: jax.Array, w: jax.Array, labels: jax.Array, lse: jax.Array, d_
         def token_chunk(inner: tuple[jax.Array, jax.Array], rows: tuple[jax.Array, jax.Array]) -> tuple[Any, None]:
             dx, dw_chunk = inner
             row, row_nominal = rows
-            x_chunk = lax.dynamic_slice_in_dim(x, row, block_t)
-            z = _tile(x_chunk, w, col, block_v, cap, precision)
+            x_chunk = lax.dynamic_slice_in_dim(x, row, block_t).astype(dtype)
+            z = _logits(x_chunk, w_chunk, cap, precision)
             take = lambda a: lax.dynamic_slice_in_dim(a, row, block_t)[:, None]  # noqa: E731
             hit = col + jnp.arange(block_v, dtype=jnp.int32)[None, :] == take(labels).astype(jnp.int32)
             dz = take(d_lse) * jnp.exp(z - take(lse)) + jnp.where(hit, take(d_label), 0.0) + take(d_sum)
@@ -139,7 +141,7 @@ def _gradients(x: jax.Array, w: jax.Array, labels: jax.Array, lse: jax.Array, d_
             dz = jnp.where(keep, dz, 0.0).astype(dtype)
             dx_rows = lax.dynamic_slice_in_dim(dx, row, block_t) + jnp.matmul(
                 dz, w_chunk.T, precision=precision, preferred_element_type=jnp.float32)
-            dw_chunk = dw_chunk + jnp.matmul(x_chunk.astype(dtype).T, dz, precision=precision,
+            dw_chunk = dw_chunk + jnp.matmul(x_chunk.T, dz, precision=precision,
                                              preferred_element_type=jnp.float32)
             return (lax.dynamic_update_slice_in_dim(dx, dx_rows, row, 0), dw_chunk), None
 

@@ -17,7 +17,8 @@ For each op and shape: every implementation that can run here (through the publi
 and implementation forced), platform='auto', optionally each implementation's best config, and the
 external baselines (jax.nn.dot_product_attention cudnn/xla, jax's Pallas GPU attention and paged
 attention, a @ b, lax.ragged_dot, a dense einsum over equal groups, x @ w + a materialised
-cross-entropy (jnp, optax), the jnp RMSNorm expression), all in one process on the same inputs. Writes bench.json (every number), bench.md and one PNG per op and mode to --out.
+cross-entropy (jnp, optax), the jnp RMSNorm expression), all in one process on the same inputs.
+Writes bench.json (every number), bench.md and one PNG per op and mode to --out.
 
 OP: flash_attention (attention), ragged_paged_attention (decode), grouped_matmul (moe), matmul,
 linear_cross_entropy (lce), rms_norm (rmsnorm); default: all six, each with its preset shapes.

@@ -21,7 +21,8 @@ and are re-exported unchanged:
   and :func:`operand_cotangents`, the flash-attention residual format :data:`FLASH_RESIDUALS` /
   :data:`FLASH_LSE_RESIDUALS` with :func:`without_residuals`, :func:`with_natural_lse`,
   :func:`natural_lse`, the linear cross-entropy and RMSNorm residual formats
-  :data:`LINEAR_CROSS_ENTROPY_RESIDUALS` and :data:`RMS_NORM_RESIDUALS`, and the ``shard_map`` helpers :func:`cotangent_like` and :func:`varying_like`.
+  :data:`LINEAR_CROSS_ENTROPY_RESIDUALS` and :data:`RMS_NORM_RESIDUALS`,
+  and the ``shard_map`` helpers :func:`cotangent_like` and :func:`varying_like`.
 """
 
 from __future__ import annotations

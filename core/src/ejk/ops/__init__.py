@@ -1,6 +1,7 @@
 """The public operations and how they are dispatched, and the residual tags of their custom VJPs
 (:data:`FLASH_RESIDUALS`, :data:`FLASH_LSE_RESIDUALS`, :data:`MATMUL_RESIDUALS`,
-:data:`GROUPED_MATMUL_RESIDUALS`, :data:`LINEAR_CROSS_ENTROPY_RESIDUALS`, :data:`RMS_NORM_RESIDUALS`; see docs/KERNEL_CONTRACT.md).
+:data:`GROUPED_MATMUL_RESIDUALS`, :data:`LINEAR_CROSS_ENTROPY_RESIDUALS`, :data:`RMS_NORM_RESIDUALS`;
+see docs/KERNEL_CONTRACT.md).
 
 Each built-in operation is one folder, ``ejk/ops/_<name>/`` (listed in :mod:`ejk.ops._builtin`),
 holding its kernel and public function, validation, reference, conformance check, residual

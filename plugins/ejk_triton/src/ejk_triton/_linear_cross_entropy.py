@@ -22,8 +22,16 @@ import attrs
 import jax
 import jax.numpy as jnp
 
-from ejk.plugin import LINEAR_CROSS_ENTROPY_RESIDUALS, VJP, cdiv, cotangent_like, fit_block, int_in, one_of
-from ejk.plugin import power_of_two
+from ejk.plugin import (
+    LINEAR_CROSS_ENTROPY_RESIDUALS,
+    VJP,
+    cdiv,
+    cotangent_like,
+    fit_block,
+    int_in,
+    one_of,
+    power_of_two,
+)
 from ejk_triton import _device, _dots
 from ejk_triton._launch import kernels, launch, sequential_vmap
 
@@ -67,7 +75,8 @@ def _common(x: jax.Array, w: jax.Array) -> tuple[jax.Array, jax.Array]:
 def _constexprs(x: Any, w: Any, cap: float | None, precision: Any, cfg: LinearCrossEntropyConfig) -> dict[str, Any]:
     bt, bv, bh = _tiles(x, w, cfg)
     return dict(T=x.shape[0], H=x.shape[1], V=w.shape[1], BLOCK_T=bt, BLOCK_V=bv, BLOCK_H=bh,
-                CAP=0.0 if cap is None else float(cap), DOT_PREC=_dots.dot_precision(_dots.common_dtype(x, w), precision),
+                CAP=0.0 if cap is None else float(cap),
+                DOT_PREC=_dots.dot_precision(_dots.common_dtype(x, w), precision),
                 num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
 

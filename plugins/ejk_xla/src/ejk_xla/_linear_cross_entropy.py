@@ -26,8 +26,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from ejk.plugin import VJP, cdiv, cotangent_like, positive_int, varying_like
 from ejk.plugin import LINEAR_CROSS_ENTROPY_RESIDUALS as RESIDUALS
+from ejk.plugin import VJP, cdiv, cotangent_like, positive_int, varying_like
 
 __all__ = ["LinearCrossEntropyConfig", "config_space", "heuristic_config", "linear_cross_entropy",
            "linear_cross_entropy_bwd", "linear_cross_entropy_fwd", "vjp"]

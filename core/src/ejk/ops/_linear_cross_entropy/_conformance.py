@@ -52,7 +52,8 @@ def check_linear_cross_entropy(
             rng = np.random.default_rng(seed)
             x, w = normal(rng, (t, h), dtype), normal(rng, (h, v), dtype)
             labels = _labels(rng, t, v, ignored, options.get("ignore_index", -100))
-            label = f"linear_cross_entropy[{platform}] T={t} H={h} V={v} {ignored} ignored {jnp.dtype(dtype).name} {options}"
+            label = (f"linear_cross_entropy[{platform}] T={t} H={h} V={v} {ignored} ignored "
+                     f"{jnp.dtype(dtype).name} {options}")
 
             def ours(x: jax.Array, w: jax.Array, labels: jax.Array = labels, options: Any = options) -> jax.Array:
                 return linear_cross_entropy(x, w, labels, precision=precision, platform=platform, cfg=cfg, **options)

@@ -1,4 +1,5 @@
-"""Sample calls of ``linear_cross_entropy`` (``ejk doctor`` and ``ejk.testing.check_plugin`` run every implementation on them)."""
+"""Sample calls of ``linear_cross_entropy`` (``ejk doctor`` and ``ejk.testing.check_plugin`` run every
+implementation on them)."""
 
 from __future__ import annotations
 

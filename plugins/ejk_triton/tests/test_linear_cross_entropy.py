@@ -22,8 +22,9 @@ pytestmark = [pytest.mark.filterwarnings("error"),
               pytest.mark.skipif(not (_env.nvidia_gpu()[0] or _env.interpret_mode()),
                                  reason="needs an NVIDIA GPU or EJK_TRITON_INTERPRET=1")]
 
-#: 16-wide tiles and two vocabulary splits: several tiles and splits per dim, ragged edges.
-SMALL = LinearCrossEntropyConfig(block_t=16, block_v=16, block_h=16, splits=2, num_warps=4, num_stages=2)
+#: 16-wide tiles, two vocabulary splits and 32-column backward chunks: several of each, ragged edges.
+SMALL = LinearCrossEntropyConfig(block_t=16, block_v=16, block_h=16, splits=2, chunk_v=32, num_warps=4,
+                                 num_stages=2)
 
 
 def test_conformance_float32() -> None:

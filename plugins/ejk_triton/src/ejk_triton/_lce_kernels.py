@@ -9,10 +9,10 @@ Both kernels compute a ``[BLOCK_T, BLOCK_V]`` tile of logits ``x @ w`` in float3
 - ``forward_kernel``: program ``(t, s)`` walks the vocabulary columns of split ``s`` for its tokens
   and folds each tile into an online log-sum-exp (running max and sum), the label's logit and the
   logits' sum; the splits' partial statistics ``[SPLITS, T]`` are merged outside (a few vectors).
-- ``backward_kernel``: program ``(t, v)`` recomputes its tile, turns it into the logits' cotangent
-  ``d_lse · softmax + d_z_label · onehot(label) + d_z_sum`` (times the soft cap's derivative),
-  rounds it to the operands' dtype and multiplies it into ``dx [T, H]`` (``dz @ w_tileᵀ``) and
-  ``dw [H, V]`` (``x_tileᵀ @ dz``), accumulated in float32 with atomic adds.
+- ``grad_logits_kernel``: program ``(t, v)`` of one vocabulary chunk recomputes its tile and turns
+  it into the logits' cotangent ``d_lse · softmax + d_z_label · onehot(label) + d_z_sum`` (times
+  the soft cap's derivative), stored in the operands' dtype as the chunk's ``dz [T, CHUNK]``; the
+  two gradient products of the chunk (``dz @ w_chunkᵀ``, ``xᵀ @ dz``) are left to the GEMM library.
 
 Soft cap: ``CAP > 0`` means ``z = CAP · tanh(u / CAP)``. Offsets are int32 (the gate bounds sizes).
 """
@@ -82,16 +82,21 @@ def forward_kernel(x_ptr, w_ptr, labels_ptr, top_ptr, total_ptr, z_label_ptr, z_
 
 
 @triton.jit
-def backward_kernel(x_ptr, w_ptr, labels_ptr, lse_ptr, d_lse_ptr, d_label_ptr, d_sum_ptr, dx_ptr, dw_ptr,
-                    T: tl.constexpr, H: tl.constexpr, V: tl.constexpr,
-                    BLOCK_T: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_H: tl.constexpr, CAP: tl.constexpr,
-                    DOT_PREC: tl.constexpr):
+def grad_logits_kernel(x_ptr, w_ptr, labels_ptr, lse_ptr, d_lse_ptr, d_label_ptr, d_sum_ptr, cols_ptr, dz_ptr,
+                       T: tl.constexpr, H: tl.constexpr, V: tl.constexpr, CHUNK: tl.constexpr,
+                       BLOCK_T: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_H: tl.constexpr, CAP: tl.constexpr,
+                       DOT_PREC: tl.constexpr):
+    """``dz [T, CHUNK]`` of the columns ``first .. first + CHUNK`` (``cols_ptr`` holds ``first`` and the
+    first column no earlier chunk covered: columns before it get 0)."""
     pid_t = tl.program_id(0)
     pid_v = tl.program_id(1)
+    first = tl.load(cols_ptr)
+    fresh_from = tl.load(cols_ptr + 1)
     rows = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
-    cols = pid_v * BLOCK_V + tl.arange(0, BLOCK_V)
+    local = pid_v * BLOCK_V + tl.arange(0, BLOCK_V)
+    cols = first + local
     rows_ok = rows < T
-    cols_ok = cols < V
+    cols_ok = (local < CHUNK) & (cols < V)
     z = _logits(x_ptr, w_ptr, rows, cols, rows_ok, cols_ok, H, V, BLOCK_T, BLOCK_V, BLOCK_H, CAP, DOT_PREC)
     label = tl.load(labels_ptr + rows, mask=rows_ok, other=-1)
     lse = tl.load(lse_ptr + rows, mask=rows_ok, other=0.0)
@@ -102,13 +107,6 @@ def backward_kernel(x_ptr, w_ptr, labels_ptr, lse_ptr, d_lse_ptr, d_label_ptr, d
     dz += tl.where(cols[None, :] == label[:, None], d_label[:, None], 0.0)
     if CAP > 0:
         dz = dz * (1.0 - (z / CAP) * (z / CAP))
-    dz = tl.where(rows_ok[:, None] & cols_ok[None, :], dz, 0.0).to(x_ptr.dtype.element_ty)
-    for h0 in range(0, H, BLOCK_H):
-        hs = h0 + tl.arange(0, BLOCK_H)
-        hs_ok = hs < H
-        wt = tl.load(w_ptr + hs[:, None] * V + cols[None, :], mask=hs_ok[:, None] & cols_ok[None, :], other=0.0)
-        dx = tl.dot(dz, tl.trans(wt), input_precision=DOT_PREC)
-        tl.atomic_add(dx_ptr + rows[:, None] * H + hs[None, :], dx, mask=rows_ok[:, None] & hs_ok[None, :])
-        xt = tl.load(x_ptr + rows[:, None] * H + hs[None, :], mask=rows_ok[:, None] & hs_ok[None, :], other=0.0)
-        dw = tl.dot(tl.trans(xt), dz, input_precision=DOT_PREC)
-        tl.atomic_add(dw_ptr + hs[:, None] * V + cols[None, :], dw, mask=hs_ok[:, None] & cols_ok[None, :])
+    dz = tl.where(rows_ok[:, None] & (cols_ok & (cols >= fresh_from))[None, :], dz, 0.0)
+    tl.store(dz_ptr + rows[:, None] * CHUNK + local[None, :], dz.to(dz_ptr.dtype.element_ty),
+             mask=rows_ok[:, None] & (local < CHUNK)[None, :])

@@ -20,7 +20,9 @@ and are re-exported unchanged:
   :data:`MATMUL_RESIDUALS` / :data:`GROUPED_MATMUL_RESIDUALS`) and its halves :func:`saving_operands`
   and :func:`operand_cotangents`, the flash-attention residual format :data:`FLASH_RESIDUALS` /
   :data:`FLASH_LSE_RESIDUALS` with :func:`without_residuals`, :func:`with_natural_lse`,
-  :func:`natural_lse`, and the ``shard_map`` helpers :func:`cotangent_like` and :func:`varying_like`.
+  :func:`natural_lse`, the linear cross-entropy and RMSNorm residual formats
+  :data:`LINEAR_CROSS_ENTROPY_RESIDUALS` and :data:`RMS_NORM_RESIDUALS`,
+  and the ``shard_map`` helpers :func:`cotangent_like` and :func:`varying_like`.
 """
 
 from __future__ import annotations
@@ -41,7 +43,15 @@ from ejk.config.validators import int_in, multiple_of, one_of, one_of_str, posit
 from ejk.execution.kernel import Invocation, Kernel
 from ejk.hookspecs import hookimpl
 from ejk.interpreter import InterpreterSwitch
-from ejk.ops import FLASH_LSE_RESIDUALS, FLASH_RESIDUALS, natural_lse, with_natural_lse, without_residuals
+from ejk.ops import (
+    FLASH_LSE_RESIDUALS,
+    FLASH_RESIDUALS,
+    LINEAR_CROSS_ENTROPY_RESIDUALS,
+    RMS_NORM_RESIDUALS,
+    natural_lse,
+    with_natural_lse,
+    without_residuals,
+)
 from ejk.parallel import cotangent_like, varying_like
 from ejk.plugins import PlatformStatus, probe_platform
 from ejk.registry import VJP, Backend, BackendLike, KernelSpec, Platform, PlatformLike, Tier
@@ -51,7 +61,9 @@ __all__ = [
     "FLASH_LSE_RESIDUALS",
     "FLASH_RESIDUALS",
     "GROUPED_MATMUL_RESIDUALS",
+    "LINEAR_CROSS_ENTROPY_RESIDUALS",
     "MATMUL_RESIDUALS",
+    "RMS_NORM_RESIDUALS",
     "VJP",
     "Backend",
     "InterpreterSwitch",

@@ -269,6 +269,44 @@ def _matmul(workload: Workload, inputs: tuple[Any, ...]) -> Prepared:
     return Prepared(fn=fn, args=inputs, diff=(0, 1))
 
 
+# -- linear_cross_entropy ---------------------------------------------------------------------------
+
+
+def _unfused_cross_entropy(with_optax: bool) -> Callable[[Workload, tuple[Any, ...]], Prepared]:
+    """``x @ w`` materialised (the matmul's dtype, cast to float32 as training code does), then the loss."""
+
+    def build(workload: Workload, inputs: tuple[Any, ...]) -> Prepared:
+        x, w, labels = inputs
+
+        def fn(x: jax.Array, w: jax.Array) -> jax.Array:
+            logits = (x @ w).astype(jnp.float32)
+            if with_optax:
+                optax = importlib.import_module("optax")
+                return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()  # type: ignore[no-any-return]
+            picked = jnp.take_along_axis(logits, labels[:, None], axis=1)[:, 0]
+            return jnp.mean(jax.nn.logsumexp(logits, axis=1) - picked)
+
+        return Prepared(fn=fn, args=(x, w), diff=(0, 1))
+
+    return build
+
+
+def _optax_unsupported(workload: Workload) -> str | None:
+    return None if _has_module("optax") else "optax is not installed (pip install optax)"
+
+
+# -- rms_norm ---------------------------------------------------------------------------------------
+
+
+def _rms_norm_expression(workload: Workload, inputs: tuple[Any, ...]) -> Prepared:
+    def fn(x: jax.Array, scale: jax.Array) -> jax.Array:
+        x32 = x.astype(jnp.float32)
+        normed = x32 * jax.lax.rsqrt(jnp.mean(jnp.square(x32), axis=-1, keepdims=True) + 1e-6)
+        return (normed * scale.astype(jnp.float32)).astype(x.dtype)
+
+    return Prepared(fn=fn, args=inputs, diff=(0, 1))
+
+
 for _baseline in (
     Baseline(name="jax.nn cudnn", op="flash_attention", build=_jax_nn("cudnn"),
              unsupported=_needs_gpu("jax.nn.dot_product_attention(implementation='cudnn')"),
@@ -290,5 +328,12 @@ for _baseline in (
              note="einsum over [g, m/g, k] x [g, k, n]: the same FLOPs over equal groups "
                   "(an upper bound for skewed groups, not compared against)"),
     Baseline(name="a @ b", op="matmul", build=_matmul, note="jnp.matmul at default precision"),
+    Baseline(name="x @ w + optax", op="linear_cross_entropy", build=_unfused_cross_entropy(True),
+             unsupported=_optax_unsupported,
+             note="logits = x @ w materialised, optax.softmax_cross_entropy_with_integer_labels(float32 logits)"),
+    Baseline(name="x @ w + jnp log-softmax", op="linear_cross_entropy", build=_unfused_cross_entropy(False),
+             note="logits = x @ w materialised, float32 logsumexp minus the label's logit (XLA fuses the loss)"),
+    Baseline(name="XLA-fused expression", op="rms_norm", build=_rms_norm_expression,
+             note="x * rsqrt(mean(x²) + eps) * scale in float32 with jnp, differentiated by JAX"),
 ):
     register_baseline(_baseline)

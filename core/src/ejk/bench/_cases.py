@@ -76,6 +76,8 @@ def parse_case(spec: str) -> Case:
     - ``decode:SEQSxCTX[:q=1,hq=32,hkv=8,d=128,page=64]``
     - ``moe:GxKxNxM[:skewed]`` (experts, k, n, tokens)
     - ``matmul:MxKxN``
+    - ``lce:TxHxV`` (tokens, hidden, vocabulary)
+    - ``rmsnorm:RxD`` (rows, width)
 
     Raises:
         ValueError: naming the spec and the expected form.

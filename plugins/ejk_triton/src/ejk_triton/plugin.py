@@ -13,6 +13,7 @@ from ejk_triton import (
     _flash_attention,
     _gated_delta_rule,
     _grouped_matmul,
+    _linear_cross_entropy,
     _matmul,
     _mla_attention,
     _paged_attention,
@@ -54,6 +55,10 @@ def ejk_register_kernels(register: RegisterKernels) -> None:
         register("grouped_matmul", Platform.TRITON, backend, priority=GROUPED_MATMUL_PRIORITY, name="persistent",
                  cfg_type=gmm.GroupedMatmulConfig, config_space=gmm.config_space, heuristic=gmm.heuristic_config,
                  capability=gmm.capability, vjp=gmm.vjp)(gmm.forward)
+        lce = _linear_cross_entropy
+        register("linear_cross_entropy", Platform.TRITON, backend, priority=PRIORITY, name="fused",
+                 cfg_type=lce.LinearCrossEntropyConfig, config_space=lce.config_space,
+                 heuristic=lce.heuristic_config, capability=lce.capability, vjp=lce.vjp)(lce.forward)
     gdr = _gated_delta_rule  # differentiable through its own custom_vjp (no ejk.VJP: no residual format to share)
     for backend in _env.backends():
         register("gated_delta_rule", Platform.TRITON, backend, priority=PRIORITY, name="chunked",

@@ -8,9 +8,11 @@ from ejk_xla import (
     _flash_attention,
     _gated_delta_rule,
     _grouped_matmul,
+    _linear_cross_entropy,
     _matmul,
     _mla_attention,
     _paged_attention,
+    _rms_norm,
 )
 
 #: Tie-break of cuDNN attention inside the VENDOR tier (first wherever its gate allows).
@@ -47,6 +49,12 @@ def ejk_register_kernels(register: RegisterKernels) -> None:
     gdr = _gated_delta_rule  # differentiated by JAX's autodiff of the chunked algorithm (no ejk.VJP)
     register("gated_delta_rule", *portable, tier=fallback, name="chunked", cfg_type=gdr.GatedDeltaRuleConfig,
              config_space=gdr.config_space, heuristic=gdr.heuristic_config)(gdr.gated_delta_rule)
+    lce, norm = _linear_cross_entropy, _rms_norm
+    register("linear_cross_entropy", *portable, tier=fallback, name="chunked", cfg_type=lce.LinearCrossEntropyConfig,
+             config_space=lce.config_space, heuristic=lce.heuristic_config, vjp=lce.vjp)(lce.linear_cross_entropy)
+    # XLA fuses a row-wise norm well: the baseline a GPU kernel must beat.
+    register("rms_norm", *portable, tier=vendor, name="fused", cfg_type=norm.RmsNormConfig,
+             config_space=norm.config_space, heuristic=norm.heuristic_config, vjp=norm.vjp)(norm.rms_norm)
 
 
 @hookimpl

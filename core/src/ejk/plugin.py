@@ -20,7 +20,9 @@ and are re-exported unchanged:
   :data:`MATMUL_RESIDUALS` / :data:`GROUPED_MATMUL_RESIDUALS`) and its halves :func:`saving_operands`
   and :func:`operand_cotangents`, the flash-attention residual format :data:`FLASH_RESIDUALS` /
   :data:`FLASH_LSE_RESIDUALS` with :func:`without_residuals`, :func:`with_natural_lse`,
-  :func:`natural_lse`, and the ``shard_map`` helpers :func:`cotangent_like` and :func:`varying_like`;
+  :func:`natural_lse`, the linear cross-entropy and RMSNorm residual formats
+  :data:`LINEAR_CROSS_ENTROPY_RESIDUALS` and :data:`RMS_NORM_RESIDUALS`,
+  and the ``shard_map`` helpers :func:`cotangent_like` and :func:`varying_like`;
 - packed sequences: :func:`varlen_row_ranges` (the key interval each packed query row of
   ``flash_attention_varlen`` sees) and :func:`sanitize_offsets` (how offsets are read).
 """
@@ -46,6 +48,8 @@ from ejk.interpreter import InterpreterSwitch
 from ejk.ops import (
     FLASH_LSE_RESIDUALS,
     FLASH_RESIDUALS,
+    LINEAR_CROSS_ENTROPY_RESIDUALS,
+    RMS_NORM_RESIDUALS,
     natural_lse,
     sanitize_offsets,
     varlen_row_ranges,
@@ -61,7 +65,9 @@ __all__ = [
     "FLASH_LSE_RESIDUALS",
     "FLASH_RESIDUALS",
     "GROUPED_MATMUL_RESIDUALS",
+    "LINEAR_CROSS_ENTROPY_RESIDUALS",
     "MATMUL_RESIDUALS",
+    "RMS_NORM_RESIDUALS",
     "VJP",
     "Backend",
     "InterpreterSwitch",

@@ -13,7 +13,7 @@ from ejk.ops._definition import OpDefinition, get_op
 __all__ = ["BUILTIN_OPS", "builtin_ops"]
 
 #: The built-in operations, in the order ``ejk bench`` measures them.
-BUILTIN_OPS = ("flash_attention", "ragged_paged_attention", "grouped_matmul", "matmul")
+BUILTIN_OPS = ("flash_attention", "ragged_paged_attention", "grouped_matmul", "matmul", "gla", "ssd")
 
 
 def builtin_ops() -> tuple[OpDefinition, ...]:

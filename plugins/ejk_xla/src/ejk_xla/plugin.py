@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ejk.plugin import Backend, Platform, PlatformStatus, RegisterKernels, Tier, hookimpl
-from ejk_xla import _cudnn_attention, _flash_attention, _grouped_matmul, _matmul, _paged_attention
+from ejk_xla import _cudnn_attention, _flash_attention, _gla, _grouped_matmul, _matmul, _paged_attention, _ssd
 
 #: Tie-break of cuDNN attention inside the VENDOR tier (first wherever its gate allows).
 CUDNN_PRIORITY = 10
@@ -33,6 +33,10 @@ def ejk_register_kernels(register: RegisterKernels) -> None:
              config_space=gmm.config_space, heuristic=gmm.heuristic_config)(gmm.grouped_matmul)
     register("ragged_paged_attention", *portable, tier=fallback, name="paged", cfg_type=pa.PagedAttentionConfig,
              config_space=pa.config_space, heuristic=pa.heuristic_config)(pa.ragged_paged_attention)
+    register("gla", *portable, tier=fallback, name="chunked", cfg_type=_gla.GlaConfig,
+             config_space=_gla.config_space, heuristic=_gla.heuristic_config)(_gla.gla)
+    register("ssd", *portable, tier=fallback, name="chunked", cfg_type=_ssd.SsdConfig,
+             config_space=_ssd.config_space, heuristic=_ssd.heuristic_config)(_ssd.ssd)
 
 
 @hookimpl

@@ -48,11 +48,13 @@ if TYPE_CHECKING:
         flash_attention,
         flash_attention_lse,
         get_default_executor,
+        gla,
         grouped_matmul,
         matmul,
         ragged_paged_attention,
         run,
         set_default_executor,
+        ssd,
         use_executor,
     )
     from ejk.parallel import ring_attention
@@ -100,6 +102,7 @@ __all__ = [
     "get_implementations",
     "get_invocations",
     "get_plugin_host",
+    "gla",
     "grouped_matmul",
     "hookimpl",
     "kernel_registry",
@@ -110,6 +113,7 @@ __all__ = [
     "ring_attention",
     "run",
     "set_default_executor",
+    "ssd",
     "use_executor",
 ]
 

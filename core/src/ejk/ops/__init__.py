@@ -25,6 +25,7 @@ from ejk.ops._explain import Explanation, ImplementationReport, explain
 from ejk.ops._flash_attention import FlashAttentionKernel, FlashAttentionLseKernel, flash_attention, flash_attention_lse
 from ejk.ops._flash_attention._residuals import FLASH_LSE_RESIDUALS, FLASH_RESIDUALS, natural_lse, with_natural_lse
 from ejk.ops._generic import AlgorithmKernel, run
+from ejk.ops._gla import GlaKernel, gla
 from ejk.ops._grouped_matmul import GroupedMatmulKernel, grouped_matmul
 from ejk.ops._matmul import MatmulKernel, matmul
 from ejk.ops._ragged_paged_attention import (
@@ -34,6 +35,7 @@ from ejk.ops._ragged_paged_attention import (
     ragged_paged_attention,
 )
 from ejk.ops._residuals import without_residuals
+from ejk.ops._ssd import SsdKernel, ssd
 
 builtin_ops()  # defines every built-in op, including any not re-exported above
 
@@ -49,6 +51,7 @@ __all__ = [
     "Explanation",
     "FlashAttentionKernel",
     "FlashAttentionLseKernel",
+    "GlaKernel",
     "GroupedMatmulKernel",
     "ImplChoice",
     "ImplementationReport",
@@ -56,6 +59,7 @@ __all__ = [
     "OpDefinition",
     "OpKernel",
     "RaggedPagedAttentionKernel",
+    "SsdKernel",
     "builtin_ops",
     "define_op",
     "explain",
@@ -63,6 +67,7 @@ __all__ = [
     "flash_attention_lse",
     "get_default_executor",
     "get_op",
+    "gla",
     "grouped_matmul",
     "matmul",
     "natural_lse",
@@ -72,6 +77,7 @@ __all__ = [
     "run",
     "run_op",
     "set_default_executor",
+    "ssd",
     "use_executor",
     "with_natural_lse",
     "without_residuals",

@@ -42,18 +42,24 @@ if TYPE_CHECKING:
         reference_flash_attention,
         reference_flash_attention_lse,
     )
+    from ejk.ops._gla._conformance import GLA_CASES, check_gla
+    from ejk.ops._gla._reference import reference_gla
     from ejk.ops._grouped_matmul._conformance import check_grouped_matmul
     from ejk.ops._grouped_matmul._reference import reference_grouped_matmul
     from ejk.ops._matmul._conformance import MATMUL_SHAPES, check_matmul
     from ejk.ops._matmul._reference import reference_matmul
     from ejk.ops._ragged_paged_attention._conformance import check_ragged_paged_attention
     from ejk.ops._ragged_paged_attention._reference import reference_ragged_paged_attention
+    from ejk.ops._ssd._conformance import SSD_CASES, check_ssd
+    from ejk.ops._ssd._reference import reference_ssd
 
 #: Names of an op's folder that are not its reference or check, by the module that holds them.
 _OP_EXTRAS = {
     "FLASH_ATTENTION_CASES": "ejk.ops._flash_attention._conformance",
     "attention_mask": "ejk.ops._flash_attention._reference",
     "MATMUL_SHAPES": "ejk.ops._matmul._conformance",
+    "GLA_CASES": "ejk.ops._gla._conformance",
+    "SSD_CASES": "ejk.ops._ssd._conformance",
 }
 
 __all__ = [
@@ -61,17 +67,21 @@ __all__ = [
     "AttentionCase",
     "ConformanceError",
     "FLASH_ATTENTION_CASES",
+    "GLA_CASES",
     "MATMUL_SHAPES",
+    "SSD_CASES",
     "TOLERANCES",
     "assert_close",
     "attention_mask",
     "attention_values_and_grads",
     "check_flash_attention",
     "check_flash_attention_lse",
+    "check_gla",
     "check_grouped_matmul",
     "check_matmul",
     "check_op",
     "check_ragged_paged_attention",
+    "check_ssd",
     "check_discovered_plugins",
     "check_imports_lazily",
     "check_plugin",
@@ -80,9 +90,11 @@ __all__ = [
     "paged_batch",
     "reference_flash_attention",
     "reference_flash_attention_lse",
+    "reference_gla",
     "reference_grouped_matmul",
     "reference_matmul",
     "reference_ragged_paged_attention",
+    "reference_ssd",
     "tolerance",
     "values_and_grads",
 ]

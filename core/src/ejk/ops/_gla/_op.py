@@ -114,6 +114,7 @@ DEFINITION = define_op(
     KERNEL, gla,
     reference=f"{_HERE}._reference:reference_gla",
     check=f"{_HERE}._conformance:check_gla",
+    shard_rule=f"{_HERE}._shard:gla_rule",
     bench=f"{_HERE}._bench:BENCH",
     samples=f"{_HERE}._samples:samples",
 )

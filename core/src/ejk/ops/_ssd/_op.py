@@ -109,6 +109,7 @@ DEFINITION = define_op(
     KERNEL, ssd,
     reference=f"{_HERE}._reference:reference_ssd",
     check=f"{_HERE}._conformance:check_ssd",
+    shard_rule=f"{_HERE}._shard:ssd_rule",
     bench=f"{_HERE}._bench:BENCH",
     samples=f"{_HERE}._samples:samples",
 )

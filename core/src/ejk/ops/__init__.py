@@ -1,6 +1,6 @@
 """The public operations and how they are dispatched, and the residual tags of their custom VJPs
 (:data:`FLASH_RESIDUALS`, :data:`FLASH_LSE_RESIDUALS`, :data:`MATMUL_RESIDUALS`,
-:data:`GROUPED_MATMUL_RESIDUALS`; see docs/KERNEL_CONTRACT.md).
+:data:`GROUPED_MATMUL_RESIDUALS`, :data:`GLA_RESIDUALS`, :data:`SSD_RESIDUALS`; see docs/KERNEL_CONTRACT.md).
 
 Each built-in operation is one folder, ``ejk/ops/_<name>/`` (listed in :mod:`ejk.ops._builtin`),
 holding its kernel and public function, validation, reference, conformance check, residual
@@ -25,7 +25,7 @@ from ejk.ops._explain import Explanation, ImplementationReport, explain
 from ejk.ops._flash_attention import FlashAttentionKernel, FlashAttentionLseKernel, flash_attention, flash_attention_lse
 from ejk.ops._flash_attention._residuals import FLASH_LSE_RESIDUALS, FLASH_RESIDUALS, natural_lse, with_natural_lse
 from ejk.ops._generic import AlgorithmKernel, run
-from ejk.ops._gla import GlaKernel, gla
+from ejk.ops._gla import GLA_RESIDUALS, GlaKernel, gla
 from ejk.ops._grouped_matmul import GroupedMatmulKernel, grouped_matmul
 from ejk.ops._matmul import MatmulKernel, matmul
 from ejk.ops._ragged_paged_attention import (
@@ -35,7 +35,7 @@ from ejk.ops._ragged_paged_attention import (
     ragged_paged_attention,
 )
 from ejk.ops._residuals import without_residuals
-from ejk.ops._ssd import SsdKernel, ssd
+from ejk.ops._ssd import SSD_RESIDUALS, SsdKernel, ssd
 
 builtin_ops()  # defines every built-in op, including any not re-exported above
 
@@ -43,9 +43,11 @@ __all__ = [
     "BUILTIN_OPS",
     "FLASH_LSE_RESIDUALS",
     "FLASH_RESIDUALS",
+    "GLA_RESIDUALS",
     "GROUPED_MATMUL_RESIDUALS",
     "MATMUL_RESIDUALS",
     "OPS",
+    "SSD_RESIDUALS",
     "AlgorithmKernel",
     "Candidate",
     "Explanation",

@@ -11,7 +11,9 @@ exactly, ``[C, C, K]`` per chunk, so no gate is ever divided out (no overflow ho
 The chunks' intra parts run in parallel, a bounded number at a time (``lax.map``), each under
 ``jax.checkpoint`` so that the backward pass recomputes them instead of storing ``[C, C, K]`` tensors;
 the states between chunks come from one associative scan (``_linear_chunks``). Products and states
-are float32. The gradient is JAX's (autodiff through the checkpointed chunks), for every input.
+are float32. The gradient is JAX's VJP of this forward, recomputed in the backward pass from the
+inputs (the residuals, ``GLA_RESIDUALS``, so other platforms' forwards pair with this backward), for
+every input; the checkpointed chunks keep its memory at the states between chunks.
 """
 
 from __future__ import annotations
@@ -22,10 +24,18 @@ import attrs
 import jax
 import jax.numpy as jnp
 
-from ejk.plugin import positive_int
-from ejk_xla._linear_chunks import chunk_layout, chunk_size, final_states, from_chunks, pass_states, to_chunks
+from ejk.plugin import GLA_RESIDUALS, positive_int
+from ejk_xla._linear_chunks import (
+    chunk_layout,
+    chunk_size,
+    final_states,
+    from_chunks,
+    operand_vjp_of,
+    pass_states,
+    to_chunks,
+)
 
-__all__ = ["GlaConfig", "config_space", "gla", "heuristic_config"]
+__all__ = ["GlaConfig", "config_space", "gla", "heuristic_config", "vjp"]
 
 #: Floats of the ``[C, C, K]`` intra-chunk weights one ``lax.map`` step may hold (256 Mi: 1 GiB).
 _INTRA_FLOATS = 1 << 28
@@ -92,3 +102,8 @@ def gla(q: jax.Array, k: jax.Array, v: jax.Array, g: jax.Array, initial_state: j
     inter = jnp.einsum("nrchk,nrhkv->nrchv", qc * jnp.exp(jnp.cumsum(gc, axis=2)), entering)
     o = from_chunks(scale * (inter + intra_out), layout, t)
     return o.astype(q.dtype), final_states(leaving, layout, init)
+
+
+
+#: Residuals: the operands (``GLA_RESIDUALS``); the backward recomputes the chunks.
+vjp = operand_vjp_of(gla, ("q", "k", "v", "g", "initial_state", "cu_seqlens"), "cu_seqlens", GLA_RESIDUALS)

@@ -14,12 +14,13 @@ Between chunks the states follow ``h_c = a_c ⊙ h_{c-1} + b_c`` (``a_c`` the ch
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 
-__all__ = ["ChunkLayout", "chunk_layout", "chunk_size", "final_states", "from_chunks", "pass_states", "to_chunks"]
+__all__ = ["ChunkLayout", "chunk_layout", "chunk_size", "final_states", "from_chunks", "operand_vjp_of",
+           "pass_states", "to_chunks"]
 
 
 def chunk_size(tokens: int, cap: int) -> int:
@@ -133,3 +134,32 @@ def final_states(leaving: jax.Array, layout: ChunkLayout, initial: jax.Array) ->
     assert layout.nonempty is not None
     keep = layout.nonempty.reshape((-1,) + (1,) * (initial.ndim - 1))
     return jnp.where(keep, leaving[layout.last, 0], initial)
+
+
+
+def operand_vjp_of(forward: Any, names: tuple[str, ...], integer: str, residuals: str) -> Any:
+    """The :class:`ejk.VJP` of ``forward(*arrays, **static)`` (an output and a final state) whose residuals are
+    its array operands in the op's order ``names`` (keyword ones included): the backward is JAX's VJP of
+    ``forward`` recomputed from them, with ``None`` for absent operands and the integer one ``integer``."""
+    from ejk.plugin import VJP, cotangent_like
+
+    def fwd(*positional: Any, cfg: Any = None, **named: Any) -> tuple[Any, tuple[Any, ...]]:
+        arrays = (*positional, *(named.pop(n) for n in names[len(positional):]))
+        return forward(*arrays, **named, cfg=cfg), arrays
+
+    def bwd(operands: tuple[Any, ...], d_out: Any, *, cfg: Any = None, **static: Any) -> tuple[Any, ...]:
+        skip = names.index(integer)
+        live = [i for i, x in enumerate(operands) if x is not None and i != skip]
+
+        def of_live(*values: Any) -> Any:
+            merged = list(operands)
+            for i, x in zip(live, values, strict=True):
+                merged[i] = x
+            return forward(*merged, **static, cfg=cfg)
+
+        _, vjp = jax.vjp(of_live, *(operands[i] for i in live))
+        found = dict(zip(live, vjp(tuple(d_out)), strict=True))
+        return tuple(None if i not in found else cotangent_like(found[i], operands[i]) for i in range(len(operands)))
+
+    fwd.__name__, bwd.__name__ = "forward_with_residuals", "backward"
+    return VJP(fwd=fwd, bwd=bwd, residuals=residuals)

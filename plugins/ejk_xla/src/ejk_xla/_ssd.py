@@ -10,7 +10,9 @@ entering the chunk, every chunk of ``C`` tokens computes in parallel:
 4. the off-diagonal part: ``y_i += e^{Λ_i} S C_i``; then ``+ D_h x_i``.
 
 Every exponent is ``<= 0`` for ``A <= 0``. Heads share their group's ``B`` and ``C``: ``C·B`` is
-formed once per group. Products and states are float32; the gradient is JAX's, for every input.
+formed once per group. Products and states are float32. The gradient is JAX's VJP of this forward,
+recomputed in the backward pass from the inputs (the residuals, ``SSD_RESIDUALS``, so other
+platforms' forwards pair with this backward), for every input.
 """
 
 from __future__ import annotations
@@ -21,10 +23,18 @@ import attrs
 import jax
 import jax.numpy as jnp
 
-from ejk.plugin import positive_int
-from ejk_xla._linear_chunks import chunk_layout, chunk_size, final_states, from_chunks, pass_states, to_chunks
+from ejk.plugin import SSD_RESIDUALS, positive_int
+from ejk_xla._linear_chunks import (
+    chunk_layout,
+    chunk_size,
+    final_states,
+    from_chunks,
+    operand_vjp_of,
+    pass_states,
+    to_chunks,
+)
 
-__all__ = ["SsdConfig", "config_space", "heuristic_config", "ssd"]
+__all__ = ["SsdConfig", "config_space", "heuristic_config", "ssd", "vjp"]
 
 
 @attrs.frozen(kw_only=True)
@@ -90,3 +100,8 @@ def ssd(x: jax.Array, dt: jax.Array, A: jax.Array, B: jax.Array, C: jax.Array,  
         y = y + D.astype(f32)[:, None] * x.astype(f32)
     final = final_states(leaving, layout, init.reshape(states, groups, heads, p, n))
     return y.astype(x.dtype), final.reshape(states, h, p, n)
+
+
+
+#: Residuals: the operands (``SSD_RESIDUALS``); the backward recomputes the chunks.
+vjp = operand_vjp_of(ssd, ("x", "dt", "A", "B", "C", "D", "dt_bias", "initial_state", "cu_seqlens"), "cu_seqlens", SSD_RESIDUALS)

@@ -34,9 +34,9 @@ def ejk_register_kernels(register: RegisterKernels) -> None:
     register("ragged_paged_attention", *portable, tier=fallback, name="paged", cfg_type=pa.PagedAttentionConfig,
              config_space=pa.config_space, heuristic=pa.heuristic_config)(pa.ragged_paged_attention)
     register("gla", *portable, tier=fallback, name="chunked", cfg_type=_gla.GlaConfig,
-             config_space=_gla.config_space, heuristic=_gla.heuristic_config)(_gla.gla)
+             config_space=_gla.config_space, heuristic=_gla.heuristic_config, vjp=_gla.vjp)(_gla.gla)
     register("ssd", *portable, tier=fallback, name="chunked", cfg_type=_ssd.SsdConfig,
-             config_space=_ssd.config_space, heuristic=_ssd.heuristic_config)(_ssd.ssd)
+             config_space=_ssd.config_space, heuristic=_ssd.heuristic_config, vjp=_ssd.vjp)(_ssd.ssd)
 
 
 @hookimpl

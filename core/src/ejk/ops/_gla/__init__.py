@@ -7,6 +7,6 @@
 
 from __future__ import annotations
 
-from ejk.ops._gla._op import GlaKernel, gla
+from ejk.ops._gla._op import GLA_RESIDUALS, GlaKernel, gla
 
-__all__ = ["GlaKernel", "gla"]
+__all__ = ["GLA_RESIDUALS", "GlaKernel", "gla"]

@@ -13,7 +13,11 @@ from ejk.ops._check_common import as_array
 from ejk.ops._definition import define_op
 from ejk.ops._gla._check import check_gla_args
 
-__all__ = ["DEFINITION", "KERNEL", "GlaKernel", "gla", "realistic_linear_args"]
+__all__ = ["DEFINITION", "GLA_RESIDUALS", "KERNEL", "GlaKernel", "gla", "realistic_linear_args"]
+
+#: ``ejk.VJP.residuals`` of a ``gla`` implementation whose residuals are its array operands
+#: ``(q, k, v, g, initial_state, cu_seqlens)``: its backward recomputes what it needs.
+GLA_RESIDUALS = "gla:inputs"
 
 
 def realistic_linear_args(args: tuple[Any, ...], gates: tuple[int, ...], cu_index: int,
@@ -117,4 +121,5 @@ DEFINITION = define_op(
     shard_rule=f"{_HERE}._shard:gla_rule",
     bench=f"{_HERE}._bench:BENCH",
     samples=f"{_HERE}._samples:samples",
+    residuals=(GLA_RESIDUALS,),
 )

@@ -6,6 +6,6 @@
 
 from __future__ import annotations
 
-from ejk.ops._ssd._op import SsdKernel, ssd
+from ejk.ops._ssd._op import SSD_RESIDUALS, SsdKernel, ssd
 
-__all__ = ["SsdKernel", "ssd"]
+__all__ = ["SSD_RESIDUALS", "SsdKernel", "ssd"]

@@ -13,7 +13,11 @@ from ejk.ops._definition import define_op
 from ejk.ops._gla._op import realistic_linear_args
 from ejk.ops._ssd._check import check_ssd_args
 
-__all__ = ["DEFINITION", "KERNEL", "SsdKernel", "ssd"]
+__all__ = ["DEFINITION", "KERNEL", "SSD_RESIDUALS", "SsdKernel", "ssd"]
+
+#: ``ejk.VJP.residuals`` of an ``ssd`` implementation whose residuals are its array operands
+#: ``(x, dt, A, B, C, D, dt_bias, initial_state, cu_seqlens)``: its backward recomputes what it needs.
+SSD_RESIDUALS = "ssd:inputs"
 
 
 class SsdKernel(OpKernel):
@@ -112,4 +116,5 @@ DEFINITION = define_op(
     shard_rule=f"{_HERE}._shard:ssd_rule",
     bench=f"{_HERE}._bench:BENCH",
     samples=f"{_HERE}._samples:samples",
+    residuals=(SSD_RESIDUALS,),
 )

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from ejk.plugin import VJP, Platform, PlatformStatus, RegisterKernels, hookimpl
-from ejk_triton import _env, _flash_attention, _grouped_matmul, _matmul, _paged_attention
+from ejk_triton import _env, _flash_attention, _grouped_matmul, _linear_attention, _matmul, _paged_attention
 
 # Every kernel is in the FAST tier. The priorities below are tie-breaks inside it where no ranking pack
 # covers the device; measured orders are the rankings of ejk-core's packs (docs/RANKINGS.md).
@@ -42,6 +42,14 @@ def ejk_register_kernels(register: RegisterKernels) -> None:
         register("grouped_matmul", Platform.TRITON, backend, priority=GROUPED_MATMUL_PRIORITY, name="persistent",
                  cfg_type=gmm.GroupedMatmulConfig, config_space=gmm.config_space, heuristic=gmm.heuristic_config,
                  capability=gmm.capability, vjp=gmm.vjp)(gmm.forward)
+    la = _linear_attention
+    for backend in _env.backends():  # forward kernels; the backward pairs with ejk-xla's (same residuals)
+        register("gla", Platform.TRITON, backend, priority=PRIORITY, name="chunked", cfg_type=la.LinearAttentionConfig,
+                 config_space=la.config_space, heuristic=la.heuristic_config, capability=la.capability,
+                 vjp=la.gla_vjp)(la.gla)
+        register("ssd", Platform.TRITON, backend, priority=PRIORITY, name="chunked", cfg_type=la.LinearAttentionConfig,
+                 config_space=la.config_space, heuristic=la.heuristic_config, capability=la.ssd_capability,
+                 vjp=la.ssd_vjp)(la.ssd)
 
 
 @hookimpl

@@ -1,0 +1,165 @@
+"""``gla`` and ``ssd`` forward passes as one Triton kernel (``_linear_kernels``); their gradients are
+ejk-xla's chunked backward, paired through the residual tags ``GLA_RESIDUALS`` / ``SSD_RESIDUALS``
+(the residuals are the operands).
+
+One program per (column block of the state, head, sequence) walks its sequence chunk by chunk with
+the state in registers: packed sequences (``cu_seqlens``) need no layout, each program reads its own
+offsets, and no chunk crosses a sequence boundary. ``ssd`` maps onto the same kernel with a scalar
+gate: ``q = C``, ``k = B`` (read per group), ``v = dt·x`` and log gate ``dt·A``; the ``D`` skip
+connection is added after the launch.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+import jax
+import jax.numpy as jnp
+
+from ejk.plugin import GLA_RESIDUALS, SSD_RESIDUALS, VJP, cdiv, int_in, next_pow2, power_of_two
+from ejk_triton import _env
+from ejk_triton._device import compute_capability_reason
+from ejk_triton._launch import kernels, launch
+
+__all__ = ["LinearAttentionConfig", "capability", "config_space", "gla", "gla_vjp", "heuristic_config", "ssd",
+           "ssd_capability", "ssd_vjp"]
+
+_DTYPES = ("bfloat16", "float16", "float32")
+#: The state ``[K, block_v]`` lives in registers: K (the state's row count) is bounded.
+_MAX_K = 256
+_MAX_GRID_Z = 65535
+
+
+@attrs.frozen(kw_only=True)
+class LinearAttentionConfig:
+    """Config of the Triton linear-recurrence kernel.
+
+    Attributes:
+        chunk: Tokens per chunk (the intra-chunk products are ``[chunk, chunk]``).
+        block_v: State columns per program (more programs when smaller).
+        block_ks: Channels per slice of the exact per-channel weights ``[chunk, chunk, block_ks]``
+            (``gla`` only).
+        num_warps: Warps per program.
+        num_stages: Software-pipelining stages.
+    """
+
+    chunk: int = attrs.field(default=16, validator=[power_of_two(16), int_in(16, 64)])
+    block_v: int = attrs.field(default=32, validator=[power_of_two(16), int_in(16, 128)])
+    block_ks: int = attrs.field(default=16, validator=[power_of_two(8), int_in(8, 128)])
+    num_warps: int = attrs.field(default=4, validator=[power_of_two(), int_in(1, 16)])
+    num_stages: int = attrs.field(default=1, validator=int_in(1, 4))
+
+
+def config_space(**call: Any) -> list[LinearAttentionConfig]:
+    return [LinearAttentionConfig(chunk=c, block_v=bv, num_warps=w)
+            for c in (16, 32) for bv in (32, 64) for w in (4, 8)]
+
+
+def heuristic_config(**call: Any) -> LinearAttentionConfig:
+    return LinearAttentionConfig()
+
+
+def _device_reason() -> str | None:
+    if _env.interpret_mode():
+        return None
+    on_gpu, why = _env.nvidia_gpu()
+    if not on_gpu:
+        return f"needs an NVIDIA GPU ({why})"
+    return compute_capability_reason()
+
+
+def _common_reason(arrays: tuple[Any, ...], k_dim: int, states: int) -> str | None:
+    found = sorted({jnp.dtype(x.dtype).name for x in arrays if x is not None} - set(_DTYPES))
+    if found:
+        return f"{', '.join(found)} not supported (bfloat16, float16 and float32 only)"
+    if k_dim > _MAX_K:
+        return f"a state of {k_dim} rows not supported (at most {_MAX_K}: the state is held in registers)"
+    if states > _MAX_GRID_Z:
+        return f"{states} sequences exceed the grid limit {_MAX_GRID_Z}"
+    return _device_reason()
+
+
+def _states(batch: int, cu_seqlens: Any) -> int:
+    return batch if cu_seqlens is None else int(cu_seqlens.shape[0]) - 1
+
+
+def capability(q: Any, k: Any, v: Any, g: Any, initial_state: Any = None, cu_seqlens: Any = None,
+               **_: Any) -> str | None:
+    """Why the Triton ``gla`` cannot run a call, or ``None``: bfloat16 / float16 / float32, K up to 256,
+    an NVIDIA GPU (compute capability 8.0+) unless interpreted."""
+    return _common_reason((q, k, v, g, initial_state), int(q.shape[3]), _states(int(q.shape[0]), cu_seqlens))
+
+
+def ssd_capability(x: Any, dt: Any, A: Any, B: Any, C: Any, D: Any = None, dt_bias: Any = None,  # noqa: N803
+                   initial_state: Any = None, cu_seqlens: Any = None, **_: Any) -> str | None:
+    """Why the Triton ``ssd`` cannot run a call, or ``None``: as :func:`capability`, N up to 256."""
+    return _common_reason((x, dt, A, B, C, D, dt_bias, initial_state), int(B.shape[3]),
+                          _states(int(x.shape[0]), cu_seqlens))
+
+
+def _recurrence(q: jax.Array, k: jax.Array, v: jax.Array, g: jax.Array, initial_state: jax.Array | None,
+                cu_seqlens: jax.Array | None, *, scale: float, scalar_gate: bool, out_dtype: Any,
+                cfg: LinearAttentionConfig) -> tuple[jax.Array, jax.Array]:
+    """The kernel on ``q, k [B, T, HQK, K]``, ``v [B, T, H, V]``, ``g [B, T, H(, K)]``: ``(o, final states)``."""
+    b, t, hqk, dk = q.shape
+    h, dv = v.shape[2], v.shape[3]
+    n = _states(b, cu_seqlens)
+    if t == 0:
+        init = jnp.zeros((n, h, dk, dv), jnp.float32) if initial_state is None else initial_state.astype(jnp.float32)
+        return jnp.zeros((b, 0, h, dv), out_dtype), init
+    block_k = next_pow2(max(dk, 16))
+    block_v = min(cfg.block_v, next_pow2(max(dv, 16)))
+    rows = b * t
+    dummy = jnp.zeros((1,), jnp.float32)
+    inputs = [q.reshape(rows, hqk, dk), k.reshape(rows, hqk, dk), v.reshape(rows, h, dv),
+              g.reshape(rows, *g.shape[2:]),
+              dummy if initial_state is None else initial_state.astype(jnp.float32),
+              jnp.zeros((1,), jnp.int32) if cu_seqlens is None else cu_seqlens.astype(jnp.int32)]
+    out_shapes = [jax.ShapeDtypeStruct((rows, h, dv), out_dtype), jax.ShapeDtypeStruct((n, h, dk, dv), jnp.float32)]
+    o, final = launch(kernels("_linear_kernels").linear_recurrence_fwd, grid=(cdiv(dv, block_v), h, n),
+                      inputs=inputs, out_shapes=out_shapes, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+                      T=t, H=h, HQK=hqk, K=dk, V=dv, BT=cfg.chunk, BK=block_k, BKS=min(cfg.block_ks, block_k),
+                      BV=block_v, SCALE=float(scale), SCALAR_GATE=scalar_gate, HAS_H0=initial_state is not None,
+                      VARLEN=cu_seqlens is not None)
+    return o.reshape(b, t, h, dv), final
+
+
+def gla(q: jax.Array, k: jax.Array, v: jax.Array, g: jax.Array, initial_state: jax.Array | None = None,
+        cu_seqlens: jax.Array | None = None, *, scale: float,
+        cfg: LinearAttentionConfig | None = None) -> tuple[jax.Array, jax.Array]:
+    """``ejk.gla``'s forward: ``(o, final_state)``."""
+    return _recurrence(q, k, v, g, initial_state, cu_seqlens, scale=scale, scalar_gate=False, out_dtype=q.dtype,
+                       cfg=cfg or LinearAttentionConfig())
+
+
+def ssd(x: jax.Array, dt: jax.Array, A: jax.Array, B: jax.Array, C: jax.Array,  # noqa: N803
+        D: jax.Array | None = None, dt_bias: jax.Array | None = None,  # noqa: N803
+        initial_state: jax.Array | None = None, cu_seqlens: jax.Array | None = None, *, dt_softplus: bool,
+        cfg: LinearAttentionConfig | None = None) -> tuple[jax.Array, jax.Array]:
+    """``ejk.ssd``'s forward: ``(y, final_state)``."""
+    f32 = jnp.float32
+    step = dt.astype(f32) + (0.0 if dt_bias is None else dt_bias.astype(f32))
+    step = jax.nn.softplus(step) if dt_softplus else step
+    init = None if initial_state is None else jnp.swapaxes(initial_state.astype(f32), -1, -2)  # [N, H, Ns, P]
+    y, final = _recurrence(C, B, x.astype(f32) * step[..., None], step * A.astype(f32), init, cu_seqlens,
+                           scale=1.0, scalar_gate=True, out_dtype=f32, cfg=cfg or LinearAttentionConfig())
+    if D is not None:
+        y = y + D.astype(f32)[:, None] * x.astype(f32)
+    return y.astype(x.dtype), jnp.swapaxes(final, -1, -2)
+
+
+def _saving_operands(forward: Any, names: tuple[str, ...]) -> Any:
+    def forward_with_residuals(*positional: Any, cfg: Any = None, **named: Any) -> tuple[Any, tuple[Any, ...]]:
+        arrays = (*positional, *(named.pop(name) for name in names[len(positional):]))
+        return forward(*arrays, **named, cfg=cfg), arrays
+
+    return forward_with_residuals
+
+
+_FIX = "install ejk-xla, whose chunked backward consumes these residuals"
+#: Forward only: the gradient is the backward of an implementation saving the same residuals (ejk-xla's).
+gla_vjp = VJP(fwd=_saving_operands(gla, ("q", "k", "v", "g", "initial_state", "cu_seqlens")),
+              residuals=GLA_RESIDUALS, fix=_FIX)
+ssd_vjp = VJP(fwd=_saving_operands(ssd, ("x", "dt", "A", "B", "C", "D", "dt_bias", "initial_state", "cu_seqlens")),
+              residuals=SSD_RESIDUALS, fix=_FIX)

@@ -41,7 +41,15 @@ from ejk.config.validators import int_in, multiple_of, one_of, one_of_str, posit
 from ejk.execution.kernel import Invocation, Kernel
 from ejk.hookspecs import hookimpl
 from ejk.interpreter import InterpreterSwitch
-from ejk.ops import FLASH_LSE_RESIDUALS, FLASH_RESIDUALS, GLA_RESIDUALS, SSD_RESIDUALS, natural_lse, with_natural_lse, without_residuals
+from ejk.ops import (
+    FLASH_LSE_RESIDUALS,
+    FLASH_RESIDUALS,
+    GLA_RESIDUALS,
+    SSD_RESIDUALS,
+    natural_lse,
+    with_natural_lse,
+    without_residuals,
+)
 from ejk.parallel import cotangent_like, varying_like
 from ejk.plugins import PlatformStatus, probe_platform
 from ejk.registry import VJP, Backend, BackendLike, KernelSpec, Platform, PlatformLike, Tier

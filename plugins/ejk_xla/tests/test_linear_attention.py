@@ -3,6 +3,7 @@ and every gradient; odd lengths, packed and empty sequences, decoding, long sequ
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import jax
@@ -167,7 +168,7 @@ def test_empty_inputs_return_the_initial_states() -> None:
     o, fin = ejk.gla(q, k, v, g, initial_state=s, output_final_state=True, platform="xla")
     assert o.shape == (2, 0, 2, 3)
     np.testing.assert_array_equal(fin, s)
-    x, dt, a, bb, cc, d, bias, s = ssd_inputs(4, 1, 0, 2, 4, 1, 3, 3)
+    x, dt, a, bb, cc, _, _, s = ssd_inputs(4, 1, 0, 2, 4, 1, 3, 3)
     y, fin = ejk.ssd(x, dt, a, bb, cc, initial_state=s, output_final_state=True, platform="xla",
                      cu_seqlens=jnp.zeros(4, jnp.int32))
     assert y.shape == (1, 0, 2, 4)
@@ -181,7 +182,7 @@ def test_packed_sequences_equal_separate_calls_under_jit() -> None:
     run = jax.jit(lambda *a: ejk.gla(*a[:4], initial_state=a[4], cu_seqlens=a[5], output_final_state=True,
                                      platform="xla", cfg=GlaConfig(chunk=4)))
     o, fin = run(q, k, v, g, s, cu)  # cu_seqlens traced
-    for n, (lo, hi) in enumerate(zip(cu[:-1], cu[1:], strict=True)):
+    for n, (lo, hi) in enumerate(itertools.pairwise(cu)):
         part = [x[:, lo:hi] for x in (q, k, v, g)]
         o_n, fin_n = ejk.gla(*part, initial_state=s[n:n + 1], output_final_state=True, platform="xla")
         assert_close(o[:, lo:hi], o_n, F32, what=f"sequence {n} output")

@@ -4,7 +4,8 @@ Today: ``flash_attention`` forward and backward (FlashAttention-2 style kernels;
 sliding windows, soft cap, segment ids, bias), ``matmul`` (``jnp.matmul`` shapes),
 ``grouped_matmul`` (mixture of experts, one persistent launch over all groups), each with its
 backward, and ``ragged_paged_attention`` (decode with split-K and chunked prefill over a paged KV
-cache, one kernel). Triton and jax-triton are imported lazily, when
+cache, one kernel), and the forward passes of ``gla`` and ``ssd`` (chunked linear recurrences,
+one kernel; their backward pairs with ejk-xla's). Triton and jax-triton are imported lazily, when
 a kernel is first launched, so this package imports (and reports its status) without them.
 
 ``EJK_TRITON_INTERPRET=1`` runs the same kernels through Triton's interpreter on the CPU
@@ -16,7 +17,15 @@ from __future__ import annotations
 from ejk_triton._env import INTERPRET_ENV
 from ejk_triton._flash_attention import FlashAttentionConfig
 from ejk_triton._grouped_matmul import GroupedMatmulConfig
+from ejk_triton._linear_attention import LinearAttentionConfig
 from ejk_triton._matmul import MatmulConfig
 from ejk_triton._paged_attention import PagedAttentionConfig
 
-__all__ = ["INTERPRET_ENV", "FlashAttentionConfig", "GroupedMatmulConfig", "MatmulConfig", "PagedAttentionConfig"]
+__all__ = [
+    "INTERPRET_ENV",
+    "FlashAttentionConfig",
+    "GroupedMatmulConfig",
+    "LinearAttentionConfig",
+    "MatmulConfig",
+    "PagedAttentionConfig",
+]

@@ -20,7 +20,7 @@ import jax.numpy as jnp
 from ejk.plugin import GLA_RESIDUALS, SSD_RESIDUALS, VJP, cdiv, int_in, next_pow2, power_of_two
 from ejk_triton import _env
 from ejk_triton._device import compute_capability_reason
-from ejk_triton._launch import kernels, launch
+from ejk_triton._launch import kernels, launch, sequential_vmap
 
 __all__ = ["LinearAttentionConfig", "capability", "config_space", "gla", "gla_vjp", "heuristic_config", "ssd",
            "ssd_capability", "ssd_vjp"]
@@ -117,11 +117,15 @@ def _recurrence(q: jax.Array, k: jax.Array, v: jax.Array, g: jax.Array, initial_
               dummy if initial_state is None else initial_state.astype(jnp.float32),
               jnp.zeros((1,), jnp.int32) if cu_seqlens is None else cu_seqlens.astype(jnp.int32)]
     out_shapes = [jax.ShapeDtypeStruct((rows, h, dv), out_dtype), jax.ShapeDtypeStruct((n, h, dk, dv), jnp.float32)]
-    o, final = launch(kernels("_linear_kernels").linear_recurrence_fwd, grid=(cdiv(dv, block_v), h, n),
-                      inputs=inputs, out_shapes=out_shapes, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+
+    def run(*arrays: jax.Array) -> tuple[jax.Array, ...]:
+        return launch(kernels("_linear_kernels").linear_recurrence_fwd, grid=(cdiv(dv, block_v), h, n),
+                      inputs=arrays, out_shapes=out_shapes, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
                       T=t, H=h, HQK=hqk, K=dk, V=dv, BT=cfg.chunk, BK=block_k, BKS=min(cfg.block_ks, block_k),
                       BV=block_v, SCALE=float(scale), SCALAR_GATE=scalar_gate, HAS_H0=initial_state is not None,
                       VARLEN=cu_seqlens is not None)
+
+    o, final = sequential_vmap(run)(*inputs)
     return o.reshape(b, t, h, dv), final
 
 

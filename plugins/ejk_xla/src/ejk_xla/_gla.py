@@ -75,7 +75,8 @@ def _intra(q: jax.Array, k: jax.Array, v: jax.Array, g: jax.Array) -> tuple[jax.
 
 
 def gla(q: jax.Array, k: jax.Array, v: jax.Array, g: jax.Array, initial_state: jax.Array | None = None,
-        cu_seqlens: jax.Array | None = None, *, scale: float, cfg: GlaConfig | None = None) -> tuple[jax.Array, jax.Array]:
+        cu_seqlens: jax.Array | None = None, *, scale: float,
+        cfg: GlaConfig | None = None) -> tuple[jax.Array, jax.Array]:
     """``ejk.gla`` by chunks (see the module docstring); returns ``(o, final_state)``.
 
     Args:

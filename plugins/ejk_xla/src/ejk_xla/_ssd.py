@@ -104,4 +104,5 @@ def ssd(x: jax.Array, dt: jax.Array, A: jax.Array, B: jax.Array, C: jax.Array,  
 
 
 #: Residuals: the operands (``SSD_RESIDUALS``); the backward recomputes the chunks.
-vjp = operand_vjp_of(ssd, ("x", "dt", "A", "B", "C", "D", "dt_bias", "initial_state", "cu_seqlens"), "cu_seqlens", SSD_RESIDUALS)
+vjp = operand_vjp_of(ssd, ("x", "dt", "A", "B", "C", "D", "dt_bias", "initial_state", "cu_seqlens"), "cu_seqlens",
+                     SSD_RESIDUALS)

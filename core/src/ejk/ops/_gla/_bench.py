@@ -36,7 +36,8 @@ class GlaCase(Case):
 
     @property
     def label(self) -> str:
-        layout = f"packed {self.tokens // self.seq}x{self.seq}" if self.packed else f"[{self.tokens // self.seq},{self.seq}]"
+        rows = self.tokens // self.seq
+        layout = f"packed {rows}x{self.seq}" if self.packed else f"[{rows},{self.seq}]"
         return f"{layout} H={self.heads} K={self.dk} V={self.dv}"
 
     @property
@@ -71,7 +72,8 @@ class GlaWorkload(Workload):
         b, t = self._rows()
         kq, kk, kv, kg = jax.random.split(jax.random.key(seed), 4)
         g = jax.nn.log_sigmoid(normal(kg, (b, t, c.heads, c.dk), jnp.float32) + 3.0)
-        return (normal(kq, (b, t, c.heads, c.dk), self.dtype), normal(kk, (b, t, c.heads, c.dk), self.dtype, c.dk ** -0.5),
+        return (normal(kq, (b, t, c.heads, c.dk), self.dtype),
+                normal(kk, (b, t, c.heads, c.dk), self.dtype, c.dk ** -0.5),
                 normal(kv, (b, t, c.heads, c.dv), self.dtype), g)
 
     def kwargs(self) -> dict[str, Any]:
@@ -103,12 +105,12 @@ def _parse(text: str, options: dict[str, str], spec: str) -> GlaCase:
 
 
 #: Qwen3-Next-like linear-attention layers: 32 heads of K = V = 128 over 32k tokens.
-_QWEN = {"tokens": 32768, "heads": 32, "dk": 128, "dv": 128}
+def _qwen(seq: int, packed: bool = False) -> GlaCase:
+    return GlaCase(tokens=32768, seq=seq, heads=32, dk=128, dv=128, packed=packed)
 
 BENCH = OpBench(
     case=GlaCase, workload=GlaWorkload, preset="gla", parse=_parse,
-    presets=(*(GlaCase(seq=s, **_QWEN) for s in (4096, 8192, 32768)),
-             *(GlaCase(seq=s, packed=True, **_QWEN) for s in (4096, 16384))),
+    presets=(*(_qwen(s) for s in (4096, 8192, 32768)), *(_qwen(s, packed=True) for s in (4096, 16384))),
     quick=(GlaCase(tokens=128, seq=64, heads=2, dk=32, dv=32), GlaCase(tokens=128, seq=32, heads=2, dk=32, dv=32,
                                                                        packed=True)),
 )

@@ -92,7 +92,7 @@ def reference_gla(
         ``(o [B, T, H, V] in q.dtype, final_state [N, H, K, V])``, the state in float32 (float64 for
         float64 inputs).
     """
-    b, t, h, dk = q.shape
+    b, _, h, dk = q.shape
     dv = v.shape[-1]
     scale = dk ** -0.5 if scale is None else scale
     dtype = _compute_dtype(q, k, v, g, initial_state)

@@ -11,7 +11,7 @@ __all__ = ["gla_rule"]
 
 
 def gla_rule(arrays: tuple[Any, ...], axes_of: AxesOf, size: Size) -> ShardPlan:
-    q, k, v, g, initial_state, cu_seqlens = arrays
+    q, _, _, _, initial_state, cu_seqlens = arrays
     batch = () if cu_seqlens is not None else divides(size, axes_of(q, 0), q.shape[0])
     heads = divides(size, axes_of(q, 2), q.shape[2])
     if set(heads) & set(batch):

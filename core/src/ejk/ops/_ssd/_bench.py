@@ -36,7 +36,8 @@ class SsdCase(Case):
 
     @property
     def label(self) -> str:
-        layout = f"packed {self.tokens // self.seq}x{self.seq}" if self.packed else f"[{self.tokens // self.seq},{self.seq}]"
+        rows = self.tokens // self.seq
+        layout = f"packed {rows}x{self.seq}" if self.packed else f"[{rows},{self.seq}]"
         return f"{layout} H={self.heads} P={self.headdim} N={self.state} G={self.groups}"
 
     @property
@@ -101,12 +102,12 @@ def _parse(text: str, options: dict[str, str], spec: str) -> SsdCase:
 
 
 #: The size of the Qwen3-Next-like ``gla`` presets (32 heads, 128 x 128 states, 32k tokens), one group.
-_SIZE = {"tokens": 32768, "heads": 32, "headdim": 128, "state": 128}
+def _sized(seq: int, packed: bool = False) -> SsdCase:
+    return SsdCase(tokens=32768, seq=seq, heads=32, headdim=128, state=128, packed=packed)
 
 BENCH = OpBench(
     case=SsdCase, workload=SsdWorkload, preset="ssd", parse=_parse,
-    presets=(*(SsdCase(seq=s, **_SIZE) for s in (4096, 8192, 32768)),
-             *(SsdCase(seq=s, packed=True, **_SIZE) for s in (4096, 16384))),
+    presets=(*(_sized(s) for s in (4096, 8192, 32768)), *(_sized(s, packed=True) for s in (4096, 16384))),
     quick=(SsdCase(tokens=128, seq=64, heads=2, headdim=32, state=16),
            SsdCase(tokens=128, seq=32, heads=2, headdim=32, state=16, packed=True)),
 )

@@ -56,7 +56,8 @@ def check_ssd(platform: str, *, dtypes: Sequence[Any] = (jnp.float32, jnp.bfloat
                            output_final_state=True, cu_seqlens=cu, platform=platform, cfg=cfg)
 
             def ref(*a: Any, cu: Any = cu_seqlens, softplus: bool = options) -> Any:
-                return reference_ssd(*a, cu, dt_softplus=softplus)
+                x, dt, aa, bb, cc, d, bias, s = a
+                return reference_ssd(x, dt, aa, bb, cc, d, bias, s, cu, dt_softplus=softplus)
 
             compare_recurrent(ours, ref, (*args, state), dtype, label)
     return len(dtypes) * len(SSD_CASES)

@@ -35,7 +35,7 @@ class SsdKernel(OpKernel):
         given = (x, dt, A, B, C, D, dt_bias, initial_state, cu_seqlens)
         arrays = tuple(None if a is None else as_array(op, name, a)
                        for name, a in zip(self.array_names, given, strict=True))
-        x, dt, A, B, C, D, dt_bias, initial_state, cu_seqlens = arrays
+        x, dt, A, B, C, D, dt_bias, initial_state, cu_seqlens = arrays  # noqa: N806
         check_ssd_args(x, dt, A, B, C, D=D, dt_bias=dt_bias, dt_softplus=dt_softplus, initial_state=initial_state,
                        cu_seqlens=cu_seqlens)
         return arrays, {"dt_softplus": dt_softplus}

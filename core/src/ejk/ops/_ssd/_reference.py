@@ -39,7 +39,7 @@ def reference_ssd(
         ``(y [b, T, H, P] in x.dtype, final_state [N, H, P, N_state])``, the state in float32
         (float64 for float64 inputs).
     """
-    b, t, h, p = x.shape
+    b, _, h, p = x.shape
     groups, n = B.shape[2:]
     dtype = jnp.result_type(jnp.float32, *(a.dtype for a in (x, dt, A, B, C, D, dt_bias, initial_state)
                                            if a is not None))

@@ -11,7 +11,7 @@ __all__ = ["ssd_rule"]
 
 
 def ssd_rule(arrays: tuple[Any, ...], axes_of: AxesOf, size: Size) -> ShardPlan:
-    x, dt, A, B, C, D, dt_bias, initial_state, cu_seqlens = arrays  # noqa: N806
+    x, _, _, B, _, D, dt_bias, initial_state, cu_seqlens = arrays  # noqa: N806
     batch = () if cu_seqlens is not None else divides(size, axes_of(x, 0), x.shape[0])
     heads, groups = head_axes(axes_of, size, x, 2, B, 2)
     if set(heads) & set(batch):

@@ -1,5 +1,5 @@
-"""The Triton ``gla`` / ``ssd`` forward kernel (interpreted on a CPU) against the step-by-step references,
-with gradients through the paired ejk-xla backward; configs; the gate."""
+"""The Triton ``gla`` / ``ssd`` kernels (interpreted on a CPU) against the step-by-step references, values,
+final states and gradients; configs; the gate; compilation for sm_90."""
 
 from __future__ import annotations
 
@@ -50,9 +50,10 @@ def test_configs_and_gate() -> None:
 
 def test_the_kernel_compiles_for_sm90_at_qwen3_next_sizes(tmp_path: Any) -> None:
     """Compiled for sm_90 (PTX, then a cubin by the ptxas Triton ships) in a process without the
-    interpreter: K = V = 128, per-channel and scalar gates; shared memory within an H100's."""
-    code = ("from ejk_triton._aot import compile_linear_recurrence as c; "
-            "print(c(128, 128)['shared'], c(128, 128, scalar_gate=True, qk_heads=1)['shared'])")
+    interpreter: K = V = 128, the forward with per-channel and scalar gates and the backward; shared
+    memory within an H100's."""
+    code = ("from ejk_triton._aot import compile_gla_backward as b, compile_linear_recurrence as c; "
+            "print(c(128, 128)['shared'], c(128, 128, scalar_gate=True, qk_heads=1)['shared'], b(128, 128)['shared'])")
     env = {k: v for k, v in os.environ.items() if k not in ("EJK_TRITON_INTERPRET", "TRITON_INTERPRET")}
     env.update(JAX_PLATFORMS="cpu", TRITON_CACHE_DIR=str(tmp_path / "triton-cache"))
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)

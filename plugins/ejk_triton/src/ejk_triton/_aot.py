@@ -18,7 +18,8 @@ from ejk.plugin import fit_block as _fit
 from ejk_triton import _env, _grouped_matmul, _matmul
 from ejk_triton._flash_attention import FlashAttentionConfig, _constexprs, _dbias_layout, heuristic_config
 
-__all__ = ["compile_flash_attention", "compile_grouped_matmul", "compile_linear_recurrence", "compile_matmul",
+__all__ = ["compile_flash_attention", "compile_grouped_matmul", "compile_gla_backward", "compile_linear_recurrence",
+           "compile_matmul",
            "compile_ragged_paged_attention"]
 
 _TRITON_DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "int32": "i32"}
@@ -226,8 +227,30 @@ def compile_linear_recurrence(k: int, v: int, dtype: Any = jnp.bfloat16, *, scal
     block_k = next_pow2(max(k, 16))
     f32 = jnp.float32
     values = f32 if scalar_gate else dtype  # ssd's values (dt·x) and outputs are float32
-    ptrs = [_ptr(dtype), _ptr(dtype), _ptr(values), _ptr(f32), _ptr(f32), _ptr(jnp.int32), _ptr(values), _ptr(f32)]
+    ptrs = [_ptr(dtype), _ptr(dtype), _ptr(values), _ptr(f32), _ptr(f32), _ptr(jnp.int32), _ptr(values), _ptr(f32),
+            _ptr(f32)]
     consts = dict(T=4096, H=heads, HQK=qk_heads or heads, K=k, V=v, BT=cfg.chunk, BK=block_k,
                   BKS=min(cfg.block_ks, block_k), BV=min(cfg.block_v, next_pow2(max(v, 16))), SCALE=k ** -0.5,
-                  SCALAR_GATE=scalar_gate, HAS_H0=True, VARLEN=varlen)
+                  SCALAR_GATE=scalar_gate, HAS_H0=True, VARLEN=varlen, STORE_STATES=True)
     return _compile(_linear_kernels.linear_recurrence_fwd, ptrs, consts, cfg.num_warps, cfg.num_stages, arch)
+
+
+def compile_gla_backward(k: int, v: int, dtype: Any = jnp.bfloat16, *, heads: int = 32, cfg: Any = None,
+                         varlen: bool = True, arch: int = 90) -> dict[str, int]:
+    """Compile ``gla``'s backward kernel for a state ``[k, v]`` and ``dtype`` inputs, for ``arch``.
+
+    Returns:
+        Its shared memory in bytes, warps and stages.
+    """
+    _compiled_mode()
+    from ejk.plugin import next_pow2
+    from ejk_triton import _linear_kernels
+    from ejk_triton._linear_attention import LinearAttentionConfig
+
+    cfg = cfg if cfg is not None else LinearAttentionConfig()
+    block_k = next_pow2(max(k, 16))
+    f32 = jnp.float32
+    ptrs = [_ptr(dtype)] * 3 + [_ptr(f32), _ptr(dtype), _ptr(f32), _ptr(f32), _ptr(jnp.int32)] + [_ptr(f32)] * 4
+    consts = dict(T=4096, H=heads, K=k, V=v, BT=cfg.chunk, BK=block_k, BKS=min(cfg.block_ks, block_k),
+                  BV=next_pow2(max(v, 16)), SCALE=k ** -0.5, VARLEN=varlen)
+    return _compile(_linear_kernels.gla_bwd, ptrs, consts, cfg.num_warps, cfg.num_stages, arch)

@@ -17,7 +17,7 @@ import attrs
 import jax
 import jax.numpy as jnp
 
-from ejk.plugin import GLA_RESIDUALS, SSD_RESIDUALS, VJP, cdiv, int_in, next_pow2, power_of_two
+from ejk.plugin import GLA_RESIDUALS, SSD_RESIDUALS, VJP, cdiv, cotangent_like, int_in, next_pow2, power_of_two
 from ejk_triton import _env
 from ejk_triton._device import compute_capability_reason
 from ejk_triton._launch import kernels, launch, sequential_vmap
@@ -86,8 +86,10 @@ def _states(batch: int, cu_seqlens: Any) -> int:
 
 def capability(q: Any, k: Any, v: Any, g: Any, initial_state: Any = None, cu_seqlens: Any = None,
                **_: Any) -> str | None:
-    """Why the Triton ``gla`` cannot run a call, or ``None``: bfloat16 / float16 / float32, K up to 256,
+    """Why the Triton ``gla`` cannot run a call, or ``None``: bfloat16 / float16 / float32, K and V up to 256,
     an NVIDIA GPU (compute capability 8.0+) unless interpreted."""
+    if int(v.shape[3]) > _MAX_K:
+        return f"V = {int(v.shape[3])} not supported (at most {_MAX_K}: the backward holds a [K, V] state cotangent)"
     return _common_reason((q, k, v, g, initial_state), int(q.shape[3]), _states(int(q.shape[0]), cu_seqlens))
 
 
@@ -100,14 +102,16 @@ def ssd_capability(x: Any, dt: Any, A: Any, B: Any, C: Any, D: Any = None, dt_bi
 
 def _recurrence(q: jax.Array, k: jax.Array, v: jax.Array, g: jax.Array, initial_state: jax.Array | None,
                 cu_seqlens: jax.Array | None, *, scale: float, scalar_gate: bool, out_dtype: Any,
-                cfg: LinearAttentionConfig) -> tuple[jax.Array, jax.Array]:
-    """The kernel on ``q, k [B, T, HQK, K]``, ``v [B, T, H, V]``, ``g [B, T, H(, K)]``: ``(o, final states)``."""
+                cfg: LinearAttentionConfig, store_states: bool = False) -> tuple[jax.Array, ...]:
+    """The kernel on ``q, k [B, T, HQK, K]``, ``v [B, T, H, V]``, ``g [B, T, H(, K)]``: ``(o, final states)``
+    and, with ``store_states``, the states entering every chunk."""
     b, t, hqk, dk = q.shape
     h, dv = v.shape[2], v.shape[3]
     n = _states(b, cu_seqlens)
     if t == 0:
         init = jnp.zeros((n, h, dk, dv), jnp.float32) if initial_state is None else initial_state.astype(jnp.float32)
-        return jnp.zeros((b, 0, h, dv), out_dtype), init
+        return (jnp.zeros((b, 0, h, dv), out_dtype), init,
+                *([jnp.zeros((_chunk_slots(0, n, cfg.chunk), h, dk, dv), jnp.float32)] if store_states else []))
     block_k = next_pow2(max(dk, 16))
     block_v = min(cfg.block_v, next_pow2(max(dv, 16)))
     rows = b * t
@@ -117,24 +121,99 @@ def _recurrence(q: jax.Array, k: jax.Array, v: jax.Array, g: jax.Array, initial_
               dummy if initial_state is None else initial_state.astype(jnp.float32),
               jnp.zeros((1,), jnp.int32) if cu_seqlens is None else cu_seqlens.astype(jnp.int32)]
     out_shapes = [jax.ShapeDtypeStruct((rows, h, dv), out_dtype), jax.ShapeDtypeStruct((n, h, dk, dv), jnp.float32)]
+    # The state entering every chunk, at the slots _chunk_slots counts (a placeholder unless stored).
+    slots = (_chunk_slots(rows, n, cfg.chunk), h, dk, dv) if store_states else (1,)
+    out_shapes.append(jax.ShapeDtypeStruct(slots, jnp.float32))
 
     def run(*arrays: jax.Array) -> tuple[jax.Array, ...]:
         return launch(kernels("_linear_kernels").linear_recurrence_fwd, grid=(cdiv(dv, block_v), h, n),
                       inputs=arrays, out_shapes=out_shapes, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
                       T=t, H=h, HQK=hqk, K=dk, V=dv, BT=cfg.chunk, BK=block_k, BKS=min(cfg.block_ks, block_k),
                       BV=block_v, SCALE=float(scale), SCALAR_GATE=scalar_gate, HAS_H0=initial_state is not None,
-                      VARLEN=cu_seqlens is not None)
+                      VARLEN=cu_seqlens is not None, STORE_STATES=store_states)
 
-    o, final = sequential_vmap(run)(*inputs)
-    return o.reshape(b, t, h, dv), final
+    o, final, states = sequential_vmap(run)(*inputs)
+    return (o.reshape(b, t, h, dv), final, *([states] if store_states else []))
+
+
+def _chunk_slots(rows: int, sequences: int, chunk: int) -> int:
+    """Slots for the state entering every chunk: sequence ``n`` starting at row ``bos`` owns slots from
+    ``bos // chunk + n`` on (no two sequences overlap, whatever their lengths)."""
+    return rows // chunk + sequences + 1
 
 
 def gla(q: jax.Array, k: jax.Array, v: jax.Array, g: jax.Array, initial_state: jax.Array | None = None,
         cu_seqlens: jax.Array | None = None, *, scale: float,
         cfg: LinearAttentionConfig | None = None) -> tuple[jax.Array, jax.Array]:
     """``ejk.gla``'s forward: ``(o, final_state)``."""
-    return _recurrence(q, k, v, g, initial_state, cu_seqlens, scale=scale, scalar_gate=False, out_dtype=q.dtype,
-                       cfg=cfg or LinearAttentionConfig())
+    o, final = _recurrence(q, k, v, g, initial_state, cu_seqlens, scale=scale, scalar_gate=False,
+                           out_dtype=q.dtype, cfg=cfg or LinearAttentionConfig())
+    return o, final
+
+
+def _segment_suffix_sums(x: jax.Array, cu_seqlens: jax.Array | None) -> jax.Array:
+    """``[B, T, ...]``: the sum of ``x`` over each token and the later tokens of its sequence."""
+    t = x.shape[1]
+    flipped = jnp.flip(x, 1)
+    if cu_seqlens is None:
+        return jnp.flip(jnp.cumsum(flipped, axis=1), 1)
+    nonempty = (cu_seqlens[1:] > cu_seqlens[:-1]).astype(jnp.int32)  # an empty sequence marks no token
+    last = jnp.zeros((t,), jnp.int32).at[jnp.clip(cu_seqlens[1:] - 1, 0, max(t - 1, 0))].max(nonempty) > 0
+    starts = jnp.flip(last)[None].reshape((1, t) + (1,) * (x.ndim - 2))
+
+    def combine(a: tuple[jax.Array, jax.Array], b: tuple[jax.Array, jax.Array]) -> tuple[jax.Array, jax.Array]:
+        return b[0] + jnp.where(b[1], 0.0, a[0]), a[1] | b[1]
+
+    sums, _ = jax.lax.associative_scan(combine, (flipped, jnp.broadcast_to(starts, x.shape)), axis=1)
+    return jnp.flip(sums, 1)
+
+
+def gla_backward(residuals: tuple[Any, ...], d_out: Any, *, scale: float,
+                 cfg: LinearAttentionConfig | None = None) -> tuple[Any, ...]:
+    """``gla``'s gradients from its operands: the forward again (keeping the state entering every chunk),
+    then the reverse kernel; ``dg`` is the suffix sum of ``q ⊙ dq - k ⊙ dk`` over each sequence plus
+    ``Σ_v S_T ⊙ dS_T`` (the final state's gate factor)."""
+    q, k, v, g, initial_state, cu_seqlens = residuals
+    d_o, d_final = d_out
+    cfg = cfg or LinearAttentionConfig()
+    b, t, h, dk = q.shape
+    dv = v.shape[3]
+    n = _states(b, cu_seqlens)
+    f32 = jnp.float32
+    d_final = jnp.zeros((n, h, dk, dv), f32) if d_final is None else d_final.astype(f32)
+    if d_o is None:
+        d_o = jnp.zeros(v.shape, v.dtype)
+    _, final, states = _recurrence(q, k, v, g, initial_state, cu_seqlens, scale=scale, scalar_gate=False,
+                                   out_dtype=q.dtype, cfg=cfg, store_states=True)
+    rows = b * t
+    if t == 0:
+        dq, dk_, dv_ = (jnp.zeros(x.shape, f32) for x in (q, k, v))
+        d_initial = d_final
+    else:
+        block_k = next_pow2(max(dk, 16))
+        flat = [x.reshape(rows, h, x.shape[3]) for x in (q, k, v, g, d_o)]
+        cu = jnp.zeros((1,), jnp.int32) if cu_seqlens is None else cu_seqlens.astype(jnp.int32)
+
+        def run(*arrays: jax.Array) -> tuple[jax.Array, ...]:
+            shapes = [jax.ShapeDtypeStruct((rows, h, dk), f32), jax.ShapeDtypeStruct((rows, h, dk), f32),
+                      jax.ShapeDtypeStruct((rows, h, dv), f32), jax.ShapeDtypeStruct((n, h, dk, dv), f32)]
+            return launch(kernels("_linear_kernels").gla_bwd, grid=(1, h, n), inputs=arrays, out_shapes=shapes,
+                          num_warps=cfg.num_warps, num_stages=cfg.num_stages, T=t, H=h, K=dk, V=dv, BT=cfg.chunk,
+                          BK=block_k, BKS=min(cfg.block_ks, block_k), BV=next_pow2(max(dv, 16)),
+                          SCALE=float(scale), VARLEN=cu_seqlens is not None)
+
+        dq, dk_, dv_, d_initial = sequential_vmap(run)(*flat, d_final, states, cu)
+        dq, dk_, dv_ = (x.reshape(b, t, h, x.shape[2]) for x in (dq, dk_, dv_))
+    gate_terms = q.astype(f32) * dq - k.astype(f32) * dk_
+    d_gates = _segment_suffix_sums(gate_terms, cu_seqlens)
+    final_term = jnp.sum(final * d_final, axis=-1)  # [N, H, K]
+    if cu_seqlens is None:
+        d_gates = d_gates + final_term[:, None]
+    elif t:
+        owner = jnp.minimum(jnp.searchsorted(cu_seqlens[1:], jnp.arange(t), side="right"), n - 1)
+        d_gates = d_gates + final_term[owner][None]
+    return (dq.astype(q.dtype), dk_.astype(k.dtype), dv_.astype(v.dtype), d_gates.astype(g.dtype),
+            None if initial_state is None else d_initial.astype(initial_state.dtype), None)
 
 
 def ssd(x: jax.Array, dt: jax.Array, A: jax.Array, B: jax.Array, C: jax.Array,  # noqa: N803
@@ -162,8 +241,11 @@ def _saving_operands(forward: Any, names: tuple[str, ...]) -> Any:
 
 
 _FIX = "install ejk-xla, whose chunked backward consumes these residuals"
-#: Forward only: the gradient is the backward of an implementation saving the same residuals (ejk-xla's).
+#: ``gla`` has its own backward kernel; ``ssd``'s forward pairs with ejk-xla's backward.
 gla_vjp = VJP(fwd=_saving_operands(gla, ("q", "k", "v", "g", "initial_state", "cu_seqlens")),
-              residuals=GLA_RESIDUALS, fix=_FIX)
+              bwd=lambda residuals, d_out, **static: tuple(
+                  x if x is None or r is None else cotangent_like(x, r)
+                  for x, r in zip(gla_backward(residuals, d_out, **static), residuals, strict=True)),
+              residuals=GLA_RESIDUALS)
 ssd_vjp = VJP(fwd=_saving_operands(ssd, ("x", "dt", "A", "B", "C", "D", "dt_bias", "initial_state", "cu_seqlens")),
               residuals=SSD_RESIDUALS, fix=_FIX)

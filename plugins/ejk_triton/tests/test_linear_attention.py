@@ -38,6 +38,15 @@ def test_a_config_with_several_column_blocks_and_odd_k() -> None:
     want_o, want_state = reference_gla(q, k, v, g)
     assert_close(o, want_o, jnp.float32)
     assert_close(state, want_state, jnp.float32)
+    cot = jnp.cos(v)
+
+    def loss(fn: Any) -> Any:
+        return lambda *a: (fn(*a)[0] * cot).sum()
+
+    got = jax.grad(loss(lambda *a: ejk.gla(*a, platform="triton", cfg=cfg)), argnums=(0, 1, 2, 3))(q, k, v, g)
+    want = jax.grad(loss(reference_gla), argnums=(0, 1, 2, 3))(q, k, v, g)
+    for name, a, b in zip("qkvg", got, want, strict=True):
+        assert_close(a, b, jnp.float32, what=f"d{name}")
 
 
 def test_configs_and_gate() -> None:
@@ -64,7 +73,8 @@ def test_the_kernel_compiles_for_sm90_at_qwen3_next_sizes(tmp_path: Any) -> None
 @pytest.mark.gpu
 @pytest.mark.parametrize("packed", [False, True], ids=["batch", "packed"])
 def test_gpu_qwen3_next_like_layer(packed: bool) -> None:
-    """K = V = 128, 4 heads, 2 x 1000 tokens (bfloat16), against the float32 reference; ssd the same size."""
+    """K = V = 128, 4 heads, 2 x 1000 tokens (bfloat16), values, states and gradients against the float32
+    reference; ssd the same size."""
     rng = np.random.default_rng(1)
     b, t = (1, 2000) if packed else (2, 1000)
     cu = jnp.asarray([0, 1000, 2000], jnp.int32) if packed else None
@@ -82,3 +92,16 @@ def test_gpu_qwen3_next_like_layer(packed: bool) -> None:
     want_y, want_state = reference_ssd(x, dt, a, bb, cc, None, None, None, cu, dt_softplus=True)
     assert_close(y, want_y, jnp.bfloat16)
     assert_close(state, want_state, jnp.bfloat16)
+    # Gradients of both (the backward kernels), against the float32 reference's.
+    cot = jnp.asarray(rng.standard_normal(o.shape), jnp.float32)
+    got = jax.grad(lambda *a: (ejk.gla(*a, cu_seqlens=cu, platform="triton")[0] * cot).sum(), argnums=(0, 1, 2, 3))(
+        q, k, v, g)
+    want = jax.grad(lambda *a: (reference_gla(*a, None, cu)[0] * cot).sum(), argnums=(0, 1, 2, 3))(q, k, v, g)
+    for name, ours, ref in zip("qkvg", got, want, strict=True):
+        assert_close(ours, ref, jnp.bfloat16, what=f"gla d{name}")
+    got = jax.grad(lambda *a: (ejk.ssd(*a, dt_softplus=True, cu_seqlens=cu, platform="triton")[0] * cot).sum(),
+                   argnums=(0, 1, 2, 3, 4))(x, dt, a, bb, cc)
+    want = jax.grad(lambda *a: (reference_ssd(*a, None, None, None, cu, dt_softplus=True)[0] * cot).sum(),
+                    argnums=(0, 1, 2, 3, 4))(x, dt, a, bb, cc)
+    for name, ours, ref in zip(("x", "dt", "A", "B", "C"), got, want, strict=True):
+        assert_close(ours, ref, jnp.bfloat16, what=f"ssd d{name}")

@@ -232,6 +232,48 @@ def ssd(x: jax.Array, dt: jax.Array, A: jax.Array, B: jax.Array, C: jax.Array,  
     return y.astype(x.dtype), jnp.swapaxes(final, -1, -2)
 
 
+def ssd_backward(residuals: tuple[Any, ...], d_out: Any, *, dt_softplus: bool,
+                 cfg: LinearAttentionConfig | None = None) -> tuple[Any, ...]:
+    """``ssd``'s gradients through ``gla``'s backward kernel: the recurrence is ``gla``'s with each head's
+    ``B`` / ``C`` and its scalar log gate ``dt·A`` spread over the ``N`` channels (the same numbers), so
+    :func:`gla_backward` gives the cotangents of ``C``, ``B``, ``dt·x`` and the gates per head, and JAX's VJP
+    of that mapping carries them to ``x``, ``dt``, ``A``, ``B``, ``C`` and ``dt_bias``."""
+    x, dt, A, B, C, D, dt_bias, initial_state, cu_seqlens = residuals  # noqa: N806
+    d_y, d_final = d_out
+    f32 = jnp.float32
+    h, n = x.shape[2], B.shape[3]
+    heads = jnp.arange(h) // (h // B.shape[2])
+
+    def as_gla(x: jax.Array, dt: jax.Array, a: jax.Array, b: jax.Array, c: jax.Array,
+               bias: jax.Array | None) -> tuple[jax.Array, ...]:
+        step = dt.astype(f32) + (0.0 if bias is None else bias.astype(f32))
+        step = jax.nn.softplus(step) if dt_softplus else step
+        gates = jnp.broadcast_to((step * a.astype(f32))[..., None], (*step.shape, n))
+        return c[:, :, heads], b[:, :, heads], x.astype(f32) * step[..., None], gates
+
+    (q, k, v, g), to_inputs = jax.vjp(as_gla, x, dt, A, B, C, dt_bias)
+    init = None if initial_state is None else jnp.swapaxes(initial_state.astype(f32), -1, -2)
+    d_final = None if d_final is None else jnp.swapaxes(d_final.astype(f32), -1, -2)
+    d_y = jnp.zeros(x.shape, f32) if d_y is None else d_y.astype(f32)
+    dq, dk, dv, dg, d_init, _ = gla_backward((q, k, v, g, init, cu_seqlens), (d_y, d_final), scale=1.0, cfg=cfg)
+    dx, d_dt, d_a, d_b, d_c, d_bias = to_inputs((dq, dk, dv, dg))
+    d_d = None
+    if D is not None:
+        dx = dx + (D.astype(f32)[:, None] * d_y).astype(dx.dtype)
+        d_d = jnp.sum(d_y * x.astype(f32), axis=(0, 1, 3)).astype(D.dtype)
+    d_init = None if initial_state is None else jnp.swapaxes(d_init, -1, -2).astype(initial_state.dtype)
+    return dx, d_dt, d_a, d_b, d_c, d_d, d_bias, d_init, None
+
+
+def _with_cotangent_types(backward: Any) -> Any:
+    def bwd(residuals: tuple[Any, ...], d_out: Any, **static: Any) -> tuple[Any, ...]:
+        found = backward(residuals, d_out, **static)
+        return tuple(x if x is None or r is None else cotangent_like(x, r)
+                     for x, r in zip(found, residuals, strict=True))
+
+    return bwd
+
+
 def _saving_operands(forward: Any, names: tuple[str, ...]) -> Any:
     def forward_with_residuals(*positional: Any, cfg: Any = None, **named: Any) -> tuple[Any, tuple[Any, ...]]:
         arrays = (*positional, *(named.pop(name) for name in names[len(positional):]))
@@ -240,12 +282,7 @@ def _saving_operands(forward: Any, names: tuple[str, ...]) -> Any:
     return forward_with_residuals
 
 
-_FIX = "install ejk-xla, whose chunked backward consumes these residuals"
-#: ``gla`` has its own backward kernel; ``ssd``'s forward pairs with ejk-xla's backward.
 gla_vjp = VJP(fwd=_saving_operands(gla, ("q", "k", "v", "g", "initial_state", "cu_seqlens")),
-              bwd=lambda residuals, d_out, **static: tuple(
-                  x if x is None or r is None else cotangent_like(x, r)
-                  for x, r in zip(gla_backward(residuals, d_out, **static), residuals, strict=True)),
-              residuals=GLA_RESIDUALS)
+              bwd=_with_cotangent_types(gla_backward), residuals=GLA_RESIDUALS)
 ssd_vjp = VJP(fwd=_saving_operands(ssd, ("x", "dt", "A", "B", "C", "D", "dt_bias", "initial_state", "cu_seqlens")),
-              residuals=SSD_RESIDUALS, fix=_FIX)
+              bwd=_with_cotangent_types(ssd_backward), residuals=SSD_RESIDUALS)

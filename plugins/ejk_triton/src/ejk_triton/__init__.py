@@ -4,8 +4,8 @@ Today: ``flash_attention`` forward and backward (FlashAttention-2 style kernels;
 sliding windows, soft cap, segment ids, bias), ``matmul`` (``jnp.matmul`` shapes),
 ``grouped_matmul`` (mixture of experts, one persistent launch over all groups), each with its
 backward, and ``ragged_paged_attention`` (decode with split-K and chunked prefill over a paged KV
-cache, one kernel), and the forward passes of ``gla`` and ``ssd`` (chunked linear recurrences,
-one kernel; their backward pairs with ejk-xla's). Triton and jax-triton are imported lazily, when
+cache, one kernel), and ``gla`` and ``ssd`` (chunked linear recurrences: one forward kernel, one
+backward kernel). Triton and jax-triton are imported lazily, when
 a kernel is first launched, so this package imports (and reports its status) without them.
 
 ``EJK_TRITON_INTERPRET=1`` runs the same kernels through Triton's interpreter on the CPU

@@ -1,12 +1,20 @@
-"""``gla`` and ``ssd`` forward passes as one Triton kernel (``_linear_kernels``); their gradients are
-ejk-xla's chunked backward, paired through the residual tags ``GLA_RESIDUALS`` / ``SSD_RESIDUALS``
-(the residuals are the operands).
+"""``gla`` and ``ssd`` as Triton kernels (``_linear_kernels``): one forward kernel for both, and
+``gla``'s backward kernel, which ``ssd``'s backward runs too. The residuals are the operands
+(``GLA_RESIDUALS`` / ``SSD_RESIDUALS``, as ejk-xla's, so either backward may follow either forward).
 
-One program per (column block of the state, head, sequence) walks its sequence chunk by chunk with
-the state in registers: packed sequences (``cu_seqlens``) need no layout, each program reads its own
-offsets, and no chunk crosses a sequence boundary. ``ssd`` maps onto the same kernel with a scalar
-gate: ``q = C``, ``k = B`` (read per group), ``v = dt·x`` and log gate ``dt·A``; the ``D`` skip
-connection is added after the launch.
+Forward: one program per (column block of the state, head, sequence) walks its sequence chunk by
+chunk with the state in registers: packed sequences (``cu_seqlens``) need no layout, each program
+reads its own offsets, and no chunk crosses a sequence boundary. ``ssd`` maps onto the same kernel
+with a scalar gate: ``q = C``, ``k = B`` (read per group), ``v = dt·x`` and log gate ``dt·A``; the
+``D`` skip connection is added after the launch.
+
+Backward: the forward runs again, keeping the state entering every chunk (float32,
+``[T / chunk + N + 1, H, K, V]``); then one program per (head, sequence) walks the chunks in reverse
+with the state's cotangent ``[K, V]`` in registers, writing ``dq``, ``dk``, ``dv`` and the initial
+state's cotangent. The log gates' gradient is, per sequence, the suffix sum of ``q ⊙ dq - k ⊙ dk``
+plus ``Σ_v S_T ⊙ dS_T`` (the final state's factor ``e^{G_T}``). ``ssd``'s backward is ``gla``'s with
+each head's ``B`` / ``C`` and its scalar gate spread over the ``N`` channels, carried back to its
+inputs by JAX's VJP of that mapping.
 """
 
 from __future__ import annotations

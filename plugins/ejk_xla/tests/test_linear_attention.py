@@ -276,3 +276,13 @@ def _ssd(**over: Any) -> Any:
 def test_bad_input_names_the_argument(call: Any, match: str) -> None:
     with pytest.raises(ValueError, match=match):
         call()
+
+
+def test_vmap_over_an_extra_axis() -> None:
+    q, k, v, g, s = gla_inputs(10, 3, 6, 2, 4, 4, 3)  # the batch axis mapped: each call sees B = 1
+    run = jax.vmap(lambda *a: ejk.gla(*(x[None] for x in a[:4]), initial_state=a[4][None], output_final_state=True,
+                                      platform="xla"))
+    o, fin = run(q, k, v, g, s)
+    want_o, want_s = reference_gla(*map(jnp.asarray, (q, k, v, g, s)))
+    assert_close(o[:, 0], want_o, F32)
+    assert_close(fin[:, 0], want_s, F32)

@@ -286,3 +286,13 @@ def test_vmap_over_an_extra_axis() -> None:
     want_o, want_s = reference_gla(*map(jnp.asarray, (q, k, v, g, s)))
     assert_close(o[:, 0], want_o, F32)
     assert_close(fin[:, 0], want_s, F32)
+
+
+def test_the_ssd_bench_baseline_computes_ssd() -> None:
+    """``ejk bench``'s ``mamba2 chunked (jnp)`` baseline (the paper's layout, no ejk code) is the same op."""
+    from ejk.bench import mamba2_chunked
+
+    x, dt, a, bb, cc, d, bias, _ = ssd_inputs(11, 2, 32, 4, 4, 2, 8)
+    y = jax.jit(lambda *args: mamba2_chunked(*args, chunk=8))(x, dt, a, bb, cc, d, bias)
+    want, _ = reference_ssd(*map(jnp.asarray, (x, dt, a, bb, cc, d, bias)), dt_softplus=True)
+    assert_close(y, want, F32)

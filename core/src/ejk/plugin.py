@@ -20,7 +20,9 @@ and are re-exported unchanged:
   :data:`MATMUL_RESIDUALS` / :data:`GROUPED_MATMUL_RESIDUALS`) and its halves :func:`saving_operands`
   and :func:`operand_cotangents`, the flash-attention residual format :data:`FLASH_RESIDUALS` /
   :data:`FLASH_LSE_RESIDUALS` with :func:`without_residuals`, :func:`with_natural_lse`,
-  :func:`natural_lse`, and the ``shard_map`` helpers :func:`cotangent_like` and :func:`varying_like`.
+  :func:`natural_lse`, the linear cross-entropy and RMSNorm residual formats
+  :data:`LINEAR_CROSS_ENTROPY_RESIDUALS` and :data:`RMS_NORM_RESIDUALS`,
+  and the ``shard_map`` helpers :func:`cotangent_like` and :func:`varying_like`.
 """
 
 from __future__ import annotations
@@ -45,6 +47,8 @@ from ejk.ops import (
     FLASH_LSE_RESIDUALS,
     FLASH_RESIDUALS,
     GLA_RESIDUALS,
+    LINEAR_CROSS_ENTROPY_RESIDUALS,
+    RMS_NORM_RESIDUALS,
     SSD_RESIDUALS,
     natural_lse,
     with_natural_lse,
@@ -60,7 +64,9 @@ __all__ = [
     "FLASH_RESIDUALS",
     "GLA_RESIDUALS",
     "GROUPED_MATMUL_RESIDUALS",
+    "LINEAR_CROSS_ENTROPY_RESIDUALS",
     "MATMUL_RESIDUALS",
+    "RMS_NORM_RESIDUALS",
     "SSD_RESIDUALS",
     "VJP",
     "Backend",

@@ -42,14 +42,21 @@ if TYPE_CHECKING:
         reference_flash_attention,
         reference_flash_attention_lse,
     )
+    from ejk.ops._gated_delta_rule._conformance import GdrCase, gdr_inputs
     from ejk.ops._gla._conformance import GLA_CASES, check_gla
     from ejk.ops._gla._reference import reference_gla
     from ejk.ops._grouped_matmul._conformance import check_grouped_matmul
     from ejk.ops._grouped_matmul._reference import reference_grouped_matmul
+    from ejk.ops._linear_cross_entropy._conformance import LINEAR_CROSS_ENTROPY_CASES, check_linear_cross_entropy
+    from ejk.ops._linear_cross_entropy._reference import reference_linear_cross_entropy
     from ejk.ops._matmul._conformance import MATMUL_SHAPES, check_matmul
     from ejk.ops._matmul._reference import reference_matmul
+    from ejk.ops._mla_paged_attention._conformance import check_mla_paged_attention, mla_batch
+    from ejk.ops._mla_paged_attention._reference import mla_paged_attention_float64, reference_mla_paged_attention
     from ejk.ops._ragged_paged_attention._conformance import check_ragged_paged_attention
     from ejk.ops._ragged_paged_attention._reference import reference_ragged_paged_attention
+    from ejk.ops._rms_norm._conformance import RMS_NORM_SHAPES, check_rms_norm
+    from ejk.ops._rms_norm._reference import reference_rms_norm
     from ejk.ops._ssd._conformance import SSD_CASES, check_ssd
     from ejk.ops._ssd._reference import reference_ssd
 
@@ -58,6 +65,12 @@ _OP_EXTRAS = {
     "FLASH_ATTENTION_CASES": "ejk.ops._flash_attention._conformance",
     "attention_mask": "ejk.ops._flash_attention._reference",
     "MATMUL_SHAPES": "ejk.ops._matmul._conformance",
+    "mla_batch": "ejk.ops._mla_paged_attention._conformance",
+    "mla_paged_attention_float64": "ejk.ops._mla_paged_attention._reference",
+    "GdrCase": "ejk.ops._gated_delta_rule._conformance",
+    "gdr_inputs": "ejk.ops._gated_delta_rule._conformance",
+    "LINEAR_CROSS_ENTROPY_CASES": "ejk.ops._linear_cross_entropy._conformance",
+    "RMS_NORM_SHAPES": "ejk.ops._rms_norm._conformance",
     "GLA_CASES": "ejk.ops._gla._conformance",
     "SSD_CASES": "ejk.ops._ssd._conformance",
 }
@@ -68,8 +81,11 @@ __all__ = [
     "ConformanceError",
     "FLASH_ATTENTION_CASES",
     "GLA_CASES",
+    "GdrCase",
+    "LINEAR_CROSS_ENTROPY_CASES",
     "MATMUL_SHAPES",
     "SSD_CASES",
+    "RMS_NORM_SHAPES",
     "TOLERANCES",
     "assert_close",
     "attention_mask",
@@ -78,22 +94,31 @@ __all__ = [
     "check_flash_attention_lse",
     "check_gla",
     "check_grouped_matmul",
+    "check_linear_cross_entropy",
     "check_matmul",
+    "check_mla_paged_attention",
     "check_op",
     "check_ragged_paged_attention",
+    "check_rms_norm",
     "check_ssd",
     "check_discovered_plugins",
     "check_imports_lazily",
     "check_plugin",
     "expected_plugins",
     "fast_jit",
+    "gdr_inputs",
+    "mla_batch",
+    "mla_paged_attention_float64",
     "paged_batch",
     "reference_flash_attention",
     "reference_flash_attention_lse",
     "reference_gla",
     "reference_grouped_matmul",
+    "reference_linear_cross_entropy",
     "reference_matmul",
+    "reference_mla_paged_attention",
     "reference_ragged_paged_attention",
+    "reference_rms_norm",
     "reference_ssd",
     "tolerance",
     "values_and_grads",

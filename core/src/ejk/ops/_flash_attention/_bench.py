@@ -1,8 +1,8 @@
 """``flash_attention`` in ``ejk bench``: its cases, presets, ``--shapes`` syntax and work.
 
-FLOPs (a multiply-add is 2): ``4·B·Hq·Sq·Sk·D`` forward, halved when causal (the usual
-convention, the exact count is ``(S+1)/2S`` of the full one); forward + backward is 3.5x the
-forward (2 matmuls forward, 5 backward).
+FLOPs (a multiply-add is 2): ``2·B·Hq·Sq·Sk·(D + Dv)`` forward (``4·B·Hq·Sq·Sk·D`` when ``Dv = D``),
+halved when causal (the usual convention, the exact count is ``(S+1)/2S`` of the full one);
+forward + backward is 3.5x the forward (2 matmuls forward, 5 backward).
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ __all__ = ["BENCH", "AttentionCase", "AttentionWorkload"]
 
 @attrs.frozen(kw_only=True)
 class AttentionCase(Case):
-    """``flash_attention`` on ``q [batch, seq, heads, dim]`` and ``k, v [batch, seq, kv_heads, dim]``."""
+    """``flash_attention`` on ``q, k [batch, seq, heads / kv_heads, dim]`` and ``v [batch, seq, kv_heads, dv]``
+    (``dv`` None: ``dim``)."""
 
     op: ClassVar[str] = "flash_attention"
     x_name: ClassVar[str] = "sequence length"
@@ -29,20 +30,29 @@ class AttentionCase(Case):
     dim: int
     kv_heads: int = attrs.field()
     causal: bool = False
+    dv: int | None = None
 
     @kv_heads.default
     def _all_heads(self) -> int:
         return self.heads
 
     @property
+    def v_dim(self) -> int:
+        return self.dim if self.dv is None else self.dv
+
+    @property
+    def _dims(self) -> str:
+        return f"{self.dim}/{self.v_dim}" if self.v_dim != self.dim else f"{self.dim}"
+
+    @property
     def label(self) -> str:
         gqa = f" kv={self.kv_heads}" if self.kv_heads != self.heads else ""
-        return f"[{self.batch},{self.seq},{self.heads},{self.dim}]{gqa} {'causal' if self.causal else 'full'}"
+        return f"[{self.batch},{self.seq},{self.heads},{self._dims}]{gqa} {'causal' if self.causal else 'full'}"
 
     @property
     def series(self) -> str:
         gqa = f" GQA {self.heads // self.kv_heads}:1" if self.kv_heads != self.heads else ""
-        return f"D={self.dim} H={self.heads}{gqa} {'causal' if self.causal else 'full'}"
+        return f"D={self._dims} H={self.heads}{gqa} {'causal' if self.causal else 'full'}"
 
     @property
     def x(self) -> int:
@@ -59,18 +69,18 @@ class AttentionWorkload(Workload):
         kq, kk, kv = jax.random.split(jax.random.key(seed), 3)
         return (normal(kq, (c.batch, c.seq, c.heads, c.dim), self.dtype),
                 normal(kk, (c.batch, c.seq, c.kv_heads, c.dim), self.dtype),
-                normal(kv, (c.batch, c.seq, c.kv_heads, c.dim), self.dtype))
+                normal(kv, (c.batch, c.seq, c.kv_heads, c.v_dim), self.dtype))
 
     def kwargs(self) -> dict[str, Any]:
         return {"causal": self.case.causal}
 
     def out_shape(self) -> tuple[int, ...]:
         c = self.case
-        return (c.batch, c.seq, c.heads, c.dim)
+        return (c.batch, c.seq, c.heads, c.v_dim)
 
     def work(self, mode: str) -> tuple[float, str]:
         c = self.case
-        flops = 4.0 * c.batch * c.heads * c.seq * c.seq * c.dim / (2 if c.causal else 1)
+        flops = 2.0 * c.batch * c.heads * c.seq * c.seq * (c.dim + c.v_dim) / (2 if c.causal else 1)
         return flops * (3.5 if mode == "fwd+bwd" else 1.0), TFLOPS
 
 
@@ -84,18 +94,20 @@ def _presets() -> tuple[AttentionCase, ...]:
                   for c in (False, True) for s in seqs[c])
     d64 = tuple(AttentionCase(batch=4, seq=4096, heads=32, dim=64, causal=c) for c in (False, True))
     gqa = (AttentionCase(batch=4, seq=4096, heads=16, kv_heads=4, dim=128, causal=True),)
-    return sweep + d64 + gqa
+    # DeepSeek-V3 / R1 prefill and training (MLA, not absorbed): q/k 192 = 128 + 64 rotary, v 128.
+    mla = tuple(AttentionCase(batch=_TOKENS // s, seq=s, heads=16, dim=192, dv=128, causal=True) for s in (4096, 8192))
+    return sweep + d64 + gqa + mla
 
 
 def _parse(text: str, options: dict[str, str], spec: str) -> AttentionCase:
-    """``attention:BxSxHxD[:causal][,kv=Hkv]``."""
+    """``attention:BxSxHxD[:causal][,kv=Hkv][,dv=Dv]``."""
     b, s, h, d = dims(text, 4, "BxSxHxD, e.g. 4x4096x16x128")
     causal = "causal" in options
     options.pop("causal", None)
-    opts = int_options(options, ("kv",), spec)
+    opts = int_options(options, ("kv", "dv"), spec)
     if h % opts.get("kv", h):
         raise ValueError(f"--shapes {spec!r}: kv={opts['kv']} must divide the {h} query heads")
-    return AttentionCase(batch=b, seq=s, heads=h, dim=d, kv_heads=opts.get("kv", h), causal=causal)
+    return AttentionCase(batch=b, seq=s, heads=h, dim=d, kv_heads=opts.get("kv", h), causal=causal, dv=opts.get("dv"))
 
 
 BENCH = OpBench(

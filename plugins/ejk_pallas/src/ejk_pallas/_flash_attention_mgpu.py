@@ -120,8 +120,8 @@ class MosaicFlashAttentionConfig:
             float32 buffer with TMA reduce-adds in no fixed order (dQ may differ in the last bits between
             runs); ``bwd_block_q`` / ``bwd_block_kv`` unused. ``True``: two kernels (dK / dV, then dQ, each
             recomputing ``S`` and ``P``), bitwise reproducible. ``None`` (default): the faster measured
-            on an H100 (``benchmarks/results/pallas_mosaic_attention_h100.md``): fused at head dim 64,
-            two kernels at 128.
+            on an H100 (``benchmarks/results/pallas_mosaic_attention_h100.md``): fused at head dim 64
+            (when its ``bwd_max_concurrent_steps`` fit: 2), two kernels at 128.
     """
 
     block_q: int = attrs.field(default=128, validator=one_of(128, 192))
@@ -728,7 +728,7 @@ def backward(
         q, k, v, out, lse, d_out, block_q=cfg.bwd_block_q, block_kv=cfg.bwd_block_kv,
         steps=cfg.bwd_max_concurrent_steps, causal=causal, softmax_scale=softmax_scale,
         sliding_window=sliding_window, logits_soft_cap=logits_soft_cap, interpret_params=params, d_lse=d_lse,
-        fused=fused_backward(cfg, int(q.shape[3])))
+        fused=fused_backward(cfg, int(q.shape[3]), jnp.dtype(q.dtype).itemsize))
     return dq, dk, dv, None, None, None
 
 
@@ -748,10 +748,13 @@ _PLGPU_API = ("kernel", "SMEM", "Barrier", "ACC", "TilingTransform", "SwizzleTra
 _PLGPU_BWD_API = ("load", "transpose_ref", "Mesh")
 
 
-def fused_backward(cfg: MosaicFlashAttentionConfig, d: int) -> bool:
+def fused_backward(cfg: MosaicFlashAttentionConfig, d: int, itemsize: int = 2) -> bool:
     """Whether the Mosaic backward under ``cfg`` at head dim ``d`` is the fused kernel (see
-    :attr:`MosaicFlashAttentionConfig.deterministic`)."""
-    return d <= 64 if cfg.deterministic is None else not cfg.deterministic
+    :attr:`MosaicFlashAttentionConfig.deterministic`; ``None`` takes the two kernels where the fused one's
+    ``bwd_max_concurrent_steps`` slots would not fit in shared memory)."""
+    if cfg.deterministic is not None:
+        return not cfg.deterministic
+    return d <= 64 and _bwd.fused_smem_bytes(d, cfg.bwd_max_concurrent_steps, itemsize) <= _SMEM_BUDGET
 
 
 def _mosaic_backward_refusal(cfg: Any, d: int, itemsize: int) -> str | None:
@@ -762,7 +765,8 @@ def _mosaic_backward_refusal(cfg: Any, d: int, itemsize: int) -> str | None:
         return "interpret mode runs the Triton-lowered backward unless backward='mosaic' is asked for"
     need = bwd_smem_bytes(cfg, d, itemsize)
     if need > _SMEM_BUDGET:
-        tiles = "" if fused_backward(cfg, d) else f"bwd_block_q={cfg.bwd_block_q}, bwd_block_kv={cfg.bwd_block_kv}, "
+        tiles = ("" if fused_backward(cfg, d, itemsize)
+                 else f"bwd_block_q={cfg.bwd_block_q}, bwd_block_kv={cfg.bwd_block_kv}, ")
         return (f"{tiles}bwd_max_concurrent_steps={cfg.bwd_max_concurrent_steps}, deterministic={cfg.deterministic} "
                 f"need {need} bytes of shared memory at head_dim {d} (budget "
                 f"{_SMEM_BUDGET}); use fewer steps or smaller blocks")
@@ -862,7 +866,7 @@ def smem_bytes(cfg: MosaicFlashAttentionConfig, d: int, itemsize: int) -> int:
 def bwd_smem_bytes(cfg: MosaicFlashAttentionConfig, d: int, itemsize: int) -> int:
     """Shared memory (bytes) of the Mosaic backward's (larger) kernel under ``cfg`` (``_bwd.fused_smem_bytes``,
     or ``_bwd.smem_bytes`` when ``cfg.deterministic``)."""
-    if fused_backward(cfg, d):
+    if fused_backward(cfg, d, itemsize):
         return _bwd.fused_smem_bytes(d, cfg.bwd_max_concurrent_steps, itemsize)
     return max(_bwd.smem_bytes(cfg.bwd_block_q, cfg.bwd_max_concurrent_steps, d, itemsize),
                _bwd.smem_bytes(cfg.bwd_block_kv, cfg.bwd_max_concurrent_steps, d, itemsize))

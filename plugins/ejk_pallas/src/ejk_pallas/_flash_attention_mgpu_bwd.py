@@ -1,11 +1,22 @@
 """Flash attention backward for Hopper written with Pallas's Mosaic GPU backend (``plgpu``).
 
-Opt-in backward of ``pallas/gpu:mosaic`` (``MosaicFlashAttentionConfig(backward="mosaic")``); it
-consumes the forward's residuals (:data:`ejk_pallas._flash_attention.RESIDUALS`: inputs, output and
-the base-2 log-sum-exp, ``+inf`` for rows that see no key). ``delta = rowsum(dO * O)`` is computed in
-JAX. Two kernels, each with two consumer warpgroups (64 rows of the output tile each) and one
-producer warpgroup that streams blocks over TMA into a ring of ``bwd_max_concurrent_steps`` slots
-(one "ready" barrier per slot and operand, one "free" barrier per slot both consumers arrive on):
+The backward of ``pallas/gpu:mosaic`` on a GPU (``MosaicFlashAttentionConfig.backward``); it consumes the
+forward's residuals (:data:`ejk_pallas._flash_attention.RESIDUALS`: inputs, output and the base-2
+log-sum-exp, ``+inf`` for rows that see no key). ``delta = rowsum(dO * O)`` is computed in JAX. Every
+kernel has two consumer warpgroups (64 rows of the output tile each) and one producer warpgroup that
+streams blocks over TMA into a ring of ``bwd_max_concurrent_steps`` slots (one "ready" barrier per slot
+and operand, one "free" barrier per slot both consumers arrive on).
+
+Fused (``deterministic=False``, the default at head dim 64): one CTA per (128 keys, kv head, batch) runs
+the dK / dV kernel below with :func:`fused_block` query rows a step, and also stores each consumer's
+``dSᵀ`` (16-bit) into one of two shared-memory slots; the consumers meet on a barrier, then each computes
+its share of ``dQ = dS·K`` over the CTA's 128 keys (half the columns at head dim 128, half the rows at 64)
+and adds it into a zeroed float32 ``[B, Sq, Hq, D]`` buffer with a TMA reduce-add (``jax.new_ref``,
+aliased into ``pl.kernel``). ``S`` and ``P`` are computed once instead of twice; the adds land in no
+fixed order. In interpret mode (no TMA reductions there) each key tile writes its own float32 part and
+JAX sums them.
+
+Deterministic (``deterministic=True``, the default at head dim 128): two kernels.
 
 * dK / dV: one CTA per (128 keys, kv head, batch). The producer streams ``bwd_block_q`` rows of Q,
   dO, lse and delta for every q head of the kv head's group (GQA: dK / dV are summed over the group

@@ -52,6 +52,7 @@ from jax import lax
 
 from ejk.tiling import cdiv as _cdiv
 from ejk_pallas._flash_attention import _key_blocks, _make_mask, _Mask, _pad, _q_block, _query_blocks
+from ejk_pallas._vmap import fold_vmap_into_batch
 
 __all__ = ["backward_impl", "fused_block", "fused_smem_bytes", "smem_bytes"]
 
@@ -634,7 +635,7 @@ def _visited_rows(st: _Static, sqp: int) -> Any:
 
 def _fused(args: tuple[Any, ...], st: _Static, interpret_params: Any) -> tuple[Any, Any, Any]:
     """``(dq float32 unscaled, dk, dv)`` (padded) from the fused kernel."""
-    _, plgpu = _mods()
+    pl, plgpu = _mods()
     qp, kp = args[0], args[1]
     batch, sqp, hq, d = qp.shape
     t = _tiles()
@@ -656,10 +657,17 @@ def _fused(args: tuple[Any, ...], st: _Static, interpret_params: Any) -> tuple[A
                              ready=4, interpret_params=interpret_params, meet=True)(*args)
         seen = _visited_rows(st, sqp)[:, None, :, None, None]
         return jnp.where(seen, dq, 0.0).sum(0), dk, dv
-    acc = jax.new_ref(jnp.zeros((batch, sqp, hq, d), jnp.float32))
-    dk, dv = _launch(_fused_kernel, st, outs=kv_out, grid=grid, names=("cta",), smem=smem, ready=4,
-                     interpret_params=None, meet=True)(*args, acc)
-    return jax.freeze(acc), dk, dv
+    kernel = _launch(_fused_kernel, st, outs=kv_out, grid=grid, names=("cta",), smem=smem, ready=4,
+                     interpret_params=None, meet=True)
+
+    def run(refs: Any) -> None:  # the float32 dQ buffer is a Ref the kernel adds into (state kept functional)
+        acc_ref, kv_refs = refs
+        dk, dv = kernel(*args, acc_ref)
+        kv_refs[0][...], kv_refs[1][...] = dk, dv
+
+    empty = jnp.zeros(kp.shape, st.dtype)
+    dq, (dk, dv) = pl.run_state(run)((jnp.zeros((batch, sqp, hq, d), jnp.float32), (empty, empty)))
+    return dq, dk, dv
 
 
 # ----------------------------------------------------------------------------------------------
@@ -738,7 +746,8 @@ def backward_impl(q: Any, k: Any, v: Any, out: Any, lse: Any, d_out: Any, *, blo
         blk = fused_block(d)
         st = _Static(blk=blk, steps=min(steps, sqp // blk), n_blk=sqp // blk, n_tile=skp // _TILE, heads=hkv,
                      **common)
-        dq32, dk, dv = _fused(args, st, interpret_params)
+        # jax.vmap folds into the batch (the accumulator Ref has no batching rule of its own)
+        dq32, dk, dv = fold_vmap_into_batch(lambda *a: _fused(a, st, interpret_params))(*args)
         return (dq32[:, :sq] * st.scale).astype(dtype), dk[:, :sk], dv[:, :sk]
 
     st_kv = _Static(blk=block_q, steps=min(steps, sqp // block_q), n_blk=sqp // block_q, n_tile=skp // _TILE,

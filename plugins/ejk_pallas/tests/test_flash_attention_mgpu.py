@@ -340,7 +340,7 @@ def test_backward_config(monkeypatch: pytest.MonkeyPatch) -> None:
         attrs.evolve(big, bwd_max_concurrent_steps=2), 128, 2)
     out = jnp.zeros((1, 8, 1, 128), jnp.bfloat16)
     res = (out, out, out, None, None, None, out, jnp.zeros((1, 1, 8), jnp.float32))
-    with pytest.raises(ValueError, match="bwd_max_concurrent_steps=3 need"):
+    with pytest.raises(ValueError, match="bwd_max_concurrent_steps=3, deterministic=None need"):
         mg.backward(res, out, cfg=big, causal=False, softmax_scale=1.0, sliding_window=None, logits_soft_cap=None)
 
 
@@ -579,16 +579,20 @@ def test_dtypes_and_masks_lower_for_cuda(dtype: str, mask: str, persistent: bool
 
 
 def _lower_bwd(d: int, dtype: Any, mask: dict[str, Any], blocks: tuple[int, int], steps: int = 2,
-               sq: int = 1000, sk: int = 1100) -> None:
+               sq: int = 1000, sk: int = 1100, fused: bool = False, vmapped: bool = False) -> None:
 
     q, k, v = _abstract(2, sq, sk, 8, 2, d, dtype)
     lse = jax.ShapeDtypeStruct((2, 8, sq), jnp.float32)
 
     def f(q: Any, k: Any, v: Any, out: Any, lse: Any, do: Any) -> Any:
         return bwd.backward_impl(q, k, v, out, lse, do, block_q=blocks[0], block_kv=blocks[1], steps=steps,
-                                 softmax_scale=d ** -0.5, interpret_params=None, **mask)
+                                 softmax_scale=d ** -0.5, interpret_params=None, fused=fused, **mask)
 
-    text = jax.jit(f).trace(q, k, v, q, lse, q).lower(lowering_platforms=("cuda",)).as_text()
+    args: tuple[Any, ...] = (q, k, v, q, lse, q)
+    if vmapped:  # a leading mapped axis of 3 (folded into the batch)
+        args = tuple(jax.ShapeDtypeStruct((3, *a.shape), a.dtype) for a in args)
+    fn = jax.vmap(f) if vmapped else f
+    text = jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
     assert text.count("mosaic_gpu") >= 2, "no Mosaic GPU custom calls in the lowered backward"
 
 
@@ -596,6 +600,13 @@ def _lower_bwd(d: int, dtype: Any, mask: dict[str, Any], blocks: tuple[int, int]
 @pytest.mark.parametrize("blocks", [(64, 64), (128, 128)], ids=lambda b: f"{b[0]}x{b[1]}")
 def test_mosaic_backward_lowers_for_cuda(d: int, blocks: tuple[int, int]) -> None:
     _lower_bwd(d, jnp.bfloat16, MASKS["causal_window_cap"], blocks)
+
+
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("mask", ["causal_window_cap", "none"])
+def test_fused_backward_lowers_for_cuda(d: int, mask: str) -> None:
+    """The fused kernel (its float32 dQ buffer a Ref the TMA adds into), also under ``jax.vmap``."""
+    _lower_bwd(d, jnp.bfloat16, MASKS[mask], (64, 64), sq=300, sk=400, fused=True, vmapped=mask == "none")
 
 
 @pytest.mark.parametrize("mask", list(MASKS))

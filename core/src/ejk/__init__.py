@@ -51,6 +51,7 @@ if TYPE_CHECKING:
         gated_delta_rule,
         gated_delta_rule_step,
         get_default_executor,
+        gla,
         grouped_matmul,
         linear_cross_entropy,
         matmul,
@@ -59,6 +60,7 @@ if TYPE_CHECKING:
         rms_norm,
         run,
         set_default_executor,
+        ssd,
         use_executor,
     )
     from ejk.parallel import ring_attention
@@ -110,6 +112,7 @@ __all__ = [
     "get_implementations",
     "get_invocations",
     "get_plugin_host",
+    "gla",
     "grouped_matmul",
     "hookimpl",
     "kernel_registry",
@@ -123,6 +126,7 @@ __all__ = [
     "rms_norm",
     "run",
     "set_default_executor",
+    "ssd",
     "use_executor",
 ]
 

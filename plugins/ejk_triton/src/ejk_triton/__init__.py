@@ -6,7 +6,8 @@ sliding windows, soft cap, segment ids, bias), ``matmul`` (``jnp.matmul`` shapes
 backward, ``flash_attention_varlen`` (packed variable-length sequences, forward and backward; also
 ``flash_attention`` calls with segment ids), ``ragged_paged_attention`` (decode with split-K and chunked
 prefill over a paged KV cache, one kernel), ``mla_paged_attention`` (DeepSeek-style latent attention decode,
-split-KV) and ``gated_delta_rule`` (chunked WY form, forward and backward). Triton and jax-triton are imported
+split-KV) and ``gated_delta_rule`` (chunked WY form, forward and backward), and ``gla`` and ``ssd`` (chunked
+linear recurrences: one forward kernel, one backward kernel). Triton and jax-triton are imported
 lazily, when a kernel is first launched, so this package imports (and reports its status) without them.
 
 ``EJK_TRITON_INTERPRET=1`` runs the same kernels through Triton's interpreter on the CPU
@@ -19,6 +20,7 @@ from ejk_triton._env import INTERPRET_ENV
 from ejk_triton._flash_attention import FlashAttentionConfig
 from ejk_triton._gated_delta_rule import GatedDeltaRuleConfig
 from ejk_triton._grouped_matmul import GroupedMatmulConfig
+from ejk_triton._linear_attention import LinearAttentionConfig
 from ejk_triton._matmul import MatmulConfig
 from ejk_triton._mla_attention import MlaAttentionConfig
 from ejk_triton._paged_attention import PagedAttentionConfig
@@ -29,6 +31,7 @@ __all__ = [
     "FlashAttentionConfig",
     "GatedDeltaRuleConfig",
     "GroupedMatmulConfig",
+    "LinearAttentionConfig",
     "MatmulConfig",
     "MlaAttentionConfig",
     "PagedAttentionConfig",

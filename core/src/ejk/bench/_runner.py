@@ -108,6 +108,9 @@ class Measurement:
     peak_fraction: float | None = None
     max_abs_diff: float | None = None
     diff_against: str | None = None
+    #: The case's call as implementations see it (arrays as ``{"shape", "dtype"}``, static arguments as
+    #: values): what ``ejk bench --write-pack`` groups shape classes by.
+    call: dict[str, Any] | None = attrs.field(default=None, eq=False)
 
     def to_json(self) -> dict[str, Any]:
         return attrs.asdict(self, recurse=False) | {"times": list(self.times)}
@@ -166,6 +169,16 @@ class _EjkLines:
         self.executor: ejk.Executor[Any, Any] = ejk.Executor(chain)
         arrays, static = self.kernel.normalize(*inputs, **workload.kwargs())
         self.inv = self.executor.invocation(self.kernel, arrays, {**static, "platform": "auto"})
+
+    def call_summary(self) -> dict[str, Any]:
+        """The case's call as JSON: each array's shape and dtype, each scalar static argument."""
+        summary: dict[str, Any] = {}
+        for name, value in self.kernel.call_view(self.inv).items():
+            if hasattr(value, "shape") and hasattr(value, "dtype"):
+                summary[name] = {"shape": [int(n) for n in value.shape], "dtype": jnp.dtype(value.dtype).name}
+            elif value is None or isinstance(value, bool | int | float | str):
+                summary[name] = value
+        return summary
 
     def _through_executor(self, fn: Callable[..., Any]) -> Callable[..., Any]:
         import ejk
@@ -535,6 +548,8 @@ def run(cases: Iterable[Case], options: Options | None = None, *, peak: Peak | N
                 for measured, out in _measure_group(lines, workload, mode, options, flush, ct):
                     if measured.kind == "ejk-auto" and ejk_lines is not None and measured.status == "ok":
                         measured = attrs.evolve(measured, implementation=ejk_lines.auto_choice())
+                    if ejk_lines is not None:
+                        measured = attrs.evolve(measured, call=ejk_lines.call_summary())
                     if out is not None:
                         outputs[measured.name] = out
                     group.append(measured)

@@ -105,8 +105,9 @@ class Condition:
                                f"{{'min', 'max'}} range, not {value!r}")
         return cls(**where, values=tuple(values))
 
-    def _value(self, call: Mapping[str, Any]) -> tuple[bool, Any]:
-        """``(known, value)`` of the key in ``call``; ``known`` is ``False`` for a missing axis."""
+    def value(self, call: Mapping[str, Any]) -> tuple[bool, Any]:
+        """``(known, value)`` of the key in ``call``; ``known`` is ``False`` for a missing axis (raises
+        :class:`RankingError` for an argument the call does not have)."""
         if self.argument not in call:
             raise RankingError(f"when key {self.key!r}: the op has no argument {self.argument!r} "
                                f"(its arguments: {', '.join(call)})")
@@ -127,7 +128,7 @@ class Condition:
 
     def holds(self, call: Mapping[str, Any]) -> bool:
         """Whether the call is in this condition's class (raises :class:`RankingError` for an unknown argument)."""
-        known, value = self._value(call)
+        known, value = self.value(call)
         if not known:
             return False
         if self.values is not None:

@@ -24,7 +24,8 @@ CODE = textwrap.dedent(
 
     report = {}
     x = jnp.arange(2 * 16 * 3, dtype=jnp.float32).reshape(2, 16, 3)
-    CASES = [((4,), ("sp",), P(None, "sp"), AxisType.Explicit, layout) for layout in ("contiguous", "zigzag", "striped")]
+    CASES = [((4,), ("sp",), P(None, "sp"), AxisType.Explicit, layout)
+             for layout in ("contiguous", "zigzag", "striped")]
     CASES += [((2, 2), ("dp", "sp"), P("dp", "sp"), AxisType.Explicit, "zigzag"),
               ((4,), ("sp",), P(None, "sp"), AxisType.Auto, "zigzag")]
     for grid, names, spec, kind, layout in CASES:

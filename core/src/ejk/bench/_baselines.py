@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 
 from ejk.bench._cases import AttentionCase, MoeCase, PagedCase
+from ejk.bench._torch import BACKENDS, torch_sdpa, torch_sdpa_unsupported
 from ejk.bench._workloads import Workload
 
 __all__ = ["BASELINES", "Baseline", "Prepared", "baselines_for", "register_baseline"]
@@ -30,6 +31,10 @@ class Prepared:
     fn: Callable[..., Any]
     args: tuple[Any, ...]
     diff: tuple[int, ...] = ()
+    #: A line timed outside JAX (PyTorch): ``external(mode, cotangent)`` returns a callable that launches one
+    #: call and returns a handle with ``block_until_ready()`` (and optionally ``to_jax()`` for the output
+    #: check and ``close()``, called once the line is timed); ``fn`` is then not used.
+    external: Callable[[str, Any], Any] | None = None
 
 
 @attrs.frozen(kw_only=True)
@@ -134,6 +139,18 @@ def _pallas_mha_unsupported(workload: Workload) -> str | None:
     if isinstance(case, AttentionCase) and case.kv_heads != case.heads:
         return "jax's Pallas mha needs as many kv heads as q heads (no GQA)"
     return None
+
+
+def _torch_line(backend: str) -> Callable[[Workload, tuple[Any, ...]], Prepared]:
+    def build(workload: Workload, inputs: tuple[Any, ...]) -> Prepared:
+        def not_jax(*_: Any) -> Any:
+            raise RuntimeError("a torch baseline runs outside JAX")
+
+        make = torch_sdpa(backend)
+        return Prepared(fn=not_jax, args=inputs, diff=(0, 1, 2),
+                        external=lambda mode, cotangent: make(workload, inputs, mode, cotangent))
+
+    return build
 
 
 # -- ragged_paged_attention --------------------------------------------------------------------------
@@ -245,6 +262,9 @@ for _baseline in (
              note="jax.nn.dot_product_attention(implementation='xla'): materialised logits"),
     Baseline(name="jax pallas mha", op="flash_attention", build=_pallas_mha, unsupported=_pallas_mha_unsupported,
              note="jax.experimental.pallas.ops.gpu.attention.mha, default blocks"),
+    *(Baseline(name=name, op="flash_attention", build=_torch_line(backend), unsupported=torch_sdpa_unsupported(backend),
+               note=f"torch.nn.functional.scaled_dot_product_attention, SDPBackend.{backend}, [B, H, S, D]")
+      for name, backend in BACKENDS.items()),
     Baseline(name="jax pallas paged", op="ragged_paged_attention", build=_pallas_paged,
              unsupported=_pallas_paged_unsupported,
              note="jax.experimental.pallas.ops.gpu.paged_attention (decode), default blocks"),

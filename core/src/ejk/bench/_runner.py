@@ -389,6 +389,10 @@ def _lower(line: _Line, workload: Workload, mode: str, ct: Any) -> _Lowered | Me
         if isinstance(prepared.fn, _Tuned):
             base = attrs.evolve(base, config=prepared.fn.config, note=prepared.fn.note,
                                 implementation=prepared.fn.implementation)
+        if prepared.external is not None:  # timed outside JAX: nothing to lower or compile
+            start = _clock()
+            external = prepared.external(mode, ct)
+            return _Lowered(line=line, base=base, lowered=external, args=(), seconds=_clock() - start)
         fn, args = prepared.fn, prepared.args
         if mode != "fwd":
             fn, args = with_backward(prepared.fn, prepared.diff), (*prepared.args, ct)
@@ -403,6 +407,8 @@ def _lower(line: _Line, workload: Workload, mode: str, ct: Any) -> _Lowered | Me
 
 def _compile(item: _Lowered) -> tuple[Any, float]:
     """``(executable or the exception, seconds)`` (XLA releases the GIL while it compiles)."""
+    if not hasattr(item.lowered, "compile"):  # a line timed outside JAX (see Prepared.external)
+        return item.lowered, 0.0
     start = _clock()
     try:
         return item.lowered.compile(), _clock() - start
@@ -418,12 +424,19 @@ def _time(item: _Lowered, compiled: Any, compile_s: float, options: Options,
         status, text = _failure("compile", compiled)
         return attrs.evolve(base, status=status, error=text), None
     args = item.args
+    external = item.lowered is compiled  # timed outside JAX: by the wall clock, released afterwards
+    policy = attrs.evolve(options.policy, clock="wall") if external else options.policy
     try:
         out = jax.block_until_ready(compiled(*args))
-        calls, times = measure(lambda: compiled(*args), options.policy, flush)
+        if external:
+            out = out.to_jax() if hasattr(out, "to_jax") else None
+        calls, times = measure(lambda: compiled(*args), policy, flush)
     except Exception as exc:
         status, text = _failure("run", exc)
         return attrs.evolve(base, status=status, error=text), None
+    finally:
+        if external and hasattr(compiled, "close"):
+            compiled.close()
     return timed(base, times, calls, compile_s), out
 
 

@@ -26,6 +26,7 @@ from ejk.config.serialization import from_jsonable, to_jsonable
 from ejk.errors import KernelContractError, KernelNotFoundError
 from ejk.execution.executor import Executor
 from ejk.execution.kernel import Invocation, Kernel, abstract_args
+from ejk.ops._eager import eager_key, remember, run_eager
 from ejk.ops._training import pairing_order, training_choice, training_rankings
 from ejk.parallel._vma import varying_like
 from ejk.registry import (
@@ -766,7 +767,11 @@ def resolve_platform(platform: Any) -> str:
 
 
 def run_op(kernel: OpKernel, arrays: tuple[Any, ...], static: dict[str, Any], platform: Any, cfg: Any) -> Any:
-    """Run a public operation through the default Executor."""
+    """Run a public operation through the default Executor (an identical eager call: see :mod:`ejk.ops._eager`)."""
+    key = eager_key(kernel, arrays, static, platform, cfg)
+    done, out = run_eager(key, arrays, get_default_executor)
+    if done:
+        return out
     plat = resolve_platform(platform)
     choice = None if cfg is None else kernel.choice_for(cfg, plat)
 
@@ -777,4 +782,9 @@ def run_op(kernel: OpKernel, arrays: tuple[Any, ...], static: dict[str, Any], pl
 
     rule = None if kernel.definition is None else kernel.definition.shard_rule_fn()
     split, out = run_sharded(rule, arrays, call, static)
-    return out if split else call(*arrays)
+    if split:
+        return out
+    out = call(*arrays)
+    executor = get_default_executor()
+    remember(key, executor, executor.fast_entry(kernel, *arrays, cfg=choice, platform=plat, **static), arrays)
+    return out

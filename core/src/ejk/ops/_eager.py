@@ -53,9 +53,13 @@ def _append_array(parts: list[Any], x: Any, array_type: type) -> bool:
     if x is None:
         parts.append(None)
     elif type(x) is array_type:
+        try:
+            sharding = x.sharding
+        except AttributeError:  # an array being traced (e.g. under an Explicit mesh): the full path
+            return False
         parts.append(x.shape)
         parts.append(x.dtype)
-        parts.append(x.sharding)
+        parts.append(sharding)
     else:
         return False
     return True

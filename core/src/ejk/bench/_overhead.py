@@ -126,9 +126,9 @@ def _pair_group(pair: _Pair, workload: Workload, inputs: tuple[Any, ...], arrays
         bare = _time(bare, lambda: jitted(*arrays), options)
         with _use(lines):
             ours = _time(ours, lambda: pair.public(*inputs), options)
-            same = jax.jit(pair.public)  # the same public call under jax.jit (the yardstick)
+            public_jitted = jax.jit(pair.public)  # the same public call under jax.jit (the yardstick)
             under_jit = _time(attrs.evolve(ours, status="skipped", name=f"jit({ejk_name})", kind="baseline"),
-                              lambda: same(*inputs), options)
+                              lambda: public_jitted(*inputs), options)
         if under_jit.status == "ok" and ours.status == "ok" and under_jit.median_s and ours.median_s:
             ours = attrs.evolve(ours, note=f"{(ours.median_s - under_jit.median_s) * 1e6:+.1f} µs per call over "
                                            f"jit({ejk_name}) ({under_jit.median_s * 1e6:.1f} µs)")

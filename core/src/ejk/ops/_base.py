@@ -576,10 +576,11 @@ class OpKernel(Kernel[ImplChoice, Any]):
         return cfg.training is not None or self.spec_for(cfg).vjp is not None
 
     def fwd(self, *arrays: Any, cfg: ImplChoice, platform: str = "auto", **static: Any) -> tuple[Any, Any]:
-        if cfg.training is not None:  # differentiated: the training choice's forward (and then its backward)
-            if self.uses_custom_vjp(cfg.training):
-                return self.fwd(*arrays, cfg=cfg.training, platform=platform, **static)
-            return jax.vjp(lambda *xs: self.run(*xs, cfg=cfg.training, **static), *arrays)
+        training = cfg.training
+        if training is not None:  # differentiated: the training choice's forward (and then its backward)
+            if self.uses_custom_vjp(training):
+                return self.fwd(*arrays, cfg=training, platform=platform, **static)
+            return jax.vjp(lambda *xs: self.run(*xs, cfg=training, **static), *arrays)
         spec = self.spec_for(cfg)
         assert spec.vjp is not None
         pos, named = self._split(arrays)

@@ -49,7 +49,7 @@ def _array_type() -> type:
     return _ArrayImpl
 
 
-def _append_array(parts: list[Any], x: Any, array_type: type) -> bool:
+def _append_array(parts: list[Any], x: Any, array_type: Any) -> bool:
     if x is None:
         parts.append(None)
     elif type(x) is array_type:

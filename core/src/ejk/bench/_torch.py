@@ -127,7 +127,9 @@ def torch_sdpa(backend: str) -> Callable[[Any, tuple[Any, ...], str, Any], Torch
             return out
 
         def to_jax(out: Any) -> Any:
-            return jax.dlpack.from_dlpack(out.detach().transpose(1, 2).contiguous())
+            from jax import dlpack
+
+            return dlpack.from_dlpack(out.detach().transpose(1, 2).contiguous())
 
         return TorchCall(run, torch, to_jax)
 

@@ -120,3 +120,11 @@ def test_traced_and_host_inputs_take_the_full_path(traced: list[str], validation
     np.testing.assert_allclose(ejk.matmul(np.ones((4, 8), np.float32), np.ones((8, 4), np.float32)), 8.0)
     np.testing.assert_allclose(ejk.matmul(np.ones((4, 8), np.float32), np.ones((8, 4), np.float32)), 8.0)
     assert len(validations) == 3  # one trace, two host calls (converted: never keyed by their values)
+
+
+def test_jax_settings_that_validation_reads_key_the_call(traced: list[str], validations: list[int]) -> None:
+    ejk.matmul(A, B, precision=None)
+    with jax.default_matmul_precision("highest"):  # precision=None reads it: validated again
+        ejk.matmul(A, B, precision=None)
+    ejk.matmul(A, B, precision=None)
+    assert len(validations) == 2

@@ -11,7 +11,8 @@ registry, caches, overlays, policy, hooks, the persistent file) — at two level
   sharding, the static arguments, ``platform``, ``cfg`` — it skips the sharding look-up and the
   Executor's dispatch;
 - :func:`eager_fast_path`, a decorator of public functions whose validation depends only on shapes,
-  dtypes and the static arguments (not on array values): keyed by the raw arguments, it skips the
+  dtypes and the static arguments (not on array values): keyed by the raw arguments and the JAX
+  settings validation reads (``jax_default_matmul_precision``, dtype promotion, x64), it skips the
   validation too.
 
 Both include ``EJKERNEL_OPS_STAMP``. Only concrete arrays take them (under a trace the cost does not
@@ -93,7 +94,10 @@ def eager_key(kernel: Any, arrays: tuple[Any, ...], static: dict[str, Any], plat
 def _raw_key(kernel: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """The key of a public function's raw call: its arrays (concrete only) and plain Python values."""
     array_type = _ArrayImpl or _array_type()
-    parts: list[Any] = ["raw", id(kernel), environment.raw(environment.EJKERNEL_OPS_STAMP)]
+    config = jax.config  # what validation reads besides the arguments (precision=None, dtype promotion, x64)
+    parts: list[Any] = ["raw", id(kernel), environment.raw(environment.EJKERNEL_OPS_STAMP),
+                        config.jax_default_matmul_precision, config.jax_numpy_dtype_promotion,  # type: ignore[attr-defined]
+                        config.jax_enable_x64]  # type: ignore[attr-defined]
     for value in (*args, *kwargs.values()):
         if type(value) in _SCALARS or type(value) is tuple:
             parts.append(_fast_token(value))

@@ -128,3 +128,14 @@ def test_jax_settings_that_validation_reads_key_the_call(traced: list[str], vali
         ejk.matmul(A, B, precision=None)
     ejk.matmul(A, B, precision=None)
     assert len(validations) == 2
+
+
+def test_a_first_call_under_jit_leaves_the_fast_path_working(traced: list[str], validations: list[int],
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    from ejk.ops import _eager
+
+    monkeypatch.setattr(_eager, "_ArrayImpl", None)  # as in a fresh process whose first op call is traced
+    jax.jit(lambda a, b: ejk.matmul(a, b))(A, B)
+    for _ in range(3):
+        ejk.matmul(A, B)
+    assert len(validations) == 2

@@ -44,9 +44,14 @@ _pending = threading.local()
 
 
 def _array_type() -> type:
+    """The type of JAX's concrete arrays (made outside any trace: inside one ``jnp.zeros`` is a tracer)."""
     global _ArrayImpl
     if _ArrayImpl is None:
-        _ArrayImpl = type(jax.numpy.zeros(()))
+        with jax.ensure_compile_time_eval():
+            found = type(jax.numpy.zeros(()))
+        if issubclass(found, jax.core.Tracer):
+            return type(None)  # matches no array: the full path, asked again next time
+        _ArrayImpl = found
     return _ArrayImpl
 
 

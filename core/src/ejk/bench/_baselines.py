@@ -19,6 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ejk.bench._cases import AttentionCase, MlaCase, MoeCase, PagedCase
+from ejk.bench._torch import BACKENDS, torch_sdpa, torch_sdpa_unsupported
 from ejk.bench._workloads import Workload
 
 __all__ = ["BASELINES", "Baseline", "Prepared", "baselines_for", "register_baseline"]
@@ -31,6 +32,10 @@ class Prepared:
     fn: Callable[..., Any]
     args: tuple[Any, ...]
     diff: tuple[int, ...] = ()
+    #: A line timed outside JAX (PyTorch): ``external(mode, cotangent)`` returns a callable that launches one
+    #: call and returns a handle with ``block_until_ready()`` (and optionally ``to_jax()`` for the output
+    #: check and ``close()``, called once the line is timed); ``fn`` is then not used.
+    external: Callable[[str, Any], Any] | None = None
 
 
 @attrs.frozen(kw_only=True)
@@ -185,6 +190,16 @@ def _varlen_batched(workload: Workload, inputs: tuple[Any, ...]) -> Prepared:
 def _equal_lengths_unsupported(workload: Workload) -> str | None:
     lens = workload.case.lens  # type: ignore[attr-defined]
     return None if len(set(lens)) == 1 else "needs sequences of one length (a dense [N, L] batch)"
+def _torch_line(backend: str) -> Callable[[Workload, tuple[Any, ...]], Prepared]:
+    def build(workload: Workload, inputs: tuple[Any, ...]) -> Prepared:
+        def not_jax(*_: Any) -> Any:
+            raise RuntimeError("a torch baseline runs outside JAX")
+
+        make = torch_sdpa(backend)
+        return Prepared(fn=not_jax, args=inputs, diff=(0, 1, 2),
+                        external=lambda mode, cotangent: make(workload, inputs, mode, cotangent))
+
+    return build
 
 
 # -- ragged_paged_attention --------------------------------------------------------------------------
@@ -363,6 +378,9 @@ for _baseline in (
              unsupported=_equal_lengths_unsupported,
              note="ejk.flash_attention on the dense [N, L] batch of the same sequences (equal lengths only): "
                   "the same work, the issue's 5% target"),
+    *(Baseline(name=name, op="flash_attention", build=_torch_line(backend), unsupported=torch_sdpa_unsupported(backend),
+               note=f"torch.nn.functional.scaled_dot_product_attention, SDPBackend.{backend}, [B, H, S, D]")
+      for name, backend in BACKENDS.items()),
     Baseline(name="jax pallas paged", op="ragged_paged_attention", build=_pallas_paged,
              unsupported=_pallas_paged_unsupported,
              note="jax.experimental.pallas.ops.gpu.paged_attention (decode), default blocks"),

@@ -6,9 +6,10 @@ from typing import Any
 
 import jax
 
-from ejk.ops._base import ImplChoice, OpKernel, run_op
+from ejk.ops._base import ImplChoice, OpKernel, get_default_executor, run_op
 from ejk.ops._check_common import as_array
 from ejk.ops._definition import define_op
+from ejk.ops._eager import eager_fast_path
 from ejk.ops._flash_attention._check import check_flash_attention_args
 from ejk.ops._flash_attention._residuals import FLASH_RESIDUALS
 
@@ -30,6 +31,7 @@ class FlashAttentionKernel(OpKernel):
 KERNEL = FlashAttentionKernel()
 
 
+@eager_fast_path(KERNEL, get_default_executor)  # validation reads shapes, dtypes, statics only
 def flash_attention(
     q: jax.Array,
     k: jax.Array,

@@ -745,7 +745,7 @@ _PLGPU_API = ("kernel", "SMEM", "Barrier", "ACC", "TilingTransform", "SwizzleTra
 
 
 #: What the Mosaic GPU backward (``backward="mosaic"``) uses on top of :data:`_PLGPU_API`.
-_PLGPU_BWD_API = ("load", "transpose_ref", "Mesh")
+_PLGPU_BWD_API = ("load", "Mesh")
 
 
 def fused_backward(cfg: MosaicFlashAttentionConfig, d: int, itemsize: int = 2) -> bool:

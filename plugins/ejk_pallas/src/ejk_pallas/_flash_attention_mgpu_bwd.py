@@ -490,7 +490,7 @@ def _dq_part(ds_slot: Any, k_smem2: Any, wg: Any, st: _Static) -> Any:
                 a, b = ds_slot.at[c, :, pl.ds(wg * _ROWS, _ROWS)], k_smem2.at[c]
             else:
                 a, b = ds_slot.at[c], k_smem2.at[c, :, pl.ds(wg * half, half)]
-            plgpu.wgmma(acc, plgpu.transpose_ref(a, (1, 0)), b)
+            plgpu.wgmma(acc, a.transpose((1, 0)), b)
         return acc[...]
 
     return pl.run_scoped(body, plgpu.ACC(shape, jnp.float32))

@@ -20,7 +20,8 @@ and are re-exported unchanged:
   :data:`MATMUL_RESIDUALS` / :data:`GROUPED_MATMUL_RESIDUALS`) and its halves :func:`saving_operands`
   and :func:`operand_cotangents`, the flash-attention residual format :data:`FLASH_RESIDUALS` /
   :data:`FLASH_LSE_RESIDUALS` with :func:`without_residuals`, :func:`with_natural_lse`,
-  :func:`natural_lse`, and the ``shard_map`` helpers :func:`cotangent_like` and :func:`varying_like`.
+  :func:`natural_lse`, :data:`LSE2_INDEX`, the attention-sink helpers :func:`fold_sinks`,
+  :func:`sinks_backward` and :func:`sinks_cotangent`, and the ``shard_map`` helpers :func:`cotangent_like` and :func:`varying_like`.
 """
 
 from __future__ import annotations
@@ -41,7 +42,17 @@ from ejk.config.validators import int_in, multiple_of, one_of, one_of_str, posit
 from ejk.execution.kernel import Invocation, Kernel
 from ejk.hookspecs import hookimpl
 from ejk.interpreter import InterpreterSwitch
-from ejk.ops import FLASH_LSE_RESIDUALS, FLASH_RESIDUALS, natural_lse, with_natural_lse, without_residuals
+from ejk.ops import (
+    FLASH_LSE_RESIDUALS,
+    FLASH_RESIDUALS,
+    LSE2_INDEX,
+    fold_sinks,
+    natural_lse,
+    sinks_backward,
+    sinks_cotangent,
+    with_natural_lse,
+    without_residuals,
+)
 from ejk.parallel import cotangent_like, varying_like
 from ejk.plugins import PlatformStatus, probe_platform
 from ejk.registry import VJP, Backend, BackendLike, KernelSpec, Platform, PlatformLike, Tier
@@ -51,6 +62,7 @@ __all__ = [
     "FLASH_LSE_RESIDUALS",
     "FLASH_RESIDUALS",
     "GROUPED_MATMUL_RESIDUALS",
+    "LSE2_INDEX",
     "MATMUL_RESIDUALS",
     "VJP",
     "Backend",
@@ -66,6 +78,7 @@ __all__ = [
     "cotangent_like",
     "devices",
     "fit_block",
+    "fold_sinks",
     "hookimpl",
     "installed_version",
     "int_in",
@@ -82,6 +95,8 @@ __all__ = [
     "power_of_two",
     "probe_platform",
     "saving_operands",
+    "sinks_backward",
+    "sinks_cotangent",
     "snake_owner",
     "varying_like",
     "with_natural_lse",

@@ -9,6 +9,7 @@ formats, shard rule and bench workload, tied together by its :func:`define_op` c
 
 from __future__ import annotations
 
+from ejk._contract import Extension
 from ejk._operand_vjp import GROUPED_MATMUL_RESIDUALS, MATMUL_RESIDUALS
 from ejk.ops._base import (
     Candidate,
@@ -23,7 +24,16 @@ from ejk.ops._builtin import BUILTIN_OPS, builtin_ops
 from ejk.ops._definition import OPS, OpDefinition, define_op, get_op
 from ejk.ops._explain import Explanation, ImplementationReport, explain
 from ejk.ops._flash_attention import FlashAttentionKernel, FlashAttentionLseKernel, flash_attention, flash_attention_lse
-from ejk.ops._flash_attention._residuals import FLASH_LSE_RESIDUALS, FLASH_RESIDUALS, natural_lse, with_natural_lse
+from ejk.ops._flash_attention._residuals import (
+    FLASH_LSE_RESIDUALS,
+    FLASH_RESIDUALS,
+    LSE2_INDEX,
+    fold_sinks,
+    natural_lse,
+    sinks_backward,
+    sinks_cotangent,
+    with_natural_lse,
+)
 from ejk.ops._generic import AlgorithmKernel, run
 from ejk.ops._grouped_matmul import GroupedMatmulKernel, grouped_matmul
 from ejk.ops._matmul import MatmulKernel, matmul
@@ -42,11 +52,13 @@ __all__ = [
     "FLASH_LSE_RESIDUALS",
     "FLASH_RESIDUALS",
     "GROUPED_MATMUL_RESIDUALS",
+    "LSE2_INDEX",
     "MATMUL_RESIDUALS",
     "OPS",
     "AlgorithmKernel",
     "Candidate",
     "Explanation",
+    "Extension",
     "FlashAttentionKernel",
     "FlashAttentionLseKernel",
     "GroupedMatmulKernel",
@@ -61,6 +73,7 @@ __all__ = [
     "explain",
     "flash_attention",
     "flash_attention_lse",
+    "fold_sinks",
     "get_default_executor",
     "get_op",
     "grouped_matmul",
@@ -72,6 +85,8 @@ __all__ = [
     "run",
     "run_op",
     "set_default_executor",
+    "sinks_backward",
+    "sinks_cotangent",
     "use_executor",
     "with_natural_lse",
     "without_residuals",

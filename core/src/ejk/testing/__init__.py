@@ -34,8 +34,10 @@ from ejk.testing._op_checks import TOLERANCES, assert_close, check_op, tolerance
 if TYPE_CHECKING:
     from ejk.ops._flash_attention._conformance import (
         FLASH_ATTENTION_CASES,
+        SINKS_CASES,
         check_flash_attention,
         check_flash_attention_lse,
+        check_flash_attention_sinks,
     )
     from ejk.ops._flash_attention._reference import (
         attention_mask,
@@ -52,6 +54,8 @@ if TYPE_CHECKING:
 #: Names of an op's folder that are not its reference or check, by the module that holds them.
 _OP_EXTRAS = {
     "FLASH_ATTENTION_CASES": "ejk.ops._flash_attention._conformance",
+    "SINKS_CASES": "ejk.ops._flash_attention._conformance",
+    "check_flash_attention_sinks": "ejk.ops._flash_attention._conformance",
     "attention_mask": "ejk.ops._flash_attention._reference",
     "MATMUL_SHAPES": "ejk.ops._matmul._conformance",
 }
@@ -62,12 +66,14 @@ __all__ = [
     "ConformanceError",
     "FLASH_ATTENTION_CASES",
     "MATMUL_SHAPES",
+    "SINKS_CASES",
     "TOLERANCES",
     "assert_close",
     "attention_mask",
     "attention_values_and_grads",
     "check_flash_attention",
     "check_flash_attention_lse",
+    "check_flash_attention_sinks",
     "check_grouped_matmul",
     "check_matmul",
     "check_op",

@@ -178,6 +178,7 @@ def compile_ragged_paged_attention(
     cfg: Any = None,
     sliding_window: tuple[int, int] | None = None,
     logits_soft_cap: float | None = None,
+    sinks: bool = False,
     arch: int = 90,
 ) -> dict[str, int]:
     """Compile the ragged paged attention kernel one call would launch, for compute capability ``arch``.
@@ -187,6 +188,7 @@ def compile_ragged_paged_attention(
             :func:`ejk_triton._paged_attention.ragged_paged_attention`.
         cfg: Its config (``None``: :func:`ejk_triton._paged_attention.heuristic_config` for a GPU).
         sliding_window, logits_soft_cap: As for the op.
+        sinks: Whether the call has attention sinks.
         arch: Compute capability as an int (90 for sm_90).
 
     Returns:
@@ -204,6 +206,7 @@ def compile_ragged_paged_attention(
                              left=None if sliding_window is None else sliding_window[0], cap=logits_soft_cap,
                              cfg=cfg)
     i32, f32 = _ptr(jnp.int32), _ptr(jnp.float32)
-    pointers = [_ptr(q.dtype), _ptr(k_pages.dtype), _ptr(v_pages.dtype), i32, i32, i32, i32, _ptr(q.dtype), f32, f32,
-                f32, i32]
-    return _compile(_paged_kernels.paged_attention_kernel, pointers, consts, cfg.num_warps, cfg.num_stages, arch)
+    pointers = [_ptr(q.dtype), _ptr(k_pages.dtype), _ptr(v_pages.dtype), i32, i32, i32, i32,
+                f32 if sinks else _ptr(q.dtype), _ptr(q.dtype), f32, f32, f32, i32]
+    return _compile(_paged_kernels.paged_attention_kernel, pointers, dict(consts, HAS_SINKS=bool(sinks)),
+                    cfg.num_warps, cfg.num_stages, arch)

@@ -26,7 +26,7 @@ import jax.custom_batching
 import jax.numpy as jnp
 
 from ejk.config.validators import int_in, one_of
-from ejk.ops import FLASH_RESIDUALS, without_residuals
+from ejk.ops import FLASH_RESIDUALS, fold_sinks, without_residuals
 from ejk.tiling import cdiv, persistent_ctas
 from ejk_cute import _compile, _device, _status
 
@@ -322,16 +322,20 @@ def forward_with_residuals(
     q_segment_ids: jax.Array | None,
     kv_segment_ids: jax.Array | None,
     bias: jax.Array | None,
+    sinks: jax.Array | None = None,
     cfg: FlashAttentionConfig | None = None,
 ) -> tuple[jax.Array, tuple[Any, ...]]:
     """The output and the residuals any backward of :data:`RESIDUALS` consumes.
 
-    Arguments are those of ``ejk.flash_attention`` after the op layer's normalisation.
+    Arguments are those of ``ejk.flash_attention`` after the op layer's normalisation. ``sinks``
+    ``[Hq]`` are folded into the kernel's result afterwards (``ejk.ops.fold_sinks``: one elementwise
+    pass over ``out``), not yet in the kernel's epilogue.
 
     Returns:
         ``(out, residuals)``: ``out`` ``[B, Sq, Hq, D]`` in ``q.dtype``; ``residuals`` =
         ``(q, k, v, None, None, None, out, lse)`` with ``lse`` the base-2 log-sum-exp
-        ``[B, Hq, Sq]`` float32 (``+inf`` for rows that see no key).
+        ``[B, Hq, Sq]`` float32 (``+inf`` for rows that see no key), the sinks appended when given
+        (the lse then includes them).
     """
     _refuse_unsupported(q_segment_ids, kv_segment_ids, bias)
     batch, q_len, q_heads, _ = q.shape
@@ -342,7 +346,9 @@ def forward_with_residuals(
         cfg = heuristic_config(q, k, v) if cfg is None else cfg
         static = _static(causal, softmax_scale, sliding_window, logits_soft_cap)
         out, lse = _fold_vmap(functools.partial(_launch, cfg, static))(q, k, v)
-    return out, (q, k, v, None, None, None, out, lse)
+        if sinks is not None:
+            out, lse = fold_sinks(out, lse, sinks)
+    return out, (q, k, v, None, None, None, out, lse, *(() if sinks is None else (sinks,)))
 
 
 forward = without_residuals(forward_with_residuals)

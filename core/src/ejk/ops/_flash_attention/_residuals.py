@@ -57,12 +57,13 @@ def sinks_cotangent(sinks: Any, out: Any, lse2: Any, d_out: Any, d_lse: Any = No
     ``sinks.dtype``."""
     import jax.numpy as jnp
 
-    delta = jnp.sum(d_out.astype(jnp.float32) * out.astype(jnp.float32), axis=-1)  # [B, Sq, Hq]
+    dtype = jnp.promote_types(jnp.float32, out.dtype)  # float64 under x64 (the references' checks)
+    delta = jnp.sum(d_out.astype(dtype) * out.astype(dtype), axis=-1)  # [B, Sq, Hq]
     delta = jnp.swapaxes(delta, 1, 2)
     if d_lse is not None:
-        delta = delta - d_lse.astype(jnp.float32)
+        delta = delta - d_lse.astype(dtype)
     seen = lse2 != jnp.inf
-    sink2 = sinks.astype(jnp.float32)[None, :, None] * (1.0 / _LN2)
+    sink2 = sinks.astype(dtype)[None, :, None] * (1.0 / _LN2)
     p_sink = jnp.where(seen, jnp.exp2(sink2 - jnp.where(seen, lse2, 0.0)), 0.0)
     return (-jnp.sum(p_sink * jnp.where(seen, delta, 0.0), axis=(0, 2))).astype(sinks.dtype)
 

@@ -1,12 +1,15 @@
 """``flash_attention`` in ``ejk bench``: its cases, presets, ``--shapes`` syntax and work.
 
 FLOPs (a multiply-add is 2): ``4·B·Hq·Sq·Sk·D`` forward, halved when causal (the usual
-convention, the exact count is ``(S+1)/2S`` of the full one); forward + backward is 3.5x the
-forward (2 matmuls forward, 5 backward).
+convention, the exact count is ``(S+1)/2S`` of the full one); with a causal sliding window of
+``w`` keys each row sees at most ``w + 1`` keys, so ``Sk`` becomes ``min(Sk, w + 1)`` (not halved);
+forward + backward is 3.5x the forward (2 matmuls forward, 5 backward). Sinks add no FLOPs: cases
+with and without them measure their overhead.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 import attrs
@@ -29,20 +32,29 @@ class AttentionCase(Case):
     dim: int
     kv_heads: int = attrs.field()
     causal: bool = False
+    #: Left sliding window (causal cases; ``None``: none).
+    window: int | None = None
+    #: Attention sinks (one per query head; their gradient is taken with q, k, v).
+    sinks: bool = False
 
     @kv_heads.default
     def _all_heads(self) -> int:
         return self.heads
 
     @property
+    def _extras(self) -> str:
+        return (f" w{self.window}" if self.window is not None else "") + (" sinks" if self.sinks else "")
+
+    @property
     def label(self) -> str:
         gqa = f" kv={self.kv_heads}" if self.kv_heads != self.heads else ""
-        return f"[{self.batch},{self.seq},{self.heads},{self.dim}]{gqa} {'causal' if self.causal else 'full'}"
+        return (f"[{self.batch},{self.seq},{self.heads},{self.dim}]{gqa} {'causal' if self.causal else 'full'}"
+                f"{self._extras}")
 
     @property
     def series(self) -> str:
         gqa = f" GQA {self.heads // self.kv_heads}:1" if self.kv_heads != self.heads else ""
-        return f"D={self.dim} H={self.heads}{gqa} {'causal' if self.causal else 'full'}"
+        return f"D={self.dim} H={self.heads}{gqa} {'causal' if self.causal else 'full'}{self._extras}"
 
     @property
     def x(self) -> int:
@@ -52,17 +64,36 @@ class AttentionCase(Case):
 @attrs.frozen(kw_only=True)
 class AttentionWorkload(Workload):
     case: AttentionCase
-    diff: tuple[int, ...] = (0, 1, 2)
+    diff: tuple[int, ...] = attrs.field()
+
+    @diff.default
+    def _differentiated(self) -> tuple[int, ...]:
+        return (0, 1, 2, 3) if self.case.sinks else (0, 1, 2)
 
     def inputs(self, seed: int = 0) -> tuple[Any, ...]:
         c = self.case
-        kq, kk, kv = jax.random.split(jax.random.key(seed), 3)
-        return (normal(kq, (c.batch, c.seq, c.heads, c.dim), self.dtype),
-                normal(kk, (c.batch, c.seq, c.kv_heads, c.dim), self.dtype),
-                normal(kv, (c.batch, c.seq, c.kv_heads, c.dim), self.dtype))
+        kq, kk, kv, ks = jax.random.split(jax.random.key(seed), 4)
+        qkv = (normal(kq, (c.batch, c.seq, c.heads, c.dim), self.dtype),
+               normal(kk, (c.batch, c.seq, c.kv_heads, c.dim), self.dtype),
+               normal(kv, (c.batch, c.seq, c.kv_heads, c.dim), self.dtype))
+        return (*qkv, normal(ks, (c.heads,), jax.numpy.float32)) if c.sinks else qkv
 
     def kwargs(self) -> dict[str, Any]:
-        return {"causal": self.case.causal}
+        window = {} if self.case.window is None else {"sliding_window": (self.case.window, 0)}
+        return {"causal": self.case.causal, **window}
+
+    def call(self, *, platform: str = "auto", cfg: Any = None) -> Callable[..., Any]:
+        """``f(q, k, v[, sinks])``: the sinks go by keyword."""
+        plain = super().call(platform=platform, cfg=cfg)
+        if not self.case.sinks:
+            return plain
+
+        def with_sinks(q: Any, k: Any, v: Any, sinks: Any) -> Any:
+            from ejk.ops._flash_attention._op import flash_attention
+
+            return flash_attention(q, k, v, sinks=sinks, **self.kwargs(), platform=platform, cfg=cfg)
+
+        return with_sinks
 
     def out_shape(self) -> tuple[int, ...]:
         c = self.case
@@ -70,7 +101,10 @@ class AttentionWorkload(Workload):
 
     def work(self, mode: str) -> tuple[float, str]:
         c = self.case
-        flops = 4.0 * c.batch * c.heads * c.seq * c.seq * c.dim / (2 if c.causal else 1)
+        if c.window is not None and c.causal:
+            flops = 4.0 * c.batch * c.heads * c.seq * min(c.seq, c.window + 1) * c.dim
+        else:
+            flops = 4.0 * c.batch * c.heads * c.seq * c.seq * c.dim / (2 if c.causal else 1)
         return flops * (3.5 if mode == "fwd+bwd" else 1.0), TFLOPS
 
 
@@ -84,18 +118,28 @@ def _presets() -> tuple[AttentionCase, ...]:
                   for c in (False, True) for s in seqs[c])
     d64 = tuple(AttentionCase(batch=4, seq=4096, heads=32, dim=64, causal=c) for c in (False, True))
     gqa = (AttentionCase(batch=4, seq=4096, heads=16, kv_heads=4, dim=128, causal=True),)
-    return sweep + d64 + gqa
+    # Sinks (issue 29): gpt-oss's sliding-window layers ([4,4096,64,64], window 128) with and without sinks,
+    # and [4,4096,16,128] causal with sinks (the sweep holds it without), to report their overhead.
+    window = tuple(AttentionCase(batch=4, seq=4096, heads=64, dim=64, causal=True, window=128, sinks=s)
+                   for s in (False, True))
+    sinks = (*window, AttentionCase(batch=4, seq=4096, heads=16, dim=128, causal=True, sinks=True))
+    return sweep + d64 + gqa + sinks
 
 
 def _parse(text: str, options: dict[str, str], spec: str) -> AttentionCase:
-    """``attention:BxSxHxD[:causal][,kv=Hkv]``."""
+    """``attention:BxSxHxD[:causal][,kv=Hkv][,window=W][,sinks]`` (a window needs ``causal``)."""
     b, s, h, d = dims(text, 4, "BxSxHxD, e.g. 4x4096x16x128")
     causal = "causal" in options
+    sinks = "sinks" in options
     options.pop("causal", None)
-    opts = int_options(options, ("kv",), spec)
+    options.pop("sinks", None)
+    opts = int_options(options, ("kv", "window"), spec)
     if h % opts.get("kv", h):
         raise ValueError(f"--shapes {spec!r}: kv={opts['kv']} must divide the {h} query heads")
-    return AttentionCase(batch=b, seq=s, heads=h, dim=d, kv_heads=opts.get("kv", h), causal=causal)
+    if "window" in opts and not causal:
+        raise ValueError(f"--shapes {spec!r}: window= needs causal (a left window of causal attention)")
+    return AttentionCase(batch=b, seq=s, heads=h, dim=d, kv_heads=opts.get("kv", h), causal=causal,
+                         window=opts.get("window"), sinks=sinks)
 
 
 BENCH = OpBench(

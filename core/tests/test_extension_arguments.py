@@ -128,7 +128,7 @@ class Runner:
     def __init__(self, host: PluginHost, tmp_path: Path) -> None:
         self.kernel = FlashAttentionKernel(host.registry)
         self.lse_kernel = FlashAttentionLseKernel(host.registry)
-        self.executor = ejk.Executor(ejk.ConfigSelectorChain(persistent_dir=tmp_path))
+        self.executor: ejk.Executor[Any, Any] = ejk.Executor(ejk.ConfigSelectorChain(persistent_dir=tmp_path))
 
     def __call__(self, *args: Any, lse: bool = False, platform: str = "auto", cfg: Any = None, **kwargs: Any) -> Any:
         kernel = self.lse_kernel if lse else self.kernel
@@ -270,7 +270,7 @@ def _numpy_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, sinks: np.ndar
     s = np.where(mask, s, -np.inf)
     top = np.maximum(s.max(-1, keepdims=True), sinks[None, :, None, None])
     e = np.where(mask, np.exp(s - top), 0.0)
-    seen = mask.any(-1, keepdims=True)
+    seen = np.asarray(mask.any(-1, keepdims=True))
     denom = e.sum(-1, keepdims=True) + np.exp(sinks[None, :, None, None] - top)
     p = np.where(seen, e / denom, 0.0)
     lse = np.where(seen[..., 0], np.log(denom[..., 0]) + top[..., 0], -np.inf)

@@ -259,7 +259,8 @@ def extension_refusal(spec: KernelSpec, call: Mapping[str, Any], static_names: C
     return None
 
 
-def gate_reason(spec: KernelSpec, call: Mapping[str, Any], extensions: tuple[Extension, ...] | None = None) -> str | None:
+def gate_reason(spec: KernelSpec, call: Mapping[str, Any],
+                extensions: tuple[Extension, ...] | None = None) -> str | None:
     """``spec``'s verdict on ``call``: the extension arguments it does not take first, then its own
     capability gate on the call fitted to the gate's signature (``None``: it accepts)."""
     reason = extension_refusal(spec, call, extensions=extensions)

@@ -21,7 +21,8 @@ and are re-exported unchanged:
   and :func:`operand_cotangents`, the flash-attention residual format :data:`FLASH_RESIDUALS` /
   :data:`FLASH_LSE_RESIDUALS` with :func:`without_residuals`, :func:`with_natural_lse`,
   :func:`natural_lse`, :data:`LSE2_INDEX`, the attention-sink helpers :func:`fold_sinks`,
-  :func:`sinks_backward` and :func:`sinks_cotangent`, and the ``shard_map`` helpers :func:`cotangent_like` and :func:`varying_like`.
+  :func:`sinks_backward` and :func:`sinks_cotangent`, and the ``shard_map`` helpers :func:`cotangent_like`
+  and :func:`varying_like`.
 """
 
 from __future__ import annotations

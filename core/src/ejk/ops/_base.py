@@ -509,9 +509,9 @@ class OpKernel(Kernel[ImplChoice, Any]):
         pos, named = ((), {}) if arrays is None else self._split(arrays)
         keywords = {**named, **static}
         for extension in self.extensions:
-            if extension.name in keywords and not takes(fn, extension.name):
-                if not extension.is_legacy(keywords.pop(extension.name)):
-                    raise ValueError(f"{self.op_id} {spec.label}: {extension.refusal(self.op_id)}")
+            if (extension.name in keywords and not takes(fn, extension.name)
+                    and not extension.is_legacy(keywords.pop(extension.name))):
+                raise ValueError(f"{self.op_id} {spec.label}: {extension.refusal(self.op_id)}")
         return pos, keywords
 
     def _untaken_arrays(self, spec: KernelSpec) -> tuple[int, ...]:

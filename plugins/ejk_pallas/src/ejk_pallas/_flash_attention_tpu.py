@@ -169,7 +169,8 @@ def _fwd_kernel(q_ref: Any, k_ref: Any, v_ref: Any, qs_ref: Any, ks_ref: Any, o_
         p = jnp.exp2(z - m_use)
         l_sc[...] = l_sc[...] * alpha + jnp.sum(p, axis=1, keepdims=True)
         v = v_ref[...]
-        acc_sc[...] = acc_sc[...] * alpha + jnp.dot(p.astype(v.dtype), v, preferred_element_type=jnp.float32, precision=prec)
+        acc_sc[...] = acc_sc[...] * alpha + jnp.dot(p.astype(v.dtype), v, preferred_element_type=jnp.float32,
+                                                    precision=prec)
         m_sc[...] = m_new
 
     @_when(kj == nk - 1)

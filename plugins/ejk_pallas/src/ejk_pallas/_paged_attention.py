@@ -247,7 +247,11 @@ def ragged_paged_attention(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array,
         interpret=_env.use_interpreter(),
         name="ejk_pallas_ragged_paged_attention",
     )(lens, cu, num, table, q2, k_pages, v_pages, sink_rows)
-    out2 = result if splits == 1 else paged_merge_splits(*result, None if sinks is None else sink_rows)
+    if splits == 1:
+        out2 = result
+    else:
+        acc_part, max_part, sum_part = result
+        out2 = paged_merge_splits(acc_part, max_part, sum_part, None if sinks is None else sink_rows)
     out = out2[:, :tokens * group].reshape(hkv, tokens, group, dv).transpose(1, 0, 2, 3).reshape(tokens, hq, dv)
     keep = paged_owned_rows(tokens, cu_q_lens, jnp.asarray(num_seqs))
     return jnp.where(keep[:, None, None], out, 0).astype(q.dtype)

@@ -60,12 +60,14 @@ def test_paged_attention_with_sinks(cfg: PagedAttentionConfig) -> None:
         assert_close(got, reference_ragged_paged_attention(*args, sinks=sinks, **options), jnp.float32)
 
 
-def test_implementations_without_sinks_are_refused_with_a_reason() -> None:
+def test_cudnn_attention_refuses_sinks_with_a_reason() -> None:
+    """jax's cuDNN attention has no sinks: the core refuses such calls for it (whatever the backend)."""
+    kernel = ejk.ops.FlashAttentionKernel()
+    (cudnn,) = (s for s in kernel.implementations() if s.label == "xla/gpu:cudnn")
     q = jax.ShapeDtypeStruct((1, 128, 4, 64), jnp.bfloat16)
-    sinks = jax.ShapeDtypeStruct((4,), jnp.float32)
-    report = str(ejk.explain("flash_attention", q, q, q, causal=True, sinks=sinks))
-    if "xla/gpu:cudnn" in report:  # registered where JAX's backend is a GPU
-        assert "does not take sinks=" in report
+    arrays, static = kernel.normalize(q, q, q, causal=True, sinks=jax.ShapeDtypeStruct((4,), jnp.float32))
+    call = {**dict(zip(kernel.array_names, arrays, strict=True)), **static}
+    assert "does not take sinks= (added to flash_attention in ejk-core" in (kernel._gate(cudnn, call) or "")
 
 
 def test_bench_presets_measure_sinks_overhead() -> None:

@@ -26,7 +26,7 @@ import jax.custom_batching
 import jax.numpy as jnp
 
 from ejk.config.validators import int_in, one_of
-from ejk.ops import FLASH_RESIDUALS, fold_sinks, without_residuals
+from ejk.ops import FLASH_RESIDUALS, without_residuals
 from ejk.tiling import cdiv, persistent_ctas
 from ejk_cute import _compile, _device, _status
 
@@ -201,14 +201,15 @@ def capability(
 
 @functools.lru_cache(maxsize=256)
 def _kernel(head_dim: int, block_kv: int, stages: int, pingpong: bool, group: int, scale: float,
-            cap: float | None, causal: bool, window: tuple[int, int] | None, ctas: int, pack: int) -> Any:
+            cap: float | None, causal: bool, window: tuple[int, int] | None, ctas: int, pack: int,
+            sinks: bool = False) -> Any:
     """One kernel object per static variant (the same object keeps cutlass_call's compile cache warm)."""
     from ejk_cute.kernels.attention import FlashForwardSm90
 
     return FlashForwardSm90(head_dim=head_dim, block_kv=block_kv, stages=stages, group=group,
                             scale_log2=(scale if cap is None else cap) * _LOG2E,
                             cap_scale=None if cap is None else scale / cap, causal=causal, window=window,
-                            pingpong=pingpong, ctas=ctas, pack=pack)
+                            pingpong=pingpong, ctas=ctas, pack=pack, sinks=sinks)
 
 
 def pack_of(q_heads: int, kv_heads: int) -> int:
@@ -247,8 +248,9 @@ def _grid_ctas(cfg: FlashAttentionConfig, batch: int, q_len: int, q_heads: int, 
 
 
 def _launch(cfg: FlashAttentionConfig, static: dict[str, Any], q: jax.Array, k: jax.Array,
-            v: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """One ``cutlass_call``: ``(out [B, Sq, Hq, D], lse2 [B, Hq, Sq] float32)``."""
+            v: jax.Array, sinks: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """One ``cutlass_call``: ``(out [B, Sq, Hq, D], lse2 [B, Hq, Sq] float32)``; ``sinks`` ``[B, Hq]``
+    float32 (read by the kernel when ``static["sinks"]``)."""
     _compile.import_cutlass()
     from cutlass.jax import TensorSpec
 
@@ -260,7 +262,8 @@ def _launch(cfg: FlashAttentionConfig, static: dict[str, Any], q: jax.Array, k: 
     pack = pack_of(q_heads, kv_heads)
     kernel = _kernel(d, cfg.block_kv, cfg.stages, cfg.pingpong, q_heads // kv_heads,
                      float(static["softmax_scale"]), static["logits_soft_cap"], causal, window,
-                     _grid_ctas(cfg, batch, q_len, q_heads, int(k.shape[1]), causal, window, pack), pack)
+                     _grid_ctas(cfg, batch, q_len, q_heads, int(k.shape[1]), causal, window, pack), pack,
+                     bool(static.get("sinks", False)))
     kv_modes = TensorSpec(mode=(1, 3, 2, 0))  # [B, S, H, D] -> (S, D, H, B)
     v_modes = TensorSpec(mode=(3, 1, 2, 0))  # v -> (D, S, H, B): N-major B operand
     lse_shape: tuple[int, ...]
@@ -273,10 +276,10 @@ def _launch(cfg: FlashAttentionConfig, static: dict[str, Any], q: jax.Array, k: 
     call = _compile.cutlass_call(
         kernel,
         outputs=(jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct(lse_shape, jnp.float32)),
-        input_spec=(qo_modes, kv_modes, v_modes),
+        input_spec=(qo_modes, kv_modes, v_modes, TensorSpec(mode=(1, 0))),  # sinks [B, Hq] -> (Hq, B)
         output_spec=(qo_modes, lse_modes),
     )
-    out, lse = call(q, k, v)
+    out, lse = call(q, k, v, sinks)
     return out.reshape(batch, q_len, q_heads, d), lse.reshape(batch, q_heads, q_len)
 
 
@@ -328,8 +331,7 @@ def forward_with_residuals(
     """The output and the residuals any backward of :data:`RESIDUALS` consumes.
 
     Arguments are those of ``ejk.flash_attention`` after the op layer's normalisation. ``sinks``
-    ``[Hq]`` are folded into the kernel's result afterwards (``ejk.ops.fold_sinks``: one elementwise
-    pass over ``out``), not yet in the kernel's epilogue.
+    ``[Hq]`` join each row's denominator in the kernel's epilogue.
 
     Returns:
         ``(out, residuals)``: ``out`` ``[B, Sq, Hq, D]`` in ``q.dtype``; ``residuals`` =
@@ -345,9 +347,10 @@ def forward_with_residuals(
     else:
         cfg = heuristic_config(q, k, v) if cfg is None else cfg
         static = _static(causal, softmax_scale, sliding_window, logits_soft_cap)
-        out, lse = _fold_vmap(functools.partial(_launch, cfg, static))(q, k, v)
-        if sinks is not None:
-            out, lse = fold_sinks(out, lse, sinks)
+        static["sinks"] = sinks is not None  # the kernel adds them in its epilogue
+        rows = jnp.zeros((batch, q_heads), jnp.float32) if sinks is None else jnp.broadcast_to(
+            sinks.astype(jnp.float32), (batch, q_heads))
+        out, lse = _fold_vmap(functools.partial(_launch, cfg, static))(q, k, v, rows)
     return out, (q, k, v, None, None, None, out, lse, *(() if sinks is None else (sinks,)))
 
 

@@ -104,7 +104,7 @@ def example_plugin(session: nox.Session) -> None:
     (wheel,) = dist.glob("ejk_example_plugin-*.whl")
     session.install(*TEST_DEPS, "ruff>=0.6", "./core", str(wheel))
     ours = {(r["algorithm"], r["name"]) for r in _kernels(session) if str(r["plugin"]).startswith("example ")}
-    if ours != {("rms_norm", "fused"), ("matmul", "split_k")}:
+    if ours != {("example_rms_norm", "fused"), ("matmul", "split_k")}:
         session.error(f"`ejk kernels` shows {sorted(ours)} from the example plugin")
     _pytest(session, f"{EXAMPLE}/tests")
 

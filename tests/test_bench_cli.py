@@ -1,4 +1,4 @@
-"""``ejk bench --quick`` end to end with every plugin installed: tiny shapes of the four ops, on the CPU."""
+"""``ejk bench --quick`` end to end with every plugin installed: tiny shapes of the built-in ops, on the CPU."""
 
 from __future__ import annotations
 
@@ -12,7 +12,9 @@ from pathlib import Path
 import pytest
 
 PNGS = {"flash_attention_fwd.png", "flash_attention_fwd_bwd.png", "ragged_paged_attention_fwd.png",
-        "grouped_matmul_fwd.png", "grouped_matmul_fwd_bwd.png", "matmul_fwd.png", "matmul_fwd_bwd.png"}
+        "mla_paged_attention_fwd.png", "grouped_matmul_fwd.png", "grouped_matmul_fwd_bwd.png", "matmul_fwd.png",
+        "matmul_fwd_bwd.png", "linear_cross_entropy_fwd.png", "linear_cross_entropy_fwd_bwd.png", "rms_norm_fwd.png",
+        "rms_norm_fwd_bwd.png"}
 
 
 def test_bench_quick_writes_json_markdown_and_plots(tmp_path: Path) -> None:
@@ -26,15 +28,18 @@ def test_bench_quick_writes_json_markdown_and_plots(tmp_path: Path) -> None:
     rows = data["measurements"]
     assert {(r["op"], r["mode"]) for r in rows} == {
         ("flash_attention", "fwd"), ("flash_attention", "fwd+bwd"), ("ragged_paged_attention", "fwd"),
-        ("grouped_matmul", "fwd"), ("grouped_matmul", "fwd+bwd"), ("matmul", "fwd"), ("matmul", "fwd+bwd")}
+        ("mla_paged_attention", "fwd"), ("grouped_matmul", "fwd"), ("grouped_matmul", "fwd+bwd"), ("matmul", "fwd"),
+        ("matmul", "fwd+bwd"), ("linear_cross_entropy", "fwd"), ("linear_cross_entropy", "fwd+bwd"),
+        ("rms_norm", "fwd"), ("rms_norm", "fwd+bwd")}
     by_line = {(r["op"], r["case"], r["mode"], r["name"]): r for r in rows}
     # Every portable implementation, ejk's automatic choice and the CPU baselines ran on every case.
     for (op, _, _, name), row in by_line.items():
         if name.startswith("ejk xla/any") or name == "ejk auto" or name in (
-                "jax.nn xla", "dense gather + jax.nn xla", "lax.ragged_dot", "a @ b"):
+                "jax.nn xla", "dense gather + jax.nn xla", "dense gather + einsum xla", "lax.ragged_dot", "a @ b",
+                "x @ w + jnp log-softmax", "XLA-fused expression"):
             assert row["status"] == "ok", row
             assert row["rate"] > 0 and row["compile_s"] > 0 and len(row["times"]) == 2
-            assert row["unit"] == ("GB/s" if op == "ragged_paged_attention" else "TFLOP/s")
+            assert row["unit"] == ("GB/s" if op.endswith("paged_attention") or op == "rms_norm" else "TFLOP/s")
         if row["kind"] == "baseline" and row["status"] == "ok" and row["comparable"]:
             assert row["ratio"] is not None
         if name in ("jax.nn cudnn", "jax pallas mha", "jax pallas paged"):  # GPU baselines: a line saying why

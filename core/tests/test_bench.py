@@ -198,7 +198,8 @@ def test_presets_hold_the_issue_shapes() -> None:
     assert bench.AttentionCase(batch=4, seq=4096, heads=16, dim=128, causal=True) in attention
     assert bench.AttentionCase(batch=4, seq=4096, heads=16, dim=128, causal=False) in attention
     assert bench.AttentionCase(batch=2, seq=8192, heads=16, dim=128, causal=True) in attention
-    assert {c.dim for c in attention} == {64, 128} and any(c.heads == 4 * c.kv_heads for c in attention)  # type: ignore[attr-defined]
+    assert {c.dim for c in attention} == {64, 128, 192} and any(c.heads == 4 * c.kv_heads for c in attention)  # type: ignore[attr-defined]
+    assert bench.AttentionCase(batch=4, seq=4096, heads=16, dim=192, dv=128, causal=True) in attention  # DeepSeek
     assert len({c.series for c in attention if c.seq != 4096}) >= 2  # sweeps for the plots
     decode = [c for c in bench.PRESETS["decode"] if c.decode]  # type: ignore[attr-defined]
     assert {c.seqs for c in decode} >= {8, 64} and min(c.ctx for c in decode) == 1024  # type: ignore[attr-defined]
@@ -215,12 +216,15 @@ def test_presets_hold_the_issue_shapes() -> None:
     ("attention:2x1024x8x64:causal,kv=2", bench.AttentionCase(batch=2, seq=1024, heads=8, kv_heads=2, dim=64,
                                                                causal=True)),
     ("flash_attention:1x128x4x32", bench.AttentionCase(batch=1, seq=128, heads=4, dim=32)),
+    ("attention:1x4096x16x192:causal,dv=128", bench.AttentionCase(batch=1, seq=4096, heads=16, dim=192, dv=128,
+                                                                   causal=True)),
     ("decode:8x4096", bench.PagedCase(seqs=8, ctx=4096)),
     ("decode:4x2048:q=256,hq=16,hkv=4,d=64,page=32",
      bench.PagedCase(seqs=4, ctx=2048, q_len=256, hq=16, hkv=4, dim=64, page=32)),
     ("moe:64x2048x1536x32768:skewed", bench.MoeCase(experts=64, k=2048, n=1536, tokens=32768, skewed=True)),
     ("gmm:8x64x32x256", bench.MoeCase(experts=8, k=64, n=32, tokens=256)),
     ("matmul:16x4096x14336", bench.MatmulCase(m=16, k=4096, n=14336)),
+    ("mla:128x8192:sq=2,hq=128", bench.MlaCase(batch=128, ctx=8192, sq=2, hq=128)),
 ])
 def test_shape_specs(spec: str, expected: bench.Case) -> None:
     assert bench.parse_case(spec) == expected
@@ -242,6 +246,9 @@ def test_work_counts() -> None:
     assert full.work("fwd") == (4 * 2 * 4 * 128 * 128 * 64, "TFLOP/s")
     assert causal.work("fwd")[0] == full.work("fwd")[0] / 2
     assert causal.work("fwd+bwd")[0] == 3.5 * causal.work("fwd")[0]
+    split = bench.workload_for(bench.AttentionCase(batch=2, seq=128, heads=4, dim=96, dv=32), "bfloat16")
+    assert split.work("fwd")[0] == full.work("fwd")[0] and split.out_shape() == (2, 128, 4, 32)  # 2·(96 + 32) = 4·64
+    assert [x.shape[-1] for x in split.inputs()] == [96, 96, 32]
     decode = bench.workload_for(bench.PagedCase(seqs=8, ctx=1024, hkv=8, dim=128), "bfloat16")
     assert decode.work("fwd") == (2 * 8 * 1024 * 8 * 128 * 2, "GB/s") and decode.modes == ("fwd",)
     prefill = bench.workload_for(bench.PagedCase(seqs=1, ctx=4, q_len=2, hq=1, hkv=1, dim=1), "float32")

@@ -47,10 +47,15 @@ if TYPE_CHECKING:
         explain,
         flash_attention,
         flash_attention_lse,
+        gated_delta_rule,
+        gated_delta_rule_step,
         get_default_executor,
         grouped_matmul,
+        linear_cross_entropy,
         matmul,
+        mla_paged_attention,
         ragged_paged_attention,
+        rms_norm,
         run,
         set_default_executor,
         use_executor,
@@ -60,7 +65,8 @@ if TYPE_CHECKING:
 __version__ = installed_version("ejk-core") or "0+unknown"
 
 #: The dispatch API of :mod:`ejk.ops` that ``ejk`` serves too (imported on first access, like the ops).
-_FROM_OPS = {"ImplChoice", "explain", "get_default_executor", "run", "set_default_executor", "use_executor"}
+_FROM_OPS = {"ImplChoice", "explain", "gated_delta_rule_step", "get_default_executor", "run", "set_default_executor",
+             "use_executor"}
 
 #: Static typing sees the operations through the imports above; ``__all__`` lists them for tools. At run
 #: time ``ejk.<op>`` is read from the op definitions (a test keeps both lists equal to the built-in ops).
@@ -96,6 +102,8 @@ __all__ = [
     "explain",
     "flash_attention",
     "flash_attention_lse",
+    "gated_delta_rule",
+    "gated_delta_rule_step",
     "get_default_executor",
     "get_implementations",
     "get_invocations",
@@ -103,11 +111,14 @@ __all__ = [
     "grouped_matmul",
     "hookimpl",
     "kernel_registry",
+    "linear_cross_entropy",
     "matmul",
+    "mla_paged_attention",
     "overlay_cache",
     "ragged_paged_attention",
     "record_invocation",
     "ring_attention",
+    "rms_norm",
     "run",
     "set_default_executor",
     "use_executor",

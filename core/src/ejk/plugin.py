@@ -21,8 +21,9 @@ and are re-exported unchanged:
   and :func:`operand_cotangents`, the flash-attention residual format :data:`FLASH_RESIDUALS` /
   :data:`FLASH_LSE_RESIDUALS` with :func:`without_residuals`, :func:`with_natural_lse`,
   :func:`natural_lse`, :data:`LSE2_INDEX`, the attention-sink helpers :func:`fold_sinks`,
-  :func:`sinks_backward` and :func:`sinks_cotangent`, and the ``shard_map`` helpers :func:`cotangent_like`
-  and :func:`varying_like`.
+  :func:`sinks_backward` and :func:`sinks_cotangent`, the linear cross-entropy and RMSNorm residual
+  formats :data:`LINEAR_CROSS_ENTROPY_RESIDUALS` and :data:`RMS_NORM_RESIDUALS`, and the ``shard_map``
+  helpers :func:`cotangent_like` and :func:`varying_like`.
 """
 
 from __future__ import annotations
@@ -46,7 +47,9 @@ from ejk.interpreter import InterpreterSwitch
 from ejk.ops import (
     FLASH_LSE_RESIDUALS,
     FLASH_RESIDUALS,
+    LINEAR_CROSS_ENTROPY_RESIDUALS,
     LSE2_INDEX,
+    RMS_NORM_RESIDUALS,
     fold_sinks,
     natural_lse,
     sinks_backward,
@@ -63,8 +66,10 @@ __all__ = [
     "FLASH_LSE_RESIDUALS",
     "FLASH_RESIDUALS",
     "GROUPED_MATMUL_RESIDUALS",
+    "LINEAR_CROSS_ENTROPY_RESIDUALS",
     "LSE2_INDEX",
     "MATMUL_RESIDUALS",
+    "RMS_NORM_RESIDUALS",
     "VJP",
     "Backend",
     "InterpreterSwitch",

@@ -29,13 +29,13 @@ def test_the_plugin_passes_the_conformance_checks_of_ejk_testing() -> None:
     info, registry = check_plugin("example")
     assert info.distribution == "ejk-example-plugin" and info.status == "loaded"
     labels = {(spec.algorithm, spec.label) for spec in registry}
-    assert labels == {("rms_norm", "xla/any:fused"), ("matmul", "xla/any:split_k")}
+    assert labels == {("example_rms_norm", "xla/any:fused"), ("matmul", "xla/any:split_k")}
 
 
 def test_rms_norm_matches_its_reference_values_and_gradients() -> None:
-    assert check_op("rms_norm", "xla") == 14
+    assert check_op("example_rms_norm", "xla") == 14
     # block by block: 300 rows are two blocks of 256 (the second one padded)
-    assert check_op("rms_norm", "xla", cfg=RmsNormConfig(block_rows=256), cases=[((300, 8), 1e-6)]) == 2
+    assert check_op("example_rms_norm", "xla", cfg=RmsNormConfig(block_rows=256), cases=[((300, 8), 1e-6)]) == 2
 
 
 def test_split_k_matches_the_matmul_reference() -> None:
@@ -51,12 +51,12 @@ def test_the_public_ways_to_call_rms_norm_agree() -> None:
     x = jnp.asarray(np.random.default_rng(0).standard_normal((3, 16)), jnp.float32)
     w = jnp.linspace(0.5, 1.5, 16, dtype=jnp.float32)
     want = reference_rms_norm(x, w, eps=1e-5)
-    assert ejk.rms_norm is ejk_example.rms_norm
-    for got in (ejk_example.rms_norm(x, w, eps=1e-5), ejk.run("rms_norm", x, w, eps=1e-5),
-                jax.jit(lambda x, w: ejk.run("rms_norm", x, w, eps=1e-5))(x, w),
-                ejk.rms_norm(x, w, eps=1e-5, cfg=RmsNormConfig(block_rows=256))):
+    assert ejk.example_rms_norm is ejk_example.rms_norm
+    for got in (ejk_example.rms_norm(x, w, eps=1e-5), ejk.run("example_rms_norm", x, w, eps=1e-5),
+                jax.jit(lambda x, w: ejk.run("example_rms_norm", x, w, eps=1e-5))(x, w),
+                ejk.example_rms_norm(x, w, eps=1e-5, cfg=RmsNormConfig(block_rows=256))):
         np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
-    found = ejk.explain("rms_norm", jax.ShapeDtypeStruct((3, 16), jnp.bfloat16), w)
+    found = ejk.explain("example_rms_norm", jax.ShapeDtypeStruct((3, 16), jnp.bfloat16), w)
     assert found.chosen is not None and found.chosen.implementation == "fused"
 
 
@@ -65,12 +65,12 @@ def test_rms_norm_validates_its_arguments_and_gate() -> None:
     with pytest.raises(ValueError, match=r"weight has shape \(4,\).*needs shape \(8,\)"):
         ejk_example.rms_norm(x, jnp.ones(4))
     with pytest.raises(ValueError, match=r"eps is -1\.0 but needs a positive float"):
-        ejk.run("rms_norm", x, jnp.ones(8), eps=-1.0)
+        ejk.run("example_rms_norm", x, jnp.ones(8), eps=-1.0)
     with pytest.raises(ValueError, match=r"x has shape .* floating dtype"):
         ejk_example.rms_norm(jnp.ones((2, 8), jnp.int32), jnp.ones(8))
     wide = jax.ShapeDtypeStruct((1, 70_000), jnp.float32)
     with pytest.raises(ValueError, match="hidden size 70000 > 65536 is not supported"):
-        ejk.explain("rms_norm", wide, jax.ShapeDtypeStruct((70_000,), jnp.float32))
+        ejk.explain("example_rms_norm", wide, jax.ShapeDtypeStruct((70_000,), jnp.float32))
 
 
 def test_the_team_policy_picks_split_k_for_skinny_matmuls(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -117,7 +117,7 @@ def test_ejk_kernels_and_plugins_list_the_implementations() -> None:
     kernels = json.loads(subprocess.run([*run, "kernels", "--json"], capture_output=True, text=True,
                                         check=True).stdout)
     ours = {(r["algorithm"], r["name"]) for r in kernels if r["plugin"].startswith("example ")}
-    assert ours == {("rms_norm", "fused"), ("matmul", "split_k")}
+    assert ours == {("example_rms_norm", "fused"), ("matmul", "split_k")}
     plugins = json.loads(subprocess.run([*run, "plugins", "--json"], capture_output=True, text=True,
                                         check=True).stdout)
     (row,) = [p for p in plugins if p["name"] == "example"]
@@ -134,7 +134,7 @@ def _python(code: str, **env: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_a_fresh_process_finds_the_op_on_ejk_and_traces_the_hooks() -> None:
-    code = ("import ejk, jax.numpy as jnp; f = ejk.rms_norm; print(f.__module__); "
+    code = ("import ejk, jax.numpy as jnp; f = ejk.example_rms_norm; print(f.__module__); "
             "ejk.matmul(jnp.ones((2, 512)), jnp.ones((512, 2)))")
     result = _python(code, EJK_TRACE_HOOKS="1")
     assert result.stdout.strip() == "ejk_example.ops"  # asking ejk for the op loaded the plugins

@@ -6,7 +6,16 @@ import pytest
 
 from ejk.plugin import Backend, Platform
 from ejk.testing import check_discovered_plugins, check_imports_lazily, check_plugin
-from ejk_xla import FlashAttentionConfig, GroupedMatmulConfig, MatmulConfig, PagedAttentionConfig
+from ejk_xla import (
+    FlashAttentionConfig,
+    GatedDeltaRuleConfig,
+    GroupedMatmulConfig,
+    LinearCrossEntropyConfig,
+    MatmulConfig,
+    MlaAttentionConfig,
+    PagedAttentionConfig,
+    RmsNormConfig,
+)
 
 
 def test_plugin_conforms_and_registers_every_op() -> None:
@@ -20,10 +29,15 @@ def test_plugin_conforms_and_registers_every_op() -> None:
         "matmul": MatmulConfig,
         "grouped_matmul": GroupedMatmulConfig,
         "ragged_paged_attention": PagedAttentionConfig,
+        "mla_paged_attention": MlaAttentionConfig,
+        "gated_delta_rule": GatedDeltaRuleConfig,
+        "linear_cross_entropy": LinearCrossEntropyConfig,
+        "rms_norm": RmsNormConfig,
     }
     assert registry.list_algorithms() == sorted(expected)
     names = {"flash_attention": "chunked", "flash_attention_lse": "chunked", "matmul": "dot", "grouped_matmul": "tiled",
-             "ragged_paged_attention": "paged"}
+             "ragged_paged_attention": "paged", "mla_paged_attention": "paged", "gated_delta_rule": "chunked",
+             "linear_cross_entropy": "chunked", "rms_norm": "fused"}
     for algorithm, cfg_type in expected.items():
         (spec,) = [s for s in registry.list_implementations(algorithm) if s.backend == Backend.ANY]
         assert (spec.platform, spec.backend, spec.cfg_type) == (Platform.XLA, Backend.ANY, cfg_type)

@@ -17,7 +17,7 @@ import attrs
 import jax
 import jax.numpy as jnp
 
-from ejk.bench._cases import AttentionCase, MoeCase, PagedCase
+from ejk.bench._cases import AttentionCase, MlaCase, MoeCase, PagedCase
 from ejk.bench._workloads import Workload
 
 __all__ = ["BASELINES", "Baseline", "Prepared", "baselines_for", "register_baseline"]
@@ -95,11 +95,21 @@ def _has_module(name: str) -> bool:
 def _jax_nn(implementation: Literal["xla", "cudnn"]) -> Callable[[Workload, tuple[Any, ...]], Prepared]:
     def build(workload: Workload, inputs: tuple[Any, ...]) -> Prepared:
         causal = bool(getattr(workload.case, "causal", False))
+        window = getattr(workload.case, "window", None)
+        local = None if window is None else (int(window), 0)  # causal, as ejk's cases with a window
+        d, dv = inputs[0].shape[-1], inputs[2].shape[-1]
+        width = max(d, dv)  # jax.nn needs one head dim: zeros pad the narrower (q, k or v), as users do
+
+        def pad(x: jax.Array) -> jax.Array:
+            return jnp.pad(x, [(0, 0)] * 3 + [(0, width - x.shape[-1])]) if x.shape[-1] < width else x
 
         def fn(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
-            return jax.nn.dot_product_attention(q, k, v, is_causal=causal, implementation=implementation)
+            out = jax.nn.dot_product_attention(pad(q), pad(k), pad(v), scale=d ** -0.5, is_causal=causal,
+                                               local_window_size=local, implementation=implementation)
+            return out[..., :dv]
 
-        return Prepared(fn=fn, args=inputs, diff=(0, 1, 2))
+        # jax.nn has no attention sinks: a case with them runs without (see _without_sinks)
+        return Prepared(fn=fn, args=inputs[:3], diff=(0, 1, 2))
 
     return build
 
@@ -125,6 +135,11 @@ def _pallas_mha(workload: Workload, inputs: tuple[Any, ...]) -> Prepared:
     return Prepared(fn=fn, args=inputs, diff=(0, 1, 2))
 
 
+def _without_sinks(workload: Workload) -> bool:
+    """Whether a baseline computes the case: jax's attention has no sinks (shown, not compared, with them)."""
+    return not getattr(workload.case, "sinks", False)
+
+
 def _pallas_mha_unsupported(workload: Workload) -> str | None:
     if not _on_gpu():
         return "jax's Pallas GPU attention needs an NVIDIA GPU"
@@ -133,6 +148,10 @@ def _pallas_mha_unsupported(workload: Workload) -> str | None:
     case = workload.case
     if isinstance(case, AttentionCase) and case.kv_heads != case.heads:
         return "jax's Pallas mha needs as many kv heads as q heads (no GQA)"
+    if isinstance(case, AttentionCase) and case.v_dim != case.dim:
+        return "jax's Pallas mha needs one head dim for q, k and v"
+    if isinstance(case, AttentionCase) and (case.window is not None or case.sinks):
+        return "jax's Pallas mha has no sliding window and no sinks"
     return None
 
 
@@ -192,6 +211,29 @@ def _pallas_paged_unsupported(workload: Workload) -> str | None:
     return None
 
 
+# -- mla_paged_attention -----------------------------------------------------------------------------
+
+
+def _dense_mla(workload: Workload, inputs: tuple[Any, ...]) -> Prepared:
+    """Gather each sequence's latents into ``[B, ctx, Dk]``, then plain ``einsum`` attention (xla):
+    float32 logits and softmax, the latents' first ``Dv`` dims as values. The gather is timed."""
+    case = workload.case
+    assert isinstance(case, MlaCase)
+    q_pos = case.ctx - case.sq + jnp.arange(case.sq)
+    mask = (jnp.arange(case.ctx)[None, :] <= q_pos[:, None])[None, :, None, :]  # [1, Sq, 1, ctx], causal
+
+    def fn(q: jax.Array, kv_pages: jax.Array, page_indices: jax.Array) -> jax.Array:
+        latent = kv_pages[page_indices].reshape(case.batch, -1, case.dk)[:, : case.ctx]
+        logits = jnp.einsum("bshd,bkd->bshk", q, latent, preferred_element_type=jnp.float32) * case.dk ** -0.5
+        probs = jax.nn.softmax(jnp.where(mask, logits, -jnp.inf), axis=-1)
+        out = jnp.einsum("bshk,bkd->bshd", probs.astype(q.dtype), latent[..., : case.dv],
+                         preferred_element_type=jnp.float32)
+        return out.astype(q.dtype)
+
+    q, kv_pages, _, page_indices = inputs
+    return Prepared(fn=fn, args=(q, kv_pages, page_indices))
+
+
 # -- grouped_matmul ----------------------------------------------------------------------------------
 
 
@@ -237,12 +279,51 @@ def _matmul(workload: Workload, inputs: tuple[Any, ...]) -> Prepared:
     return Prepared(fn=fn, args=inputs, diff=(0, 1))
 
 
+# -- linear_cross_entropy ---------------------------------------------------------------------------
+
+
+def _unfused_cross_entropy(with_optax: bool) -> Callable[[Workload, tuple[Any, ...]], Prepared]:
+    """``x @ w`` materialised (the matmul's dtype, cast to float32 as training code does), then the loss."""
+
+    def build(workload: Workload, inputs: tuple[Any, ...]) -> Prepared:
+        x, w, labels = inputs
+
+        def fn(x: jax.Array, w: jax.Array) -> jax.Array:
+            logits = (x @ w).astype(jnp.float32)
+            if with_optax:
+                optax = importlib.import_module("optax")
+                return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()  # type: ignore[no-any-return]
+            picked = jnp.take_along_axis(logits, labels[:, None], axis=1)[:, 0]
+            return jnp.mean(jax.nn.logsumexp(logits, axis=1) - picked)
+
+        return Prepared(fn=fn, args=(x, w), diff=(0, 1))
+
+    return build
+
+
+def _optax_unsupported(workload: Workload) -> str | None:
+    return None if _has_module("optax") else "optax is not installed (pip install optax)"
+
+
+# -- rms_norm ---------------------------------------------------------------------------------------
+
+
+def _rms_norm_expression(workload: Workload, inputs: tuple[Any, ...]) -> Prepared:
+    def fn(x: jax.Array, scale: jax.Array) -> jax.Array:
+        x32 = x.astype(jnp.float32)
+        normed = x32 * jax.lax.rsqrt(jnp.mean(jnp.square(x32), axis=-1, keepdims=True) + 1e-6)
+        return (normed * scale.astype(jnp.float32)).astype(x.dtype)
+
+    return Prepared(fn=fn, args=inputs, diff=(0, 1))
+
+
 for _baseline in (
     Baseline(name="jax.nn cudnn", op="flash_attention", build=_jax_nn("cudnn"),
              unsupported=_needs_gpu("jax.nn.dot_product_attention(implementation='cudnn')"),
-             note="jax.nn.dot_product_attention(implementation='cudnn')"),
-    Baseline(name="jax.nn xla", op="flash_attention", build=_jax_nn("xla"),
-             note="jax.nn.dot_product_attention(implementation='xla'): materialised logits"),
+             comparable=_without_sinks,
+             note="jax.nn.dot_product_attention(implementation='cudnn'); no sinks (a case with them runs without)"),
+    Baseline(name="jax.nn xla", op="flash_attention", build=_jax_nn("xla"), comparable=_without_sinks,
+             note="jax.nn.dot_product_attention(implementation='xla'): materialised logits; no sinks"),
     Baseline(name="jax pallas mha", op="flash_attention", build=_pallas_mha, unsupported=_pallas_mha_unsupported,
              note="jax.experimental.pallas.ops.gpu.attention.mha, default blocks"),
     Baseline(name="jax pallas paged", op="ragged_paged_attention", build=_pallas_paged,
@@ -250,11 +331,20 @@ for _baseline in (
              note="jax.experimental.pallas.ops.gpu.paged_attention (decode), default blocks"),
     Baseline(name="dense gather + jax.nn xla", op="ragged_paged_attention", build=_dense_paged,
              note="gather the pages, repeat kv heads, jax.nn.dot_product_attention(implementation='xla')"),
+    Baseline(name="dense gather + einsum xla", op="mla_paged_attention", build=_dense_mla,
+             note="gather the latents, einsum attention with float32 logits (xla)"),
     Baseline(name="lax.ragged_dot", op="grouped_matmul", build=_ragged_dot, note="jax.lax.ragged_dot"),
     Baseline(name="dense einsum (equal groups)", op="grouped_matmul", build=_dense_equal_groups,
              unsupported=_equal_groups_unsupported, comparable=_equal_groups_comparable,
              note="einsum over [g, m/g, k] x [g, k, n]: the same FLOPs over equal groups "
                   "(an upper bound for skewed groups, not compared against)"),
     Baseline(name="a @ b", op="matmul", build=_matmul, note="jnp.matmul at default precision"),
+    Baseline(name="x @ w + optax", op="linear_cross_entropy", build=_unfused_cross_entropy(True),
+             unsupported=_optax_unsupported,
+             note="logits = x @ w materialised, optax.softmax_cross_entropy_with_integer_labels(float32 logits)"),
+    Baseline(name="x @ w + jnp log-softmax", op="linear_cross_entropy", build=_unfused_cross_entropy(False),
+             note="logits = x @ w materialised, float32 logsumexp minus the label's logit (XLA fuses the loss)"),
+    Baseline(name="XLA-fused expression", op="rms_norm", build=_rms_norm_expression,
+             note="x * rsqrt(mean(x²) + eps) * scale in float32 with jnp, differentiated by JAX"),
 ):
     register_baseline(_baseline)

@@ -12,6 +12,7 @@ from ejk.ops import builtin_ops
 from ejk.ops._flash_attention._bench import AttentionCase
 from ejk.ops._grouped_matmul._bench import MoeCase
 from ejk.ops._matmul._bench import MatmulCase
+from ejk.ops._mla_paged_attention._bench import MlaCase
 from ejk.ops._ragged_paged_attention._bench import PagedCase
 from ejk.ops._workload import Case, OpBench
 
@@ -23,6 +24,7 @@ __all__ = [
     "AttentionCase",
     "Case",
     "MatmulCase",
+    "MlaCase",
     "MoeCase",
     "PagedCase",
     "parse_shapes",
@@ -74,6 +76,8 @@ def parse_case(spec: str) -> Case:
     - ``decode:SEQSxCTX[:q=1,hq=32,hkv=8,d=128,page=64]``
     - ``moe:GxKxNxM[:skewed]`` (experts, k, n, tokens)
     - ``matmul:MxKxN``
+    - ``lce:TxHxV`` (tokens, hidden, vocabulary)
+    - ``rmsnorm:RxD`` (rows, width)
 
     Raises:
         ValueError: naming the spec and the expected form.

@@ -1,6 +1,7 @@
 """The public operations and how they are dispatched, and the residual tags of their custom VJPs
 (:data:`FLASH_RESIDUALS`, :data:`FLASH_LSE_RESIDUALS`, :data:`MATMUL_RESIDUALS`,
-:data:`GROUPED_MATMUL_RESIDUALS`; see docs/KERNEL_CONTRACT.md).
+:data:`GROUPED_MATMUL_RESIDUALS`, :data:`LINEAR_CROSS_ENTROPY_RESIDUALS`, :data:`RMS_NORM_RESIDUALS`;
+see docs/KERNEL_CONTRACT.md).
 
 Each built-in operation is one folder, ``ejk/ops/_<name>/`` (listed in :mod:`ejk.ops._builtin`),
 holding its kernel and public function, validation, reference, conformance check, residual
@@ -34,9 +35,16 @@ from ejk.ops._flash_attention._residuals import (
     sinks_cotangent,
     with_natural_lse,
 )
+from ejk.ops._gated_delta_rule import GatedDeltaRuleKernel, gated_delta_rule, gated_delta_rule_step
 from ejk.ops._generic import AlgorithmKernel, run
 from ejk.ops._grouped_matmul import GroupedMatmulKernel, grouped_matmul
+from ejk.ops._linear_cross_entropy import (
+    LINEAR_CROSS_ENTROPY_RESIDUALS,
+    LinearCrossEntropyKernel,
+    linear_cross_entropy,
+)
 from ejk.ops._matmul import MatmulKernel, matmul
+from ejk.ops._mla_paged_attention import MlaPagedAttentionKernel, mla_paged_attention
 from ejk.ops._ragged_paged_attention import (
     RaggedPagedAttentionKernel,
     paged_merge_splits,
@@ -44,6 +52,7 @@ from ejk.ops._ragged_paged_attention import (
     ragged_paged_attention,
 )
 from ejk.ops._residuals import without_residuals
+from ejk.ops._rms_norm import RMS_NORM_RESIDUALS, RmsNormKernel, rms_norm
 
 builtin_ops()  # defines every built-in op, including any not re-exported above
 
@@ -52,36 +61,47 @@ __all__ = [
     "FLASH_LSE_RESIDUALS",
     "FLASH_RESIDUALS",
     "GROUPED_MATMUL_RESIDUALS",
+    "LINEAR_CROSS_ENTROPY_RESIDUALS",
     "LSE2_INDEX",
     "MATMUL_RESIDUALS",
     "OPS",
+    "RMS_NORM_RESIDUALS",
     "AlgorithmKernel",
     "Candidate",
     "Explanation",
     "Extension",
     "FlashAttentionKernel",
+    "GatedDeltaRuleKernel",
     "FlashAttentionLseKernel",
     "GroupedMatmulKernel",
     "ImplChoice",
     "ImplementationReport",
+    "LinearCrossEntropyKernel",
     "MatmulKernel",
+    "MlaPagedAttentionKernel",
     "OpDefinition",
     "OpKernel",
     "RaggedPagedAttentionKernel",
+    "RmsNormKernel",
     "builtin_ops",
     "define_op",
     "explain",
     "flash_attention",
     "flash_attention_lse",
     "fold_sinks",
+    "gated_delta_rule",
+    "gated_delta_rule_step",
     "get_default_executor",
     "get_op",
     "grouped_matmul",
+    "linear_cross_entropy",
     "matmul",
+    "mla_paged_attention",
     "natural_lse",
     "paged_merge_splits",
     "paged_owned_rows",
     "ragged_paged_attention",
+    "rms_norm",
     "run",
     "run_op",
     "set_default_executor",

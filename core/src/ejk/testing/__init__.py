@@ -44,12 +44,19 @@ if TYPE_CHECKING:
         reference_flash_attention,
         reference_flash_attention_lse,
     )
+    from ejk.ops._gated_delta_rule._conformance import GdrCase, gdr_inputs
     from ejk.ops._grouped_matmul._conformance import check_grouped_matmul
     from ejk.ops._grouped_matmul._reference import reference_grouped_matmul
+    from ejk.ops._linear_cross_entropy._conformance import LINEAR_CROSS_ENTROPY_CASES, check_linear_cross_entropy
+    from ejk.ops._linear_cross_entropy._reference import reference_linear_cross_entropy
     from ejk.ops._matmul._conformance import MATMUL_SHAPES, check_matmul
     from ejk.ops._matmul._reference import reference_matmul
+    from ejk.ops._mla_paged_attention._conformance import check_mla_paged_attention, mla_batch
+    from ejk.ops._mla_paged_attention._reference import mla_paged_attention_float64, reference_mla_paged_attention
     from ejk.ops._ragged_paged_attention._conformance import check_ragged_paged_attention
     from ejk.ops._ragged_paged_attention._reference import reference_ragged_paged_attention
+    from ejk.ops._rms_norm._conformance import RMS_NORM_SHAPES, check_rms_norm
+    from ejk.ops._rms_norm._reference import reference_rms_norm
 
 #: Names of an op's folder that are not its reference or check, by the module that holds them.
 _OP_EXTRAS = {
@@ -58,6 +65,12 @@ _OP_EXTRAS = {
     "check_flash_attention_sinks": "ejk.ops._flash_attention._conformance",
     "attention_mask": "ejk.ops._flash_attention._reference",
     "MATMUL_SHAPES": "ejk.ops._matmul._conformance",
+    "mla_batch": "ejk.ops._mla_paged_attention._conformance",
+    "mla_paged_attention_float64": "ejk.ops._mla_paged_attention._reference",
+    "GdrCase": "ejk.ops._gated_delta_rule._conformance",
+    "gdr_inputs": "ejk.ops._gated_delta_rule._conformance",
+    "LINEAR_CROSS_ENTROPY_CASES": "ejk.ops._linear_cross_entropy._conformance",
+    "RMS_NORM_SHAPES": "ejk.ops._rms_norm._conformance",
 }
 
 __all__ = [
@@ -65,8 +78,11 @@ __all__ = [
     "AttentionCase",
     "ConformanceError",
     "FLASH_ATTENTION_CASES",
+    "GdrCase",
+    "LINEAR_CROSS_ENTROPY_CASES",
     "MATMUL_SHAPES",
     "SINKS_CASES",
+    "RMS_NORM_SHAPES",
     "TOLERANCES",
     "assert_close",
     "attention_mask",
@@ -75,20 +91,29 @@ __all__ = [
     "check_flash_attention_lse",
     "check_flash_attention_sinks",
     "check_grouped_matmul",
+    "check_linear_cross_entropy",
     "check_matmul",
+    "check_mla_paged_attention",
     "check_op",
     "check_ragged_paged_attention",
+    "check_rms_norm",
     "check_discovered_plugins",
     "check_imports_lazily",
     "check_plugin",
     "expected_plugins",
     "fast_jit",
+    "gdr_inputs",
+    "mla_batch",
+    "mla_paged_attention_float64",
     "paged_batch",
     "reference_flash_attention",
     "reference_flash_attention_lse",
     "reference_grouped_matmul",
+    "reference_linear_cross_entropy",
     "reference_matmul",
+    "reference_mla_paged_attention",
     "reference_ragged_paged_attention",
+    "reference_rms_norm",
     "tolerance",
     "values_and_grads",
 ]

@@ -2,8 +2,8 @@
 
 :func:`ejk.ops.define_op` ties together the op's kernel (argument layout and validator), its public
 function, its plain reference and its conformance check. Once this module is imported (the plugin
-imports it when ejk loads it), ``ejk.rms_norm``, ``ejk.run("rms_norm", ...)``, ``ejk.explain``,
-``ejk.testing.check_op("rms_norm", platform)`` and ``ejk kernels`` all know the op.
+imports it when ejk loads it), ``ejk.example_rms_norm``, ``ejk.run("example_rms_norm", ...)``, ``ejk.explain``,
+``ejk.testing.check_op("example_rms_norm", platform)`` and ``ejk kernels`` all know the op.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ def _is_float(dtype: Any) -> bool:
 class RmsNormKernel(OpKernel):
     """Dispatches ``rms_norm`` to the registered implementations."""
 
-    op_id = "rms_norm"
+    op_id = "example_rms_norm"
     version = "1"
     array_names = ("x", "weight")
     positional = 2
@@ -35,14 +35,14 @@ class RmsNormKernel(OpKernel):
         x = jnp.asarray(x) if not hasattr(x, "shape") else x
         weight = jnp.asarray(weight) if not hasattr(weight, "shape") else weight
         if len(x.shape) < 1 or not _is_float(x.dtype):
-            raise ValueError(f"rms_norm: x has shape {tuple(x.shape)} and dtype {jnp.dtype(x.dtype).name} "
+            raise ValueError(f"example_rms_norm: x has shape {tuple(x.shape)} and dtype {jnp.dtype(x.dtype).name} "
                              "but needs at least one dimension [..., d] and a floating dtype")
         if tuple(weight.shape) != (x.shape[-1],) or not _is_float(weight.dtype):
-            raise ValueError(f"rms_norm: weight has shape {tuple(weight.shape)} and dtype "
+            raise ValueError(f"example_rms_norm: weight has shape {tuple(weight.shape)} and dtype "
                              f"{jnp.dtype(weight.dtype).name} but needs shape ({x.shape[-1]},) (x's last "
                              "dimension) and a floating dtype")
         if isinstance(eps, bool) or not isinstance(eps, int | float) or not eps > 0:
-            raise ValueError(f"rms_norm: eps is {eps!r} but needs a positive float, e.g. 1e-6")
+            raise ValueError(f"example_rms_norm: eps is {eps!r} but needs a positive float, e.g. 1e-6")
         return (x, weight), {"eps": float(eps)}
 
 

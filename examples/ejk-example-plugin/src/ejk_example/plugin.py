@@ -1,7 +1,7 @@
 """The ``example`` entry point: registrations and hooks only (the logic lives in the modules it names).
 
 Registered implementations:
-- ``rms_norm`` ``xla/any:fused`` — a new algorithm, with its public op ``ejk.rms_norm`` (``ops``).
+- ``rms_norm`` ``xla/any:fused`` — a new algorithm, with its public op ``ejk.example_rms_norm`` (``ops``).
 - ``matmul`` ``xla/any:split_k`` — a second implementation of ejk's ``matmul`` op.
 Hooks: ``ejk_choose_config`` applies the team policy of :mod:`ejk_example.policy`;
 ``ejk_platform_status`` is required (``ejk.testing.check_plugin`` checks it).
@@ -36,7 +36,7 @@ def ejk_register_kernels(register: RegisterKernels) -> None:
              config_space=_rms_norm.config_space, heuristic=_rms_norm.heuristic_config,
              capability=_rms_norm.capability,
              vjp=VJP(fwd=_rms_norm.forward_with_residuals, bwd=_rms_norm.backward,
-                     residuals="rms_norm:x+weight+inv_rms"))(_rms_norm.forward)
+                     residuals="example_rms_norm:x+weight+inv_rms"))(_rms_norm.forward)
     register("matmul", Platform.XLA, Backend.ANY, priority=SPLIT_K_PRIORITY, tier=Tier.FAST, name="split_k",
              cfg_type=_split_k.SplitKConfig, config_space=_split_k.config_space,
              heuristic=_split_k.heuristic_config, capability=_split_k.capability)(_split_k.matmul)

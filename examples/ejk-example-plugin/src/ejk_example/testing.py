@@ -1,4 +1,4 @@
-"""The conformance check of ``rms_norm``: what ``ejk.testing.check_op("rms_norm", platform)`` runs.
+"""The conformance check of ``rms_norm``: what ``ejk.testing.check_op("example_rms_norm", platform)`` runs.
 
 Every implementation of ``rms_norm`` (this plugin's or another's) is compared with
 :func:`ejk_example.reference.reference_rms_norm` over the edge cases below, values and gradients
@@ -43,7 +43,7 @@ def _value_and_vjp(fn: Callable[..., jax.Array], x: jax.Array, weight: jax.Array
 
 def check_rms_norm(platform: str, *, dtypes: Sequence[Any] = (jnp.float32, jnp.bfloat16), cfg: Any = None,
                    cases: Sequence[tuple[tuple[int, ...], float]] = RMS_NORM_CASES) -> int:
-    """``ejk.rms_norm(..., platform=platform, cfg=cfg)`` against the reference; returns the cases run."""
+    """``ejk.example_rms_norm(..., platform=platform, cfg=cfg)`` against the reference; returns the cases run."""
     from ejk_example.ops import rms_norm
 
     for dtype in dtypes:
@@ -53,7 +53,7 @@ def check_rms_norm(platform: str, *, dtypes: Sequence[Any] = (jnp.float32, jnp.b
             if seed == 1:  # a row of zeros: the output and its gradient stay finite
                 x = x.at[0].set(0)
             weight = jnp.asarray(1 + rng.standard_normal(shape[-1:], np.float32) / 4, dtype)
-            label = f"rms_norm[{platform}] {shape} eps={eps} {jnp.dtype(dtype).name}"
+            label = f"example_rms_norm[{platform}] {shape} eps={eps} {jnp.dtype(dtype).name}"
 
             def ours(x: jax.Array, weight: jax.Array, eps: float = eps) -> jax.Array:
                 return rms_norm(x, weight, eps=eps, platform=platform, cfg=cfg)

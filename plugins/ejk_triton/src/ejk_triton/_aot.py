@@ -18,7 +18,8 @@ from ejk.plugin import fit_block as _fit
 from ejk_triton import _env, _grouped_matmul, _matmul
 from ejk_triton._flash_attention import FlashAttentionConfig, _constexprs, _dbias_layout, heuristic_config
 
-__all__ = ["compile_flash_attention", "compile_grouped_matmul", "compile_matmul", "compile_ragged_paged_attention"]
+__all__ = ["compile_flash_attention", "compile_grouped_matmul", "compile_matmul", "compile_mla_paged_attention",
+           "compile_ragged_paged_attention"]
 
 _TRITON_DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "int32": "i32"}
 
@@ -210,3 +211,33 @@ def compile_ragged_paged_attention(
                 f32 if sinks else _ptr(q.dtype), _ptr(q.dtype), f32, f32, f32, i32]
     return _compile(_paged_kernels.paged_attention_kernel, pointers, dict(consts, HAS_SINKS=bool(sinks)),
                     cfg.num_warps, cfg.num_stages, arch)
+
+
+
+def compile_mla_paged_attention(q: Any, kv_pages: Any, page_indices: Any, *, v_head_dim: int, cfg: Any = None,
+                                causal: bool = True, arch: int = 90) -> dict[str, int]:
+    """Compile the latent paged attention kernel one call would launch, for compute capability ``arch``.
+
+    Args:
+        q, kv_pages, page_indices: Abstract arrays as for :func:`ejk_triton._mla_attention.mla_paged_attention`.
+        v_head_dim: Value dims.
+        cfg: Its config (``None``: :func:`ejk_triton._mla_attention.heuristic_config` for a GPU).
+        causal: As for the op.
+        arch: Compute capability as an int (90 for sm_90).
+
+    Returns:
+        Its shared memory in bytes, warps and stages.
+
+    Raises:
+        RuntimeError: in the interpreter mode (nothing is compiled there).
+    """
+    _compiled_mode()
+    from ejk_triton import _mla_attention as mla
+    from ejk_triton import _mla_kernels
+
+    cfg = cfg if cfg is not None else mla.heuristic_config(q, kv_pages, None, page_indices, v_head_dim=v_head_dim)
+    consts = mla.kernel_args(q, kv_pages, page_indices, v_head_dim=v_head_dim,
+                             scale=1.0 / math.sqrt(int(q.shape[3])), causal=causal, cfg=cfg)
+    i32, f32 = _ptr(jnp.int32), _ptr(jnp.float32)
+    pointers = [_ptr(q.dtype), _ptr(kv_pages.dtype), i32, i32, _ptr(q.dtype), f32, f32, f32]
+    return _compile(_mla_kernels.mla_kernel, pointers, consts, cfg.num_warps, cfg.num_stages, arch)

@@ -8,7 +8,16 @@ from __future__ import annotations
 from typing import Any
 
 from ejk.plugin import VJP, Platform, PlatformStatus, RegisterKernels, hookimpl
-from ejk_triton import _env, _flash_attention, _grouped_matmul, _matmul, _paged_attention
+from ejk_triton import (
+    _env,
+    _flash_attention,
+    _gated_delta_rule,
+    _grouped_matmul,
+    _linear_cross_entropy,
+    _matmul,
+    _mla_attention,
+    _paged_attention,
+)
 
 # Every kernel is in the FAST tier. The priorities below are tie-breaks inside it where no ranking pack
 # covers the device; measured orders are the rankings of ejk-core's packs (docs/RANKINGS.md).
@@ -34,6 +43,10 @@ def ejk_register_kernels(register: RegisterKernels) -> None:
         register("ragged_paged_attention", Platform.TRITON, backend, priority=PRIORITY, name="paged",
                  cfg_type=pa.PagedAttentionConfig, config_space=pa.config_space, heuristic=pa.heuristic_config,
                  capability=pa.capability)(pa.ragged_paged_attention)
+        register("mla_paged_attention", Platform.TRITON, backend, priority=PRIORITY, name="mla",
+                 cfg_type=_mla_attention.MlaAttentionConfig, config_space=_mla_attention.config_space,
+                 heuristic=_mla_attention.heuristic_config,
+                 capability=_mla_attention.capability)(_mla_attention.mla_paged_attention)
     mm, gmm = _matmul, _grouped_matmul
     for backend in _env.backends():
         register("matmul", Platform.TRITON, backend, priority=MATMUL_PRIORITY, name="gemm",
@@ -42,6 +55,15 @@ def ejk_register_kernels(register: RegisterKernels) -> None:
         register("grouped_matmul", Platform.TRITON, backend, priority=GROUPED_MATMUL_PRIORITY, name="persistent",
                  cfg_type=gmm.GroupedMatmulConfig, config_space=gmm.config_space, heuristic=gmm.heuristic_config,
                  capability=gmm.capability, vjp=gmm.vjp)(gmm.forward)
+        lce = _linear_cross_entropy
+        register("linear_cross_entropy", Platform.TRITON, backend, priority=PRIORITY, name="fused",
+                 cfg_type=lce.LinearCrossEntropyConfig, config_space=lce.config_space,
+                 heuristic=lce.heuristic_config, capability=lce.capability, vjp=lce.vjp)(lce.forward)
+    gdr = _gated_delta_rule  # differentiable through its own custom_vjp (no ejk.VJP: no residual format to share)
+    for backend in _env.backends():
+        register("gated_delta_rule", Platform.TRITON, backend, priority=PRIORITY, name="chunked",
+                 cfg_type=gdr.GatedDeltaRuleConfig, config_space=gdr.config_space, heuristic=gdr.heuristic_config,
+                 capability=gdr.capability)(gdr.forward)
 
 
 @hookimpl

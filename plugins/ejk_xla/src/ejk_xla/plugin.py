@@ -3,7 +3,17 @@
 from __future__ import annotations
 
 from ejk.plugin import Backend, Platform, PlatformStatus, RegisterKernels, Tier, hookimpl
-from ejk_xla import _cudnn_attention, _flash_attention, _grouped_matmul, _matmul, _paged_attention
+from ejk_xla import (
+    _cudnn_attention,
+    _flash_attention,
+    _gated_delta_rule,
+    _grouped_matmul,
+    _linear_cross_entropy,
+    _matmul,
+    _mla_attention,
+    _paged_attention,
+    _rms_norm,
+)
 
 #: Tie-break of cuDNN attention inside the VENDOR tier (first wherever its gate allows).
 CUDNN_PRIORITY = 10
@@ -33,6 +43,18 @@ def ejk_register_kernels(register: RegisterKernels) -> None:
              config_space=gmm.config_space, heuristic=gmm.heuristic_config)(gmm.grouped_matmul)
     register("ragged_paged_attention", *portable, tier=fallback, name="paged", cfg_type=pa.PagedAttentionConfig,
              config_space=pa.config_space, heuristic=pa.heuristic_config)(pa.ragged_paged_attention)
+    mla = _mla_attention
+    register("mla_paged_attention", *portable, tier=fallback, name="paged", cfg_type=mla.MlaAttentionConfig,
+             config_space=mla.config_space, heuristic=mla.heuristic_config)(mla.mla_paged_attention)
+    gdr = _gated_delta_rule  # differentiated by JAX's autodiff of the chunked algorithm (no ejk.VJP)
+    register("gated_delta_rule", *portable, tier=fallback, name="chunked", cfg_type=gdr.GatedDeltaRuleConfig,
+             config_space=gdr.config_space, heuristic=gdr.heuristic_config)(gdr.gated_delta_rule)
+    lce, norm = _linear_cross_entropy, _rms_norm
+    register("linear_cross_entropy", *portable, tier=fallback, name="chunked", cfg_type=lce.LinearCrossEntropyConfig,
+             config_space=lce.config_space, heuristic=lce.heuristic_config, vjp=lce.vjp)(lce.linear_cross_entropy)
+    # XLA fuses a row-wise norm well: the baseline a GPU kernel must beat.
+    register("rms_norm", *portable, tier=vendor, name="fused", cfg_type=norm.RmsNormConfig,
+             config_space=norm.config_space, heuristic=norm.heuristic_config, vjp=norm.vjp)(norm.rms_norm)
 
 
 @hookimpl

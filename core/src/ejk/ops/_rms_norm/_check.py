@@ -1,0 +1,35 @@
+"""Validation of ``rms_norm`` arguments."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from ejk.ops._check_arrays import require_array, require_floating, require_ndim, shape_of
+from ejk.ops._check_common import is_real
+
+__all__ = ["check_rms_norm_args"]
+
+_OP = "rms_norm"
+
+
+def check_rms_norm_args(x: Any, scale: Any, *, eps: Any) -> float:
+    """Validate ``x [..., D]``, ``scale [D]`` and ``eps``; returns ``eps`` as a float.
+
+    Raises:
+        ValueError: naming the argument, what it got and what it needs.
+    """
+    require_array(_OP, "x", x, "[..., D]")
+    shape = shape_of(x)
+    if not shape:
+        raise ValueError(f"{_OP}: x has shape () but needs [..., D] (at least 1 dimension: the normalised one)")
+    d = shape[-1]
+    s_shape = require_ndim(_OP, "scale", scale, 1, f"[D={d}]")
+    if s_shape[0] != d:
+        raise ValueError(f"{_OP}: scale has shape {s_shape} but needs [D={d}] (the last dimension of x, "
+                         f"whose shape is {shape})")
+    require_floating(_OP, "x", x)
+    require_floating(_OP, "scale", scale)
+    if not is_real(eps) or not 0 < float(eps) < math.inf:
+        raise ValueError(f"{_OP}: eps is {eps!r} but needs a finite number > 0 (e.g. 1e-6)")
+    return float(eps)

@@ -1,0 +1,73 @@
+"""``ejk.rms_norm``: root-mean-square layer normalisation, statistics in float32."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+
+from ejk.ops._base import ImplChoice, OpKernel, run_op
+from ejk.ops._check_common import as_array
+from ejk.ops._definition import define_op
+from ejk.ops._rms_norm._check import check_rms_norm_args
+
+__all__ = ["DEFINITION", "KERNEL", "RMS_NORM_RESIDUALS", "RmsNormKernel", "rms_norm"]
+
+#: Residual format of the implementations' custom VJPs: ``(x, scale, inv_rms)``, ``inv_rms`` the
+#: float32 ``1 / sqrt(mean(x²) + eps)`` of each row, shaped ``x.shape[:-1]`` (see docs/KERNEL_CONTRACT.md).
+RMS_NORM_RESIDUALS = "rms_norm:x+scale+inv_rms"
+
+
+class RmsNormKernel(OpKernel):
+    """Dispatches ``rms_norm`` to the registered implementations."""
+
+    op_id = "rms_norm"
+    version = "1"
+    array_names = ("x", "scale")
+    positional = 2
+
+    def normalize(self, x: Any, scale: Any, *, eps: Any = 1e-6) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        x, scale = as_array("rms_norm", "x", x), as_array("rms_norm", "scale", scale)
+        return (x, scale), {"eps": check_rms_norm_args(x, scale, eps=eps)}
+
+
+KERNEL = RmsNormKernel()
+
+
+def rms_norm(
+    x: jax.Array,
+    scale: jax.Array,
+    *,
+    eps: float = 1e-6,
+    platform: str = "auto",
+    cfg: ImplChoice | Any | None = None,
+) -> jax.Array:
+    """``x / sqrt(mean(x², axis=-1) + eps) * scale``, the statistics in float32.
+
+    Args:
+        x: ``[..., D]``; bfloat16, float16 or float32. Normalised over its last dimension.
+        scale: ``[D]``, multiplied in (not ``1 + scale``); bfloat16, float16 or float32.
+        eps: Added to the mean square; a finite number > 0.
+        platform: ``"auto"`` or a platform name to force.
+        cfg: Explicit config; always wins.
+
+    Returns:
+        ``x.shape`` in ``x.dtype`` (rounded once from float32). Differentiable in ``x`` and
+        ``scale`` (gradients in their dtypes); the backward pass reuses the forward's per-row
+        ``1 / rms``.
+    """
+    arrays, static = KERNEL.normalize(x, scale, eps=eps)
+    return run_op(KERNEL, arrays, static, platform, cfg)  # type: ignore[no-any-return]
+
+
+_HERE = __package__
+
+DEFINITION = define_op(
+    KERNEL, rms_norm,
+    reference=f"{_HERE}._reference:reference_rms_norm",
+    check=f"{_HERE}._conformance:check_rms_norm",
+    shard_rule=f"{_HERE}._shard:rms_norm_rule",
+    bench=f"{_HERE}._bench:BENCH",
+    samples=f"{_HERE}._samples:samples",
+    residuals=(RMS_NORM_RESIDUALS,),
+)

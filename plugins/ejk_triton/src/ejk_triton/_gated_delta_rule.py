@@ -1,0 +1,348 @@
+"""``gated_delta_rule`` as Triton kernels: the chunked (WY / UT-transform) algorithm, forward and backward.
+
+Tokens are laid out in rows of ``C``-token chunks (``[R, H, D]``, ``R = chunks·C``): a batch row's
+``T`` is padded to a multiple of ``C`` (no copy when it already is one); packed sequences
+(``cu_seqlens``) are gathered so that each starts on a chunk boundary. Padding tokens have
+``k = v = β = g = 0`` and leave the state unchanged. ``cstart [N + 1]`` gives each sequence's chunks.
+
+Forward, three launches:
+
+- ``gdr_prep_kernel`` (chunk, head): the cumulative log decay ``gc``, the unit lower-triangular
+  ``T = (I + strictly_lower(β k kᵀ Γ))⁻¹`` by forward substitution, ``W = T β e^gc k`` and
+  ``U = T β v`` (float32);
+- ``gdr_state_kernel`` (V block, sequence·head): the float32 state entering each chunk,
+  ``S ← e^{gc_C} S + (k e^{gc_C − gc})ᵀ (U − W S)``, and the final state;
+- ``gdr_output_kernel`` (chunk, head, V block): ``o = scale (e^gc q S + lower(q kᵀ Γ)(U − W S))``.
+
+Backward: the forward's first two launches again (the states are recomputed, not kept), then
+``gdr_state_bwd_kernel`` (V block, sequence·head) walks each sequence's chunks in reverse for the
+gradient of the state leaving every chunk and of the initial state, and ``gdr_local_bwd_kernel``
+(chunk, head) gives every chunk's ``dq, dk, dv, dβ, dg`` from the state entering it, the gradient
+of the state leaving it and ``dO`` (its ``(I + A)⁻¹`` recomputed, ``V`` in blocks). ``use_qk_l2norm``
+normalises ``q`` and ``k`` in XLA before the kernels (in float32, then back to the input dtype),
+differentiated by JAX.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any, NamedTuple
+
+import attrs
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from ejk.plugin import cdiv, int_in, one_of, power_of_two
+from ejk_triton import _dots, _env
+from ejk_triton._launch import kernels, launch, sequential_vmap
+
+__all__ = ["GatedDeltaRuleConfig", "capability", "config_space", "forward", "heuristic_config"]
+
+_EPS = 1e-6
+
+
+@attrs.frozen(kw_only=True)
+class GatedDeltaRuleConfig:
+    """Chunk and tiles of the Triton gated delta rule.
+
+    Attributes:
+        chunk: Tokens per chunk of the forward (16, 32 or 64): the state kernels run ``T / chunk``
+            sequential steps.
+        block_v: Columns of ``V`` per program of the state, output and gradient kernels (clamped to ``V``).
+        num_warps: Warps per program of the forward kernels.
+        num_stages: Software-pipelining stages.
+        backward_chunk: Tokens per chunk of the backward kernels (at most ``chunk``; the chunks of
+            the forward's layout split evenly): its per-chunk gradient kernel holds several
+            ``[chunk, K]`` float32 tiles, which at 64 tokens and ``K = 128`` need more shared memory
+            than an H100 has.
+        backward_warps: Warps per program of the backward kernels.
+    """
+
+    chunk: int = attrs.field(default=64, validator=one_of(16, 32, 64))
+    block_v: int = attrs.field(default=32, validator=power_of_two(16))
+    num_warps: int = attrs.field(default=4, validator=one_of(1, 2, 4, 8))
+    num_stages: int = attrs.field(default=2, validator=int_in(1, 4))
+    backward_chunk: int = attrs.field(default=32, validator=one_of(16, 32, 64))
+    backward_warps: int = attrs.field(default=8, validator=one_of(1, 2, 4, 8))
+
+    def __attrs_post_init__(self) -> None:
+        if self.backward_chunk > self.chunk:
+            raise ValueError(f"GatedDeltaRuleConfig: backward_chunk={self.backward_chunk} but needs at most "
+                             f"chunk={self.chunk} (the backward splits the forward's chunks)")
+
+
+class _Layout(NamedTuple):
+    chunks: int
+    cstart: jax.Array  # [N + 1] first chunk of each sequence (the last sequence owns the padding chunks)
+    slot: jax.Array | None  # [T] row of each token (packed sequences), None for the batch layout
+    src: jax.Array | None  # [R] token of each row, -1 for padding
+
+
+def _layout(batch: int, length: int, cu_seqlens: jax.Array | None, chunk: int) -> _Layout:
+    if cu_seqlens is None:
+        per = cdiv(length, chunk)
+        return _Layout(batch * per, jnp.arange(batch + 1, dtype=jnp.int32) * per, None, None)
+    cu = cu_seqlens.astype(jnp.int32)
+    sequences = cu.shape[0] - 1
+    lens = cu[1:] - cu[:-1]
+    cum = jnp.concatenate([jnp.zeros((1,), jnp.int32), jnp.cumsum((lens + chunk - 1) // chunk, dtype=jnp.int32)])
+    chunks = cdiv(length, chunk) + sequences
+    rows = jnp.arange(chunks * chunk, dtype=jnp.int32)
+    seq = jnp.clip(jnp.searchsorted(cum[1:], rows // chunk, side="right"), 0, sequences - 1)
+    offset = rows - cum[seq] * chunk
+    src = jnp.where((rows // chunk < cum[-1]) & (offset < lens[seq]), cu[seq] + offset, -1)
+    t = jnp.arange(length, dtype=jnp.int32)
+    tseq = jnp.clip(jnp.searchsorted(cu[1:], t, side="right"), 0, sequences - 1)
+    cstart = jnp.concatenate([cum[:-1], jnp.full((1,), chunks, jnp.int32)])
+    return _Layout(chunks, cstart, cum[tseq] * chunk + t - cu[tseq], src)
+
+
+def _to_rows(x: jax.Array, layout: _Layout, chunk: int) -> jax.Array:
+    """``[B, T, H, ...]`` → ``[R, H, ...]``."""
+    b, t, *rest = x.shape
+    if layout.src is None:
+        pad = layout.chunks // b * chunk - t
+        if pad:
+            x = jnp.pad(x, ((0, 0), (0, pad)) + ((0, 0),) * len(rest))
+        return x.reshape(-1, *rest)
+    valid = (layout.src >= 0).reshape(-1, *(1,) * len(rest))
+    return jnp.where(valid, x[0][jnp.maximum(layout.src, 0)], jnp.zeros((), x.dtype))
+
+
+def _from_rows(o: jax.Array, layout: _Layout, batch: int, length: int) -> jax.Array:
+    if layout.slot is None:
+        return o.reshape(batch, -1, *o.shape[1:])[:, :length]
+    return o[layout.slot][None]
+
+
+class _Static(NamedTuple):
+    scale: float
+    chunk: int
+    block_v: int
+    num_warps: int
+    num_stages: int
+    prec: str
+    in_prec: str
+    backward_chunk: int
+    backward_warps: int
+
+
+def _shapes(q: jax.Array, v: jax.Array) -> tuple[int, int, int, int, int]:
+    rows, heads, dk = q.shape
+    return rows, heads, dk, v.shape[-1], max(16, 1 << (dk - 1).bit_length())
+
+
+def _launch(name: str, *, inputs: tuple[jax.Array, ...], **args: Any) -> tuple[jax.Array, ...]:
+    """``launch`` of kernel ``name`` of ``_gdr_kernels``, once per element under ``jax.vmap``."""
+    def run(*xs: jax.Array) -> tuple[jax.Array, ...]:
+        return launch(getattr(kernels("_gdr_kernels"), name), inputs=xs, **args)
+
+    return sequential_vmap(run)(*inputs)
+
+
+def _prep_and_states(st: _Static, k: jax.Array, v: jax.Array, g: jax.Array, beta: jax.Array, init: jax.Array,
+                     cstart: jax.Array) -> tuple[jax.Array, ...]:
+    """``(w, u, gc, h, final)``: the prep kernel's outputs, the states entering each chunk and the final states."""
+    rows, heads, dk, dv, bk = _shapes(k, v)
+    chunks, sequences = rows // st.chunk, init.shape[0]
+    bv_all = max(16, 1 << (dv - 1).bit_length())
+    bv = min(st.block_v, bv_all)
+    f32 = jnp.float32
+    common = dict(num_warps=st.num_warps, num_stages=st.num_stages, H=heads, K=dk, V=dv, C=st.chunk, BK=bk,
+                  PREC=st.prec)
+    w, u, gc = _launch("gdr_prep_kernel", grid=(chunks, heads), inputs=(k, v, g, beta),
+                      out_shapes=(jax.ShapeDtypeStruct((rows, heads, dk), f32),
+                                  jax.ShapeDtypeStruct((rows, heads, dv), f32),
+                                  jax.ShapeDtypeStruct((rows, heads), f32)),
+                      **common, BV=bv_all, IN_PREC=st.in_prec)
+    h, final = _launch("gdr_state_kernel", grid=(cdiv(dv, bv), sequences * heads),
+                      inputs=(w, u, k, gc, init, cstart),
+                      out_shapes=(jax.ShapeDtypeStruct((chunks, heads, dk, dv), f32),
+                                  jax.ShapeDtypeStruct((sequences, heads, dk, dv), f32)),
+                      **common, BV=bv, HAS_INIT=True)
+    return w, u, gc, h, final
+
+
+def _forward_rows(st: _Static, q: jax.Array, k: jax.Array, v: jax.Array, g: jax.Array, beta: jax.Array,
+                  init: jax.Array, cstart: jax.Array) -> tuple[jax.Array, jax.Array]:
+    rows, heads, dk, dv, bk = _shapes(q, v)
+    w, u, gc, h, final = _prep_and_states(st, k, v, g, beta, init, cstart)
+    bv = min(st.block_v, max(16, 1 << (dv - 1).bit_length()))
+    (o,) = _launch("gdr_output_kernel", grid=(rows // st.chunk, heads, cdiv(dv, bv)),
+                  inputs=(q, k, w, u, gc, h), out_shapes=(jax.ShapeDtypeStruct((rows, heads, dv), q.dtype),),
+                  num_warps=st.num_warps, num_stages=st.num_stages, SCALE=st.scale, H=heads, K=dk, V=dv,
+                  C=st.chunk, BK=bk, BV=bv, PREC=st.prec, IN_PREC=st.in_prec)
+    return o, final
+
+
+def _backward_rows(st: _Static, residuals: tuple[jax.Array, ...], cotangents: tuple[jax.Array, jax.Array]
+                   ) -> tuple[Any, ...]:
+    q, k, v, g, beta, init, cstart = residuals
+    d_o, d_final = cotangents
+    cstart = cstart * (st.chunk // st.backward_chunk)  # the same layout in smaller chunks
+    st = st._replace(chunk=st.backward_chunk, num_warps=st.backward_warps)
+    rows, heads, dk, dv, bk = _shapes(q, v)
+    chunks, sequences, c = rows // st.chunk, init.shape[0], st.chunk
+    w, u, gc, h, _ = _prep_and_states(st, k, v, g, beta, init, cstart)
+    bv = min(st.block_v, max(16, 1 << (dv - 1).bit_length()))
+    f32 = jnp.float32
+    dh, d_init = _launch("gdr_state_bwd_kernel", grid=(cdiv(dv, bv), sequences * heads),
+                         inputs=(q, k, w, gc, d_o.astype(f32), d_final.astype(f32), cstart),
+                         out_shapes=(jax.ShapeDtypeStruct((chunks, heads, dk, dv), f32),
+                                     jax.ShapeDtypeStruct((sequences, heads, dk, dv), f32)),
+                         num_warps=st.num_warps, num_stages=st.num_stages, SCALE=st.scale, H=heads, K=dk, V=dv,
+                         C=c, BK=bk, BV=bv, PREC=st.prec, IN_PREC=st.in_prec)
+
+    dq, dk_, dv_, db, dg = _launch(
+        "gdr_local_bwd_kernel", grid=(chunks, heads), inputs=(q, k, v, beta, gc, w, u, h, dh, d_o.astype(f32)),
+        out_shapes=(jax.ShapeDtypeStruct((rows, heads, dk), f32), jax.ShapeDtypeStruct((rows, heads, dk), f32),
+                    jax.ShapeDtypeStruct((rows, heads, dv), f32), jax.ShapeDtypeStruct((rows, heads), f32),
+                    jax.ShapeDtypeStruct((rows, heads), f32)),
+        num_warps=st.num_warps, num_stages=st.num_stages, SCALE=st.scale, H=heads, K=dk, V=dv, C=c, BK=bk, BV=bv,
+        PREC=st.prec, IN_PREC=st.in_prec)
+    dq, dk_, dv_, dg, db = (d.astype(x.dtype) for d, x in ((dq, q), (dk_, k), (dv_, v), (dg, g), (db, beta)))
+    return dq, dk_, dv_, dg, db, d_init.astype(init.dtype), np.zeros(residuals[6].shape, jax.dtypes.float0)
+
+
+@partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _rows_op(st: _Static, q: jax.Array, k: jax.Array, v: jax.Array, g: jax.Array, beta: jax.Array,
+             init: jax.Array, cstart: jax.Array) -> tuple[jax.Array, jax.Array]:
+    return _forward_rows(st, q, k, v, g, beta, init, cstart)
+
+
+def _rows_fwd(st: _Static, *args: jax.Array) -> tuple[tuple[jax.Array, jax.Array], tuple[jax.Array, ...]]:
+    return _forward_rows(st, *args), args
+
+
+_rows_op.defvjp(_rows_fwd, _backward_rows)
+
+
+def _l2(x: jax.Array) -> jax.Array:
+    x32 = x.astype(jnp.float32)
+    return (x32 * lax.rsqrt(jnp.sum(x32 * x32, axis=-1, keepdims=True) + _EPS)).astype(x.dtype)
+
+
+def forward(
+    q: jax.Array, k: jax.Array, v: jax.Array, g: jax.Array, beta: jax.Array, initial_state: jax.Array | None = None,
+    cu_seqlens: jax.Array | None = None, *, scale: float, use_qk_l2norm: bool,
+    cfg: GatedDeltaRuleConfig | None = None,
+) -> tuple[jax.Array, jax.Array]:
+    """``(o [B, T, H, V] in q.dtype, final_state [N, H, K, V] float32)``; differentiable in every floating input."""
+    cfg = cfg or heuristic_config(q)
+    batch, length, heads, dk = q.shape
+    dv = v.shape[-1]
+    sequences = batch if cu_seqlens is None else cu_seqlens.shape[0] - 1
+    init = (jnp.zeros((sequences, heads, dk, dv), jnp.float32) if initial_state is None
+            else initial_state.astype(jnp.float32))
+    if length == 0 or sequences == 0:
+        return jnp.zeros(v.shape, q.dtype), init
+    if use_qk_l2norm:
+        q, k = _l2(q), _l2(k)
+    layout = _layout(batch, length, cu_seqlens, cfg.chunk)
+    dtype = q.dtype
+    st = _Static(scale=float(scale), chunk=cfg.chunk, block_v=cfg.block_v, num_warps=cfg.num_warps,
+                 num_stages=cfg.num_stages, prec=_dots.dot_precision(dtype, "highest" if dtype == jnp.float32
+                                                                       else "high"),
+                 in_prec=_dots.dot_precision(dtype, "highest"), backward_chunk=cfg.backward_chunk,
+                 backward_warps=cfg.backward_warps)
+    rows = [_to_rows(x, layout, cfg.chunk) for x in (q, k, v, g, beta)]
+
+    o, final = _rows_op(st, *rows, init, layout.cstart)
+    return _from_rows(o, layout, batch, length), final
+
+
+def capability(q: Any, k: Any, v: Any, g: Any, beta: Any, initial_state: Any = None, cu_seqlens: Any = None,
+               **_: Any) -> str | None:
+    """Why this implementation cannot run a call, or ``None`` when it can (abstract arguments suffice).
+
+    Supported: ``K`` and ``V`` up to 256, bfloat16 / float16 / float32 ``q, k, v``, any lengths
+    (padded to chunks), packed sequences, every array below 2**30 elements (states included).
+    Needs an NVIDIA GPU (compute capability 8.0+), except in the interpreter mode.
+    """
+    del g, beta, initial_state
+    batch, length, heads, dk = (int(d) for d in q.shape)
+    dv = int(v.shape[-1])
+    if dk > 256 or dv > 256:
+        return f"K={dk}, V={dv}: the kernels hold a [K, V] state tile, K and V up to 256"
+    sequences = batch if cu_seqlens is None else int(cu_seqlens.shape[0]) - 1
+    chunks = cdiv(length, 16) * batch + sequences
+    return _dots.gate((("q", q), ("k", k), ("v", v)),
+                      (("states", chunks * heads * dk * dv), ("padded v", (chunks * 16) * heads * dv)))
+
+
+_INTERPRETER = GatedDeltaRuleConfig(chunk=16, block_v=16, num_warps=4, num_stages=1, backward_chunk=16)
+
+
+def config_space(q: Any, *_: Any, **__: Any) -> list[GatedDeltaRuleConfig]:
+    """Autotuning candidates: chunks of 32 and 64, ``V`` blocks of 32 and 64, 4 or 8 warps (the backward's
+    chunk 32, or 16 with 64-column blocks); the heuristic's first."""
+    if _env.interpreting_on_cpu():
+        return [_INTERPRETER]
+    first = heuristic_config(q)
+    space = [GatedDeltaRuleConfig(chunk=c, block_v=b, num_warps=w, backward_chunk=32 if b == 32 else 16)
+             for c in (64, 32) for b in (32, 64) for w in (4, 8)]
+    return [first, *(c for c in space if c != first)]
+
+
+def heuristic_config(q: Any, *_: Any, **__: Any) -> GatedDeltaRuleConfig:
+    """Chunks of 64 tokens, ``V`` blocks of 32 (enough programs for the state kernel), 4 warps; the backward in
+    32-token chunks with 8 warps (what fits an H100's shared memory at ``K = 128``); 16-token chunks and
+    blocks in the interpreter mode (CPU)."""
+    del q
+    if _env.interpreting_on_cpu():
+        return _INTERPRETER
+    return GatedDeltaRuleConfig(chunk=64, block_v=32, num_warps=4, num_stages=2, backward_chunk=32, backward_warps=8)
+
+
+def compile_kernels(k_dim: int = 128, v_dim: int = 128, dtype: Any = jnp.bfloat16, *,
+                    cfg: GatedDeltaRuleConfig | None = None, arch: int = 90) -> dict[str, Any]:
+    """Compile the kernels a forward and a backward launch (at their own chunks and warps) for compute
+    capability ``arch``, without a GPU, at ``H = 32``.
+
+    Returns each kernel's shared memory (bytes) and PTX. Needs compiled Triton (not the interpreter
+    mode), like ``ejk_triton._aot``.
+    """
+    from triton import compile as triton_compile
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from ejk_triton._aot import _compiled_mode, _ptr
+
+    cfg = cfg or GatedDeltaRuleConfig()
+
+    def build(fn: Any, pointers: list[str], consts: dict[str, Any], warps: int) -> dict[str, Any]:
+        signature: dict[str, str] = {fn.arg_names[i]: p for i, p in enumerate(pointers)}
+        signature.update({name: "constexpr" for name in consts})
+        attrs = {(i,): [["tt.divisibility", 16]] for i in range(len(pointers))}
+        kernel = triton_compile(ASTSource(fn, signature=signature, constexprs=consts, attrs=attrs),
+                                target=GPUTarget("cuda", arch, 32),
+                                options={"num_warps": warps, "num_stages": cfg.num_stages})
+        return {"shared": int(kernel.metadata.shared), "ptx": kernel.asm["ptx"]}
+
+    _compiled_mode()
+    bk, bv_all = max(16, 1 << (k_dim - 1).bit_length()), max(16, 1 << (v_dim - 1).bit_length())
+    bv = min(cfg.block_v, bv_all)
+    dtype = jnp.dtype(dtype)
+    prec = _dots.dot_precision(dtype, "highest" if dtype == jnp.float32 else "high")
+    x, f32, i32 = _ptr(dtype), _ptr(jnp.float32), _ptr(jnp.int32)
+    module = kernels("_gdr_kernels")
+    report = {}
+    phases = (("", cfg.chunk, cfg.num_warps), (" (backward)", cfg.backward_chunk, cfg.backward_warps))
+    for phase, chunk, warps in phases:
+        base = dict(H=32, K=k_dim, V=v_dim, C=chunk, BK=bk, PREC=prec)
+        inner = dict(base, IN_PREC=_dots.dot_precision(dtype, "highest"), BV=bv)
+        launches = {
+            "prep": ("gdr_prep_kernel", [x, x, f32, x, f32, f32, f32], dict(inner, BV=bv_all)),
+            "state": ("gdr_state_kernel", [f32, f32, x, f32, f32, i32, f32, f32], dict(base, BV=bv, HAS_INIT=True)),
+        }
+        if phase:
+            launches["state_bwd"] = ("gdr_state_bwd_kernel", [x, x, f32, f32, f32, f32, i32, f32, f32],
+                                     dict(inner, SCALE=0.0884))
+            launches["local_bwd"] = ("gdr_local_bwd_kernel", [x, x, x, x] + [f32] * 11, dict(inner, SCALE=0.0884))
+        else:
+            launches["output"] = ("gdr_output_kernel", [x, x, f32, f32, f32, f32, x], dict(inner, SCALE=0.0884))
+        for name, (fn, pointers, consts) in launches.items():
+            report[name + phase] = build(getattr(module, fn), pointers, consts, warps)
+    return report

@@ -1,0 +1,169 @@
+"""The Triton gated delta rule against a float64 step-by-step reference: values, final states and the
+gradients of every input, odd lengths, packed sequences with empty ones, vmap and the gate.
+
+On a CPU the kernels run through Triton's interpreter (tiny shapes); tests marked ``gpu`` run
+Qwen3-Next-sized heads compiled on an NVIDIA GPU against the float64 reference there (Triton 3.4 to
+3.7.0 miscompile a gated chunk backward of this family on Hopper: the GPU result is what counts).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import ejk
+from ejk.testing import FAST_COMPILE, GdrCase, assert_close, gdr_inputs, reference_gated_delta_rule
+from ejk_triton import _env
+from ejk_triton._gated_delta_rule import GatedDeltaRuleConfig, capability
+
+ON_GPU = _env.nvidia_gpu()[0]
+needs_kernels = pytest.mark.skipif(not (ON_GPU or _env.interpret_mode()),
+                                   reason="needs an NVIDIA GPU or EJK_TRITON_INTERPRET=1")
+SMALL = GatedDeltaRuleConfig(chunk=16, block_v=16, num_warps=4, num_stages=1, backward_chunk=16)
+NAMES = ("q", "k", "v", "g", "beta", "initial_state")
+
+
+def _cu(case: GdrCase) -> jax.Array | None:
+    return None if case.seqlens is None else jnp.asarray(np.concatenate([[0], np.cumsum(case.seqlens)]), jnp.int32)
+
+
+def outputs_and_grads(fn: Any, args: tuple[jax.Array, ...], seed: int = 3) -> tuple[Any, Any]:
+    """``fn(*args)`` (a pair) and its VJP for a fixed random cotangent of both outputs, in one jitted program."""
+    shapes = jax.eval_shape(fn, *args)
+    rng = np.random.default_rng(seed)
+    cot = tuple(jnp.asarray(rng.standard_normal(s.shape), s.dtype) for s in shapes)
+
+    def both(*xs: jax.Array) -> tuple[Any, Any]:
+        out, pull = jax.vjp(fn, *xs)
+        return out, pull(cot)
+
+    return jax.jit(both, compiler_options=None if ON_GPU else FAST_COMPILE)(*args)
+
+
+def float64_reference(case: GdrCase, args: tuple[jax.Array, ...]) -> tuple[Any, Any]:
+    with jax.enable_x64(True):
+        wide = tuple(jnp.asarray(np.asarray(jnp.asarray(x, jnp.float32)), jnp.float64) for x in args)
+        cu = _cu(case)
+
+        def ref(*xs: jax.Array) -> tuple[jax.Array, jax.Array]:
+            return reference_gated_delta_rule(*xs[:5], xs[5] if len(xs) > 5 else None, cu, use_qk_l2norm=case.l2norm)
+
+        (o, final), grads = outputs_and_grads(ref, wide)
+        return (np.asarray(o), np.asarray(final)), [np.asarray(x) for x in grads]
+
+
+def check_case(case: GdrCase, dtype: Any, cfg: Any, *, seed: int = 0, kind: str | None = None) -> None:
+    *arrays, init = gdr_inputs(case, dtype, seed)
+    args = (*arrays, *(() if init is None else (init,)))
+    cu = _cu(case)
+
+    def ours(*xs: jax.Array) -> tuple[jax.Array, jax.Array]:
+        o, final = ejk.gated_delta_rule(*xs[:5], initial_state=xs[5] if len(xs) > 5 else None, cu_seqlens=cu,
+                                        use_qk_l2norm=case.l2norm, output_final_state=True, platform="triton",
+                                        cfg=cfg)
+        return o, final
+
+    (o, final), grads = outputs_and_grads(ours, args)
+    (want_o, want_final), want_grads = float64_reference(case, args)
+    assert o.dtype == dtype and final.dtype == jnp.float32
+    assert_close(o, want_o, dtype, what="o", kind=kind)
+    assert_close(final, want_final, dtype, what="final state", kind=kind)
+    for name, got, want, x in zip(NAMES, grads, want_grads, args, strict=True):
+        assert got.shape == x.shape and got.dtype == x.dtype, name
+        assert_close(got, want, dtype, what=f"d{name}", kind=kind)
+
+
+@needs_kernels
+@pytest.mark.parametrize("case", [
+    GdrCase(batch=2, length=37, heads=1, dk=16, dv=16, initial_state=True),  # odd: a padded last chunk, 3 chunks
+    GdrCase(batch=1, length=45, heads=1, dk=16, dv=24, seqlens=(0, 18, 3, 0, 24), initial_state=True, l2norm=True),
+], ids=str)
+def test_values_states_and_gradients_match_float64(case: GdrCase) -> None:
+    check_case(case, jnp.float32, SMALL)
+
+
+@needs_kernels
+def test_the_backward_splits_the_forward_chunks() -> None:
+    """A 32-token forward layout, the backward kernels in 16-token chunks (the GPU heuristic's 64 / 32)."""
+    check_case(GdrCase(batch=1, length=40, heads=1, dk=16, dv=16, seqlens=(35, 5), initial_state=True),
+               jnp.float32, GatedDeltaRuleConfig(chunk=32, block_v=16, num_warps=4, num_stages=1, backward_chunk=16))
+
+
+@needs_kernels
+def test_bfloat16_inputs() -> None:
+    check_case(GdrCase(batch=1, length=20, heads=1, dk=16, dv=16, initial_state=True, l2norm=True), jnp.bfloat16, SMALL)
+
+
+@needs_kernels
+def test_empty_and_single_token_calls() -> None:
+    q, k, v, g, beta, init = gdr_inputs(GdrCase(batch=1, length=0, heads=1, dk=16, dv=16, seqlens=(0, 0),
+                                                initial_state=True), jnp.float32)
+    o, final = ejk.gated_delta_rule(q, k, v, g, beta, initial_state=init, cu_seqlens=jnp.asarray([0, 0, 0]),
+                                    output_final_state=True, platform="triton", cfg=SMALL)
+    assert o.shape == (1, 0, 1, 16) and np.array_equal(final, init)
+    q, k, v, g, beta, init = gdr_inputs(GdrCase(batch=1, length=1, heads=1, dk=16, dv=16, initial_state=True),
+                                        jnp.float32)
+    o, final = ejk.gated_delta_rule(q, k, v, g, beta, initial_state=init, output_final_state=True,
+                                    platform="triton", cfg=SMALL)
+    want_o, want_final = ejk.gated_delta_rule_step(q[:, 0], k[:, 0], v[:, 0], g[:, 0], beta[:, 0], init)
+    assert_close(o[:, 0], want_o, jnp.float32)
+    assert_close(final, want_final, jnp.float32)
+
+
+@needs_kernels
+def test_vmap_runs_each_element() -> None:
+    q, k, v, g, beta, _ = gdr_inputs(GdrCase(batch=2, length=16, heads=1, dk=16, dv=16), jnp.float32)
+    batched = jax.vmap(lambda *xs: ejk.gated_delta_rule(*(x[None] for x in xs), platform="triton", cfg=SMALL)[0][0])
+    assert_close(batched(q, k, v, g, beta), reference_gated_delta_rule(q, k, v, g, beta)[0], jnp.float32)
+
+
+_AOT_SCRIPT = """
+import json, jax.numpy as jnp
+from ejk_triton._gated_delta_rule import compile_kernels, heuristic_config
+report = compile_kernels(128, 128, jnp.bfloat16, cfg=heuristic_config(None))
+print(json.dumps({name: info["shared"] for name, info in report.items()}))
+"""
+
+
+def test_kernels_compile_for_sm90_without_a_gpu(tmp_path: Any) -> None:
+    """Every kernel of a forward and a backward compiles for sm_90 at K = V = 128 with the GPU heuristic's config
+    and fits an H100's shared memory (the interpreter runs what the compiler may refuse)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "EJK_TRITON_INTERPRET")}
+    env.update(JAX_PLATFORMS="cpu", TRITON_CACHE_DIR=str(tmp_path / "triton-cache"))
+    result = subprocess.run([sys.executable, "-c", _AOT_SCRIPT], capture_output=True, text=True, env=env,
+                            timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    shared = json.loads(result.stdout.strip().splitlines()[-1])
+    assert len(shared) == 7 and all(0 < size <= 227 * 1024 for size in shared.values()), shared
+
+
+def test_a_backward_chunk_above_the_forward_chunk_is_refused() -> None:
+    with pytest.raises(ValueError, match="backward_chunk=64 but needs at most chunk=32"):
+        GatedDeltaRuleConfig(chunk=32, backward_chunk=64)
+
+
+def test_the_gate_names_what_it_cannot_run() -> None:
+    big = jax.ShapeDtypeStruct((1, 8, 2, 512), jnp.bfloat16)
+    gate = jax.ShapeDtypeStruct((1, 8, 2), jnp.float32)
+    assert "K and V up to 256" in (capability(big, big, big, gate, gate) or "")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_GPU, reason="needs an NVIDIA GPU")
+@pytest.mark.parametrize("case", [
+    GdrCase(batch=2, length=1000, heads=4, dk=128, dv=128, initial_state=True, l2norm=True),
+    GdrCase(batch=1, length=3000, heads=4, dk=128, dv=128, seqlens=(1000, 0, 1, 1999), initial_state=True,
+            l2norm=True),
+], ids=str)
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32], ids=["bf16", "f32"])
+def test_on_the_gpu_against_float64(case: GdrCase, dtype: Any) -> None:
+    """Qwen3-Next-sized heads, the heuristic's config, compiled: values, states and every gradient."""
+    check_case(case, dtype, None, kind="gpu")

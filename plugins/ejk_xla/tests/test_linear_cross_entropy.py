@@ -1,0 +1,198 @@
+"""The XLA linear cross-entropy: float64 oracle, every option, chunking, labels, memory, validation."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import ejk
+from ejk.testing import assert_close, check_linear_cross_entropy
+from ejk.testing import reference_linear_cross_entropy as reference
+from ejk_xla import LinearCrossEntropyConfig
+
+pytestmark = pytest.mark.filterwarnings("error")
+
+#: Tiles smaller than the shapes below, and not dividing them: every chunking path runs.
+SMALL = LinearCrossEntropyConfig(block_t=4, block_v=16)
+
+
+def _float64_loss_and_grads(x: np.ndarray, w: np.ndarray, labels: np.ndarray, *, ignore_index: int = -100,
+                            reduction: str = "mean", label_smoothing: float = 0.0, z_loss: float = 0.0,
+                            logit_soft_cap: float | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The loss and its gradients for a cotangent of ones, in float64 NumPy, derived by hand."""
+    x64, w64 = x.astype(np.float64), w.astype(np.float64)
+    u = x64 @ w64
+    z = u if logit_soft_cap is None else logit_soft_cap * np.tanh(u / logit_soft_cap)
+    vocab = w.shape[1]
+    top = z.max(axis=1, keepdims=True)
+    lse = (top + np.log(np.exp(z - top).sum(axis=1, keepdims=True)))[:, 0]
+    valid = (labels != ignore_index) & (labels >= 0) & (labels < vocab)
+    safe = np.where(valid, labels, 0)
+    z_y = z[np.arange(len(labels)), safe]
+    per = (1 - label_smoothing) * (lse - z_y) + label_smoothing * (lse - z.mean(axis=1)) + z_loss * lse**2
+    per = np.where(valid, per, 0.0)
+    weight = np.where(valid, 1.0, 0.0)
+    if reduction == "mean":
+        weight = weight / max(valid.sum(), 1)
+    loss = per if reduction == "none" else (per * weight).sum()
+    p = np.exp(z - lse[:, None])
+    dz = p * (1 + 2 * z_loss * lse)[:, None] - label_smoothing / vocab
+    dz[np.arange(len(labels)), safe] -= 1 - label_smoothing
+    dz *= weight[:, None]
+    if logit_soft_cap is not None:
+        dz *= 1 - (z / logit_soft_cap) ** 2
+    return loss, dz @ w64.T, x64.T @ dz
+
+
+OPTIONS = [
+    {},
+    {"reduction": "sum", "label_smoothing": 0.1},
+    {"reduction": "none", "z_loss": 1e-2},
+    {"logit_soft_cap": 4.0, "label_smoothing": 0.3, "z_loss": 1e-3, "ignore_index": 3},
+]
+
+
+@pytest.mark.parametrize("options", OPTIONS, ids=lambda o: ",".join(o) or "plain")
+def test_matches_a_float64_oracle(options: dict[str, Any]) -> None:
+    rng = np.random.default_rng(0)
+    t, h, v = 11, 8, 37  # neither divides the 4 x 16 tiles
+    x = rng.standard_normal((t, h)).astype(np.float32)
+    w = rng.standard_normal((h, v)).astype(np.float32)
+    labels = rng.integers(0, v, t).astype(np.int32)
+    labels[::4] = options.get("ignore_index", -100)
+
+    def loss(x: jax.Array, w: jax.Array) -> jax.Array:
+        out = ejk.linear_cross_entropy(x, w, jnp.asarray(labels), platform="xla", cfg=SMALL, **options)
+        return out.sum() if out.ndim else out
+
+    value, (dx, dw) = jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))(x, w)
+    want, want_dx, want_dw = _float64_loss_and_grads(x, w, labels, **options)
+    want_value = np.sum(want) if np.ndim(want) else want
+    assert value.dtype == jnp.float32
+    for got, ref in ((value, want_value), (dx, want_dx), (dw, want_dw)):
+        np.testing.assert_allclose(np.asarray(got, np.float64), ref, rtol=2e-5, atol=2e-5)
+
+
+def test_bfloat16_inputs_match_the_float64_oracle_of_their_values() -> None:
+    rng = np.random.default_rng(1)
+    x = jnp.asarray(rng.standard_normal((9, 16)), jnp.bfloat16)
+    w = jnp.asarray(rng.standard_normal((16, 40)) / 4, jnp.bfloat16)
+    labels = rng.integers(0, 40, 9).astype(np.int32)
+    value, (dx, dw) = jax.value_and_grad(
+        lambda x, w: ejk.linear_cross_entropy(x, w, jnp.asarray(labels), platform="xla", cfg=SMALL),
+        argnums=(0, 1))(x, w)
+    assert (dx.dtype, dw.dtype) == (jnp.bfloat16, jnp.bfloat16)
+    want, want_dx, want_dw = _float64_loss_and_grads(np.asarray(x, np.float32), np.asarray(w, np.float32), labels)
+    assert_close(value, want, jnp.bfloat16, what="loss")
+    assert_close(dx, want_dx, jnp.bfloat16, what="dx")
+    assert_close(dw, want_dw, jnp.bfloat16, what="dw")
+
+
+def test_conformance_with_tiles_smaller_than_the_shapes() -> None:
+    assert check_linear_cross_entropy("xla", dtypes=(jnp.float32,), cfg=SMALL) == 7
+
+
+def test_conformance_bfloat16() -> None:
+    from ejk.testing import LINEAR_CROSS_ENTROPY_CASES as CASES
+
+    assert check_linear_cross_entropy("xla", dtypes=(jnp.bfloat16,), cfg=SMALL, cases=CASES[:4]) == 4
+
+
+def test_ignored_everywhere_gives_zero_loss_and_zero_gradients() -> None:
+    x, w = jnp.ones((5, 4)), jnp.ones((4, 7))
+    labels = jnp.full((5,), -100, jnp.int32)
+    for reduction in ("mean", "sum"):
+        value, grads = jax.value_and_grad(
+            lambda x, w, r=reduction: ejk.linear_cross_entropy(x, w, labels, reduction=r, platform="xla"),
+            argnums=(0, 1))(x, w)
+        assert float(value) == 0.0 and not np.any(grads[0]) and not np.any(grads[1])
+
+
+def test_labels_outside_the_vocabulary_are_an_error_eagerly_and_ignored_under_jit() -> None:
+    rng = np.random.default_rng(2)
+    x, w = jnp.asarray(rng.standard_normal((6, 4)), jnp.float32), jnp.asarray(rng.standard_normal((4, 10)), jnp.float32)
+    labels = jnp.asarray([1, 10, -1, 3, -100, 9], jnp.int32)
+    with pytest.raises(ValueError, match=r"labels holds values outside \[0, V=10\).*\[1\]=10, \[2\]=-1"):
+        ejk.linear_cross_entropy(x, w, labels, platform="xla")
+    jitted = jax.jit(lambda x, w, labels: ejk.linear_cross_entropy(x, w, labels, reduction="none", platform="xla"))
+    got = jitted(x, w, labels)
+    marked = jnp.where((labels < 0) | (labels >= 10), -100, labels)
+    np.testing.assert_allclose(got, reference(x, w, marked, reduction="none"), rtol=2e-5, atol=2e-5)
+    assert float(got[1]) == float(got[2]) == 0.0
+
+
+def test_no_tokens() -> None:
+    x, w = jnp.zeros((0, 8)), jnp.ones((8, 5))
+    labels = jnp.zeros((0,), jnp.int32)
+    assert float(ejk.linear_cross_entropy(x, w, labels, platform="xla")) == 0.0
+    assert ejk.linear_cross_entropy(x, w, labels, reduction="none", platform="xla").shape == (0,)
+    dx, dw = jax.grad(lambda x, w: ejk.linear_cross_entropy(x, w, labels, platform="xla"), argnums=(0, 1))(x, w)
+    assert dx.shape == (0, 8) and not np.any(dw)
+
+
+def _temp_bytes(fn: Any, t: int, h: int, v: int) -> int:
+    args = (jax.ShapeDtypeStruct((t, h), jnp.float32), jax.ShapeDtypeStruct((h, v), jnp.float32),
+            jax.ShapeDtypeStruct((t,), jnp.int32))
+    compiled = jax.jit(jax.value_and_grad(fn, argnums=(0, 1))).lower(*args).compile()
+    return int(compiled.memory_analysis().temp_size_in_bytes)
+
+
+def test_forward_and_backward_temporary_memory_does_not_grow_with_tokens_times_vocab() -> None:
+    cfg = LinearCrossEntropyConfig(block_t=128, block_v=1024)
+
+    def fused(x: jax.Array, w: jax.Array, labels: jax.Array) -> jax.Array:
+        return ejk.linear_cross_entropy(x, w, labels, platform="xla", cfg=cfg)
+
+    h = 32
+    small = _temp_bytes(fused, 512, h, 4096)
+    large = _temp_bytes(fused, 2048, h, 16384)  # 16x the logits
+    unfused = _temp_bytes(reference, 2048, h, 16384)
+    assert unfused > 2048 * 16384 * 4  # the materialised logits, at least
+    assert large <= 0.05 * unfused, (large, unfused)
+    # What grows is O(T·H) (the float32 dx accumulator) and O(H·V) (a gradient buffer), never T·V.
+    assert large - small <= 8 * (2048 * h + h * 16384), (small, large)
+
+
+def test_explicit_precision_and_config_space() -> None:
+    from ejk_xla._linear_cross_entropy import config_space
+
+    x, w = jnp.ones((8, 4)), jnp.ones((4, 6))
+    assert len(config_space(x, w)) == 1  # every candidate clips to the whole (tiny) problem
+    assert len(config_space(jax.ShapeDtypeStruct((4096, 8), jnp.bfloat16),
+                            jax.ShapeDtypeStruct((8, 65536), jnp.bfloat16))) == 9
+    labels = jnp.arange(8, dtype=jnp.int32) % 6
+    got = ejk.linear_cross_entropy(x, w, labels, precision="default", platform="xla")
+    np.testing.assert_allclose(got, np.log(6.0), rtol=1e-6)
+
+
+@pytest.mark.parametrize(("call", "match"), [
+    (lambda: ejk.linear_cross_entropy(jnp.ones((4,)), jnp.ones((4, 3)), jnp.zeros(4, jnp.int32)),
+     r"x has shape \(4,\) but needs \[T, H\]"),
+    (lambda: ejk.linear_cross_entropy(jnp.ones((4, 5)), jnp.ones((3, 5)), jnp.zeros(4, jnp.int32)),
+     r"w has shape \(3, 5\) but needs \[H=5, V\].*embedding.T"),
+    (lambda: ejk.linear_cross_entropy(jnp.ones((4, 3)), jnp.ones((3, 5)), jnp.zeros(3, jnp.int32)),
+     r"labels has shape \(3,\) but needs \[T=4\]"),
+    (lambda: ejk.linear_cross_entropy(jnp.ones((4, 3)), jnp.ones((3, 5)), jnp.zeros(4)),
+     r"labels has dtype float32 but needs an integer dtype"),
+    (lambda: ejk.linear_cross_entropy(jnp.ones((4, 3)), jnp.ones((3, 0)), jnp.zeros(4, jnp.int32)),
+     r"V >= 1"),
+    (lambda: ejk.linear_cross_entropy(jnp.ones((4, 3)), jnp.ones((3, 5)), jnp.zeros(4, jnp.int32), reduction="avg"),
+     r"reduction is 'avg' but needs one of 'mean', 'sum', 'none'"),
+    (lambda: ejk.linear_cross_entropy(jnp.ones((4, 3)), jnp.ones((3, 5)), jnp.zeros(4, jnp.int32),
+                                      label_smoothing=1.5), r"label_smoothing is 1.5 but needs a number in \[0, 1\]"),
+    (lambda: ejk.linear_cross_entropy(jnp.ones((4, 3)), jnp.ones((3, 5)), jnp.zeros(4, jnp.int32), z_loss=-1.0),
+     r"z_loss is -1.0 but needs a finite number >= 0"),
+    (lambda: ejk.linear_cross_entropy(jnp.ones((4, 3)), jnp.ones((3, 5)), jnp.zeros(4, jnp.int32),
+                                      logit_soft_cap=0.0), r"logit_soft_cap is 0.0 but needs a finite number > 0"),
+    (lambda: ejk.linear_cross_entropy(jnp.ones((4, 3)), jnp.ones((3, 5)), jnp.zeros(4, jnp.int32),
+                                      ignore_index=1.5), r"ignore_index is 1.5 but needs an int"),
+    (lambda: ejk.linear_cross_entropy(np.ones((4, 3)), jnp.ones((3, 5)), jnp.zeros(4, jnp.int32)),
+     r"x has dtype float64 but needs .*cast to float32"),
+])
+def test_bad_arguments_are_named(call: Any, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        call()

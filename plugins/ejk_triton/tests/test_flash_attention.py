@@ -230,7 +230,7 @@ def test_forward_backward_pieces_match_the_custom_vjp() -> None:
     np.testing.assert_array_equal(np.asarray(plain, np.float32), np.asarray(out, np.float32))
     want, want_grads = attention_values_and_grads(reference_fn(case), inputs, cot)
     assert_close(out, want, "float16")
-    for got, name in zip(grads, ("q", "k", "v", "", "", "bias"), strict=True):
+    for got, name in zip(grads, ("q", "k", "v", "", "", "bias", ""), strict=True):
         if name:
             assert_close(got, want_grads[name], "float16", what=f"d{name}")
 

@@ -88,3 +88,22 @@ def test_float32_highest_precision_on_the_gpu() -> None:
     for platform in ("xla", "triton"):
         got = ejk.flash_attention(q, k, v, causal=True, platform=platform)
         assert float(jnp.max(jnp.abs(got - want))) < 1e-4, platform
+
+
+def test_the_paged_reference_agrees_with_the_flash_reference_on_sinks() -> None:
+    """Each live sequence of the paged reference is flash attention of its last rows over its context
+    (causal, bottom-right aligned), with the same sinks; rows of a padding sequence stay zeros."""
+    args = paged_batch(3, q_lens=[3, 1, 2], kv_lens=[9, 5, 4], num_seqs=2, pages_per_seq=4, spare_pages=4, hq=4,
+                       hkv=1, d=8, dtype=jnp.float32)
+    q, k_pages, v_pages, kv_lens, page_indices, cu_q_lens, _ = args
+    sinks = jnp.asarray([1.5, -0.5, 0.0, 3.0], jnp.float32)
+    got = reference_ragged_paged_attention(*args, sinks=sinks)
+    page = k_pages.shape[1]
+    for s in range(2):
+        start, stop, length = int(cu_q_lens[s]), int(cu_q_lens[s + 1]), int(kv_lens[s])
+        pages = np.asarray(page_indices[s, : -(-length // page)])
+        k = k_pages[pages].reshape(-1, *k_pages.shape[2:])[None, :length]
+        v = v_pages[pages].reshape(-1, *v_pages.shape[2:])[None, :length]
+        want = reference_flash_attention(q[None, start:stop], k, v, causal=True, sinks=sinks)[0]
+        assert_close(got[start:stop], want, jnp.float32)
+    assert not np.asarray(got[int(cu_q_lens[2]):]).any()

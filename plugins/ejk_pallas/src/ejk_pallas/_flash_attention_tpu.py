@@ -28,7 +28,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from ejk.config.validators import multiple_of
-from ejk.ops import FLASH_RESIDUALS, fold_sinks, sinks_backward, without_residuals
+from ejk.ops import FLASH_RESIDUALS, sinks_backward, without_residuals
 from ejk.tiling import cdiv as _cdiv
 from ejk_pallas import _env
 from ejk_pallas._flash_attention import _LOG2E, _key_blocks, _make_mask, _Mask, _pad, _query_blocks
@@ -142,9 +142,9 @@ def _clamp(j: Any, lo: Any, hi: Any, n: int) -> Any:
 # ----------------------------------------------------------------------------------------------
 
 
-def _fwd_kernel(q_ref: Any, k_ref: Any, v_ref: Any, qs_ref: Any, ks_ref: Any, o_ref: Any, lse_ref: Any,
-                m_sc: Any, l_sc: Any, acc_sc: Any, *, mask: _Mask, scale: float, cap: float | None, bq: int,
-                bk: int, nk: int, prec: Any = None) -> None:
+def _fwd_kernel(q_ref: Any, k_ref: Any, v_ref: Any, qs_ref: Any, ks_ref: Any, sink_ref: Any, o_ref: Any,
+                lse_ref: Any, m_sc: Any, l_sc: Any, acc_sc: Any, *, mask: _Mask, scale: float, cap: float | None,
+                bq: int, bk: int, nk: int, prec: Any = None, sinks: bool = False) -> None:
     pl = _pl()
     qi, kj = pl.program_id(2), pl.program_id(3)
     row0, col0 = qi * bq, kj * bk
@@ -175,10 +175,17 @@ def _fwd_kernel(q_ref: Any, k_ref: Any, v_ref: Any, qs_ref: Any, ks_ref: Any, o_
 
     @_when(kj == nk - 1)
     def _finish() -> None:
-        denom = l_sc[...]
+        denom, acc, m = l_sc[...], acc_sc[...], m_sc[...]
         empty = denom == 0.0
-        o_ref[...] = (acc_sc[...] / jnp.where(empty, 1.0, denom)).astype(o_ref.dtype)
-        lse_ref[...] = jnp.where(empty, jnp.inf, m_sc[...] + jnp.log2(jnp.where(empty, 1.0, denom)))
+        if sinks:  # e^sink joins the denominator of every row that saw a key (sink_ref: base-2 logit, [1, 1])
+            sink = sink_ref[...]
+            top = jnp.where(empty, 0.0, jnp.maximum(m, sink))
+            alpha = jnp.where(empty, 1.0, jnp.exp2(m - top))
+            acc = acc * alpha
+            denom = jnp.where(empty, denom, denom * alpha + jnp.exp2(sink - top))
+            m = jnp.where(empty, m, top)
+        o_ref[...] = (acc / jnp.where(empty, 1.0, denom)).astype(o_ref.dtype)
+        lse_ref[...] = jnp.where(empty, jnp.inf, m + jnp.log2(jnp.where(empty, 1.0, denom)))
 
 
 def _dkdv_kernel(q_ref: Any, k_ref: Any, v_ref: Any, qs_ref: Any, ks_ref: Any, do_ref: Any, lse_ref: Any,
@@ -269,9 +276,11 @@ def _params(*semantics: str) -> Any:
     return _pltpu().CompilerParams(dimension_semantics=semantics)
 
 
-def _forward_impl(q: Any, k: Any, v: Any, q_seg: Any, kv_seg: Any, *, cfg: TpuFlashAttentionConfig, causal: bool,
-                  softmax_scale: float, sliding_window: tuple[int, int] | None, logits_soft_cap: float | None,
-                  interpret: Any, precision: str = "highest") -> tuple[Any, Any]:
+def _forward_impl(q: Any, k: Any, v: Any, q_seg: Any, kv_seg: Any, sinks: Any = None, *, cfg: TpuFlashAttentionConfig,
+                  causal: bool, softmax_scale: float, sliding_window: tuple[int, int] | None,
+                  logits_soft_cap: float | None, interpret: Any, precision: str = "highest") -> tuple[Any, Any]:
+    """``(out [B, Sq, Hq, Dv], lse [B, Hq, Sq] base 2)``; ``sinks`` ``[B, Hq]`` float32 join the final
+    normalisation (and the lse)."""
     batch, sq, hq, d = q.shape
     sk, hkv, dv = k.shape[1], k.shape[2], v.shape[3]
     group = hq // hkv
@@ -288,8 +297,7 @@ def _forward_impl(q: Any, k: Any, v: Any, q_seg: Any, kv_seg: Any, *, cfg: TpuFl
 
     out, lse = pl.pallas_call(
         functools.partial(_fwd_kernel, mask=mask, scale=float(softmax_scale), cap=logits_soft_cap, bq=bq, bk=bk,
-                          prec=_dot_precision(q, precision),
-                          nk=nk),
+                          prec=_dot_precision(q, precision), nk=nk, sinks=sinks is not None),
         grid=(batch, hq, nq, nk),
         in_specs=[
             pl.BlockSpec((None, None, bq, d), lambda b, h, i, j: (b, h, i, 0)),
@@ -297,6 +305,7 @@ def _forward_impl(q: Any, k: Any, v: Any, q_seg: Any, kv_seg: Any, *, cfg: TpuFl
             pl.BlockSpec((None, None, bk, dv), lambda b, h, i, j: (b, h // group, kv_block(i, j), 0)),
             pl.BlockSpec((None, bq, 1), lambda b, h, i, j: (b, i, 0)),
             pl.BlockSpec((None, 1, bk), lambda b, h, i, j: (b, 0, kv_block(i, j))),
+            None if sinks is None else pl.BlockSpec((None, None, 1, 1), lambda b, h, i, j: (b, h, 0, 0)),
         ],
         out_specs=[
             pl.BlockSpec((None, None, bq, dv), lambda b, h, i, j: (b, h, i, 0)),
@@ -309,7 +318,8 @@ def _forward_impl(q: Any, k: Any, v: Any, q_seg: Any, kv_seg: Any, *, cfg: TpuFl
         compiler_params=_params("parallel", "parallel", "parallel", "arbitrary"),
         interpret=interpret,
         name="ejk_flash_attention_fwd_tpu",
-    )(_bhsd(q, sqp), _bhsd(k, skp), _bhsd(v, skp), qs, ks)
+    )(_bhsd(q, sqp), _bhsd(k, skp), _bhsd(v, skp), qs, ks,
+      None if sinks is None else (sinks.astype(jnp.float32) * _LOG2E)[:, :, None, None])
     return jnp.swapaxes(out[:, :, :sq], 1, 2), lse[:, :, :sq, 0]
 
 
@@ -429,9 +439,8 @@ def forward_with_residuals(
     cfg: TpuFlashAttentionConfig | None = None,
 ) -> tuple[jax.Array, tuple[Any, ...]]:
     """The output and ``(q, k, v, q_segment_ids, kv_segment_ids, bias, out, lse)`` (``lse`` base 2, ``[B, Hq, Sq]``),
-    the sinks appended when given: they are folded into the kernel's result afterwards
-    (``ejk.ops.fold_sinks``, one elementwise pass), so the lse includes them. ``precision`` sets the
-    float32 dots (``lax.Precision``; untested on TPU hardware)."""
+    the sinks appended when given: they join the kernel's final normalisation, so the lse includes
+    them. ``precision`` sets the float32 dots (``lax.Precision``; untested on TPU hardware)."""
     if bias is not None:
         raise ValueError("pallas/tpu:mosaic_tpu does not support bias (its capability gate says so)")
     has_seg = q_segment_ids is not None and kv_segment_ids is not None
@@ -441,12 +450,11 @@ def forward_with_residuals(
     if min(batch, sq, hq, k.shape[1], v.shape[3]) == 0:
         out = jnp.zeros((batch, sq, hq, v.shape[3]), q.dtype)
         return out, (q, k, v, *seg, bias, out, jnp.full((batch, hq, sq), jnp.inf, jnp.float32), *extra)
+    rows = None if sinks is None else jnp.broadcast_to(sinks.astype(jnp.float32), (batch, hq))
     out, lse = fold_vmap_into_batch(functools.partial(
         _forward_impl, cfg=_resolve(cfg, q, k, v), causal=causal, softmax_scale=softmax_scale,
         sliding_window=sliding_window, logits_soft_cap=logits_soft_cap, interpret=_interpret(),
-        precision=precision))(q, k, v, *seg)
-    if sinks is not None:
-        out, lse = fold_sinks(out, lse, sinks)
+        precision=precision))(q, k, v, *seg, rows)
     return out, (q, k, v, *seg, bias, out, lse, *extra)
 
 

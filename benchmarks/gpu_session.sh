@@ -8,7 +8,10 @@
 # Stages:
 #   tests      every GPU-marked test of every distribution (tools/gpu_tests.sh: per-test limits, one call)
 #   bench      `ejk bench` with its default presets (attention, decode, moe, matmul), device timeline
-#   attention | decode | moe | matmul   one preset of `ejk bench`, with every implementation's best config too
+#   PRESET     any other name: that preset of `ejk bench` (attention, decode, mla, moe, matmul, gdr, lce, ...),
+#              with every implementation's best config too
+#   torch      the torch baselines (fla, Liger, Cut Cross-Entropy: benchmarks/torch_baselines.py), their wheels
+#              carried in .basel/ (no dependencies: the host has torch, triton, einops, transformers)
 #   ring       ring attention on 1 vs 2 GPUs (a 2-GPU kind; NVLink multicast off)
 # Results go to $OUT.
 set -uo pipefail
@@ -28,15 +31,18 @@ for stage in "${@:-tests}"; do
   case $stage in
     tests) OUT=$OUT bash tools/gpu_tests.sh || status=1 ;;
     bench) timeout 560 python3 -m ejk.cli bench --clock device --out "$OUT/bench" 2>&1 | tee "$OUT/bench.log" | tail -40 ;;
-    attention|decode|moe|matmul)
-      timeout 560 python3 -m ejk.cli bench "$stage" --best-config --clock device --out "$OUT/bench_$stage" 2>&1 \
-        | tee "$OUT/bench_$stage.log" | tail -40 ;;
+    torch)
+      python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/basel .basel/*.whl || status=1
+      PYTHONPATH=/tmp/basel timeout 560 python3 benchmarks/torch_baselines.py --out "$OUT/torch_baselines.jsonl" \
+        2>&1 | tee "$OUT/torch_baselines.log" | tail -40 ;;
     ring)
       export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1  # never NVLink multicast
       nvidia-smi topo -m > "$OUT/topology.txt" 2>&1
       OUT=$OUT timeout 560 python3 benchmarks/bench_ring_attention.py ${RING_ARGS:-} 2>&1 | tee "$OUT/bench_ring.log" \
         | grep -E '^\||rror' | tail -60 ;;
-    *) echo "unknown stage $stage (tests | bench | attention | decode | moe | matmul | ring)" >&2; exit 2 ;;
+    *)
+      timeout 560 python3 -m ejk.cli bench "$stage" --best-config --clock device --out "$OUT/bench_$stage" 2>&1 \
+        | tee "$OUT/bench_$stage.log" | tail -40 ;;
   esac
 done
 exit $status

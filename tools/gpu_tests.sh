@@ -10,7 +10,8 @@
 #
 # Each test has its own time limit (EJK_GPU_TEST_TIMEOUT seconds, default 240): a test that hangs or compiles
 # for minutes ends the run with its name and every thread's stack. Tests run in EJK_GPU_TEST_WORKERS processes
-# (default 4) sharing the GPU: compiles are CPU-bound, so the workers overlap them. Reports go to $OUT
+# (default 4) sharing the GPU: compiles are CPU-bound, so the workers overlap them. EJK_GPU_TEST_PATHS (default: every
+# distribution's tests) splits the suite over several device calls when it outgrows one. Reports go to $OUT
 # (default /tmp/ejk-gpu-tests): gpu_tests.log, gpu_tests.xml (JUnit) and the slowest tests' durations.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -40,6 +41,6 @@ limit=${EJK_GPU_TEST_TIMEOUT:-240}
 parallel=(); [[ $workers != 0 ]] && parallel=(-n "$workers")
 python3 -m pytest -m gpu -p no:cacheprovider -p no:benchmark -v --tb=short -rfEs "${parallel[@]}" \
   --timeout="$limit" --timeout-method=thread --durations=30 --junitxml="$OUT/gpu_tests.xml" \
-  core/tests tests plugins/ejk_xla/tests plugins/ejk_pallas/tests plugins/ejk_triton/tests plugins/ejk_cute/tests \
-  "$@" 2>&1 | tee "$OUT/gpu_tests.log"
+  ${EJK_GPU_TEST_PATHS:-core/tests tests plugins/ejk_xla/tests plugins/ejk_pallas/tests plugins/ejk_triton/tests \
+  plugins/ejk_cute/tests} "$@" 2>&1 | tee "$OUT/gpu_tests.log"
 exit "${PIPESTATUS[0]}"

@@ -50,6 +50,7 @@ if TYPE_CHECKING:
         gated_delta_rule,
         gated_delta_rule_step,
         get_default_executor,
+        gla,
         grouped_matmul,
         linear_cross_entropy,
         matmul,
@@ -58,6 +59,7 @@ if TYPE_CHECKING:
         rms_norm,
         run,
         set_default_executor,
+        ssd,
         use_executor,
     )
     from ejk.parallel import ring_attention
@@ -108,6 +110,7 @@ __all__ = [
     "get_implementations",
     "get_invocations",
     "get_plugin_host",
+    "gla",
     "grouped_matmul",
     "hookimpl",
     "kernel_registry",
@@ -121,6 +124,7 @@ __all__ = [
     "rms_norm",
     "run",
     "set_default_executor",
+    "ssd",
     "use_executor",
 ]
 

@@ -39,6 +39,7 @@ import ejk
 from ejk.testing import AttentionCase, assert_close, attention_values_and_grads, reference_flash_attention
 from ejk_pallas import _env
 from ejk_pallas import _flash_attention_mgpu as mg
+from ejk_pallas import _flash_attention_mgpu_bwd as bwd
 from ejk_pallas._flash_attention import FlashAttentionConfig
 from ejk_pallas._flash_attention_mgpu import MosaicFlashAttentionConfig
 
@@ -70,9 +71,13 @@ class Case(AttentionCase):
     persistent: bool = False
     #: The Mosaic GPU backward's step blocks (dK / dV rows, dQ keys), or ``None`` for the Triton-lowered one.
     mosaic_bwd: tuple[int, int] | None = None
+    #: ``MosaicFlashAttentionConfig.deterministic`` (``None``: by head dim, the fused kernel at 64).
+    deterministic: bool | None = None
 
     def label_parts(self) -> list[str]:
         bwd = [] if self.mosaic_bwd is None else [f"mbwd{self.mosaic_bwd[0]}x{self.mosaic_bwd[1]}"]
+        if self.mosaic_bwd is not None:
+            bwd.append("fused" if mg.fused_backward(self.cfg, self.d) else "two-kernel")
         return [*super().label_parts(), f"q{self.block_q}kv{self.block_kv}s{self.steps}",
                 *(["overlap"] if self.overlap else []), *(["persistent"] if self.persistent else []), *bwd]
 
@@ -83,7 +88,8 @@ class Case(AttentionCase):
         if self.mosaic_bwd is None:
             return MosaicFlashAttentionConfig(**tiles)
         return MosaicFlashAttentionConfig(**tiles, backward="mosaic", bwd_block_q=self.mosaic_bwd[0],
-                                          bwd_block_kv=self.mosaic_bwd[1], bwd_max_concurrent_steps=self.steps)
+                                          bwd_block_kv=self.mosaic_bwd[1], bwd_max_concurrent_steps=self.steps,
+                                          deterministic=self.deterministic)
 
 
 def check_case(case: Case, impl: ejk.ImplChoice | None = None, grads: bool = True) -> jax.Array:
@@ -254,15 +260,16 @@ def test_no_races_and_lse_residual(overlap: bool, monkeypatch: pytest.MonkeyPatc
 M64 = (64, 64)
 
 BWD_CASES = [
-    # Causal, Sq > Sk ragged: rows 0..27 see no key (zero dq), padded keys; GQA 2 (dK / dV summed over
-    # the group in the kernel); the dK / dV consumers' query ranges differ (masked edges, skips).
+    # Fused (head dim 64's default): causal, Sq > Sk ragged: rows 0..27 see no key (zero dq), padded keys;
+    # GQA 2 (the kernel walks both q heads of the kv head); the consumers' query ranges differ (masked edges).
     Case(sq=128, sk=100, hq=2, hkv=1, causal=True, mosaic_bwd=M64),
-    # Two-sided window + soft cap (chain rule through tanh), Sq < Sk ragged, float16, GQA 2, a 3-slot
-    # ring that wraps, masked blocks on both sides and skipped ones.
-    Case(sq=100, sk=300, hq=2, hkv=1, window=(40, 20), cap=5.0, dtype="float16", steps=3, mosaic_bwd=M64),
-    # Head dim 128, no mask, 128-row / 128-key backward steps, two batches.
-    Case(b=2, sq=64, sk=200, hq=1, hkv=1, d=128, block_kv=128, mosaic_bwd=(128, 128)),
-    # Sq = 1 (decode-like: one real row, 127 padded), causal, GQA 2, a soft cap.
+    # Two kernels: two-sided window + soft cap (chain rule through tanh), Sq < Sk ragged, float16, GQA 2, a
+    # 3-slot ring that wraps, masked blocks on both sides and skipped ones.
+    Case(sq=100, sk=300, hq=2, hkv=1, window=(40, 20), cap=5.0, dtype="float16", steps=3, mosaic_bwd=M64,
+         deterministic=True),
+    # Fused at head dim 128 (each consumer takes 64 of dQ's columns), no mask, two key tiles, two batches.
+    Case(b=2, sq=64, sk=200, hq=1, hkv=1, d=128, block_kv=128, mosaic_bwd=(128, 128), deterministic=False),
+    # Fused: Sq = 1 (decode-like: one real row, 127 padded), causal, GQA 2, a soft cap.
     Case(sq=1, sk=150, hq=2, hkv=1, causal=True, cap=20.0, mosaic_bwd=M64),
 ]
 
@@ -271,7 +278,6 @@ BWD_CASES = [
 @needs_cores
 @pytest.mark.parametrize("case", BWD_CASES, ids=str)
 def test_mosaic_backward_matches_reference(case: Case, monkeypatch: pytest.MonkeyPatch) -> None:
-    from ejk_pallas import _flash_attention_mgpu_bwd as bwd
 
     calls = []
     impl = bwd.backward_impl
@@ -334,7 +340,7 @@ def test_backward_config(monkeypatch: pytest.MonkeyPatch) -> None:
         attrs.evolve(big, bwd_max_concurrent_steps=2), 128, 2)
     out = jnp.zeros((1, 8, 1, 128), jnp.bfloat16)
     res = (out, out, out, None, None, None, out, jnp.zeros((1, 1, 8), jnp.float32))
-    with pytest.raises(ValueError, match="bwd_max_concurrent_steps=3 need"):
+    with pytest.raises(ValueError, match="bwd_max_concurrent_steps=3, deterministic=None need"):
         mg.backward(res, out, cfg=big, causal=False, softmax_scale=1.0, sliding_window=None, logits_soft_cap=None)
 
 
@@ -346,10 +352,54 @@ def test_auto_backward(monkeypatch: pytest.MonkeyPatch) -> None:
     assert mg._mosaic_backward_refusal(MosaicFlashAttentionConfig(), 128, 2) is None
     assert "shared memory" in (mg._mosaic_backward_refusal(MosaicFlashAttentionConfig(**big), 128, 2) or "")
     assert mg._mosaic_backward_refusal(MosaicFlashAttentionConfig(backward="triton_lowered"), 128, 2)
-    assert mg._mosaic_backward_refusal(None, 128, 2)  # a cfg of another implementation
+    assert mg._mosaic_backward_refusal(None, 128, 2)  # no Mosaic config: backward() takes the heuristic's first
     monkeypatch.setattr(_env, "use_interpreter", lambda: True)
     assert "interpret mode" in (mg._mosaic_backward_refusal(MosaicFlashAttentionConfig(), 128, 2) or "")
     assert mg._mosaic_backward_refusal(MosaicFlashAttentionConfig(backward="mosaic"), 128, 2) is None
+
+
+def test_fused_backward_choice() -> None:
+    """``deterministic``: ``None`` picks the fused kernel at head dim 64 and the two kernels at 128 (measured
+    faster there); ``True`` / ``False`` force one; shared memory is the fused kernel's when it runs. Every
+    backward test case runs (none is refused for shared memory)."""
+    assert mg.fused_backward(MosaicFlashAttentionConfig(), 64)
+    assert not mg.fused_backward(MosaicFlashAttentionConfig(), 128)
+    assert mg.fused_backward(MosaicFlashAttentionConfig(deterministic=False), 128)
+    assert not mg.fused_backward(MosaicFlashAttentionConfig(deterministic=True), 64)
+    # three slots do not fit the fused kernel: None takes the two kernels, False is refused (see below)
+    assert not mg.fused_backward(MosaicFlashAttentionConfig(bwd_max_concurrent_steps=3), 64)
+    with pytest.raises(TypeError):
+        MosaicFlashAttentionConfig(deterministic="yes")  # type: ignore[arg-type]
+    fused = MosaicFlashAttentionConfig(backward="mosaic", deterministic=False)
+    for d in (64, 128):
+        assert mg.bwd_smem_bytes(fused, d, 2) == bwd.fused_smem_bytes(d, 2, 2) <= mg._SMEM_BUDGET
+    three = attrs.evolve(fused, bwd_max_concurrent_steps=3)
+    assert mg.bwd_smem_bytes(three, 128, 2) > mg._SMEM_BUDGET
+    assert "deterministic=False need" in (mg._mosaic_backward_refusal(three, 128, 2) or "")
+    assert (bwd.fused_block(64), bwd.fused_block(128)) == (128, 64)
+    for case in BWD_CASES + GPU_BWD_CASES:
+        assert mg.bwd_smem_bytes(case.cfg, case.d, 2) <= mg._SMEM_BUDGET, case
+
+
+def test_backward_without_config_runs_the_heuristic(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``cfg=None`` (an ``ImplChoice`` without a config, or a pairing) runs the Mosaic backward with the call's
+    heuristic config, not the Triton-lowered one: the fused kernel at head dim 64, the two kernels at 128."""
+    monkeypatch.setattr(_env, "use_interpreter", lambda: False)
+    seen: list[dict[str, Any]] = []
+
+    def fake(q: Any, k: Any, v: Any, *args: Any, **kw: Any) -> tuple[Any, Any, Any]:
+        seen.append(kw)
+        return jnp.zeros_like(q), jnp.zeros_like(k), jnp.zeros_like(v)
+
+    monkeypatch.setattr(bwd, "backward_impl", fake)
+    for d, fused in ((64, True), (128, False)):
+        x = jnp.zeros((1, 256, 2, d), jnp.bfloat16)
+        res = (x, x, x, None, None, None, x, jnp.zeros((1, 2, 256), jnp.float32))
+        grads = mg.backward(res, x, cfg=None, causal=True, softmax_scale=1.0, sliding_window=None,
+                            logits_soft_cap=None)
+        assert len(grads) == 6 and seen[-1]["fused"] is fused
+        want = mg.heuristic_config(x, x, x, causal=True)
+        assert (seen[-1]["block_q"], seen[-1]["block_kv"]) == (want.bwd_block_q, want.bwd_block_kv)
 
 
 @needs_kernels
@@ -529,17 +579,20 @@ def test_dtypes_and_masks_lower_for_cuda(dtype: str, mask: str, persistent: bool
 
 
 def _lower_bwd(d: int, dtype: Any, mask: dict[str, Any], blocks: tuple[int, int], steps: int = 2,
-               sq: int = 1000, sk: int = 1100) -> None:
-    from ejk_pallas import _flash_attention_mgpu_bwd as bwd
+               sq: int = 1000, sk: int = 1100, fused: bool = False, vmapped: bool = False) -> None:
 
     q, k, v = _abstract(2, sq, sk, 8, 2, d, dtype)
     lse = jax.ShapeDtypeStruct((2, 8, sq), jnp.float32)
 
     def f(q: Any, k: Any, v: Any, out: Any, lse: Any, do: Any) -> Any:
         return bwd.backward_impl(q, k, v, out, lse, do, block_q=blocks[0], block_kv=blocks[1], steps=steps,
-                                 softmax_scale=d ** -0.5, interpret_params=None, **mask)
+                                 softmax_scale=d ** -0.5, interpret_params=None, fused=fused, **mask)
 
-    text = jax.jit(f).trace(q, k, v, q, lse, q).lower(lowering_platforms=("cuda",)).as_text()
+    args: tuple[Any, ...] = (q, k, v, q, lse, q)
+    if vmapped:  # a leading mapped axis of 3 (folded into the batch)
+        args = tuple(jax.ShapeDtypeStruct((3, *a.shape), a.dtype) for a in args)
+    fn = jax.vmap(f) if vmapped else f
+    text = jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
     assert text.count("mosaic_gpu") >= 2, "no Mosaic GPU custom calls in the lowered backward"
 
 
@@ -547,6 +600,13 @@ def _lower_bwd(d: int, dtype: Any, mask: dict[str, Any], blocks: tuple[int, int]
 @pytest.mark.parametrize("blocks", [(64, 64), (128, 128)], ids=lambda b: f"{b[0]}x{b[1]}")
 def test_mosaic_backward_lowers_for_cuda(d: int, blocks: tuple[int, int]) -> None:
     _lower_bwd(d, jnp.bfloat16, MASKS["causal_window_cap"], blocks)
+
+
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("mask", ["causal_window_cap", "none"])
+def test_fused_backward_lowers_for_cuda(d: int, mask: str) -> None:
+    """The fused kernel (its float32 dQ buffer a Ref the TMA adds into), also under ``jax.vmap``."""
+    _lower_bwd(d, jnp.bfloat16, MASKS[mask], (64, 64), sq=300, sk=400, fused=True, vmapped=mask == "none")
 
 
 @pytest.mark.parametrize("mask", list(MASKS))
@@ -593,7 +653,15 @@ def test_gpu_matches_reference(case: Case) -> None:
 
 GPU_BWD_CASES = [attrs.evolve(c, mosaic_bwd=M64) for c in GPU_CASES] + [
     Case(b=2, sq=2048, sk=2048, hq=16, hkv=4, d=128, causal=True, block_kv=128, mosaic_bwd=(128, 128)),
-    Case(b=1, sq=1000, sk=1500, hq=8, hkv=8, d=64, window=(128, 64), cap=30.0, mosaic_bwd=(128, 64), steps=3),
+    Case(b=1, sq=1000, sk=1500, hq=8, hkv=8, d=64, window=(128, 64), cap=30.0, mosaic_bwd=(128, 64), steps=3,
+         deterministic=True),
+    # The fused backward at head dim 128 (the two kernels are its default there): GQA 4, causal, ragged.
+    Case(b=2, sq=2048, sk=2048, hq=16, hkv=4, d=128, causal=True, block_kv=128, mosaic_bwd=M64, deterministic=False),
+    Case(b=1, sq=1500, sk=700, hq=4, hkv=1, d=128, causal=True, mosaic_bwd=M64, deterministic=False),
+    Case(b=1, sq=777, sk=1234, hq=6, hkv=2, d=128, window=(200, 0), cap=20.0, mosaic_bwd=M64, deterministic=False),
+    # Two kernels at head dim 64 (the fused one is its default there).
+    Case(b=2, sq=1024, sk=1024, hq=8, hkv=2, d=64, causal=True, block_kv=128, mosaic_bwd=(128, 128),
+         deterministic=True),
 ]
 
 

@@ -9,12 +9,14 @@ from ejk.testing import check_discovered_plugins, check_imports_lazily, check_pl
 from ejk_xla import (
     FlashAttentionConfig,
     GatedDeltaRuleConfig,
+    GlaConfig,
     GroupedMatmulConfig,
     LinearCrossEntropyConfig,
     MatmulConfig,
     MlaAttentionConfig,
     PagedAttentionConfig,
     RmsNormConfig,
+    SsdConfig,
 )
 
 
@@ -33,11 +35,13 @@ def test_plugin_conforms_and_registers_every_op() -> None:
         "gated_delta_rule": GatedDeltaRuleConfig,
         "linear_cross_entropy": LinearCrossEntropyConfig,
         "rms_norm": RmsNormConfig,
+        "gla": GlaConfig,
+        "ssd": SsdConfig,
     }
     assert registry.list_algorithms() == sorted(expected)
     names = {"flash_attention": "chunked", "flash_attention_lse": "chunked", "matmul": "dot", "grouped_matmul": "tiled",
              "ragged_paged_attention": "paged", "mla_paged_attention": "paged", "gated_delta_rule": "chunked",
-             "linear_cross_entropy": "chunked", "rms_norm": "fused"}
+             "linear_cross_entropy": "chunked", "rms_norm": "fused", "gla": "chunked", "ssd": "chunked"}
     for algorithm, cfg_type in expected.items():
         (spec,) = [s for s in registry.list_implementations(algorithm) if s.backend == Backend.ANY]
         assert (spec.platform, spec.backend, spec.cfg_type) == (Platform.XLA, Backend.ANY, cfg_type)

@@ -31,6 +31,7 @@ from ejk.bench._cases import (
 from ejk.bench._environment import environment
 from ejk.bench._peaks import PEAKS, Peak, peak_for
 from ejk.bench._runner import Measurement, Options, run
+from ejk.bench._ssd_baseline import mamba2_chunked
 from ejk.bench._workloads import MODES, Workload, workload_for
 
 __all__ = [
@@ -52,6 +53,7 @@ __all__ = [
     "Prepared",
     "Workload",
     "baselines_for",
+    "mamba2_chunked",
     "environment",
     "parse_case",
     "parse_shapes",

@@ -1,7 +1,7 @@
 """The public operations and how they are dispatched, and the residual tags of their custom VJPs
 (:data:`FLASH_RESIDUALS`, :data:`FLASH_LSE_RESIDUALS`, :data:`MATMUL_RESIDUALS`,
-:data:`GROUPED_MATMUL_RESIDUALS`, :data:`LINEAR_CROSS_ENTROPY_RESIDUALS`, :data:`RMS_NORM_RESIDUALS`;
-see docs/KERNEL_CONTRACT.md).
+:data:`GROUPED_MATMUL_RESIDUALS`, :data:`LINEAR_CROSS_ENTROPY_RESIDUALS`, :data:`RMS_NORM_RESIDUALS`,
+:data:`GLA_RESIDUALS`, :data:`SSD_RESIDUALS`; see docs/KERNEL_CONTRACT.md).
 
 Each built-in operation is one folder, ``ejk/ops/_<name>/`` (listed in :mod:`ejk.ops._builtin`),
 holding its kernel and public function, validation, reference, conformance check, residual
@@ -37,6 +37,7 @@ from ejk.ops._flash_attention._residuals import (
 )
 from ejk.ops._gated_delta_rule import GatedDeltaRuleKernel, gated_delta_rule, gated_delta_rule_step
 from ejk.ops._generic import AlgorithmKernel, run
+from ejk.ops._gla import GLA_RESIDUALS, GlaKernel, gla
 from ejk.ops._grouped_matmul import GroupedMatmulKernel, grouped_matmul
 from ejk.ops._linear_cross_entropy import (
     LINEAR_CROSS_ENTROPY_RESIDUALS,
@@ -53,6 +54,7 @@ from ejk.ops._ragged_paged_attention import (
 )
 from ejk.ops._residuals import without_residuals
 from ejk.ops._rms_norm import RMS_NORM_RESIDUALS, RmsNormKernel, rms_norm
+from ejk.ops._ssd import SSD_RESIDUALS, SsdKernel, ssd
 
 builtin_ops()  # defines every built-in op, including any not re-exported above
 
@@ -60,12 +62,14 @@ __all__ = [
     "BUILTIN_OPS",
     "FLASH_LSE_RESIDUALS",
     "FLASH_RESIDUALS",
+    "GLA_RESIDUALS",
     "GROUPED_MATMUL_RESIDUALS",
     "LINEAR_CROSS_ENTROPY_RESIDUALS",
     "LSE2_INDEX",
     "MATMUL_RESIDUALS",
     "OPS",
     "RMS_NORM_RESIDUALS",
+    "SSD_RESIDUALS",
     "AlgorithmKernel",
     "Candidate",
     "Explanation",
@@ -73,6 +77,7 @@ __all__ = [
     "FlashAttentionKernel",
     "GatedDeltaRuleKernel",
     "FlashAttentionLseKernel",
+    "GlaKernel",
     "GroupedMatmulKernel",
     "ImplChoice",
     "ImplementationReport",
@@ -83,6 +88,7 @@ __all__ = [
     "OpKernel",
     "RaggedPagedAttentionKernel",
     "RmsNormKernel",
+    "SsdKernel",
     "builtin_ops",
     "define_op",
     "explain",
@@ -93,6 +99,7 @@ __all__ = [
     "gated_delta_rule_step",
     "get_default_executor",
     "get_op",
+    "gla",
     "grouped_matmul",
     "linear_cross_entropy",
     "matmul",
@@ -107,6 +114,7 @@ __all__ = [
     "set_default_executor",
     "sinks_backward",
     "sinks_cotangent",
+    "ssd",
     "use_executor",
     "with_natural_lse",
     "without_residuals",

@@ -45,6 +45,8 @@ if TYPE_CHECKING:
         reference_flash_attention_lse,
     )
     from ejk.ops._gated_delta_rule._conformance import GdrCase, gdr_inputs
+    from ejk.ops._gla._conformance import GLA_CASES, check_gla
+    from ejk.ops._gla._reference import reference_gla
     from ejk.ops._grouped_matmul._conformance import check_grouped_matmul
     from ejk.ops._grouped_matmul._reference import reference_grouped_matmul
     from ejk.ops._linear_cross_entropy._conformance import LINEAR_CROSS_ENTROPY_CASES, check_linear_cross_entropy
@@ -57,6 +59,8 @@ if TYPE_CHECKING:
     from ejk.ops._ragged_paged_attention._reference import reference_ragged_paged_attention
     from ejk.ops._rms_norm._conformance import RMS_NORM_SHAPES, check_rms_norm
     from ejk.ops._rms_norm._reference import reference_rms_norm
+    from ejk.ops._ssd._conformance import SSD_CASES, check_ssd
+    from ejk.ops._ssd._reference import reference_ssd
 
 #: Names of an op's folder that are not its reference or check, by the module that holds them.
 _OP_EXTRAS = {
@@ -71,6 +75,8 @@ _OP_EXTRAS = {
     "gdr_inputs": "ejk.ops._gated_delta_rule._conformance",
     "LINEAR_CROSS_ENTROPY_CASES": "ejk.ops._linear_cross_entropy._conformance",
     "RMS_NORM_SHAPES": "ejk.ops._rms_norm._conformance",
+    "GLA_CASES": "ejk.ops._gla._conformance",
+    "SSD_CASES": "ejk.ops._ssd._conformance",
 }
 
 __all__ = [
@@ -78,10 +84,12 @@ __all__ = [
     "AttentionCase",
     "ConformanceError",
     "FLASH_ATTENTION_CASES",
+    "GLA_CASES",
     "GdrCase",
     "LINEAR_CROSS_ENTROPY_CASES",
     "MATMUL_SHAPES",
     "SINKS_CASES",
+    "SSD_CASES",
     "RMS_NORM_SHAPES",
     "TOLERANCES",
     "assert_close",
@@ -90,6 +98,7 @@ __all__ = [
     "check_flash_attention",
     "check_flash_attention_lse",
     "check_flash_attention_sinks",
+    "check_gla",
     "check_grouped_matmul",
     "check_linear_cross_entropy",
     "check_matmul",
@@ -97,6 +106,7 @@ __all__ = [
     "check_op",
     "check_ragged_paged_attention",
     "check_rms_norm",
+    "check_ssd",
     "check_discovered_plugins",
     "check_imports_lazily",
     "check_plugin",
@@ -108,12 +118,14 @@ __all__ = [
     "paged_batch",
     "reference_flash_attention",
     "reference_flash_attention_lse",
+    "reference_gla",
     "reference_grouped_matmul",
     "reference_linear_cross_entropy",
     "reference_matmul",
     "reference_mla_paged_attention",
     "reference_ragged_paged_attention",
     "reference_rms_norm",
+    "reference_ssd",
     "tolerance",
     "values_and_grads",
 ]

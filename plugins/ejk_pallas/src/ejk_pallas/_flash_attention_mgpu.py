@@ -66,6 +66,7 @@ __all__ = [
     "config_space",
     "forward",
     "forward_with_residuals",
+    "fused_backward",
     "heuristic_config",
     "interpret_params",
 ]
@@ -111,9 +112,16 @@ class MosaicFlashAttentionConfig:
             in interpret mode, where the Mosaic GPU interpreter is slow and stalls on small machines),
             ``"mosaic"`` (that backward or an error saying why not) or ``"triton_lowered"``. The
             Mosaic one measured faster (``benchmarks/results/kernel_defaults_h100.md``).
-        bwd_block_q: Query rows per step of the Mosaic dK / dV kernel (``backward="mosaic"`` only).
-        bwd_block_kv: Keys per step of the Mosaic dQ kernel (``backward="mosaic"`` only).
-        bwd_max_concurrent_steps: TMA ring slots of both Mosaic backward kernels.
+        bwd_block_q: Query rows per step of the Mosaic dK / dV kernel (``deterministic=True`` only).
+        bwd_block_kv: Keys per step of the Mosaic dQ kernel (``deterministic=True`` only).
+        bwd_max_concurrent_steps: TMA ring slots of the Mosaic backward kernels.
+        deterministic: Which Mosaic backward. ``False``: one fused kernel per 128 keys that computes dK,
+            dV and its share of dQ from one ``S`` / ``P`` recomputation and adds the dQ shares into a
+            float32 buffer with TMA reduce-adds in no fixed order (dQ may differ in the last bits between
+            runs); ``bwd_block_q`` / ``bwd_block_kv`` unused. ``True``: two kernels (dK / dV, then dQ, each
+            recomputing ``S`` and ``P``), bitwise reproducible. ``None`` (default): the faster measured
+            on an H100 (``benchmarks/results/pallas_mosaic_attention_h100.md``): fused at head dim 64
+            (when its ``bwd_max_concurrent_steps`` fit: 2), two kernels at 128.
     """
 
     block_q: int = attrs.field(default=128, validator=one_of(128, 192))
@@ -126,6 +134,8 @@ class MosaicFlashAttentionConfig:
     bwd_block_q: int = attrs.field(default=64, validator=one_of(64, 128))
     bwd_block_kv: int = attrs.field(default=64, validator=one_of(64, 128))
     bwd_max_concurrent_steps: int = attrs.field(default=2, validator=int_in(2, 4))
+    deterministic: bool | None = attrs.field(
+        default=None, validator=attrs.validators.optional(attrs.validators.instance_of(bool)))
 
     def __attrs_post_init__(self) -> None:
         if self.block_q != 128 and not self.overlap:
@@ -696,21 +706,24 @@ def _backward(
     sliding_window: tuple[int, int] | None,
     logits_soft_cap: float | None,
 ) -> tuple[Any, ...]:
-    """Gradients from the shared residuals: the Mosaic GPU backward or the Triton-lowered Pallas backward
-    (its heuristic config), as ``cfg.backward`` says (see :class:`MosaicFlashAttentionConfig`); the
-    Triton-lowered one when ``cfg`` is not a Mosaic config. ``d_lse``: the cotangent of
+    """Gradients from the shared residuals: the Mosaic GPU backward (fused, or the two deterministic kernels)
+    or the Triton-lowered Pallas backward (its heuristic config), as ``cfg.backward`` and ``cfg.deterministic``
+    say (see :class:`MosaicFlashAttentionConfig`); ``cfg=None`` takes :func:`heuristic_config` for the call;
+    the Triton-lowered one when ``cfg`` is another implementation's config. ``d_lse``: the cotangent of
     ``ejk.flash_attention_lse``'s natural log-sum-exp (the VJP names ``"lse"`` in ``extra_cotangents``).
 
     Returns:
         ``(dq, dk, dv, None, None, None)``.
     """
     q, k, v, _, _, _, out, lse = residuals
+    if cfg is None:  # no config (``ImplChoice`` without one, or a pairing): this call's heuristic one
+        cfg = heuristic_config(q, k, v, causal=causal, sliding_window=sliding_window)
     why_not = _mosaic_backward_refusal(cfg, int(q.shape[3]), jnp.dtype(q.dtype).itemsize)
     if why_not is not None:
         if isinstance(cfg, MosaicFlashAttentionConfig) and cfg.backward == "mosaic":
             raise ValueError(f"MosaicFlashAttentionConfig.backward='mosaic': {why_not}")
         return _fa._backward(residuals, d_out, d_lse=d_lse, cfg=None, causal=causal, softmax_scale=softmax_scale,
-                            sliding_window=sliding_window, logits_soft_cap=logits_soft_cap)
+                             sliding_window=sliding_window, logits_soft_cap=logits_soft_cap)
     assert isinstance(cfg, MosaicFlashAttentionConfig)
     if min(q.shape[0], q.shape[1], q.shape[2], k.shape[1]) == 0:
         return jnp.zeros_like(q), jnp.zeros_like(k), jnp.zeros_like(v), None, None, None
@@ -722,7 +735,8 @@ def _backward(
     dq, dk, dv = _bwd.backward_impl(
         q, k, v, out, lse, d_out, block_q=cfg.bwd_block_q, block_kv=cfg.bwd_block_kv,
         steps=cfg.bwd_max_concurrent_steps, causal=causal, softmax_scale=softmax_scale,
-        sliding_window=sliding_window, logits_soft_cap=logits_soft_cap, interpret_params=params, d_lse=d_lse)
+        sliding_window=sliding_window, logits_soft_cap=logits_soft_cap, interpret_params=params, d_lse=d_lse,
+        fused=fused_backward(cfg, int(q.shape[3]), jnp.dtype(q.dtype).itemsize))
     return dq, dk, dv, None, None, None
 
 
@@ -744,7 +758,16 @@ _PLGPU_API = ("kernel", "SMEM", "Barrier", "ACC", "TilingTransform", "SwizzleTra
 
 
 #: What the Mosaic GPU backward (``backward="mosaic"``) uses on top of :data:`_PLGPU_API`.
-_PLGPU_BWD_API = ("load",)
+_PLGPU_BWD_API = ("load", "transpose_ref", "Mesh")
+
+
+def fused_backward(cfg: MosaicFlashAttentionConfig, d: int, itemsize: int = 2) -> bool:
+    """Whether the Mosaic backward under ``cfg`` at head dim ``d`` is the fused kernel (see
+    :attr:`MosaicFlashAttentionConfig.deterministic`; ``None`` takes the two kernels where the fused one's
+    ``bwd_max_concurrent_steps`` slots would not fit in shared memory)."""
+    if cfg.deterministic is not None:
+        return not cfg.deterministic
+    return d <= 64 and _bwd.fused_smem_bytes(d, cfg.bwd_max_concurrent_steps, itemsize) <= _SMEM_BUDGET
 
 
 def _mosaic_backward_refusal(cfg: Any, d: int, itemsize: int) -> str | None:
@@ -755,8 +778,10 @@ def _mosaic_backward_refusal(cfg: Any, d: int, itemsize: int) -> str | None:
         return "interpret mode runs the Triton-lowered backward unless backward='mosaic' is asked for"
     need = bwd_smem_bytes(cfg, d, itemsize)
     if need > _SMEM_BUDGET:
-        return (f"bwd_block_q={cfg.bwd_block_q}, bwd_block_kv={cfg.bwd_block_kv}, bwd_max_concurrent_steps="
-                f"{cfg.bwd_max_concurrent_steps} need {need} bytes of shared memory at head_dim {d} (budget "
+        tiles = ("" if fused_backward(cfg, d, itemsize)
+                 else f"bwd_block_q={cfg.bwd_block_q}, bwd_block_kv={cfg.bwd_block_kv}, ")
+        return (f"{tiles}bwd_max_concurrent_steps={cfg.bwd_max_concurrent_steps}, deterministic={cfg.deterministic} "
+                f"need {need} bytes of shared memory at head_dim {d} (budget "
                 f"{_SMEM_BUDGET}); use fewer steps or smaller blocks")
     _, plgpu = _mods()
     missing = [name for name in _PLGPU_BWD_API if not hasattr(plgpu, name)]
@@ -852,7 +877,10 @@ def smem_bytes(cfg: MosaicFlashAttentionConfig, d: int, itemsize: int) -> int:
 
 
 def bwd_smem_bytes(cfg: MosaicFlashAttentionConfig, d: int, itemsize: int) -> int:
-    """Shared memory (bytes) of the Mosaic backward's larger kernel under ``cfg`` (see ``_bwd.smem_bytes``)."""
+    """Shared memory (bytes) of the Mosaic backward's (larger) kernel under ``cfg`` (``_bwd.fused_smem_bytes``,
+    or ``_bwd.smem_bytes`` when ``cfg.deterministic``)."""
+    if fused_backward(cfg, d, itemsize):
+        return _bwd.fused_smem_bytes(d, cfg.bwd_max_concurrent_steps, itemsize)
     return max(_bwd.smem_bytes(cfg.bwd_block_q, cfg.bwd_max_concurrent_steps, d, itemsize),
                _bwd.smem_bytes(cfg.bwd_block_kv, cfg.bwd_max_concurrent_steps, d, itemsize))
 

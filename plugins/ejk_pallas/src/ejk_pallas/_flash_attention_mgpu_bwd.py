@@ -1,11 +1,22 @@
 """Flash attention backward for Hopper written with Pallas's Mosaic GPU backend (``plgpu``).
 
-Opt-in backward of ``pallas/gpu:mosaic`` (``MosaicFlashAttentionConfig(backward="mosaic")``); it
-consumes the forward's residuals (:data:`ejk_pallas._flash_attention.RESIDUALS`: inputs, output and
-the base-2 log-sum-exp, ``+inf`` for rows that see no key). ``delta = rowsum(dO * O)`` is computed in
-JAX. Two kernels, each with two consumer warpgroups (64 rows of the output tile each) and one
-producer warpgroup that streams blocks over TMA into a ring of ``bwd_max_concurrent_steps`` slots
-(one "ready" barrier per slot and operand, one "free" barrier per slot both consumers arrive on):
+The backward of ``pallas/gpu:mosaic`` on a GPU (``MosaicFlashAttentionConfig.backward``); it consumes the
+forward's residuals (:data:`ejk_pallas._flash_attention.RESIDUALS`: inputs, output and the base-2
+log-sum-exp, ``+inf`` for rows that see no key). ``delta = rowsum(dO * O)`` is computed in JAX. Every
+kernel has two consumer warpgroups (64 rows of the output tile each) and one producer warpgroup that
+streams blocks over TMA into a ring of ``bwd_max_concurrent_steps`` slots (one "ready" barrier per slot
+and operand, one "free" barrier per slot both consumers arrive on).
+
+Fused (``deterministic=False``, the default at head dim 64): one CTA per (128 keys, kv head, batch) runs
+the dK / dV kernel below with :func:`fused_block` query rows a step, and also stores each consumer's
+``dSᵀ`` (16-bit) into one of two shared-memory slots; the consumers meet on a barrier, then each computes
+its share of ``dQ = dS·K`` over the CTA's 128 keys (half the columns at head dim 128, half the rows at 64)
+and adds it into a zeroed float32 ``[B, Sq, Hq, D]`` buffer with a TMA reduce-add (``jax.new_ref``,
+aliased into ``pl.kernel``). ``S`` and ``P`` are computed once instead of twice; the adds land in no
+fixed order. In interpret mode (no TMA reductions there) each key tile writes its own float32 part and
+JAX sums them.
+
+Deterministic (``deterministic=True``, the default at head dim 128): two kernels.
 
 * dK / dV: one CTA per (128 keys, kv head, batch). The producer streams ``bwd_block_q`` rows of Q,
   dO, lse and delta for every q head of the kv head's group (GQA: dK / dV are summed over the group
@@ -41,8 +52,9 @@ from jax import lax
 
 from ejk.tiling import cdiv as _cdiv
 from ejk_pallas._flash_attention import _key_blocks, _make_mask, _Mask, _pad, _q_block, _query_blocks
+from ejk_pallas._vmap import fold_vmap_into_batch
 
-__all__ = ["backward_impl", "smem_bytes"]
+__all__ = ["backward_impl", "fused_block", "fused_smem_bytes", "smem_bytes"]
 
 _LOG2E = math.log2(math.e)
 #: Consumer warpgroups per CTA; each owns 64 rows of the output tile (one WGMMA tile).
@@ -434,6 +446,231 @@ def _dq_kernel(q_ref: Any, k_ref: Any, v_ref: Any, do_ref: Any, lse_ref: Any, de
 
 
 # ----------------------------------------------------------------------------------------------
+# Fused: dK / dV and dQ in one kernel
+# ----------------------------------------------------------------------------------------------
+
+
+def fused_block(d: int) -> int:
+    """Query rows per step of the fused kernel at head dim ``d``: 128 at 64 (the consumers split dQ's
+    rows), 64 at 128 (they split dQ's columns, 64 each)."""
+    return 2 * _ROWS if d <= 64 else _ROWS
+
+
+def fused_smem_bytes(d: int, steps: int, itemsize: int) -> int:
+    """Shared memory (bytes) of the fused kernel: K and V, the Q / dO / lse / delta ring, two slots of the
+    CTA's ``dSᵀ`` (``128 x block`` 16-bit) and each consumer's float32 dQ part (``64 x 64`` or ``64 x d``)."""
+    blk = fused_block(d)
+    dq_cols = d if blk == 2 * _ROWS else d // 2
+    return (2 * _TILE * d * itemsize + steps * blk * (2 * d * itemsize + 2 * 4) + 2 * _TILE * blk * itemsize
+            + _CONSUMERS * _ROWS * dq_cols * 4)
+
+
+def _dq_part(ds_slot: Any, k_smem2: Any, wg: Any, st: _Static) -> Any:
+    """This consumer's share of ``dQ = dS · K`` over the CTA's 128 keys (float32): rows ``64·wg`` to
+    ``64·wg + 64`` of a 128-row step, or columns ``d/2·wg`` to ``d/2·wg + d/2`` of a 64-row step.
+    ``ds_slot``: ``[consumers, 64 keys, block]`` (each consumer's ``dSᵀ``); ``k_smem2``: ``[consumers, 64, d]``."""
+    pl, plgpu = _mods()
+    by_rows = st.blk == 2 * _ROWS
+    half = st.d // 2
+    shape = (_ROWS, st.d if by_rows else half)
+    if st.interpret:
+        acc = jnp.zeros(shape, jnp.float32)
+        for c in range(_CONSUMERS):
+            ds_t, k = ds_slot[c], k_smem2[c]
+            if by_rows:
+                ds_t = lax.dynamic_slice_in_dim(ds_t, wg * _ROWS, _ROWS, 1)
+            else:
+                k = lax.dynamic_slice_in_dim(k, wg * half, half, 1)
+            acc = acc + jnp.dot(ds_t.T, k, preferred_element_type=jnp.float32)
+        return acc
+
+    def body(acc: Any) -> Any:
+        for c in range(_CONSUMERS):
+            if by_rows:
+                a, b = ds_slot.at[c, :, pl.ds(wg * _ROWS, _ROWS)], k_smem2.at[c]
+            else:
+                a, b = ds_slot.at[c], k_smem2.at[c, :, pl.ds(wg * half, half)]
+            plgpu.wgmma(acc, plgpu.transpose_ref(a, (1, 0)), b)
+        return acc[...]
+
+    return pl.run_scoped(body, plgpu.ACC(shape, jnp.float32))
+
+
+def _mma2(dk: Any, ds: Any, q_s: Any, dv: Any, p: Any, do_s: Any, ds_dst: Any, st: _Static) -> tuple[Any, Any]:
+    """``(dk + ds · q_s, dv + p · do_s)`` (``ds``, ``p`` 16-bit registers), both MMAs in flight while ``ds``
+    is stored to ``ds_dst`` (shared memory, fenced for the tensor cores)."""
+    pl, plgpu = _mods()
+    if st.interpret:
+        ds_dst[...] = ds
+        return _mma(dk, ds, q_s, st), _mma(dv, p, do_s, st)
+
+    def body(refs: Any) -> None:
+        dk_ref, dv_ref = refs
+        plgpu.wgmma(dv_ref, p, do_s)
+        plgpu.wgmma(dk_ref, ds, q_s)
+        ds_dst[...] = ds
+        plgpu.commit_smem()
+
+    return pl.run_state(body)((plgpu.ACC.init(dk), plgpu.ACC.init(dv)))  # type: ignore[no-any-return]
+
+
+def _fused_kernel(q_ref: Any, k_ref: Any, v_ref: Any, do_ref: Any, lse_ref: Any, delta_ref: Any, *refs: Any,
+                  st: _Static) -> None:
+    pl, plgpu = _mods()
+    if st.interpret:  # dQ parts per key tile, summed in JAX (the interpreter has no TMA reduction)
+        dk_ref, dv_ref, dq_ref, scoped = refs
+    else:  # dQ: a zeroed float32 accumulator the TMA adds into
+        dq_ref, dk_ref, dv_ref, scoped = refs
+    (k_smem2, v_smem2, q_ring, do_ring, lse_ring, delta_ring, ds_smem, dq_smem), ready, kv_ready, free, dsync = scoped
+    wg = lax.axis_index("wg")
+    tile, kv_head, batch = _tile_of(st)
+    col_cta = tile * _TILE
+    lo, _, _, hi = _query_blocks(st.mask, col_cta, _TILE, st.blk, st.n_blk)
+    n = hi - lo
+    ring = _Ring(st, n * st.group)
+    by_rows = st.blk == 2 * _ROWS
+
+    def meet() -> None:
+        plgpu.barrier_arrive(dsync)
+        plgpu.barrier_wait(dsync)
+
+    def consumer() -> None:
+        plgpu.set_max_registers(_CONSUMER_REGS, action="increase")
+        k_smem, v_smem = k_smem2.at[wg], v_smem2.at[wg]
+        col0 = col_cta + wg * _ROWS
+        block = (batch, pl.ds(col0, _ROWS), kv_head)
+        plgpu.copy_gmem_to_smem(k_ref.at[block], k_smem, kv_ready.at[wg])
+        plgpu.barrier_wait(kv_ready.at[wg])
+        plgpu.copy_gmem_to_smem(v_ref.at[block], v_smem, kv_ready.at[wg])
+        plgpu.barrier_wait(kv_ready.at[wg])
+        # Both consumers run every block of the CTA's range (they meet on dsync each step): blocks
+        # outside a consumer's own unmasked range are masked (its dSᵀ is zero where its keys see nothing).
+        _, w_lo_full, w_hi_full, _ = _query_blocks(st.mask, col0, _ROWS, st.blk, st.n_blk)
+        bounds = (lo, w_lo_full, w_hi_full, hi)
+        q_r, do_r, lse_r, delta_r = ready
+        shape = (_ROWS, st.blk)
+        dq_s = dq_smem.at[wg]
+
+        def head(g: Any, carry: Any) -> Any:
+            base = g * n - lo
+            h = kv_head * st.group + g
+
+            def store_dq(dq: Any, t: Any) -> None:  # t: the query block of the dQ part
+                plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # the last part has left dq_s
+                dq_s[...] = dq
+                plgpu.commit_smem()
+                rows = pl.ds(t * st.blk + (wg * _ROWS if by_rows else 0), _ROWS)
+                cols = pl.ds(0, st.d) if by_rows else pl.ds(wg * (st.d // 2), st.d // 2)
+                if st.interpret:
+                    plgpu.copy_smem_to_gmem(dq_s, dq_ref.at[tile, batch, rows, h, cols])
+                else:
+                    plgpu.copy_smem_to_gmem(dq_s, dq_ref.at[batch, rows, h, cols], reduction_op="add")
+
+            def step(t: Any, s: Any, carry: Any, *, masked: bool) -> Any:
+                dk, dv = carry
+                q_s, do_s = q_ring.at[s], do_ring.at[s]
+                s_raw, dp = _mm_pair(k_smem, q_s, v_smem, do_s, shape, st)  # Sᵀ = K·Qᵀ, dPᵀ = V·dOᵀ
+                z, tanh = _logits(s_raw, st)
+                if masked:
+                    vis = _visible(st, t * st.blk, col0, shape, rows_axis=1)
+                    if vis is not None:
+                        z = jnp.where(vis, z, -jnp.inf)
+                lse = _vector(lse_ring.at[s], 1, st)
+                p = jnp.exp2(z - lax.broadcast_in_dim(lse, shape, [1]))  # Pᵀ: keys x rows
+                delta = _vector(delta_ring.at[s], 1, st)
+                ds = p * (dp - lax.broadcast_in_dim(delta, shape, [1]))
+                if tanh is not None:
+                    ds = ds * (1.0 - tanh * tanh)
+                slot = ds_smem.at[lax.rem(base + t, 2)]  # two slots: the other consumer may still read the last
+                dk, dv = _mma2(dk, ds.astype(st.dtype), q_s, dv, p.astype(st.dtype), do_s, slot.at[wg], st)
+                plgpu.commit_smem()  # order the generic lse / delta reads before the TMA refills the slot
+                meet()  # both halves of the CTA's dSᵀ are in shared memory
+                store_dq(_dq_part(slot, k_smem2, wg, st), t)
+                return dk, dv
+
+            return _consume(ring, (q_r, do_r, lse_r, delta_r), free, lo, hi, bounds, base, step, carry)
+
+        zeros = _cast(jnp.zeros((_ROWS, st.d), jnp.float32), plgpu.Layout.WGMMA, st)
+        carry = (zeros, zeros)
+        dk, dv = head(0, carry) if st.group == 1 else lax.fori_loop(0, st.group, head, carry)
+        meet()  # the other consumer's last dQ part has read this one's K
+        k_smem[...] = (dk * st.scale).astype(st.dtype)
+        v_smem[...] = dv.astype(st.dtype)
+        plgpu.commit_smem()
+        plgpu.copy_smem_to_gmem(k_smem, dk_ref.at[block])
+        plgpu.copy_smem_to_gmem(v_smem, dv_ref.at[block])
+        plgpu.wait_smem_to_gmem(0)
+
+    def producer() -> None:
+        plgpu.set_max_registers(_PRODUCER_REGS, action="decrease")
+        q_r, do_r, lse_r, delta_r = ready
+        first_head = kv_head * st.group
+        safe_n = max(n, 1) if isinstance(n, int) else jnp.maximum(n, 1)
+
+        def load(i: Any, s: Any) -> None:
+            g = lax.div(i, jnp.int32(safe_n) if isinstance(safe_n, int) else safe_n)
+            rows = pl.ds((lo + lax.rem(i, jnp.int32(safe_n) if isinstance(safe_n, int) else safe_n)) * st.blk,
+                         st.blk)
+            h = first_head + g
+            plgpu.copy_gmem_to_smem(q_ref.at[batch, rows, h], q_ring.at[s], q_r.at[s])
+            plgpu.copy_gmem_to_smem(do_ref.at[batch, rows, h], do_ring.at[s], do_r.at[s])
+            plgpu.copy_gmem_to_smem(lse_ref.at[batch, h, rows], lse_ring.at[s], lse_r.at[s])
+            plgpu.copy_gmem_to_smem(delta_ref.at[batch, h, rows], delta_ring.at[s], delta_r.at[s])
+
+        ring.produce(load, free)
+
+    _when(wg < _CONSUMERS, consumer)
+    _when(wg == _CONSUMERS, producer)
+
+
+def _visited_rows(st: _Static, sqp: int) -> Any:
+    """``[tiles, sqp]`` booleans: which padded query rows the fused kernel's CTA of each key tile visits."""
+    tiles = jnp.arange(st.n_tile, dtype=jnp.int32)
+    lo, _, _, hi = _query_blocks(st.mask, tiles * _TILE, _TILE, st.blk, st.n_blk)
+    rows = jnp.arange(sqp, dtype=jnp.int32)[None]
+    lo = jnp.broadcast_to(jnp.asarray(lo), (st.n_tile,))[:, None]
+    hi = jnp.broadcast_to(jnp.asarray(hi), (st.n_tile,))[:, None]
+    return (rows >= lo * st.blk) & (rows < hi * st.blk)
+
+
+def _fused(args: tuple[Any, ...], st: _Static, interpret_params: Any) -> tuple[Any, Any, Any]:
+    """``(dq float32 unscaled, dk, dv)`` (padded) from the fused kernel."""
+    pl, plgpu = _mods()
+    qp, kp = args[0], args[1]
+    batch, sqp, hq, d = qp.shape
+    t = _tiles()
+    by_rows = st.blk == 2 * _ROWS
+    smem = (plgpu.SMEM((_CONSUMERS, _ROWS, d), st.dtype, transforms=t),
+            plgpu.SMEM((_CONSUMERS, _ROWS, d), st.dtype, transforms=t),
+            plgpu.SMEM((st.steps, st.blk, d), st.dtype, transforms=t),
+            plgpu.SMEM((st.steps, st.blk, d), st.dtype, transforms=t),
+            plgpu.SMEM((st.steps, st.blk), jnp.float32),
+            plgpu.SMEM((st.steps, st.blk), jnp.float32),
+            plgpu.SMEM((2, _CONSUMERS, _ROWS, st.blk), st.dtype, transforms=t),
+            plgpu.SMEM((_CONSUMERS, _ROWS, d if by_rows else d // 2), jnp.float32,
+                       transforms=(plgpu.TilingTransform((8, 32)), plgpu.SwizzleTransform(128))))
+    kv_out = (jax.ShapeDtypeStruct(kp.shape, st.dtype),) * 2
+    grid = (st.n_tile * st.heads * qp.shape[0],)
+    if interpret_params is not None:
+        parts = jax.ShapeDtypeStruct((st.n_tile, batch, sqp, hq, d), jnp.float32)
+        dk, dv, dq = _launch(_fused_kernel, st, outs=(*kv_out, parts), grid=grid, names=("cta",), smem=smem,
+                             ready=4, interpret_params=interpret_params, meet=True)(*args)
+        seen = _visited_rows(st, sqp)[:, None, :, None, None]
+        return jnp.where(seen, dq, 0.0).sum(0), dk, dv
+    kernel = _launch(_fused_kernel, st, outs=kv_out, grid=grid, names=("cta",), smem=smem, ready=4,
+                     interpret_params=None, meet=True)
+
+    def run(refs: Any) -> None:  # the float32 dQ buffer is a Ref the kernel adds into (state kept functional)
+        acc_ref, kv_refs = refs
+        dk, dv = kernel(*args, acc_ref)
+        kv_refs[0][...], kv_refs[1][...] = dk, dv
+
+    empty = jnp.zeros(kp.shape, st.dtype)
+    dq, (dk, dv) = pl.run_state(run)((jnp.zeros((batch, sqp, hq, d), jnp.float32), (empty, empty)))
+    return dq, dk, dv
+
+
+# ----------------------------------------------------------------------------------------------
 # Launch
 # ----------------------------------------------------------------------------------------------
 
@@ -454,7 +691,7 @@ def _tiles() -> tuple[Any, ...]:
 
 
 def _launch(body: Any, st: _Static, *, outs: Any, grid: tuple[int, ...], names: tuple[str, ...], smem: Any,
-            ready: int, interpret_params: Any) -> Any:
+            ready: int, interpret_params: Any, meet: bool = False) -> Any:
     pl, plgpu = _mods()
 
     def entry(*refs: Any) -> None:
@@ -464,23 +701,30 @@ def _launch(body: Any, st: _Static, *, outs: Any, grid: tuple[int, ...], names: 
             tuple(plgpu.Barrier(num_barriers=st.steps) for _ in range(ready)),
             plgpu.Barrier(num_barriers=_CONSUMERS),
             plgpu.Barrier(num_arrivals=_CONSUMERS, num_barriers=st.steps),
+            *((plgpu.Barrier(num_arrivals=_CONSUMERS),) if meet else ()),
             collective_axes="wg",
         )
 
+    params = plgpu.CompilerParams(approx_math=True)
+    if interpret_params is None and meet:  # ``pl.kernel`` takes the accumulator Ref (``plgpu.kernel`` cannot)
+        mesh = plgpu.Mesh(grid=grid, grid_names=names, num_threads=_CONSUMERS + 1, thread_name="wg")
+        return pl.kernel(entry, out_type=outs, mesh=mesh, compiler_params=params, name=body.__name__.strip("_"))
     kwargs: dict[str, Any] = {} if interpret_params is None else {"interpret": interpret_params}
     return plgpu.kernel(entry, out_type=outs, grid=grid, grid_names=names, num_threads=_CONSUMERS + 1,
-                        thread_name="wg", compiler_params=plgpu.CompilerParams(approx_math=True), **kwargs)
+                        thread_name="wg", compiler_params=params, **kwargs)
 
 
 def backward_impl(q: Any, k: Any, v: Any, out: Any, lse: Any, d_out: Any, *, block_q: int, block_kv: int,
                   steps: int, causal: bool, softmax_scale: float, sliding_window: tuple[int, int] | None,
-                  logits_soft_cap: float | None, interpret_params: Any, d_lse: Any = None) -> tuple[Any, Any, Any]:
+                  logits_soft_cap: float | None, interpret_params: Any, d_lse: Any = None,
+                  fused: bool = False) -> tuple[Any, Any, Any]:
     """``(dq, dk, dv)`` from the forward's residuals (``lse`` base 2, ``[B, Hq, Sq]``, ``+inf`` for empty rows)
     and the cotangents (``d_lse``: of the natural log-sum-exp, if any).
 
-    ``block_q``: query rows per step of the dK / dV kernel; ``block_kv``: keys per step of the dQ
-    kernel; ``steps``: TMA ring slots of both; ``interpret_params``: Mosaic GPU interpret mode's
-    parameters, or ``None`` to compile for the GPU.
+    ``fused``: one kernel (:func:`fused_block` rows a step, ``block_q`` / ``block_kv`` unused), dQ
+    accumulated in float32 by TMA reduce-adds in no fixed order; else the two deterministic kernels, dK / dV
+    with ``block_q`` query rows a step and dQ with ``block_kv`` keys a step. ``steps``: TMA ring slots;
+    ``interpret_params``: Mosaic GPU interpret mode's parameters, or ``None`` to compile for the GPU.
     """
     _, plgpu = _mods()
     batch, sq, hq, d = q.shape
@@ -497,6 +741,14 @@ def backward_impl(q: Any, k: Any, v: Any, out: Any, lse: Any, d_out: Any, *, blo
     kp, vp = _pad(k, 1, skp), _pad(v, 1, skp)
     lsep, deltap = _pad(lse, 2, sqp, jnp.inf), _pad(delta, 2, sqp)  # padded rows: p = 0
     args = (qp, kp, vp, dop, lsep, deltap)
+
+    if fused:
+        blk = fused_block(d)
+        st = _Static(blk=blk, steps=min(steps, sqp // blk), n_blk=sqp // blk, n_tile=skp // _TILE, heads=hkv,
+                     **common)
+        # jax.vmap folds into the batch (the accumulator Ref has no batching rule of its own)
+        dq32, dk, dv = fold_vmap_into_batch(lambda *a: _fused(a, st, interpret_params))(*args)
+        return (dq32[:, :sq] * st.scale).astype(dtype), dk[:, :sk], dv[:, :sk]
 
     st_kv = _Static(blk=block_q, steps=min(steps, sqp // block_q), n_blk=sqp // block_q, n_tile=skp // _TILE,
                     heads=hkv, **common)

@@ -5,7 +5,8 @@ sliding windows, soft cap, segment ids, bias), ``matmul`` (``jnp.matmul`` shapes
 ``grouped_matmul`` (mixture of experts, one persistent launch over all groups), each with its
 backward, ``ragged_paged_attention`` (decode with split-K and chunked prefill over a paged KV
 cache, one kernel), ``mla_paged_attention`` (DeepSeek-style latent attention decode, split-KV) and
-``gated_delta_rule`` (chunked WY form, forward and backward). Triton and jax-triton are imported
+``gated_delta_rule`` (chunked WY form, forward and backward), and ``gla`` and ``ssd`` (chunked
+linear recurrences: one forward kernel, one backward kernel). Triton and jax-triton are imported
 lazily, when a kernel is first launched, so this package imports (and reports its status) without them.
 
 ``EJK_TRITON_INTERPRET=1`` runs the same kernels through Triton's interpreter on the CPU
@@ -18,6 +19,7 @@ from ejk_triton._env import INTERPRET_ENV
 from ejk_triton._flash_attention import FlashAttentionConfig
 from ejk_triton._gated_delta_rule import GatedDeltaRuleConfig
 from ejk_triton._grouped_matmul import GroupedMatmulConfig
+from ejk_triton._linear_attention import LinearAttentionConfig
 from ejk_triton._matmul import MatmulConfig
 from ejk_triton._mla_attention import MlaAttentionConfig
 from ejk_triton._paged_attention import PagedAttentionConfig
@@ -27,6 +29,7 @@ __all__ = [
     "FlashAttentionConfig",
     "GatedDeltaRuleConfig",
     "GroupedMatmulConfig",
+    "LinearAttentionConfig",
     "MatmulConfig",
     "MlaAttentionConfig",
     "PagedAttentionConfig",

@@ -18,8 +18,8 @@ from ejk.plugin import fit_block as _fit
 from ejk_triton import _env, _grouped_matmul, _matmul
 from ejk_triton._flash_attention import FlashAttentionConfig, _constexprs, _dbias_layout, heuristic_config
 
-__all__ = ["compile_flash_attention", "compile_grouped_matmul", "compile_matmul", "compile_mla_paged_attention",
-           "compile_ragged_paged_attention"]
+__all__ = ["compile_flash_attention", "compile_gla_backward", "compile_grouped_matmul", "compile_linear_recurrence",
+           "compile_matmul", "compile_mla_paged_attention", "compile_ragged_paged_attention"]
 
 _TRITON_DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "int32": "i32"}
 
@@ -241,3 +241,52 @@ def compile_mla_paged_attention(q: Any, kv_pages: Any, page_indices: Any, *, v_h
     i32, f32 = _ptr(jnp.int32), _ptr(jnp.float32)
     pointers = [_ptr(q.dtype), _ptr(kv_pages.dtype), i32, i32, _ptr(q.dtype), f32, f32, f32]
     return _compile(_mla_kernels.mla_kernel, pointers, consts, cfg.num_warps, cfg.num_stages, arch)
+
+def compile_linear_recurrence(k: int, v: int, dtype: Any = jnp.bfloat16, *, scalar_gate: bool = False,
+                              heads: int = 32, qk_heads: int | None = None, cfg: Any = None, varlen: bool = True,
+                              arch: int = 90) -> dict[str, int]:
+    """Compile the ``gla`` (per-channel gates) or ``ssd`` (``scalar_gate``) forward kernel for a state
+    ``[k, v]`` and ``dtype`` inputs, for compute capability ``arch``.
+
+    Returns:
+        Its shared memory in bytes, warps and stages.
+
+    Raises:
+        RuntimeError: in the interpreter mode (nothing is compiled there).
+    """
+    _compiled_mode()
+    from ejk.plugin import next_pow2
+    from ejk_triton import _linear_kernels
+    from ejk_triton._linear_attention import LinearAttentionConfig
+
+    cfg = cfg if cfg is not None else LinearAttentionConfig()
+    block_k = next_pow2(max(k, 16))
+    f32 = jnp.float32
+    values = f32 if scalar_gate else dtype  # ssd's values (dt·x) and outputs are float32
+    ptrs = [_ptr(dtype), _ptr(dtype), _ptr(values), _ptr(f32), _ptr(f32), _ptr(jnp.int32), _ptr(values), _ptr(f32),
+            _ptr(f32)]
+    consts = dict(T=4096, H=heads, HQK=qk_heads or heads, K=k, V=v, BT=cfg.chunk, BK=block_k,
+                  BKS=min(cfg.block_ks, block_k), BV=min(cfg.block_v, next_pow2(max(v, 16))), SCALE=k ** -0.5,
+                  SCALAR_GATE=scalar_gate, HAS_H0=True, VARLEN=varlen, STORE_STATES=True)
+    return _compile(_linear_kernels.linear_recurrence_fwd, ptrs, consts, cfg.num_warps, cfg.num_stages, arch)
+
+
+def compile_gla_backward(k: int, v: int, dtype: Any = jnp.bfloat16, *, heads: int = 32, cfg: Any = None,
+                         varlen: bool = True, arch: int = 90) -> dict[str, int]:
+    """Compile ``gla``'s backward kernel for a state ``[k, v]`` and ``dtype`` inputs, for ``arch``.
+
+    Returns:
+        Its shared memory in bytes, warps and stages.
+    """
+    _compiled_mode()
+    from ejk.plugin import next_pow2
+    from ejk_triton import _linear_kernels
+    from ejk_triton._linear_attention import LinearAttentionConfig
+
+    cfg = cfg if cfg is not None else LinearAttentionConfig()
+    block_k = next_pow2(max(k, 16))
+    f32 = jnp.float32
+    ptrs = [_ptr(dtype)] * 3 + [_ptr(f32), _ptr(dtype), _ptr(f32), _ptr(f32), _ptr(jnp.int32)] + [_ptr(f32)] * 4
+    consts = dict(T=4096, H=heads, K=k, V=v, BT=cfg.chunk, BK=block_k, BKS=min(cfg.block_ks, block_k),
+                  BV=next_pow2(max(v, 16)), SCALE=k ** -0.5, VARLEN=varlen)
+    return _compile(_linear_kernels.gla_bwd, ptrs, consts, cfg.num_warps, cfg.num_stages, arch)

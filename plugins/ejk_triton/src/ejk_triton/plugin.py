@@ -13,6 +13,7 @@ from ejk_triton import (
     _flash_attention,
     _gated_delta_rule,
     _grouped_matmul,
+    _linear_attention,
     _linear_cross_entropy,
     _matmul,
     _mla_attention,
@@ -64,6 +65,14 @@ def ejk_register_kernels(register: RegisterKernels) -> None:
         register("gated_delta_rule", Platform.TRITON, backend, priority=PRIORITY, name="chunked",
                  cfg_type=gdr.GatedDeltaRuleConfig, config_space=gdr.config_space, heuristic=gdr.heuristic_config,
                  capability=gdr.capability)(gdr.forward)
+    la = _linear_attention  # both with backward kernels; residuals shared with ejk-xla's (the operands)
+    for backend in _env.backends():
+        register("gla", Platform.TRITON, backend, priority=PRIORITY, name="chunked", cfg_type=la.LinearAttentionConfig,
+                 config_space=la.config_space, heuristic=la.heuristic_config, capability=la.capability,
+                 vjp=la.gla_vjp)(la.gla)
+        register("ssd", Platform.TRITON, backend, priority=PRIORITY, name="chunked", cfg_type=la.LinearAttentionConfig,
+                 config_space=la.config_space, heuristic=la.heuristic_config, capability=la.ssd_capability,
+                 vjp=la.ssd_vjp)(la.ssd)
 
 
 @hookimpl

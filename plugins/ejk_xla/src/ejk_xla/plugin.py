@@ -7,12 +7,14 @@ from ejk_xla import (
     _cudnn_attention,
     _flash_attention,
     _gated_delta_rule,
+    _gla,
     _grouped_matmul,
     _linear_cross_entropy,
     _matmul,
     _mla_attention,
     _paged_attention,
     _rms_norm,
+    _ssd,
 )
 
 #: Tie-break of cuDNN attention inside the VENDOR tier (first wherever its gate allows).
@@ -49,6 +51,10 @@ def ejk_register_kernels(register: RegisterKernels) -> None:
     gdr = _gated_delta_rule  # differentiated by JAX's autodiff of the chunked algorithm (no ejk.VJP)
     register("gated_delta_rule", *portable, tier=fallback, name="chunked", cfg_type=gdr.GatedDeltaRuleConfig,
              config_space=gdr.config_space, heuristic=gdr.heuristic_config)(gdr.gated_delta_rule)
+    register("gla", *portable, tier=fallback, name="chunked", cfg_type=_gla.GlaConfig,
+             config_space=_gla.config_space, heuristic=_gla.heuristic_config, vjp=_gla.vjp)(_gla.gla)
+    register("ssd", *portable, tier=fallback, name="chunked", cfg_type=_ssd.SsdConfig,
+             config_space=_ssd.config_space, heuristic=_ssd.heuristic_config, vjp=_ssd.vjp)(_ssd.ssd)
     lce, norm = _linear_cross_entropy, _rms_norm
     register("linear_cross_entropy", *portable, tier=fallback, name="chunked", cfg_type=lce.LinearCrossEntropyConfig,
              config_space=lce.config_space, heuristic=lce.heuristic_config, vjp=lce.vjp)(lce.linear_cross_entropy)

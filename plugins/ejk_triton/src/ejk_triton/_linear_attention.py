@@ -1,0 +1,296 @@
+"""``gla`` and ``ssd`` as Triton kernels (``_linear_kernels``): one forward kernel for both, and
+``gla``'s backward kernel, which ``ssd``'s backward runs too. The residuals are the operands
+(``GLA_RESIDUALS`` / ``SSD_RESIDUALS``, as ejk-xla's, so either backward may follow either forward).
+
+Forward: one program per (column block of the state, head, sequence) walks its sequence chunk by
+chunk with the state in registers: packed sequences (``cu_seqlens``) need no layout, each program
+reads its own offsets, and no chunk crosses a sequence boundary. ``ssd`` maps onto the same kernel
+with a scalar gate: ``q = C``, ``k = B`` (read per group), ``v = dt·x`` and log gate ``dt·A``; the
+``D`` skip connection is added after the launch.
+
+Backward: the forward runs again, keeping the state entering every chunk (float32,
+``[T / chunk + N + 1, H, K, V]``); then one program per (head, sequence) walks the chunks in reverse
+with the state's cotangent ``[K, V]`` in registers, writing ``dq``, ``dk``, ``dv`` and the initial
+state's cotangent. The log gates' gradient is, per sequence, the suffix sum of ``q ⊙ dq - k ⊙ dk``
+plus ``Σ_v S_T ⊙ dS_T`` (the final state's factor ``e^{G_T}``). ``ssd``'s backward is ``gla``'s with
+each head's ``B`` / ``C`` and its scalar gate spread over the ``N`` channels, carried back to its
+inputs by JAX's VJP of that mapping.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+import jax
+import jax.numpy as jnp
+
+from ejk.plugin import GLA_RESIDUALS, SSD_RESIDUALS, VJP, cdiv, cotangent_like, int_in, next_pow2, power_of_two
+from ejk_triton import _env
+from ejk_triton._device import compute_capability_reason
+from ejk_triton._launch import kernels, launch, sequential_vmap
+
+__all__ = ["LinearAttentionConfig", "capability", "config_space", "gla", "gla_vjp", "heuristic_config", "ssd",
+           "ssd_capability", "ssd_vjp"]
+
+_DTYPES = ("bfloat16", "float16", "float32")
+#: The state ``[K, block_v]`` lives in registers: K (the state's row count) is bounded.
+_MAX_K = 256
+_MAX_GRID_Z = 65535
+
+
+@attrs.frozen(kw_only=True)
+class LinearAttentionConfig:
+    """Config of the Triton linear-recurrence kernel.
+
+    Attributes:
+        chunk: Tokens per chunk (the intra-chunk products are ``[chunk, chunk]``).
+        block_v: State columns per program (more programs when smaller).
+        block_ks: Channels per slice of the exact per-channel weights ``[chunk, chunk, block_ks]``
+            (``gla`` only).
+        num_warps: Warps per program.
+        num_stages: Software-pipelining stages.
+    """
+
+    chunk: int = attrs.field(default=16, validator=[power_of_two(16), int_in(16, 64)])
+    block_v: int = attrs.field(default=32, validator=[power_of_two(16), int_in(16, 128)])
+    block_ks: int = attrs.field(default=16, validator=[power_of_two(8), int_in(8, 128)])
+    num_warps: int = attrs.field(default=4, validator=[power_of_two(), int_in(1, 16)])
+    num_stages: int = attrs.field(default=1, validator=int_in(1, 4))
+
+
+def config_space(**call: Any) -> list[LinearAttentionConfig]:
+    return [LinearAttentionConfig(chunk=c, block_v=bv, num_warps=w)
+            for c in (16, 32) for bv in (32, 64) for w in (4, 8)]
+
+
+def heuristic_config(**call: Any) -> LinearAttentionConfig:
+    return LinearAttentionConfig()
+
+
+def _device_reason() -> str | None:
+    if _env.interpret_mode():
+        return None
+    on_gpu, why = _env.nvidia_gpu()
+    if not on_gpu:
+        return f"needs an NVIDIA GPU ({why})"
+    return compute_capability_reason()
+
+
+def _common_reason(arrays: tuple[Any, ...], k_dim: int, states: int) -> str | None:
+    found = sorted({jnp.dtype(x.dtype).name for x in arrays if x is not None} - set(_DTYPES))
+    if found:
+        return f"{', '.join(found)} not supported (bfloat16, float16 and float32 only)"
+    if k_dim > _MAX_K:
+        return f"a state of {k_dim} rows not supported (at most {_MAX_K}: the state is held in registers)"
+    if states > _MAX_GRID_Z:
+        return f"{states} sequences exceed the grid limit {_MAX_GRID_Z}"
+    return _device_reason()
+
+
+def _states(batch: int, cu_seqlens: Any) -> int:
+    return batch if cu_seqlens is None else int(cu_seqlens.shape[0]) - 1
+
+
+def capability(q: Any, k: Any, v: Any, g: Any, initial_state: Any = None, cu_seqlens: Any = None,
+               **_: Any) -> str | None:
+    """Why the Triton ``gla`` cannot run a call, or ``None``: bfloat16 / float16 / float32, K and V up to 256,
+    an NVIDIA GPU (compute capability 8.0+) unless interpreted."""
+    if int(v.shape[3]) > _MAX_K:
+        return f"V = {int(v.shape[3])} not supported (at most {_MAX_K}: the backward holds a [K, V] state cotangent)"
+    return _common_reason((q, k, v, g, initial_state), int(q.shape[3]), _states(int(q.shape[0]), cu_seqlens))
+
+
+def ssd_capability(x: Any, dt: Any, A: Any, B: Any, C: Any, D: Any = None, dt_bias: Any = None,  # noqa: N803
+                   initial_state: Any = None, cu_seqlens: Any = None, **_: Any) -> str | None:
+    """Why the Triton ``ssd`` cannot run a call, or ``None``: as :func:`capability`, N up to 256."""
+    return _common_reason((x, dt, A, B, C, D, dt_bias, initial_state), int(B.shape[3]),
+                          _states(int(x.shape[0]), cu_seqlens))
+
+
+def _recurrence(q: jax.Array, k: jax.Array, v: jax.Array, g: jax.Array, initial_state: jax.Array | None,
+                cu_seqlens: jax.Array | None, *, scale: float, scalar_gate: bool, out_dtype: Any,
+                cfg: LinearAttentionConfig, store_states: bool = False) -> tuple[jax.Array, ...]:
+    """The kernel on ``q, k [B, T, HQK, K]``, ``v [B, T, H, V]``, ``g [B, T, H(, K)]``: ``(o, final states)``
+    and, with ``store_states``, the states entering every chunk."""
+    b, t, hqk, dk = q.shape
+    h, dv = v.shape[2], v.shape[3]
+    n = _states(b, cu_seqlens)
+    if t == 0:
+        init = jnp.zeros((n, h, dk, dv), jnp.float32) if initial_state is None else initial_state.astype(jnp.float32)
+        return (jnp.zeros((b, 0, h, dv), out_dtype), init,
+                *([jnp.zeros((_chunk_slots(0, n, cfg.chunk), h, dk, dv), jnp.float32)] if store_states else []))
+    block_k = next_pow2(max(dk, 16))
+    block_v = min(cfg.block_v, next_pow2(max(dv, 16)))
+    rows = b * t
+    dummy = jnp.zeros((1,), jnp.float32)
+    inputs = [q.reshape(rows, hqk, dk), k.reshape(rows, hqk, dk), v.reshape(rows, h, dv),
+              g.reshape(rows, *g.shape[2:]),
+              dummy if initial_state is None else initial_state.astype(jnp.float32),
+              jnp.zeros((1,), jnp.int32) if cu_seqlens is None else cu_seqlens.astype(jnp.int32)]
+    out_shapes = [jax.ShapeDtypeStruct((rows, h, dv), out_dtype), jax.ShapeDtypeStruct((n, h, dk, dv), jnp.float32)]
+    # The state entering every chunk, at the slots _chunk_slots counts (a placeholder unless stored).
+    slots = (_chunk_slots(rows, n, cfg.chunk), h, dk, dv) if store_states else (1,)
+    out_shapes.append(jax.ShapeDtypeStruct(slots, jnp.float32))
+
+    def run(*arrays: jax.Array) -> tuple[jax.Array, ...]:
+        return launch(kernels("_linear_kernels").linear_recurrence_fwd, grid=(cdiv(dv, block_v), h, n),
+                      inputs=arrays, out_shapes=out_shapes, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+                      T=t, H=h, HQK=hqk, K=dk, V=dv, BT=cfg.chunk, BK=block_k, BKS=min(cfg.block_ks, block_k),
+                      BV=block_v, SCALE=float(scale), SCALAR_GATE=scalar_gate, HAS_H0=initial_state is not None,
+                      VARLEN=cu_seqlens is not None, STORE_STATES=store_states)
+
+    o, final, states = sequential_vmap(run)(*inputs)
+    return (o.reshape(b, t, h, dv), final, *([states] if store_states else []))
+
+
+def _chunk_slots(rows: int, sequences: int, chunk: int) -> int:
+    """Slots for the state entering every chunk: sequence ``n`` starting at row ``bos`` owns slots from
+    ``bos // chunk + n`` on (no two sequences overlap, whatever their lengths)."""
+    return rows // chunk + sequences + 1
+
+
+def gla(q: jax.Array, k: jax.Array, v: jax.Array, g: jax.Array, initial_state: jax.Array | None = None,
+        cu_seqlens: jax.Array | None = None, *, scale: float,
+        cfg: LinearAttentionConfig | None = None) -> tuple[jax.Array, jax.Array]:
+    """``ejk.gla``'s forward: ``(o, final_state)``."""
+    o, final = _recurrence(q, k, v, g, initial_state, cu_seqlens, scale=scale, scalar_gate=False,
+                           out_dtype=q.dtype, cfg=cfg or LinearAttentionConfig())
+    return o, final
+
+
+def _segment_suffix_sums(x: jax.Array, cu_seqlens: jax.Array | None) -> jax.Array:
+    """``[B, T, ...]``: the sum of ``x`` over each token and the later tokens of its sequence."""
+    t = x.shape[1]
+    flipped = jnp.flip(x, 1)
+    if cu_seqlens is None:
+        return jnp.flip(jnp.cumsum(flipped, axis=1), 1)
+    nonempty = (cu_seqlens[1:] > cu_seqlens[:-1]).astype(jnp.int32)  # an empty sequence marks no token
+    last = jnp.zeros((t,), jnp.int32).at[jnp.clip(cu_seqlens[1:] - 1, 0, max(t - 1, 0))].max(nonempty) > 0
+    starts = jnp.flip(last)[None].reshape((1, t) + (1,) * (x.ndim - 2))
+
+    def combine(a: tuple[jax.Array, jax.Array], b: tuple[jax.Array, jax.Array]) -> tuple[jax.Array, jax.Array]:
+        return b[0] + jnp.where(b[1], 0.0, a[0]), a[1] | b[1]
+
+    sums, _ = jax.lax.associative_scan(combine, (flipped, jnp.broadcast_to(starts, x.shape)), axis=1)
+    return jnp.flip(sums, 1)
+
+
+def gla_backward(residuals: tuple[Any, ...], d_out: Any, *, scale: float,
+                 cfg: LinearAttentionConfig | None = None) -> tuple[Any, ...]:
+    """``gla``'s gradients from its operands: the forward again (keeping the state entering every chunk),
+    then the reverse kernel; ``dg`` is the suffix sum of ``q ⊙ dq - k ⊙ dk`` over each sequence plus
+    ``Σ_v S_T ⊙ dS_T`` (the final state's gate factor)."""
+    q, k, v, g, initial_state, cu_seqlens = residuals
+    d_o, d_final = d_out
+    cfg = cfg or LinearAttentionConfig()
+    b, t, h, dk = q.shape
+    dv = v.shape[3]
+    n = _states(b, cu_seqlens)
+    f32 = jnp.float32
+    d_final = jnp.zeros((n, h, dk, dv), f32) if d_final is None else d_final.astype(f32)
+    if d_o is None:
+        d_o = jnp.zeros(v.shape, v.dtype)
+    _, final, states = _recurrence(q, k, v, g, initial_state, cu_seqlens, scale=scale, scalar_gate=False,
+                                   out_dtype=q.dtype, cfg=cfg, store_states=True)
+    rows = b * t
+    if t == 0:
+        dq, dk_, dv_ = (jnp.zeros(x.shape, f32) for x in (q, k, v))
+        d_initial = d_final
+    else:
+        block_k = next_pow2(max(dk, 16))
+        flat = [x.reshape(rows, h, x.shape[3]) for x in (q, k, v, g, d_o)]
+        cu = jnp.zeros((1,), jnp.int32) if cu_seqlens is None else cu_seqlens.astype(jnp.int32)
+
+        def run(*arrays: jax.Array) -> tuple[jax.Array, ...]:
+            shapes = [jax.ShapeDtypeStruct((rows, h, dk), f32), jax.ShapeDtypeStruct((rows, h, dk), f32),
+                      jax.ShapeDtypeStruct((rows, h, dv), f32), jax.ShapeDtypeStruct((n, h, dk, dv), f32)]
+            return launch(kernels("_linear_kernels").gla_bwd, grid=(1, h, n), inputs=arrays, out_shapes=shapes,
+                          num_warps=cfg.num_warps, num_stages=cfg.num_stages, T=t, H=h, K=dk, V=dv, BT=cfg.chunk,
+                          BK=block_k, BKS=min(cfg.block_ks, block_k), BV=next_pow2(max(dv, 16)),
+                          SCALE=float(scale), VARLEN=cu_seqlens is not None)
+
+        dq, dk_, dv_, d_initial = sequential_vmap(run)(*flat, d_final, states, cu)
+        dq, dk_, dv_ = (x.reshape(b, t, h, x.shape[2]) for x in (dq, dk_, dv_))
+    gate_terms = q.astype(f32) * dq - k.astype(f32) * dk_
+    d_gates = _segment_suffix_sums(gate_terms, cu_seqlens)
+    final_term = jnp.sum(final * d_final, axis=-1)  # [N, H, K]
+    if cu_seqlens is None:
+        d_gates = d_gates + final_term[:, None]
+    elif t:
+        owner = jnp.minimum(jnp.searchsorted(cu_seqlens[1:], jnp.arange(t), side="right"), n - 1)
+        d_gates = d_gates + final_term[owner][None]
+    return (dq.astype(q.dtype), dk_.astype(k.dtype), dv_.astype(v.dtype), d_gates.astype(g.dtype),
+            None if initial_state is None else d_initial.astype(initial_state.dtype), None)
+
+
+def ssd(x: jax.Array, dt: jax.Array, A: jax.Array, B: jax.Array, C: jax.Array,  # noqa: N803
+        D: jax.Array | None = None, dt_bias: jax.Array | None = None,  # noqa: N803
+        initial_state: jax.Array | None = None, cu_seqlens: jax.Array | None = None, *, dt_softplus: bool,
+        cfg: LinearAttentionConfig | None = None) -> tuple[jax.Array, jax.Array]:
+    """``ejk.ssd``'s forward: ``(y, final_state)``."""
+    f32 = jnp.float32
+    step = dt.astype(f32) + (0.0 if dt_bias is None else dt_bias.astype(f32))
+    step = jax.nn.softplus(step) if dt_softplus else step
+    init = None if initial_state is None else jnp.swapaxes(initial_state.astype(f32), -1, -2)  # [N, H, Ns, P]
+    y, final = _recurrence(C, B, x.astype(f32) * step[..., None], step * A.astype(f32), init, cu_seqlens,
+                           scale=1.0, scalar_gate=True, out_dtype=f32, cfg=cfg or LinearAttentionConfig())
+    if D is not None:
+        y = y + D.astype(f32)[:, None] * x.astype(f32)
+    return y.astype(x.dtype), jnp.swapaxes(final, -1, -2)
+
+
+def ssd_backward(residuals: tuple[Any, ...], d_out: Any, *, dt_softplus: bool,
+                 cfg: LinearAttentionConfig | None = None) -> tuple[Any, ...]:
+    """``ssd``'s gradients through ``gla``'s backward kernel: the recurrence is ``gla``'s with each head's
+    ``B`` / ``C`` and its scalar log gate ``dt·A`` spread over the ``N`` channels (the same numbers), so
+    :func:`gla_backward` gives the cotangents of ``C``, ``B``, ``dt·x`` and the gates per head, and JAX's VJP
+    of that mapping carries them to ``x``, ``dt``, ``A``, ``B``, ``C`` and ``dt_bias``."""
+    x, dt, A, B, C, D, dt_bias, initial_state, cu_seqlens = residuals  # noqa: N806
+    d_y, d_final = d_out
+    f32 = jnp.float32
+    h, n = x.shape[2], B.shape[3]
+    heads = jnp.arange(h) // (h // B.shape[2])
+
+    def as_gla(x: jax.Array, dt: jax.Array, a: jax.Array, b: jax.Array, c: jax.Array,
+               bias: jax.Array | None) -> tuple[jax.Array, ...]:
+        step = dt.astype(f32) + (0.0 if bias is None else bias.astype(f32))
+        step = jax.nn.softplus(step) if dt_softplus else step
+        gates = jnp.broadcast_to((step * a.astype(f32))[..., None], (*step.shape, n))
+        return c[:, :, heads], b[:, :, heads], x.astype(f32) * step[..., None], gates
+
+    (q, k, v, g), to_inputs = jax.vjp(as_gla, x, dt, A, B, C, dt_bias)
+    init = None if initial_state is None else jnp.swapaxes(initial_state.astype(f32), -1, -2)
+    d_final = None if d_final is None else jnp.swapaxes(d_final.astype(f32), -1, -2)
+    d_y = jnp.zeros(x.shape, f32) if d_y is None else d_y.astype(f32)
+    dq, dk, dv, dg, d_init, _ = gla_backward((q, k, v, g, init, cu_seqlens), (d_y, d_final), scale=1.0, cfg=cfg)
+    dx, d_dt, d_a, d_b, d_c, d_bias = to_inputs((dq, dk, dv, dg))
+    d_d = None
+    if D is not None:
+        dx = dx + (D.astype(f32)[:, None] * d_y).astype(dx.dtype)
+        d_d = jnp.sum(d_y * x.astype(f32), axis=(0, 1, 3)).astype(D.dtype)
+    d_init = None if initial_state is None else jnp.swapaxes(d_init, -1, -2).astype(initial_state.dtype)
+    return dx, d_dt, d_a, d_b, d_c, d_d, d_bias, d_init, None
+
+
+def _with_cotangent_types(backward: Any) -> Any:
+    def bwd(residuals: tuple[Any, ...], d_out: Any, **static: Any) -> tuple[Any, ...]:
+        found = backward(residuals, d_out, **static)
+        return tuple(x if x is None or r is None else cotangent_like(x, r)
+                     for x, r in zip(found, residuals, strict=True))
+
+    return bwd
+
+
+def _saving_operands(forward: Any, names: tuple[str, ...]) -> Any:
+    def forward_with_residuals(*positional: Any, cfg: Any = None, **named: Any) -> tuple[Any, tuple[Any, ...]]:
+        arrays = (*positional, *(named.pop(name) for name in names[len(positional):]))
+        return forward(*arrays, **named, cfg=cfg), arrays
+
+    return forward_with_residuals
+
+
+gla_vjp = VJP(fwd=_saving_operands(gla, ("q", "k", "v", "g", "initial_state", "cu_seqlens")),
+              bwd=_with_cotangent_types(gla_backward), residuals=GLA_RESIDUALS)
+ssd_vjp = VJP(fwd=_saving_operands(ssd, ("x", "dt", "A", "B", "C", "D", "dt_bias", "initial_state", "cu_seqlens")),
+              bwd=_with_cotangent_types(ssd_backward), residuals=SSD_RESIDUALS)

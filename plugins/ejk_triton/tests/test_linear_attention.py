@@ -1,0 +1,107 @@
+"""The Triton ``gla`` / ``ssd`` kernels (interpreted on a CPU) against the step-by-step references, values,
+final states and gradients; configs; the gate; compilation for sm_90."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import ejk
+from ejk.testing import assert_close, check_gla, check_ssd, reference_gla, reference_ssd
+from ejk_triton._linear_attention import LinearAttentionConfig, capability, config_space, heuristic_config
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=["f32", "bf16"])
+def test_gla_conformance(dtype: Any) -> None:
+    assert check_gla("triton", dtypes=(dtype,)) == 4
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=["f32", "bf16"])
+def test_ssd_conformance(dtype: Any) -> None:
+    assert check_ssd("triton", dtypes=(dtype,)) == 4
+
+
+def test_a_config_with_several_column_blocks_and_odd_k() -> None:
+    rng = np.random.default_rng(0)
+    q, k = (jnp.asarray(rng.standard_normal((1, 45, 1, 20)), jnp.float32) for _ in range(2))
+    v = jnp.asarray(rng.standard_normal((1, 45, 1, 40)), jnp.float32)
+    g = jax.nn.log_sigmoid(jnp.asarray(rng.standard_normal((1, 45, 1, 20)), jnp.float32) + 1.0)
+    cfg = LinearAttentionConfig(chunk=32, block_v=16, block_ks=8)  # several column blocks, K not a power of 2
+    o, state = ejk.gla(q, k, v, g, output_final_state=True, platform="triton", cfg=cfg)
+    want_o, want_state = reference_gla(q, k, v, g)
+    assert_close(o, want_o, jnp.float32)
+    assert_close(state, want_state, jnp.float32)
+    cot = jnp.cos(v)
+
+    def loss(fn: Any) -> Any:
+        return lambda *a: (fn(*a)[0] * cot).sum()
+
+    got = jax.grad(loss(lambda *a: ejk.gla(*a, platform="triton", cfg=cfg)), argnums=(0, 1, 2, 3))(q, k, v, g)
+    want = jax.grad(loss(reference_gla), argnums=(0, 1, 2, 3))(q, k, v, g)
+    for name, a, b in zip("qkvg", got, want, strict=True):
+        assert_close(a, b, jnp.float32, what=f"d{name}")
+
+
+def test_configs_and_gate() -> None:
+    assert heuristic_config() in config_space()
+    f64 = jax.ShapeDtypeStruct((1, 4, 1, 8), jnp.float64)
+    assert "float64" in str(capability(f64, f64, f64, f64))
+    wide = jax.ShapeDtypeStruct((1, 4, 1, 512), jnp.bfloat16)
+    assert "at most 256" in str(capability(wide, wide, wide, wide))
+
+
+def test_the_kernel_compiles_for_sm90_at_qwen3_next_sizes(tmp_path: Any) -> None:
+    """Compiled for sm_90 (PTX, then a cubin by the ptxas Triton ships) in a process without the
+    interpreter: K = V = 128, the forward with per-channel and scalar gates and the backward; shared
+    memory within an H100's."""
+    code = ("from ejk_triton._aot import compile_gla_backward as b, compile_linear_recurrence as c; "
+            "print(c(128, 128)['shared'], c(128, 128, scalar_gate=True, qk_heads=1)['shared'], b(128, 128)['shared'])")
+    env = {k: v for k, v in os.environ.items() if k not in ("EJK_TRITON_INTERPRET", "TRITON_INTERPRET")}
+    env.update(JAX_PLATFORMS="cpu", TRITON_CACHE_DIR=str(tmp_path / "triton-cache"))
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert all(0 < int(x) <= 227 * 1024 for x in done.stdout.split())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("packed", [False, True], ids=["batch", "packed"])
+def test_gpu_qwen3_next_like_layer(packed: bool) -> None:
+    """K = V = 128, 4 heads, 2 x 1000 tokens (bfloat16), values, states and gradients against the float32
+    reference; ssd the same size."""
+    rng = np.random.default_rng(1)
+    b, t = (1, 2000) if packed else (2, 1000)
+    cu = jnp.asarray([0, 1000, 2000], jnp.int32) if packed else None
+    q, k, v = (jnp.asarray(rng.standard_normal((b, t, 4, 128)) * 128 ** -0.5, jnp.bfloat16) for _ in range(3))
+    g = jax.nn.log_sigmoid(jnp.asarray(rng.standard_normal((b, t, 4, 128)), jnp.float32) + 3.0)
+    o, state = ejk.gla(q, k, v, g, cu_seqlens=cu, output_final_state=True, platform="triton")
+    want_o, want_state = reference_gla(q, k, v, g, None, cu)
+    assert_close(o, want_o, jnp.bfloat16)
+    assert_close(state, want_state, jnp.bfloat16)
+    x = jnp.asarray(rng.standard_normal((b, t, 4, 128)), jnp.bfloat16)
+    dt = jnp.asarray(rng.standard_normal((b, t, 4)), jnp.float32) - 2.0
+    a = -jnp.exp(jnp.asarray(rng.standard_normal(4), jnp.float32))
+    bb, cc = (jnp.asarray(rng.standard_normal((b, t, 1, 128)) * 128 ** -0.5, jnp.bfloat16) for _ in range(2))
+    y, state = ejk.ssd(x, dt, a, bb, cc, dt_softplus=True, cu_seqlens=cu, output_final_state=True, platform="triton")
+    want_y, want_state = reference_ssd(x, dt, a, bb, cc, None, None, None, cu, dt_softplus=True)
+    assert_close(y, want_y, jnp.bfloat16)
+    assert_close(state, want_state, jnp.bfloat16)
+    # Gradients of both (the backward kernels), against the float32 reference's.
+    cot = jnp.asarray(rng.standard_normal(o.shape), jnp.float32)
+    got = jax.grad(lambda *a: (ejk.gla(*a, cu_seqlens=cu, platform="triton")[0] * cot).sum(), argnums=(0, 1, 2, 3))(
+        q, k, v, g)
+    want = jax.grad(lambda *a: (reference_gla(*a, None, cu)[0] * cot).sum(), argnums=(0, 1, 2, 3))(q, k, v, g)
+    for name, ours, ref in zip("qkvg", got, want, strict=True):
+        assert_close(ours, ref, jnp.bfloat16, what=f"gla d{name}")
+    got = jax.grad(lambda *a: (ejk.ssd(*a, dt_softplus=True, cu_seqlens=cu, platform="triton")[0] * cot).sum(),
+                   argnums=(0, 1, 2, 3, 4))(x, dt, a, bb, cc)
+    want = jax.grad(lambda *a: (reference_ssd(*a, None, None, None, cu, dt_softplus=True)[0] * cot).sum(),
+                    argnums=(0, 1, 2, 3, 4))(x, dt, a, bb, cc)
+    for name, ours, ref in zip(("x", "dt", "A", "B", "C"), got, want, strict=True):
+        assert_close(ours, ref, jnp.bfloat16, what=f"ssd d{name}")

@@ -30,7 +30,7 @@ class Extension:
     """An argument added to an op after implementations were written against it.
 
     An implementation whose signature names it receives it on every call; one that does not is
-    called without it, and refuses (through the core, before its own gate) every call whose value
+    called without it, and refuses (through the core, after its own gate) every call whose value
     differs from :attr:`legacy`, the value under which the op behaves as it did before.
 
     Attributes:
@@ -261,9 +261,11 @@ def extension_refusal(spec: KernelSpec, call: Mapping[str, Any], static_names: C
 
 def gate_reason(spec: KernelSpec, call: Mapping[str, Any],
                 extensions: tuple[Extension, ...] | None = None) -> str | None:
-    """``spec``'s verdict on ``call``: the extension arguments it does not take first, then its own
-    capability gate on the call fitted to the gate's signature (``None``: it accepts)."""
-    reason = extension_refusal(spec, call, extensions=extensions)
-    if reason is not None or spec.capability is None:
-        return reason
-    return capability_reason(spec, fit_call(spec.capability, call, spec.algorithm, extensions))
+    """``spec``'s verdict on ``call``: its own capability gate on the call fitted to the gate's signature
+    first (its reason, e.g. a dtype it never runs, says more than a missing argument), then the extension
+    arguments it does not take (``None``: it accepts)."""
+    if spec.capability is not None:
+        reason = capability_reason(spec, fit_call(spec.capability, call, spec.algorithm, extensions))
+        if reason is not None:
+            return reason
+    return extension_refusal(spec, call, extensions=extensions)

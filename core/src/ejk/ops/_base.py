@@ -212,7 +212,7 @@ class OpKernel(Kernel[ImplChoice, Any]):
         return paired_backward(self.registry, spec, call, self.implementations())
 
     def _gate(self, spec: KernelSpec, call: Mapping[str, Any]) -> str | None:
-        # extension arguments it does not take, then its own gate; a broken gate refuses, never takes the op down
+        # its own gate, then the extension arguments it does not take; a broken gate refuses, never takes the op down
         return gate_reason(spec, call, self.extensions)
 
     def _fit(self, fn: Any, call: Mapping[str, Any]) -> dict[str, Any]:

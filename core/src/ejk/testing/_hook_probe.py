@@ -42,7 +42,7 @@ def implementation_problems(kernel: Any, spec: Any, inv: Any, arrays: tuple[Any,
     call = kernel.call_view(inv)
     where = f"{spec.algorithm} {spec.label} on the sample call {_shapes(call)}"
     if extension_refusal(spec, call, extensions=kernel.extensions) is not None:
-        return  # an extension argument it does not take: refused before its gate
+        return  # an extension argument it does not take: the core refuses the call, nothing more to ask
     if spec.capability is not None:
         try:
             reason = spec.capability(**kernel._fit(spec.capability, call))

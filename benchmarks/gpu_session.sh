@@ -13,6 +13,10 @@
 #   torch      the torch baselines (fla, Liger, Cut Cross-Entropy: benchmarks/torch_baselines.py), their wheels
 #              carried in .basel/ (no dependencies: the host has torch, triton, einops, transformers)
 #   ring       ring attention on 1 vs 2 GPUs (a 2-GPU kind; NVLink multicast off)
+#   training   issue 30's attention shapes, fwd and fwd+bwd, every forward paired with every backward, torch SDPA
+#              baselines where torch imports; writes the measured rankings (fwd and fwd+bwd) as a config pack
+#              ($OUT/bench_training/rankings_pack.json) to merge into core/src/ejk/config/shipped_packs/
+#   overhead   eager overhead of every op's public call over jax.jit of the same call (tiny shapes)
 # Results go to $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -40,6 +44,17 @@ for stage in "${@:-tests}"; do
       nvidia-smi topo -m > "$OUT/topology.txt" 2>&1
       OUT=$OUT timeout 560 python3 benchmarks/bench_ring_attention.py ${RING_ARGS:-} 2>&1 | tee "$OUT/bench_ring.log" \
         | grep -E '^\||rror' | tail -60 ;;
+    training)
+      shapes="attention:4x4096x16x128;attention:4x4096x16x128:causal;attention:2x8192x16x128"
+      shapes+=";attention:2x8192x16x128:causal;attention:4x4096x32x64:causal;attention:4x4096x32x128:causal,kv=8"
+      shapes+=";attention:1x16384x16x128:causal;attention:4x4096x16x256:causal"
+      timeout 560 python3 -m ejk.cli bench --shapes "$shapes" --mode all --backward pallas --backward triton \
+        --backward cute --clock device --out "$OUT/bench_training" \
+        --write-pack "$OUT/bench_training/rankings_pack.json" 2>&1 | tee "$OUT/bench_training.log" | tail -60 ;;
+    overhead)
+      timeout 560 python3 -m ejk.cli bench --overhead --impl auto --mode fwd --shapes \
+        "attention:1x128x4x64:causal;matmul:16x64x64;moe:4x64x64x256;decode:2x256" --out "$OUT/bench_overhead" \
+        2>&1 | tee "$OUT/bench_overhead.log" | tail -40 ;;
     *)
       timeout 560 python3 -m ejk.cli bench "$stage" --best-config --clock device --out "$OUT/bench_$stage" 2>&1 \
         | tee "$OUT/bench_$stage.log" | tail -40 ;;

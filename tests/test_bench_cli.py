@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-PNGS = {"flash_attention_fwd.png", "flash_attention_fwd_bwd.png", "ragged_paged_attention_fwd.png",
+PNGS = {"flash_attention_fwd.png", "flash_attention_fwd_bwd.png", "flash_attention_varlen_fwd.png",
+        "flash_attention_varlen_fwd_bwd.png", "ragged_paged_attention_fwd.png",
         "mla_paged_attention_fwd.png", "grouped_matmul_fwd.png", "grouped_matmul_fwd_bwd.png", "matmul_fwd.png",
         "matmul_fwd_bwd.png", "linear_cross_entropy_fwd.png", "linear_cross_entropy_fwd_bwd.png", "rms_norm_fwd.png",
         "rms_norm_fwd_bwd.png"}
@@ -27,7 +28,8 @@ def test_bench_quick_writes_json_markdown_and_plots(tmp_path: Path) -> None:
     data = json.loads((out / "bench.json").read_text())
     rows = data["measurements"]
     assert {(r["op"], r["mode"]) for r in rows} == {
-        ("flash_attention", "fwd"), ("flash_attention", "fwd+bwd"), ("ragged_paged_attention", "fwd"),
+        ("flash_attention", "fwd"), ("flash_attention", "fwd+bwd"), ("flash_attention_varlen", "fwd"),
+        ("flash_attention_varlen", "fwd+bwd"), ("ragged_paged_attention", "fwd"),
         ("mla_paged_attention", "fwd"), ("grouped_matmul", "fwd"), ("grouped_matmul", "fwd+bwd"), ("matmul", "fwd"),
         ("matmul", "fwd+bwd"), ("linear_cross_entropy", "fwd"), ("linear_cross_entropy", "fwd+bwd"),
         ("rms_norm", "fwd"), ("rms_norm", "fwd+bwd")}
@@ -36,7 +38,7 @@ def test_bench_quick_writes_json_markdown_and_plots(tmp_path: Path) -> None:
     for (op, _, _, name), row in by_line.items():
         if name.startswith("ejk xla/any") or name == "ejk auto" or name in (
                 "jax.nn xla", "dense gather + jax.nn xla", "dense gather + einsum xla", "lax.ragged_dot", "a @ b",
-                "x @ w + jnp log-softmax", "XLA-fused expression"):
+                "x @ w + jnp log-softmax", "XLA-fused expression", "ejk flash_attention segment ids"):
             assert row["status"] == "ok", row
             assert row["rate"] > 0 and row["compile_s"] > 0 and len(row["times"]) == 2
             assert row["unit"] == ("GB/s" if op.endswith("paged_attention") or op == "rms_norm" else "TFLOP/s")

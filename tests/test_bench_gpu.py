@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib.util
+
 import jax
 import pytest
 
@@ -9,6 +11,7 @@ import ejk
 from ejk import bench
 
 pytestmark = pytest.mark.gpu
+HAS_TORCH = importlib.util.find_spec("torch") is not None
 
 SHAPES = ["attention:2x1024x8x64:causal", "attention:2x1024x8x128:causal,kv=2", "decode:8x1024:hq=16,hkv=4",
           "decode:2x512:q=64,hq=16,hkv=4", "moe:8x256x256x2048", "moe:8x256x256x2048:skewed", "matmul:1024x1024x1024"]
@@ -23,7 +26,8 @@ def test_every_line_runs_on_the_gpu() -> None:
     for (case, mode, name), m in by_line.items():
         if m.kind == "baseline":
             expected_skip = ((name == "jax pallas mha" and case == gqa)  # no GQA
-                             or (name == "jax pallas paged" and "prefill" in case))  # decode only
+                             or (name == "jax pallas paged" and "prefill" in case)  # decode only
+                             or (name.startswith("torch ") and not HAS_TORCH))
             assert (m.status == "skipped") == expected_skip, m
         elif m.status != "ok":  # an ejk line that does not run says why: gate, or platform unavailable
             assert m.status == "skipped" and m.error, m
@@ -36,3 +40,20 @@ def test_every_line_runs_on_the_gpu() -> None:
     assert by_line[("[2,1024,8,64] causal", "fwd", "ejk auto")].implementation == "xla/gpu:cudnn"
     decode = by_line[("S=8 ctx=1024 decode", "fwd", "jax pallas paged")]
     assert decode.status == "ok" and decode.unit == "GB/s" and decode.peak_fraction is not None, decode
+
+
+@pytest.mark.skipif(not HAS_TORCH, reason="torch is not installed")
+def test_torch_sdpa_baselines_run_beside_jax() -> None:
+    policy = ejk.AutotunePolicy(warmup=1, repeats=3, min_sample_seconds=0.002, progress=False, persist=False)
+    shapes = bench.parse_shapes(["attention:2x1024x8x128:causal", "attention:2x1024x8x128:causal,kv=2"])
+    found = bench.run(shapes, bench.Options(policy=policy, impls=("auto",),
+                                            baselines=("torch sdpa flash", "torch sdpa cudnn", "jax.nn cudnn")))
+    torch_lines = [m for m in found if m.name.startswith("torch ")]
+    assert len(torch_lines) == 2 * 2 * 2  # two backends, two shapes, two modes
+    for m in torch_lines:
+        assert m.status == "ok", m
+        assert m.rate and m.rate > 0 and m.compile_s is not None
+        if m.mode == "fwd":
+            assert m.max_abs_diff is not None and m.max_abs_diff < 0.1, m  # against jax.nn cudnn
+    # JAX still runs after torch gave its memory back
+    assert all(m.status == "ok" for m in found if m.name == "ejk auto")

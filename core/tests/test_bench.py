@@ -198,8 +198,10 @@ def test_presets_hold_the_issue_shapes() -> None:
     assert bench.AttentionCase(batch=4, seq=4096, heads=16, dim=128, causal=True) in attention
     assert bench.AttentionCase(batch=4, seq=4096, heads=16, dim=128, causal=False) in attention
     assert bench.AttentionCase(batch=2, seq=8192, heads=16, dim=128, causal=True) in attention
-    assert {c.dim for c in attention} == {64, 128, 192} and any(c.heads == 4 * c.kv_heads for c in attention)  # type: ignore[attr-defined]
+    assert {c.dim for c in attention} == {64, 128, 192, 256} and any(c.heads == 4 * c.kv_heads for c in attention)  # type: ignore[attr-defined]
     assert bench.AttentionCase(batch=4, seq=4096, heads=16, dim=192, dv=128, causal=True) in attention  # DeepSeek
+    assert bench.AttentionCase(batch=2, seq=8192, heads=16, dim=128, causal=False) in attention
+    assert bench.AttentionCase(batch=4, seq=4096, heads=32, kv_heads=8, dim=128, causal=True) in attention
     assert len({c.series for c in attention if c.seq != 4096}) >= 2  # sweeps for the plots
     decode = [c for c in bench.PRESETS["decode"] if c.decode]  # type: ignore[attr-defined]
     assert {c.seqs for c in decode} >= {8, 64} and min(c.ctx for c in decode) == 1024  # type: ignore[attr-defined]
@@ -209,6 +211,11 @@ def test_presets_hold_the_issue_shapes() -> None:
         assert bench.MoeCase(experts=64, k=2048, n=1536, tokens=32768, skewed=skewed) in moe
     assert bench.MatmulCase(m=4096, k=4096, n=4096) in bench.PRESETS["matmul"]
     assert bench.MatmulCase(m=8192, k=8192, n=8192) in bench.PRESETS["matmul"]
+    for k, n in ((4096, 14336), (14336, 4096)):  # decode-shaped to prefill-shaped MLP projections
+        assert {c.m for c in bench.PRESETS["matmul"] if (c.k, c.n) == (k, n)} >= {1, 16, 1024, 16384}  # type: ignore[attr-defined]
+    for skewed in (False, True):  # Mixtral-like and DeepSeek-like (top-8 of 16k tokens)
+        assert bench.MoeCase(experts=8, k=4096, n=14336, tokens=16384, skewed=skewed) in moe
+        assert bench.MoeCase(experts=256, k=7168, n=2048, tokens=8 * 16384, skewed=skewed) in moe
     assert set(bench.QUICK) == set(bench.PRESETS)
 
 

@@ -88,6 +88,13 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--from-json", metavar="FILE", type=Path,
                    help="measure nothing: render the tables, bench.md and the plots of an earlier run's bench.json "
                         "into --out (e.g. plots on a machine with matplotlib)")
+    p.add_argument("--write-pack", metavar="FILE", type=Path, default=None,
+                   help="also write a config pack of the rankings the measurements support (per op, mode and shape "
+                        "class; with --from-json, of that run): ship it, or list it through a plugin's "
+                        "ejk_config_packs hook (docs/RANKINGS.md)")
+    p.add_argument("--pack-device", metavar="PATTERN", default=None,
+                   help="--write-pack: the device-fingerprint pattern of its rankings (default: the run's "
+                        "'backend|Device_Kind*')")
     p.set_defaults(func=run)
 
 
@@ -260,9 +267,25 @@ def _finish(args: argparse.Namespace, console: Any, measurements: list[Any], env
                                   encoding="utf-8")
     for line in headlines(measurements):
         console.print(f"[bold]{escape(line)}[/bold]", highlight=False)
+    if getattr(args, "write_pack", None) is not None:
+        _write_pack(args, console, measurements, env)
     counts = {s: sum(m.status == s for m in measurements) for s in ("ok", "skipped", "failed", "oom")}
     summary = ", ".join(f"{v} {k}" for k, v in counts.items() if v)
     took = f" in {wall:.0f} s" if wall is not None else ""
     console.print(f"{len(measurements)} lines ({summary}){took}; wrote {out / 'bench.md'}"
                   + (f" and {len(plots)} plot(s)" if plots else "") + f" to {out}")
     return 0 if counts["ok"] else 1
+
+
+def _write_pack(args: argparse.Namespace, console: Any, measurements: list[Any], env: dict[str, Any]) -> None:
+    """``--write-pack``: the rankings of ``measurements`` as a config pack."""
+    from ejk.bench._packs import default_device_pattern, rankings_pack
+    from ejk.config.cache_file import atomic_write_json
+
+    source = str(args.from_json) if args.from_json is not None else str(Path(args.out) / "bench.json")
+    pack = rankings_pack(measurements, device=args.pack_device or default_device_pattern(env), source=source)
+    path = Path(args.write_pack)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(str(path), pack)
+    count = sum(len(v) for v in pack["rankings"].values())
+    console.print(f"wrote {count} ranking(s) to the config pack {path}", highlight=False)

@@ -23,7 +23,9 @@ and are re-exported unchanged:
   :func:`natural_lse`, :data:`LSE2_INDEX`, the attention-sink helpers :func:`fold_sinks`,
   :func:`sinks_backward` and :func:`sinks_cotangent`, the linear cross-entropy and RMSNorm residual
   formats :data:`LINEAR_CROSS_ENTROPY_RESIDUALS` and :data:`RMS_NORM_RESIDUALS`, and the ``shard_map``
-  helpers :func:`cotangent_like` and :func:`varying_like`.
+  helpers :func:`cotangent_like` and :func:`varying_like`;
+- packed sequences: :func:`varlen_row_ranges` (the key interval each packed query row of
+  ``flash_attention_varlen`` sees) and :func:`sanitize_offsets` (how offsets are read).
 """
 
 from __future__ import annotations
@@ -54,8 +56,10 @@ from ejk.ops import (
     SSD_RESIDUALS,
     fold_sinks,
     natural_lse,
+    sanitize_offsets,
     sinks_backward,
     sinks_cotangent,
+    varlen_row_ranges,
     with_natural_lse,
     without_residuals,
 )
@@ -104,10 +108,12 @@ __all__ = [
     "positive_int",
     "power_of_two",
     "probe_platform",
+    "sanitize_offsets",
     "saving_operands",
     "sinks_backward",
     "sinks_cotangent",
     "snake_owner",
+    "varlen_row_ranges",
     "varying_like",
     "with_natural_lse",
     "without_residuals",

@@ -700,3 +700,22 @@ def test_gpu_lse_matches_the_triton_lowered_forward() -> None:
         inputs["q"], inputs["k"], inputs["v"])
     assert len(ours) == len(theirs)
     np.testing.assert_allclose(np.asarray(ours[-1]), np.asarray(theirs[-1]), rtol=1e-3, atol=1e-3)
+
+
+def test_an_impl_choice_without_config_runs_the_heuristic_forward_and_backward(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``cfg=ImplChoice("pallas", "gpu", "mosaic")`` runs the config ``platform="auto"`` would pick for it:
+    its heuristic tiles and ``backward="auto"`` with the head dim's backward tiles (the Mosaic GPU
+    backward on a GPU), not the defaults whose backward is the slow Triton-lowered one (issue 30)."""
+    from ejk.ops._flash_attention._op import KERNEL
+
+    monkeypatch.setattr(_env, "use_interpreter", lambda: False)  # the GPU's heuristic, not the interpreter's
+    q = jax.ShapeDtypeStruct((4, 4096, 16, 128), jnp.bfloat16)
+    executor = ejk.Executor(ejk.ConfigSelectorChain(persist=False))
+    arrays, static = KERNEL.normalize(q, q, q, causal=True)
+    inv = executor.invocation(KERNEL, arrays, {**static, "platform": "auto"})
+    forced = KERNEL.complete_cfg(inv, KERNEL.choice_for(choice(), "auto"))
+    spec = KERNEL.spec_for(forced)
+    assert forced.cfg == mg.heuristic_config(q, q, q, causal=True) == KERNEL.heuristic_of(spec, inv)
+    assert forced.cfg.backward == "auto" and (forced.cfg.bwd_block_q, forced.cfg.bwd_block_kv) == (64, 128)
+    assert forced.backward is None  # its own backward, in that config

@@ -17,6 +17,7 @@ from ejk_xla import (
     PagedAttentionConfig,
     RmsNormConfig,
     SsdConfig,
+    VarlenAttentionConfig,
 )
 
 
@@ -28,6 +29,7 @@ def test_plugin_conforms_and_registers_every_op() -> None:
     expected = {
         "flash_attention": FlashAttentionConfig,
         "flash_attention_lse": FlashAttentionConfig,
+        "flash_attention_varlen": VarlenAttentionConfig,
         "matmul": MatmulConfig,
         "grouped_matmul": GroupedMatmulConfig,
         "ragged_paged_attention": PagedAttentionConfig,
@@ -41,7 +43,8 @@ def test_plugin_conforms_and_registers_every_op() -> None:
     assert registry.list_algorithms() == sorted(expected)
     names = {"flash_attention": "chunked", "flash_attention_lse": "chunked", "matmul": "dot", "grouped_matmul": "tiled",
              "ragged_paged_attention": "paged", "mla_paged_attention": "paged", "gated_delta_rule": "chunked",
-             "linear_cross_entropy": "chunked", "rms_norm": "fused", "gla": "chunked", "ssd": "chunked"}
+             "linear_cross_entropy": "chunked", "rms_norm": "fused", "gla": "chunked", "ssd": "chunked",
+             "flash_attention_varlen": "chunked"}
     for algorithm, cfg_type in expected.items():
         (spec,) = [s for s in registry.list_implementations(algorithm) if s.backend == Backend.ANY]
         assert (spec.platform, spec.backend, spec.cfg_type) == (Platform.XLA, Backend.ANY, cfg_type)

@@ -16,8 +16,10 @@ from typing import Any, Literal
 import attrs
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from ejk.bench._cases import AttentionCase, MlaCase, MoeCase, PagedCase
+from ejk.bench._torch import BACKENDS, torch_sdpa, torch_sdpa_unsupported
 from ejk.bench._workloads import Workload
 
 __all__ = ["BASELINES", "Baseline", "Prepared", "baselines_for", "register_baseline"]
@@ -30,6 +32,10 @@ class Prepared:
     fn: Callable[..., Any]
     args: tuple[Any, ...]
     diff: tuple[int, ...] = ()
+    #: A line timed outside JAX (PyTorch): ``external(mode, cotangent)`` returns a callable that launches one
+    #: call and returns a handle with ``block_until_ready()`` (and optionally ``to_jax()`` for the output
+    #: check and ``close()``, called once the line is timed); ``fn`` is then not used.
+    external: Callable[[str, Any], Any] | None = None
 
 
 @attrs.frozen(kw_only=True)
@@ -153,6 +159,57 @@ def _pallas_mha_unsupported(workload: Workload) -> str | None:
     if isinstance(case, AttentionCase) and (case.window is not None or case.sinks):
         return "jax's Pallas mha has no sliding window and no sinks"
     return None
+
+
+# -- flash_attention_varlen --------------------------------------------------------------------------
+
+
+def _varlen_segments(workload: Workload, inputs: tuple[Any, ...]) -> Prepared:
+    """``ejk.flash_attention`` on ``[1, T]`` with one segment id per sequence: the same attention (the
+    presets' sequences have equal query and key lengths, so global causal masks are per-sequence ones)."""
+    from ejk.ops import flash_attention
+
+    q, k, v, *_ = inputs
+    lens = workload.case.lens  # type: ignore[attr-defined]
+    ids = jnp.asarray(np.repeat(np.arange(len(lens), dtype=np.int32), lens))[None]
+    causal = bool(workload.case.causal)  # type: ignore[attr-defined]
+
+    def fn(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
+        out = flash_attention(q[None], k[None], v[None], causal=causal, q_segment_ids=ids, kv_segment_ids=ids)
+        return out[0]
+
+    return Prepared(fn=fn, args=(q, k, v), diff=(0, 1, 2))
+
+
+def _varlen_batched(workload: Workload, inputs: tuple[Any, ...]) -> Prepared:
+    """``ejk.flash_attention`` on ``[N, L]``: dense batched attention of exactly the same work (equal lengths)."""
+    from ejk.ops import flash_attention
+
+    q, k, v, *_ = inputs
+    lens = workload.case.lens  # type: ignore[attr-defined]
+    causal = bool(workload.case.causal)  # type: ignore[attr-defined]
+    n, length = len(lens), lens[0]
+
+    def fn(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
+        batched = (x.reshape(n, length, *x.shape[1:]) for x in (q, k, v))
+        return flash_attention(*batched, causal=causal).reshape(q.shape[0], q.shape[1], v.shape[2])
+
+    return Prepared(fn=fn, args=(q, k, v), diff=(0, 1, 2))
+
+
+def _equal_lengths_unsupported(workload: Workload) -> str | None:
+    lens = workload.case.lens  # type: ignore[attr-defined]
+    return None if len(set(lens)) == 1 else "needs sequences of one length (a dense [N, L] batch)"
+def _torch_line(backend: str) -> Callable[[Workload, tuple[Any, ...]], Prepared]:
+    def build(workload: Workload, inputs: tuple[Any, ...]) -> Prepared:
+        def not_jax(*_: Any) -> Any:
+            raise RuntimeError("a torch baseline runs outside JAX")
+
+        make = torch_sdpa(backend)
+        return Prepared(fn=not_jax, args=inputs, diff=(0, 1, 2),
+                        external=lambda mode, cotangent: make(workload, inputs, mode, cotangent))
+
+    return build
 
 
 # -- ragged_paged_attention --------------------------------------------------------------------------
@@ -326,6 +383,15 @@ for _baseline in (
              note="jax.nn.dot_product_attention(implementation='xla'): materialised logits; no sinks"),
     Baseline(name="jax pallas mha", op="flash_attention", build=_pallas_mha, unsupported=_pallas_mha_unsupported,
              note="jax.experimental.pallas.ops.gpu.attention.mha, default blocks"),
+    Baseline(name="ejk flash_attention segment ids", op="flash_attention_varlen", build=_varlen_segments,
+             note="ejk.flash_attention on [1, T] with one segment id per sequence (platform auto)"),
+    Baseline(name="ejk flash_attention [N, L]", op="flash_attention_varlen", build=_varlen_batched,
+             unsupported=_equal_lengths_unsupported,
+             note="ejk.flash_attention on the dense [N, L] batch of the same sequences (equal lengths only): "
+                  "the same work, the issue's 5% target"),
+    *(Baseline(name=name, op="flash_attention", build=_torch_line(backend), unsupported=torch_sdpa_unsupported(backend),
+               note=f"torch.nn.functional.scaled_dot_product_attention, SDPBackend.{backend}, [B, H, S, D]")
+      for name, backend in BACKENDS.items()),
     Baseline(name="jax pallas paged", op="ragged_paged_attention", build=_pallas_paged,
              unsupported=_pallas_paged_unsupported,
              note="jax.experimental.pallas.ops.gpu.paged_attention (decode), default blocks"),

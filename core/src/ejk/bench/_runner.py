@@ -108,6 +108,9 @@ class Measurement:
     peak_fraction: float | None = None
     max_abs_diff: float | None = None
     diff_against: str | None = None
+    #: The case's call as implementations see it (arrays as ``{"shape", "dtype"}``, static arguments as
+    #: values): what ``ejk bench --write-pack`` groups shape classes by.
+    call: dict[str, Any] | None = attrs.field(default=None, eq=False)
 
     def to_json(self) -> dict[str, Any]:
         return attrs.asdict(self, recurse=False) | {"times": list(self.times)}
@@ -166,6 +169,16 @@ class _EjkLines:
         self.executor: ejk.Executor[Any, Any] = ejk.Executor(chain)
         arrays, static = self.kernel.normalize(*inputs, **workload.kwargs())
         self.inv = self.executor.invocation(self.kernel, arrays, {**static, "platform": "auto"})
+
+    def call_summary(self) -> dict[str, Any]:
+        """The case's call as JSON: each array's shape and dtype, each scalar static argument."""
+        summary: dict[str, Any] = {}
+        for name, value in self.kernel.call_view(self.inv).items():
+            if hasattr(value, "shape") and hasattr(value, "dtype"):
+                summary[name] = {"shape": [int(n) for n in value.shape], "dtype": jnp.dtype(value.dtype).name}
+            elif value is None or isinstance(value, bool | int | float | str):
+                summary[name] = value
+        return summary
 
     def _through_executor(self, fn: Callable[..., Any]) -> Callable[..., Any]:
         import ejk
@@ -376,6 +389,10 @@ def _lower(line: _Line, workload: Workload, mode: str, ct: Any) -> _Lowered | Me
         if isinstance(prepared.fn, _Tuned):
             base = attrs.evolve(base, config=prepared.fn.config, note=prepared.fn.note,
                                 implementation=prepared.fn.implementation)
+        if prepared.external is not None:  # timed outside JAX: nothing to lower or compile
+            start = _clock()
+            external = prepared.external(mode, ct)
+            return _Lowered(line=line, base=base, lowered=external, args=(), seconds=_clock() - start)
         fn, args = prepared.fn, prepared.args
         if mode != "fwd":
             fn, args = with_backward(prepared.fn, prepared.diff), (*prepared.args, ct)
@@ -390,6 +407,8 @@ def _lower(line: _Line, workload: Workload, mode: str, ct: Any) -> _Lowered | Me
 
 def _compile(item: _Lowered) -> tuple[Any, float]:
     """``(executable or the exception, seconds)`` (XLA releases the GIL while it compiles)."""
+    if not hasattr(item.lowered, "compile"):  # a line timed outside JAX (see Prepared.external)
+        return item.lowered, 0.0
     start = _clock()
     try:
         return item.lowered.compile(), _clock() - start
@@ -405,12 +424,19 @@ def _time(item: _Lowered, compiled: Any, compile_s: float, options: Options,
         status, text = _failure("compile", compiled)
         return attrs.evolve(base, status=status, error=text), None
     args = item.args
+    external = item.lowered is compiled  # timed outside JAX: by the wall clock, released afterwards
+    policy = attrs.evolve(options.policy, clock="wall") if external else options.policy
     try:
         out = jax.block_until_ready(compiled(*args))
-        calls, times = measure(lambda: compiled(*args), options.policy, flush)
+        if external:
+            out = out.to_jax() if hasattr(out, "to_jax") else None
+        calls, times = measure(lambda: compiled(*args), policy, flush)
     except Exception as exc:
         status, text = _failure("run", exc)
         return attrs.evolve(base, status=status, error=text), None
+    finally:
+        if external and hasattr(compiled, "close"):
+            compiled.close()
     return timed(base, times, calls, compile_s), out
 
 
@@ -535,6 +561,8 @@ def run(cases: Iterable[Case], options: Options | None = None, *, peak: Peak | N
                 for measured, out in _measure_group(lines, workload, mode, options, flush, ct):
                     if measured.kind == "ejk-auto" and ejk_lines is not None and measured.status == "ok":
                         measured = attrs.evolve(measured, implementation=ejk_lines.auto_choice())
+                    if ejk_lines is not None:
+                        measured = attrs.evolve(measured, call=ejk_lines.call_summary())
                     if out is not None:
                         outputs[measured.name] = out
                     group.append(measured)

@@ -209,12 +209,15 @@ def find_in_packs(host: Any, device: str, op_id: str, call_key: str) -> PackHit 
     return None
 
 
-def pack_rankings(host: Any, op: str, device: str, call: Mapping[str, Any]) -> list[Ranking]:
-    """Every ranking that applies to ``call`` of ``op`` on ``device``, in pack order (earlier decides
-    first). A ranking whose shape class names an argument the op does not have is reported and skipped."""
+def pack_rankings(host: Any, op: str, device: str, call: Mapping[str, Any], mode: str = "fwd") -> list[Ranking]:
+    """Every ranking of ``mode`` (``"fwd"`` or ``"fwd+bwd"``, see :class:`Ranking`) that applies to ``call``
+    of ``op`` on ``device``, in pack order (earlier decides first). A ranking whose shape class names an
+    argument the op does not have is reported and skipped."""
     found = []
     for owner, path in pack_sources(host):
         for ranking in _pack(host, owner, path).rankings.get(op, ()):
+            if not ranking.orders(mode):
+                continue
             try:
                 applies = ranking.applies(device, call)
             except RankingError as exc:

@@ -22,6 +22,10 @@ implementation labels for the calls it covers::
 - ``order``: implementation labels (``platform/backend:name``, as ``ejk kernels`` prints them),
   best first. Labels of implementations that are not installed are skipped.
 - ``source`` (optional): where the measurement behind the order is recorded.
+- ``mode`` (optional): ``"fwd"`` (the order of forward calls), ``"fwd+bwd"`` (the order when the call
+  is differentiated: forward plus backward) or absent (both). A ``"fwd+bwd"`` order may name a
+  pairing, ``"<forward label>+<backward label>"``: that forward with the other implementation's
+  backward (both must declare the same residuals).
 
 In the heuristics tier every ranking that applies to a call orders the usable implementations it
 names before those it does not; a later ranking (of the same pack or a later one) orders only what
@@ -38,13 +42,15 @@ from typing import Any
 import attrs
 import numpy as np
 
-__all__ = ["Condition", "Ranking", "RankingError", "normalize_label", "parse_rankings"]
+__all__ = ["MODES", "Condition", "Ranking", "RankingError", "normalize_label", "parse_rankings"]
 
 Scalar = None | bool | int | float | str
 
 _KEY = re.compile(r"^(?P<argument>[A-Za-z_]\w*)(?:\.(?:(?P<attribute>dtype|ndim)|shape\[(?P<axis>-?\d+)\]))?$")
 _LABEL = re.compile(r"^(?P<platform>[a-z0-9_-]+)/(?P<backend>gpu|tpu|cpu|any)(?::(?P<name>[a-z0-9_-]+))?$")
-_ENTRY_KEYS = frozenset({"device", "when", "order", "source"})
+_ENTRY_KEYS = frozenset({"device", "when", "order", "source", "mode"})
+#: What a ranking orders: forward calls, or differentiated calls (forward plus backward).
+MODES = ("fwd", "fwd+bwd")
 
 
 class RankingError(ValueError):
@@ -99,8 +105,9 @@ class Condition:
                                f"{{'min', 'max'}} range, not {value!r}")
         return cls(**where, values=tuple(values))
 
-    def _value(self, call: Mapping[str, Any]) -> tuple[bool, Any]:
-        """``(known, value)`` of the key in ``call``; ``known`` is ``False`` for a missing axis."""
+    def value(self, call: Mapping[str, Any]) -> tuple[bool, Any]:
+        """``(known, value)`` of the key in ``call``; ``known`` is ``False`` for a missing axis (raises
+        :class:`RankingError` for an argument the call does not have)."""
         if self.argument not in call:
             raise RankingError(f"when key {self.key!r}: the op has no argument {self.argument!r} "
                                f"(its arguments: {', '.join(call)})")
@@ -121,7 +128,7 @@ class Condition:
 
     def holds(self, call: Mapping[str, Any]) -> bool:
         """Whether the call is in this condition's class (raises :class:`RankingError` for an unknown argument)."""
-        known, value = self._value(call)
+        known, value = self.value(call)
         if not known:
             return False
         if self.values is not None:
@@ -174,6 +181,12 @@ class Ranking:
     source: str | None = None
     pack: str
     index: int = 0
+    mode: str | None = None
+
+    def orders(self, mode: str) -> bool:
+        """Whether this ranking orders calls of ``mode`` (``"fwd"`` or ``"fwd+bwd"``; one without a mode
+        orders both)."""
+        return self.mode is None or self.mode == mode
 
     def applies(self, device: str, call: Mapping[str, Any]) -> bool:
         """Whether this ranking covers ``call`` on ``device`` (raises :class:`RankingError` when a
@@ -190,6 +203,8 @@ class Ranking:
     def describe(self) -> str:
         """``pack <path> for device <pattern>`` plus the shape class, e.g. for ``ejk explain``."""
         text = f"pack {self.pack} for device {self.device}"
+        if self.mode is not None:
+            text += f" ({self.mode})"
         if self.when:
             text += f" when {', '.join(map(str, self.when))}"
         return text + (f" (measured: {self.source})" if self.source else "")
@@ -211,14 +226,28 @@ def _ranking(op: str, index: int, item: Any, pack: str) -> Ranking:
     order = item.get("order")
     if not isinstance(order, list) or not order:
         raise RankingError("order needs a non-empty list of implementation labels, best first")
-    labels = tuple(normalize_label(label) for label in order)
+    mode = item.get("mode")
+    if mode is not None and mode not in MODES:
+        raise RankingError(f"mode needs one of {', '.join(map(repr, MODES))} (absent: both), not {mode!r}")
+    labels = tuple(_order_label(label, mode) for label in order)
     if len(set(labels)) != len(labels):
         raise RankingError(f"order names an implementation twice: {list(labels)}")
     source = item.get("source")
     if source is not None and not isinstance(source, str):
         raise RankingError(f"source needs a string (where the measurement is recorded), not {source!r}")
     return Ranking(op=op, device=device.strip(), when=tuple(Condition.parse(k, v) for k, v in when.items()),
-                   order=labels, source=source, pack=pack, index=index)
+                   order=labels, source=source, pack=pack, index=index, mode=mode)
+
+
+def _order_label(label: Any, mode: str | None) -> str:
+    """An order's label, normalised; a ``"fwd+bwd"`` ranking's may pair two (``forward+backward``)."""
+    if isinstance(label, str) and "+" in label:
+        if mode != "fwd+bwd":
+            raise RankingError(f"order label {label!r} pairs a forward with a backward: only a ranking with "
+                               "mode 'fwd+bwd' may name pairings")
+        forward, _, backward = label.partition("+")
+        return f"{normalize_label(forward)}+{normalize_label(backward)}"
+    return normalize_label(label)
 
 
 def parse_rankings(section: Any, pack: str) -> tuple[dict[str, tuple[Ranking, ...]], list[str]]:

@@ -258,6 +258,19 @@ class Executor(Generic[Cfg, Out]):
                                          kernel.cfg_label(chosen))
         return fn(*args)
 
+    def fast_entry(self, kernel: Kernel[Cfg, Out], *args: Any, cfg: Cfg | None = None,
+                   **kwargs: Any) -> _FastEntry | None:
+        """The fast path's entry of a call (as :meth:`__call__` takes it) when an earlier identical call
+        left one (``None``: the next identical call takes the full path). Its ``fn`` runs the call while
+        its ``still_valid()`` holds, for this Executor's current ``chooser`` (``entry.chooser``)."""
+        args, kwargs = kernel.prepare(*args, **kwargs)
+        key = self._fast_key(kernel, args, kwargs, cfg)
+        try:
+            entry = None if key is None else self._fast.get(key)
+        except TypeError:
+            return None
+        return entry if entry is not None and entry.kernel is kernel else None
+
     def _fast_key(self, kernel: Kernel[Cfg, Out], args: tuple[Any, ...], kwargs: dict[str, Any],
                   cfg: Cfg | None) -> Any:
         """The fast path's key of a call: the kernel, each argument's shape and dtype, the static

@@ -35,6 +35,12 @@ from ejk.ops._flash_attention._residuals import (
     sinks_cotangent,
     with_natural_lse,
 )
+from ejk.ops._flash_attention_varlen import (
+    FlashAttentionVarlenKernel,
+    flash_attention_varlen,
+    sanitize_offsets,
+    varlen_row_ranges,
+)
 from ejk.ops._gated_delta_rule import GatedDeltaRuleKernel, gated_delta_rule, gated_delta_rule_step
 from ejk.ops._generic import AlgorithmKernel, run
 from ejk.ops._gla import GLA_RESIDUALS, GlaKernel, gla
@@ -77,6 +83,7 @@ __all__ = [
     "FlashAttentionKernel",
     "GatedDeltaRuleKernel",
     "FlashAttentionLseKernel",
+    "FlashAttentionVarlenKernel",
     "GlaKernel",
     "GroupedMatmulKernel",
     "ImplChoice",
@@ -95,6 +102,7 @@ __all__ = [
     "flash_attention",
     "flash_attention_lse",
     "fold_sinks",
+    "flash_attention_varlen",
     "gated_delta_rule",
     "gated_delta_rule_step",
     "get_default_executor",
@@ -111,11 +119,13 @@ __all__ = [
     "rms_norm",
     "run",
     "run_op",
+    "sanitize_offsets",
     "set_default_executor",
     "sinks_backward",
     "sinks_cotangent",
     "ssd",
     "use_executor",
+    "varlen_row_ranges",
     "with_natural_lse",
     "without_residuals",
 ]

@@ -27,6 +27,8 @@ from ejk.config.serialization import from_jsonable, to_jsonable
 from ejk.errors import KernelContractError, KernelNotFoundError
 from ejk.execution.executor import Executor
 from ejk.execution.kernel import Invocation, Kernel, abstract_args
+from ejk.ops._eager import eager_key, remember, run_eager
+from ejk.ops._training import pairing_order, training_choice, training_rankings
 from ejk.parallel._vma import varying_like
 from ejk.registry import (
     Backend,
@@ -77,6 +79,9 @@ class ImplChoice:
         plugin: The plugin (entry-point name) that must have registered the implementation
             (``None``: whichever did; a label belongs to one plugin). A choice naming another
             plugin than the label's owner is not registered.
+        training: What runs instead when the call is differentiated (its forward and its backward);
+            ``None``: this choice. The heuristics tier sets it where a pack's ``"fwd+bwd"`` ranking
+            prefers another implementation or pairing than the forward's winner.
     """
 
     platform: str = attrs.field(converter=platform_name)
@@ -85,6 +90,7 @@ class ImplChoice:
     cfg: Any = None
     backward: ImplChoice | None = None
     plugin: str | None = attrs.field(default=None, converter=_optional_name)
+    training: ImplChoice | None = None
 
     @classmethod
     def from_label(cls, label: str, cfg: Any = None) -> ImplChoice:
@@ -106,7 +112,8 @@ class ImplChoice:
         name = "" if self.implementation in (None, self.platform) else f":{self.implementation}"
         owner = "" if self.plugin is None else f"{self.plugin}:"
         text = f"{owner}{self.platform}/{self.backend}{name} {self.cfg!r}"
-        return text if self.backward is None else f"{text} + backward {self.backward}"
+        text = text if self.backward is None else f"{text} + backward {self.backward}"
+        return text if self.training is None else f"{text}; differentiated: {self.training}"
 
 
 @attrs.frozen(kw_only=True)
@@ -207,9 +214,15 @@ class OpKernel(Kernel[ImplChoice, Any]):
         found = own + [d for d in self._derived[1] if (d.platform, d.backend, d.name) not in taken]
         return sorted(found, key=default_order)  # stable: registered ones first among equals
 
-    def paired_backward(self, spec: KernelSpec, call: Mapping[str, Any]) -> KernelSpec:
-        """The implementation whose backward runs on forward-only ``spec``'s residuals for ``call``."""
-        return paired_backward(self.registry, spec, call, self.implementations())
+    def paired_backward(self, spec: KernelSpec, call: Mapping[str, Any], device: str | None = None) -> KernelSpec:
+        """The implementation whose backward runs on forward-only ``spec``'s residuals for ``call``: on
+        ``device``, the pairing its packs' ``"fwd+bwd"`` rankings put first, else the registry's order."""
+        candidates = self.implementations()
+        if device is not None:
+            rankings = training_rankings(self, device, call)
+            if rankings:
+                candidates = pairing_order(rankings, spec, candidates)
+        return paired_backward(self.registry, spec, call, candidates)
 
     def _gate(self, spec: KernelSpec, call: Mapping[str, Any]) -> str | None:
         # its own gate, then the extension arguments it does not take; a broken gate refuses, never takes the op down
@@ -384,23 +397,37 @@ class OpKernel(Kernel[ImplChoice, Any]):
         if not isinstance(cfg, ImplChoice):
             return cfg
         backward = None if cfg.backward is None else self.complete_cfg(inv, cfg.backward)
+        training = None if cfg.training is None else self.complete_cfg(inv, cfg.training)
         filled = cfg.cfg
+        try:
+            spec = self.spec_for(cfg)
+        except KernelNotFoundError:
+            return cfg  # running it says what is missing
         if filled is None:
-            try:
-                filled = self.heuristic_of(self.spec_for(cfg), inv)
-            except KernelNotFoundError:
-                return cfg  # running it says what is missing
-        if filled is cfg.cfg and backward is cfg.backward:
+            filled = self.heuristic_of(spec, inv)
+        if backward is None and spec.vjp is not None and spec.vjp.paired:
+            backward = self._paired_choice(spec, inv)
+        if filled is cfg.cfg and backward is cfg.backward and training is cfg.training:
             return cfg
-        return attrs.evolve(cfg, cfg=filled, backward=backward)
+        return attrs.evolve(cfg, cfg=filled, backward=backward, training=training)
+
+    def _paired_choice(self, spec: KernelSpec, inv: Invocation[ImplChoice]) -> ImplChoice | None:
+        """The backward a forward-only ``spec`` pairs with for ``inv``, with that implementation's heuristic
+        config (``None`` when none pairs: differentiating then raises, naming why)."""
+        try:
+            other = self.paired_backward(spec, self.call_view(inv), inv.device)
+        except NotImplementedError:
+            return None
+        return self._choice(other, self.heuristic_of(other, inv))
 
     def resolve(self, choice: ImplChoice) -> ImplChoice:
         """``choice`` with its implementation (and its backward's) named explicitly."""
         backward = None if choice.backward is None else self.resolve(choice.backward)
-        if choice.implementation is not None and backward is choice.backward:
+        training = None if choice.training is None else self.resolve(choice.training)
+        if choice.implementation is not None and backward is choice.backward and training is choice.training:
             return choice
         spec = self.spec_for(choice)
-        return attrs.evolve(choice, implementation=spec.name, backward=backward)
+        return attrs.evolve(choice, implementation=spec.name, backward=backward, training=training)
 
     def choice_for(self, cfg: Any, platform: str) -> ImplChoice:
         """Turn a user's ``cfg=`` (an :class:`ImplChoice` or an implementation config) into a choice.
@@ -451,8 +478,10 @@ class OpKernel(Kernel[ImplChoice, Any]):
         reason = self._gate(spec, self.call_view(inv))
         if reason is not None:
             return f"{spec.label}: {reason}"
-        if cfg.backward is not None:
-            return self._backward_reason(spec, cfg.backward, inv)
+        if cfg.backward is not None and (reason := self._backward_reason(spec, cfg.backward, inv)) is not None:
+            return reason
+        if cfg.training is not None and (reason := self.unusable_reason(inv, cfg.training)) is not None:
+            return f"differentiated: {reason}"
         return None
 
     def _backward_reason(self, spec: KernelSpec, backward: ImplChoice, inv: Invocation[ImplChoice]) -> str | None:
@@ -578,9 +607,14 @@ class OpKernel(Kernel[ImplChoice, Any]):
         return self.check_output(spec, out, arrays, static)
 
     def uses_custom_vjp(self, cfg: ImplChoice) -> bool:
-        return self.spec_for(cfg).vjp is not None
+        return cfg.training is not None or self.spec_for(cfg).vjp is not None
 
     def fwd(self, *arrays: Any, cfg: ImplChoice, platform: str = "auto", **static: Any) -> tuple[Any, Any]:
+        training = cfg.training
+        if training is not None:  # differentiated: the training choice's forward (and then its backward)
+            if self.uses_custom_vjp(training):
+                return self.fwd(*arrays, cfg=training, platform=platform, **static)
+            return jax.vjp(lambda *xs: self.run(*xs, cfg=training, **static), *arrays)
         spec = self.spec_for(cfg)
         assert spec.vjp is not None
         pos, keywords = self._arguments(spec.vjp.fwd, spec, arrays, static)
@@ -595,6 +629,10 @@ class OpKernel(Kernel[ImplChoice, Any]):
 
     def bwd(self, residuals: Any, cotangent: Any, *, cfg: ImplChoice, platform: str = "auto",
             **static: Any) -> tuple[Any, ...]:
+        if cfg.training is not None:
+            if self.uses_custom_vjp(cfg.training):
+                return self.bwd(residuals, cotangent, cfg=cfg.training, platform=platform, **static)
+            return tuple(residuals(cotangent))  # the pullback of jax.vjp (an implementation without a VJP)
         if cfg.backward is not None:
             spec, backward_cfg = self.spec_for(cfg.backward), cfg.backward.cfg
         elif isinstance(residuals, tuple) and len(residuals) == 2 and isinstance(residuals[1], _PairedWith):
@@ -619,8 +657,10 @@ class OpKernel(Kernel[ImplChoice, Any]):
 
     def heuristic_cfg(self, inv: Invocation[ImplChoice]) -> ImplChoice:
         """The best-ranked usable implementation for this call with its heuristic config."""
-        spec = self.ranking(self.usable_specs(inv), inv)[0][0]
-        return self._choice(spec, self.heuristic_of(spec, inv))
+        ranked = [spec for spec, _ in self.ranking(self.usable_specs(inv), inv)]
+        choice = self._choice(ranked[0], self.heuristic_of(ranked[0], inv))
+        training = training_choice(self, inv, ranked)
+        return choice if training is None else attrs.evolve(choice, training=training)
 
     def candidate_cfgs(self, inv: Invocation[ImplChoice]) -> Sequence[ImplChoice]:
         """Every usable implementation's configs; the heuristic choice comes first."""
@@ -644,6 +684,8 @@ class OpKernel(Kernel[ImplChoice, Any]):
                 "device_facts": self._platform_facts(cfg.platform)}
         if cfg.backward is not None:
             data["backward"] = self.cfg_to_json(cfg.backward)
+        if cfg.training is not None:
+            data["training"] = self.cfg_to_json(cfg.training)
         return data
 
     def cfg_from_json(self, data: Any) -> ImplChoice:
@@ -662,7 +704,8 @@ class OpKernel(Kernel[ImplChoice, Any]):
             raise ValueError(f"device facts of platform {spec.platform} changed: {recorded} -> {current}")
         cfg = None if data.get("cfg") is None else from_jsonable(data["cfg"], cfg_type=spec.cfg_type)
         backward = None if data.get("backward") is None else self.cfg_from_json(data["backward"])
-        return attrs.evolve(choice, cfg=cfg, backward=backward)
+        training = None if data.get("training") is None else self.cfg_from_json(data["training"])
+        return attrs.evolve(choice, cfg=cfg, backward=backward, training=training)
 
     def _platform_facts(self, platform: str) -> dict[str, str]:
         return dict(self._host().platform_device_facts(jax.devices()[0], platform))
@@ -670,7 +713,7 @@ class OpKernel(Kernel[ImplChoice, Any]):
     def cfg_versions(self, cfg: ImplChoice) -> Mapping[str, str]:
         """The versions of every distribution ``cfg`` runs (and its platforms' toolkits): its forward's,
         its named backward's, else, for a forward-only implementation, every one it may pair with."""
-        versions: dict[str, str] = {}
+        versions: dict[str, str] = dict(self.cfg_versions(cfg.training)) if cfg.training is not None else {}
         specs = [self.spec_for(choice) for choice in (cfg, cfg.backward) if choice is not None]
         if cfg.backward is None and specs[0].vjp is not None and specs[0].vjp.paired:
             specs += pairing_candidates(self.registry, specs[0], self.implementations())
@@ -767,7 +810,11 @@ def resolve_platform(platform: Any) -> str:
 
 
 def run_op(kernel: OpKernel, arrays: tuple[Any, ...], static: dict[str, Any], platform: Any, cfg: Any) -> Any:
-    """Run a public operation through the default Executor."""
+    """Run a public operation through the default Executor (an identical eager call: see :mod:`ejk.ops._eager`)."""
+    key = eager_key(kernel, arrays, static, platform, cfg)
+    done, out = run_eager(key, arrays, get_default_executor)
+    if done:
+        return out
     plat = resolve_platform(platform)
     choice = None if cfg is None else kernel.choice_for(cfg, plat)
 
@@ -778,4 +825,9 @@ def run_op(kernel: OpKernel, arrays: tuple[Any, ...], static: dict[str, Any], pl
 
     rule = None if kernel.definition is None else kernel.definition.shard_rule_fn()
     split, out = run_sharded(rule, arrays, call, static)
-    return out if split else call(*arrays)
+    if split:
+        return out
+    out = call(*arrays)
+    executor = get_default_executor()
+    remember(key, executor, executor.fast_entry(kernel, *arrays, cfg=choice, platform=plat, **static), arrays)
+    return out

@@ -13,8 +13,8 @@ from ejk.ops._definition import OpDefinition, get_op
 __all__ = ["BUILTIN_OPS", "builtin_ops"]
 
 #: The built-in operations, in the order ``ejk bench`` measures them.
-BUILTIN_OPS = ("flash_attention", "ragged_paged_attention", "mla_paged_attention", "grouped_matmul", "matmul",
-               "gated_delta_rule", "gla", "ssd", "linear_cross_entropy", "rms_norm")
+BUILTIN_OPS = ("flash_attention", "flash_attention_varlen", "ragged_paged_attention", "mla_paged_attention",
+               "grouped_matmul", "matmul", "gated_delta_rule", "gla", "ssd", "linear_cross_entropy", "rms_norm")
 
 
 def builtin_ops() -> tuple[OpDefinition, ...]:

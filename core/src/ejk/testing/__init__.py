@@ -44,6 +44,15 @@ if TYPE_CHECKING:
         reference_flash_attention,
         reference_flash_attention_lse,
     )
+    from ejk.ops._flash_attention_varlen._conformance import (
+        VARLEN_CASES,
+        check_flash_attention_varlen,
+        check_varlen_against_float64,
+    )
+    from ejk.ops._flash_attention_varlen._reference import (
+        reference_flash_attention_varlen,
+        reference_varlen_per_sequence,
+    )
     from ejk.ops._gated_delta_rule._conformance import GdrCase, gdr_inputs
     from ejk.ops._gla._conformance import GLA_CASES, check_gla
     from ejk.ops._gla._reference import reference_gla
@@ -69,6 +78,9 @@ _OP_EXTRAS = {
     "check_flash_attention_sinks": "ejk.ops._flash_attention._conformance",
     "attention_mask": "ejk.ops._flash_attention._reference",
     "MATMUL_SHAPES": "ejk.ops._matmul._conformance",
+    "VARLEN_CASES": "ejk.ops._flash_attention_varlen._conformance",
+    "check_varlen_against_float64": "ejk.ops._flash_attention_varlen._conformance",
+    "reference_varlen_per_sequence": "ejk.ops._flash_attention_varlen._reference",
     "mla_batch": "ejk.ops._mla_paged_attention._conformance",
     "mla_paged_attention_float64": "ejk.ops._mla_paged_attention._reference",
     "GdrCase": "ejk.ops._gated_delta_rule._conformance",
@@ -92,12 +104,14 @@ __all__ = [
     "SSD_CASES",
     "RMS_NORM_SHAPES",
     "TOLERANCES",
+    "VARLEN_CASES",
     "assert_close",
     "attention_mask",
     "attention_values_and_grads",
     "check_flash_attention",
     "check_flash_attention_lse",
     "check_flash_attention_sinks",
+    "check_flash_attention_varlen",
     "check_gla",
     "check_grouped_matmul",
     "check_linear_cross_entropy",
@@ -110,6 +124,7 @@ __all__ = [
     "check_discovered_plugins",
     "check_imports_lazily",
     "check_plugin",
+    "check_varlen_against_float64",
     "expected_plugins",
     "fast_jit",
     "gdr_inputs",
@@ -118,6 +133,7 @@ __all__ = [
     "paged_batch",
     "reference_flash_attention",
     "reference_flash_attention_lse",
+    "reference_flash_attention_varlen",
     "reference_gla",
     "reference_grouped_matmul",
     "reference_linear_cross_entropy",
@@ -126,6 +142,7 @@ __all__ = [
     "reference_ragged_paged_attention",
     "reference_rms_norm",
     "reference_ssd",
+    "reference_varlen_per_sequence",
     "tolerance",
     "values_and_grads",
 ]

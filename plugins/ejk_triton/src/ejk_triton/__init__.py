@@ -3,9 +3,10 @@
 Today: ``flash_attention`` forward and backward (FlashAttention-2 style kernels; GQA, causal,
 sliding windows, soft cap, segment ids, bias), ``matmul`` (``jnp.matmul`` shapes),
 ``grouped_matmul`` (mixture of experts, one persistent launch over all groups), each with its
-backward, ``ragged_paged_attention`` (decode with split-K and chunked prefill over a paged KV
-cache, one kernel), ``mla_paged_attention`` (DeepSeek-style latent attention decode, split-KV) and
-``gated_delta_rule`` (chunked WY form, forward and backward), and ``gla`` and ``ssd`` (chunked
+backward, ``flash_attention_varlen`` (packed variable-length sequences, forward and backward; also
+``flash_attention`` calls with segment ids), ``ragged_paged_attention`` (decode with split-K and chunked
+prefill over a paged KV cache, one kernel), ``mla_paged_attention`` (DeepSeek-style latent attention decode,
+split-KV) and ``gated_delta_rule`` (chunked WY form, forward and backward), and ``gla`` and ``ssd`` (chunked
 linear recurrences: one forward kernel, one backward kernel). Triton and jax-triton are imported
 lazily, when a kernel is first launched, so this package imports (and reports its status) without them.
 
@@ -23,6 +24,7 @@ from ejk_triton._linear_attention import LinearAttentionConfig
 from ejk_triton._matmul import MatmulConfig
 from ejk_triton._mla_attention import MlaAttentionConfig
 from ejk_triton._paged_attention import PagedAttentionConfig
+from ejk_triton._varlen_attention import VarlenAttentionConfig
 
 __all__ = [
     "INTERPRET_ENV",
@@ -33,4 +35,5 @@ __all__ = [
     "MatmulConfig",
     "MlaAttentionConfig",
     "PagedAttentionConfig",
+    "VarlenAttentionConfig",
 ]

@@ -18,6 +18,8 @@ from ejk_triton import (
     _matmul,
     _mla_attention,
     _paged_attention,
+    _segment_attention,
+    _varlen_attention,
 )
 
 # Every kernel is in the FAST tier. The priorities below are tie-breaks inside it where no ranking pack
@@ -25,6 +27,8 @@ from ejk_triton import (
 
 #: Attention and paged attention: after the Hopper-only attention kernels, before Triton-lowered Pallas.
 PRIORITY = 5
+#: flash_attention with segment ids on the varlen kernels: after the flash kernel until GPU measurements rank it.
+SEGMENTS_PRIORITY = 4
 #: grouped_matmul: first among the grouped kernels.
 GROUPED_MATMUL_PRIORITY = 7
 #: matmul: after the Mosaic GPU GEMM (Hopper-only), before Triton-lowered Pallas.
@@ -48,6 +52,18 @@ def ejk_register_kernels(register: RegisterKernels) -> None:
                  cfg_type=_mla_attention.MlaAttentionConfig, config_space=_mla_attention.config_space,
                  heuristic=_mla_attention.heuristic_config,
                  capability=_mla_attention.capability)(_mla_attention.mla_paged_attention)
+    va = _varlen_attention
+    for backend in _env.backends():
+        # Differentiable through its own custom_vjp (dk/dv and dq kernels), like ejk-xla's chunked kernel.
+        register("flash_attention_varlen", Platform.TRITON, backend, priority=PRIORITY, name="flash",
+                 cfg_type=va.VarlenAttentionConfig, config_space=va.config_space, heuristic=va.heuristic_config,
+                 capability=va.capability)(va.flash_attention_varlen)
+        # flash_attention calls with segment ids (its gate refuses the others), on the varlen kernels: key blocks
+        # outside a row's segment are skipped. Unmeasured on GPUs: after ejk-triton's flash kernel (PRIORITY).
+        sa = _segment_attention
+        register("flash_attention", Platform.TRITON, backend, priority=SEGMENTS_PRIORITY, name="segments",
+                 cfg_type=va.VarlenAttentionConfig, config_space=sa.config_space, heuristic=sa.heuristic_config,
+                 capability=sa.capability)(sa.flash_attention)
     mm, gmm = _matmul, _grouped_matmul
     for backend in _env.backends():
         register("matmul", Platform.TRITON, backend, priority=MATMUL_PRIORITY, name="gemm",

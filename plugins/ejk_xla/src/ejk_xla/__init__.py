@@ -17,6 +17,7 @@ from ejk_xla._mla_attention import MlaAttentionConfig, mla_paged_attention
 from ejk_xla._paged_attention import PagedAttentionConfig, ragged_paged_attention
 from ejk_xla._rms_norm import RmsNormConfig
 from ejk_xla._ssd import SsdConfig, ssd
+from ejk_xla._varlen_attention import VarlenAttentionConfig, flash_attention_varlen
 
 __all__ = [
     "FlashAttentionConfig",
@@ -29,7 +30,9 @@ __all__ = [
     "PagedAttentionConfig",
     "RmsNormConfig",
     "SsdConfig",
+    "VarlenAttentionConfig",
     "flash_attention",
+    "flash_attention_varlen",
     "gated_delta_rule",
     "gla",
     "grouped_matmul",

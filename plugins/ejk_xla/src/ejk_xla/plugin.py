@@ -15,6 +15,7 @@ from ejk_xla import (
     _paged_attention,
     _rms_norm,
     _ssd,
+    _varlen_attention,
 )
 
 #: Tie-break of cuDNN attention inside the VENDOR tier (first wherever its gate allows).
@@ -40,6 +41,9 @@ def ejk_register_kernels(register: RegisterKernels) -> None:
              capability=_cudnn_attention.capability)(_cudnn_attention.cudnn_attention)
     register("matmul", *portable, tier=vendor, name="dot", cfg_type=_matmul.MatmulConfig,
              config_space=_matmul.config_space, heuristic=_matmul.heuristic_config, vjp=_matmul.vjp)(_matmul.matmul)
+    va = _varlen_attention
+    register("flash_attention_varlen", *portable, tier=fallback, name="chunked", cfg_type=va.VarlenAttentionConfig,
+             config_space=va.config_space, heuristic=va.heuristic_config)(va.flash_attention_varlen)
     gmm, pa = _grouped_matmul, _paged_attention
     register("grouped_matmul", *portable, tier=fallback, name="tiled", cfg_type=gmm.GroupedMatmulConfig,
              config_space=gmm.config_space, heuristic=gmm.heuristic_config)(gmm.grouped_matmul)

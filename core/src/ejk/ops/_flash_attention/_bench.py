@@ -122,11 +122,13 @@ _TOKENS = 16384  # the sweep keeps batch x seq constant, so each point does simi
 
 def _presets() -> tuple[AttentionCase, ...]:
     # [4,4096,16,128] and [2,8192,16,128] (the plugin issues' shapes) are points of the sweep.
-    seqs = {False: (1024, 4096, 16384), True: (1024, 2048, 4096, 8192, 16384)}
+    seqs = {False: (1024, 4096, 8192, 16384), True: (1024, 2048, 4096, 8192, 16384)}
     sweep = tuple(AttentionCase(batch=_TOKENS // s, seq=s, heads=16, dim=128, causal=c)
                   for c in (False, True) for s in seqs[c])
     d64 = tuple(AttentionCase(batch=4, seq=4096, heads=32, dim=64, causal=c) for c in (False, True))
-    gqa = (AttentionCase(batch=4, seq=4096, heads=16, kv_heads=4, dim=128, causal=True),)
+    d256 = tuple(AttentionCase(batch=4, seq=4096, heads=16, dim=256, causal=c) for c in (False, True))
+    gqa = (AttentionCase(batch=4, seq=4096, heads=16, kv_heads=4, dim=128, causal=True),
+           AttentionCase(batch=4, seq=4096, heads=32, kv_heads=8, dim=128, causal=True))
     # DeepSeek-V3 / R1 prefill and training (MLA, not absorbed): q/k 192 = 128 + 64 rotary, v 128.
     mla = tuple(AttentionCase(batch=_TOKENS // s, seq=s, heads=16, dim=192, dv=128, causal=True) for s in (4096, 8192))
     # Sinks (issue 29): gpt-oss's sliding-window layers ([4,4096,64,64], window 128) with and without sinks,
@@ -134,7 +136,7 @@ def _presets() -> tuple[AttentionCase, ...]:
     window = tuple(AttentionCase(batch=4, seq=4096, heads=64, dim=64, causal=True, window=128, sinks=s)
                    for s in (False, True))
     sinks = (*window, AttentionCase(batch=4, seq=4096, heads=16, dim=128, causal=True, sinks=True))
-    return sweep + d64 + gqa + mla + sinks
+    return sweep + d64 + d256 + gqa + mla + sinks
 
 
 def _parse(text: str, options: dict[str, str], spec: str) -> AttentionCase:

@@ -24,8 +24,9 @@ import jax.numpy as jnp
 
 from ejk._contract import fit_call
 from ejk._pairing import pairing_reason
-from ejk.ops._base import ImplChoice, run_op
+from ejk.ops._base import ImplChoice, get_default_executor, run_op
 from ejk.ops._definition import define_op
+from ejk.ops._eager import eager_fast_path
 from ejk.ops._flash_attention._op import FlashAttentionKernel, flash_attention_call
 from ejk.ops._flash_attention._residuals import FLASH_LSE_RESIDUALS, FLASH_RESIDUALS, LSE2_INDEX, with_natural_lse
 from ejk.ops._matmul._op import DEFAULT_PRECISION
@@ -101,6 +102,7 @@ class FlashAttentionLseKernel(FlashAttentionKernel):
 KERNEL = FlashAttentionLseKernel()
 
 
+@eager_fast_path(KERNEL, get_default_executor)  # validation reads shapes, dtypes, statics only
 def flash_attention_lse(
     q: jax.Array,
     k: jax.Array,

@@ -7,9 +7,10 @@ from typing import Any
 import jax
 
 from ejk._contract import Extension
-from ejk.ops._base import ImplChoice, OpKernel, run_op
+from ejk.ops._base import ImplChoice, OpKernel, get_default_executor, run_op
 from ejk.ops._check_common import as_array, attention_precision
 from ejk.ops._definition import define_op
+from ejk.ops._eager import eager_fast_path
 from ejk.ops._flash_attention._check import check_flash_attention_args
 from ejk.ops._flash_attention._residuals import FLASH_RESIDUALS
 from ejk.ops._matmul._op import DEFAULT_PRECISION
@@ -42,6 +43,7 @@ class FlashAttentionKernel(OpKernel):
 KERNEL = FlashAttentionKernel()
 
 
+@eager_fast_path(KERNEL, get_default_executor)  # validation reads shapes, dtypes, statics only
 def flash_attention(
     q: jax.Array,
     k: jax.Array,

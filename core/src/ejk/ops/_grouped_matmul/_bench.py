@@ -99,6 +99,9 @@ def _parse(text: str, options: dict[str, str], spec: str) -> MoeCase:
 BENCH = OpBench(
     case=MoeCase, workload=MoeWorkload, preset="moe", aliases=("gmm",), parse=_parse,
     presets=(*(MoeCase(experts=64, k=2048, n=1536, tokens=t, skewed=s) for s in (False, True) for t in (8192, 32768)),
-             MoeCase(experts=8, k=4096, n=14336, tokens=8192, skewed=True)),
+             # Mixtral-like: 8 experts of an up projection, 16k tokens.
+             *(MoeCase(experts=8, k=4096, n=14336, tokens=16384, skewed=s) for s in (False, True)),
+             # DeepSeek-like: 256 experts k7168 n2048, top-8 routing of 16k tokens (131072 rows).
+             *(MoeCase(experts=256, k=7168, n=2048, tokens=8 * 16384, skewed=s) for s in (False, True))),
     quick=(MoeCase(experts=4, k=32, n=32, tokens=64), MoeCase(experts=4, k=32, n=32, tokens=128, skewed=True)),
 )

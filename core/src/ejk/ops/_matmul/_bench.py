@@ -70,9 +70,10 @@ def _parse(text: str, options: dict[str, str], spec: str) -> MatmulCase:
 
 BENCH = OpBench(
     case=MatmulCase, workload=MatmulWorkload, preset="matmul", parse=_parse,
+    # Squares, then an LLM MLP's up / gate (k 4096, n 14336) and down (k 14336, n 4096) projections at every
+    # token count from one decode step (memory bound) to a 16k-token prefill (compute bound).
     presets=(*(MatmulCase(m=s, k=s, n=s) for s in (2048, 4096, 8192)),
-             *(MatmulCase(m=m, k=4096, n=14336) for m in (2048, 16384)),  # an LLM MLP: up/gate projection
-             MatmulCase(m=16384, k=14336, n=4096),  # down projection
-             MatmulCase(m=16, k=4096, n=14336)),  # decode: memory bound
+             *(MatmulCase(m=m, k=k, n=n) for k, n in ((4096, 14336), (14336, 4096))
+               for m in (1, 16, 128, 1024, 4096, 16384))),
     quick=(MatmulCase(m=64, k=64, n=64), MatmulCase(m=128, k=128, n=128)),
 )

@@ -6,10 +6,11 @@ from typing import Any
 
 import jax
 
-from ejk.ops._base import ImplChoice, OpKernel, run_op
+from ejk.ops._base import ImplChoice, OpKernel, get_default_executor, run_op
 from ejk.ops._check_common import as_array, matmul_precision, result_dtype
 from ejk.ops._check_common import preferred_element_type as output_dtype
 from ejk.ops._definition import define_op
+from ejk.ops._eager import eager_fast_path
 from ejk.ops._matmul._check import check_matmul_args
 
 __all__ = ["DEFAULT_PRECISION", "DEFINITION", "MATMUL", "MatmulKernel", "matmul"]
@@ -45,6 +46,7 @@ class MatmulKernel(OpKernel):
 MATMUL = MatmulKernel()
 
 
+@eager_fast_path(MATMUL, get_default_executor)  # validation reads shapes, dtypes, statics only
 def matmul(
     a: jax.Array,
     b: jax.Array,

@@ -1,0 +1,208 @@
+"""The Triton varlen attention through Triton's interpreter (tiny shapes), compiled for sm_90 without a
+GPU, and (``gpu``) on an NVIDIA GPU against the XLA implementation at realistic packings."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import ejk
+from ejk.testing import (
+    VARLEN_CASES,
+    assert_close,
+    check_flash_attention_varlen,
+    check_varlen_against_float64,
+    reference_flash_attention,
+)
+from ejk_triton import _env
+from ejk_triton._varlen_attention import VarlenAttentionConfig, capability, config_space, heuristic_config
+
+ON_GPU = _env.nvidia_gpu()[0]
+
+CASES = [
+    pytest.param({"q_lens": (5, 0, 20, 1), "k_lens": (5, 0, 20, 1), "pad": 3, "heads": (4, 2), "dim": 16,
+                  "causal": True}, id="empty-pad-gqa2"),
+    pytest.param({"q_lens": (3, 18), "k_lens": (9, 13), "heads": (8, 1), "dim": 16, "causal": True,
+                  "sliding_window": 4, "sinks": True}, id="sq!=sk-window-sinks-gqa8"),
+    pytest.param({"q_lens": (45, 38), "k_lens": (45, 40), "heads": (2, 1), "dim": 16, "causal": True},
+                 id="long-causal-interior-blocks"),
+    pytest.param({"q_lens": (17, 6), "k_lens": (17, 0), "pad": 1, "heads": (4, 4), "dim": 24,
+                  "logits_soft_cap": 4.0, "sinks": True}, id="empty-keys-cap-d24"),
+]
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_interpreter_against_float64_reference(case: dict[str, Any]) -> None:
+    check_varlen_against_float64("triton", case, jnp.float32)
+
+
+def test_interpreter_conformance_bfloat16() -> None:
+    assert check_flash_attention_varlen("triton", dtypes=(jnp.bfloat16,), cases=VARLEN_CASES[1::2]) == 3
+
+
+def _sds(shape: tuple[int, ...], dtype: Any = jnp.bfloat16) -> jax.ShapeDtypeStruct:
+    return jax.ShapeDtypeStruct(shape, dtype)
+
+
+def test_capability_gate(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("EJK_TRITON_INTERPRET", "1")
+    assert capability(_sds((100, 8, 128)), _sds((90, 2, 128)), _sds((90, 2, 128))) is None
+    assert capability(_sds((100, 8, 512)), _sds((90, 2, 512)), _sds((90, 2, 512))) == (
+        "head_dim 512 not supported (at most 256)")
+    f32 = _sds((100, 8, 256), jnp.float32)
+    assert "head_dim 256 not supported in float32" in (capability(f32, f32, f32) or "")
+    if not ON_GPU:
+        monkeypatch.delenv("EJK_TRITON_INTERPRET")
+        assert (capability(_sds((4, 1, 16)), _sds((4, 1, 16)), _sds((4, 1, 16))) or "").startswith(
+            "needs an NVIDIA GPU")
+
+
+def test_configs_on_gpu_shapes(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_env, "interpret_mode", lambda: False)
+    for d, dtype in ((64, jnp.bfloat16), (128, jnp.bfloat16), (256, jnp.float16), (128, jnp.float32)):
+        q = _sds((4096, 16, d), dtype)
+        space = config_space(q, q, q)
+        assert space and space[0] == heuristic_config(q, q, q)
+        assert all(isinstance(c, VarlenAttentionConfig) for c in space)
+
+
+_AOT_SCRIPT = """
+import json, jax, jax.numpy as jnp
+from ejk_triton._varlen_attention import compile_kernels
+sds = jax.ShapeDtypeStruct
+q, kv = sds((32768, 16, 128), jnp.bfloat16), sds((32768, 4, 128), jnp.bfloat16)
+report = {"d128 gqa sinks": compile_kernels(q, kv, kv, sinks=True)}
+q64 = sds((1000, 64, 64), jnp.bfloat16)
+report["d64 cap"] = compile_kernels(q64, q64, q64, logits_soft_cap=30.0)
+q32 = sds((333, 4, 128), jnp.float32)
+report["f32"] = compile_kernels(q32, q32, q32)
+report["segments"] = compile_kernels(q, kv, kv, segment_ids=True)
+print(json.dumps(report))
+"""
+
+
+def test_kernels_compile_for_sm90_without_a_gpu(tmp_path: Any) -> None:
+    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "EJK_TRITON_INTERPRET")}
+    env.update(JAX_PLATFORMS="cpu", TRITON_CACHE_DIR=str(tmp_path / "triton-cache"))
+    result = subprocess.run([sys.executable, "-c", _AOT_SCRIPT], capture_output=True, text=True, env=env, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    for variant, kernels in report.items():
+        assert set(kernels) == {"forward", "dkdv", "dq"}, variant
+        for name, info in kernels.items():
+            assert 0 < info["shared"] <= 227 * 1024, f"{variant} {name}: {info}"
+
+
+# ----------------------------------------------------------------------------------------------
+# On an NVIDIA GPU
+# ----------------------------------------------------------------------------------------------
+
+
+def _packed(lens: list[int], pad: int, hq: int, hkv: int, d: int, dtype: Any, seed: int = 0) -> tuple[Any, ...]:
+    rng = np.random.default_rng(seed)
+    t = sum(lens) + pad
+    q, k, v = (jnp.asarray(rng.standard_normal((t, h, d), np.float32), dtype) for h in (hq, hkv, hkv))
+    cu = jnp.asarray(np.cumsum([0, *lens]), jnp.int32)
+    return q, k, v, cu
+
+
+GPU_CASES = [
+    pytest.param([1000, 3, 2500, 0, 777], 100, 16, 4, 128, jnp.bfloat16, {"causal": True}, id="d128-gqa4-causal"),
+    pytest.param([1500, 700, 1], 13, 8, 8, 64, jnp.float16,
+                 {"causal": True, "sliding_window": 128, "sinks": True}, id="d64-window128-sinks"),
+    pytest.param([300, 200], 0, 4, 1, 256, jnp.bfloat16, {"logits_soft_cap": 30.0}, id="d256-mqa-cap"),
+    pytest.param([400, 333], 7, 4, 2, 128, jnp.float32, {"causal": True}, id="f32-highest"),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_GPU, reason="needs an NVIDIA GPU")
+@pytest.mark.parametrize(("lens", "pad", "hq", "hkv", "d", "dtype", "options"), GPU_CASES)
+def test_gpu_matches_xla(lens: list[int], pad: int, hq: int, hkv: int, d: int, dtype: Any,
+                         options: dict[str, Any]) -> None:
+    q, k, v, cu = _packed(lens, pad, hq, hkv, d, dtype)
+    options = dict(options)
+    if options.pop("sinks", False):
+        options["sinks"] = jnp.linspace(-1.0, 2.0, hq, dtype=jnp.float32)
+    ct = jnp.asarray(np.random.default_rng(1).standard_normal((q.shape[0], hq, d), np.float32), dtype)
+
+    def grads(platform: str) -> Any:
+        def f(q: Any, k: Any, v: Any) -> Any:
+            return ejk.flash_attention_varlen(q, k, v, cu, cu, platform=platform, **options)
+
+        out, vjp = jax.vjp(f, q, k, v)
+        return out, vjp(ct)
+
+    got, got_g = jax.jit(lambda: grads("triton"))()
+    want, want_g = jax.jit(lambda: grads("xla"))()
+    assert_close(got, want, dtype, what="out")
+    for name, a, b in zip(("dq", "dk", "dv"), got_g, want_g, strict=True):
+        assert_close(a, b, dtype, what=name)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_GPU, reason="needs an NVIDIA GPU")
+def test_gpu_public_op_conformance() -> None:
+    assert check_flash_attention_varlen("triton", dtypes=(jnp.bfloat16, jnp.float16, jnp.float32)) == 18
+
+
+# ----------------------------------------------------------------------------------------------
+# flash_attention with segment ids on the varlen kernels (triton/...:segments)
+# ----------------------------------------------------------------------------------------------
+
+SEGMENTS = ejk.ImplChoice(platform="triton", backend="gpu" if ON_GPU else "cpu", implementation="segments")
+
+
+def _segment_ids(rng: np.random.Generator, batch: int, length: int, kind: str) -> jax.Array:
+    if kind == "packed":  # contiguous documents of random lengths, a padding id at the end
+        ids = np.zeros((batch, length), np.int32)
+        for b in range(batch):
+            cuts = np.sort(rng.choice(np.arange(1, length), size=3, replace=False))
+            ids[b] = np.searchsorted(cuts, np.arange(length), side="right")
+        return jnp.asarray(ids)
+    return jnp.asarray(rng.integers(0, 3, size=(batch, length)), jnp.int32)  # arbitrary: runs interleave
+
+
+@pytest.mark.parametrize(("kind", "shape", "options"), [
+    pytest.param("packed", (2, 40, 4, 40, 2, 16), {"causal": True}, id="packed-causal-gqa2"),
+    pytest.param("arbitrary", (1, 24, 4, 33, 1, 16), {}, id="arbitrary-sq!=sk-mqa"),
+    pytest.param("arbitrary", (2, 30, 2, 30, 2, 16), {"causal": True, "sliding_window": 5, "logits_soft_cap": 3.0},
+                 id="arbitrary-window-cap"),
+])
+def test_segments_kernel_matches_the_reference(kind: str, shape: tuple[int, ...], options: dict[str, Any]) -> None:
+    b, sq, hq, sk, hkv, d = shape
+    rng = np.random.default_rng(sum(shape))
+    q = jnp.asarray(rng.standard_normal((b, sq, hq, d)), jnp.float32)
+    k, v = (jnp.asarray(rng.standard_normal((b, sk, hkv, d)), jnp.float32) for _ in range(2))
+    q_ids = _segment_ids(rng, b, sq, kind)
+    kv_ids = q_ids if sq == sk else _segment_ids(rng, b, sk, kind)
+    ct = jnp.asarray(rng.standard_normal((b, sq, hq, d)), jnp.float32)
+
+    def run(fn: Any) -> Any:
+        out, vjp = jax.vjp(lambda q, k, v: fn(q, k, v, q_segment_ids=q_ids, kv_segment_ids=kv_ids, **options), q, k, v)
+        return out, vjp(ct)
+
+    got, got_g = jax.jit(lambda: run(lambda *a, **kw: ejk.flash_attention(*a, **kw, platform="triton", cfg=SEGMENTS)))()
+    want, want_g = jax.jit(lambda: run(reference_flash_attention))()
+    assert_close(got, want, jnp.float32, what="out")
+    for name, a, w in zip(("dq", "dk", "dv"), got_g, want_g, strict=True):
+        assert_close(a, w, jnp.float32, what=name)
+
+
+def test_segments_gate_takes_segment_calls_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    from ejk_triton._segment_attention import capability as segments_gate
+
+    monkeypatch.setenv("EJK_TRITON_INTERPRET", "1")
+    q, ids = _sds((2, 64, 4, 64)), _sds((2, 64), jnp.int32)
+    assert segments_gate(q, q, q, q_segment_ids=ids, kv_segment_ids=ids) is None
+    assert "segment ids only" in (segments_gate(q, q, q) or "")
+    assert "no bias" in (segments_gate(q, q, q, q_segment_ids=ids, kv_segment_ids=ids,
+                                       bias=_sds((1, 1, 64, 64))) or "")

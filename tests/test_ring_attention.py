@@ -39,6 +39,8 @@ CODE = textwrap.dedent(
         heads, kv_heads = case.pop("heads", (2, 1))
         q_rows, kv_rows = case.pop("rows", (4, 4))  # local lengths
         segments = case.pop("segments", False)
+        use_sinks = case.pop("sinks", False)  # replicated [Hq], its gradient summed over the ring by shard_map
+        sinks = jax.random.normal(jax.random.key(99), (heads,), jnp.float32) * 2
         # "mesh2d": batch over "dp" (2) and the ring over "sp" (n / 2) of a 2-D mesh.
         grid = (2, n // 2) if case.pop("mesh2d", False) else (1, n)
         mesh = Mesh(np.array(jax.devices()[:n]).reshape(grid), ("dp", "sp"))
@@ -58,28 +60,29 @@ CODE = textwrap.dedent(
         segs = dict(q_segment_ids=qs, kv_segment_ids=ks) if segments else {}
         spec = P("dp", "sp")
 
-        def local(q, k, v, qs, ks):
+        def local(q, k, v, qs, ks, s):
             local_segs = dict(q_segment_ids=qs, kv_segment_ids=ks) if segments else {}
-            return ejk.ring_attention(q, k, v, axis_name="sp", layout=layout, **case, **local_segs)
+            return ejk.ring_attention(q, k, v, axis_name="sp", layout=layout, sinks=s if use_sinks else None,
+                                      **case, **local_segs)
 
-        ring = jax.shard_map(local, mesh=mesh, in_specs=(spec,) * 5, out_specs=spec)
+        ring = jax.shard_map(local, mesh=mesh, in_specs=(spec,) * 5 + (P(),), out_specs=spec)
         to = lambda x: to_layout(x, layout, ring_n)
 
-        def sharded(q, k, v):
-            return from_layout(ring(to(q), to(k), to(v), to(qs), to(ks)), layout, ring_n)
+        def sharded(q, k, v, s):
+            return from_layout(ring(to(q), to(k), to(v), to(qs), to(ks), s), layout, ring_n)
 
-        def gathered(q, k, v):
-            return reference_flash_attention(q, k, v, **case, **segs)
+        def gathered(q, k, v, s):
+            return reference_flash_attention(q, k, v, sinks=s if use_sinks else None, **case, **segs)
 
         def both(fn):
-            return jax.jit(lambda q, k, v, ct: (lambda out, vjp: (out, *vjp(ct)))(*jax.vjp(fn, q, k, v)))
+            return jax.jit(lambda q, k, v, s, ct: (lambda out, vjp: (out, *vjp(ct)))(*jax.vjp(fn, q, k, v, s)))
 
-        got = both(sharded)(q, k, v, ct)
+        got = both(sharded)(q, k, v, sinks, ct)
         f32 = lambda x: x.astype(jnp.float32)
-        want = both(gathered)(f32(q), f32(k), f32(v), f32(ct))
+        want = both(gathered)(f32(q), f32(k), f32(v), sinks, f32(ct))
         errors = [float(jnp.max(jnp.abs(f32(a) - b))) for a, b in zip(got, want)]
         scales = [float(jnp.max(jnp.abs(b))) for b in want]
-        ppermutes = str(jax.make_jaxpr(sharded)(q, k, v)).count("ppermute")
+        ppermutes = str(jax.make_jaxpr(sharded)(q, k, v, sinks)).count("ppermute")
         results.append({"errors": errors, "scales": scales, "ppermutes": ppermutes})
     print(json.dumps(results))
     """
@@ -93,11 +96,13 @@ CASES: dict[int, list[dict[str, object]]] = {
         {"layout": "zigzag", "causal": True, "sliding_window": [3, 0], "heads": [4, 1]},
         {"layout": "striped", "causal": True, "dtype": "bfloat16", "rows": [8, 8]},
         {"layout": "contiguous", "causal": True, "rows": [2, 4]},  # Sq != Sk: bottom-right aligned
+        {"layout": "contiguous", "causal": True, "heads": [4, 2], "sinks": True, "rows": [6, 4]},  # rows see nothing
     ],
     4: [
         {"layout": "striped", "causal": True, "heads": [4, 2], "softmax_scale": 0.5},
         {"layout": "zigzag", "causal": True, "segments": True, "mesh2d": True},
         {"layout": "contiguous", "sliding_window": [5, 2], "logits_soft_cap": 1.5},
+        {"layout": "zigzag", "causal": True, "sliding_window": [3, 0], "segments": True, "sinks": True},
     ],
     8: [
         {"layout": "zigzag", "causal": True, "heads": [4, 2]},
@@ -124,7 +129,7 @@ def test_ring_attention_matches_gathered_flash_attention(mesh_size: int) -> None
     assert len(results) == len(CASES[mesh_size])
     for case, result in zip(CASES[mesh_size], results, strict=True):
         atol = 5e-2 if case.get("dtype") == "bfloat16" else 2e-4
-        for name, error, scale in zip(("out", "dq", "dk", "dv"), result["errors"], result["scales"],  # type: ignore[call-overload]
+        for name, error, scale in zip(("out", "dq", "dk", "dv", "dsinks"), result["errors"], result["scales"],  # type: ignore[call-overload]
                                       strict=True):
             assert error <= atol * max(1.0, scale), f"{case}: {name} differs by {error} (scale {scale})"
     # Blocks the window hides are neither computed nor waited for: with a window of 3 and local

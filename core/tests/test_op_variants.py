@@ -29,8 +29,10 @@ def _static(q_segment_ids: Any, kv_segment_ids: Any, bias: Any, **static: Any) -
 
 
 def fwd(q: jax.Array, k: jax.Array, v: jax.Array, *, q_segment_ids: Any, kv_segment_ids: Any, bias: Any,
-        causal: bool, softmax_scale: float, sliding_window: Any, logits_soft_cap: Any, cfg: Any) -> tuple[Any, Any]:
-    """The reference as a kernel that saves the flash residuals (base-2 lse, +inf for rows that see nothing)."""
+        causal: bool, softmax_scale: float, sliding_window: Any, logits_soft_cap: Any, cfg: Any,
+        precision: Any = "default") -> tuple[Any, Any]:
+    """The reference as a kernel that saves the flash residuals (base-2 lse, +inf for rows that see nothing);
+    it computes at full precision, so it takes ``precision`` (float32 calls default to ``"highest"``)."""
     out, lse = reference_flash_attention_lse(q, k, v, causal=causal, softmax_scale=softmax_scale,
                                              sliding_window=sliding_window, logits_soft_cap=logits_soft_cap,
                                              q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids, bias=bias)
@@ -38,7 +40,8 @@ def fwd(q: jax.Array, k: jax.Array, v: jax.Array, *, q_segment_ids: Any, kv_segm
     return out, (q, k, v, q_segment_ids, kv_segment_ids, bias, out, lse2)
 
 
-def bwd(residuals: Any, d_out: jax.Array, *, d_lse: jax.Array | None = None, cfg: Any, **static: Any) -> Any:
+def bwd(residuals: Any, d_out: jax.Array, *, d_lse: jax.Array | None = None, cfg: Any, precision: Any = "default",
+        **static: Any) -> Any:
     """The reference's gradients, through the lse too when its cotangent comes."""
     q, k, v, q_seg, kv_seg, bias, _, lse2 = residuals
 

@@ -10,17 +10,55 @@ never in a user's call.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import threading
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
 import attrs
 
-from ejk._kernel_spec import VJP
+from ejk._kernel_spec import VJP, KernelSpec, capability_reason
 
-__all__ = ["CallContract", "contract_of", "declare", "generation"]
+__all__ = ["CallContract", "Extension", "accepts", "contract_of", "declare", "extension_refusal", "fit_call",
+           "gate_reason", "generation", "takes"]
+
+
+@attrs.frozen
+class Extension:
+    """An argument added to an op after implementations were written against it.
+
+    An implementation whose signature names it receives it on every call; one that does not is
+    called without it, and refuses (through the core, after its own gate) every call whose value
+    differs from :attr:`legacy`, the value under which the op behaves as it did before.
+
+    Attributes:
+        name: The argument's name (an array of ``array_names`` or a static argument).
+        legacy: Its value in calls an implementation unaware of it runs correctly (``None`` for an
+            optional array; e.g. ``"default"`` for a static ``precision``).
+        since: The ejk-core version that added it (named in the refusal).
+    """
+
+    name: str
+    legacy: Any = None
+    since: str = ""
+
+    def is_legacy(self, value: Any) -> bool:
+        """Whether ``value`` is the legacy value (an absent argument always is)."""
+        if value is None or value is self.legacy:
+            return True
+        if self.legacy is None or hasattr(value, "shape"):
+            return False
+        try:
+            return bool(value == self.legacy)
+        except Exception:  # an odd value that does not compare: not the legacy one
+            return False
+
+    def refusal(self, algorithm: str) -> str:
+        since = f" in ejk-core {self.since}" if self.since else ""
+        return (f"does not take {self.name}= (added to {algorithm}{since}); it runs only calls with "
+                f"{self.name}={self.legacy!r}")
 
 
 @attrs.frozen(kw_only=True)
@@ -38,11 +76,22 @@ class CallContract:
     positional: tuple[str, ...]
     keyword_arrays: tuple[str, ...] = ()
     static: tuple[str, ...] = ()
+    extensions: tuple[Extension, ...] = ()
+
+    @property
+    def extension_names(self) -> tuple[str, ...]:
+        return tuple(e.name for e in self.extensions)
+
+    def _required(self, names: tuple[str, ...]) -> tuple[str, ...]:
+        optional = set(self.extension_names)
+        return tuple(n for n in names if n not in optional)
 
     def describe(self) -> str:
-        """The call as the core makes it, e.g. ``impl(a, b, *, precision, preferred_element_type, cfg)``."""
-        keywords = (*self.keyword_arrays, *self.static, "cfg")
-        return f"impl({', '.join((*self.positional, '*', *keywords))})"
+        """The call as the core makes it, e.g. ``impl(a, b, *, precision, preferred_element_type, cfg)``;
+        extension arguments (passed only to implementations that name them) in brackets."""
+        required = (*self._required(self.keyword_arrays), *self._required(self.static), "cfg")
+        optional = tuple(f"[{name}]" for name in self.extension_names)
+        return f"impl({', '.join((*self.positional, '*', *required, *optional))})"
 
     def _bind_problem(self, fn: Callable[..., Any], positional: int, keywords: tuple[str, ...]) -> str | None:
         try:
@@ -58,15 +107,15 @@ class CallContract:
     def problems(self, implementation: Callable[..., Any], vjp: VJP | None = None) -> list[str]:
         """Why an implementation (and its VJP) cannot take this op's calls; empty when it can.
         Only whether the call binds counts: names of positional parameters, defaults and
-        annotations are the implementation's own business."""
-        keywords = (*self.keyword_arrays, *self.static, "cfg")
+        annotations are the implementation's own business. Extension arguments are not required."""
+        keywords = (*self._required(self.keyword_arrays), *self._required(self.static), "cfg")
         found = []
         parts: list[tuple[str, Callable[..., Any], int, tuple[str, ...]]] = [
             ("forward", implementation, len(self.positional), keywords)]
         if vjp is not None:
             parts.append(("VJP fwd", vjp.fwd, len(self.positional), keywords))
             if vjp.bwd is not None:
-                parts.append(("VJP bwd", vjp.bwd, 2, ("cfg", *self.static)))
+                parts.append(("VJP bwd", vjp.bwd, 2, ("cfg", *self._required(self.static))))
         for what, fn, positional, names in parts:
             problem = self._bind_problem(fn, positional, names)
             if problem is not None:
@@ -75,7 +124,7 @@ class CallContract:
         return found
 
     def _describe_bwd(self) -> str:
-        return f"bwd(residuals, cotangent, *, {', '.join(('cfg', *self.static))})"
+        return f"bwd(residuals, cotangent, *, {', '.join(('cfg', *self._required(self.static)))})"
 
 
 def _describe(fn: Callable[..., Any]) -> str:
@@ -125,3 +174,98 @@ def contract_of(algorithm: str) -> CallContract | None:
     with _lock:
         _resolved[algorithm] = contract
     return contract
+
+
+# -- extension arguments: who takes them ------------------------------------------------------------
+
+
+def _read_parameters(fn: Callable[..., Any], follow_wrapped: bool) -> tuple[frozenset[str], bool] | None:
+    try:
+        signature = inspect.signature(fn, follow_wrapped=follow_wrapped)
+    except (TypeError, ValueError):
+        return None
+    named = frozenset(p.name for p in signature.parameters.values()
+                      if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
+    return named, any(p.kind is p.VAR_KEYWORD for p in signature.parameters.values())
+
+
+@functools.lru_cache(maxsize=4096)
+def _cached_parameters(fn: Callable[..., Any], follow_wrapped: bool) -> tuple[frozenset[str], bool] | None:
+    return _read_parameters(fn, follow_wrapped)
+
+
+def _parameters(fn: Callable[..., Any], follow_wrapped: bool = True) -> tuple[frozenset[str], bool] | None:
+    try:
+        return _cached_parameters(fn, follow_wrapped)
+    except TypeError:  # unhashable callable: read it each time
+        return _read_parameters(fn, follow_wrapped)
+
+
+def takes(fn: Callable[..., Any] | None, name: str) -> bool:
+    """Whether ``fn``'s signature names parameter ``name`` (read through ``functools.wraps``'
+    ``__wrapped__`` and a ``__signature__``). ``**kwargs`` alone does not count: an implementation
+    receives an extension argument only when it says it handles it."""
+    if fn is None:
+        return False
+    found = _parameters(fn)
+    return found is not None and name in found[0]
+
+
+def accepts(fn: Callable[..., Any], name: str) -> bool:
+    """Whether ``fn`` can be passed keyword ``name``: it names it, or its own signature (not the
+    one it wraps) has ``**kwargs``."""
+    outer = _parameters(fn, follow_wrapped=False)
+    return takes(fn, name) or (outer is not None and outer[1])
+
+
+def _extensions(algorithm: str, extensions: tuple[Extension, ...] | None) -> tuple[Extension, ...]:
+    if extensions is not None:
+        return extensions
+    contract = contract_of(algorithm)
+    return () if contract is None else contract.extensions
+
+
+def fit_call(fn: Callable[..., Any], call: Mapping[str, Any], algorithm: str,
+             extensions: tuple[Extension, ...] | None = None) -> dict[str, Any]:
+    """``call`` (the keyword view a callback receives) without the extension arguments ``fn`` cannot
+    be passed: a gate, heuristic or config space written before an extension existed keeps working."""
+    dropped = [e.name for e in _extensions(algorithm, extensions) if e.name in call and not accepts(fn, e.name)]
+    if not dropped:
+        return dict(call)
+    return {k: v for k, v in call.items() if k not in dropped}
+
+
+def spec_takes(spec: KernelSpec, extension: Extension, *, static: bool) -> bool:
+    """Whether ``spec`` handles ``extension``: its forward (and VJP forward) name it, and for a static
+    one its own backward too."""
+    forwards = [spec.implementation] + ([spec.vjp.fwd] if spec.vjp is not None else [])
+    if not all(takes(fn, extension.name) for fn in forwards):
+        return False
+    if static and spec.vjp is not None and spec.vjp.bwd is not None:
+        return takes(spec.vjp.bwd, extension.name)
+    return True
+
+
+def extension_refusal(spec: KernelSpec, call: Mapping[str, Any], static_names: Collection[str] = (),
+                      extensions: tuple[Extension, ...] | None = None) -> str | None:
+    """Why ``spec`` cannot run ``call`` because it does not take one of its op's extension arguments
+    whose value in ``call`` is not the legacy one (``None``: it can)."""
+    for extension in _extensions(spec.algorithm, extensions):
+        if extension.is_legacy(call.get(extension.name)):
+            continue
+        is_static = extension.name in static_names or not hasattr(call.get(extension.name), "shape")
+        if not spec_takes(spec, extension, static=is_static):
+            return extension.refusal(spec.algorithm)
+    return None
+
+
+def gate_reason(spec: KernelSpec, call: Mapping[str, Any],
+                extensions: tuple[Extension, ...] | None = None) -> str | None:
+    """``spec``'s verdict on ``call``: its own capability gate on the call fitted to the gate's signature
+    first (its reason, e.g. a dtype it never runs, says more than a missing argument), then the extension
+    arguments it does not take (``None``: it accepts)."""
+    if spec.capability is not None:
+        reason = capability_reason(spec, fit_call(spec.capability, call, spec.algorithm, extensions))
+        if reason is not None:
+            return reason
+    return extension_refusal(spec, call, extensions=extensions)

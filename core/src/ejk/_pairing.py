@@ -13,7 +13,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ejk._kernel_spec import Backend, KernelSpec, capability_reason, default_backend
+from ejk._contract import fit_call, gate_reason
+from ejk._kernel_spec import Backend, KernelSpec, default_backend
 
 if TYPE_CHECKING:
     from ejk.registry import KernelRegistry
@@ -66,7 +67,7 @@ def paired_backward(registry: KernelRegistry, spec: KernelSpec, call: Mapping[st
         if other.backend not in (Backend.ANY, backend):
             reasons.append(f"{other.label}: targets {other.backend}, not JAX's default backend {backend}")
             continue
-        gate = capability_reason(other, call)
+        gate = gate_reason(other, call)  # extension arguments it does not take refuse too
         if gate is not None:
             reasons.append(f"{other.label}: {gate}")
             continue
@@ -104,7 +105,7 @@ def paired_capability(registry: KernelRegistry, spec: KernelSpec) -> Callable[..
     own = spec.capability
 
     def capability(**call: Any) -> str | None:
-        reason = None if own is None else own(**call)
+        reason = None if own is None else own(**fit_call(own, call, spec.algorithm))
         return reason if reason is not None else pairing_reason(registry, spec, call)
 
     capability.__doc__ = (f"{spec.label}'s capability gate, refusing too where no backward of residuals "

@@ -20,9 +20,10 @@ and are re-exported unchanged:
   :data:`MATMUL_RESIDUALS` / :data:`GROUPED_MATMUL_RESIDUALS`) and its halves :func:`saving_operands`
   and :func:`operand_cotangents`, the flash-attention residual format :data:`FLASH_RESIDUALS` /
   :data:`FLASH_LSE_RESIDUALS` with :func:`without_residuals`, :func:`with_natural_lse`,
-  :func:`natural_lse`, the linear cross-entropy and RMSNorm residual formats
-  :data:`LINEAR_CROSS_ENTROPY_RESIDUALS` and :data:`RMS_NORM_RESIDUALS`,
-  and the ``shard_map`` helpers :func:`cotangent_like` and :func:`varying_like`;
+  :func:`natural_lse`, :data:`LSE2_INDEX`, the attention-sink helpers :func:`fold_sinks`,
+  :func:`sinks_backward` and :func:`sinks_cotangent`, the linear cross-entropy and RMSNorm residual
+  formats :data:`LINEAR_CROSS_ENTROPY_RESIDUALS` and :data:`RMS_NORM_RESIDUALS`, and the ``shard_map``
+  helpers :func:`cotangent_like` and :func:`varying_like`;
 - packed sequences: :func:`varlen_row_ranges` (the key interval each packed query row of
   ``flash_attention_varlen`` sees) and :func:`sanitize_offsets` (how offsets are read).
 """
@@ -50,10 +51,14 @@ from ejk.ops import (
     FLASH_RESIDUALS,
     GLA_RESIDUALS,
     LINEAR_CROSS_ENTROPY_RESIDUALS,
+    LSE2_INDEX,
     RMS_NORM_RESIDUALS,
     SSD_RESIDUALS,
+    fold_sinks,
     natural_lse,
     sanitize_offsets,
+    sinks_backward,
+    sinks_cotangent,
     varlen_row_ranges,
     with_natural_lse,
     without_residuals,
@@ -69,6 +74,7 @@ __all__ = [
     "GLA_RESIDUALS",
     "GROUPED_MATMUL_RESIDUALS",
     "LINEAR_CROSS_ENTROPY_RESIDUALS",
+    "LSE2_INDEX",
     "MATMUL_RESIDUALS",
     "RMS_NORM_RESIDUALS",
     "SSD_RESIDUALS",
@@ -86,6 +92,7 @@ __all__ = [
     "cotangent_like",
     "devices",
     "fit_block",
+    "fold_sinks",
     "hookimpl",
     "installed_version",
     "int_in",
@@ -103,6 +110,8 @@ __all__ = [
     "probe_platform",
     "sanitize_offsets",
     "saving_operands",
+    "sinks_backward",
+    "sinks_cotangent",
     "snake_owner",
     "varlen_row_ranges",
     "varying_like",

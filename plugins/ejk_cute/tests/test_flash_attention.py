@@ -211,9 +211,13 @@ def _lse2_reference(q: jax.Array, k: jax.Array, causal: bool, scale: float) -> j
 
 
 def _reference_launch(cfg: Any, static: dict[str, Any], q: jax.Array, k: jax.Array,
-                      v: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """The kernel's outputs from the reference (so the forward runs on a CPU): out, base-2 lse."""
+                      v: jax.Array, sinks: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """The kernel's outputs from the reference (so the forward runs on a CPU): out, base-2 lse
+    (``sinks`` ``[B, Hq]``, read when ``static["sinks"]``, as the kernel does)."""
     causal, scale = static["causal"], static["softmax_scale"]
+    if static.get("sinks"):
+        out, lse = reference_flash_attention_lse(q, k, v, causal=causal, softmax_scale=scale, sinks=sinks[0])
+        return out.astype(q.dtype), jnp.where(jnp.isneginf(lse), jnp.inf, lse / math.log(2.0))
     out = reference_flash_attention(q, k, v, causal=causal, softmax_scale=scale)
     return out.astype(q.dtype), _lse2_reference(q, k, causal, scale)
 
@@ -238,22 +242,25 @@ def _on_this_machine(op: str) -> Any:
 
 
 @pytest.mark.parametrize("op", [op for op, _ in OPS])
-@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize(("causal", "with_sinks"), [(False, False), (True, False), (True, True)],
+                         ids=["full", "causal", "causal-sinks"])
 def test_gradients_run_the_paired_backward_on_our_residuals(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
-                                                            op: str, causal: bool) -> None:
+                                                            op: str, causal: bool, with_sinks: bool) -> None:
     """``jax.grad`` through platform ``cute``: the forward's residuals (the kernel's outputs, from the
     reference here) go to another installed implementation's backward, which the core picks; the
-    gradients equal the reference's. Needs one that runs here (ejk-triton or ejk-pallas in their
-    interpreter modes)."""
+    gradients equal the reference's (with sinks: the sinks' too, the backward taking them from the
+    residuals). Needs one that runs here (ejk-triton or ejk-pallas in their interpreter modes)."""
     monkeypatch.setattr(_status, "runtime_reason", lambda: None)
     monkeypatch.setattr(fa, "_launch", _reference_launch)
     kernel = _on_this_machine(op)
     case = AttentionCase(b=1, sq=12, sk=16, hq=4, hkv=2, d=64, causal=causal, dtype="bfloat16")
     x = case.inputs()
     q, k, v = x["q"], x["k"], x["v"]
+    sinks = jnp.asarray([0.5, -1.0, 2.0, 0.0], jnp.float32) if with_sinks else None
     executor = ejk.Executor(ejk.ConfigSelectorChain(persistent_dir=tmp_path))
     try:  # a forced platform whose gate refuses raises, naming the reason
-        found = ejk.explain(kernel, q, k, v, causal=causal, softmax_scale=0.125, platform="cute", executor=executor)
+        found = ejk.explain(kernel, q, k, v, causal=causal, softmax_scale=0.125, sinks=sinks, platform="cute",
+                            executor=executor)
     except ValueError as exc:
         assert "no installed backward pairs" in str(exc)
         pytest.skip(str(exc))
@@ -261,23 +268,23 @@ def test_gradients_run_the_paired_backward_on_our_residuals(monkeypatch: pytest.
     assert report.status == "chosen"
     assert report.backward is not None and report.backward.startswith(f"paired by residuals {dict(OPS)[op]!r}: ")
 
-    def public(q: jax.Array, k: jax.Array, v: jax.Array) -> Any:  # what ejk.<op>(..., platform="cute") runs
-        arrays, static = kernel.normalize(q, k, v, causal=causal, softmax_scale=0.125)
+    def public(q: jax.Array, k: jax.Array, v: jax.Array, s: Any) -> Any:  # what ejk.<op>(..., platform="cute") runs
+        arrays, static = kernel.normalize(q, k, v, causal=causal, softmax_scale=0.125, sinks=s)
         return executor(kernel, *arrays, platform="cute", **static)
 
-    def reference(q: jax.Array, k: jax.Array, v: jax.Array) -> Any:
+    def reference(q: jax.Array, k: jax.Array, v: jax.Array, s: Any) -> Any:
         fn = reference_flash_attention if op == "flash_attention" else reference_flash_attention_lse
-        return fn(q, k, v, causal=causal, softmax_scale=0.125)
+        return fn(q, k, v, causal=causal, softmax_scale=0.125, sinks=s)
 
-    def grads(fn: Any, *args: jax.Array) -> Any:
-        def loss(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
-            out = fn(q, k, v)
+    def grads(fn: Any, *args: Any) -> Any:
+        def loss(q: jax.Array, k: jax.Array, v: jax.Array, s: Any) -> jax.Array:
+            out = fn(q, k, v, s)
             out, lse = out if isinstance(out, tuple) else (out, None)
             total = jnp.sum(out.astype(jnp.float32) * case.cotangent().astype(jnp.float32))
             return total if lse is None else total + 0.5 * jnp.sum(lse)  # every row sees a key: lse is finite
-        return jax.grad(loss, argnums=(0, 1, 2))(*args)
+        return jax.grad(loss, argnums=(0, 1, 2, 3) if with_sinks else (0, 1, 2))(*args)
 
-    got = grads(public, q, k, v)
-    want = grads(reference, *(t.astype(jnp.float32) for t in (q, k, v)))
-    for name, g, w in zip("qkv", got, want, strict=True):
+    got = grads(public, q, k, v, sinks)
+    want = grads(reference, *(t.astype(jnp.float32) for t in (q, k, v)), sinks)
+    for name, g, w in zip(("q", "k", "v", "sinks"), got, want, strict=False):
         assert_close(g, w, jnp.bfloat16, what=f"d{name} of {op} via {report.backward}")

@@ -77,6 +77,24 @@ def test_every_variant_compiles_with_the_heuristic_config(d: int, variant: int) 
     assert CUSTOM_CALL in _lowered(fn, *structs)
 
 
+@pytest.mark.parametrize(("d", "shape", "options"), [
+    (64, (200, 200, 16, 2), dict(causal=True, sliding_window=(128, 0))),  # gpt-oss: packed GQA 8, window 128
+    (128, (130, 150, 6, 2), dict(causal=True)),  # GQA 3: unpacked
+], ids=["d64-packed-window", "d128-unpacked"])
+def test_sinks_compile_into_the_epilogue(d: int, shape: tuple[int, int, int, int], options: dict[str, Any]) -> None:
+    """Sinks are read per (query head, batch) in the epilogue: the variant with them compiles, packed or not."""
+    sq, sk, hq, hkv = shape
+    static = dict(causal=False, softmax_scale=d ** -0.5, sliding_window=None, logits_soft_cap=None,
+                  q_segment_ids=None, kv_segment_ids=None, bias=None) | options
+
+    def fn(q: jax.Array, k: jax.Array, v: jax.Array, sinks: jax.Array) -> Any:
+        return FORWARD_LSE(q, k, v, sinks=sinks, **static)
+
+    kv = S((2, sk, hkv, d), jnp.bfloat16)
+    text = _lowered(fn, S((2, sq, hq, d), jnp.bfloat16), kv, kv, S((hq,), jnp.float32))
+    assert CUSTOM_CALL in text and f"tensor<2x{hq}xf32>" in text  # the sinks ride in, one per (batch, head)
+
+
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_persistent_grid_with_more_items_than_sms_compiles(causal: bool) -> None:
     """2048 work items on the persistent grid: each CTA walks a snake of them (``ejk.tiling``)."""

@@ -19,6 +19,7 @@ from ejk.testing import (
     assert_close,
     attention_values_and_grads,
     check_flash_attention,
+    check_flash_attention_sinks,
     reference_flash_attention,
     reference_flash_attention_lse,
 )
@@ -49,6 +50,21 @@ def test_conformance() -> None:
     """Values and dq, dk, dv (the paired backward) through ``ejk.flash_attention(platform="cute")``
     against the reference, bfloat16 (passed on the H100, 2026-11-23)."""
     assert check_flash_attention("cute", dtypes=(jnp.bfloat16,), cases=CASES, grads=True) == len(CASES)
+
+
+#: Sinks (gpt-oss: head dim 64, causal, window 128, GQA 8 packed; GQA 4 at head dim 128; rows that see nothing).
+SINK_CASES: tuple[dict[str, Any], ...] = (
+    {"shape": (2, 384, 16, 384, 2, 64), "causal": True, "sliding_window": (128, 0), "sink_scale": 2.0},
+    {"shape": (1, 300, 8, 333, 2, 128), "causal": True},
+    {"shape": (1, 200, 2, 100, 1, 128), "causal": True, "sink_scale": 4.0},
+)
+
+
+def test_sinks_conformance() -> None:
+    """Values and gradients (the sinks' included, from the paired backward) with sinks, and the lse
+    (which includes them), bfloat16."""
+    assert check_flash_attention_sinks("cute", dtypes=(jnp.bfloat16,), cases=SINK_CASES) == len(SINK_CASES)
+    assert check_flash_attention_sinks("cute", dtypes=(jnp.bfloat16,), cases=SINK_CASES[:1], lse=True) == 1
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: str(c))

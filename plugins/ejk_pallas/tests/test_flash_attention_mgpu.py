@@ -397,7 +397,7 @@ def test_backward_without_config_runs_the_heuristic(monkeypatch: pytest.MonkeyPa
         res = (x, x, x, None, None, None, x, jnp.zeros((1, 2, 256), jnp.float32))
         grads = mg.backward(res, x, cfg=None, causal=True, softmax_scale=1.0, sliding_window=None,
                             logits_soft_cap=None)
-        assert len(grads) == 6 and seen[-1]["fused"] is fused
+        assert len(grads) == 7 and grads[6] is None and seen[-1]["fused"] is fused  # the last: sinks
         want = mg.heuristic_config(x, x, x, causal=True)
         assert (seen[-1]["block_q"], seen[-1]["block_kv"]) == (want.bwd_block_q, want.bwd_block_kv)
 

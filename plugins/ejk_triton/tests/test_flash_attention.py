@@ -224,11 +224,13 @@ def test_forward_backward_pieces_match_the_custom_vjp() -> None:
         return forward(q, k, v, **static, **kw), out, backward(residuals, cot, cfg=case.cfg, **static)
 
     plain, out, grads = pieces(inputs["q"], inputs["k"], inputs["v"])
-    assert len(grads) == 6 and grads[3] is None and grads[4] is None and grads[5].shape == (1, 4, 1, 24)
+    # one cotangent per array argument: q, k, v, the segment ids, bias and sinks (None without sinks)
+    assert len(grads) == 7 and grads[3] is None and grads[4] is None and grads[5].shape == (1, 4, 1, 24)
+    assert grads[6] is None
     np.testing.assert_array_equal(np.asarray(plain, np.float32), np.asarray(out, np.float32))
     want, want_grads = attention_values_and_grads(reference_fn(case), inputs, cot)
     assert_close(out, want, "float16")
-    for got, name in zip(grads, ("q", "k", "v", "", "", "bias"), strict=True):
+    for got, name in zip(grads, ("q", "k", "v", "", "", "bias", ""), strict=True):
         if name:
             assert_close(got, want_grads[name], "float16", what=f"d{name}")
 

@@ -101,6 +101,8 @@ def _has_module(name: str) -> bool:
 def _jax_nn(implementation: Literal["xla", "cudnn"]) -> Callable[[Workload, tuple[Any, ...]], Prepared]:
     def build(workload: Workload, inputs: tuple[Any, ...]) -> Prepared:
         causal = bool(getattr(workload.case, "causal", False))
+        window = getattr(workload.case, "window", None)
+        local = None if window is None else (int(window), 0)  # causal, as ejk's cases with a window
         d, dv = inputs[0].shape[-1], inputs[2].shape[-1]
         width = max(d, dv)  # jax.nn needs one head dim: zeros pad the narrower (q, k or v), as users do
 
@@ -109,10 +111,11 @@ def _jax_nn(implementation: Literal["xla", "cudnn"]) -> Callable[[Workload, tupl
 
         def fn(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
             out = jax.nn.dot_product_attention(pad(q), pad(k), pad(v), scale=d ** -0.5, is_causal=causal,
-                                               implementation=implementation)
+                                               local_window_size=local, implementation=implementation)
             return out[..., :dv]
 
-        return Prepared(fn=fn, args=inputs, diff=(0, 1, 2))
+        # jax.nn has no attention sinks: a case with them runs without (see _without_sinks)
+        return Prepared(fn=fn, args=inputs[:3], diff=(0, 1, 2))
 
     return build
 
@@ -138,6 +141,11 @@ def _pallas_mha(workload: Workload, inputs: tuple[Any, ...]) -> Prepared:
     return Prepared(fn=fn, args=inputs, diff=(0, 1, 2))
 
 
+def _without_sinks(workload: Workload) -> bool:
+    """Whether a baseline computes the case: jax's attention has no sinks (shown, not compared, with them)."""
+    return not getattr(workload.case, "sinks", False)
+
+
 def _pallas_mha_unsupported(workload: Workload) -> str | None:
     if not _on_gpu():
         return "jax's Pallas GPU attention needs an NVIDIA GPU"
@@ -148,6 +156,8 @@ def _pallas_mha_unsupported(workload: Workload) -> str | None:
         return "jax's Pallas mha needs as many kv heads as q heads (no GQA)"
     if isinstance(case, AttentionCase) and case.v_dim != case.dim:
         return "jax's Pallas mha needs one head dim for q, k and v"
+    if isinstance(case, AttentionCase) and (case.window is not None or case.sinks):
+        return "jax's Pallas mha has no sliding window and no sinks"
     return None
 
 
@@ -367,9 +377,10 @@ def _rms_norm_expression(workload: Workload, inputs: tuple[Any, ...]) -> Prepare
 for _baseline in (
     Baseline(name="jax.nn cudnn", op="flash_attention", build=_jax_nn("cudnn"),
              unsupported=_needs_gpu("jax.nn.dot_product_attention(implementation='cudnn')"),
-             note="jax.nn.dot_product_attention(implementation='cudnn')"),
-    Baseline(name="jax.nn xla", op="flash_attention", build=_jax_nn("xla"),
-             note="jax.nn.dot_product_attention(implementation='xla'): materialised logits"),
+             comparable=_without_sinks,
+             note="jax.nn.dot_product_attention(implementation='cudnn'); no sinks (a case with them runs without)"),
+    Baseline(name="jax.nn xla", op="flash_attention", build=_jax_nn("xla"), comparable=_without_sinks,
+             note="jax.nn.dot_product_attention(implementation='xla'): materialised logits; no sinks"),
     Baseline(name="jax pallas mha", op="flash_attention", build=_pallas_mha, unsupported=_pallas_mha_unsupported,
              note="jax.experimental.pallas.ops.gpu.attention.mha, default blocks"),
     Baseline(name="ejk flash_attention segment ids", op="flash_attention_varlen", build=_varlen_segments,

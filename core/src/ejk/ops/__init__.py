@@ -10,6 +10,7 @@ formats, shard rule and bench workload, tied together by its :func:`define_op` c
 
 from __future__ import annotations
 
+from ejk._contract import Extension
 from ejk._operand_vjp import GROUPED_MATMUL_RESIDUALS, MATMUL_RESIDUALS
 from ejk.ops._base import (
     Candidate,
@@ -24,7 +25,16 @@ from ejk.ops._builtin import BUILTIN_OPS, builtin_ops
 from ejk.ops._definition import OPS, OpDefinition, define_op, get_op
 from ejk.ops._explain import Explanation, ImplementationReport, explain
 from ejk.ops._flash_attention import FlashAttentionKernel, FlashAttentionLseKernel, flash_attention, flash_attention_lse
-from ejk.ops._flash_attention._residuals import FLASH_LSE_RESIDUALS, FLASH_RESIDUALS, natural_lse, with_natural_lse
+from ejk.ops._flash_attention._residuals import (
+    FLASH_LSE_RESIDUALS,
+    FLASH_RESIDUALS,
+    LSE2_INDEX,
+    fold_sinks,
+    natural_lse,
+    sinks_backward,
+    sinks_cotangent,
+    with_natural_lse,
+)
 from ejk.ops._flash_attention_varlen import (
     FlashAttentionVarlenKernel,
     flash_attention_varlen,
@@ -61,6 +71,7 @@ __all__ = [
     "GLA_RESIDUALS",
     "GROUPED_MATMUL_RESIDUALS",
     "LINEAR_CROSS_ENTROPY_RESIDUALS",
+    "LSE2_INDEX",
     "MATMUL_RESIDUALS",
     "OPS",
     "RMS_NORM_RESIDUALS",
@@ -68,6 +79,7 @@ __all__ = [
     "AlgorithmKernel",
     "Candidate",
     "Explanation",
+    "Extension",
     "FlashAttentionKernel",
     "GatedDeltaRuleKernel",
     "FlashAttentionLseKernel",
@@ -89,6 +101,7 @@ __all__ = [
     "explain",
     "flash_attention",
     "flash_attention_lse",
+    "fold_sinks",
     "flash_attention_varlen",
     "gated_delta_rule",
     "gated_delta_rule_step",
@@ -108,6 +121,8 @@ __all__ = [
     "run_op",
     "sanitize_offsets",
     "set_default_executor",
+    "sinks_backward",
+    "sinks_cotangent",
     "ssd",
     "use_executor",
     "varlen_row_ranges",

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import jax
 
+from ejk._contract import Extension, fit_call, gate_reason, takes
 from ejk._pairing import paired_backward, pairing_candidates
 from ejk._versions import installed_version
 from ejk.config.packs import pack_rankings
@@ -33,7 +34,6 @@ from ejk.registry import (
     Backend,
     KernelRegistry,
     KernelSpec,
-    capability_reason,
     default_backend,
     default_order,
     kernel_registry,
@@ -162,6 +162,10 @@ class OpKernel(Kernel[ImplChoice, Any]):
     #: The op this one is a variant of (``None``: none): its implementations that :meth:`derive`
     #: turns into this op's count as this op's own, unless one registered for this op shadows them.
     variant_of: str | None = None
+    #: Arguments added to the op after implementations were written against it (arrays of
+    #: ``array_names`` or static arguments): passed only to implementations whose signature names
+    #: them; one that does not is refused calls where the value is not the extension's legacy one.
+    extensions: tuple[Extension, ...] = ()
 
     def __init__(self, registry: KernelRegistry | None = None) -> None:
         self.registry = registry if registry is not None else kernel_registry
@@ -221,7 +225,12 @@ class OpKernel(Kernel[ImplChoice, Any]):
         return paired_backward(self.registry, spec, call, candidates)
 
     def _gate(self, spec: KernelSpec, call: Mapping[str, Any]) -> str | None:
-        return capability_reason(spec, call)  # a broken gate refuses; it never takes the op down
+        # its own gate, then the extension arguments it does not take; a broken gate refuses, never takes the op down
+        return gate_reason(spec, call, self.extensions)
+
+    def _fit(self, fn: Any, call: Mapping[str, Any]) -> dict[str, Any]:
+        """``call`` for a callback (gate, heuristic, config space, rank) that may predate an extension."""
+        return fit_call(fn, call, self.op_id, self.extensions)
 
     def candidates(self, inv: Invocation[ImplChoice]) -> list[Candidate]:
         """Every registered implementation of this op, each with why it cannot run ``inv`` (if so).
@@ -277,7 +286,7 @@ class OpKernel(Kernel[ImplChoice, Any]):
         if spec.rank is None:
             return spec.priority
         try:
-            return int(spec.rank(**call))
+            return int(spec.rank(**self._fit(spec.rank, call)))
         except Exception as exc:
             warnings.warn(f"{self.op_id} {spec.label}: rank raised {type(exc).__name__}: {exc}; "
                           "using its priority", RuntimeWarning, stacklevel=4)
@@ -320,7 +329,8 @@ class OpKernel(Kernel[ImplChoice, Any]):
         """Autotuning configs of one implementation: its own space plus what plugins' hooks add."""
         space: list[Any] = []
         if spec.config_space is not None:
-            space.extend(self._typed(spec, list(spec.config_space(**self.call_view(inv))), "config_space"))
+            call = self._fit(spec.config_space, self.call_view(inv))
+            space.extend(self._typed(spec, list(spec.config_space(**call)), "config_space"))
         space.extend(self._host().config_space(self.op_id, str(spec.platform), inv, implementation=spec.name,
                                                cfg_type=spec.cfg_type))
         return space
@@ -328,7 +338,7 @@ class OpKernel(Kernel[ImplChoice, Any]):
     def heuristic_of(self, spec: KernelSpec, inv: Invocation[ImplChoice]) -> Any:
         """One implementation's config chosen without measuring (``None``: its defaults)."""
         if spec.heuristic is not None:
-            found = self._typed(spec, [spec.heuristic(**self.call_view(inv))], "heuristic")
+            found = self._typed(spec, [spec.heuristic(**self._fit(spec.heuristic, self.call_view(inv)))], "heuristic")
             if found:
                 return found[0]
         return self._host().heuristic_config(self.op_id, str(spec.platform), inv, implementation=spec.name,
@@ -516,6 +526,30 @@ class OpKernel(Kernel[ImplChoice, Any]):
         named = dict(zip(self.array_names[self.positional:], arrays[self.positional:], strict=True))
         return arrays[: self.positional], named
 
+    def _arguments(self, fn: Any, spec: KernelSpec, arrays: tuple[Any, ...] | None,
+                   static: Mapping[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """``fn``'s positional arrays and keyword arguments (``arrays=None``: a backward's, static only),
+        every extension argument it does not name left out (the gate refused calls where such an
+        argument is not its legacy value).
+
+        Raises:
+            ValueError: when such an argument is not its legacy value (a forced ``cfg`` that skipped the gate).
+        """
+        pos, named = ((), {}) if arrays is None else self._split(arrays)
+        keywords = {**named, **static}
+        for extension in self.extensions:
+            if (extension.name in keywords and not takes(fn, extension.name)
+                    and not extension.is_legacy(keywords.pop(extension.name))):
+                raise ValueError(f"{self.op_id} {spec.label}: {extension.refusal(self.op_id)}")
+        return pos, keywords
+
+    def _untaken_arrays(self, spec: KernelSpec) -> tuple[int, ...]:
+        """Indices of the extension arrays ``spec``'s VJP forward does not take: its backward returns no
+        cotangent for them."""
+        assert spec.vjp is not None
+        names = {e.name for e in self.extensions}
+        return tuple(i for i, name in enumerate(self.array_names) if name in names and not takes(spec.vjp.fwd, name))
+
     def expected_output(self, arrays: tuple[Any, ...], static: Mapping[str, Any]) -> Any:
         """The abstract output the op declares for a call (see :meth:`OpDefinition.output_fn`), or
         ``None`` when it declares none or cannot tell for this call; computed once per call signature."""
@@ -567,9 +601,9 @@ class OpKernel(Kernel[ImplChoice, Any]):
         return {**dict(zip(self.array_names, abstract_args(arrays), strict=True)), **static}
 
     def run(self, *arrays: Any, cfg: ImplChoice, platform: str = "auto", **static: Any) -> Any:
-        pos, named = self._split(arrays)
         spec = self.spec_for(cfg)
-        out = varying_like(spec.implementation(*pos, **named, **static, cfg=cfg.cfg), *arrays)
+        pos, keywords = self._arguments(spec.implementation, spec, arrays, static)
+        out = varying_like(spec.implementation(*pos, **keywords, cfg=cfg.cfg), *arrays)
         return self.check_output(spec, out, arrays, static)
 
     def uses_custom_vjp(self, cfg: ImplChoice) -> bool:
@@ -583,8 +617,8 @@ class OpKernel(Kernel[ImplChoice, Any]):
             return jax.vjp(lambda *xs: self.run(*xs, cfg=training, **static), *arrays)
         spec = self.spec_for(cfg)
         assert spec.vjp is not None
-        pos, named = self._split(arrays)
-        out, residuals = spec.vjp.fwd(*pos, **named, **static, cfg=cfg.cfg)
+        pos, keywords = self._arguments(spec.vjp.fwd, spec, arrays, static)
+        out, residuals = spec.vjp.fwd(*pos, **keywords, cfg=cfg.cfg)
         # Under shard_map a custom call's output may not carry the mesh axes its inputs vary along (a
         # Mosaic GPU kernel's does not); the cotangent will: type it as the inputs, for every implementation.
         out = varying_like(out, *arrays)
@@ -607,10 +641,18 @@ class OpKernel(Kernel[ImplChoice, Any]):
         else:
             spec, backward_cfg = self.spec_for(cfg), cfg.cfg
         assert spec.vjp is not None and spec.vjp.bwd is not None
-        grads = tuple(spec.vjp.bwd(residuals, cotangent, cfg=backward_cfg, **static))
+        _, keywords = self._arguments(spec.vjp.bwd, spec, None, static)
+        grads = tuple(spec.vjp.bwd(residuals, cotangent, cfg=backward_cfg, **keywords))
+        untaken = self._untaken_arrays(spec)
+        if untaken and len(grads) == len(self.array_names) - len(untaken):  # none for the arrays it does not take
+            filled = list(grads)
+            for index in untaken:
+                filled.insert(index, None)
+            grads = tuple(filled)
         if len(grads) != len(self.array_names):
+            taken = tuple(n for i, n in enumerate(self.array_names) if i not in untaken)
             raise ValueError(f"{self.op_id} {spec.label}: backward returned {len(grads)} "
-                             f"cotangents; it must return one per array argument {self.array_names}")
+                             f"cotangents; it must return one per array argument it takes {taken}")
         return grads
 
     def heuristic_cfg(self, inv: Invocation[ImplChoice]) -> ImplChoice:

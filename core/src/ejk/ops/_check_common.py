@@ -15,6 +15,7 @@ import numpy as np
 __all__ = [
     "FLOAT_DTYPES",
     "as_array",
+    "attention_precision",
     "dtype_name",
     "float_dtype_problem",
     "is_int",
@@ -275,6 +276,30 @@ def matmul_precision(op: str, value: Any) -> tuple[str, str]:
         return pair
     source = "" if given is not None else f" (from jax_default_matmul_precision={value!r})"
     raise ValueError(f"{op}: precision is {given!r}{source} but {_PRECISION_NEEDS}")
+
+
+def attention_precision(op: str, value: Any, dtype: Any) -> str:
+    """The ``precision`` rule of the attention ops: one name for both of their products.
+
+    ``value`` is read as for :func:`matmul_precision` (``None``: ``jax_default_matmul_precision``,
+    else ``"default"``) but must name one precision, not an ``(lhs, rhs)`` pair. It only matters
+    for float32 inputs: bfloat16 and float16 products are exact in the float32 accumulators every
+    kernel uses, so for those dtypes it is normalised to ``"default"`` (one compiled program, one
+    tuning entry, whatever was asked).
+
+    Returns:
+        ``"default"``, ``"high"`` or ``"highest"``.
+
+    Raises:
+        ValueError: ``"<op>: precision is <value> but needs …"``.
+    """
+    import jax.numpy as jnp
+
+    lhs, rhs = matmul_precision(op, value)
+    if lhs != rhs:
+        raise ValueError(f"{op}: precision is {value!r} but needs one precision for both products of attention "
+                         "('default', 'high', 'highest', a jax.lax.Precision or None), not an (lhs, rhs) pair")
+    return lhs if jnp.dtype(dtype) == jnp.float32 else "default"
 
 
 @functools.lru_cache(maxsize=64)

@@ -149,7 +149,8 @@ class OpDefinition:
             return None
         kernel = self.kernel
         return _contract.CallContract(algorithm=self.name, positional=kernel.array_names[:kernel.positional],
-                                      keyword_arrays=kernel.array_names[kernel.positional:], static=static)
+                                      keyword_arrays=kernel.array_names[kernel.positional:], static=static,
+                                      extensions=tuple(kernel.extensions))
 
     def output_fn(self) -> Callable[..., Any] | None:
         """``f(*arrays, **static)`` → the abstract output of a call in the implementations' view

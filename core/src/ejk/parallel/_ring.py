@@ -43,9 +43,10 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from ejk.ops._check_common import normalize_window
-from ejk.ops._flash_attention._check import check_flash_attention_args
+from ejk.ops._check_common import attention_precision, normalize_window
+from ejk.ops._flash_attention._check import check_flash_attention_args, check_sinks
 from ejk.ops._flash_attention._lse import flash_attention_lse
+from ejk.ops._matmul._op import DEFAULT_PRECISION
 from ejk.parallel._layout import Piece, check_layout, local_pieces
 from ejk.parallel._vma import varying_like
 
@@ -84,6 +85,7 @@ class _Ring:
     cap: float | None
     platform: str
     cfg: Any
+    precision: str = "highest"
 
     def plan(self, device: int, step: int) -> Plan:
         """The visible blocks of ``device`` at ``step`` (it then holds keys of ``device - step``)."""
@@ -248,7 +250,8 @@ def _call(ring: _Ring, block: _Block, q: jax.Array, k: jax.Array, v: jax.Array, 
     segs = {} if q_seg is None else {"q_segment_ids": q_seg[:, block.q0:block.q1],
                                      "kv_segment_ids": kv_seg[:, block.k0:block.k1]}
     return flash_attention_lse(qs, ks, vs, softmax_scale=ring.scale, sliding_window=block.window,
-                               logits_soft_cap=ring.cap, platform=ring.platform, cfg=ring.cfg, **segs)
+                               logits_soft_cap=ring.cap, precision=ring.precision, platform=ring.platform,
+                               cfg=ring.cfg, **segs)
 
 
 def _fwd_plan(ring: _Ring, plan: Plan, q: jax.Array, q_seg: Any, k: jax.Array, v: jax.Array,
@@ -306,7 +309,7 @@ def _block_fn(ring: _Ring, window: tuple[int, int] | None, q_seg: Any, kv_seg: A
               v: jax.Array) -> tuple[jax.Array, jax.Array]:
     segs = {} if q_seg is None else {"q_segment_ids": q_seg, "kv_segment_ids": kv_seg}
     return flash_attention_lse(q, k, v, softmax_scale=ring.scale, sliding_window=window, logits_soft_cap=ring.cap,
-                               platform=ring.platform, cfg=ring.cfg, **segs)
+                               precision=ring.precision, platform=ring.platform, cfg=ring.cfg, **segs)
 
 
 def _dispatch(ring: _Ring, step: int, branch: Callable[..., Any], operands: Sequence[Any]) -> Any:
@@ -331,20 +334,22 @@ def _dispatch(ring: _Ring, step: int, branch: Callable[..., Any], operands: Sequ
 
 
 def _forward(ring: _Ring, q: jax.Array, k: jax.Array, v: jax.Array, q_seg: Any,
-             kv_seg: Any) -> tuple[jax.Array, jax.Array]:
+             kv_seg: Any, out_dtype: Any = None) -> tuple[jax.Array, jax.Array]:
+    """The merged ``(out, lse)`` of every visible block (``out`` in ``out_dtype``, default ``q.dtype``)."""
+    out_dtype = q.dtype if out_dtype is None else out_dtype
     batch, rows, heads = q.shape[:3]
     out, lse = varying_like((jnp.zeros((batch, rows, heads, v.shape[3]), jnp.float32),
                              jnp.full((batch, heads, rows), -jnp.inf, jnp.float32)), q, k, v)
     steps = ring.steps()
     if not steps:
-        return out.astype(q.dtype), lse
+        return out.astype(out_dtype), lse
     held = _shift(ring, (k, v, kv_seg), steps[0])
     for index, step in enumerate(steps):
         following = _shift(ring, held, steps[index + 1] - step) if index + 1 < len(steps) else None
         part = _dispatch(ring, step, partial(_fwd_plan, ring), (q, q_seg, *held))
         out, lse = _merge(out, lse, *part)
         held = following
-    return out.astype(q.dtype), lse
+    return out.astype(out_dtype), lse
 
 
 def _ring_out(ring: _Ring, q: jax.Array, k: jax.Array, v: jax.Array, q_seg: Any, kv_seg: Any) -> jax.Array:
@@ -357,9 +362,11 @@ def _ring_fwd(ring: _Ring, q: jax.Array, k: jax.Array, v: jax.Array, q_seg: Any,
     return out, (q, k, v, q_seg, kv_seg, out, lse)
 
 
-def _ring_bwd(ring: _Ring, residuals: tuple[Any, ...], d_out: jax.Array) -> tuple[Any, ...]:
+def _ring_bwd(ring: _Ring, residuals: tuple[Any, ...], d_out: jax.Array, d_lse: Any = None) -> tuple[Any, ...]:
     q, k, v, q_seg, kv_seg, out, lse = residuals
     delta = jnp.swapaxes(jnp.sum(d_out.astype(jnp.float32) * out.astype(jnp.float32), axis=-1), 1, 2)
+    if d_lse is not None:  # the merged lse's cotangent: each block's lse gets w·d_lse (rows that see nothing: none)
+        delta = delta - jnp.where(lse == -jnp.inf, 0.0, d_lse.astype(jnp.float32))
     dq = varying_like(jnp.zeros(q.shape, jnp.float32), q, k, v, d_out)
     steps = ring.steps()
     if not steps:
@@ -388,6 +395,36 @@ _ring = jax.custom_vjp(_ring_out, nondiff_argnums=(0,))
 _ring.defvjp(_ring_fwd, _ring_bwd)
 
 
+def _ring_lse_out(ring: _Ring, q: jax.Array, k: jax.Array, v: jax.Array, q_seg: Any,
+                  kv_seg: Any) -> tuple[jax.Array, jax.Array]:
+    return _forward(ring, q, k, v, q_seg, kv_seg, jnp.float32)
+
+
+def _ring_lse_fwd(ring: _Ring, q: jax.Array, k: jax.Array, v: jax.Array, q_seg: Any,
+                  kv_seg: Any) -> tuple[tuple[jax.Array, jax.Array], tuple[Any, ...]]:
+    out, lse = _forward(ring, q, k, v, q_seg, kv_seg, jnp.float32)
+    return (out, lse), (q, k, v, q_seg, kv_seg, out, lse)
+
+
+def _ring_lse_bwd(ring: _Ring, residuals: tuple[Any, ...], cotangents: tuple[jax.Array, jax.Array]) -> tuple[Any, ...]:
+    d_out, d_lse = cotangents
+    return _ring_bwd(ring, residuals, d_out, d_lse)
+
+
+#: The ring's float32 output and merged lse, both differentiable: what sinks are applied to, once.
+_ring_lse = jax.custom_vjp(_ring_lse_out, nondiff_argnums=(0,))
+_ring_lse.defvjp(_ring_lse_fwd, _ring_lse_bwd)
+
+
+def _apply_sinks(out: jax.Array, lse: jax.Array, sinks: jax.Array) -> jax.Array:
+    """Each row of the merged float32 ``out`` scaled by ``e^lse / (e^lse + e^sink)`` (rows that see no key,
+    ``lse = -inf``, stay zeros and give no gradient): the sink counted once, after the blocks are merged."""
+    seen = lse != -jnp.inf
+    sink = sinks.astype(jnp.float32)[None, :, None]
+    factor = jnp.where(seen, jax.nn.sigmoid(jnp.where(seen, lse, 0.0) - sink), 0.0)
+    return out * jnp.swapaxes(factor, 1, 2)[..., None]
+
+
 def ring_attention(
     q: jax.Array,
     k: jax.Array,
@@ -400,6 +437,8 @@ def ring_attention(
     q_segment_ids: jax.Array | None = None,
     kv_segment_ids: jax.Array | None = None,
     softmax_scale: float | None = None,
+    sinks: jax.Array | None = None,
+    precision: Any = DEFAULT_PRECISION,
     layout: str = "contiguous",
     platform: str = "auto",
     cfg: Any = None,
@@ -419,6 +458,11 @@ def ring_attention(
         causal, sliding_window, logits_soft_cap, softmax_scale: As for ``flash_attention``, on
             the gathered sequence (window sides are clamped to the global lengths).
         q_segment_ids: ``[B, Sq/n]`` local ids; with ``kv_segment_ids`` ``[B, Sk/n]``.
+        sinks: ``[Hq]`` attention-sink logits, as for ``flash_attention`` (replicated: every device
+            holds all of them). The blocks are merged without them and the sink enters each row's
+            denominator once; differentiable (the cotangent is this device's part of the sum:
+            ``shard_map`` sums it over the axis when ``sinks`` is replicated).
+        precision: As for ``flash_attention`` (default ``"highest"``), for every local block.
         layout: Which positions a local block holds: ``"contiguous"`` (device ``i`` holds rows
             ``i·S/n … (i+1)·S/n - 1``), ``"zigzag"`` or ``"striped"`` (balanced causal work; see
             :func:`ejk.parallel.to_layout` to permute a sequence into them).
@@ -435,6 +479,8 @@ def ring_attention(
     scale, _ = check_flash_attention_args(q, k, v, causal=bool(causal), softmax_scale=softmax_scale,
                                           sliding_window=None, logits_soft_cap=logits_soft_cap,
                                           q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids, bias=None)
+    check_sinks(_OP, sinks, int(q.shape[2]))
+    precision_name = attention_precision(_OP, precision, q.dtype)
     try:
         num_shards = int(lax.axis_size(axis_name))
     except (NameError, KeyError, ValueError) as exc:
@@ -449,8 +495,12 @@ def ring_attention(
                               max_left=num_shards * kv_len - 1, max_right=num_shards * q_len - 1)
     ring = _Ring(axis_name=axis_name, num_shards=num_shards, layout=layout, q_len=q_len, kv_len=kv_len,
                  causal=bool(causal), window=window, scale=scale,
-                 cap=None if logits_soft_cap is None else float(logits_soft_cap), platform=platform, cfg=cfg)
+                 cap=None if logits_soft_cap is None else float(logits_soft_cap), platform=platform, cfg=cfg,
+                 precision=precision_name)
     if q_segment_ids is None or kv_segment_ids is None:
         q_segment_ids = kv_segment_ids = None
+    if sinks is not None:
+        merged, lse = _ring_lse(ring, q, k, v, q_segment_ids, kv_segment_ids)
+        return _apply_sinks(merged, lse, sinks).astype(q.dtype)
     out: jax.Array = _ring(ring, q, k, v, q_segment_ids, kv_segment_ids)
     return out

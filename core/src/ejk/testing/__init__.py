@@ -34,8 +34,10 @@ from ejk.testing._op_checks import TOLERANCES, assert_close, check_op, tolerance
 if TYPE_CHECKING:
     from ejk.ops._flash_attention._conformance import (
         FLASH_ATTENTION_CASES,
+        SINKS_CASES,
         check_flash_attention,
         check_flash_attention_lse,
+        check_flash_attention_sinks,
     )
     from ejk.ops._flash_attention._reference import (
         attention_mask,
@@ -72,6 +74,8 @@ if TYPE_CHECKING:
 #: Names of an op's folder that are not its reference or check, by the module that holds them.
 _OP_EXTRAS = {
     "FLASH_ATTENTION_CASES": "ejk.ops._flash_attention._conformance",
+    "SINKS_CASES": "ejk.ops._flash_attention._conformance",
+    "check_flash_attention_sinks": "ejk.ops._flash_attention._conformance",
     "attention_mask": "ejk.ops._flash_attention._reference",
     "MATMUL_SHAPES": "ejk.ops._matmul._conformance",
     "VARLEN_CASES": "ejk.ops._flash_attention_varlen._conformance",
@@ -96,6 +100,7 @@ __all__ = [
     "GdrCase",
     "LINEAR_CROSS_ENTROPY_CASES",
     "MATMUL_SHAPES",
+    "SINKS_CASES",
     "SSD_CASES",
     "RMS_NORM_SHAPES",
     "TOLERANCES",
@@ -105,6 +110,7 @@ __all__ = [
     "attention_values_and_grads",
     "check_flash_attention",
     "check_flash_attention_lse",
+    "check_flash_attention_sinks",
     "check_flash_attention_varlen",
     "check_gla",
     "check_grouped_matmul",

@@ -35,14 +35,17 @@ def implementation_problems(kernel: Any, spec: Any, inv: Any, arrays: tuple[Any,
     or (where it can run here) an abstract output other than the op's declared one."""
     import jax
 
+    from ejk._contract import extension_refusal
     from ejk.ops import ImplChoice
     from ejk.registry import Backend, default_backend
 
     call = kernel.call_view(inv)
     where = f"{spec.algorithm} {spec.label} on the sample call {_shapes(call)}"
+    if extension_refusal(spec, call, extensions=kernel.extensions) is not None:
+        return  # an extension argument it does not take: the core refuses the call, nothing more to ask
     if spec.capability is not None:
         try:
-            reason = spec.capability(**call)
+            reason = spec.capability(**kernel._fit(spec.capability, call))
         except Exception as exc:
             yield f"{where}: its capability gate raised {_describe(exc)}"
             return
@@ -56,7 +59,7 @@ def implementation_problems(kernel: Any, spec: Any, inv: Any, arrays: tuple[Any,
         if callback is None:
             continue
         try:
-            answer = callback(**call)
+            answer = callback(**kernel._fit(callback, call))
             configs = [answer] if what == "heuristic" else list(answer)
         except Exception as exc:
             yield f"{where}: its {what} raised {_describe(exc)}"

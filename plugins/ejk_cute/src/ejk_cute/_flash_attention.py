@@ -201,14 +201,15 @@ def capability(
 
 @functools.lru_cache(maxsize=256)
 def _kernel(head_dim: int, block_kv: int, stages: int, pingpong: bool, group: int, scale: float,
-            cap: float | None, causal: bool, window: tuple[int, int] | None, ctas: int, pack: int) -> Any:
+            cap: float | None, causal: bool, window: tuple[int, int] | None, ctas: int, pack: int,
+            sinks: bool = False) -> Any:
     """One kernel object per static variant (the same object keeps cutlass_call's compile cache warm)."""
     from ejk_cute.kernels.attention import FlashForwardSm90
 
     return FlashForwardSm90(head_dim=head_dim, block_kv=block_kv, stages=stages, group=group,
                             scale_log2=(scale if cap is None else cap) * _LOG2E,
                             cap_scale=None if cap is None else scale / cap, causal=causal, window=window,
-                            pingpong=pingpong, ctas=ctas, pack=pack)
+                            pingpong=pingpong, ctas=ctas, pack=pack, sinks=sinks)
 
 
 def pack_of(q_heads: int, kv_heads: int) -> int:
@@ -247,8 +248,9 @@ def _grid_ctas(cfg: FlashAttentionConfig, batch: int, q_len: int, q_heads: int, 
 
 
 def _launch(cfg: FlashAttentionConfig, static: dict[str, Any], q: jax.Array, k: jax.Array,
-            v: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """One ``cutlass_call``: ``(out [B, Sq, Hq, D], lse2 [B, Hq, Sq] float32)``."""
+            v: jax.Array, sinks: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """One ``cutlass_call``: ``(out [B, Sq, Hq, D], lse2 [B, Hq, Sq] float32)``; ``sinks`` ``[B, Hq]``
+    float32 (read by the kernel when ``static["sinks"]``)."""
     _compile.import_cutlass()
     from cutlass.jax import TensorSpec
 
@@ -260,7 +262,8 @@ def _launch(cfg: FlashAttentionConfig, static: dict[str, Any], q: jax.Array, k: 
     pack = pack_of(q_heads, kv_heads)
     kernel = _kernel(d, cfg.block_kv, cfg.stages, cfg.pingpong, q_heads // kv_heads,
                      float(static["softmax_scale"]), static["logits_soft_cap"], causal, window,
-                     _grid_ctas(cfg, batch, q_len, q_heads, int(k.shape[1]), causal, window, pack), pack)
+                     _grid_ctas(cfg, batch, q_len, q_heads, int(k.shape[1]), causal, window, pack), pack,
+                     bool(static.get("sinks", False)))
     kv_modes = TensorSpec(mode=(1, 3, 2, 0))  # [B, S, H, D] -> (S, D, H, B)
     v_modes = TensorSpec(mode=(3, 1, 2, 0))  # v -> (D, S, H, B): N-major B operand
     lse_shape: tuple[int, ...]
@@ -273,10 +276,10 @@ def _launch(cfg: FlashAttentionConfig, static: dict[str, Any], q: jax.Array, k: 
     call = _compile.cutlass_call(
         kernel,
         outputs=(jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct(lse_shape, jnp.float32)),
-        input_spec=(qo_modes, kv_modes, v_modes),
+        input_spec=(qo_modes, kv_modes, v_modes, TensorSpec(mode=(1, 0))),  # sinks [B, Hq] -> (Hq, B)
         output_spec=(qo_modes, lse_modes),
     )
-    out, lse = call(q, k, v)
+    out, lse = call(q, k, v, sinks)
     return out.reshape(batch, q_len, q_heads, d), lse.reshape(batch, q_heads, q_len)
 
 
@@ -322,16 +325,19 @@ def forward_with_residuals(
     q_segment_ids: jax.Array | None,
     kv_segment_ids: jax.Array | None,
     bias: jax.Array | None,
+    sinks: jax.Array | None = None,
     cfg: FlashAttentionConfig | None = None,
 ) -> tuple[jax.Array, tuple[Any, ...]]:
     """The output and the residuals any backward of :data:`RESIDUALS` consumes.
 
-    Arguments are those of ``ejk.flash_attention`` after the op layer's normalisation.
+    Arguments are those of ``ejk.flash_attention`` after the op layer's normalisation. ``sinks``
+    ``[Hq]`` join each row's denominator in the kernel's epilogue.
 
     Returns:
         ``(out, residuals)``: ``out`` ``[B, Sq, Hq, D]`` in ``q.dtype``; ``residuals`` =
         ``(q, k, v, None, None, None, out, lse)`` with ``lse`` the base-2 log-sum-exp
-        ``[B, Hq, Sq]`` float32 (``+inf`` for rows that see no key).
+        ``[B, Hq, Sq]`` float32 (``+inf`` for rows that see no key), the sinks appended when given
+        (the lse then includes them).
     """
     _refuse_unsupported(q_segment_ids, kv_segment_ids, bias)
     batch, q_len, q_heads, _ = q.shape
@@ -341,8 +347,11 @@ def forward_with_residuals(
     else:
         cfg = heuristic_config(q, k, v) if cfg is None else cfg
         static = _static(causal, softmax_scale, sliding_window, logits_soft_cap)
-        out, lse = _fold_vmap(functools.partial(_launch, cfg, static))(q, k, v)
-    return out, (q, k, v, None, None, None, out, lse)
+        static["sinks"] = sinks is not None  # the kernel adds them in its epilogue
+        rows = jnp.zeros((batch, q_heads), jnp.float32) if sinks is None else jnp.broadcast_to(
+            sinks.astype(jnp.float32), (batch, q_heads))
+        out, lse = _fold_vmap(functools.partial(_launch, cfg, static))(q, k, v, rows)
+    return out, (q, k, v, None, None, None, out, lse, *(() if sinks is None else (sinks,)))
 
 
 forward = without_residuals(forward_with_residuals)

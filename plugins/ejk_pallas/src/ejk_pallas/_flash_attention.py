@@ -38,7 +38,7 @@ from jax import lax
 
 from ejk.config.validators import int_in, one_of, power_of_two
 from ejk.devices import smem_per_block as _smem_limit
-from ejk.ops import FLASH_RESIDUALS, without_residuals
+from ejk.ops import FLASH_RESIDUALS, sinks_backward, without_residuals
 from ejk.tiling import cdiv as _cdiv
 from ejk.tiling import fit_block as _fit
 from ejk.tiling import padded_dim as _pad_dim
@@ -268,9 +268,9 @@ def _loop(lo: Any, hi: Any, body: Any, carry: Any) -> Any:
 # ----------------------------------------------------------------------------------------------
 
 
-def _fwd_kernel(q_ref: Any, k_ref: Any, v_ref: Any, qs_ref: Any, ks_ref: Any, b_ref: Any, o_ref: Any, lse_ref: Any,
-                *, mask: _Mask, bias: _Bias | None, scale: float, cap: float | None, bq: int, bk: int, nk: int,
-                nq: int) -> None:
+def _fwd_kernel(q_ref: Any, k_ref: Any, v_ref: Any, qs_ref: Any, ks_ref: Any, b_ref: Any, sink_ref: Any,
+                o_ref: Any, lse_ref: Any, *, mask: _Mask, bias: _Bias | None, scale: float, cap: float | None,
+                bq: int, bk: int, nk: int, nq: int, sinks: bool = False) -> None:
     row0 = _q_block(pl().program_id(0), mask, nq) * bq
     q = q_ref[...]
     q_seg = qs_ref[...] if mask.segments else None
@@ -308,6 +308,13 @@ def _fwd_kernel(q_ref: Any, k_ref: Any, v_ref: Any, qs_ref: Any, ks_ref: Any, b_
     carry = _loop(lo_full, hi_full, full_body, carry)
     acc, m, denom = _loop(hi_full, hi, masked_body, carry)
     empty = denom == 0.0
+    if sinks:  # e^sink joins the denominator of every row that saw a key (sink_ref: base-2 logits per row)
+        sink = sink_ref[...]
+        top = jnp.where(empty, 0.0, jnp.maximum(m, sink))
+        alpha = jnp.where(empty, 1.0, jnp.exp2(m - top))
+        acc = acc * alpha[:, None]
+        denom = jnp.where(empty, denom, denom * alpha + jnp.exp2(sink - top))
+        m = jnp.where(empty, m, top)
     o_ref[...] = (acc / jnp.where(empty, 1.0, denom)[:, None]).astype(o_ref.dtype)
     lse_ref[...] = jnp.where(empty, jnp.inf, m + jnp.log2(jnp.where(empty, 1.0, denom)))
 
@@ -482,8 +489,9 @@ def _segments(q_seg: Any, kv_seg: Any, batch: int, sqp: int, skp: int) -> tuple[
 def _forward_impl(q: Any, k: Any, v: Any, q_seg: Any, kv_seg: Any, bias: Any, *, cfg: FlashAttentionConfig,
                   causal: bool,
                   softmax_scale: float, sliding_window: tuple[int, int] | None, logits_soft_cap: float | None,
-                  interpret: bool) -> tuple[Any, Any]:
-    """``(out [B, Sq, Hq, Dv], lse [B, Hq, Sq] float32, base 2)``."""
+                  interpret: bool, sinks: Any = None) -> tuple[Any, Any]:
+    """``(out [B, Sq, Hq, Dv], lse [B, Hq, Sq] float32, base 2)``; ``sinks`` ``[Hq]`` join the final
+    normalisation (and the lse)."""
     batch, sq, hq, d = q.shape
     sk, hkv, dv = k.shape[1], k.shape[2], v.shape[3]
     group = hq // hkv
@@ -498,7 +506,10 @@ def _forward_impl(q: Any, k: Any, v: Any, q_seg: Any, kv_seg: Any, bias: Any, *,
     nq = sqp // bq
     layout = _Bias.of(bias)
     kernel = functools.partial(_fwd_kernel, mask=mask, bias=layout, scale=float(softmax_scale),
-                               cap=logits_soft_cap, bq=bq, bk=bk, nk=skp // bk, nq=nq)
+                               cap=logits_soft_cap, bq=bq, bk=bk, nk=skp // bk, nq=nq, sinks=sinks is not None)
+    # The sinks as base-2 logits per row, laid out as the lse (a block per program, like it).
+    sink_rows = None if sinks is None else jnp.broadcast_to(
+        (sinks.astype(jnp.float32) * _LOG2E)[None, :, None], (batch, hq, sqp))
 
     def qi(i: Any) -> Any:
         return _q_block(i, mask, nq)
@@ -513,6 +524,7 @@ def _forward_impl(q: Any, k: Any, v: Any, q_seg: Any, kv_seg: Any, bias: Any, *,
             p.BlockSpec((None, bq), lambda i, b, h: (b, qi(i))),
             p.BlockSpec((None, skp), lambda i, b, h: (b, 0)),
             None if layout is None else layout.spec(bq, skp, qi),
+            None if sink_rows is None else p.BlockSpec((None, None, bq), lambda i, b, h: (b, h, qi(i))),
         ],
         out_specs=[
             p.BlockSpec((None, bq, None, dvp), lambda i, b, h: (b, qi(i), h, 0)),
@@ -523,7 +535,7 @@ def _forward_impl(q: Any, k: Any, v: Any, q_seg: Any, kv_seg: Any, bias: Any, *,
         compiler_params=_compiler_params(cfg.num_warps, cfg.num_stages),
         interpret=interpret,
         name="ejk_flash_attention_fwd",
-    )(qp, kp, vp, qs, ks, None if layout is None else layout.pad(bias, sqp, skp))
+    )(qp, kp, vp, qs, ks, None if layout is None else layout.pad(bias, sqp, skp), sink_rows)
     return out[:, :sq, :, :dv], lse[:, :, :sq]
 
 
@@ -665,35 +677,39 @@ def forward_with_residuals(
     q_segment_ids: jax.Array | None,
     kv_segment_ids: jax.Array | None,
     bias: jax.Array | None,
+    sinks: jax.Array | None = None,
     cfg: FlashAttentionConfig | None = None,
 ) -> tuple[jax.Array, tuple[Any, ...]]:
     """The output and the residuals :func:`backward` needs.
 
     Arguments are those of ``ejk.flash_attention`` after the op layer's normalisation
-    (``bias`` must be ``None``: the capability gate refuses it).
+    (``bias`` must be ``None``: the capability gate refuses it); ``sinks`` ``[Hq]`` join the
+    kernel's final normalisation.
 
     Returns:
         ``(out, residuals)``: ``out`` ``[B, Sq, Hq, Dv]`` in ``q.dtype``; ``residuals`` =
         ``(q, k, v, q_segment_ids, kv_segment_ids, bias, out, lse)`` with ``lse`` the base-2
-        log-sum-exp ``[B, Hq, Sq]`` float32 (``+inf`` for rows that see no key).
+        log-sum-exp ``[B, Hq, Sq]`` float32 (``+inf`` for rows that see no key), the sinks appended
+        when given (the lse then includes them).
     """
     has_seg = q_segment_ids is not None and kv_segment_ids is not None
     seg = (q_segment_ids, kv_segment_ids) if has_seg else (None, None)
+    extra = () if sinks is None else (sinks,)
     batch, sq, hq, _ = q.shape
     if min(batch, sq, hq, k.shape[1], v.shape[3]) == 0:
         out = jnp.zeros((batch, sq, hq, v.shape[3]), q.dtype)
-        return out, (q, k, v, *seg, bias, out, jnp.full((batch, hq, sq), jnp.inf, jnp.float32))
+        return out, (q, k, v, *seg, bias, out, jnp.full((batch, hq, sq), jnp.inf, jnp.float32), *extra)
     out, lse = _forward_impl(q, k, v, *seg, bias, cfg=_resolve(cfg, q, k, v), causal=causal,
                              softmax_scale=softmax_scale,
                              sliding_window=sliding_window, logits_soft_cap=logits_soft_cap,
-                             interpret=_env.use_interpreter())
-    return out, (q, k, v, *seg, bias, out, lse)
+                             interpret=_env.use_interpreter(), sinks=sinks)
+    return out, (q, k, v, *seg, bias, out, lse, *extra)
 
 
 forward = without_residuals(forward_with_residuals)
 
 
-def backward(
+def _backward(
     residuals: tuple[Any, ...],
     d_out: jax.Array,
     *,
@@ -722,6 +738,11 @@ def backward(
                                        logits_soft_cap=logits_soft_cap, interpret=_env.use_interpreter(),
                                        d_lse=d_lse)
     return dq, dk, dv, None, None, dbias
+
+
+#: The backward of :func:`forward_with_residuals`, the sinks' cotangent appended (computed from the
+#: residuals: the kernels need no change, their lse includes the sinks).
+backward = sinks_backward(_backward)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -49,7 +49,7 @@ from jax import lax
 
 from ejk.config.validators import int_in, one_of, one_of_str
 from ejk.devices import sm_count as _sm_count
-from ejk.ops import without_residuals
+from ejk.ops import fold_sinks, sinks_backward, without_residuals
 from ejk.tiling import cdiv as _cdiv
 from ejk.tiling import persistent_ctas
 from ejk_pallas import _env
@@ -664,30 +664,38 @@ def forward_with_residuals(
     q_segment_ids: jax.Array | None,
     kv_segment_ids: jax.Array | None,
     bias: jax.Array | None,
+    sinks: jax.Array | None = None,
     cfg: MosaicFlashAttentionConfig | None = None,
 ) -> tuple[jax.Array, tuple[Any, ...]]:
     """The output and the residuals of :data:`RESIDUALS` (those of the Triton-lowered forward).
 
+    ``sinks`` ``[Hq]`` are folded into the kernel's result afterwards (``ejk.ops.fold_sinks``: one
+    elementwise pass over ``out``), not yet inside the kernel's epilogue.
+
     Returns:
         ``(out, (q, k, v, None, None, None, out, lse))``: ``out`` ``[B, Sq, Hq, D]`` in ``q.dtype``,
-        ``lse`` the base-2 log-sum-exp ``[B, Hq, Sq]`` float32 (``+inf`` for rows that see no key).
+        ``lse`` the base-2 log-sum-exp ``[B, Hq, Sq]`` float32 (``+inf`` for rows that see no key),
+        the sinks appended when given (the lse then includes them).
     """
     if q_segment_ids is not None or kv_segment_ids is not None or bias is not None:
         raise ValueError("pallas/gpu:mosaic supports neither segment ids nor bias (its capability gate says so)")
     batch, sq, hq, _ = q.shape
+    extra = () if sinks is None else (sinks,)
     if min(batch, sq, hq, k.shape[1]) == 0:
         out = jnp.zeros((batch, sq, hq, v.shape[3]), q.dtype)
-        return out, (q, k, v, None, None, None, out, jnp.full((batch, hq, sq), jnp.inf, jnp.float32))
+        return out, (q, k, v, None, None, None, out, jnp.full((batch, hq, sq), jnp.inf, jnp.float32), *extra)
     out, lse = _forward_impl(q, k, v, cfg=heuristic_config(q, k, v) if cfg is None else cfg, causal=causal,
                              softmax_scale=softmax_scale, sliding_window=sliding_window,
                              logits_soft_cap=logits_soft_cap, interpret=_env.use_interpreter())
-    return out, (q, k, v, None, None, None, out, lse)
+    if sinks is not None:
+        out, lse = fold_sinks(out, lse, sinks)
+    return out, (q, k, v, None, None, None, out, lse, *extra)
 
 
 forward = without_residuals(forward_with_residuals)
 
 
-def backward(
+def _backward(
     residuals: tuple[Any, ...],
     d_out: jax.Array,
     *,
@@ -714,8 +722,8 @@ def backward(
     if why_not is not None:
         if isinstance(cfg, MosaicFlashAttentionConfig) and cfg.backward == "mosaic":
             raise ValueError(f"MosaicFlashAttentionConfig.backward='mosaic': {why_not}")
-        return _fa.backward(residuals, d_out, d_lse=d_lse, cfg=None, causal=causal, softmax_scale=softmax_scale,
-                            sliding_window=sliding_window, logits_soft_cap=logits_soft_cap)
+        return _fa._backward(residuals, d_out, d_lse=d_lse, cfg=None, causal=causal, softmax_scale=softmax_scale,
+                             sliding_window=sliding_window, logits_soft_cap=logits_soft_cap)
     assert isinstance(cfg, MosaicFlashAttentionConfig)
     if min(q.shape[0], q.shape[1], q.shape[2], k.shape[1]) == 0:
         return jnp.zeros_like(q), jnp.zeros_like(k), jnp.zeros_like(v), None, None, None
@@ -730,6 +738,11 @@ def backward(
         sliding_window=sliding_window, logits_soft_cap=logits_soft_cap, interpret_params=params, d_lse=d_lse,
         fused=fused_backward(cfg, int(q.shape[3]), jnp.dtype(q.dtype).itemsize))
     return dq, dk, dv, None, None, None
+
+
+#: The registered backward: :func:`_backward` with the sinks' cotangent appended (from the residuals; the
+#: backward kernels need no change, the saved lse includes the sinks).
+backward = sinks_backward(_backward)
 
 
 # ----------------------------------------------------------------------------------------------

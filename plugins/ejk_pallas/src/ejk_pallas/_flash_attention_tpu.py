@@ -28,7 +28,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from ejk.config.validators import multiple_of
-from ejk.ops import FLASH_RESIDUALS, without_residuals
+from ejk.ops import FLASH_RESIDUALS, sinks_backward, without_residuals
 from ejk.tiling import cdiv as _cdiv
 from ejk_pallas import _env
 from ejk_pallas._flash_attention import _LOG2E, _key_blocks, _make_mask, _Mask, _pad, _query_blocks
@@ -115,8 +115,14 @@ def _visible(mask: _Mask, row0: Any, col0: Any, shape: tuple[int, int], q_seg: A
     return functools.reduce(jnp.logical_and, conds) if conds else None
 
 
-def _z(q: Any, k: Any, scale: float, cap: float | None) -> tuple[Any, Any]:
-    s = lax.dot_general(q, k, _NT, preferred_element_type=jnp.float32)
+def _dot_precision(q: Any, precision: str) -> Any:
+    """The kernels' dot precision: the call's for float32 inputs (``None``, the MXU's default, for 16-bit
+    ones, whose products are exact)."""
+    return lax.Precision(precision) if jnp.dtype(q.dtype) == jnp.float32 else None
+
+
+def _z(q: Any, k: Any, scale: float, cap: float | None, prec: Any = None) -> tuple[Any, Any]:
+    s = lax.dot_general(q, k, _NT, preferred_element_type=jnp.float32, precision=prec)
     if cap is None:
         return s * (scale * _LOG2E), None
     t = jnp.tanh(s * (scale / cap))
@@ -136,9 +142,9 @@ def _clamp(j: Any, lo: Any, hi: Any, n: int) -> Any:
 # ----------------------------------------------------------------------------------------------
 
 
-def _fwd_kernel(q_ref: Any, k_ref: Any, v_ref: Any, qs_ref: Any, ks_ref: Any, o_ref: Any, lse_ref: Any,
-                m_sc: Any, l_sc: Any, acc_sc: Any, *, mask: _Mask, scale: float, cap: float | None, bq: int,
-                bk: int, nk: int) -> None:
+def _fwd_kernel(q_ref: Any, k_ref: Any, v_ref: Any, qs_ref: Any, ks_ref: Any, sink_ref: Any, o_ref: Any,
+                lse_ref: Any, m_sc: Any, l_sc: Any, acc_sc: Any, *, mask: _Mask, scale: float, cap: float | None,
+                bq: int, bk: int, nk: int, prec: Any = None, sinks: bool = False) -> None:
     pl = _pl()
     qi, kj = pl.program_id(2), pl.program_id(3)
     row0, col0 = qi * bq, kj * bk
@@ -152,7 +158,7 @@ def _fwd_kernel(q_ref: Any, k_ref: Any, v_ref: Any, qs_ref: Any, ks_ref: Any, o_
 
     @_when(jnp.logical_and(kj >= lo, kj < hi))
     def _step() -> None:
-        z, _ = _z(q_ref[...], k_ref[...], scale, cap)
+        z, _ = _z(q_ref[...], k_ref[...], scale, cap, prec)
         vis = _visible(mask, row0, col0, (bq, bk), qs_ref[...], ks_ref[...])
         if vis is not None:
             z = jnp.where(vis, z, -jnp.inf)
@@ -163,20 +169,29 @@ def _fwd_kernel(q_ref: Any, k_ref: Any, v_ref: Any, qs_ref: Any, ks_ref: Any, o_
         p = jnp.exp2(z - m_use)
         l_sc[...] = l_sc[...] * alpha + jnp.sum(p, axis=1, keepdims=True)
         v = v_ref[...]
-        acc_sc[...] = acc_sc[...] * alpha + jnp.dot(p.astype(v.dtype), v, preferred_element_type=jnp.float32)
+        acc_sc[...] = acc_sc[...] * alpha + jnp.dot(p.astype(v.dtype), v, preferred_element_type=jnp.float32,
+                                                    precision=prec)
         m_sc[...] = m_new
 
     @_when(kj == nk - 1)
     def _finish() -> None:
-        denom = l_sc[...]
+        denom, acc, m = l_sc[...], acc_sc[...], m_sc[...]
         empty = denom == 0.0
-        o_ref[...] = (acc_sc[...] / jnp.where(empty, 1.0, denom)).astype(o_ref.dtype)
-        lse_ref[...] = jnp.where(empty, jnp.inf, m_sc[...] + jnp.log2(jnp.where(empty, 1.0, denom)))
+        if sinks:  # e^sink joins the denominator of every row that saw a key (sink_ref: base-2 logit, [1, 1])
+            sink = sink_ref[...]
+            top = jnp.where(empty, 0.0, jnp.maximum(m, sink))
+            alpha = jnp.where(empty, 1.0, jnp.exp2(m - top))
+            acc = acc * alpha
+            denom = jnp.where(empty, denom, denom * alpha + jnp.exp2(sink - top))
+            m = jnp.where(empty, m, top)
+        o_ref[...] = (acc / jnp.where(empty, 1.0, denom)).astype(o_ref.dtype)
+        lse_ref[...] = jnp.where(empty, jnp.inf, m + jnp.log2(jnp.where(empty, 1.0, denom)))
 
 
 def _dkdv_kernel(q_ref: Any, k_ref: Any, v_ref: Any, qs_ref: Any, ks_ref: Any, do_ref: Any, lse_ref: Any,
                  delta_ref: Any, dk_ref: Any, dv_ref: Any, dk_sc: Any, dv_sc: Any, *, mask: _Mask, scale: float,
-                 cap: float | None, group: int, bq: int, bk: int, nq: int) -> None:
+                 cap: float | None, group: int, bq: int, bk: int, nq: int,
+                 prec: Any = None) -> None:
     pl = _pl()
     kj, g, qi = pl.program_id(2), pl.program_id(3), pl.program_id(4)
     row0, col0 = qi * bq, kj * bk
@@ -190,17 +205,17 @@ def _dkdv_kernel(q_ref: Any, k_ref: Any, v_ref: Any, qs_ref: Any, ks_ref: Any, d
     @_when(jnp.logical_and(qi >= lo, qi < hi))
     def _step() -> None:
         q, do = q_ref[...], do_ref[...]
-        z, tanh = _z(q, k_ref[...], scale, cap)
+        z, tanh = _z(q, k_ref[...], scale, cap, prec)
         vis = _visible(mask, row0, col0, (bq, bk), qs_ref[...], ks_ref[...], check_cols=False)
         if vis is not None:
             z = jnp.where(vis, z, -jnp.inf)
         p = jnp.exp2(z - lse_ref[...])  # lse [bq, 1]
-        dv_sc[...] += lax.dot_general(p.astype(do.dtype), do, _TN, preferred_element_type=jnp.float32)
-        dp = lax.dot_general(do, v_ref[...], _NT, preferred_element_type=jnp.float32)
+        dv_sc[...] += lax.dot_general(p.astype(do.dtype), do, _TN, preferred_element_type=jnp.float32, precision=prec)
+        dp = lax.dot_general(do, v_ref[...], _NT, preferred_element_type=jnp.float32, precision=prec)
         ds = p * (dp - delta_ref[...])
         if tanh is not None:
             ds = ds * (1.0 - tanh * tanh)
-        dk_sc[...] += lax.dot_general(ds.astype(q.dtype), q, _TN, preferred_element_type=jnp.float32)
+        dk_sc[...] += lax.dot_general(ds.astype(q.dtype), q, _TN, preferred_element_type=jnp.float32, precision=prec)
 
     @_when(jnp.logical_and(g == group - 1, qi == nq - 1))
     def _finish() -> None:
@@ -210,7 +225,7 @@ def _dkdv_kernel(q_ref: Any, k_ref: Any, v_ref: Any, qs_ref: Any, ks_ref: Any, d
 
 def _dq_kernel(q_ref: Any, k_ref: Any, v_ref: Any, qs_ref: Any, ks_ref: Any, do_ref: Any, lse_ref: Any,
                delta_ref: Any, dq_ref: Any, dq_sc: Any, *, mask: _Mask, scale: float, cap: float | None, bq: int,
-               bk: int, nk: int) -> None:
+               bk: int, nk: int, prec: Any = None) -> None:
     pl = _pl()
     qi, kj = pl.program_id(2), pl.program_id(3)
     row0, col0 = qi * bq, kj * bk
@@ -223,16 +238,16 @@ def _dq_kernel(q_ref: Any, k_ref: Any, v_ref: Any, qs_ref: Any, ks_ref: Any, do_
     @_when(jnp.logical_and(kj >= lo, kj < hi))
     def _step() -> None:
         k = k_ref[...]
-        z, tanh = _z(q_ref[...], k, scale, cap)
+        z, tanh = _z(q_ref[...], k, scale, cap, prec)
         vis = _visible(mask, row0, col0, (bq, bk), qs_ref[...], ks_ref[...])
         if vis is not None:
             z = jnp.where(vis, z, -jnp.inf)
         p = jnp.exp2(z - lse_ref[...])
-        dp = lax.dot_general(do_ref[...], v_ref[...], _NT, preferred_element_type=jnp.float32)
+        dp = lax.dot_general(do_ref[...], v_ref[...], _NT, preferred_element_type=jnp.float32, precision=prec)
         ds = p * (dp - delta_ref[...])
         if tanh is not None:
             ds = ds * (1.0 - tanh * tanh)
-        dq_sc[...] += jnp.dot(ds.astype(k.dtype), k, preferred_element_type=jnp.float32)
+        dq_sc[...] += jnp.dot(ds.astype(k.dtype), k, preferred_element_type=jnp.float32, precision=prec)
 
     @_when(kj == nk - 1)
     def _finish() -> None:
@@ -261,9 +276,11 @@ def _params(*semantics: str) -> Any:
     return _pltpu().CompilerParams(dimension_semantics=semantics)
 
 
-def _forward_impl(q: Any, k: Any, v: Any, q_seg: Any, kv_seg: Any, *, cfg: TpuFlashAttentionConfig, causal: bool,
-                  softmax_scale: float, sliding_window: tuple[int, int] | None, logits_soft_cap: float | None,
-                  interpret: Any) -> tuple[Any, Any]:
+def _forward_impl(q: Any, k: Any, v: Any, q_seg: Any, kv_seg: Any, sinks: Any = None, *, cfg: TpuFlashAttentionConfig,
+                  causal: bool, softmax_scale: float, sliding_window: tuple[int, int] | None,
+                  logits_soft_cap: float | None, interpret: Any, precision: str = "highest") -> tuple[Any, Any]:
+    """``(out [B, Sq, Hq, Dv], lse [B, Hq, Sq] base 2)``; ``sinks`` ``[B, Hq]`` float32 join the final
+    normalisation (and the lse)."""
     batch, sq, hq, d = q.shape
     sk, hkv, dv = k.shape[1], k.shape[2], v.shape[3]
     group = hq // hkv
@@ -280,7 +297,7 @@ def _forward_impl(q: Any, k: Any, v: Any, q_seg: Any, kv_seg: Any, *, cfg: TpuFl
 
     out, lse = pl.pallas_call(
         functools.partial(_fwd_kernel, mask=mask, scale=float(softmax_scale), cap=logits_soft_cap, bq=bq, bk=bk,
-                          nk=nk),
+                          prec=_dot_precision(q, precision), nk=nk, sinks=sinks is not None),
         grid=(batch, hq, nq, nk),
         in_specs=[
             pl.BlockSpec((None, None, bq, d), lambda b, h, i, j: (b, h, i, 0)),
@@ -288,6 +305,7 @@ def _forward_impl(q: Any, k: Any, v: Any, q_seg: Any, kv_seg: Any, *, cfg: TpuFl
             pl.BlockSpec((None, None, bk, dv), lambda b, h, i, j: (b, h // group, kv_block(i, j), 0)),
             pl.BlockSpec((None, bq, 1), lambda b, h, i, j: (b, i, 0)),
             pl.BlockSpec((None, 1, bk), lambda b, h, i, j: (b, 0, kv_block(i, j))),
+            None if sinks is None else pl.BlockSpec((None, None, 1, 1), lambda b, h, i, j: (b, h, 0, 0)),
         ],
         out_specs=[
             pl.BlockSpec((None, None, bq, dv), lambda b, h, i, j: (b, h, i, 0)),
@@ -300,14 +318,15 @@ def _forward_impl(q: Any, k: Any, v: Any, q_seg: Any, kv_seg: Any, *, cfg: TpuFl
         compiler_params=_params("parallel", "parallel", "parallel", "arbitrary"),
         interpret=interpret,
         name="ejk_flash_attention_fwd_tpu",
-    )(_bhsd(q, sqp), _bhsd(k, skp), _bhsd(v, skp), qs, ks)
+    )(_bhsd(q, sqp), _bhsd(k, skp), _bhsd(v, skp), qs, ks,
+      None if sinks is None else (sinks.astype(jnp.float32) * _LOG2E)[:, :, None, None])
     return jnp.swapaxes(out[:, :, :sq], 1, 2), lse[:, :, :sq, 0]
 
 
 def _backward_impl(q: Any, k: Any, v: Any, q_seg: Any, kv_seg: Any, out: Any, lse: Any, d_out: Any, *,
                    cfg: TpuFlashAttentionConfig, causal: bool, softmax_scale: float,
                    sliding_window: tuple[int, int] | None, logits_soft_cap: float | None,
-                   interpret: Any, d_lse: Any = None) -> tuple[Any, Any, Any]:
+                   interpret: Any, d_lse: Any = None, precision: str = "highest") -> tuple[Any, Any, Any]:
     batch, sq, hq, d = q.shape
     sk, hkv, dv = k.shape[1], k.shape[2], v.shape[3]
     group = hq // hkv
@@ -339,7 +358,8 @@ def _backward_impl(q: Any, k: Any, v: Any, q_seg: Any, kv_seg: Any, out: Any, ls
         return _clamp(i, lo, hi, nq1)
 
     dk, dv_ = pl.pallas_call(
-        functools.partial(_dkdv_kernel, mask=mask, scale=scale, cap=cap, group=group, bq=bq1, bk=bk1, nq=nq1),
+        functools.partial(_dkdv_kernel, mask=mask, scale=scale, cap=cap, group=group, bq=bq1, bk=bk1, nq=nq1,
+                          prec=_dot_precision(q, precision)),
         grid=(batch, hkv, nk1, group, nq1),
         in_specs=[
             pl.BlockSpec((None, None, bq1, d), lambda b, h, j, g, i: (b, h * group + g, q_block(j, i), 0)),
@@ -369,7 +389,8 @@ def _backward_impl(q: Any, k: Any, v: Any, q_seg: Any, kv_seg: Any, out: Any, ls
         return _clamp(j, lo, hi, nk2)
 
     (dq,) = pl.pallas_call(
-        functools.partial(_dq_kernel, mask=mask, scale=scale, cap=cap, bq=bq2, bk=bk2, nk=nk2),
+        functools.partial(_dq_kernel, mask=mask, scale=scale, cap=cap, bq=bq2, bk=bk2, nk=nk2,
+                          prec=_dot_precision(q, precision)),
         grid=(batch, hq, nq2, nk2),
         in_specs=[
             pl.BlockSpec((None, None, bq2, d), lambda b, h, i, j: (b, h, i, 0)),
@@ -413,27 +434,34 @@ def forward_with_residuals(
     q_segment_ids: jax.Array | None,
     kv_segment_ids: jax.Array | None,
     bias: jax.Array | None,
+    sinks: jax.Array | None = None,
+    precision: str = "highest",
     cfg: TpuFlashAttentionConfig | None = None,
 ) -> tuple[jax.Array, tuple[Any, ...]]:
-    """The output and ``(q, k, v, q_segment_ids, kv_segment_ids, bias, out, lse)`` (``lse`` base 2, ``[B, Hq, Sq]``)."""
+    """The output and ``(q, k, v, q_segment_ids, kv_segment_ids, bias, out, lse)`` (``lse`` base 2, ``[B, Hq, Sq]``),
+    the sinks appended when given: they join the kernel's final normalisation, so the lse includes
+    them. ``precision`` sets the float32 dots (``lax.Precision``; untested on TPU hardware)."""
     if bias is not None:
         raise ValueError("pallas/tpu:mosaic_tpu does not support bias (its capability gate says so)")
     has_seg = q_segment_ids is not None and kv_segment_ids is not None
     seg = (q_segment_ids, kv_segment_ids) if has_seg else (None, None)
     batch, sq, hq, _ = q.shape
+    extra = () if sinks is None else (sinks,)
     if min(batch, sq, hq, k.shape[1], v.shape[3]) == 0:
         out = jnp.zeros((batch, sq, hq, v.shape[3]), q.dtype)
-        return out, (q, k, v, *seg, bias, out, jnp.full((batch, hq, sq), jnp.inf, jnp.float32))
+        return out, (q, k, v, *seg, bias, out, jnp.full((batch, hq, sq), jnp.inf, jnp.float32), *extra)
+    rows = None if sinks is None else jnp.broadcast_to(sinks.astype(jnp.float32), (batch, hq))
     out, lse = fold_vmap_into_batch(functools.partial(
         _forward_impl, cfg=_resolve(cfg, q, k, v), causal=causal, softmax_scale=softmax_scale,
-        sliding_window=sliding_window, logits_soft_cap=logits_soft_cap, interpret=_interpret()))(q, k, v, *seg)
-    return out, (q, k, v, *seg, bias, out, lse)
+        sliding_window=sliding_window, logits_soft_cap=logits_soft_cap, interpret=_interpret(),
+        precision=precision))(q, k, v, *seg, rows)
+    return out, (q, k, v, *seg, bias, out, lse, *extra)
 
 
 forward = without_residuals(forward_with_residuals)
 
 
-def backward(
+def _backward(
     residuals: tuple[Any, ...],
     d_out: jax.Array,
     *,
@@ -443,6 +471,7 @@ def backward(
     softmax_scale: float,
     sliding_window: tuple[int, int] | None,
     logits_soft_cap: float | None,
+    precision: str = "highest",
 ) -> tuple[Any, ...]:
     """``(dq, dk, dv, None, None, None)`` from the residuals of :func:`forward_with_residuals`.
 
@@ -455,13 +484,18 @@ def backward(
     if min(q.shape[0], q.shape[1], q.shape[2], k.shape[1], v.shape[3]) == 0:
         return jnp.zeros_like(q), jnp.zeros_like(k), jnp.zeros_like(v), None, None, None
     impl = functools.partial(_backward_impl, cfg=_resolve(cfg, q, k, v), causal=causal, softmax_scale=softmax_scale,
-                             sliding_window=sliding_window, logits_soft_cap=logits_soft_cap, interpret=_interpret())
+                             sliding_window=sliding_window, logits_soft_cap=logits_soft_cap, interpret=_interpret(),
+                             precision=precision)
 
     def run(*arrays: Any) -> tuple[Any, Any, Any]:  # d_lse positional too: vmap folds it like the others
         return impl(*arrays[:-1], d_lse=arrays[-1])
 
     dq, dk, dv = fold_vmap_into_batch(run)(q, k, v, q_seg, kv_seg, out, lse, d_out, d_lse)
     return dq, dk, dv, None, None, None
+
+
+#: The registered backward: :func:`_backward`, the sinks' cotangent appended (from the residuals).
+backward = sinks_backward(_backward)
 
 
 def capability(

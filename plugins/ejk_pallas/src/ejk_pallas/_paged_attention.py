@@ -77,6 +77,8 @@ class _Static:
     splits: int
     q_programs: int
     num_pages: int
+    precision: str = "highest"
+    sinks: bool = False
 
 
 def _logits(s: Any, st: _Static) -> Any:
@@ -86,7 +88,7 @@ def _logits(s: Any, st: _Static) -> Any:
 
 
 def _kernel(lens_ref: Any, cu_ref: Any, num_ref: Any, table_ref: Any, q_ref: Any, k_ref: Any, v_ref: Any,
-            *out_refs: Any, st: _Static) -> None:
+            sink_ref: Any, *out_refs: Any, st: _Static) -> None:
     p = pl()
     from jax.experimental.pallas import triton as plgpu
 
@@ -129,14 +131,14 @@ def _kernel(lens_ref: Any, cu_ref: Any, num_ref: Any, table_ref: Any, q_ref: Any
                 vis = row_ok[:, None] & seen[None, :] & (keys[None, :] <= pos[:, None])
                 if st.left is not None:
                     vis = vis & (keys[None, :] >= pos[:, None] - st.left)
-                logits = _logits(_mm.dot(q, k, (((1,), (1,)), ((), ())), "highest", gpu=True), st)
+                logits = _logits(_mm.dot(q, k, (((1,), (1,)), ((), ())), st.precision, gpu=True), st)
                 logits = jnp.where(vis, logits, -jnp.inf)
                 m_new = jnp.maximum(m, jnp.max(logits, axis=1))
                 m_use = jnp.where(m_new == -jnp.inf, 0.0, m_new)
                 prob = jnp.exp2(logits - m_use[:, None])
                 alpha = jnp.exp2(m - m_use)
                 v = jnp.where(seen[:, None], v, jnp.zeros_like(v))
-                pv = _mm.dot(prob.astype(v.dtype), v, (((1,), (0,)), ((), ())), "highest", gpu=True)
+                pv = _mm.dot(prob.astype(v.dtype), v, (((1,), (0,)), ((), ())), st.precision, gpu=True)
                 return acc * alpha[:, None] + pv, m_new, l_sum * alpha + jnp.sum(prob, axis=1)
 
             dv = v_ref.shape[-1]
@@ -146,6 +148,13 @@ def _kernel(lens_ref: Any, cu_ref: Any, num_ref: Any, table_ref: Any, q_ref: Any
             at = p.ds(row0, rows)
             if st.splits == 1:
                 (o_ref,) = out_refs
+                if st.sinks:  # e^sink joins the denominator of every row that saw a key (base-2 logits per row)
+                    sink = sink_ref[p.ds(row0, rows)]
+                    empty = l_sum == 0.0
+                    top = jnp.where(empty, 0.0, jnp.maximum(m, sink))
+                    alpha = jnp.where(empty, 1.0, jnp.exp2(m - top))
+                    acc = acc * alpha[:, None]
+                    l_sum = jnp.where(empty, l_sum, l_sum * alpha + jnp.exp2(sink - top))
                 out = acc / jnp.where(l_sum == 0.0, 1.0, l_sum)[:, None]
                 plgpu.store(o_ref.at[at, :], out.astype(o_ref.dtype), mask=jnp.broadcast_to(row_ok[:, None], out.shape))
             else:
@@ -162,8 +171,12 @@ def _kernel(lens_ref: Any, cu_ref: Any, num_ref: Any, table_ref: Any, q_ref: Any
 def ragged_paged_attention(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array, kv_lens: jax.Array,
                            page_indices: jax.Array, cu_q_lens: jax.Array, num_seqs: jax.Array, *,
                            softmax_scale: float, sliding_window: tuple[int, int] | None,
-                           logits_soft_cap: float | None, cfg: PagedAttentionConfig | None = None) -> jax.Array:
+                           logits_soft_cap: float | None, sinks: jax.Array | None = None,
+                           precision: str = "highest", cfg: PagedAttentionConfig | None = None) -> jax.Array:
     """Causal attention of ragged query chunks over a paged KV cache (see ``docs/KERNEL_CONTRACT.md``).
+
+    ``sinks`` ``[Hq]`` join each row's denominator where it is normalised (in the kernel with one split,
+    in the split merge otherwise); ``precision`` sets the float32 dots.
 
     Returns:
         ``[T, Hq, Dv]`` in ``q.dtype``; rows of no live sequence, and rows that see no key, are zeros.
@@ -182,7 +195,7 @@ def ragged_paged_attention(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array,
     st = _Static(scale=float(softmax_scale), cap=None if logits_soft_cap is None else float(logits_soft_cap),
                  left=None if sliding_window is None else int(sliding_window[0]), group=group, bq=cfg.block_q,
                  rows=rows, bk=per_step * page, per_step=per_step, splits=cfg.num_splits, q_programs=cfg.q_programs,
-                 num_pages=num_pages)
+                 num_pages=num_pages, precision=str(precision), sinks=sinks is not None and cfg.num_splits == 1)
     cols = cdiv(per_seq, per_step) * per_step
     table = _mm.pad_to(page_indices.astype(jnp.int32), (seqs, cols))
     # Clamp the lengths to what the table holds and the query lengths to the tokens (invalid input stays in bounds).
@@ -192,6 +205,12 @@ def ragged_paged_attention(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array,
     tg = tokens * group + rows
     q2 = q.reshape(tokens, hkv, group, d).transpose(1, 0, 2, 3).reshape(hkv, tokens * group, d)
     q2 = _mm.pad_to(q2, (hkv, tg, d))
+    # Base-2 sink logits per row of q2 ([Hkv, tokens * G], row t * G + g is head h * G + g), or a placeholder.
+    sink_rows = jnp.zeros((hkv, tg), jnp.float32)
+    if sinks is not None:
+        per_head = (sinks.astype(jnp.float32) * _LOG2E).reshape(hkv, 1, group)
+        sink_rows = _mm.pad_to(jnp.broadcast_to(per_head, (hkv, tokens, group)).reshape(hkv, tokens * group),
+                               (hkv, tg))
     p = pl()
     splits = cfg.num_splits
     def sds(shape: tuple[int, ...], dtype: Any) -> jax.ShapeDtypeStruct:
@@ -220,14 +239,19 @@ def ragged_paged_attention(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array,
             p.BlockSpec((None, tg, d), lambda s, h, z: (h, 0, 0)),
             p.BlockSpec((num_pages, page, None, d), lambda s, h, z: (0, 0, h, 0)),
             p.BlockSpec((num_pages, page, None, dv), lambda s, h, z: (0, 0, h, 0)),
+            p.BlockSpec((None, tg), lambda s, h, z: (h, 0)),
         ],
         out_specs=out_specs,
         out_shape=out_shape,
         compiler_params=plgpu.CompilerParams(num_warps=cfg.num_warps, num_stages=cfg.num_stages),
         interpret=_env.use_interpreter(),
         name="ejk_pallas_ragged_paged_attention",
-    )(lens, cu, num, table, q2, k_pages, v_pages)
-    out2 = result if splits == 1 else paged_merge_splits(*result)
+    )(lens, cu, num, table, q2, k_pages, v_pages, sink_rows)
+    if splits == 1:
+        out2 = result
+    else:
+        acc_part, max_part, sum_part = result
+        out2 = paged_merge_splits(acc_part, max_part, sum_part, None if sinks is None else sink_rows)
     out = out2[:, :tokens * group].reshape(hkv, tokens, group, dv).transpose(1, 0, 2, 3).reshape(tokens, hq, dv)
     keep = paged_owned_rows(tokens, cu_q_lens, jnp.asarray(num_seqs))
     return jnp.where(keep[:, None, None], out, 0).astype(q.dtype)

@@ -51,6 +51,8 @@ class _Static:
     rows: int
     page: int
     per_seq: int
+    precision: str = "highest"
+    sinks: bool = False
 
 
 def _bounds(lens: Any, cu: Any, s: Any, st: _Static) -> tuple[Any, Any, Any, Any, Any]:
@@ -66,7 +68,7 @@ def _bounds(lens: Any, cu: Any, s: Any, st: _Static) -> tuple[Any, Any, Any, Any
 
 
 def _kernel(lens_ref: Any, table_ref: Any, cu_ref: Any, num_ref: Any, q_ref: Any, k_ref: Any, v_ref: Any,
-            o_ref: Any, m_sc: Any, l_sc: Any, acc_sc: Any, *, st: _Static) -> None:
+            sink_ref: Any, o_ref: Any, m_sc: Any, l_sc: Any, acc_sc: Any, *, st: _Static) -> None:
     p = _pl()
     s, j = p.program_id(1), p.program_id(2)
     q0, q_len, kv_len, first, last = _bounds(lens_ref, cu_ref, s, st)
@@ -104,7 +106,7 @@ def _kernel(lens_ref: Any, table_ref: Any, cu_ref: Any, num_ref: Any, q_ref: Any
 
         def step(row0: Any, ok: Any, pos: Any) -> None:
             at = p.ds(row0, rows)
-            s_ = _mm.dot(q_ref[at, :], k, (((1,), (1,)), ((), ())), "highest", gpu=False)
+            s_ = _mm.dot(q_ref[at, :], k, (((1,), (1,)), ((), ())), st.precision, gpu=False)
             z = s_ * (st.scale * _LOG2E) if st.cap is None else jnp.tanh(s_ * (st.scale / st.cap)) * (
                 st.cap * _LOG2E)
             vis = ok & (keys <= pos) & (keys < kv_len)
@@ -118,7 +120,7 @@ def _kernel(lens_ref: Any, table_ref: Any, cu_ref: Any, num_ref: Any, q_ref: Any
             alpha = jnp.exp2(m_prev - m_use)
             seen = jnp.any(vis, axis=0, keepdims=True)  # [1, page]: keys some row sees
             vv = jnp.where(seen.T, v, jnp.zeros_like(v))
-            pv = _mm.dot(prob.astype(v.dtype), vv, (((1,), (0,)), ((), ())), "highest", gpu=False)
+            pv = _mm.dot(prob.astype(v.dtype), vv, (((1,), (0,)), ((), ())), st.precision, gpu=False)
             l_sc[at, :] = l_sc[at, :] * alpha + jnp.sum(prob, axis=1, keepdims=True)
             acc_sc[at, :] = acc_sc[at, :] * alpha + pv
             m_sc[at, :] = m_new
@@ -130,8 +132,15 @@ def _kernel(lens_ref: Any, table_ref: Any, cu_ref: Any, num_ref: Any, q_ref: Any
         def finish(row0: Any, ok: Any, pos: Any) -> None:
             del pos
             at = p.ds(row0, rows)
-            denom = l_sc[at, :]
-            out = acc_sc[at, :] / jnp.where(denom == 0.0, 1.0, denom)
+            denom, acc = l_sc[at, :], acc_sc[at, :]
+            if st.sinks:  # e^sink joins the denominator of every row that saw a key (base-2 logits per row)
+                m, sink = m_sc[at, :], sink_ref[at, :]
+                empty = denom == 0.0
+                top = jnp.where(empty, 0.0, jnp.maximum(m, sink))
+                alpha = jnp.where(empty, 1.0, jnp.exp2(m - top))
+                acc = acc * alpha
+                denom = jnp.where(empty, denom, denom * alpha + jnp.exp2(sink - top))
+            out = acc / jnp.where(denom == 0.0, 1.0, denom)
             o_ref[at, :] = jnp.where(ok, out.astype(o_ref.dtype), o_ref[at, :])
 
         each_block(finish)
@@ -140,8 +149,10 @@ def _kernel(lens_ref: Any, table_ref: Any, cu_ref: Any, num_ref: Any, q_ref: Any
 def ragged_paged_attention(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array, kv_lens: jax.Array,
                            page_indices: jax.Array, cu_q_lens: jax.Array, num_seqs: jax.Array, *,
                            softmax_scale: float, sliding_window: tuple[int, int] | None,
-                           logits_soft_cap: float | None, cfg: TpuPagedAttentionConfig | None = None) -> jax.Array:
-    """Causal attention of ragged query chunks over a paged KV cache (see ``docs/KERNEL_CONTRACT.md``)."""
+                           logits_soft_cap: float | None, sinks: jax.Array | None = None,
+                           precision: str = "highest", cfg: TpuPagedAttentionConfig | None = None) -> jax.Array:
+    """Causal attention of ragged query chunks over a paged KV cache (see ``docs/KERNEL_CONTRACT.md``);
+    ``sinks`` ``[Hq]`` join each row's denominator at its normalisation, ``precision`` sets the float32 dots."""
     tokens, hq, d = q.shape
     num_pages, page, hkv, _ = k_pages.shape
     dv = v_pages.shape[-1]
@@ -153,10 +164,16 @@ def ragged_paged_attention(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array,
     group = hq // hkv
     st = _Static(scale=float(softmax_scale), cap=None if logits_soft_cap is None else float(logits_soft_cap),
                  left=None if sliding_window is None else int(sliding_window[0]), group=group, rows=cfg.block_rows,
-                 page=page, per_seq=per_seq)
+                 page=page, per_seq=per_seq, precision=str(precision), sinks=sinks is not None)
     tg = cdiv(tokens * group, 8) * 8 + cfg.block_rows
     q2 = q.reshape(tokens, hkv, group, d).transpose(1, 0, 2, 3).reshape(hkv, tokens * group, d)
     q2 = _mm.pad_to(q2, (hkv, tg, d))
+    # Base-2 sink logits per row of q2 (row t * G + g of kv head h is q head h * G + g); zeros when unused.
+    sink_rows = jnp.zeros((hkv, tg, 1), jnp.float32)
+    if sinks is not None:
+        per_head = (sinks.astype(jnp.float32) * _LOG2E).reshape(hkv, 1, group)
+        rows2 = jnp.broadcast_to(per_head, (hkv, tokens, group)).reshape(hkv, tokens * group)
+        sink_rows = _mm.pad_to(rows2, (hkv, tg))[..., None]
     lens = jnp.clip(kv_lens.astype(jnp.int32), 0, per_seq * page)
     cu = jnp.clip(cu_q_lens.astype(jnp.int32), 0, tokens)
     table = jnp.clip(page_indices.astype(jnp.int32), 0, num_pages - 1).reshape(-1)
@@ -173,7 +190,8 @@ def ragged_paged_attention(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array,
         grid=(hkv, seqs, per_seq),
         in_specs=[p.BlockSpec((None, tg, d), lambda h, s, j, *_: (h, 0, 0)),
                   p.BlockSpec((None, page, d), page_map),
-                  p.BlockSpec((None, page, dv), page_map)],
+                  p.BlockSpec((None, page, dv), page_map),
+                  p.BlockSpec((None, tg, 1), lambda h, s, j, *_: (h, 0, 0))],
         out_specs=p.BlockSpec((None, tg, dv), lambda h, s, j, *_: (h, 0, 0)),
         scratch_shapes=[_pltpu().VMEM((tg, 1), jnp.float32), _pltpu().VMEM((tg, 1), jnp.float32),
                         _pltpu().VMEM((tg, dv), jnp.float32)],
@@ -185,7 +203,8 @@ def ragged_paged_attention(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array,
         compiler_params=_pltpu().CompilerParams(dimension_semantics=("parallel", "arbitrary", "arbitrary")),
         interpret=_pltpu().InterpretParams() if _env.use_interpreter() else False,
         name="ejk_pallas_ragged_paged_attention_tpu",
-    )(lens, table, cu, num, q2, k_pages.reshape(num_pages, page, hkv * d), v_pages.reshape(num_pages, page, hkv * dv))
+    )(lens, table, cu, num, q2, k_pages.reshape(num_pages, page, hkv * d), v_pages.reshape(num_pages, page, hkv * dv),
+      sink_rows)
     out = out2[:, :tokens * group].reshape(hkv, tokens, group, dv).transpose(1, 0, 2, 3).reshape(tokens, hq, dv)
     keep = paged_owned_rows(tokens, cu_q_lens, jnp.asarray(num_seqs))
     return jnp.where(keep[:, None, None], out, 0).astype(q.dtype)

@@ -55,6 +55,8 @@ def compile_flash_attention(
     logits_soft_cap: float | None = None,
     segment_ids: bool = False,
     bias: Any = None,
+    sinks: bool = False,
+    precision: str = "highest",
     arch: int = 90,
 ) -> dict[str, dict[str, int]]:
     """Compile the four kernels one call would launch, for compute capability ``arch``.
@@ -65,6 +67,8 @@ def compile_flash_attention(
         causal, softmax_scale, sliding_window, logits_soft_cap: As for :func:`ejk_triton._flash_attention.forward`.
         segment_ids: Whether the call has segment ids.
         bias: Abstract bias or ``None``.
+        sinks: Whether the call has attention sinks.
+        precision: Of float32 dots (``"highest"``: IEEE).
         arch: Compute capability as an int (90 for sm_90).
 
     Returns:
@@ -80,7 +84,7 @@ def compile_flash_attention(
     cfg = cfg if cfg is not None else heuristic_config(q, k, v, causal=causal)
     scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(int(q.shape[3]))
     consts = _constexprs(q, k, v, bias, segment_ids, causal=causal, softmax_scale=scale,
-                         sliding_window=sliding_window, logits_soft_cap=logits_soft_cap)
+                         sliding_window=sliding_window, logits_soft_cap=logits_soft_cap, precision=precision)
     q_len, kv_len = int(q.shape[1]), int(k.shape[1])
     seg = _ptr(jnp.int32) if segment_ids else _ptr(q.dtype)
     inputs = [_ptr(q.dtype), _ptr(k.dtype), _ptr(v.dtype), seg, seg, _ptr(bias.dtype if bias is not None else q.dtype)]
@@ -88,8 +92,9 @@ def compile_flash_attention(
     backward_inputs = [*inputs, _ptr(q.dtype), f32, f32]
     pre_m = _fit(64, q_len)
     return {
-        "forward": _compile(kernels.flash_fwd_kernel, [*inputs, _ptr(q.dtype), f32],
-                            dict(consts, BLOCK_M=_fit(cfg.block_m, q_len), BLOCK_N=_fit(cfg.block_n, kv_len)),
+        "forward": _compile(kernels.flash_fwd_kernel, [*inputs, f32 if sinks else _ptr(q.dtype), _ptr(q.dtype), f32],
+                            dict(consts, BLOCK_M=_fit(cfg.block_m, q_len), BLOCK_N=_fit(cfg.block_n, kv_len),
+                                 HAS_SINKS=bool(sinks)),
                             cfg.num_warps, cfg.num_stages, arch),
         "preprocess": _compile(kernels.flash_bwd_preprocess_kernel, [_ptr(q.dtype), _ptr(q.dtype), f32],
                                dict(SQ=q_len, HQ=consts["HQ"], DV=consts["DV"], HEAD_DIM_V=consts["HEAD_DIM_V"],
@@ -174,6 +179,7 @@ def compile_ragged_paged_attention(
     cfg: Any = None,
     sliding_window: tuple[int, int] | None = None,
     logits_soft_cap: float | None = None,
+    sinks: bool = False,
     arch: int = 90,
 ) -> dict[str, int]:
     """Compile the ragged paged attention kernel one call would launch, for compute capability ``arch``.
@@ -183,6 +189,7 @@ def compile_ragged_paged_attention(
             :func:`ejk_triton._paged_attention.ragged_paged_attention`.
         cfg: Its config (``None``: :func:`ejk_triton._paged_attention.heuristic_config` for a GPU).
         sliding_window, logits_soft_cap: As for the op.
+        sinks: Whether the call has attention sinks.
         arch: Compute capability as an int (90 for sm_90).
 
     Returns:
@@ -200,9 +207,11 @@ def compile_ragged_paged_attention(
                              left=None if sliding_window is None else sliding_window[0], cap=logits_soft_cap,
                              cfg=cfg)
     i32, f32 = _ptr(jnp.int32), _ptr(jnp.float32)
-    pointers = [_ptr(q.dtype), _ptr(k_pages.dtype), _ptr(v_pages.dtype), i32, i32, i32, i32, _ptr(q.dtype), f32, f32,
-                f32, i32]
-    return _compile(_paged_kernels.paged_attention_kernel, pointers, consts, cfg.num_warps, cfg.num_stages, arch)
+    pointers = [_ptr(q.dtype), _ptr(k_pages.dtype), _ptr(v_pages.dtype), i32, i32, i32, i32,
+                f32 if sinks else _ptr(q.dtype), _ptr(q.dtype), f32, f32, f32, i32]
+    return _compile(_paged_kernels.paged_attention_kernel, pointers, dict(consts, HAS_SINKS=bool(sinks)),
+                    cfg.num_warps, cfg.num_stages, arch)
+
 
 
 def compile_mla_paged_attention(q: Any, kv_pages: Any, page_indices: Any, *, v_head_dim: int, cfg: Any = None,

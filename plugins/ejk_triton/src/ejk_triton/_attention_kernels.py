@@ -203,15 +203,18 @@ def _fwd_inner(acc, l_i, m_i, q, q_seg, rows, k_base, v_base, kseg_base, bias_ba
 
 
 @triton.jit
-def flash_fwd_kernel(Q, K, V, QSeg, KSeg, Bias, Out, Lse,
+def flash_fwd_kernel(Q, K, V, QSeg, KSeg, Bias, Sinks, Out, Lse,
                      SCALE: tl.constexpr, CAP: tl.constexpr, SQ: tl.constexpr, SK: tl.constexpr,
                      HQ: tl.constexpr, GROUP: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
                      HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr,
                      BIAS_SB: tl.constexpr, BIAS_SH: tl.constexpr, BIAS_SQ: tl.constexpr, BIAS_SK: tl.constexpr,
                      CAUSAL: tl.constexpr, WINDOW: tl.constexpr, WIN_L: tl.constexpr, WIN_R: tl.constexpr,
                      HAS_CAP: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_SEG: tl.constexpr, DOT_PREC: tl.constexpr,
-                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """One program: ``BLOCK_M`` query rows of one (batch, q head). Grid ``(cdiv(Sq, BLOCK_M), B * Hq)``."""
+                     HAS_SINKS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """One program: ``BLOCK_M`` query rows of one (batch, q head). Grid ``(cdiv(Sq, BLOCK_M), B * Hq)``.
+
+    ``Sinks`` (with ``HAS_SINKS``): ``[B, Hq]`` float32 sink logits; each row that sees a key adds
+    ``e^sink`` to its denominator (and its lse) once, after the key loop."""
     HKV: tl.constexpr = HQ // GROUP
     pid_m = tl.program_id(0)
     if CAUSAL:  # the longest rows first
@@ -253,6 +256,13 @@ def flash_fwd_kernel(Q, K, V, QSeg, KSeg, Bias, Out, Lse,
                                CAUSAL, WINDOW, WIN_L, WIN_R, HAS_CAP, HAS_BIAS, HAS_SEG, DOT_PREC, True, BLOCK_N)
 
     seen = l_i > 0.0
+    if HAS_SINKS:
+        sink = tl.load(Sinks + off_bh).to(tl.float32) * 1.4426950408889634  # base 2, as m_i
+        m_sink = tl.where(seen, tl.maximum(m_i, sink), 0.0)
+        alpha = tl.where(seen, tl.exp2(m_i - m_sink), 1.0)
+        l_i = tl.where(seen, alpha * l_i + tl.exp2(sink - m_sink), l_i)
+        acc = acc * alpha[:, None]
+        m_i = tl.where(seen, m_sink, m_i)
     l_safe = tl.where(seen, l_i, 1.0)
     out = acc / l_safe[:, None]
     lse = tl.where(seen, m_i + tl.log2(l_safe), _POS_INF)

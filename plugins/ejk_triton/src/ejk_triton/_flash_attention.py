@@ -27,13 +27,14 @@ import jax.custom_batching
 import jax.numpy as jnp
 
 from ejk.config.validators import int_in, one_of, power_of_two
-from ejk.ops import FLASH_RESIDUALS, without_residuals
+from ejk.ops import FLASH_RESIDUALS, sinks_backward, without_residuals
 from ejk.tiling import cdiv as _cdiv
 from ejk.tiling import fit_block as _fit
 from ejk.tiling import padded_dim as _head_dim
 from ejk_triton import _env
 from ejk_triton._device import compute_capability_reason as _compute_capability_reason
 from ejk_triton._device import smem_limit as _smem_limit
+from ejk_triton._dots import dot_precision
 from ejk_triton._launch import kernels, launch
 
 #: The residual format of :func:`forward_with_residuals`: inputs, output and base-2 log-sum-exp.
@@ -107,7 +108,7 @@ def _bias_strides(bias: Any) -> tuple[int, int, int, int]:
 
 def _constexprs(
     q: Any, k: Any, v: Any, bias: Any, has_seg: bool, *, causal: bool, softmax_scale: float,
-    sliding_window: tuple[int, int] | None, logits_soft_cap: float | None,
+    sliding_window: tuple[int, int] | None, logits_soft_cap: float | None, precision: str = "highest",
 ) -> dict[str, Any]:
     """The kernels' shared ``constexpr`` arguments for one call."""
     _, q_len, q_heads, head_dim = (int(n) for n in q.shape)
@@ -123,7 +124,7 @@ def _constexprs(
         BIAS_SB=bias_strides[0], BIAS_SH=bias_strides[1], BIAS_SQ=bias_strides[2], BIAS_SK=bias_strides[3],
         CAUSAL=bool(causal), WINDOW=sliding_window is not None, WIN_L=left, WIN_R=right,
         HAS_CAP=logits_soft_cap is not None, HAS_BIAS=bias is not None, HAS_SEG=has_seg,
-        DOT_PREC="ieee" if jnp.dtype(q.dtype) == jnp.float32 else "tf32",  # 16-bit operands ignore it
+        DOT_PREC=dot_precision(q.dtype, precision),  # 16-bit operands ignore it
     )
 
 
@@ -166,8 +167,8 @@ def _resolve(cfg: FlashAttentionConfig | None, q: Any, k: Any, v: Any, bias: Any
 
 def _forward_kernels(cfg: FlashAttentionConfig, static: dict[str, Any], q: jax.Array, k: jax.Array, v: jax.Array,
                      q_segment_ids: jax.Array | None, kv_segment_ids: jax.Array | None,
-                     bias: jax.Array | None) -> tuple[jax.Array, jax.Array]:
-    """Launch the forward kernel: ``(out, lse)``."""
+                     bias: jax.Array | None, sinks: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
+    """Launch the forward kernel: ``(out, lse)`` (``sinks``: ``[B, Hq]`` float32 or ``None``)."""
     batch, q_len, q_heads, _ = q.shape
     has_seg = q_segment_ids is not None and kv_segment_ids is not None
     q_seg, kv_seg, bias_arg = _optional_inputs(q, q_segment_ids, kv_segment_ids, bias)
@@ -176,10 +177,11 @@ def _forward_kernels(cfg: FlashAttentionConfig, static: dict[str, Any], q: jax.A
     out, lse = launch(
         kernels().flash_fwd_kernel,
         grid=(_cdiv(q_len, block_m), batch * q_heads),
-        inputs=(q, k, v, q_seg, kv_seg, bias_arg),
+        inputs=(q, k, v, q_seg, kv_seg, bias_arg, q if sinks is None else sinks),
         out_shapes=(jax.ShapeDtypeStruct((batch, q_len, q_heads, v.shape[3]), q.dtype),
                     jax.ShapeDtypeStruct((batch, q_heads, q_len), jnp.float32)),
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages, BLOCK_M=block_m, BLOCK_N=block_n, **consts,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, BLOCK_M=block_m, BLOCK_N=block_n,
+        HAS_SINKS=sinks is not None, **consts,
     )
     return out, lse
 
@@ -272,34 +274,41 @@ def forward_with_residuals(
     q_segment_ids: jax.Array | None,
     kv_segment_ids: jax.Array | None,
     bias: jax.Array | None,
+    sinks: jax.Array | None = None,
+    precision: str = "highest",
     cfg: FlashAttentionConfig | None = None,
 ) -> tuple[jax.Array, tuple[Any, ...]]:
     """The output and the residuals :func:`backward` needs.
 
-    Arguments are those of :func:`flash_attention` (already normalised by the op layer).
+    Arguments are those of :func:`flash_attention` (already normalised by the op layer); ``sinks``
+    ``[Hq]`` enter the kernel's final normalisation, ``precision`` sets the float32 dots
+    (``"highest"``: IEEE, ``"high"``: 3xTF32, ``"default"``: TF32).
 
     Returns:
         ``(out, residuals)``: ``out`` ``[B, Sq, Hq, Dv]`` in ``q.dtype``; ``residuals`` =
         ``(q, k, v, q_segment_ids, kv_segment_ids, bias, out, lse)`` with ``lse`` the base-2
-        log-sum-exp ``[B, Hq, Sq]`` float32 (``+inf`` for rows that see no key).
+        log-sum-exp ``[B, Hq, Sq]`` float32 (``+inf`` for rows that see no key), the sinks
+        appended when given (the lse then includes them: ``ejk.plugin.FLASH_RESIDUALS``).
     """
     has_seg = q_segment_ids is not None and kv_segment_ids is not None
     seg = (q_segment_ids, kv_segment_ids) if has_seg else (None, None)
+    extra = () if sinks is None else (sinks,)
     batch, q_len, q_heads, _ = q.shape
     if min(batch, q_len, q_heads, k.shape[1], v.shape[3]) == 0:  # nothing to launch: rows see no key
         out = jnp.zeros((batch, q_len, q_heads, v.shape[3]), q.dtype)
-        return out, (q, k, v, *seg, bias, out, jnp.full((batch, q_heads, q_len), jnp.inf, jnp.float32))
+        return out, (q, k, v, *seg, bias, out, jnp.full((batch, q_heads, q_len), jnp.inf, jnp.float32), *extra)
     cfg = _resolve(cfg, q, k, v, bias, causal)
     static = dict(causal=causal, softmax_scale=softmax_scale, sliding_window=sliding_window,
-                  logits_soft_cap=logits_soft_cap)
-    out, lse = _fold_vmap(functools.partial(_forward_kernels, cfg, static))(q, k, v, *seg, bias)
-    return out, (q, k, v, *seg, bias, out, lse)
+                  logits_soft_cap=logits_soft_cap, precision=precision)
+    rows = None if sinks is None else jnp.broadcast_to(sinks.astype(jnp.float32), (batch, q_heads))
+    out, lse = _fold_vmap(functools.partial(_forward_kernels, cfg, static))(q, k, v, *seg, bias, rows)
+    return out, (q, k, v, *seg, bias, out, lse, *extra)
 
 
 forward = without_residuals(forward_with_residuals)
 
 
-def backward(
+def _backward(
     residuals: tuple[Any, ...],
     d_out: jax.Array,
     *,
@@ -309,6 +318,7 @@ def backward(
     softmax_scale: float,
     sliding_window: tuple[int, int] | None,
     logits_soft_cap: float | None,
+    precision: str = "highest",
 ) -> tuple[Any, ...]:
     """Gradients from the residuals of :func:`forward_with_residuals` and the output cotangent.
 
@@ -325,7 +335,7 @@ def backward(
         zero_bias = None if bias is None else jnp.zeros_like(bias)
         return jnp.zeros_like(q), jnp.zeros_like(k), jnp.zeros_like(v), None, None, zero_bias
     static = dict(causal=causal, softmax_scale=softmax_scale, sliding_window=sliding_window,
-                  logits_soft_cap=logits_soft_cap)
+                  logits_soft_cap=logits_soft_cap, precision=precision)
     cfg = _resolve(cfg, q, k, v, bias, causal)
     run = _fold_vmap(functools.partial(_backward_kernels, cfg, static))
     dq, dk, dv, ds = run(q, k, v, q_segment_ids, kv_segment_ids, bias, out, lse, d_out.astype(q.dtype), d_lse)
@@ -334,6 +344,11 @@ def backward(
         axes = tuple(a for a in range(4) if bias.shape[a] == 1 and ds.shape[a] != 1)
         dbias = (jnp.sum(ds, axis=axes, keepdims=True) if axes else ds).astype(bias.dtype)
     return dq, dk, dv, None, None, dbias
+
+
+#: The backward of :func:`forward_with_residuals`: ``(dq, dk, dv, None, None, dbias, dsinks)`` (the sinks'
+#: cotangent computed from the residuals: the kernels need no change, their lse includes the sinks).
+backward = sinks_backward(_backward)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -46,11 +46,13 @@ from ejk_triton import _env
 from ejk_triton._device import compute_capability_reason as _compute_capability_reason
 from ejk_triton._device import sm_count as _sm_count
 from ejk_triton._device import smem_limit as _smem_limit
+from ejk_triton._dots import dot_precision
 from ejk_triton._launch import launch, sequential_vmap
 
 __all__ = ["PagedAttentionConfig", "capability", "config_space", "heuristic_config", "ragged_paged_attention"]
 
 _DTYPES = ("bfloat16", "float16", "float32")
+_LOG2E = 1.4426950408889634
 _MAX_HEAD_DIM = 256
 _MAX_HEAD_DIM_F32 = 128
 _MAX_SEQS = 4096  # each program scans all S sequences' query lengths to find its tile
@@ -119,16 +121,19 @@ def max_tiles(tokens: int, seqs: int, block_q: int) -> int:
 
 
 def _launch(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array, kv_lens: jax.Array, page_indices: jax.Array,
-            cu_q_lens: jax.Array, num_seqs: jax.Array, *, scale: float, left: int | None, cap: float | None,
-            cfg: PagedAttentionConfig) -> jax.Array:
+            cu_q_lens: jax.Array, num_seqs: jax.Array, sinks: jax.Array, *, scale: float, left: int | None,
+            cap: float | None, cfg: PagedAttentionConfig, has_sinks: bool = False,
+            precision: str = "highest") -> jax.Array:
     tokens, hq, _ = q.shape
     hkv, dv = k_pages.shape[2], v_pages.shape[-1]
     seqs = page_indices.shape[0]
     splits = cfg.num_splits
-    consts = _kernel_args(q, k_pages, v_pages, page_indices, scale=scale, left=left, cap=cap, cfg=cfg)
+    consts = _kernel_args(q, k_pages, v_pages, page_indices, scale=scale, left=left, cap=cap, cfg=cfg,
+                          precision=precision)
     i32 = jnp.int32
+    sinks = sinks.astype(jnp.float32) if has_sinks else q  # a placeholder, never read, without sinks
     inputs = (q, k_pages, v_pages, kv_lens.astype(i32), page_indices.astype(i32), cu_q_lens.astype(i32),
-              jnp.reshape(num_seqs, (1,)).astype(i32))
+              jnp.reshape(num_seqs, (1,)).astype(i32), sinks)
     grid = (max_tiles(tokens, seqs, cfg.block_q), hkv, splits)
     sds = jax.ShapeDtypeStruct
     out = sds((tokens, hq, dv), q.dtype)
@@ -146,10 +151,13 @@ def _launch(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array, kv_lens: jax.A
     else:
         out_shapes = (sds((1,), q.dtype), *parts, sds((1,), i32))
     result = launch(_kernels().paged_attention_kernel, grid=grid, inputs=inputs, out_shapes=out_shapes,
-                    num_warps=cfg.num_warps, num_stages=cfg.num_stages, zeroed_outputs=zeroed, **consts)
+                    num_warps=cfg.num_warps, num_stages=cfg.num_stages, zeroed_outputs=zeroed, HAS_SINKS=has_sinks,
+                    **consts)
     if splits == 1 or cfg.fused_merge:
         return _owned_only(result[0], cu_q_lens, num_seqs)
-    return _owned_only(paged_merge_splits(result[1], result[2], result[3]), cu_q_lens, num_seqs).astype(q.dtype)
+    sinks2 = sinks * _LOG2E if has_sinks else None  # [Hq]: broadcasts over the merged rows [T, Hq]
+    merged = paged_merge_splits(result[1], result[2], result[3], sinks2)
+    return _owned_only(merged, cu_q_lens, num_seqs).astype(q.dtype)
 
 
 def _owned_only(out: jax.Array, cu_q_lens: jax.Array, num_seqs: jax.Array) -> jax.Array:
@@ -170,6 +178,8 @@ def ragged_paged_attention(
     softmax_scale: float,
     sliding_window: tuple[int, int] | None,
     logits_soft_cap: float | None,
+    sinks: jax.Array | None = None,
+    precision: str = "highest",
     cfg: PagedAttentionConfig | None = None,
 ) -> jax.Array:
     """Causal attention of ragged query chunks over a paged KV cache (see ``docs/KERNEL_CONTRACT.md``).
@@ -188,6 +198,8 @@ def ragged_paged_attention(
         softmax_scale: Logit scale (already resolved).
         sliding_window: ``(left, 0)`` or ``None``.
         logits_soft_cap: ``cap * tanh(logits / cap)`` when given.
+        sinks: ``[Hq]`` sink logits (added to each seen row's denominator where it is normalised) or ``None``.
+        precision: Of float32 dots: ``"highest"`` (IEEE), ``"high"`` (3xTF32) or ``"default"`` (TF32).
         cfg: The config; ``None`` means :func:`heuristic_config` for these shapes.
 
     Returns:
@@ -201,10 +213,12 @@ def ragged_paged_attention(
         cfg = heuristic_config(q, k_pages, v_pages, kv_lens, page_indices, cu_q_lens, num_seqs)
     run = functools.partial(
         _launch, scale=float(softmax_scale), left=None if sliding_window is None else int(sliding_window[0]),
-        cap=None if logits_soft_cap is None else float(logits_soft_cap), cfg=cfg,
+        cap=None if logits_soft_cap is None else float(logits_soft_cap), cfg=cfg, has_sinks=sinks is not None,
+        precision=str(precision),
     )
+    sink_arg = jnp.zeros((hq,), jnp.float32) if sinks is None else sinks
     (out,) = sequential_vmap(lambda *arrays: (run(*arrays),))(  # each mapped problem keeps its own page table
-        q, k_pages, v_pages, kv_lens, page_indices, cu_q_lens, jnp.asarray(num_seqs))
+        q, k_pages, v_pages, kv_lens, page_indices, cu_q_lens, jnp.asarray(num_seqs), sink_arg)
     return out
 
 
@@ -259,7 +273,7 @@ def smem_bytes(cfg: PagedAttentionConfig, q: Any, v_pages: Any) -> int:
 
 
 def _kernel_args(q: Any, k_pages: Any, v_pages: Any, page_indices: Any, *, scale: float, left: int | None,
-                 cap: float | None, cfg: PagedAttentionConfig) -> dict[str, Any]:
+                 cap: float | None, cfg: PagedAttentionConfig, precision: str = "highest") -> dict[str, Any]:
     """The kernel's ``constexpr`` arguments for one call."""
     tokens, hq, d = (int(n) for n in q.shape)
     num_pages, page, hkv, _ = (int(n) for n in k_pages.shape)
@@ -270,7 +284,7 @@ def _kernel_args(q: Any, k_pages: Any, v_pages: Any, page_indices: Any, *, scale
         SCALE=scale, CAP=float(cap or 1.0), T=tokens, HQ=hq, GROUP=groups, D=d, DV=dv, HEAD_DIM=_head_dim(d),
         HEAD_DIM_V=_head_dim(dv), NUM_PAGES=num_pages, PAGE=page, PAGES_PER_SEQ=pages_per_seq, SEQS=seqs,
         SEQS_POW2=_next_pow2(seqs), WINDOW=left is not None, WIN_L=int(left or 0), HAS_CAP=cap is not None,
-        DOT_PREC="ieee" if jnp.dtype(q.dtype) == jnp.float32 else "tf32",  # 16-bit operands ignore it
+        DOT_PREC=dot_precision(q.dtype, precision),  # 16-bit operands ignore it
         BLOCK_Q=cfg.block_q, BLOCK_M=_block_m(cfg.block_q, groups), BLOCK_N=cfg.block_kv, NUM_SPLITS=cfg.num_splits,
         MERGE=cfg.fused_merge and cfg.num_splits > 1,
         ONE_LOOP=cfg.block_q == 1,

@@ -103,7 +103,16 @@ def _merge_splits(acc_part, max_part, sum_part, rows, row_ok, offs_dv, SPLIT_STR
         l_all = l_all * old_w + l_z * new_w
         acc = acc * old_w[:, None] + a_z * new_w[:, None]
         m_all = m_new
-    return acc, l_all
+    return acc, l_all, m_all
+
+
+@triton.jit
+def _with_sink(acc, l_i, m_i, sink):
+    """Add ``2^sink`` (base-2 sink logits per row) to the denominator of every row that saw a key."""
+    seen = l_i != 0.0
+    top = tl.where(seen, tl.maximum(m_i, sink), 0.0)
+    alpha = tl.where(seen, tl.exp2(m_i - top), 1.0)
+    return acc * alpha[:, None], tl.where(seen, alpha * l_i + tl.exp2(sink - top), l_i)
 
 
 @triton.jit
@@ -114,7 +123,7 @@ def _store_out(out_ptrs, acc, l_i, mask):
 
 
 @triton.jit
-def paged_attention_kernel(Q, K, V, KvLens, Table, CuQ, NumSeqs, Out, AccPart, MaxPart, SumPart, Arrived,
+def paged_attention_kernel(Q, K, V, KvLens, Table, CuQ, NumSeqs, Sinks, Out, AccPart, MaxPart, SumPart, Arrived,
                            SCALE: tl.constexpr, CAP: tl.constexpr, T: tl.constexpr, HQ: tl.constexpr,
                            GROUP: tl.constexpr, D: tl.constexpr, DV: tl.constexpr, HEAD_DIM: tl.constexpr,
                            HEAD_DIM_V: tl.constexpr, NUM_PAGES: tl.constexpr, PAGE: tl.constexpr,
@@ -122,7 +131,7 @@ def paged_attention_kernel(Q, K, V, KvLens, Table, CuQ, NumSeqs, Out, AccPart, M
                            WINDOW: tl.constexpr, WIN_L: tl.constexpr, HAS_CAP: tl.constexpr,
                            DOT_PREC: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr,
                            BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr, MERGE: tl.constexpr,
-                           ONE_LOOP: tl.constexpr):
+                           ONE_LOOP: tl.constexpr, HAS_SINKS: tl.constexpr):
     """Grid ``(max tiles, Hkv, NUM_SPLITS)``.
 
     With one split the program writes ``Out`` (the rows of its tile; the caller zeroes the rows of no
@@ -130,7 +139,8 @@ def paged_attention_kernel(Q, K, V, KvLens, Table, CuQ, NumSeqs, Out, AccPart, M
     writes its partials ``AccPart``, ``MaxPart``, ``SumPart``; with ``MERGE`` it then counts itself in
     ``Arrived[tile, kv head]`` (zeroed beforehand; an acquire-release atomic after a block barrier),
     and the split that arrives last merges all of them into ``Out``. Without ``MERGE`` the caller
-    merges. Unused outputs are placeholders.
+    merges. Unused outputs are placeholders. ``Sinks`` (with ``HAS_SINKS``): ``[Hq]`` float32 sink
+    logits, added to each row's denominator where the output is normalised (not by the caller's merge).
     """
     HKV: tl.constexpr = HQ // GROUP
     pid = tl.program_id(0)
@@ -211,7 +221,12 @@ def paged_attention_kernel(Q, K, V, KvLens, Table, CuQ, NumSeqs, Out, AccPart, M
 
     out_mask = row_ok[:, None] & (offs_dv[None, :] < DV)
     out_ptrs = Out + q_rows[:, None] * DV + offs_dv[None, :]
+    sink = tl.zeros([BLOCK_M], tl.float32)
+    if HAS_SINKS:
+        sink = tl.load(Sinks + heads).to(tl.float32) * 1.4426950408889634  # base 2, as the logits
     if NUM_SPLITS == 1:
+        if HAS_SINKS:
+            acc, l_i = _with_sink(acc, l_i, m_i, sink)
         _store_out(out_ptrs, acc, l_i, out_mask)
     else:
         part_rows = split.to(tl.int64) * (T * HQ) + q_rows
@@ -222,6 +237,8 @@ def paged_attention_kernel(Q, K, V, KvLens, Table, CuQ, NumSeqs, Out, AccPart, M
             tl.debug_barrier()  # every thread's partials are written before the release below
             arrived = tl.atomic_add(Arrived + pid * HKV + hk, 1, sem="acq_rel", scope="gpu")
             if arrived == NUM_SPLITS - 1:  # the last split of this tile and kv head merges
-                acc, l_i = _merge_splits(AccPart, MaxPart, SumPart, q_rows, row_ok, offs_dv, T * HQ, DV,
-                                         HEAD_DIM_V, BLOCK_M, NUM_SPLITS)
+                acc, l_i, m_i = _merge_splits(AccPart, MaxPart, SumPart, q_rows, row_ok, offs_dv, T * HQ, DV,
+                                              HEAD_DIM_V, BLOCK_M, NUM_SPLITS)
+                if HAS_SINKS:
+                    acc, l_i = _with_sink(acc, l_i, m_i, sink)
                 _store_out(out_ptrs, acc, l_i, out_mask)

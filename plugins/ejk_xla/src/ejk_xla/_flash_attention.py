@@ -59,6 +59,7 @@ class _Static:
     cap: float | None
     block_q: int
     block_k: int
+    precision: str = "highest"
 
     @property
     def masks_positions(self) -> bool:
@@ -244,9 +245,9 @@ def _q_block_range(st: _Static, lens: tuple[int, int], j: jax.Array) -> tuple[An
 # ----------------------------------------------------------------------------------------------
 
 
-def _dot(spec: str, a: jax.Array, b: jax.Array) -> jax.Array:
-    """``einsum`` with float32 accumulation (full float32 precision for float32 inputs)."""
-    precision = lax.Precision.HIGHEST if a.dtype == jnp.float32 else None
+def _dot(st: _Static, spec: str, a: jax.Array, b: jax.Array) -> jax.Array:
+    """``einsum`` with float32 accumulation, at the call's ``precision`` for float32 inputs."""
+    precision = lax.Precision(st.precision) if a.dtype == jnp.float32 else None
     return jnp.einsum(spec, a, b, preferred_element_type=jnp.float32, precision=precision)
 
 
@@ -254,7 +255,7 @@ def _scores(
     st: _Static, q_blk: jax.Array, k_blk: jax.Array, bias_blk: jax.Array | None
 ) -> tuple[jax.Array, jax.Array | None]:
     """Float32 logits of one block ``[B, Hkv, G, bq, bk]`` and ``tanh`` of the soft cap (for the VJP)."""
-    s = _dot("bhgqd,bhkd->bhgqk", q_blk, k_blk) * st.scale
+    s = _dot(st, "bhgqd,bhkd->bhgqk", q_blk, k_blk) * st.scale
     tanh = None
     if st.cap is not None:
         tanh = jnp.tanh(s / st.cap)
@@ -278,7 +279,7 @@ def _finite_or_zero(x: jax.Array) -> jax.Array:
 
 
 def _online_softmax_step(
-    carry: tuple[jax.Array, ...], s: jax.Array, v_blk: jax.Array
+    st: _Static, carry: tuple[jax.Array, ...], s: jax.Array, v_blk: jax.Array
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
     """Folds one block of masked logits ``s`` into (running max, running sum, accumulator).
 
@@ -290,7 +291,7 @@ def _online_softmax_step(
     m_safe = _finite_or_zero(m_new)
     p = jnp.exp(s - m_safe[..., None])
     alpha = jnp.exp(m - m_safe)
-    pv = _dot("bhgqk,bhkd->bhgqd", p.astype(v_blk.dtype), v_blk)
+    pv = _dot(st, "bhgqk,bhkd->bhgqd", p.astype(v_blk.dtype), v_blk)
     return m_new, alpha * total + jnp.sum(p, axis=-1), alpha[..., None] * acc + pv
 
 
@@ -302,8 +303,10 @@ def _forward(
     q_seg: jax.Array | None,
     kv_seg: jax.Array | None,
     bias: jax.Array | None,
+    sinks: jax.Array | None = None,
 ) -> tuple[jax.Array, jax.Array]:
-    """Output ``[B, Sq, Hq, Dv]`` and log-sum-exp ``[nq, B, Hkv, G, bq]`` (``+inf`` for empty rows)."""
+    """Output ``[B, Sq, Hq, Dv]`` and log-sum-exp ``[nq, B, Hkv, G, bq]`` (``+inf`` for empty rows;
+    with ``sinks`` ``[Hq]``, of the full denominator: the sink enters each seen row's sum once)."""
     kv_heads = k.shape[2]
     lens = (q.shape[1], k.shape[1])
     kb, vb = _to_kv_blocks(k, st.block_k), _to_kv_blocks(v, st.block_k)
@@ -312,6 +315,7 @@ def _forward(
     qb = _to_q_blocks(q, kv_heads, st.block_q)
     q_segb = None if q_seg is None else _to_seq_blocks(q_seg, st.block_q)
     row_shape = qb.shape[1:5]
+    sink = None if sinks is None else sinks.astype(jnp.float32).reshape(1, kv_heads, -1, 1)  # [1, Hkv, G, 1]
 
     def q_step(_: None, xs: tuple[Any, ...]) -> tuple[None, tuple[jax.Array, jax.Array]]:
         i, q_blk, q_seg_blk = xs
@@ -319,7 +323,7 @@ def _forward(
         def k_step(j: jax.Array, carry: tuple[jax.Array, ...]) -> tuple[jax.Array, ...]:
             s, _ = _scores(st, q_blk, kb[j], _bias_block(bias5, i, j, st))
             mask = _block_mask(st, lens, i, j, q_seg_blk, None if kv_segb is None else kv_segb[j])
-            return _online_softmax_step(carry, _apply_mask(s, mask), vb[j])
+            return _online_softmax_step(st, carry, _apply_mask(s, mask), vb[j])
 
         init = varying_like((
             jnp.full(row_shape, -jnp.inf, jnp.float32),
@@ -329,6 +333,11 @@ def _forward(
         first, last = _kv_block_range(st, lens, i)
         m, total, acc = lax.fori_loop(first, last, k_step, init)
         seen = total > 0
+        if sink is not None:  # one more term of the denominator, on the rows that see a key
+            m_new = jnp.where(seen, jnp.maximum(m, sink), m)
+            alpha = jnp.where(seen, jnp.exp(_finite_or_zero(m) - _finite_or_zero(m_new)), 1.0)
+            total = alpha * total + jnp.where(seen, jnp.exp(jnp.where(seen, sink - _finite_or_zero(m_new), 0.0)), 0.0)
+            acc, m = alpha[..., None] * acc, m_new
         safe_total = jnp.where(seen, total, 1.0)
         out = acc / safe_total[..., None]
         lse = jnp.where(seen, _finite_or_zero(m) + jnp.log(safe_total), jnp.inf)
@@ -368,13 +377,13 @@ def _block_grads(
     lse, delta = rows
     s, tanh = _scores(st, q_blk, k_blk, bias_blk)
     p = jnp.exp(_apply_mask(s, mask) - lse[..., None])  # 0 where masked; lse = +inf for empty rows
-    dv = _dot("bhgqk,bhgqd->bhkd", p.astype(do_blk.dtype), do_blk)
-    dp = _dot("bhgqd,bhkd->bhgqk", do_blk, v_blk)
+    dv = _dot(st, "bhgqk,bhgqd->bhkd", p.astype(do_blk.dtype), do_blk)
+    dp = _dot(st, "bhgqd,bhkd->bhgqk", do_blk, v_blk)
     d_logits = p * (dp - delta[..., None])
     d_raw = d_logits if tanh is None else d_logits * (1.0 - tanh * tanh)
     d_raw = (d_raw * st.scale).astype(q_blk.dtype)
-    dq = _dot("bhgqk,bhkd->bhgqd", d_raw, k_blk)
-    dk = _dot("bhgqk,bhgqd->bhkd", d_raw, q_blk)
+    dq = _dot(st, "bhgqk,bhkd->bhgqd", d_raw, k_blk)
+    dk = _dot(st, "bhgqk,bhgqd->bhkd", d_raw, q_blk)
     return d_logits, dq, dk, dv
 
 
@@ -384,12 +393,13 @@ def _backward(
     d_out: jax.Array,
     d_lse: jax.Array | None = None,
 ) -> tuple[Any, ...]:
-    """Recomputes the probabilities block by block and returns ``(dq, dk, dv, None, None, dbias)``.
+    """Recomputes the probabilities block by block and returns ``(dq, dk, dv, None, None, dbias, dsinks)``.
 
     ``d_lse`` (``[B, Hq, Sq]``), the cotangent of the log-sum-exp output, enters as
-    ``d_logits = p · (dp - delta + d_lse)``, i.e. it is subtracted from ``delta``.
+    ``d_logits = p · (dp - delta + d_lse)``, i.e. it is subtracted from ``delta``. With sinks the
+    lse includes them, so ``p`` is unchanged and ``dsinks[h] = -Σ_rows e^(sink - lse) · delta``.
     """
-    q, k, v, q_seg, kv_seg, bias, out, lse = residuals
+    q, k, v, q_seg, kv_seg, bias, sinks, out, lse = residuals
     kv_heads = k.shape[2]
     lens = (q.shape[1], k.shape[1])
     qb = _to_q_blocks(q, kv_heads, st.block_q)
@@ -437,7 +447,12 @@ def _backward(
     dbias = None
     if bias is not None and dbias_buf is not None:
         dbias = dbias_buf[:, :, :, : bias.shape[2], : bias.shape[3]].reshape(bias.shape).astype(bias.dtype)
-    return dq, dk, dv, None, None, dbias
+    dsinks = None
+    if sinks is not None:  # lse = +inf on empty and padded rows: they contribute exp(-inf) = 0
+        sink = sinks.astype(jnp.float32).reshape(1, 1, kv_heads, -1, 1)
+        p_sink = jnp.exp(sink - lse)
+        dsinks = -jnp.sum(p_sink * deltab, axis=(0, 1, 4)).reshape(sinks.shape).astype(sinks.dtype)
+    return dq, dk, dv, None, None, dbias, dsinks
 
 
 # ----------------------------------------------------------------------------------------------
@@ -445,13 +460,14 @@ def _backward(
 # ----------------------------------------------------------------------------------------------
 
 
-def _fa(st: _Static, q: Any, k: Any, v: Any, q_seg: Any, kv_seg: Any, bias: Any) -> jax.Array:
-    return _forward(st, q, k, v, q_seg, kv_seg, bias)[0]
+def _fa(st: _Static, q: Any, k: Any, v: Any, q_seg: Any, kv_seg: Any, bias: Any, sinks: Any) -> jax.Array:
+    return _forward(st, q, k, v, q_seg, kv_seg, bias, sinks)[0]
 
 
-def _fa_fwd(st: _Static, q: Any, k: Any, v: Any, q_seg: Any, kv_seg: Any, bias: Any) -> tuple[jax.Array, Any]:
-    out, lse = _forward(st, q, k, v, q_seg, kv_seg, bias)
-    return out, (q, k, v, q_seg, kv_seg, bias, out, lse)
+def _fa_fwd(st: _Static, q: Any, k: Any, v: Any, q_seg: Any, kv_seg: Any, bias: Any,
+            sinks: Any) -> tuple[jax.Array, Any]:
+    out, lse = _forward(st, q, k, v, q_seg, kv_seg, bias, sinks)
+    return out, (q, k, v, q_seg, kv_seg, bias, sinks, out, lse)
 
 
 _flash = jax.custom_vjp(_fa, nondiff_argnums=(0,))
@@ -464,15 +480,16 @@ def _public_lse(lse: jax.Array, q_len: int) -> jax.Array:
     return jnp.where(rows == jnp.inf, -jnp.inf, rows)
 
 
-def _fa_lse(st: _Static, q: Any, k: Any, v: Any, q_seg: Any, kv_seg: Any, bias: Any) -> tuple[jax.Array, jax.Array]:
-    out, lse = _forward(st, q, k, v, q_seg, kv_seg, bias)
+def _fa_lse(st: _Static, q: Any, k: Any, v: Any, q_seg: Any, kv_seg: Any, bias: Any,
+            sinks: Any) -> tuple[jax.Array, jax.Array]:
+    out, lse = _forward(st, q, k, v, q_seg, kv_seg, bias, sinks)
     return out, _public_lse(lse, q.shape[1])
 
 
 def _fa_lse_fwd(st: _Static, q: Any, k: Any, v: Any, q_seg: Any, kv_seg: Any,
-                bias: Any) -> tuple[tuple[jax.Array, jax.Array], Any]:
-    out, lse = _forward(st, q, k, v, q_seg, kv_seg, bias)
-    return (out, _public_lse(lse, q.shape[1])), (q, k, v, q_seg, kv_seg, bias, out, lse)
+                bias: Any, sinks: Any) -> tuple[tuple[jax.Array, jax.Array], Any]:
+    out, lse = _forward(st, q, k, v, q_seg, kv_seg, bias, sinks)
+    return (out, _public_lse(lse, q.shape[1])), (q, k, v, q_seg, kv_seg, bias, sinks, out, lse)
 
 
 def _fa_lse_bwd(st: _Static, residuals: tuple[Any, ...], cotangents: tuple[jax.Array, jax.Array]) -> tuple[Any, ...]:
@@ -498,6 +515,8 @@ def flash_attention(
     q_segment_ids: jax.Array | None,
     kv_segment_ids: jax.Array | None,
     bias: jax.Array | None,
+    sinks: jax.Array | None = None,
+    precision: str = "highest",
     cfg: FlashAttentionConfig | None = None,
 ) -> jax.Array:
     """Memory-efficient softmax attention (arguments already normalised, see KERNEL_CONTRACT.md).
@@ -513,6 +532,8 @@ def flash_attention(
         q_segment_ids: ``[B, Sq]`` int32 or ``None``.
         kv_segment_ids: ``[B, Sk]`` int32 or ``None``.
         bias: ``None`` or broadcastable to ``[B, Hq, Sq, Sk]``.
+        sinks: ``None`` or ``[Hq]`` sink logits (in each seen row's denominator once).
+        precision: ``"default"``, ``"high"`` or ``"highest"``: of the float32 products.
         cfg: Block sizes; ``None`` uses :func:`heuristic_config`.
 
     Returns:
@@ -523,8 +544,8 @@ def flash_attention(
     if min(batch, q_len, q_heads, kv_len, v_dim) == 0:
         return jnp.zeros((batch, q_len, q_heads, v_dim), q.dtype)
     st, q_segment_ids, kv_segment_ids = _static(q, k, v, causal, softmax_scale, sliding_window, logits_soft_cap,
-                                                q_segment_ids, kv_segment_ids, cfg)
-    out: jax.Array = _flash(st, q, k, v, q_segment_ids, kv_segment_ids, bias)
+                                                q_segment_ids, kv_segment_ids, precision, cfg)
+    out: jax.Array = _flash(st, q, k, v, q_segment_ids, kv_segment_ids, bias, sinks)
     return out
 
 
@@ -540,11 +561,14 @@ def flash_attention_lse(
     q_segment_ids: jax.Array | None,
     kv_segment_ids: jax.Array | None,
     bias: jax.Array | None,
+    sinks: jax.Array | None = None,
+    precision: str = "highest",
     cfg: FlashAttentionConfig | None = None,
 ) -> tuple[jax.Array, jax.Array]:
     """:func:`flash_attention` plus the float32 log-sum-exp ``[B, Hq, Sq]`` (``-inf`` for empty rows).
 
-    Differentiable in both outputs (the ``ejk.flash_attention_lse`` contract).
+    Differentiable in both outputs (the ``ejk.flash_attention_lse`` contract); with ``sinks`` the lse
+    includes them.
     """
     batch, q_len, q_heads, _ = q.shape
     kv_len, v_dim = k.shape[1], v.shape[3]
@@ -552,14 +576,14 @@ def flash_attention_lse(
         out = jnp.zeros((batch, q_len, q_heads, v_dim), q.dtype)
         return out, jnp.full((batch, q_heads, q_len), -jnp.inf, jnp.float32)
     st, q_segment_ids, kv_segment_ids = _static(q, k, v, causal, softmax_scale, sliding_window, logits_soft_cap,
-                                                q_segment_ids, kv_segment_ids, cfg)
-    out, lse = _flash_lse(st, q, k, v, q_segment_ids, kv_segment_ids, bias)
+                                                q_segment_ids, kv_segment_ids, precision, cfg)
+    out, lse = _flash_lse(st, q, k, v, q_segment_ids, kv_segment_ids, bias, sinks)
     return out, lse
 
 
 def _static(q: jax.Array, k: jax.Array, v: jax.Array, causal: bool, softmax_scale: float,
             sliding_window: tuple[int, int] | None, logits_soft_cap: float | None, q_segment_ids: Any,
-            kv_segment_ids: Any, cfg: FlashAttentionConfig | None) -> tuple[_Static, Any, Any]:
+            kv_segment_ids: Any, precision: str, cfg: FlashAttentionConfig | None) -> tuple[_Static, Any, Any]:
     q_len, kv_len = q.shape[1], k.shape[1]
     cfg = heuristic_config(q, k, v) if cfg is None else cfg
     st = _Static(
@@ -569,6 +593,7 @@ def _static(q: jax.Array, k: jax.Array, v: jax.Array, causal: bool, softmax_scal
         cap=None if logits_soft_cap is None else float(logits_soft_cap),
         block_q=min(cfg.block_q, q_len),
         block_k=min(cfg.block_k, kv_len),
+        precision=str(precision),
     )
     if q_segment_ids is None or kv_segment_ids is None:
         q_segment_ids = kv_segment_ids = None

@@ -143,12 +143,21 @@ def _fold(
     )
 
 
-def _finish(state: _Softmax) -> jax.Array:
-    """``[R, Hkv, G, Dv]`` float32 attention output; rows that saw no key are zeros.
+def _finish(state: _Softmax, sink: jax.Array | None = None) -> jax.Array:
+    """``[R, Hkv, G, Dv]`` float32 attention output; rows that saw no key are zeros. ``sink``
+    (``[Hkv, G]`` float32 logits) adds ``e^sink`` to the denominator of every row that saw a key.
 
     A NaN in the row's query or in a visible key or value makes ``row_sum`` / ``acc`` NaN and
     propagates to the output (as in flash attention); only an exact zero sum means "no key".
     """
+    if sink is not None:
+        seen = state.row_sum != 0
+        old = jnp.where(seen, state.row_max, 0.0)
+        top = jnp.where(seen, jnp.maximum(old, sink), 0.0)
+        rescale = jnp.exp(old - top)
+        state = _Softmax(row_max=top,
+                         row_sum=jnp.where(seen, rescale * state.row_sum + jnp.exp(sink - top), 0.0),
+                         acc=rescale[..., None] * state.acc)
     empty = state.row_sum == 0
     return jnp.where(empty[..., None], 0.0, state.acc / jnp.where(empty, 1.0, state.row_sum)[..., None])
 
@@ -190,18 +199,28 @@ def _token_layout(kv_lens: jax.Array, cu_q_lens: jax.Array, num_seqs: jax.Array,
 
 
 def _fold_block(
-    state: _Softmax, logits: jax.Array, visible: jax.Array, values: jax.Array
+    state: _Softmax, logits: jax.Array, visible: jax.Array, values: jax.Array, precision: Any = _HIGHEST
 ) -> _Softmax:
     """Fold one block of logits ``[T, Hkv, G, L]`` and values ``[T, L, Hkv, Dv]`` into the state."""
     values = jnp.where(visible[:, :, None, None], values, 0.0)  # garbage in unused slots stays out
 
     def weigh(weights: jax.Array) -> jax.Array:
-        return jnp.einsum("thgl,tlhd->thgd", weights, values, precision=_HIGHEST)
+        return jnp.einsum("thgl,tlhd->thgd", weights, values, precision=precision)
 
     return _fold(state, logits, visible, weigh)
 
 
-@functools.partial(jax.jit, static_argnames=("scale", "left", "cap", "pages_per_block"))
+def _precision_of(q: jax.Array, precision: str) -> Any:
+    """The products' precision: the call's for float32 inputs; full for the float32 casts of others."""
+    return lax.Precision(precision) if q.dtype == jnp.float32 else _HIGHEST
+
+
+def _sink_rows(sinks: jax.Array | None, hkv: int) -> jax.Array | None:
+    """``sinks [Hq]`` as float32 ``[Hkv, G]`` (q head h = kv head h // G, group h % G)."""
+    return None if sinks is None else sinks.astype(jnp.float32).reshape(hkv, -1)
+
+
+@functools.partial(jax.jit, static_argnames=("scale", "left", "cap", "pages_per_block", "precision"))
 def _paged_attention(
     q: jax.Array,
     k_pages: jax.Array,
@@ -210,11 +229,13 @@ def _paged_attention(
     page_indices: jax.Array,
     cu_q_lens: jax.Array,
     num_seqs: jax.Array,
+    sinks: jax.Array | None,
     *,
     scale: float,
     left: int | None,
     cap: float | None,
     pages_per_block: int,
+    precision: str = "highest",
 ) -> jax.Array:
     tokens, hq, d = q.shape
     num_pages, page, hkv, _ = k_pages.shape
@@ -228,14 +249,15 @@ def _paged_attention(
         pages = lax.dynamic_slice_in_dim(table, block * pages_per_block, pages_per_block, axis=1)[tok.seq]
         keys = k_pages[pages].reshape(tokens, block_len, hkv, d).astype(jnp.float32)
         values = v_pages[pages].reshape(tokens, block_len, hkv, dv).astype(jnp.float32)
-        logits = _soft_cap(scale * jnp.einsum("thgd,tlhd->thgl", qf, keys, precision=_HIGHEST), cap)
+        logits = _soft_cap(scale * jnp.einsum("thgd,tlhd->thgl", qf, keys, precision=dots), cap)
         key_pos = block * block_len + jnp.arange(block_len, dtype=jnp.int32)
-        return _fold_block(state, logits, _visible(tok, key_pos, left), values)
+        return _fold_block(state, logits, _visible(tok, key_pos, left), values, dots)
 
+    dots = _precision_of(q, precision)
     lo, hi = _block_range(tok, block_len, left)
     init = varying_like(_empty_softmax(tokens, hkv, hq // hkv, dv), q, k_pages, v_pages, tok)
     state = lax.fori_loop(lo, hi, step, init)
-    return _finish(state).reshape(tokens, hq, dv).astype(q.dtype)
+    return _finish(state, _sink_rows(sinks, hkv)).reshape(tokens, hq, dv).astype(q.dtype)
 
 
 # -- sequence tiled -----------------------------------------------------------------------------
@@ -288,10 +310,10 @@ def _tile_layout(
     )
 
 
-def _dot(spec: str, a: jax.Array, b: jax.Array) -> jax.Array:
-    """``einsum`` with float32 accumulation (full float32 precision for float32 inputs)."""
-    precision = _HIGHEST if a.dtype == jnp.float32 else None
-    return jnp.einsum(spec, a, b, preferred_element_type=jnp.float32, precision=precision)
+def _dot(spec: str, a: jax.Array, b: jax.Array, precision: str = "highest") -> jax.Array:
+    """``einsum`` with float32 accumulation (at ``precision`` for float32 inputs)."""
+    return jnp.einsum(spec, a, b, preferred_element_type=jnp.float32,
+                      precision=lax.Precision(precision) if a.dtype == jnp.float32 else None)
 
 
 class _TileSpec(NamedTuple):
@@ -302,6 +324,7 @@ class _TileSpec(NamedTuple):
     cap: float | None
     pages_per_block: int
     q_block: int
+    precision: str = "highest"
 
 
 def _attend_tile(
@@ -312,6 +335,7 @@ def _attend_tile(
     rows: _Tokens,
     spec: _TileSpec,
     init: _Softmax,
+    sink: jax.Array | None = None,
 ) -> jax.Array:
     """``[q_block, Hkv, G, Dv]`` float32: one tile ``[q_block, Hkv, G, D]`` over its sequence's blocks."""
     _, page, hkv, d = k_pages.shape
@@ -322,18 +346,18 @@ def _attend_tile(
         pages = lax.dynamic_slice_in_dim(table_row, block * spec.pages_per_block, spec.pages_per_block)
         keys = k_pages[pages].reshape(block_len, hkv, d)  # gathered once for the whole tile
         values = v_pages[pages].reshape(block_len, hkv, dv)
-        logits = _soft_cap(spec.scale * _dot("thgd,lhd->thgl", q_tile, keys), spec.cap)
+        logits = _soft_cap(spec.scale * _dot("thgd,lhd->thgl", q_tile, keys, spec.precision), spec.cap)
         key_pos = block * block_len + jnp.arange(block_len, dtype=jnp.int32)
         in_context = key_pos < rows.kv_len[0]
         values = jnp.where(in_context[:, None, None], values, jnp.zeros((), values.dtype))  # garbage stays out
 
         def weigh(weights: jax.Array) -> jax.Array:
-            return _dot("thgl,lhd->thgd", weights.astype(values.dtype), values)
+            return _dot("thgl,lhd->thgd", weights.astype(values.dtype), values, spec.precision)
 
         return _fold(state, logits, _visible(rows, key_pos, spec.left), weigh)
 
     lo, hi = _block_range(rows, block_len, spec.left)
-    return _finish(lax.fori_loop(lo, hi, step, init))
+    return _finish(lax.fori_loop(lo, hi, step, init), sink)
 
 
 @functools.partial(jax.jit, static_argnames=("spec",))
@@ -345,6 +369,7 @@ def _paged_attention_tiled(
     page_indices: jax.Array,
     cu_q_lens: jax.Array,
     num_seqs: jax.Array,
+    sinks: jax.Array | None,
     *,
     spec: _TileSpec,
 ) -> jax.Array:
@@ -356,12 +381,13 @@ def _paged_attention_tiled(
     table = _page_table(page_indices, num_pages, spec.pages_per_block)
     cu, lens = cu_q_lens.astype(jnp.int32), kv_lens.astype(jnp.int32)
     tiles = _tile_counts(cu, _live(num_seqs, lens.shape[0]), q_block)
+    sink = _sink_rows(sinks, hkv)
 
     def tile_step(item: jax.Array, out: jax.Array) -> jax.Array:
         tile = _tile_layout(item, tiles, cu, lens, q_block, tokens)
         q_tile = lax.dynamic_slice_in_dim(q, tile.start, q_block).reshape(q_block, hkv, groups, d)
         init = varying_like(_empty_softmax(q_block, hkv, groups, dv), *inputs)
-        new = _attend_tile(q_tile, k_pages, v_pages, table[tile.seq], tile.rows, spec, init)
+        new = _attend_tile(q_tile, k_pages, v_pages, table[tile.seq], tile.rows, spec, init, sink)
         new = new.reshape(q_block, hq, dv).astype(out.dtype)
         old = lax.dynamic_slice_in_dim(out, tile.start, q_block)
         mixed = jnp.where(tile.rows.owned[:, None, None], new, old)  # other sequences' rows stay
@@ -387,6 +413,8 @@ def ragged_paged_attention(
     softmax_scale: float,
     sliding_window: tuple[int, int] | None,
     logits_soft_cap: float | None,
+    sinks: jax.Array | None = None,
+    precision: str = "highest",
     cfg: PagedAttentionConfig | None = None,
 ) -> jax.Array:
     """Causal attention of ragged query chunks over a paged KV cache.
@@ -405,6 +433,8 @@ def ragged_paged_attention(
         softmax_scale: Logit scale (already resolved).
         sliding_window: ``(left, 0)`` or ``None``: query at ``i`` sees keys ``[i - left, i]``.
         logits_soft_cap: ``cap * tanh(logits / cap)`` when given.
+        sinks: ``[Hq]`` sink logits (each seen row's denominator gains ``e^sink``) or ``None``.
+        precision: ``"default"``, ``"high"`` or ``"highest"``: of the float32 products.
         cfg: The config; ``None`` means :func:`heuristic_config` for these shapes.
 
     Returns:
@@ -416,17 +446,18 @@ def ragged_paged_attention(
     seqs, pages_per_seq = page_indices.shape
     if min(tokens, hq, seqs, pages_per_seq) == 0:
         return jnp.zeros((tokens, hq, v_pages.shape[-1]), q.dtype)
-    arrays = (q, k_pages, v_pages, kv_lens, page_indices, cu_q_lens, jnp.asarray(num_seqs))
+    arrays = (q, k_pages, v_pages, kv_lens, page_indices, cu_q_lens, jnp.asarray(num_seqs), sinks)
     scale = float(softmax_scale)
     left = None if sliding_window is None else int(sliding_window[0])
     cap = None if logits_soft_cap is None else float(logits_soft_cap)
     pages_per_block = min(cfg.pages_per_block, pages_per_seq)
     out: jax.Array
     if cfg.q_block is None:
-        out = _paged_attention(*arrays, scale=scale, left=left, cap=cap, pages_per_block=pages_per_block)
+        out = _paged_attention(*arrays, scale=scale, left=left, cap=cap, pages_per_block=pages_per_block,
+                               precision=str(precision))
     else:
         spec = _TileSpec(scale=scale, left=left, cap=cap, pages_per_block=pages_per_block,
-                         q_block=min(cfg.q_block, tokens))
+                         q_block=min(cfg.q_block, tokens), precision=str(precision))
         out = _paged_attention_tiled(*arrays, spec=spec)
     return out
 

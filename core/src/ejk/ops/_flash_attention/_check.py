@@ -15,7 +15,7 @@ import numpy as np
 from ejk.ops._check_common import dtype_name, float_dtype_problem, normalize_window, optional_positive
 from ejk.ops._check_common import softmax_scale as resolve_scale
 
-__all__ = ["check_flash_attention_args"]
+__all__ = ["check_flash_attention_args", "check_sinks"]
 
 _OP = "flash_attention"
 
@@ -93,6 +93,25 @@ def _check_bias(bias: Any, full: tuple[int, int, int, int]) -> None:
         _fail(f"bias has dtype {_dtype_name(bias)} but needs a floating dtype")
 
 
+def check_sinks(op: str, sinks: Any, q_heads: int) -> None:
+    """``sinks``: ``None`` or a float array ``[Hq]`` (one logit per query head).
+
+    Raises:
+        ValueError: ``"<op>: sinks has shape … but needs …"`` (or dtype).
+    """
+    if sinks is None:
+        return
+    shape = getattr(sinks, "shape", None)
+    if shape is None or not hasattr(sinks, "dtype"):
+        raise ValueError(f"{op}: sinks must be an array with .shape and .dtype, got {type(sinks).__name__}")
+    if tuple(int(d) for d in shape) != (q_heads,):
+        raise ValueError(f"{op}: sinks has shape {tuple(shape)} but needs [q_heads] = ({q_heads},): one sink "
+                         "logit per query head")
+    if not jnp.issubdtype(sinks.dtype, jnp.floating):
+        raise ValueError(f"{op}: sinks has dtype {_dtype_name(sinks)} but needs a floating dtype (it is computed "
+                         "in float32)")
+
+
 def check_flash_attention_args(
     q: Any,
     k: Any,
@@ -105,6 +124,7 @@ def check_flash_attention_args(
     q_segment_ids: Any,
     kv_segment_ids: Any,
     bias: Any,
+    sinks: Any = None,
 ) -> tuple[float, tuple[int, int] | None]:
     """Validates user-level ``flash_attention`` arguments and normalises the static ones.
 
@@ -121,6 +141,7 @@ def check_flash_attention_args(
         q_segment_ids: ``None`` or ``[B, Sq]`` integers; given together with ``kv_segment_ids``.
         kv_segment_ids: ``None`` or ``[B, Sk]`` integers.
         bias: ``None`` or a rank-4 float array broadcastable to ``[B, Hq, Sq, Sk]``.
+        sinks: ``None`` or a float array ``[Hq]``.
 
     Returns:
         ``(softmax_scale, sliding_window)``: the scale resolved (``1/sqrt(D)`` for ``None``)
@@ -137,6 +158,7 @@ def check_flash_attention_args(
         _fail(f"causal is {causal!r} but needs a bool")
     _check_segment_ids(q_segment_ids, kv_segment_ids, batch, q_len, kv_len)
     _check_bias(bias, (batch, q_heads, q_len, kv_len))
+    check_sinks(_OP, sinks, q_heads)
     optional_positive(_OP, "logits_soft_cap", logits_soft_cap)
     window = normalize_window(_OP, "sliding_window", sliding_window, causal=bool(causal),
                               max_left=kv_len - 1, max_right=q_len - 1)

@@ -22,12 +22,14 @@ import attrs
 import jax
 import jax.numpy as jnp
 
+from ejk._contract import fit_call
 from ejk._pairing import pairing_reason
 from ejk.ops._base import ImplChoice, get_default_executor, run_op
 from ejk.ops._definition import define_op
 from ejk.ops._eager import eager_fast_path
 from ejk.ops._flash_attention._op import FlashAttentionKernel, flash_attention_call
-from ejk.ops._flash_attention._residuals import FLASH_LSE_RESIDUALS, FLASH_RESIDUALS, with_natural_lse
+from ejk.ops._flash_attention._residuals import FLASH_LSE_RESIDUALS, FLASH_RESIDUALS, LSE2_INDEX, with_natural_lse
+from ejk.ops._matmul._op import DEFAULT_PRECISION
 from ejk.ops._residuals import without_residuals
 from ejk.registry import VJP, KernelSpec
 
@@ -45,10 +47,11 @@ def _lse_backward(backward: Callable[..., Any]) -> Callable[..., Any]:
                      **static: Any) -> Any:
         d_out, d_lse = cotangents
         # A row that sees no key (lse2 = +inf) gets no gradient whatever its lse cotangent, NaN included.
-        d_lse = jnp.where(residuals[-1] == jnp.inf, 0.0, d_lse)
+        d_lse = jnp.where(residuals[LSE2_INDEX] == jnp.inf, 0.0, d_lse)
         return backward(residuals, d_out, d_lse=d_lse, cfg=cfg, **static)
 
     lse_backward.__doc__ = f"Gradients of ``flash_attention_lse`` through {getattr(backward, '__name__', 'bwd')}."
+    lse_backward.__wrapped__ = backward  # type: ignore[attr-defined]  # its keywords (extension arguments) are the backward's
     return lse_backward
 
 
@@ -80,7 +83,7 @@ class FlashAttentionLseKernel(FlashAttentionKernel):
         own = _own_gate(spec)
 
         def capability(**call: Any) -> str | None:
-            reason = None if own is None else own(**call)
+            reason = None if own is None else own(**fit_call(own, call, self.op_id, self.extensions))
             return reason if reason is not None else self._pairing_reason(derived, call)
 
         if own is not None:  # as the registry marks the gate it wraps
@@ -112,21 +115,27 @@ def flash_attention_lse(
     q_segment_ids: jax.Array | None = None,
     kv_segment_ids: jax.Array | None = None,
     bias: jax.Array | None = None,
+    sinks: jax.Array | None = None,
+    precision: Any = DEFAULT_PRECISION,
     platform: str = "auto",
     cfg: ImplChoice | Any | None = None,
 ) -> tuple[jax.Array, jax.Array]:
     """:func:`ejk.flash_attention` plus the natural log-sum-exp of each row's final logits.
 
-    Arguments and masks are those of :func:`ejk.flash_attention`.
+    Arguments and masks are those of :func:`ejk.flash_attention` (``sinks`` and ``precision`` included).
 
     Returns:
         ``(out, lse)``: ``out`` ``[B, Sq, Hq, Dv]`` in ``q.dtype`` (rows that see no key are
         zeros) and ``lse`` ``[B, Hq, Sq]`` float32, ``log Σ_visible exp(logit)``, ``-inf`` for
-        rows that see no key. Both are differentiable.
+        rows that see no key. With ``sinks`` the lse is the log of the full denominator,
+        ``log(Σ_visible exp(logit) + exp(sinks[h]))``, for rows that see a key (rows that see
+        none stay ``-inf``): to merge blocks of keys, compute them without sinks and add the sink
+        once (as :func:`ejk.ring_attention` does). Both are differentiable.
     """
     arrays, static = flash_attention_call(
         q, k, v, causal=causal, softmax_scale=softmax_scale, sliding_window=sliding_window,
         logits_soft_cap=logits_soft_cap, q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids, bias=bias,
+        sinks=sinks, precision=precision,
     )
     return run_op(KERNEL, arrays, static, platform, cfg)  # type: ignore[no-any-return]
 

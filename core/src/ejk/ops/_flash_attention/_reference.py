@@ -1,6 +1,7 @@
 """A plain, materialised reference for ``flash_attention`` (the semantics every kernel must match).
 
-Everything is computed in float32 on the full ``[B, Hq, Sq, Sk]`` logits, so this is only
+Everything is computed in float32 (float64 for float64 inputs, under ``jax_enable_x64``) on the
+full ``[B, Hq, Sq, Sk]`` logits, at full precision whatever ``precision`` says, so this is only
 for tests and small inputs. See ``docs/KERNEL_CONTRACT.md`` (section ``flash_attention``).
 """
 
@@ -75,6 +76,11 @@ def attention_mask(
     return mask
 
 
+def _compute_dtype(q: jax.Array) -> jnp.dtype:
+    """float32, or float64 for float64 inputs (the references' float64 checks)."""
+    return jnp.promote_types(q.dtype, jnp.float32)
+
+
 def _logits(
     q: jax.Array,
     k: jax.Array,
@@ -83,25 +89,34 @@ def _logits(
     logits_soft_cap: float | None,
     bias: jax.Array | None,
 ) -> jax.Array:
-    """``scale · q kᵀ``, soft-capped, plus bias: float32 ``[B, Hq, Sq, Sk]``."""
+    """``scale · q kᵀ``, soft-capped, plus bias: float32 (or float64) ``[B, Hq, Sq, Sk]``."""
+    dtype = _compute_dtype(q)
     groups = q.shape[2] // k.shape[2]
     k_full = jnp.repeat(k, groups, axis=2)  # q head h uses kv head h // groups
     logits = jnp.einsum(
         "bqhd,bkhd->bhqk",
-        q.astype(jnp.float32),
-        k_full.astype(jnp.float32),
+        q.astype(dtype),
+        k_full.astype(dtype),
         precision=jax.lax.Precision.HIGHEST,
     )
     logits = logits * softmax_scale
     if logits_soft_cap is not None:
         logits = logits_soft_cap * jnp.tanh(logits / logits_soft_cap)
     if bias is not None:
-        logits = logits + bias.astype(jnp.float32)
+        logits = logits + bias.astype(dtype)
     return logits
 
 
-def _masked_softmax(logits: jax.Array, mask: jax.Array) -> jax.Array:
-    """Softmax over the last axis that gives zeros (and zero gradients) for rows that see nothing.
+def _sink_logits(sinks: jax.Array | None, dtype: jnp.dtype) -> jax.Array | None:
+    """``sinks [Hq]`` as ``[1, Hq, 1, 1]`` in the compute dtype (at least float32)."""
+    if sinks is None:
+        return None
+    return sinks.astype(dtype)[None, :, None, None]
+
+
+def _masked_softmax(logits: jax.Array, mask: jax.Array, sinks: jax.Array | None = None) -> jax.Array:
+    """Softmax over the last axis that gives zeros (and zero gradients) for rows that see nothing;
+    ``sinks`` (``[1, Hq, 1, 1]``) add ``e^sink`` to the denominator of the rows that see a key.
 
     The double ``where`` keeps ``-inf`` and ``0/0`` out of both the forward and the backward
     pass: masked entries never reach ``exp`` and an empty row divides by 1, not 0. A row
@@ -109,10 +124,15 @@ def _masked_softmax(logits: jax.Array, mask: jax.Array) -> jax.Array:
     """
     masked = jnp.where(mask, logits, -jnp.inf)
     row_max = jax.lax.stop_gradient(jnp.max(masked, axis=-1, keepdims=True))
-    safe_max = jnp.where(jnp.isfinite(row_max), row_max, 0.0)
+    seen = jnp.isfinite(row_max)
+    if sinks is not None:
+        row_max = jnp.maximum(row_max, jax.lax.stop_gradient(sinks))
+    safe_max = jnp.where(seen, row_max, 0.0)
     safe_logits = jnp.where(mask, logits, safe_max)
     weights = jnp.where(mask, jnp.exp(safe_logits - safe_max), 0.0)
     denom = jnp.sum(weights, axis=-1, keepdims=True)
+    if sinks is not None:
+        denom = denom + jnp.where(seen, jnp.exp(jnp.where(seen, sinks - safe_max, 0.0)), 0.0)
     safe_denom = jnp.where(denom > 0, denom, 1.0)
     return weights / safe_denom
 
@@ -129,6 +149,8 @@ def reference_flash_attention(
     q_segment_ids: jax.Array | None = None,
     kv_segment_ids: jax.Array | None = None,
     bias: jax.Array | None = None,
+    sinks: jax.Array | None = None,
+    precision: object = None,
 ) -> jax.Array:
     """Softmax attention with materialised float32 logits (user-level arguments).
 
@@ -144,10 +166,13 @@ def reference_flash_attention(
         q_segment_ids: ``[B, Sq]`` ints; queries see only keys with an equal id.
         kv_segment_ids: ``[B, Sk]`` ints.
         bias: Broadcastable to ``[B, Hq, Sq, Sk]``; added after the soft cap.
+        sinks: ``[Hq]``: one extra logit per head in each row's denominator (not capped, not biased).
+        precision: Ignored: the reference always computes at full precision.
 
     Returns:
         ``[B, Sq, Hq, Dv]`` in ``q.dtype``; rows that see no key are zeros.
     """
+    del precision
     batch, q_len, q_heads, head_dim = q.shape
     kv_len, kv_heads, v_dim = k.shape[1], k.shape[2], v.shape[3]
     if softmax_scale is None:
@@ -166,8 +191,8 @@ def reference_flash_attention(
         q_segment_ids=q_segment_ids,
         kv_segment_ids=kv_segment_ids,
     )
-    probs = _masked_softmax(logits, mask)
-    v_full = jnp.repeat(v, q_heads // kv_heads, axis=2).astype(jnp.float32)
+    probs = _masked_softmax(logits, mask, _sink_logits(sinks, logits.dtype))
+    v_full = jnp.repeat(v, q_heads // kv_heads, axis=2).astype(logits.dtype)
     out = jnp.einsum("bhqk,bkhd->bqhd", probs, v_full, precision=jax.lax.Precision.HIGHEST)
     return out.astype(q.dtype)
 
@@ -184,17 +209,22 @@ def reference_flash_attention_lse(
     q_segment_ids: jax.Array | None = None,
     kv_segment_ids: jax.Array | None = None,
     bias: jax.Array | None = None,
+    sinks: jax.Array | None = None,
+    precision: object = None,
 ) -> tuple[jax.Array, jax.Array]:
     """:func:`reference_flash_attention` and the float32 log-sum-exp ``[B, Hq, Sq]`` of each row's
-    visible logits (``-inf`` for rows that see no key), as ``ejk.flash_attention_lse`` returns."""
+    visible logits (``-inf`` for rows that see no key), as ``ejk.flash_attention_lse`` returns; with
+    ``sinks``, of the full denominator ``Σ_visible e^logit + e^sink`` (rows that see no key: ``-inf``)."""
     batch, q_len, q_heads, head_dim = q.shape
     kv_len = k.shape[1]
     out = reference_flash_attention(
         q, k, v, causal=causal, softmax_scale=softmax_scale, sliding_window=sliding_window,
         logits_soft_cap=logits_soft_cap, q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids, bias=bias,
+        sinks=sinks,
     )
+    lse_dtype = _compute_dtype(q)
     if kv_len == 0 or q_len == 0:
-        return out, jnp.full((batch, q_heads, q_len), -jnp.inf, jnp.float32)
+        return out, jnp.full((batch, q_heads, q_len), -jnp.inf, lse_dtype)
     scale = 1.0 / math.sqrt(head_dim) if softmax_scale is None else softmax_scale
     window = normalize_window(sliding_window, causal=causal)
     if window is not None:
@@ -210,4 +240,7 @@ def reference_flash_attention_lse(
     total = jnp.sum(weights, axis=-1)
     seen = total > 0
     lse = jnp.where(seen, jnp.log(jnp.where(seen, total, 1.0)) + safe_max[..., 0], -jnp.inf)
+    sink = _sink_logits(sinks, logits.dtype)
+    if sink is not None:  # log(e^lse + e^sink) on the rows that see a key
+        lse = jnp.where(seen, jnp.logaddexp(jnp.where(seen, lse, 0.0), sink[..., 0]), -jnp.inf)
     return out, lse

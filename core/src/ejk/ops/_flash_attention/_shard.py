@@ -16,7 +16,8 @@ __all__ = ["attention_lse_rule", "attention_rule"]
 
 def _attention(lse: bool) -> Rule:
     def rule(arrays: tuple[Any, ...], axes_of: AxesOf, size: Size) -> ShardPlan:
-        q, k, v, q_seg, kv_seg, bias = arrays
+        q, k, v, q_seg, kv_seg, bias, *rest = arrays
+        sinks = rest[0] if rest else None
         batch = divides(size, axes_of(q, 0), q.shape[0])
         heads, kv_heads = head_axes(axes_of, size, q, 2, k, 2)
         if set(heads) & set(batch):
@@ -28,7 +29,8 @@ def _attention(lse: bool) -> Rule:
             bias_spec = spec(batch if bias.shape[0] > 1 else None, heads if bias.shape[1] > 1 else None, None, None)
         specs = [s if x is not None else None for s, x in zip(specs, (q, k, v, q_seg, kv_seg), strict=True)]
         out = spec(batch, None, heads, None)
-        return ShardPlan((*specs, bias_spec), (out, spec(batch, heads, None)) if lse else out)
+        sinks_spec = [None if sinks is None else spec(heads)] if rest else []  # one sink per query head
+        return ShardPlan((*specs, bias_spec, *sinks_spec), (out, spec(batch, heads, None)) if lse else out)
 
     return rule
 

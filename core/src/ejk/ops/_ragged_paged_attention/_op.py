@@ -9,8 +9,11 @@ import numpy as np
 
 from ejk.execution.kernel import Invocation
 from ejk.ops._base import ImplChoice, OpKernel, run_op
-from ejk.ops._check_common import as_array, scalar_count
+from ejk.ops._check_common import as_array, attention_precision, scalar_count
 from ejk.ops._definition import define_op
+from ejk.ops._flash_attention._check import check_sinks
+from ejk.ops._flash_attention._op import ATTENTION_EXTENSIONS
+from ejk.ops._matmul._op import DEFAULT_PRECISION
 from ejk.ops._ragged_paged_attention._check import check_ragged_paged_attention_args
 
 __all__ = ["DEFINITION", "KERNEL", "RaggedPagedAttentionKernel", "ragged_paged_attention"]
@@ -21,13 +24,15 @@ class RaggedPagedAttentionKernel(OpKernel):
 
     op_id = "ragged_paged_attention"
     version = "1"
-    array_names = ("q", "k_pages", "v_pages", "kv_lens", "page_indices", "cu_q_lens", "num_seqs")
+    array_names = ("q", "k_pages", "v_pages", "kv_lens", "page_indices", "cu_q_lens", "num_seqs", "sinks")
     positional = 7
+    extensions = ATTENTION_EXTENSIONS
 
     def normalize(self, q: Any, k_pages: Any, v_pages: Any, kv_lens: Any, page_indices: Any, cu_q_lens: Any,
                   num_seqs: Any, *, softmax_scale: float | None = None,
                   sliding_window: int | tuple[int, int] | None = None,
-                  logits_soft_cap: float | None = None) -> tuple[tuple[Any, ...], dict[str, Any]]:
+                  logits_soft_cap: float | None = None, sinks: Any = None,
+                  precision: Any = DEFAULT_PRECISION) -> tuple[tuple[Any, ...], dict[str, Any]]:
         op = self.op_id
         q, k_pages, v_pages, kv_lens, page_indices, cu_q_lens = (
             as_array(op, name, x) for name, x in zip(self.array_names, (q, k_pages, v_pages, kv_lens, page_indices,
@@ -39,15 +44,18 @@ class RaggedPagedAttentionKernel(OpKernel):
             q, k_pages, v_pages, kv_lens, page_indices, cu_q_lens, num_seqs,
             softmax_scale=softmax_scale, sliding_window=sliding_window, logits_soft_cap=logits_soft_cap,
         )
+        sinks = None if sinks is None else as_array(op, "sinks", sinks)
+        check_sinks(op, sinks, int(q.shape[1]))
         static = {
             "softmax_scale": float(scale),
             "sliding_window": window,
             "logits_soft_cap": None if logits_soft_cap is None else float(logits_soft_cap),
+            "precision": attention_precision(op, precision, q.dtype),
         }
-        return (q, k_pages, v_pages, kv_lens, page_indices, cu_q_lens, num_seqs), static
+        return (q, k_pages, v_pages, kv_lens, page_indices, cu_q_lens, num_seqs, sinks), static
 
     def tuning_args(self, inv: Invocation[ImplChoice], seed: int = 0) -> tuple[Any, ...]:
-        q, k_pages, v_pages, kv_lens, page_indices, cu_q_lens, num_seqs = super().tuning_args(inv, seed)
+        q, k_pages, v_pages, kv_lens, page_indices, cu_q_lens, num_seqs, sinks = super().tuning_args(inv, seed)
         rng = np.random.default_rng(seed)
         tokens, (num_pages, page_size) = q.shape[0], k_pages.shape[:2]
         seqs, pages_per_seq = page_indices.shape
@@ -62,7 +70,7 @@ class RaggedPagedAttentionKernel(OpKernel):
         jnp = jax.numpy
         return (q, k_pages, v_pages, jnp.asarray(lens, kv_lens.dtype),
                 jnp.asarray(table.reshape(seqs, pages_per_seq), page_indices.dtype),
-                jnp.asarray(cu, cu_q_lens.dtype), jnp.asarray(seqs, num_seqs.dtype))
+                jnp.asarray(cu, cu_q_lens.dtype), jnp.asarray(seqs, num_seqs.dtype), sinks)
 
 
 KERNEL = RaggedPagedAttentionKernel()
@@ -80,6 +88,8 @@ def ragged_paged_attention(
     softmax_scale: float | None = None,
     sliding_window: int | tuple[int, int] | None = None,
     logits_soft_cap: float | None = None,
+    sinks: jax.Array | None = None,
+    precision: Any = DEFAULT_PRECISION,
     platform: str = "auto",
     cfg: ImplChoice | Any | None = None,
 ) -> jax.Array:
@@ -97,6 +107,9 @@ def ragged_paged_attention(
         softmax_scale: Default ``1/sqrt(D)``.
         sliding_window: ``(left, right)`` or ``w``; attention is causal, so right is 0.
         logits_soft_cap: ``cap * tanh(logits / cap)``.
+        sinks: ``[Hq]`` attention-sink logits, as for :func:`ejk.flash_attention`: ``e^{sinks[h]}``
+            joins each row's softmax denominator once (rows that see no key stay zeros).
+        precision: Of the float32 products, as for :func:`ejk.flash_attention` (default ``"highest"``).
         platform: ``"auto"`` or a platform name to force.
         cfg: Explicit config; always wins.
 
@@ -107,6 +120,7 @@ def ragged_paged_attention(
     arrays, static = KERNEL.normalize(
         q, k_pages, v_pages, kv_lens, page_indices, cu_q_lens, num_seqs,
         softmax_scale=softmax_scale, sliding_window=sliding_window, logits_soft_cap=logits_soft_cap,
+        sinks=sinks, precision=precision,
     )
     return run_op(KERNEL, arrays, static, platform, cfg)  # type: ignore[no-any-return]
 

@@ -26,6 +26,7 @@ def _sequence_attention(
     scale: float,
     left: int | None,
     cap: float | None,
+    sinks: np.ndarray | None = None,
 ) -> np.ndarray:
     """Causal, bottom-right aligned attention of one sequence's queries over its whole context.
 
@@ -36,6 +37,7 @@ def _sequence_attention(
         scale: Multiplies the logits.
         left: Sliding-window reach to the left, or ``None``.
         cap: Logits soft cap, or ``None``.
+        sinks: ``[Hq]`` float32 sink logits (in each seen row's denominator), or ``None``.
 
     Returns:
         ``[q_len, Hq, Dv]`` float32; rows that see no key are zeros.
@@ -54,9 +56,15 @@ def _sequence_attention(
         visible &= key >= position - left
     logits = np.where(visible[None], logits, -np.inf)
     row_max = logits.max(axis=-1, keepdims=True)
-    weights = np.exp(logits - np.where(np.isfinite(row_max), row_max, 0.0)).astype(np.float32)
+    seen = np.isfinite(row_max)
+    if sinks is not None:
+        row_max = np.where(seen, np.maximum(row_max, sinks[:, None, None]), row_max)
+    safe_max = np.where(np.isfinite(row_max), row_max, 0.0)
+    weights = np.exp(logits - safe_max).astype(np.float32)
     total = weights.sum(axis=-1, keepdims=True)
     empty = total == 0  # no visible key; a NaN total (NaN in q or a visible key) propagates
+    if sinks is not None:
+        total = total + np.where(seen, np.exp(sinks[:, None, None] - safe_max), 0.0).astype(np.float32)
     probs = np.where(empty, 0.0, weights / np.where(empty, 1.0, total)).astype(np.float32)
     out: np.ndarray = np.einsum("hqk,khd->qhd", probs, v)
     return out
@@ -74,8 +82,11 @@ def reference_ragged_paged_attention(
     softmax_scale: float | None = None,
     sliding_window: int | tuple[int, int] | None = None,
     logits_soft_cap: float | None = None,
+    sinks: jax.Array | None = None,
+    precision: object = None,
 ) -> jax.Array:
-    """Ragged paged attention computed sequence by sequence in float32.
+    """Ragged paged attention computed sequence by sequence in float32 (full precision: ``precision``
+    is ignored).
 
     Sequence ``s < num_seqs`` owns query rows ``cu_q_lens[s]:cu_q_lens[s+1]``, the last
     positions of its ``kv_lens[s]`` positions; position ``p`` lives in page
@@ -93,6 +104,8 @@ def reference_ragged_paged_attention(
         softmax_scale: Logit scale; ``None`` means ``1/sqrt(D)``.
         sliding_window: ``None``, ``w`` or ``(left, right)``; right is ignored (causal).
         logits_soft_cap: ``cap * tanh(logits / cap)`` when given.
+        sinks: ``[Hq]`` sink logits (concrete), or ``None``.
+        precision: Ignored.
 
     Returns:
         ``[T, Hq, Dv]`` in ``q.dtype``; rows owned by no live sequence, and rows that see
@@ -103,7 +116,9 @@ def reference_ragged_paged_attention(
     scale = 1.0 / math.sqrt(d) if softmax_scale is None else float(softmax_scale)
     window = normalize_window(sliding_window, causal=True)
     left = None if window is None else window[0]
+    del precision
     lens, table, cu = (np.asarray(x) for x in (kv_lens, page_indices, cu_q_lens))
+    sinks32 = None if sinks is None else np.asarray(jnp.asarray(sinks, jnp.float32))
     q32, k32, v32 = (np.asarray(x).astype(np.float32) for x in (q, k_pages, v_pages))
     out = np.zeros((tokens, hq, v_pages.shape[-1]), np.float32)
     for s in range(int(np.asarray(num_seqs).reshape(()))):
@@ -113,7 +128,8 @@ def reference_ragged_paged_attention(
         pages = table[s, : -(-kv_len // page)]
         k = k32[pages].reshape(-1, *k32.shape[2:])[:kv_len]
         v = v32[pages].reshape(-1, *v32.shape[2:])[:kv_len]
-        out[start:stop] = _sequence_attention(q32[start:stop], k, v, scale=scale, left=left, cap=logits_soft_cap)
+        out[start:stop] = _sequence_attention(q32[start:stop], k, v, scale=scale, left=left, cap=logits_soft_cap,
+                                                 sinks=sinks32)
     return jnp.asarray(out, q.dtype)
 
 

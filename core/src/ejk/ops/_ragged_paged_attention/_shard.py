@@ -26,14 +26,16 @@ def paged_rule(arrays: tuple[Any, ...], axes_of: AxesOf, size: Size) -> ShardPla
     if set(tokens) & set(heads):
         tokens = ()
     pages = spec(None, None, kv_heads, None)
-    in_specs = (spec(tokens, heads, None), pages, pages, *[spec(*([None] * x.ndim)) for x in arrays[3:]])
+    sinks = arrays[7] if len(arrays) > 7 else None
+    in_specs = (spec(tokens, heads, None), pages, pages, *[spec(*([None] * x.ndim)) for x in arrays[3:7]],
+                *([] if len(arrays) <= 7 else [None if sinks is None else spec(heads)]))
     return ShardPlan(in_specs, spec(tokens, heads, None), _token_block(tokens) if tokens else None)
 
 
 def _token_block(tokens: Axes) -> Any:
     def body(call: Call, static: Mapping[str, Any]) -> Any:
         def local(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array, kv_lens: jax.Array,
-                  page_indices: jax.Array, cu_q_lens: jax.Array, num_seqs: jax.Array) -> jax.Array:
+                  page_indices: jax.Array, cu_q_lens: jax.Array, num_seqs: jax.Array, *rest: Any) -> jax.Array:
             rows = q.shape[0]
             first = jax.lax.axis_index(tokens) * rows
             cu = jnp.clip(cu_q_lens, first, first + rows)  # each sequence's rows inside this block
@@ -41,7 +43,7 @@ def _token_block(tokens: Axes) -> Any:
             # A row's position is kv_len - (cu[s+1] - row): end the context at the block's last row.
             lens = jnp.clip(kv_lens - (cu_q_lens[1:] - cu[1:]), q_lens, kv_lens).astype(kv_lens.dtype)
             out: jax.Array = call(q, k_pages, v_pages, lens, page_indices, (cu - first).astype(cu_q_lens.dtype),
-                                  num_seqs)
+                                  num_seqs, *rest)
             return out
 
         return local

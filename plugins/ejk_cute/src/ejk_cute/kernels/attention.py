@@ -72,14 +72,17 @@ class FlashForwardSm90:
         pingpong: Order the two consumer warpgroups' GEMM issues with named barriers (each issues
             its ``Q Kᵀ`` and ``P V`` while the other runs its softmax), as FlashAttention-3 does.
         ctas: CTAs of a persistent grid (0: one CTA per work item).
+        sinks: Attention sinks: ``mSink`` ``(Hq, B)`` float32 logits join each row's denominator (and
+            its lse) in the epilogue; without, ``mSink`` is not read.
     """
 
     def __init__(self, *, head_dim: int, block_kv: int, stages: int, group: int, scale_log2: float,
                  cap_scale: float | None, causal: bool, window: tuple[int, int] | None,
-                 pingpong: bool = True, ctas: int = 0, pack: int = 1) -> None:
+                 pingpong: bool = True, ctas: int = 0, pack: int = 1, sinks: bool = False) -> None:
         if pack not in (1, group) or _ROWS_PER_WG % pack:
             raise ValueError(f"pack must be 1 or the group {group}, a divisor of {_ROWS_PER_WG}; got {pack}")
         self.pack = pack
+        self.sinks = sinks
         self.pingpong = pingpong
         self.ctas = ctas
         self.q_stages = 2 if ctas > 0 else 1
@@ -100,7 +103,7 @@ class FlashForwardSm90:
 
     @cute.jit
     def __call__(self, stream: cuda.CUstream, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor,
-                 mO: cute.Tensor, mLSE: cute.Tensor) -> None:
+                 mSink: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor) -> None:
         dtype = mQ.element_type
         d, bn = self.head_dim, self.block_kv
         if cutlass.const_expr(self.pack > 1):  # rows (pack, Sq): packed row r = position r // pack, head r % pack
@@ -141,7 +144,8 @@ class FlashForwardSm90:
         grid = (cute.ceil_div(cute.size(mQ, mode=[0]), TILE_M), mQ.shape[2], mQ.shape[3])
         if cutlass.const_expr(self.ctas > 0):
             grid = (self.ctas, 1, 1)
-        self.kernel(qk_mma, pv_mma, tma_q, tQ, tma_k, tK, tma_v, tV, mO, mLSE, q_smem, k_smem, v_smem).launch(
+        self.kernel(qk_mma, pv_mma, tma_q, tQ, tma_k, tK, tma_v, tV, mSink, mO, mLSE, q_smem, k_smem,
+                    v_smem).launch(
             grid=grid, block=[_WG * (1 + _CONSUMER_WGS), 1, 1], stream=stream, min_blocks_per_mp=1)
 
     def _packed(self, t: cute.Tensor) -> cute.Tensor:
@@ -156,8 +160,8 @@ class FlashForwardSm90:
 
     @cute.kernel
     def kernel(self, qk_mma: cute.TiledMma, pv_mma: cute.TiledMma, tma_q: cute.CopyAtom, tQ: cute.Tensor,
-               tma_k: cute.CopyAtom, tK: cute.Tensor, tma_v: cute.CopyAtom, tV: cute.Tensor, mO: cute.Tensor,
-               mLSE: cute.Tensor, q_smem: cute.ComposedLayout, k_smem: cute.ComposedLayout,
+               tma_k: cute.CopyAtom, tK: cute.Tensor, tma_v: cute.CopyAtom, tV: cute.Tensor, mSink: cute.Tensor,
+               mO: cute.Tensor, mLSE: cute.Tensor, q_smem: cute.ComposedLayout, k_smem: cute.ComposedLayout,
                v_smem: cute.ComposedLayout) -> None:
         tidx, _, _ = cute.arch.thread_idx()
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
@@ -192,7 +196,7 @@ class FlashForwardSm90:
                 self._produce(q_pipe, k_pipe, v_pipe, tma_q, tQ, tma_k, tK, tma_v, tV, sQ, sK, sV, mine)
         else:
             cute.arch.setmaxregister_increase(_CONSUMER_REGS)
-            self._consume(qk_mma, pv_mma, q_pipe, k_pipe, v_pipe, sQ, sK, sV, mO, mLSE,
+            self._consume(qk_mma, pv_mma, q_pipe, k_pipe, v_pipe, sQ, sK, sV, mSink, mO, mLSE,
                           tidx % _WG, wg - 1, q_rows, kv_len, mine)
 
     @cute.jit
@@ -299,7 +303,8 @@ class FlashForwardSm90:
 
     @cute.jit
     def _consume(self, qk_mma: cute.TiledMma, pv_mma: cute.TiledMma, q_pipe: Any, k_pipe: Any, v_pipe: Any,
-                 sQ: cute.Tensor, sK: cute.Tensor, sV: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor,
+                 sQ: cute.Tensor, sK: cute.Tensor, sV: cute.Tensor, mSink: cute.Tensor, mO: cute.Tensor,
+                 mLSE: cute.Tensor,
                  tid: cutlass.Int32, half: cutlass.Int32, q_rows: cutlass.Int32, kv_len: cutlass.Int32,
                  mine: cutlass.Int32) -> None:
         """One consumer warpgroup: 64 query rows of each work item, the key loop and the epilogue."""
@@ -371,7 +376,7 @@ class FlashForwardSm90:
                 v_state.advance()
             q_pipe.consumer_release(q_state)  # every GEMM reading this Q stage is done
             q_state.advance()
-            self._epilogue(pv_thr, acc_o, row_max, row_sum, mO, mLSE, row0, head, batch, q_rows)
+            self._epilogue(pv_thr, acc_o, row_max, row_sum, mSink, mO, mLSE, row0, head, batch, q_rows)
         if half == 0:
             self._take_turn(0)  # the other warpgroup's last hand-over: leave no arrival pending
 
@@ -481,13 +486,14 @@ class FlashForwardSm90:
 
     @cute.jit
     def _epilogue(self, pv_thr: Any, acc_o: cute.Tensor, row_max: cute.Tensor, row_sum: cute.Tensor,
-                  mO: cute.Tensor, mLSE: cute.Tensor, row0: cutlass.Int32, head: cutlass.Int32,
-                  batch: cutlass.Int32, q_rows: cutlass.Int32) -> None:
+                  mSink: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor, row0: cutlass.Int32,
+                  head: cutlass.Int32, batch: cutlass.Int32, q_rows: cutlass.Int32) -> None:
         """Normalise O, store it (rows < Sq, packed: < pack · Sq) and the base-2 log-sum-exp (``+inf`` for
-        empty rows)."""
+        empty rows). With sinks, ``e^sink`` of the row's query head joins the denominator and the lse."""
         d = self.head_dim
         inv = cute.make_rmem_tensor(cute.make_layout(2), cutlass.Float32)
         lse = cute.make_rmem_tensor(cute.make_layout(2), cutlass.Float32)
+        tOcO = pv_thr.partition_C(cute.make_identity_tensor((_ROWS_PER_WG, d)))
         for r in cutlass.range_constexpr(2):
             total = cute.arch.warp_reduction_sum(row_sum[r], threads_in_group=4)
             inv[r] = 0.0
@@ -495,6 +501,17 @@ class FlashForwardSm90:
             if total > 0.0:
                 inv[r] = 1.0 / total
                 lse[r] = row_max[r] * self.scale_log2 + cute.math.log2(total, fastmath=True)
+                if cutlass.const_expr(self.sinks):
+                    q_head = head
+                    if cutlass.const_expr(self.pack > 1):  # packed row i is position i // pack of head i % pack
+                        row, _ = tOcO[2 * r]
+                        q_head = head * self.pack + (row0 + row) % self.pack
+                    sink = mSink[q_head, batch] * _LOG2E
+                    top = cute.arch.fmax(lse[r], sink)
+                    full = top + cute.math.log2(cute.math.exp2(lse[r] - top, fastmath=True)
+                                                + cute.math.exp2(sink - top, fastmath=True), fastmath=True)
+                    inv[r] = inv[r] * cute.math.exp2(lse[r] - full, fastmath=True)
+                    lse[r] = full
         out = cute.make_rmem_tensor(acc_o.layout, mO.element_type)
         quads = cute.size(acc_o) // 4
         for j in cutlass.range_constexpr(quads):
@@ -503,7 +520,6 @@ class FlashForwardSm90:
         gO = cute.flat_divide(mO, (_ROWS_PER_WG, d))[None, None, None, 0, head, batch]  # (64, D, m)
         gO = gO[None, None, row0 // _ROWS_PER_WG]
         tOgO = pv_thr.partition_C(gO)
-        tOcO = pv_thr.partition_C(cute.make_identity_tensor((_ROWS_PER_WG, d)))
         for j in cutlass.range_constexpr(quads):
             for t in cutlass.range_constexpr(4):
                 row, _ = tOcO[4 * j + t]

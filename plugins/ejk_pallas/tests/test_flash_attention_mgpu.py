@@ -707,7 +707,7 @@ def test_an_impl_choice_without_config_runs_the_heuristic_forward_and_backward(
     """``cfg=ImplChoice("pallas", "gpu", "mosaic")`` runs the config ``platform="auto"`` would pick for it:
     its heuristic tiles and ``backward="auto"`` with the head dim's backward tiles (the Mosaic GPU
     backward on a GPU), not the defaults whose backward is the slow Triton-lowered one (issue 30)."""
-    from ejk.ops._flash_attention._op import KERNEL
+    KERNEL = ejk.ops.get_op("flash_attention").kernel
 
     monkeypatch.setattr(_env, "use_interpreter", lambda: False)  # the GPU's heuristic, not the interpreter's
     q = jax.ShapeDtypeStruct((4, 4096, 16, 128), jnp.bfloat16)

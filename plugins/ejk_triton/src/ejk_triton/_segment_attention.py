@@ -69,9 +69,11 @@ def flash_attention(
     q_segment_ids: jax.Array | None,
     kv_segment_ids: jax.Array | None,
     bias: jax.Array | None,
+    precision: str = "highest",
     cfg: va.VarlenAttentionConfig | None = None,
 ) -> jax.Array:
-    """``ejk.flash_attention`` for calls with segment ids and no bias (the gate refuses others).
+    """``ejk.flash_attention`` for calls with segment ids and no bias (the gate refuses others), at the call's
+    ``precision`` for float32 dots (no attention sinks: the core refuses calls with them for it).
 
     Returns:
         ``[B, Sq, Hq, Dv]`` in ``q.dtype``; rows that see no key are zeros.
@@ -88,7 +90,6 @@ def flash_attention(
     lo, hi, hull_lo, hull_hi = segment_intervals(q_segment_ids, kv_segment_ids, causal=causal,
                                                  sliding_window=sliding_window)
     ids = (q_segment_ids.astype(jnp.int32).reshape(-1), kv_segment_ids.astype(jnp.int32).reshape(-1))
-    precision = "highest" if jnp.dtype(q.dtype) == jnp.float32 else "default"  # flash_attention's numerics today
     out = va.attend_intervals(flat_q, flat_k, flat_v, lo, hi, hull=(hull_lo, hull_hi), segment_ids=ids,
                               softmax_scale=softmax_scale, logits_soft_cap=logits_soft_cap, precision=precision,
                               cfg=cfg)

@@ -497,3 +497,18 @@ def test_a_deprecated_jax_kernel_still_builds_its_baseline_where_warnings_are_er
         "import warnings\nwarnings.warn('this module is deprecated', DeprecationWarning, stacklevel=2)\nVALUE = 3\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     assert _jax_reference_kernel("deprecated_kernel_for_ejk_test").VALUE == 3
+
+
+def test_a_sinks_case_passes_its_sinks_by_keyword() -> None:
+    """The sinks of an attention case reach the op by keyword, through every path that validates the call
+    (the bench runner, the overhead and tuning studies): ``flash_attention`` takes q, k, v positionally."""
+    from ejk.bench._cases import parse_shapes
+    from ejk.bench._workloads import workload_for
+
+    (case,) = parse_shapes(["attention:1x32x2x16:causal,window=8,sinks"])
+    workload = workload_for(case, jnp.float32)
+    inputs = workload.inputs()
+    positional, kwargs = workload.split_inputs(inputs)
+    assert len(positional) == 3 and kwargs["sinks"] is inputs[3] and kwargs["sliding_window"] == (8, 0)
+    arrays, static = workload.normalize(inputs)
+    assert static["causal"] and any(a is not None and a.shape == (2,) for a in arrays)  # the sinks, among the arrays

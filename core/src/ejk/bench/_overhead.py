@@ -70,7 +70,7 @@ def _opcodes(compiled: Any) -> list[str]:
 def _pairs(lines: _EjkLines) -> Iterator[_Pair | tuple[str, str]]:
     """A :class:`_Pair` per implementation that can run, ``(label, reason)`` for one that cannot; then auto."""
     kernel, workload = lines.kernel, lines.workload
-    arrays, static = kernel.normalize(*lines.inputs, **workload.kwargs())
+    arrays, static = workload.normalize(lines.inputs)
 
     def bare_of(choice: Any) -> Callable[..., Any]:
         return lambda *xs: kernel.run(*xs, cfg=choice, **static)
@@ -175,7 +175,7 @@ def run_overhead(cases: Iterable[Case], options: Options | None = None, *,
         try:
             inputs = workload.inputs(options.seed)
             lines = _EjkLines(workload, inputs, options)
-            arrays = lines.kernel.normalize(*inputs, **workload.kwargs())[0]
+            arrays = workload.normalize(inputs)[0]
             pairs = list(_pairs(lines))
         except Exception as exc:
             status, text = _failure("dispatch", exc)

@@ -167,7 +167,7 @@ class _EjkLines:
         chain: ejk.ConfigSelectorChain[Any] = ejk.ConfigSelectorChain(
             policy=ejk.AutotunePolicy(mode="heuristics"), persist=False, on_event=self.events.append)
         self.executor: ejk.Executor[Any, Any] = ejk.Executor(chain)
-        arrays, static = self.kernel.normalize(*inputs, **workload.kwargs())
+        arrays, static = workload.normalize(inputs)
         self.inv = self.executor.invocation(self.kernel, arrays, {**static, "platform": "auto"})
 
     def call_summary(self) -> dict[str, Any]:
@@ -294,7 +294,7 @@ class _EjkLines:
         policy = attrs.evolve(self._tuning_policy(mode), mode="autotune")
         chain: ejk.ConfigSelectorChain[Any] = ejk.ConfigSelectorChain(policy=policy, persist=False,
                                                                        on_event=events.append)
-        arrays, static = self.kernel.normalize(*self.inputs, **self.workload.kwargs())
+        arrays, static = self.workload.normalize(self.inputs)
         choice = ejk.Executor(chain).choose_config(self.kernel, *arrays, platform="auto", **static)
         tuned = next((e for e in events if e.tune is not None), None)
         note = tuned.tune.describe() if tuned is not None else f"chosen by the {events[-1].tier} tier"

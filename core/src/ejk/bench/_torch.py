@@ -50,6 +50,8 @@ def torch_sdpa_unsupported(backend: str) -> Callable[[Any], str | None]:
         if not hasattr(SDPBackend, backend):
             return f"torch {torch.__version__} has no SDPBackend.{backend}"
         case = workload.case
+        if isinstance(case, AttentionCase) and (case.window is not None or case.sinks):
+            return "torch's scaled_dot_product_attention has no sliding window and no sinks"
         if isinstance(case, AttentionCase) and case.kv_heads != case.heads and not _has_gqa(torch):
             return f"torch {torch.__version__} has no enable_gqa (GQA needs torch >= 2.5)"
         return None

@@ -42,7 +42,7 @@ def tune_once(case: Case, options: Options, mode: str, workers: int) -> dict[str
     chain: ejk.ConfigSelectorChain[Any] = ejk.ConfigSelectorChain(policy=policy, persist=False,
                                                                    on_event=events.append)
     kernel = get_op(workload.op).kernel
-    arrays, static = kernel.normalize(*workload.inputs(options.seed), **workload.kwargs())
+    arrays, static = workload.normalize(workload.inputs(options.seed))
     choice = ejk.Executor(chain).choose_config(kernel, *arrays, platform="auto", **static)
     tuned = [e.tune for e in events if e.tune is not None]
     if not tuned:

@@ -8,7 +8,7 @@ and the ``--shapes`` spec of the command line; its :class:`~ejk.ops.OpDefinition
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, ClassVar
 
 import attrs
@@ -103,6 +103,18 @@ class Workload:
         """The public op's keyword arguments (besides ``platform`` and ``cfg``)."""
         return {}
 
+    def split_inputs(self, inputs: Sequence[Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """The public op's ``(positional arrays, keyword arguments)`` for ``inputs``: all of them positional and
+        :meth:`kwargs`, unless a workload passes some array (e.g. attention sinks) by keyword."""
+        return tuple(inputs), self.kwargs()
+
+    def normalize(self, inputs: Sequence[Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """The implementations' ``(arrays, static keyword arguments)`` for ``inputs`` (the op's validation)."""
+        from ejk.ops._definition import get_op
+
+        positional, kwargs = self.split_inputs(inputs)
+        return get_op(self.op).kernel.normalize(*positional, **kwargs)  # type: ignore[no-any-return]
+
     def out_shape(self) -> tuple[int, ...]:
         raise NotImplementedError
 
@@ -119,10 +131,10 @@ class Workload:
         from ejk.ops._definition import get_op
 
         function = get_op(self.op).function
-        kwargs = self.kwargs()
 
         def op_call(*arrays: Any) -> Any:
-            return function(*arrays, **kwargs, platform=platform, cfg=cfg)
+            positional, kwargs = self.split_inputs(arrays)
+            return function(*positional, **kwargs, platform=platform, cfg=cfg)
 
         return op_call
 

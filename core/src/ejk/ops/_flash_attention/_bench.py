@@ -9,7 +9,7 @@ backward). Sinks add no FLOPs: cases with and without them measure their overhea
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
 import attrs
@@ -92,18 +92,12 @@ class AttentionWorkload(Workload):
         window = {} if self.case.window is None else {"sliding_window": (self.case.window, 0)}
         return {"causal": self.case.causal, **window}
 
-    def call(self, *, platform: str = "auto", cfg: Any = None) -> Callable[..., Any]:
-        """``f(q, k, v[, sinks])``: the sinks go by keyword."""
-        plain = super().call(platform=platform, cfg=cfg)
+    def split_inputs(self, inputs: Sequence[Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """``(q, k, v)`` positional; the sinks, when the case has them, by keyword."""
         if not self.case.sinks:
-            return plain
-
-        def with_sinks(q: Any, k: Any, v: Any, sinks: Any) -> Any:
-            from ejk.ops._flash_attention._op import flash_attention
-
-            return flash_attention(q, k, v, sinks=sinks, **self.kwargs(), platform=platform, cfg=cfg)
-
-        return with_sinks
+            return tuple(inputs), self.kwargs()
+        q, k, v, sinks = inputs
+        return (q, k, v), {**self.kwargs(), "sinks": sinks}
 
     def out_shape(self) -> tuple[int, ...]:
         c = self.case

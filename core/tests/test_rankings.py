@@ -213,9 +213,9 @@ def test_the_shipped_packs_are_valid_and_cover_the_h100() -> None:
     (h100,) = [load_pack(str(p)) for p in sorted(CORE_PACKS_DIR.glob("*.json"))]
     assert h100.problems == () and h100.entries == {}
     assert set(h100.rankings) == {"flash_attention", "flash_attention_lse", "matmul", "grouped_matmul",
-                                  "ragged_paged_attention"}
+                                  "ragged_paged_attention", "linear_cross_entropy"}
     for rankings in h100.rankings.values():
         for ranking in rankings:
             assert ranking.source and ranking.applies("gpu|NVIDIA_H100_80GB_HBM3|cc=9.0", {
-                name: jax.ShapeDtypeStruct((1, 1, 1, 64), jnp.bfloat16) for name in ("q", "a", "lhs")})
+                name: jax.ShapeDtypeStruct((1, 1, 1, 64), jnp.bfloat16) for name in ("q", "a", "lhs", "x")})
             assert not ranking.applies("gpu|NVIDIA_A100-SXM4-80GB|cc=8.0", {})

@@ -8,13 +8,14 @@ import math
 import jax.numpy as jnp
 import numpy as np
 
-from ejk.ops import natural_lse, with_natural_lse, without_residuals
+from ejk.ops import LSE2_INDEX, natural_lse, with_natural_lse, without_residuals
 
 
 def forward_with_residuals(q: jnp.ndarray, *, scale: float, cfg: object = None) -> tuple[jnp.ndarray, tuple]:
-    """A stand-in flash forward: out = q * scale; residuals end with a base-2 lse (+inf: an empty row)."""
+    """A stand-in flash forward: out = q * scale; residuals laid out as FLASH_RESIDUALS (q, k, v, q / kv segment
+    ids, bias, out, then the base-2 lse at LSE2_INDEX, +inf for an empty row)."""
     lse2 = jnp.asarray([1.0, jnp.inf, -2.0], jnp.float32)
-    return q * scale, (q, None, q * scale, lse2)
+    return q * scale, (q, q, q, None, None, None, q * scale, lse2)[:LSE2_INDEX + 1]
 
 
 def test_without_residuals_keeps_the_parameters_and_drops_the_residuals() -> None:
@@ -33,7 +34,7 @@ def test_with_natural_lse_converts_base_two_and_keeps_the_residuals() -> None:
     (out, lse), residuals = lse_forward(q, scale=3.0)
     np.testing.assert_array_equal(out, q * 3.0)
     np.testing.assert_allclose(lse, [math.log(2.0), -np.inf, -2.0 * math.log(2.0)], rtol=1e-6)
-    assert residuals[-1][1] == np.inf  # the residuals keep the base-2 lse
+    assert residuals[LSE2_INDEX][1] == np.inf  # the residuals keep the base-2 lse
     np.testing.assert_array_equal(natural_lse(jnp.asarray([jnp.inf])), [-np.inf])
     outputs = without_residuals(lse_forward, "forward_lse")(q, scale=3.0)
     np.testing.assert_array_equal(outputs[1], lse)

@@ -20,14 +20,15 @@ attention, a @ b, lax.ragged_dot, a dense einsum over equal groups, x @ w + a ma
 cross-entropy (jnp, optax), the jnp RMSNorm expression), all in one process on the same inputs.
 Writes bench.json (every number), bench.md and one PNG per op and mode to --out.
 
-OP: flash_attention (attention), ragged_paged_attention (decode), mla_paged_attention (mla),
-grouped_matmul (moe), matmul, gated_delta_rule (gdr), linear_cross_entropy (lce), rms_norm (rmsnorm);
-default: all of them, each with its preset shapes.
---shapes: presets (attention, decode, mla, moe, matmul, gdr, lce, rmsnorm) or specs:
-  attention:BxSxHxD[:causal,kv=Hkv,dv=Dv]  decode:SEQSxCTX[:q=1,hq=32,hkv=8,d=128,page=64]
-  mla:BxCTX[:sq=1,hq=16,dk=576,dv=512,page=64]
+OP: flash_attention (attention), flash_attention_varlen (varlen), ragged_paged_attention (decode),
+mla_paged_attention (mla), grouped_matmul (moe), matmul, gated_delta_rule (gdr), gla, ssd,
+linear_cross_entropy (lce), rms_norm (rmsnorm); default: all of them, each with its preset shapes.
+--shapes: presets (attention, varlen, decode, mla, moe, matmul, gdr, gla, ssd, lce, rmsnorm) or specs:
+  attention:BxSxHxD[:causal,kv=Hkv,dv=Dv,window=W,sinks]   varlen:L1+L2+...xHxD[:causal]
+  decode:SEQSxCTX[:q=1,hq=32,hkv=8,d=128,page=64]  mla:BxCTX[:sq=1,hq=16,dk=576,dv=512,page=64]
   moe:GxKxNxM[:skewed]                matmul:MxKxN
-  gdr:BxT[:h=32,k=128,v=128,seqs=0]
+  gdr:BxT[:h=32,k=128,v=128,seqs=0]   gla:TOKENSxSEQxHxK[:packed,v=V]
+  ssd:TOKENSxSEQxHxP[:packed,n=N,g=G]
   lce:TxHxV                           rmsnorm:RxD
 
 Other lines: --all-configs times every config of each implementation's config space; --backward

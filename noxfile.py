@@ -40,7 +40,8 @@ PLUGIN_TEST_ENV = {"triton": {"EJK_TRITON_INTERPRET": "1"}, "pallas": {"EJK_PALL
 def _pytest(session: nox.Session, *paths: str, env: dict[str, str] | None = None) -> None:
     args = [*paths, *session.posargs] if session.posargs else list(paths)
     workers = ["-n", WORKERS] if WORKERS != "0" else []
-    session.run("python", "-m", "pytest", "-q", *workers, *args, env={"JAX_PLATFORMS": "cpu", **(env or {})})
+    session.run("python", "-m", "pytest", "-q", "--durations=15", *workers, *args,
+                env={"JAX_PLATFORMS": "cpu", **(env or {})})
 
 
 @nox.session(python=PYTHON)

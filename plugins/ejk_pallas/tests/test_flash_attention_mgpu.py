@@ -122,20 +122,36 @@ def check_case(case: Case, impl: ejk.ImplChoice | None = None, grads: bool = Tru
 #: worker threads are all held by blocked callbacks, and two forward tests run at once by two pytest-xdist
 #: workers stalled both; the race-free kernel logic is not in question (the race detector and every
 #: other run pass), but a CI run must not hang. So on fewer than 4 cores every interpret-mode numerics
-#: test of these kernels runs in one child process, one test at a time, under a time limit
+#: test of these kernels runs in a child process under a time limit per test
 #: (:func:`test_mosaic_interpreted_in_a_child_process`): a stall is retried once, and only two stalls in
 #: a row skip; a wrong result fails as usual. Since the root conftest turns off XLA's concurrency-optimized
-#: CPU scheduler (2026-11-26) no run has stalled: all 16 pass in about 3 minutes; the guard stays.
+#: CPU scheduler (2026-11-26) no run has stalled; the guard stays.
 _CHILD = "EJK_MGPU_INTERPRET_CHILD"
 _FEW_CORES = (os.cpu_count() or 1) < 4
 needs_cores = pytest.mark.skipif(_FEW_CORES and os.environ.get(_CHILD) != "1",
                                  reason="fewer than 4 cores: run by test_mosaic_interpreted_in_a_child_process")
-#: The tests the child process runs, and how many they are.
-_CHILD_TESTS = ("(test_matches_reference or test_overlap_matches_reference or test_no_races_and_lse_residual or "
-                "test_persistent_matches_reference or test_persistent_has_no_races or "
-                "test_mosaic_backward_matches_reference or test_mosaic_backward_no_races)")
+#: The tests the child processes run, and how many they are.
+_CHILD_TESTS = ("test_matches_reference", "test_overlap_matches_reference", "test_no_races_and_lse_residual",
+                "test_persistent_matches_reference", "test_persistent_has_no_races",
+                "test_mosaic_backward_matches_reference", "test_mosaic_backward_no_races")
 _CHILD_COUNT = 16
+#: Child processes (each runs its share of the tests one after another): pytest-xdist runs them side by side.
+_CHILD_SHARDS = 2
+#: The most seconds one test may take in a child before it counts as stalled (and a child to start its first test).
+_CHILD_TEST_LIMIT = 120
+_CHILD_START_LIMIT = 180
+_STARTED, _FINISHED = "ejk-mgpu-child started", "ejk-mgpu-child finished"
 
+
+@pytest.fixture(autouse=True)
+def _announce_to_the_parent(request: pytest.FixtureRequest) -> Any:
+    """In a child process: each test's start and end on stdout, which the parent watches for stalls."""
+    if os.environ.get(_CHILD) != "1":
+        yield
+        return
+    print(f"\n{_STARTED} {request.node.nodeid}", flush=True)
+    yield
+    print(f"\n{_FINISHED} {request.session.testsfailed} failed so far", flush=True)
 
 
 CASES = [
@@ -286,35 +302,88 @@ def test_mosaic_backward_matches_reference(case: Case, monkeypatch: pytest.Monke
     assert calls, "the Mosaic GPU backward did not run"
 
 
+def _child_test_ids(session: pytest.Session, root: Any) -> list[str]:
+    """The child processes' tests, in collection order: this session's items, or a collection of their own
+    when a selection (``-k``) left them out here."""
+    ids = [item.nodeid for item in session.items if getattr(item, "originalname", "") in _CHILD_TESTS]
+    if len(ids) == _CHILD_COUNT:
+        return ids
+    listed = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
+                             "--collect-only", __file__, "-k", " or ".join(_CHILD_TESTS)],
+                            env={**os.environ, _CHILD: "1"}, capture_output=True, text=True, timeout=300, cwd=root)
+    return [line for line in listed.stdout.splitlines() if "::" in line]
+
+
+def _run_in_child(test_ids: list[str], root: Any) -> tuple[str | None, bool, str]:
+    """Run ``test_ids`` in one child process, one after another, until one stalls or the child ends.
+
+    Returns ``(stalled, passed, output)``: the test that ran past ``_CHILD_TEST_LIMIT`` seconds (the child is
+    then killed), whether every test that finished passed, and what the child printed.
+    """
+    import queue
+    import threading
+    import time
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider", "-p", "no:xdist", *test_ids],
+        env={**os.environ, _CHILD: "1", "PYTHONUNBUFFERED": "1"}, cwd=root, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True)
+    lines: queue.Queue[str | None] = queue.Queue()
+    assert proc.stdout is not None
+    stdout = proc.stdout
+    threading.Thread(target=lambda: ([lines.put(line) for line in stdout], lines.put(None)), daemon=True).start()
+    output: list[str] = []
+    running, finished, failures = None, 0, 0
+    deadline = time.monotonic() + _CHILD_START_LIMIT
+    while True:
+        try:
+            line = lines.get(timeout=max(deadline - time.monotonic(), 0.0))
+        except queue.Empty:
+            proc.kill()
+            proc.wait()
+            if finished == len(test_ids):  # every test ran; the child hung on its way out
+                return None, failures == 0, "".join(output)
+            return running or test_ids[finished], failures == 0, "".join(output)
+        if line is None:
+            break
+        output.append(line)
+        if line.startswith(_STARTED):
+            running, deadline = line[len(_STARTED):].strip(), time.monotonic() + _CHILD_TEST_LIMIT
+        elif line.startswith(_FINISHED):
+            running, finished, failures = None, finished + 1, int(line.split()[len(_FINISHED.split())])
+            deadline = time.monotonic() + (_CHILD_TEST_LIMIT if finished < len(test_ids) else _CHILD_START_LIMIT)
+    proc.wait()
+    text = "".join(output)
+    return None, proc.returncode == 0 and f"{len(test_ids)} passed" in text, text
+
+
 @needs_kernels
 @pytest.mark.skipif(not _FEW_CORES or ON_GPU, reason="4+ cores or a GPU: the tests run in this process")
-def test_mosaic_interpreted_in_a_child_process(pytestconfig: pytest.Config) -> None:
-    """The interpret-mode numerics tests of the forward and the backward, each in its own child process
-    under a time limit (see ``needs_cores``): a stall costs one test's limit, is retried once, and a test
-    that stalls twice is named in a skip after every other one has passed."""
-    child = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist"]
-    env = {**os.environ, _CHILD: "1"}
-    root = pytestconfig.rootpath  # the collected ids are relative to it
-    listed = subprocess.run([*child, "--collect-only", __file__, "-k", _CHILD_TESTS], env=env, capture_output=True,
-                            text=True, timeout=120, cwd=root)
-    ids = [line for line in listed.stdout.splitlines() if "::" in line]
-    assert len(ids) == _CHILD_COUNT, listed.stdout[-2000:]
-    stalled = []
-    for test_id in ids:
-        for _attempt in range(2):
-            try:
-                proc = subprocess.run([*child, test_id], env=env, capture_output=True, text=True, timeout=90,
-                                      cwd=root)
-            except subprocess.TimeoutExpired:
-                continue  # the interpreter stalled (see needs_cores): once more
-            assert proc.returncode == 0 and "1 passed" in proc.stdout, \
-                f"{test_id}:\n" + proc.stdout[-4000:] + proc.stderr[-2000:]
+@pytest.mark.parametrize("shard", range(_CHILD_SHARDS))
+def test_mosaic_interpreted_in_a_child_process(shard: int, request: pytest.FixtureRequest) -> None:
+    """The interpret-mode numerics tests of the forward and the backward (every ``_CHILD_SHARDS``-th one from
+    ``shard``) in a child process, each under a time limit (see ``needs_cores``): a stall costs that limit, the
+    child is restarted at the stalled test, which is retried once, and a test that stalls twice is named in a
+    skip after every other one has passed."""
+    root = request.config.rootpath  # the collected ids are relative to it
+    ids = _child_test_ids(request.session, root)
+    assert len(ids) == _CHILD_COUNT, ids
+    todo = ids[shard::_CHILD_SHARDS]
+    stalls: dict[str, int] = {}
+    stalled: list[str] = []
+    while todo:
+        hung, passed, output = _run_in_child(todo, root)
+        assert passed, f"a test failed in the child process:\n{output[-8000:]}"
+        if hung is None:
             break
-        else:
-            stalled.append(test_id)
+        todo = todo[todo.index(hung):]  # the tests before it passed
+        stalls[hung] = stalls.get(hung, 0) + 1
+        if stalls[hung] == 2:
+            stalled.append(hung)
+            todo = todo[1:]
     if stalled:
         pytest.skip(f"the Mosaic GPU interpreter stalled twice on this machine in {', '.join(stalled)} (see "
-                    f"needs_cores); the other {len(ids) - len(stalled)} passed")
+                    f"needs_cores); the other tests of this shard passed")
 
 
 def test_backward_config(monkeypatch: pytest.MonkeyPatch) -> None:

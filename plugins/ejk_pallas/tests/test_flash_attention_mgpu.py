@@ -324,36 +324,41 @@ def _run_in_child(test_ids: list[str], root: Any) -> tuple[str | None, bool, str
     import threading
     import time
 
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider", "-p", "no:xdist", *test_ids],
-        env={**os.environ, _CHILD: "1", "PYTHONUNBUFFERED": "1"}, cwd=root, stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT, text=True)
     lines: queue.Queue[str | None] = queue.Queue()
-    assert proc.stdout is not None
-    stdout = proc.stdout
-    threading.Thread(target=lambda: ([lines.put(line) for line in stdout], lines.put(None)), daemon=True).start()
     output: list[str] = []
-    running, finished, failures = None, 0, 0
-    deadline = time.monotonic() + _CHILD_START_LIMIT
-    while True:
-        try:
-            line = lines.get(timeout=max(deadline - time.monotonic(), 0.0))
-        except queue.Empty:
-            proc.kill()
-            proc.wait()
-            if finished == len(test_ids):  # every test ran; the child hung on its way out
-                return None, failures == 0, "".join(output)
-            return running or test_ids[finished], failures == 0, "".join(output)
-        if line is None:
-            break
-        output.append(line)
-        if line.startswith(_STARTED):
-            running, deadline = line[len(_STARTED):].strip(), time.monotonic() + _CHILD_TEST_LIMIT
-        elif line.startswith(_FINISHED):
-            running, finished, failures = None, finished + 1, int(line.split()[len(_FINISHED.split())])
-            deadline = time.monotonic() + (_CHILD_TEST_LIMIT if finished < len(test_ids) else _CHILD_START_LIMIT)
-    proc.wait()
+    running, finished, failures, stalled, killed = None, 0, 0, None, False
+    with subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider", "-p", "no:xdist",
+                           *test_ids], env={**os.environ, _CHILD: "1", "PYTHONUNBUFFERED": "1"}, cwd=root,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as proc:
+        stdout = proc.stdout
+        assert stdout is not None
+        reader = threading.Thread(target=lambda: ([lines.put(line) for line in stdout], lines.put(None)))
+        reader.start()
+        deadline = time.monotonic() + _CHILD_START_LIMIT
+        while True:
+            try:
+                line = lines.get(timeout=max(deadline - time.monotonic(), 0.0))
+            except queue.Empty:
+                proc.kill()
+                killed = True
+                if finished < len(test_ids):  # else every test ran and the child hung on its way out
+                    stalled = running or test_ids[finished]
+                break
+            if line is None:
+                break
+            output.append(line)
+            if line.startswith(_STARTED):
+                running, deadline = line[len(_STARTED):].strip(), time.monotonic() + _CHILD_TEST_LIMIT
+            elif line.startswith(_FINISHED):
+                running, finished, failures = None, finished + 1, int(line.split()[len(_FINISHED.split())])
+                deadline = time.monotonic() + (_CHILD_TEST_LIMIT if finished < len(test_ids) else _CHILD_START_LIMIT)
+        proc.wait()
+        reader.join()  # the pipe's end (the child is gone), before the pipe is closed
+    while killed and (rest := lines.get()) is not None:  # what a killed child printed last (for the report)
+        output.append(rest)
     text = "".join(output)
+    if killed:  # the tests that finished are all there is to judge
+        return stalled, failures == 0, text
     return None, proc.returncode == 0 and f"{len(test_ids)} passed" in text, text
 
 

@@ -23,8 +23,9 @@ PYTHON = "3.11"
 ROOT = pathlib.Path(__file__).parent
 PLUGINS = ["xla", "pallas", "triton", "cute"]
 EXAMPLE = "examples/ejk-example-plugin"
-TEST_DEPS = ["pytest>=8", "pytest-xdist>=3", "pydantic>=2", "hypothesis>=6", "pip", "hatchling>=1.18", "editables"]
-#: pytest workers per session: CI machines have 2 cores (EJK_TEST_WORKERS overrides; 0 = in-process).
+TEST_DEPS = ["pytest>=8", "pytest-xdist>=3.2", "pydantic>=2", "hypothesis>=6", "pip", "hatchling>=1.18", "editables"]
+#: pytest workers per session: CI machines have 2 cores (EJK_TEST_WORKERS overrides; 0 = in-process). They
+#: steal queued tests from each other, so that a few long tests do not leave one worker idle at the end.
 WORKERS = os.environ.get("EJK_TEST_WORKERS", "2")
 # Per plugin: extra requirements and environment of its test session. ejk-triton's tests run the
 # real kernels through Triton's interpreter (EJK_TRITON_INTERPRET=1, read before triton is
@@ -39,7 +40,7 @@ PLUGIN_TEST_ENV = {"triton": {"EJK_TRITON_INTERPRET": "1"}, "pallas": {"EJK_PALL
 
 def _pytest(session: nox.Session, *paths: str, env: dict[str, str] | None = None) -> None:
     args = [*paths, *session.posargs] if session.posargs else list(paths)
-    workers = ["-n", WORKERS] if WORKERS != "0" else []
+    workers = ["-n", WORKERS, "--dist", "worksteal"] if WORKERS != "0" else []
     session.run("python", "-m", "pytest", "-q", "--durations=15", *workers, *args,
                 env={"JAX_PLATFORMS": "cpu", **(env or {})})
 

@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 
 from ejk.plugin import GLA_RESIDUALS, SSD_RESIDUALS, VJP, cdiv, cotangent_like, int_in, next_pow2, power_of_two
-from ejk_triton import _env
+from ejk_triton import _dots, _env
 from ejk_triton._device import compute_capability_reason
 from ejk_triton._launch import kernels, launch, sequential_vmap
 
@@ -41,31 +41,47 @@ _MAX_GRID_Z = 65535
 
 @attrs.frozen(kw_only=True)
 class LinearAttentionConfig:
-    """Config of the Triton linear-recurrence kernel.
+    """Config of the Triton linear-recurrence kernels.
 
     Attributes:
-        chunk: Tokens per chunk (the intra-chunk products are ``[chunk, chunk]``).
-        block_v: State columns per program (more programs when smaller).
-        block_ks: Channels per slice of the exact per-channel weights ``[chunk, chunk, block_ks]``
-            (``gla`` only).
+        chunk: Tokens per chunk: the state kernel runs ``T / chunk`` sequential steps and stores the
+            state entering every chunk; the output kernel runs every chunk at once.
+        block_k: State rows per program of the state kernel.
+        block_v: State columns per program of the state and output kernels (more programs when smaller).
+        block_ks: Channels per slice of the exact per-channel weights of a 16-token sub-block,
+            ``[16, 16, block_ks]`` (``gla`` only).
         num_warps: Warps per program.
         num_stages: Software-pipelining stages.
+        backward_chunk: Tokens per chunk of the backward.
     """
 
-    chunk: int = attrs.field(default=16, validator=[power_of_two(16), int_in(16, 64)])
-    block_v: int = attrs.field(default=32, validator=[power_of_two(16), int_in(16, 128)])
+    chunk: int = attrs.field(default=64, validator=[power_of_two(16), int_in(16, 64)])
+    block_k: int = attrs.field(default=64, validator=[power_of_two(16), int_in(16, 256)])
+    block_v: int = attrs.field(default=64, validator=[power_of_two(16), int_in(16, 128)])
     block_ks: int = attrs.field(default=16, validator=[power_of_two(8), int_in(8, 128)])
     num_warps: int = attrs.field(default=4, validator=[power_of_two(), int_in(1, 16)])
-    num_stages: int = attrs.field(default=1, validator=int_in(1, 4))
+    num_stages: int = attrs.field(default=2, validator=int_in(1, 4))
+    backward_chunk: int = attrs.field(default=16, validator=[power_of_two(16), int_in(16, 64)])
+
+
+#: The interpreter (CPU): two 16-token sub-blocks per chunk, small blocks.
+_INTERPRETER = LinearAttentionConfig(chunk=32, block_k=16, block_v=16, num_stages=1)
 
 
 def config_space(**call: Any) -> list[LinearAttentionConfig]:
-    return [LinearAttentionConfig(chunk=c, block_v=bv, num_warps=w)
-            for c in (16, 32) for bv in (32, 64) for w in (4, 8)]
+    """Autotuning candidates: chunks of 32 and 64, column blocks of 32, 64 and 128, 4 or 8 warps; the
+    heuristic's first."""
+    if _env.interpreting_on_cpu():
+        return [_INTERPRETER]
+    first = heuristic_config()
+    space = [LinearAttentionConfig(chunk=c, block_v=bv, num_warps=w)
+             for c in (64, 32) for bv in (64, 32, 128) for w in (4, 8)]
+    return [first, *(c for c in space if c != first)]
 
 
 def heuristic_config(**call: Any) -> LinearAttentionConfig:
-    return LinearAttentionConfig()
+    """Chunks of 64 tokens, ``[64, 64]`` state blocks, 4 warps (the interpreter: see ``_INTERPRETER``)."""
+    return _INTERPRETER if _env.interpreting_on_cpu() else LinearAttentionConfig()
 
 
 def _device_reason() -> str | None:
@@ -110,38 +126,50 @@ def ssd_capability(x: Any, dt: Any, A: Any, B: Any, C: Any, D: Any = None, dt_bi
 
 def _recurrence(q: jax.Array, k: jax.Array, v: jax.Array, g: jax.Array, initial_state: jax.Array | None,
                 cu_seqlens: jax.Array | None, *, scale: float, scalar_gate: bool, out_dtype: Any,
-                cfg: LinearAttentionConfig, store_states: bool = False) -> tuple[jax.Array, ...]:
-    """The kernel on ``q, k [B, T, HQK, K]``, ``v [B, T, H, V]``, ``g [B, T, H(, K)]``: ``(o, final states)``
-    and, with ``store_states``, the states entering every chunk."""
+                cfg: LinearAttentionConfig, float32_states: bool = False) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """The forward kernels on ``q, k [B, T, HQK, K]``, ``v [B, T, H, V]``, ``g [B, T, H(, K)]``:
+    ``(o, final states, states entering every chunk)``, the latter at the slots :func:`_chunk_slots` counts,
+    in float32 for float32 inputs or ``float32_states``, else in the inputs' dtype."""
     b, t, hqk, dk = q.shape
     h, dv = v.shape[2], v.shape[3]
     n = _states(b, cu_seqlens)
+    f32 = jnp.float32
+    slots = _chunk_slots(b * t, n, cfg.chunk)
+    state_dtype = f32 if float32_states or q.dtype == f32 else q.dtype
     if t == 0:
-        init = jnp.zeros((n, h, dk, dv), jnp.float32) if initial_state is None else initial_state.astype(jnp.float32)
-        return (jnp.zeros((b, 0, h, dv), out_dtype), init,
-                *([jnp.zeros((_chunk_slots(0, n, cfg.chunk), h, dk, dv), jnp.float32)] if store_states else []))
+        init = jnp.zeros((n, h, dk, dv), f32) if initial_state is None else initial_state.astype(f32)
+        return jnp.zeros((b, 0, h, dv), out_dtype), init, jnp.zeros((slots, h, dk, dv), state_dtype)
     block_k = next_pow2(max(dk, 16))
     block_v = min(cfg.block_v, next_pow2(max(dv, 16)))
+    state_k = min(cfg.block_k, block_k)
     rows = b * t
-    dummy = jnp.zeros((1,), jnp.float32)
-    inputs = [q.reshape(rows, hqk, dk), k.reshape(rows, hqk, dk), v.reshape(rows, h, dv),
-              g.reshape(rows, *g.shape[2:]),
-              dummy if initial_state is None else initial_state.astype(jnp.float32),
-              jnp.zeros((1,), jnp.int32) if cu_seqlens is None else cu_seqlens.astype(jnp.int32)]
-    out_shapes = [jax.ShapeDtypeStruct((rows, h, dv), out_dtype), jax.ShapeDtypeStruct((n, h, dk, dv), jnp.float32)]
-    # The state entering every chunk, at the slots _chunk_slots counts (a placeholder unless stored).
-    slots = (_chunk_slots(rows, n, cfg.chunk), h, dk, dv) if store_states else (1,)
-    out_shapes.append(jax.ShapeDtypeStruct(slots, jnp.float32))
+    v = v.astype(q.dtype)  # the products run in the inputs' dtype
+    cu = (jnp.zeros((1,), jnp.int32) if cu_seqlens is None else cu_seqlens.astype(jnp.int32))
+    sequences = _slot_sequences(b, t, cu_seqlens, cfg.chunk)
+    common = dict(T=t, H=h, HQK=hqk, K=dk, V=dv, BT=cfg.chunk, BV=block_v, SCALAR_GATE=scalar_gate,
+                  VARLEN=cu_seqlens is not None, PREC=_dots.dot_precision(q.dtype, "high"))
+    gates = g.reshape(rows, *g.shape[2:])
 
-    def run(*arrays: jax.Array) -> tuple[jax.Array, ...]:
-        return launch(kernels("_linear_kernels").linear_recurrence_fwd, grid=(cdiv(dv, block_v), h, n),
-                      inputs=arrays, out_shapes=out_shapes, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-                      T=t, H=h, HQK=hqk, K=dk, V=dv, BT=cfg.chunk, BK=block_k, BKS=min(cfg.block_ks, block_k),
-                      BV=block_v, SCALE=float(scale), SCALAR_GATE=scalar_gate, HAS_H0=initial_state is not None,
-                      VARLEN=cu_seqlens is not None, STORE_STATES=store_states)
+    def run(q: jax.Array, k: jax.Array, v: jax.Array, g: jax.Array, h0: jax.Array, cu: jax.Array,
+            seq: jax.Array) -> tuple[jax.Array, ...]:
+        module = kernels("_linear_kernels")
+        gc, hs, final = launch(
+            module.linear_states_fwd, grid=(n * h, cdiv(dk, state_k), cdiv(dv, block_v)),
+            inputs=(k, v, g, h0, cu),
+            out_shapes=(jax.ShapeDtypeStruct(g.shape, f32), jax.ShapeDtypeStruct((slots, h, dk, dv), state_dtype),
+                        jax.ShapeDtypeStruct((n, h, dk, dv), f32)),
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages, BK=state_k, HAS_H0=initial_state is not None,
+            **common)
+        (o,) = launch(module.linear_output_fwd, grid=(slots, cdiv(dv, block_v), h),
+                      inputs=(q, k, v, gc, hs, cu, seq), out_shapes=(jax.ShapeDtypeStruct((rows, h, dv), out_dtype),),
+                      num_warps=cfg.num_warps, num_stages=cfg.num_stages, BC=min(16, cfg.chunk), BK=block_k,
+                      BKS=min(cfg.block_ks, block_k), SCALE=float(scale), **common)
+        return o, final, hs
 
-    o, final, states = sequential_vmap(run)(*inputs)
-    return (o.reshape(b, t, h, dv), final, *([states] if store_states else []))
+    h0 = jnp.zeros((1,), f32) if initial_state is None else initial_state.astype(f32)
+    o, final, hs = sequential_vmap(run)(q.reshape(rows, hqk, dk), k.reshape(rows, hqk, dk), v.reshape(rows, h, dv),
+                                        gates, h0, cu, sequences)
+    return o.reshape(b, t, h, dv), final, hs
 
 
 def _chunk_slots(rows: int, sequences: int, chunk: int) -> int:
@@ -150,12 +178,22 @@ def _chunk_slots(rows: int, sequences: int, chunk: int) -> int:
     return rows // chunk + sequences + 1
 
 
+def _slot_sequences(batch: int, length: int, cu_seqlens: jax.Array | None, chunk: int) -> jax.Array:
+    """``[slots]`` int32: the sequence each chunk slot belongs to (a slot no chunk uses gets a sequence whose
+    chunks it lies past, so its program stores nothing)."""
+    n = _states(batch, cu_seqlens)
+    cu = (jnp.arange(n + 1, dtype=jnp.int32) * length if cu_seqlens is None else cu_seqlens.astype(jnp.int32))
+    first = cu[:-1] // chunk + jnp.arange(n, dtype=jnp.int32)  # strictly increasing
+    slot = jnp.arange(_chunk_slots(batch * length, n, chunk), dtype=jnp.int32)
+    return jnp.clip(jnp.searchsorted(first, slot, side="right") - 1, 0, max(n - 1, 0)).astype(jnp.int32)
+
+
 def gla(q: jax.Array, k: jax.Array, v: jax.Array, g: jax.Array, initial_state: jax.Array | None = None,
         cu_seqlens: jax.Array | None = None, *, scale: float,
         cfg: LinearAttentionConfig | None = None) -> tuple[jax.Array, jax.Array]:
     """``ejk.gla``'s forward: ``(o, final_state)``."""
-    o, final = _recurrence(q, k, v, g, initial_state, cu_seqlens, scale=scale, scalar_gate=False,
-                           out_dtype=q.dtype, cfg=cfg or LinearAttentionConfig())
+    o, final, _ = _recurrence(q, k, v, g, initial_state, cu_seqlens, scale=scale, scalar_gate=False,
+                              out_dtype=q.dtype, cfg=cfg or heuristic_config())
     return o, final
 
 
@@ -183,7 +221,7 @@ def gla_backward(residuals: tuple[Any, ...], d_out: Any, *, scale: float,
     ``Σ_v S_T ⊙ dS_T`` (the final state's gate factor)."""
     q, k, v, g, initial_state, cu_seqlens = residuals
     d_o, d_final = d_out
-    cfg = cfg or LinearAttentionConfig()
+    cfg = attrs.evolve(cfg or heuristic_config(), chunk=(cfg or heuristic_config()).backward_chunk)
     b, t, h, dk = q.shape
     dv = v.shape[3]
     n = _states(b, cu_seqlens)
@@ -192,7 +230,7 @@ def gla_backward(residuals: tuple[Any, ...], d_out: Any, *, scale: float,
     if d_o is None:
         d_o = jnp.zeros(v.shape, v.dtype)
     _, final, states = _recurrence(q, k, v, g, initial_state, cu_seqlens, scale=scale, scalar_gate=False,
-                                   out_dtype=q.dtype, cfg=cfg, store_states=True)
+                                   out_dtype=q.dtype, cfg=cfg, float32_states=True)
     rows = b * t
     if t == 0:
         dq, dk_, dv_ = (jnp.zeros(x.shape, f32) for x in (q, k, v))
@@ -233,8 +271,9 @@ def ssd(x: jax.Array, dt: jax.Array, A: jax.Array, B: jax.Array, C: jax.Array,  
     step = dt.astype(f32) + (0.0 if dt_bias is None else dt_bias.astype(f32))
     step = jax.nn.softplus(step) if dt_softplus else step
     init = None if initial_state is None else jnp.swapaxes(initial_state.astype(f32), -1, -2)  # [N, H, Ns, P]
-    y, final = _recurrence(C, B, x.astype(f32) * step[..., None], step * A.astype(f32), init, cu_seqlens,
-                           scale=1.0, scalar_gate=True, out_dtype=f32, cfg=cfg or LinearAttentionConfig())
+    values = (x.astype(f32) * step[..., None]).astype(C.dtype)
+    y, final, _ = _recurrence(C, B, values, step * A.astype(f32), init, cu_seqlens, scale=1.0, scalar_gate=True,
+                              out_dtype=f32, cfg=cfg or heuristic_config())
     if D is not None:
         y = y + D.astype(f32)[:, None] * x.astype(f32)
     return y.astype(x.dtype), jnp.swapaxes(final, -1, -2)

@@ -126,19 +126,21 @@ def ssd_capability(x: Any, dt: Any, A: Any, B: Any, C: Any, D: Any = None, dt_bi
 
 def _recurrence(q: jax.Array, k: jax.Array, v: jax.Array, g: jax.Array, initial_state: jax.Array | None,
                 cu_seqlens: jax.Array | None, *, scale: float, scalar_gate: bool, out_dtype: Any,
-                cfg: LinearAttentionConfig, float32_states: bool = False) -> tuple[jax.Array, jax.Array, jax.Array]:
+                cfg: LinearAttentionConfig, with_output: bool = True) -> tuple[jax.Array | None, ...]:
     """The forward kernels on ``q, k [B, T, HQK, K]``, ``v [B, T, H, V]``, ``g [B, T, H(, K)]``:
-    ``(o, final states, states entering every chunk)``, the latter at the slots :func:`_chunk_slots` counts,
-    in float32 for float32 inputs or ``float32_states``, else in the inputs' dtype."""
+    ``(o, final states, chunk-local cumulative gates [B·T, H(, K)], states entering every chunk)``, the
+    latter at the slots :func:`_chunk_slots` counts, in the inputs' dtype; ``o`` is ``None`` without
+    ``with_output`` (the state kernel only)."""
     b, t, hqk, dk = q.shape
     h, dv = v.shape[2], v.shape[3]
     n = _states(b, cu_seqlens)
     f32 = jnp.float32
     slots = _chunk_slots(b * t, n, cfg.chunk)
-    state_dtype = f32 if float32_states or q.dtype == f32 else q.dtype
+    state_dtype = q.dtype
     if t == 0:
         init = jnp.zeros((n, h, dk, dv), f32) if initial_state is None else initial_state.astype(f32)
-        return jnp.zeros((b, 0, h, dv), out_dtype), init, jnp.zeros((slots, h, dk, dv), state_dtype)
+        return (jnp.zeros((b, 0, h, dv), out_dtype), init, jnp.zeros((0, h, *g.shape[3:]), f32),
+                jnp.zeros((slots, h, dk, dv), state_dtype))
     block_k = next_pow2(max(dk, 16))
     block_v = min(cfg.block_v, next_pow2(max(dv, 16)))
     state_k = min(cfg.block_k, block_k)
@@ -160,16 +162,21 @@ def _recurrence(q: jax.Array, k: jax.Array, v: jax.Array, g: jax.Array, initial_
                         jax.ShapeDtypeStruct((n, h, dk, dv), f32)),
             num_warps=cfg.num_warps, num_stages=cfg.num_stages, BK=state_k, HAS_H0=initial_state is not None,
             **common)
+        if not with_output:
+            return final, gc, hs
         (o,) = launch(module.linear_output_fwd, grid=(slots, cdiv(dv, block_v), h),
                       inputs=(q, k, v, gc, hs, cu, seq), out_shapes=(jax.ShapeDtypeStruct((rows, h, dv), out_dtype),),
                       num_warps=cfg.num_warps, num_stages=cfg.num_stages, BC=min(16, cfg.chunk), BK=block_k,
                       BKS=min(cfg.block_ks, block_k), SCALE=float(scale), **common)
-        return o, final, hs
+        return o, final, gc, hs
 
     h0 = jnp.zeros((1,), f32) if initial_state is None else initial_state.astype(f32)
-    o, final, hs = sequential_vmap(run)(q.reshape(rows, hqk, dk), k.reshape(rows, hqk, dk), v.reshape(rows, h, dv),
-                                        gates, h0, cu, sequences)
-    return o.reshape(b, t, h, dv), final, hs
+    outs = sequential_vmap(run)(q.reshape(rows, hqk, dk), k.reshape(rows, hqk, dk), v.reshape(rows, h, dv), gates,
+                                h0, cu, sequences)
+    if not with_output:
+        return None, *outs
+    o, *rest = outs
+    return o.reshape(b, t, h, dv), *rest
 
 
 def _chunk_slots(rows: int, sequences: int, chunk: int) -> int:
@@ -192,7 +199,7 @@ def gla(q: jax.Array, k: jax.Array, v: jax.Array, g: jax.Array, initial_state: j
         cu_seqlens: jax.Array | None = None, *, scale: float,
         cfg: LinearAttentionConfig | None = None) -> tuple[jax.Array, jax.Array]:
     """``ejk.gla``'s forward: ``(o, final_state)``."""
-    o, final, _ = _recurrence(q, k, v, g, initial_state, cu_seqlens, scale=scale, scalar_gate=False,
+    o, final, _, _ = _recurrence(q, k, v, g, initial_state, cu_seqlens, scale=scale, scalar_gate=False,
                               out_dtype=q.dtype, cfg=cfg or heuristic_config())
     return o, final
 
@@ -216,39 +223,53 @@ def _segment_suffix_sums(x: jax.Array, cu_seqlens: jax.Array | None) -> jax.Arra
 
 def gla_backward(residuals: tuple[Any, ...], d_out: Any, *, scale: float,
                  cfg: LinearAttentionConfig | None = None) -> tuple[Any, ...]:
-    """``gla``'s gradients from its operands: the forward again (keeping the state entering every chunk),
-    then the reverse kernel; ``dg`` is the suffix sum of ``q ⊙ dq - k ⊙ dk`` over each sequence plus
-    ``Σ_v S_T ⊙ dS_T`` (the final state's gate factor)."""
+    """``gla``'s gradients from its operands, in ``backward_chunk`` chunks: the state kernel again (the state
+    entering every chunk), the reverse state-cotangent kernel, then the per-chunk kernel for ``dq``, ``dk``,
+    ``dv``; ``dg`` is the suffix sum of ``q ⊙ dq - k ⊙ dk`` over each sequence plus ``Σ_v S_T ⊙ dS_T``
+    (the final state's gate factor)."""
     q, k, v, g, initial_state, cu_seqlens = residuals
     d_o, d_final = d_out
-    cfg = attrs.evolve(cfg or heuristic_config(), chunk=(cfg or heuristic_config()).backward_chunk)
+    base = cfg or heuristic_config()
+    cfg = attrs.evolve(base, chunk=base.backward_chunk)
     b, t, h, dk = q.shape
     dv = v.shape[3]
     n = _states(b, cu_seqlens)
     f32 = jnp.float32
     d_final = jnp.zeros((n, h, dk, dv), f32) if d_final is None else d_final.astype(f32)
-    if d_o is None:
-        d_o = jnp.zeros(v.shape, v.dtype)
-    _, final, states = _recurrence(q, k, v, g, initial_state, cu_seqlens, scale=scale, scalar_gate=False,
-                                   out_dtype=q.dtype, cfg=cfg, float32_states=True)
+    _, final, gc, states = _recurrence(q, k, v, g, initial_state, cu_seqlens, scale=scale, scalar_gate=False,
+                                       out_dtype=q.dtype, cfg=cfg, with_output=False)
     rows = b * t
     if t == 0:
         dq, dk_, dv_ = (jnp.zeros(x.shape, f32) for x in (q, k, v))
         d_initial = d_final
     else:
+        d_o = jnp.zeros(v.shape, q.dtype) if d_o is None else d_o.astype(q.dtype)
         block_k = next_pow2(max(dk, 16))
-        flat = [x.reshape(rows, h, x.shape[3]) for x in (q, k, v, g, d_o)]
+        block_v = min(cfg.block_v, next_pow2(max(dv, 16)))
+        state_k = min(cfg.block_k, block_k)
+        slots = _chunk_slots(rows, n, cfg.chunk)
         cu = jnp.zeros((1,), jnp.int32) if cu_seqlens is None else cu_seqlens.astype(jnp.int32)
+        common = dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages, T=t, H=h, K=dk, V=dv, BT=cfg.chunk,
+                      SCALE=float(scale), VARLEN=cu_seqlens is not None, PREC=_dots.dot_precision(q.dtype, "high"))
 
-        def run(*arrays: jax.Array) -> tuple[jax.Array, ...]:
-            shapes = [jax.ShapeDtypeStruct((rows, h, dk), f32), jax.ShapeDtypeStruct((rows, h, dk), f32),
-                      jax.ShapeDtypeStruct((rows, h, dv), f32), jax.ShapeDtypeStruct((n, h, dk, dv), f32)]
-            return launch(kernels("_linear_kernels").gla_bwd, grid=(1, h, n), inputs=arrays, out_shapes=shapes,
-                          num_warps=cfg.num_warps, num_stages=cfg.num_stages, T=t, H=h, K=dk, V=dv, BT=cfg.chunk,
-                          BK=block_k, BKS=min(cfg.block_ks, block_k), BV=next_pow2(max(dv, 16)),
-                          SCALE=float(scale), VARLEN=cu_seqlens is not None)
+        def run(q: jax.Array, k: jax.Array, v: jax.Array, g: jax.Array, d_o: jax.Array, d_final: jax.Array,
+                cu: jax.Array, gc: jax.Array, states: jax.Array, seq: jax.Array) -> tuple[jax.Array, ...]:
+            module = kernels("_linear_kernels")
+            d_states, d_initial = launch(
+                module.linear_dstates_bwd, grid=(n * h, cdiv(dk, state_k), cdiv(dv, block_v)),
+                inputs=(q, g, d_o, d_final, cu),
+                out_shapes=(jax.ShapeDtypeStruct(states.shape, states.dtype),
+                            jax.ShapeDtypeStruct((n, h, dk, dv), f32)),
+                HQK=h, BK=state_k, BV=block_v, **common)
+            grads = launch(module.linear_chunk_bwd, grid=(slots, h), inputs=(q, k, v, gc, d_o, states, d_states, cu, seq),
+                           out_shapes=(jax.ShapeDtypeStruct((rows, h, dk), f32), jax.ShapeDtypeStruct((rows, h, dk), f32),
+                                       jax.ShapeDtypeStruct((rows, h, dv), f32)),
+                           BC=min(16, cfg.chunk), BK=block_k, BV=block_v, **common)
+            return (*grads, d_initial)
 
-        dq, dk_, dv_, d_initial = sequential_vmap(run)(*flat, d_final, states, cu)
+        flat = [x.reshape(rows, h, x.shape[3]) for x in (q, k, v.astype(q.dtype), g, d_o)]
+        dq, dk_, dv_, d_initial = sequential_vmap(run)(*flat, d_final, cu, gc, states,
+                                                       _slot_sequences(b, t, cu_seqlens, cfg.chunk))
         dq, dk_, dv_ = (x.reshape(b, t, h, x.shape[2]) for x in (dq, dk_, dv_))
     gate_terms = q.astype(f32) * dq - k.astype(f32) * dk_
     d_gates = _segment_suffix_sums(gate_terms, cu_seqlens)
@@ -272,7 +293,7 @@ def ssd(x: jax.Array, dt: jax.Array, A: jax.Array, B: jax.Array, C: jax.Array,  
     step = jax.nn.softplus(step) if dt_softplus else step
     init = None if initial_state is None else jnp.swapaxes(initial_state.astype(f32), -1, -2)  # [N, H, Ns, P]
     values = (x.astype(f32) * step[..., None]).astype(C.dtype)
-    y, final, _ = _recurrence(C, B, values, step * A.astype(f32), init, cu_seqlens, scale=1.0, scalar_gate=True,
+    y, final, _, _ = _recurrence(C, B, values, step * A.astype(f32), init, cu_seqlens, scale=1.0, scalar_gate=True,
                               out_dtype=f32, cfg=cfg or heuristic_config())
     if D is not None:
         y = y + D.astype(f32)[:, None] * x.astype(f32)

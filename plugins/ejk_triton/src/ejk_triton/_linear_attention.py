@@ -317,7 +317,8 @@ def ssd_backward(residuals: tuple[Any, ...], d_out: Any, *, dt_softplus: bool,
         step = dt.astype(f32) + (0.0 if bias is None else bias.astype(f32))
         step = jax.nn.softplus(step) if dt_softplus else step
         gates = jnp.broadcast_to((step * a.astype(f32))[..., None], (*step.shape, n))
-        return c[:, :, heads], b[:, :, heads], x.astype(f32) * step[..., None], gates
+        # float32 throughout: dA and ddt sum the gates' gradient, a difference of sums, over every token
+        return c[:, :, heads].astype(f32), b[:, :, heads].astype(f32), x.astype(f32) * step[..., None], gates
 
     (q, k, v, g), to_inputs = jax.vjp(as_gla, x, dt, A, B, C, dt_bias)
     init = None if initial_state is None else jnp.swapaxes(initial_state.astype(f32), -1, -2)

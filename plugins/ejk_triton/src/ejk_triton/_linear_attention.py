@@ -61,26 +61,27 @@ class LinearAttentionConfig:
     block_ks: int = attrs.field(default=16, validator=[power_of_two(8), int_in(8, 128)])
     num_warps: int = attrs.field(default=4, validator=[power_of_two(), int_in(1, 16)])
     num_stages: int = attrs.field(default=2, validator=int_in(1, 4))
-    backward_chunk: int = attrs.field(default=16, validator=[power_of_two(16), int_in(16, 64)])
+    backward_chunk: int = attrs.field(default=64, validator=[power_of_two(16), int_in(16, 64)])
 
 
-#: The interpreter (CPU): two 16-token sub-blocks per chunk, small blocks.
-_INTERPRETER = LinearAttentionConfig(chunk=32, block_k=16, block_v=16, num_stages=1)
+#: The interpreter (CPU): two 16-token sub-blocks per forward chunk, one per backward chunk, small blocks.
+_INTERPRETER = LinearAttentionConfig(chunk=32, block_k=16, block_v=16, num_stages=1, backward_chunk=16)
 
 
 def config_space(**call: Any) -> list[LinearAttentionConfig]:
-    """Autotuning candidates: chunks of 32 and 64, column blocks of 32, 64 and 128, 4 or 8 warps; the
-    heuristic's first."""
+    """Autotuning candidates: chunks of 32 and 64 (the backward's the same), column blocks of 32, 64 and 128,
+    4 or 8 warps; the heuristic's first."""
     if _env.interpreting_on_cpu():
         return [_INTERPRETER]
     first = heuristic_config()
-    space = [LinearAttentionConfig(chunk=c, block_v=bv, num_warps=w)
+    space = [LinearAttentionConfig(chunk=c, block_v=bv, num_warps=w, backward_chunk=c)
              for c in (64, 32) for bv in (64, 32, 128) for w in (4, 8)]
     return [first, *(c for c in space if c != first)]
 
 
 def heuristic_config(**call: Any) -> LinearAttentionConfig:
-    """Chunks of 64 tokens, ``[64, 64]`` state blocks, 4 warps (the interpreter: see ``_INTERPRETER``)."""
+    """Chunks of 64 tokens (forward and backward), ``[64, 64]`` state blocks, 4 warps (the interpreter: see
+    ``_INTERPRETER``)."""
     return _INTERPRETER if _env.interpreting_on_cpu() else LinearAttentionConfig()
 
 

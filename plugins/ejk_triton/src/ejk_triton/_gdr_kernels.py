@@ -83,7 +83,8 @@ def _state_tile(ptr, idx, h, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, 
     (int64 offsets)."""
     ik = tl.arange(0, BK)
     iv = col0 + tl.arange(0, BV)
-    return ptr + ((tl.cast(idx, tl.int64) * H + h) * K + ik[:, None]) * V + iv[None, :], (ik < K)[:, None] & (iv < V)[None, :]
+    offsets = ((tl.cast(idx, tl.int64) * H + h) * K + ik[:, None]) * V + iv[None, :]
+    return ptr + offsets, (ik < K)[:, None] & (iv < V)[None, :]
 
 
 @triton.jit

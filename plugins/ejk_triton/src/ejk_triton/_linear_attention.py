@@ -1,20 +1,20 @@
-"""``gla`` and ``ssd`` as Triton kernels (``_linear_kernels``): one forward kernel for both, and
-``gla``'s backward kernel, which ``ssd``'s backward runs too. The residuals are the operands
-(``GLA_RESIDUALS`` / ``SSD_RESIDUALS``, as ejk-xla's, so either backward may follow either forward).
+"""``gla`` and ``ssd`` as Triton kernels (``_linear_kernels``), in phases so that only the state
+recurrence is sequential. The residuals are the operands (``GLA_RESIDUALS`` / ``SSD_RESIDUALS``, as
+ejk-xla's, so either backward may follow either forward).
 
-Forward: one program per (column block of the state, head, sequence) walks its sequence chunk by
-chunk with the state in registers: packed sequences (``cu_seqlens``) need no layout, each program
-reads its own offsets, and no chunk crosses a sequence boundary. ``ssd`` maps onto the same kernel
-with a scalar gate: ``q = C``, ``k = B`` (read per group), ``v = dt·x`` and log gate ``dt·A``; the
-``D`` skip connection is added after the launch.
+Forward: a state kernel per (sequence·head, K block, V block) walks the sequence chunk by chunk with
+the float32 state in registers, writing the chunk-local cumulative gates, the state entering every
+chunk and the final state; then an output kernel per (chunk, V block, head) computes every chunk at
+once. Packed sequences (``cu_seqlens``) need no layout: each program reads its offsets, no chunk
+crosses a sequence boundary. ``ssd`` is the same with a scalar gate: ``q = C``, ``k = B`` (read per
+group), ``v = dt·x`` and log gate ``dt·A``; the ``D`` skip connection is added after the launches.
 
-Backward: the forward runs again, keeping the state entering every chunk (float32,
-``[T / chunk + N + 1, H, K, V]``); then one program per (head, sequence) walks the chunks in reverse
-with the state's cotangent ``[K, V]`` in registers, writing ``dq``, ``dk``, ``dv`` and the initial
-state's cotangent. The log gates' gradient is, per sequence, the suffix sum of ``q ⊙ dq - k ⊙ dk``
-plus ``Σ_v S_T ⊙ dS_T`` (the final state's factor ``e^{G_T}``). ``ssd``'s backward is ``gla``'s with
-each head's ``B`` / ``C`` and its scalar gate spread over the ``N`` channels, carried back to its
-inputs by JAX's VJP of that mapping.
+Backward (in ``backward_chunk`` chunks): the state kernel again, a reverse kernel per (sequence·head,
+K block, V block) for the cotangent of the state leaving every chunk and the initial state's, then a
+per-(chunk, head) kernel for ``dq``, ``dk``, ``dv``. The log gates' gradient is, per sequence, the
+suffix sum of ``q ⊙ dq - k ⊙ dk`` plus ``Σ_v S_T ⊙ dS_T`` (the final state's factor ``e^{G_T}``).
+``ssd``'s backward is ``gla``'s (in float32) with each head's ``B`` / ``C`` and its scalar gate spread
+over the ``N`` channels, carried back to its inputs by JAX's VJP of that mapping.
 """
 
 from __future__ import annotations
@@ -36,7 +36,6 @@ __all__ = ["LinearAttentionConfig", "capability", "config_space", "gla", "gla_vj
 _DTYPES = ("bfloat16", "float16", "float32")
 #: The state ``[K, block_v]`` lives in registers: K (the state's row count) is bounded.
 _MAX_K = 256
-_MAX_GRID_Z = 65535
 
 
 @attrs.frozen(kw_only=True)
@@ -94,14 +93,12 @@ def _device_reason() -> str | None:
     return compute_capability_reason()
 
 
-def _common_reason(arrays: tuple[Any, ...], k_dim: int, states: int) -> str | None:
+def _common_reason(arrays: tuple[Any, ...], k_dim: int) -> str | None:
     found = sorted({jnp.dtype(x.dtype).name for x in arrays if x is not None} - set(_DTYPES))
     if found:
         return f"{', '.join(found)} not supported (bfloat16, float16 and float32 only)"
     if k_dim > _MAX_K:
         return f"a state of {k_dim} rows not supported (at most {_MAX_K}: the state is held in registers)"
-    if states > _MAX_GRID_Z:
-        return f"{states} sequences exceed the grid limit {_MAX_GRID_Z}"
     return _device_reason()
 
 
@@ -115,23 +112,22 @@ def capability(q: Any, k: Any, v: Any, g: Any, initial_state: Any = None, cu_seq
     an NVIDIA GPU (compute capability 8.0+) unless interpreted."""
     if int(v.shape[3]) > _MAX_K:
         return f"V = {int(v.shape[3])} not supported (at most {_MAX_K}: the backward holds a [K, V] state cotangent)"
-    return _common_reason((q, k, v, g, initial_state), int(q.shape[3]), _states(int(q.shape[0]), cu_seqlens))
+    return _common_reason((q, k, v, g, initial_state), int(q.shape[3]))
 
 
 def ssd_capability(x: Any, dt: Any, A: Any, B: Any, C: Any, D: Any = None, dt_bias: Any = None,  # noqa: N803
                    initial_state: Any = None, cu_seqlens: Any = None, **_: Any) -> str | None:
     """Why the Triton ``ssd`` cannot run a call, or ``None``: as :func:`capability`, N up to 256."""
-    return _common_reason((x, dt, A, B, C, D, dt_bias, initial_state), int(B.shape[3]),
-                          _states(int(x.shape[0]), cu_seqlens))
+    return _common_reason((x, dt, A, B, C, D, dt_bias, initial_state), int(B.shape[3]))
 
 
 def _recurrence(q: jax.Array, k: jax.Array, v: jax.Array, g: jax.Array, initial_state: jax.Array | None,
                 cu_seqlens: jax.Array | None, *, scale: float, scalar_gate: bool, out_dtype: Any,
-                cfg: LinearAttentionConfig, with_output: bool = True) -> tuple[jax.Array | None, ...]:
+                cfg: LinearAttentionConfig, with_output: bool = True) -> tuple[jax.Array, ...]:
     """The forward kernels on ``q, k [B, T, HQK, K]``, ``v [B, T, H, V]``, ``g [B, T, H(, K)]``:
     ``(o, final states, chunk-local cumulative gates [B·T, H(, K)], states entering every chunk)``, the
-    latter at the slots :func:`_chunk_slots` counts, in the inputs' dtype; ``o`` is ``None`` without
-    ``with_output`` (the state kernel only)."""
+    latter at the slots :func:`_chunk_slots` counts, in the inputs' dtype; without ``with_output`` (the
+    state kernel only) the same less ``o``."""
     b, t, hqk, dk = q.shape
     h, dv = v.shape[2], v.shape[3]
     n = _states(b, cu_seqlens)
@@ -140,8 +136,8 @@ def _recurrence(q: jax.Array, k: jax.Array, v: jax.Array, g: jax.Array, initial_
     state_dtype = q.dtype
     if t == 0:
         init = jnp.zeros((n, h, dk, dv), f32) if initial_state is None else initial_state.astype(f32)
-        return (jnp.zeros((b, 0, h, dv), out_dtype), init, jnp.zeros((0, h, *g.shape[3:]), f32),
-                jnp.zeros((slots, h, dk, dv), state_dtype))
+        empty = (init, jnp.zeros((0, h, *g.shape[3:]), f32), jnp.zeros((slots, h, dk, dv), state_dtype))
+        return (jnp.zeros((b, 0, h, dv), out_dtype), *empty) if with_output else empty
     block_k = next_pow2(max(dk, 16))
     block_v = min(cfg.block_v, next_pow2(max(dv, 16)))
     state_k = min(cfg.block_k, block_k)
@@ -149,7 +145,7 @@ def _recurrence(q: jax.Array, k: jax.Array, v: jax.Array, g: jax.Array, initial_
     v = v.astype(q.dtype)  # the products run in the inputs' dtype
     cu = (jnp.zeros((1,), jnp.int32) if cu_seqlens is None else cu_seqlens.astype(jnp.int32))
     sequences = _slot_sequences(b, t, cu_seqlens, cfg.chunk)
-    common = dict(T=t, H=h, HQK=hqk, K=dk, V=dv, BT=cfg.chunk, BV=block_v, SCALAR_GATE=scalar_gate,
+    common: dict[str, Any] = dict(T=t, H=h, HQK=hqk, K=dk, V=dv, BT=cfg.chunk, BV=block_v, SCALAR_GATE=scalar_gate,
                   VARLEN=cu_seqlens is not None, PREC=_dots.dot_precision(q.dtype, "high"))
     gates = g.reshape(rows, *g.shape[2:])
 
@@ -175,7 +171,7 @@ def _recurrence(q: jax.Array, k: jax.Array, v: jax.Array, g: jax.Array, initial_
     outs = sequential_vmap(run)(q.reshape(rows, hqk, dk), k.reshape(rows, hqk, dk), v.reshape(rows, h, dv), gates,
                                 h0, cu, sequences)
     if not with_output:
-        return None, *outs
+        return outs
     o, *rest = outs
     return o.reshape(b, t, h, dv), *rest
 
@@ -200,7 +196,7 @@ def gla(q: jax.Array, k: jax.Array, v: jax.Array, g: jax.Array, initial_state: j
         cu_seqlens: jax.Array | None = None, *, scale: float,
         cfg: LinearAttentionConfig | None = None) -> tuple[jax.Array, jax.Array]:
     """``ejk.gla``'s forward: ``(o, final_state)``."""
-    o, final, _, _ = _recurrence(q, k, v, g, initial_state, cu_seqlens, scale=scale, scalar_gate=False,
+    o, final, *_ = _recurrence(q, k, v, g, initial_state, cu_seqlens, scale=scale, scalar_gate=False,
                               out_dtype=q.dtype, cfg=cfg or heuristic_config())
     return o, final
 
@@ -237,7 +233,7 @@ def gla_backward(residuals: tuple[Any, ...], d_out: Any, *, scale: float,
     n = _states(b, cu_seqlens)
     f32 = jnp.float32
     d_final = jnp.zeros((n, h, dk, dv), f32) if d_final is None else d_final.astype(f32)
-    _, final, gc, states = _recurrence(q, k, v, g, initial_state, cu_seqlens, scale=scale, scalar_gate=False,
+    final, gc, states = _recurrence(q, k, v, g, initial_state, cu_seqlens, scale=scale, scalar_gate=False,
                                        out_dtype=q.dtype, cfg=cfg, with_output=False)
     rows = b * t
     if t == 0:
@@ -250,8 +246,9 @@ def gla_backward(residuals: tuple[Any, ...], d_out: Any, *, scale: float,
         state_k = min(cfg.block_k, block_k)
         slots = _chunk_slots(rows, n, cfg.chunk)
         cu = jnp.zeros((1,), jnp.int32) if cu_seqlens is None else cu_seqlens.astype(jnp.int32)
-        common = dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages, T=t, H=h, K=dk, V=dv, BT=cfg.chunk,
-                      SCALE=float(scale), VARLEN=cu_seqlens is not None, PREC=_dots.dot_precision(q.dtype, "high"))
+        common: dict[str, Any] = dict(
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages, T=t, H=h, K=dk, V=dv, BT=cfg.chunk,
+            SCALE=float(scale), VARLEN=cu_seqlens is not None, PREC=_dots.dot_precision(q.dtype, "high"))
 
         def run(q: jax.Array, k: jax.Array, v: jax.Array, g: jax.Array, d_o: jax.Array, d_final: jax.Array,
                 cu: jax.Array, gc: jax.Array, states: jax.Array, seq: jax.Array) -> tuple[jax.Array, ...]:
@@ -262,9 +259,9 @@ def gla_backward(residuals: tuple[Any, ...], d_out: Any, *, scale: float,
                 out_shapes=(jax.ShapeDtypeStruct(states.shape, states.dtype),
                             jax.ShapeDtypeStruct((n, h, dk, dv), f32)),
                 HQK=h, BK=state_k, BV=block_v, **common)
-            grads = launch(module.linear_chunk_bwd, grid=(slots, h), inputs=(q, k, v, gc, d_o, states, d_states, cu, seq),
-                           out_shapes=(jax.ShapeDtypeStruct((rows, h, dk), f32), jax.ShapeDtypeStruct((rows, h, dk), f32),
-                                       jax.ShapeDtypeStruct((rows, h, dv), f32)),
+            grads = launch(module.linear_chunk_bwd, grid=(slots, h),
+                           inputs=(q, k, v, gc, d_o, states, d_states, cu, seq),
+                           out_shapes=tuple(jax.ShapeDtypeStruct((rows, h, d), f32) for d in (dk, dk, dv)),
                            BC=min(16, cfg.chunk), BK=block_k, BV=block_v, **common)
             return (*grads, d_initial)
 
@@ -294,7 +291,7 @@ def ssd(x: jax.Array, dt: jax.Array, A: jax.Array, B: jax.Array, C: jax.Array,  
     step = jax.nn.softplus(step) if dt_softplus else step
     init = None if initial_state is None else jnp.swapaxes(initial_state.astype(f32), -1, -2)  # [N, H, Ns, P]
     values = (x.astype(f32) * step[..., None]).astype(C.dtype)
-    y, final, _, _ = _recurrence(C, B, values, step * A.astype(f32), init, cu_seqlens, scale=1.0, scalar_gate=True,
+    y, final, *_ = _recurrence(C, B, values, step * A.astype(f32), init, cu_seqlens, scale=1.0, scalar_gate=True,
                               out_dtype=f32, cfg=cfg or heuristic_config())
     if D is not None:
         y = y + D.astype(f32)[:, None] * x.astype(f32)

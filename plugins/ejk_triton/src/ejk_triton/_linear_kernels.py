@@ -1,23 +1,21 @@
 # mypy: disable-error-code="no-untyped-def,no-any-return,misc,untyped-decorator"
-"""``@triton.jit`` forward kernel of the chunked linear recurrences (``gla``, ``ssd``).
+"""``@triton.jit`` kernels of the chunked linear recurrences (``gla``, ``ssd``), in fla's phases: only the
+state recurrence runs chunk after chunk, the rest is parallel over chunks.
 
-Imported only when the kernel is launched (this module imports triton; see ``_env.import_triton``).
+Imported only when a kernel is launched (this module imports triton; see ``_env.import_triton``).
 
 Layouts (contiguous): q, k ``[R, HQK, K]`` (``R`` = batch x tokens; head ``h`` reads q/k head
-``h // (H // HQK)``), v ``[R, H, V]``, log gates g ``[R, H, K]`` (per channel) or ``[R, H]``
-(``SCALAR_GATE``), initial states ``[N, H, K, V]`` float32, offsets ``[N+1]`` int32 (``VARLEN``).
-Outputs: o ``[R, H, V]`` and the final states ``[N, H, K, V]`` float32.
-
-One program runs one sequence (a batch row, or a packed sequence) of one head over ``BV`` columns
-of the state, chunk after chunk of ``BT`` tokens, the state ``[K, BV]`` in float32 registers; a
-chunk never crosses its sequence's end. Per chunk, with ``G`` the running sum of the log gates
-inside it (``<= 0``)::
+``h // (H // HQK)``), v ``[R, H, V]`` (q's dtype), log gates g ``[R, H, K]`` (per channel) or ``[R, H]``
+(``SCALAR_GATE``), initial / final states ``[N, H, K, V]`` float32, offsets ``[N+1]`` int32 (``VARLEN``;
+else sequence ``n`` is rows ``n·T`` to ``(n+1)·T``). Chunks of ``BT`` tokens start at their sequence's
+start and never cross its end; sequence ``n`` starting at row ``bos`` keeps its chunks' states at slots
+``bos // BT + n`` on (``[slots, H, K, V]``), and ``seq [slots]`` names each slot's sequence. Offsets are
+int64. With ``G`` the running sum of the log gates inside a chunk::
 
     o     = scale · ((q ⊙ e^G) S + (Σ_k q_ik k_jk e^{G_ik - G_jk})_{j<=i} v)
     S    ← e^{G_last} ⊙ S + (k ⊙ e^{G_last - G})ᵀ v
 
-The intra-chunk weights are formed exactly (every exponent ``<= 0``): ``[BT, BT]`` for a scalar
-gate, ``[BT, BT, BKS]`` per slice of ``BKS`` channels for per-channel gates.
+Products run in the inputs' dtype (16-bit operands, float32 accumulation; ``PREC`` for float32).
 """
 
 from __future__ import annotations

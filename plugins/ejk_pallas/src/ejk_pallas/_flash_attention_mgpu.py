@@ -167,7 +167,8 @@ class _Static:
     ctas: int = 1
     #: Q / O tiles per consumer: 2 when persistent (the next item's Q lands while this one runs).
     q_buffers: int = 1
-    #: Whether a sink per head joins each row's final normalisation (``sink_ref``: base-2 logits ``[Hq, 128]``).
+    #: Whether a sink per head joins each row's final normalisation (``sink_ref``: base-2 logits ``[Hq, 64]``,
+    #: a consumer's rows; the row lands with the item's Q tile, in the same buffer).
     sinks: bool = False
 
 
@@ -368,6 +369,8 @@ def _kernel(q_ref: Any, k_ref: Any, v_ref: Any, sink_ref: Any, out_ref: Any, lse
             batch, head, row0 = item_of(j)
             plgpu.copy_gmem_to_smem(q_ref.at[batch, pl.ds(row0 + wg * bw, bw), head], qo_smem.at[buf, wg],
                                     q_ready.at[wg])
+            if st.sinks:
+                plgpu.copy_gmem_to_smem(sink_ref.at[head], sink_smem2[0].at[buf, wg], sink_ready[0].at[wg])
 
         def run_item(j: Any, base: Any) -> Any:
             """Work item ``j`` of this CTA; ``base`` counts the key blocks its earlier items streamed."""
@@ -375,8 +378,8 @@ def _kernel(q_ref: Any, k_ref: Any, v_ref: Any, sink_ref: Any, out_ref: Any, lse
             buf = lax.rem(j, jnp.array(st.q_buffers, j.dtype))
             q_smem = qo_smem.at[buf, wg]
             plgpu.barrier_wait(q_ready.at[wg])
-            if st.sinks:  # this head's sink row lands while the item runs (the epilogue waits for it)
-                plgpu.copy_gmem_to_smem(sink_ref.at[head], sink_smem2[0].at[wg], sink_ready[0].at[wg])
+            if st.sinks:  # its row landed with Q (before the next item's load goes to the other buffer)
+                plgpu.barrier_wait(sink_ready[0].at[wg])
             if st.ctas < st.items:  # several items a CTA (persistent, two Q tiles)
                 # The last item's output and lse stores have read their tiles: the next Q may go to the
                 # other tile (it lands while this item runs), and this item's lse rows may be written.
@@ -521,8 +524,7 @@ def _kernel(q_ref: Any, k_ref: Any, v_ref: Any, sink_ref: Any, out_ref: Any, lse
 
             empty = denom == 0.0
             if st.sinks:  # e^sink joins the denominator of each row that saw a key (rows stay in base 2)
-                plgpu.barrier_wait(sink_ready[0].at[wg])
-                sink = _row_vector(sink_smem2[0].at[wg], st)
+                sink = _row_vector(sink_smem2[0].at[buf, wg], st)
                 top = jnp.maximum(m, sink)
                 top = jnp.where(top == -jnp.inf, 0.0, top)  # a -inf sink on a row that saw no key
                 kept = jnp.exp2(m - top)  # 0 for a row that saw no key (m = -inf)
@@ -603,7 +605,7 @@ def _entry(*refs: Any, st: _Static) -> None:
     out_ref, lse_ref = rest
     consumers = st.bq // _ROWS
     transforms = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
-    sinks = (plgpu.SMEM((consumers, _ROWS), jnp.float32),) if st.sinks else ()  # each consumer's sink row
+    sinks = (plgpu.SMEM((st.q_buffers, consumers, _ROWS), jnp.float32),) if st.sinks else ()  # sink rows, as Q
     smem = (
         plgpu.SMEM((st.q_buffers, consumers, _ROWS, st.d), st.dtype, transforms=transforms),  # Q, then O
         plgpu.SMEM((2 * st.steps, st.bk, st.d), st.dtype, transforms=transforms),  # K and V rings
@@ -658,7 +660,7 @@ def _forward_impl(q: Any, k: Any, v: Any, *, cfg: MosaicFlashAttentionConfig, ca
                  ragged_keys=skp != sk, interpret=interpret, overlap=cfg.overlap, hq=hq, items=items, ctas=ctas,
                  q_buffers=2 if cfg.persistent else 1, sinks=sinks is not None)
     qp, kp, vp = _pad(q, 1, sqp), _pad(k, 1, skp), _pad(v, 1, skp)
-    # The sinks as base-2 logits, one row of the consumers' 128-row layout per head.
+    # The sinks as base-2 logits, one row of a consumer's 64-row layout per head.
     extra = () if sinks is None else (jnp.broadcast_to(
         (sinks.astype(jnp.float32) * (1.0 / math.log(2.0)))[:, None], (hq, _ROWS)),)
     kwargs: dict[str, Any] = {}

@@ -19,7 +19,7 @@ from ejk_triton import _env, _grouped_matmul, _matmul
 from ejk_triton._flash_attention import FlashAttentionConfig, _constexprs, _dbias_layout, heuristic_config
 
 __all__ = ["compile_flash_attention", "compile_gla_backward", "compile_grouped_matmul", "compile_linear_recurrence",
-           "compile_matmul", "compile_mla_paged_attention", "compile_ragged_paged_attention"]
+           "compile_matmul", "compile_mla_paged_attention", "compile_ragged_paged_attention", "compile_rms_norm"]
 
 _TRITON_DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "int32": "i32"}
 
@@ -290,3 +290,24 @@ def compile_gla_backward(k: int, v: int, dtype: Any = jnp.bfloat16, *, heads: in
     consts = dict(T=4096, H=heads, K=k, V=v, BT=cfg.chunk, BK=block_k, BKS=min(cfg.block_ks, block_k),
                   BV=next_pow2(max(v, 16)), SCALE=k ** -0.5, VARLEN=varlen)
     return _compile(_linear_kernels.gla_bwd, ptrs, consts, cfg.num_warps, cfg.num_stages, arch)
+
+
+def compile_rms_norm(rows: int, d: int, dtype: Any = jnp.bfloat16, *, cfg: Any = None,
+                     arch: int = 90) -> dict[str, dict[str, int]]:
+    """Compile the RMSNorm kernels for ``rows`` rows of width ``d`` (``x``, ``scale`` and ``dx`` in ``dtype``).
+
+    Returns:
+        Per kernel (``forward``, ``backward``): shared memory in bytes, warps and stages.
+    """
+    _compiled_mode()
+    from ejk_triton import _norm_kernels, _rms_norm
+
+    x = jax.ShapeDtypeStruct((rows, d), dtype)
+    cfg = cfg if cfg is not None else _rms_norm.heuristic_config(x, x)
+    xp, f32 = _ptr(dtype), _ptr(jnp.float32)
+    return {
+        "forward": _compile_launch(_norm_kernels.forward_kernel, [xp, xp, xp, f32],
+                                   _rms_norm.forward_args(rows, d, 1e-6, cfg), arch),
+        "backward": _compile_launch(_norm_kernels.backward_kernel, [xp, xp, f32, xp, xp, f32],
+                                    _rms_norm.backward_args(rows, d, cfg), arch),
+    }

@@ -1,0 +1,229 @@
+"""``rms_norm`` as Triton kernels: one read of ``x`` forward, one of ``x`` and ``dy`` backward.
+
+``x [..., D]`` is flattened to ``[rows, D]``. The forward kernel (``_norm_kernels.forward_kernel``)
+normalises ``block_rows`` rows per program with float32 statistics and saves each row's
+``inv_rms`` (residuals ``RMS_NORM_RESIDUALS``, shared with ejk-xla's ``fused``, so either
+backward runs on either forward). The backward kernel runs a persistent grid (``programs_per_sm``
+programs per SM, each walking row blocks) that writes ``dx`` and one float32 partial sum of
+``dscale`` per program; the ``[programs, D]`` partials are summed by XLA. Rows wider than
+``block_d`` columns take two passes per row block instead of one.
+
+Under ``jax.vmap`` the forward folds the mapped axis into the rows (one launch) when ``scale`` is
+not mapped; otherwise, and for the backward, it runs one launch per mapped element.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import attrs
+import jax
+import jax.custom_batching
+import jax.numpy as jnp
+
+from ejk.plugin import RMS_NORM_RESIDUALS, VJP, cdiv, cotangent_like, int_in, next_pow2, one_of, power_of_two
+from ejk_triton import _device, _dots
+from ejk_triton._launch import kernels, launch, sequential_vmap
+
+__all__ = ["RmsNormConfig", "backward", "backward_args", "capability", "config_space", "forward", "forward_args",
+           "forward_with_residuals", "heuristic_config", "vjp"]
+
+#: Bytes of each operand a thread holds per step in the heuristic (16 bfloat16 or 8 float32 elements: two or
+#: four 16-byte vector loads), which sets the warps per program.
+BYTES_PER_THREAD = 32
+#: Widest rows the heuristic keeps whole in registers: forward, in elements; backward, in bytes (it holds
+#: ``x``, ``dy``, the next block's and a float32 ``dscale`` sum: rows of 16384 bfloat16 or 8192 float32 spill
+#: on sm_90). Wider rows take two passes of half that.
+WHOLE_ROW_ELEMENTS = 16384
+WHOLE_ROW_BYTES_BWD = 16384
+#: Elements per program step the heuristic aims at (several narrow rows, or one row).
+STEP_ELEMENTS = 4096
+#: Warps per SM the persistent backward aims at (its heuristic configs hold about 100 to 128 registers per
+#: thread, so 16 warps are what an SM keeps resident).
+RESIDENT_WARPS = 16
+#: Most rows (``x.shape[:-1]`` flattened) a call takes: the per-row statistics are indexed with int32.
+MAX_ROWS = 2**31 - 1
+
+Residuals = tuple[jax.Array, jax.Array, jax.Array]
+
+_columns = one_of(0, *(2**k for k in range(4, 17)))
+_warps = one_of(1, 2, 4, 8, 16, 32)
+
+
+@attrs.frozen(kw_only=True)
+class RmsNormConfig:
+    """Launch parameters of the Triton RMSNorm (``block_rows`` and the column blocks are clamped to the problem).
+
+    Attributes:
+        block_rows: Rows per program step (forward: per program; backward: per step of a
+            persistent program).
+        block_d: Forward columns per step; ``0`` takes the whole row (``D`` rounded up to a power
+            of two). Rows wider than it take two passes (the statistics, then the output).
+        num_warps: Warps per forward program.
+        bwd_block_d: Backward columns per step, as ``block_d``.
+        bwd_num_warps: Warps per backward program.
+        programs_per_sm: Programs of the persistent backward kernel per streaming multiprocessor
+            (each writes one ``[D]`` float32 partial sum of ``dscale``).
+    """
+
+    block_rows: int = attrs.field(default=1, validator=power_of_two(1))
+    block_d: int = attrs.field(default=0, validator=_columns)
+    num_warps: int = attrs.field(default=8, validator=_warps)
+    bwd_block_d: int = attrs.field(default=0, validator=_columns)
+    bwd_num_warps: int = attrs.field(default=8, validator=_warps)
+    programs_per_sm: int = attrs.field(default=2, validator=int_in(1, 32))
+
+
+def _shape(x: Any) -> tuple[int, int]:
+    """``(rows, D)`` of ``x [..., D]``."""
+    return math.prod(x.shape[:-1]), x.shape[-1]
+
+
+def _tiles(rows: int, d: int, block_rows: int, block_d: int) -> tuple[int, int]:
+    """``(BLOCK_R, BLOCK_D)``: a config's blocks clamped to the problem (at least 16 columns)."""
+    whole = max(16, next_pow2(d))
+    return min(block_rows, next_pow2(max(rows, 1))), whole if block_d == 0 else min(block_d, whole)
+
+
+def forward_args(rows: int, d: int, eps: float, cfg: RmsNormConfig) -> dict[str, Any]:
+    """The forward kernel's constexprs and launch parameters for ``rows`` rows of width ``d`` (grid:
+    ``cdiv(rows, BLOCK_R)``)."""
+    block_r, block_d = _tiles(rows, d, cfg.block_rows, cfg.block_d)
+    return dict(ROWS=rows, D=d, EPS=float(eps), BLOCK_R=block_r, BLOCK_D=block_d, num_warps=cfg.num_warps,
+                num_stages=1)
+
+
+def backward_args(rows: int, d: int, cfg: RmsNormConfig) -> dict[str, Any]:
+    """The backward kernel's constexprs and launch parameters (grid: ``PROGRAMS``, persistent)."""
+    block_r, block_d = _tiles(rows, d, cfg.block_rows, cfg.bwd_block_d)
+    programs = _device.persistent_programs(cdiv(rows, block_r), cfg.programs_per_sm)
+    return dict(ROWS=rows, D=d, BLOCK_R=block_r, BLOCK_D=block_d, PROGRAMS=programs, num_warps=cfg.bwd_num_warps,
+                num_stages=1)
+
+
+def _fold_vmap(run: Any) -> Any:
+    """``run(x [rows, D], scale)`` with a vmap rule folding a mapped ``x`` into its rows when ``scale``
+    is not mapped (every output is per row); one launch per element otherwise."""
+    wrapped = jax.custom_batching.custom_vmap(run)
+    one_by_one = sequential_vmap(run)
+
+    @wrapped.def_vmap
+    def rule(axis_size: int, in_batched: Any, x: jax.Array, scale: jax.Array) -> tuple[tuple[jax.Array, ...], Any]:
+        x_mapped, scale_mapped = in_batched
+        if scale_mapped:
+            outs = jax.vmap(one_by_one, in_axes=(0 if x_mapped else None, 0))(x, scale)
+            return tuple(outs), tuple(True for _ in outs)
+        if not x_mapped:
+            return tuple(wrapped(x, scale)), (False, False)
+        rows, d = x.shape[1:]
+        y, inv = wrapped(x.reshape(axis_size * rows, d), scale)
+        return (y.reshape(axis_size, rows, d), inv.reshape(axis_size, rows)), (True, True)
+
+    return wrapped
+
+
+def forward_with_residuals(x: jax.Array, scale: jax.Array, *, eps: float = 1e-6,
+                           cfg: RmsNormConfig | None = None) -> tuple[jax.Array, Residuals]:
+    """``(y, (x, scale, inv_rms))``, ``inv_rms`` the float32 ``1 / sqrt(mean(x²) + eps)`` shaped ``x.shape[:-1]``."""
+    cfg = cfg if cfg is not None else heuristic_config(x, scale)
+    rows, d = _shape(x)
+    if rows == 0 or d == 0:  # nothing to launch; the statistics of an empty row are NaN, as in XLA
+        inv = jax.lax.rsqrt(jnp.mean(jnp.square(x.astype(jnp.float32)), axis=-1) + eps)
+        return jnp.zeros_like(x), (x, scale, inv)
+
+    def run(x2: jax.Array, s: jax.Array) -> tuple[jax.Array, ...]:
+        n = x2.shape[0]
+        args = forward_args(n, d, eps, cfg)
+        return launch(kernels("_norm_kernels").forward_kernel, grid=(cdiv(n, args["BLOCK_R"]),), inputs=(x2, s),
+                      out_shapes=(jax.ShapeDtypeStruct((n, d), x2.dtype), jax.ShapeDtypeStruct((n,), jnp.float32)),
+                      **args)
+
+    y, inv = _fold_vmap(run)(x.reshape(rows, d), scale)
+    return y.reshape(x.shape), (x, scale, inv.reshape(x.shape[:-1]))
+
+
+def forward(x: jax.Array, scale: jax.Array, *, eps: float = 1e-6, cfg: RmsNormConfig | None = None) -> jax.Array:
+    """``x / sqrt(mean(x²) + eps) * scale`` over the last dimension, in ``x.dtype`` (statistics in float32)."""
+    return forward_with_residuals(x, scale, eps=eps, cfg=cfg)[0]
+
+
+def backward(residuals: Residuals, dy: jax.Array, *, eps: float = 1e-6,
+             cfg: RmsNormConfig | None = None) -> tuple[jax.Array, jax.Array]:
+    """``(dx, dscale)`` in the dtypes of ``x`` and ``scale``, from the residuals and the output's cotangent."""
+    del eps  # the residuals hold the statistics
+    x, scale, inv = residuals
+    cfg = cfg if cfg is not None else heuristic_config(x, scale)
+    rows, d = _shape(x)
+    if rows == 0 or d == 0:
+        return cotangent_like(jnp.zeros_like(x), x), cotangent_like(jnp.zeros_like(scale), scale)
+    args = backward_args(rows, d, cfg)
+    programs = args["PROGRAMS"]
+
+    def run(x2: jax.Array, s: jax.Array, inv1: jax.Array, dy2: jax.Array) -> tuple[jax.Array, ...]:
+        return launch(kernels("_norm_kernels").backward_kernel, grid=(programs,), inputs=(x2, s, inv1, dy2),
+                      out_shapes=(jax.ShapeDtypeStruct((rows, d), x2.dtype),
+                                  jax.ShapeDtypeStruct((programs, d), jnp.float32)),
+                      zeroed_outputs=(1,) if args["BLOCK_D"] < d else (), **args)
+
+    dx, partial = sequential_vmap(run)(x.reshape(rows, d), scale, inv.reshape(rows).astype(jnp.float32),
+                                       dy.reshape(rows, d).astype(x.dtype))
+    dscale = jnp.sum(partial, axis=-2).astype(scale.dtype)
+    return cotangent_like(dx.reshape(x.shape), x), cotangent_like(dscale, scale)
+
+
+#: The custom VJP: residuals ``(x, scale, inv_rms)``, shared with every implementation of the tag.
+vjp = VJP(fwd=forward_with_residuals, bwd=backward, residuals=RMS_NORM_RESIDUALS)
+
+
+def capability(x: Any, scale: Any, **_: Any) -> str | None:
+    """Why the kernels cannot run a call, or ``None``: ``x`` and ``scale`` bfloat16 / float16 / float32,
+    fewer than 2**31 rows; an NVIDIA GPU of compute capability 8.0+ (or the interpreter)."""
+    rows, _d = _shape(x)
+    if rows > MAX_ROWS:
+        return f"x has {rows} rows (x.shape[:-1] flattened); the kernels take fewer than 2**31"
+    return _dots.gate((("x", x), ("scale", scale)), ())
+
+
+def _pass(width: int, rows: int, itemsize: int, whole_row: int, max_warps: int) -> tuple[int, int, int]:
+    """``(block_rows, block_d, warps)`` of one kernel for rows of ``width`` (a power of two) elements."""
+    block_d = 0 if width <= whole_row else whole_row // 2
+    step = block_d or width
+    block_rows = max(1, min(STEP_ELEMENTS // step, next_pow2(max(rows, 1))))
+    warps = block_rows * step * itemsize // (BYTES_PER_THREAD * 32)
+    return block_rows, block_d, max(4, min(max_warps, next_pow2(warps)))
+
+
+def heuristic_config(x: Any, scale: Any, **_: Any) -> RmsNormConfig:
+    """By the row width and dtype: about :data:`STEP_ELEMENTS` elements per program step (several narrow rows,
+    or one row), :data:`BYTES_PER_THREAD` bytes of each operand per thread (4 to 32 warps), whole rows up to
+    :data:`WHOLE_ROW_ELEMENTS` (backward: :data:`WHOLE_ROW_BYTES_BWD`), and the backward's persistent grid :data:`RESIDENT_WARPS` warps per SM."""
+    del scale
+    rows, d = _shape(x)
+    width, itemsize = max(16, next_pow2(d)), jnp.dtype(x.dtype).itemsize
+    block_rows, block_d, warps = _pass(width, rows, itemsize, WHOLE_ROW_ELEMENTS, 32)
+    _, bwd_block_d, bwd_warps = _pass(width, rows, itemsize, WHOLE_ROW_BYTES_BWD // itemsize, 32)
+    return RmsNormConfig(block_rows=block_rows, block_d=block_d, num_warps=warps, bwd_block_d=bwd_block_d,
+                         bwd_num_warps=bwd_warps, programs_per_sm=max(1, RESIDENT_WARPS // bwd_warps))
+
+
+def config_space(x: Any, scale: Any, **_: Any) -> list[RmsNormConfig]:
+    """The heuristic and its neighbours: half and twice the rows per step, half and twice the warps of both
+    kernels, one more and one fewer backward program per SM (duplicates after clamping dropped)."""
+    base = heuristic_config(x, scale)
+    rows, d = _shape(x)
+    candidates = [base]
+    for block_rows in (base.block_rows // 2, base.block_rows * 2):
+        if block_rows >= 1:
+            candidates.append(attrs.evolve(base, block_rows=block_rows))
+    for factor in (0.5, 2):
+        warps, bwd_warps = int(base.num_warps * factor), int(base.bwd_num_warps * factor)
+        if 1 <= min(warps, bwd_warps) and max(warps, bwd_warps) <= 32:
+            candidates.append(attrs.evolve(base, num_warps=warps, bwd_num_warps=bwd_warps))
+    candidates += [attrs.evolve(base, programs_per_sm=n) for n in (base.programs_per_sm - 1, base.programs_per_sm + 1)
+                   if n >= 1]
+    seen: dict[tuple[int, ...], RmsNormConfig] = {}
+    for cfg in candidates:
+        key = (*forward_args(rows, d, 0.0, cfg).values(), *backward_args(rows, d, cfg).values(), cfg.programs_per_sm)
+        seen.setdefault(tuple(key), cfg)
+    return list(seen.values())

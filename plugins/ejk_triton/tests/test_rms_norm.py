@@ -145,17 +145,21 @@ def test_gate_heuristic_and_config_space() -> None:
         RmsNormConfig(block_d=24)
 
 
-def test_the_kernels_compile_for_sm90(tmp_path: Any) -> None:
+def test_the_kernels_compile_for_sm90_without_spills(tmp_path: Any) -> None:
     """Compiled for sm_90 (PTX, then a cubin by the ptxas Triton ships) in a process without the interpreter,
-    with the heuristic configs: [16k, 4096] bfloat16 (whole rows) and [64, 32768] bfloat16 (two passes)."""
-    code = ("from ejk_triton._aot import compile_rms_norm as c; "
-            "print(*(k['shared'] for shape in ((16384, 4096), (64, 32768)) for k in c(*shape).values()))")
+    with the heuristic configs: [16k, 4096] bfloat16 (whole rows; the backward holds the most registers) and
+    [64, 32768] float32 (two passes). A spill would cost the bandwidth the kernels are for."""
+    code = ("from ejk_triton._aot import compile_rms_norm as c; import jax.numpy as jnp; "
+            "print(*(' '.join(str(k[f]) for f in ('shared', 'registers', 'spilled')) "
+            "for a in ((16384, 4096, jnp.bfloat16), (64, 32768, jnp.float32)) for k in c(*a).values()), sep='\\n')")
     env = {k: v for k, v in os.environ.items() if k not in ("EJK_TRITON_INTERPRET", "TRITON_INTERPRET")}
     env.update(JAX_PLATFORMS="cpu", TRITON_CACHE_DIR=str(tmp_path / "triton-cache"))
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
-    shared = [int(s) for s in done.stdout.split()]
-    assert len(shared) == 4 and all(0 <= s <= 64 * 1024 for s in shared), shared
+    kernels = [tuple(int(v) for v in line.split()) for line in done.stdout.splitlines()]
+    assert len(kernels) == 4, done.stdout
+    for shared, registers, spilled in kernels:
+        assert shared <= 64 * 1024 and 0 < registers <= 255 and spilled == 0, kernels
 
 
 @pytest.mark.gpu

@@ -195,14 +195,15 @@ def _pass(width: int, rows: int, itemsize: int, whole_row: int, max_warps: int) 
 
 
 def heuristic_config(x: Any, scale: Any, **_: Any) -> RmsNormConfig:
-    """By the row width and dtype: about :data:`STEP_ELEMENTS` elements per program step (several narrow rows,
-    or one row), :data:`BYTES_PER_THREAD` bytes of each operand per thread (4 to 32 warps), whole rows up to
-    :data:`WHOLE_ROW_ELEMENTS` (backward: :data:`WHOLE_ROW_BYTES_BWD`), and the backward's persistent grid :data:`RESIDENT_WARPS` warps per SM."""
+    """By the row width and dtype: about :data:`STEP_ELEMENTS` elements per program step (several narrow
+    rows, or one row), :data:`BYTES_PER_THREAD` bytes of each operand per thread (4 to 32 warps), whole
+    rows up to :data:`WHOLE_ROW_ELEMENTS` (backward: :data:`WHOLE_ROW_BYTES_BWD`), and a persistent
+    backward grid of :data:`RESIDENT_WARPS` warps per SM."""
     del scale
     rows, d = _shape(x)
     width, itemsize = max(16, next_pow2(d)), jnp.dtype(x.dtype).itemsize
     block_rows, block_d, warps = _pass(width, rows, itemsize, WHOLE_ROW_ELEMENTS, 32)
-    _, bwd_block_d, bwd_warps = _pass(width, rows, itemsize, WHOLE_ROW_BYTES_BWD // itemsize, 32)
+    _rows, bwd_block_d, bwd_warps = _pass(width, rows, itemsize, WHOLE_ROW_BYTES_BWD // itemsize, 32)
     return RmsNormConfig(block_rows=block_rows, block_d=block_d, num_warps=warps, bwd_block_d=bwd_block_d,
                          bwd_num_warps=bwd_warps, programs_per_sm=max(1, RESIDENT_WARPS // bwd_warps))
 
@@ -218,7 +219,7 @@ def config_space(x: Any, scale: Any, **_: Any) -> list[RmsNormConfig]:
             candidates.append(attrs.evolve(base, block_rows=block_rows))
     for factor in (0.5, 2):
         warps, bwd_warps = int(base.num_warps * factor), int(base.bwd_num_warps * factor)
-        if 1 <= min(warps, bwd_warps) and max(warps, bwd_warps) <= 32:
+        if min(warps, bwd_warps) >= 1 and max(warps, bwd_warps) <= 32:
             candidates.append(attrs.evolve(base, num_warps=warps, bwd_num_warps=bwd_warps))
     candidates += [attrs.evolve(base, programs_per_sm=n) for n in (base.programs_per_sm - 1, base.programs_per_sm + 1)
                    if n >= 1]

@@ -317,13 +317,14 @@ def compile_gla_backward(k: int, v: int, dtype: Any = jnp.bfloat16, *, heads: in
     return _compile(_linear_kernels.gla_bwd, ptrs, consts, cfg.num_warps, cfg.num_stages, arch)
 
 
-def compile_rms_norm(rows: int, d: int, dtype: Any = jnp.bfloat16, *, cfg: Any = None,
+def compile_rms_norm(rows: int, d: int, dtype: Any = jnp.bfloat16, *, residual: bool = False, cfg: Any = None,
                      arch: int = 90) -> dict[str, dict[str, int]]:
     """Compile the RMSNorm kernels for ``rows`` rows of width ``d`` (``x``, ``scale`` and ``dx`` in ``dtype``).
 
     Args:
         rows, d: The problem (``x`` flattened to ``[rows, d]``).
         dtype: Of ``x`` and ``scale``.
+        residual: The kernels of calls with ``residual=`` (the sum in, its cotangent back).
         cfg: An ``RmsNormConfig`` (``None``: the heuristic's).
         arch: Compute capability as an int (90 for sm_90).
 
@@ -338,11 +339,14 @@ def compile_rms_norm(rows: int, d: int, dtype: Any = jnp.bfloat16, *, cfg: Any =
     from ejk_triton import _norm_kernels, _rms_norm
 
     x = jax.ShapeDtypeStruct((rows, d), dtype)
-    cfg = cfg if cfg is not None else _rms_norm.heuristic_config(x, x)
+    cfg = cfg if cfg is not None else _rms_norm.heuristic_config(x, x, x if residual else None)
     xp, f32 = _ptr(dtype), _ptr(jnp.float32)
+    extra = [xp] if residual else []
     launches = {
-        "forward": (_norm_kernels.forward_kernel, [xp, xp, xp, f32], _rms_norm.forward_args(rows, d, 1e-6, cfg)),
-        "backward": (_norm_kernels.backward_kernel, [xp, xp, f32, xp, xp, f32], _rms_norm.backward_args(rows, d, cfg)),
+        "forward": (_norm_kernels.forward_residual_kernel if residual else _norm_kernels.forward_kernel,
+                    [xp, *extra, xp, xp, f32, *extra], _rms_norm.forward_args(rows, d, 1e-6, cfg)),
+        "backward": (_norm_kernels.backward_residual_kernel if residual else _norm_kernels.backward_kernel,
+                     [xp, xp, f32, xp, *extra, xp, f32], _rms_norm.backward_args(rows, d, cfg)),
     }
     result = {}
     for name, (fn, pointers, args) in launches.items():

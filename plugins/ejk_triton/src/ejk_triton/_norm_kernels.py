@@ -9,7 +9,8 @@ and kept in registers; wider rows take two passes over their ``BLOCK_D``-column 
 statistics, then the outputs; the second read of a row mostly hits L2).
 
 - ``forward_kernel``: program ``p`` normalises rows ``p·BLOCK_R ..``; writes ``y`` in ``y``'s dtype
-  and the per-row float32 ``inv_rms = 1 / sqrt(mean(x²) + EPS)``.
+  and the per-row float32 ``inv_rms = 1 / sqrt(mean(x²) + EPS)``. ``forward_residual_kernel`` first
+  adds the residual ``r`` (``h = x + r`` rounded to ``x``'s dtype, also written) and normalises ``h``.
 - ``backward_kernel``: a persistent grid of ``PROGRAMS`` programs, program ``p`` taking row blocks
   ``p, p + PROGRAMS, ..``. With ``x̂ = x · inv_rms`` and ``g = dy · scale``::
 
@@ -18,6 +19,8 @@ statistics, then the outputs; the second read of a row mostly hits L2).
   Each program sums its rows' ``dy · x̂`` in float32 registers and writes that partial sum as row
   ``p`` of ``[PROGRAMS, D]`` (summed outside); in the two-pass form it adds each chunk into its own
   row of that buffer (zeroed by the launch), so no two programs write the same address.
+  ``backward_residual_kernel`` also adds ``h``'s cotangent ``dh`` to ``dx`` (the gradient of both
+  ``x`` and the residual).
 
 Row offsets are int64 (any number of elements); ``D`` and the grid are compile-time constants.
 """
@@ -29,8 +32,19 @@ import triton.language as tl
 
 
 @triton.jit
-def forward_kernel(x_ptr, scale_ptr, y_ptr, inv_ptr, ROWS: tl.constexpr, D: tl.constexpr, EPS: tl.constexpr,
-                   BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
+def _row_block(x_ptr, r_ptr, h_ptr, offs, mask, HAS_RESIDUAL: tl.constexpr):
+    """``x`` of one block as float32; with a residual, ``h = x + r`` rounded to ``x``'s dtype (stored to ``h``)."""
+    x = tl.load(x_ptr + offs, mask=mask, other=0.0)
+    if HAS_RESIDUAL:
+        r = tl.load(r_ptr + offs, mask=mask, other=0.0)
+        x = (x.to(tl.float32) + r.to(tl.float32)).to(h_ptr.dtype.element_ty)
+        tl.store(h_ptr + offs, x, mask=mask)
+    return x.to(tl.float32)
+
+
+@triton.jit
+def _forward(x_ptr, r_ptr, scale_ptr, y_ptr, inv_ptr, h_ptr, ROWS: tl.constexpr, D: tl.constexpr,
+             EPS: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, HAS_RESIDUAL: tl.constexpr):
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     rows_ok = rows < ROWS
     base = rows.to(tl.int64)[:, None] * D
@@ -38,7 +52,7 @@ def forward_kernel(x_ptr, scale_ptr, y_ptr, inv_ptr, ROWS: tl.constexpr, D: tl.c
         cols = tl.arange(0, BLOCK_D)
         cols_ok = cols < D
         mask = rows_ok[:, None] & cols_ok[None, :]
-        x = tl.load(x_ptr + base + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        x = _row_block(x_ptr, r_ptr, h_ptr, base + cols[None, :], mask, HAS_RESIDUAL)
         inv = tl.rsqrt(tl.sum(x * x, axis=1) / D + EPS)
         s = tl.load(scale_ptr + cols, mask=cols_ok, other=0.0).to(tl.float32)
         y = x * inv[:, None] * s[None, :]
@@ -48,14 +62,19 @@ def forward_kernel(x_ptr, scale_ptr, y_ptr, inv_ptr, ROWS: tl.constexpr, D: tl.c
         for d0 in range(0, D, BLOCK_D):
             cols = d0 + tl.arange(0, BLOCK_D)
             mask = rows_ok[:, None] & (cols < D)[None, :]
-            x = tl.load(x_ptr + base + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+            x = _row_block(x_ptr, r_ptr, h_ptr, base + cols[None, :], mask, HAS_RESIDUAL)
             total += tl.sum(x * x, axis=1)
         inv = tl.rsqrt(total / D + EPS)
+        # The second pass reads h back (this program wrote it, the barrier makes it visible to every thread).
+        src = x_ptr
+        if HAS_RESIDUAL:
+            tl.debug_barrier()
+            src = h_ptr
         for d0 in range(0, D, BLOCK_D):
             cols = d0 + tl.arange(0, BLOCK_D)
             cols_ok = cols < D
             mask = rows_ok[:, None] & cols_ok[None, :]
-            x = tl.load(x_ptr + base + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+            x = tl.load(src + base + cols[None, :], mask=mask, other=0.0).to(tl.float32)
             s = tl.load(scale_ptr + cols, mask=cols_ok, other=0.0).to(tl.float32)
             y = x * inv[:, None] * s[None, :]
             tl.store(y_ptr + base + cols[None, :], y.to(y_ptr.dtype.element_ty), mask=mask)
@@ -63,21 +82,37 @@ def forward_kernel(x_ptr, scale_ptr, y_ptr, inv_ptr, ROWS: tl.constexpr, D: tl.c
 
 
 @triton.jit
-def _load_rows(x_ptr, dy_ptr, inv_ptr, blk, cols, cols_ok, ROWS: tl.constexpr, D: tl.constexpr,
-               BLOCK_R: tl.constexpr):
-    """``x`` and ``dy`` (their dtypes) and ``inv_rms`` of row block ``blk``; zeros past the last row."""
+def forward_kernel(x_ptr, scale_ptr, y_ptr, inv_ptr, ROWS: tl.constexpr, D: tl.constexpr, EPS: tl.constexpr,
+                   BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
+    _forward(x_ptr, x_ptr, scale_ptr, y_ptr, inv_ptr, y_ptr, ROWS, D, EPS, BLOCK_R, BLOCK_D, False)
+
+
+@triton.jit
+def forward_residual_kernel(x_ptr, r_ptr, scale_ptr, y_ptr, inv_ptr, h_ptr, ROWS: tl.constexpr, D: tl.constexpr,
+                            EPS: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
+    _forward(x_ptr, r_ptr, scale_ptr, y_ptr, inv_ptr, h_ptr, ROWS, D, EPS, BLOCK_R, BLOCK_D, True)
+
+
+@triton.jit
+def _load_rows(x_ptr, dy_ptr, dh_ptr, inv_ptr, blk, cols, cols_ok, ROWS: tl.constexpr, D: tl.constexpr,
+               BLOCK_R: tl.constexpr, HAS_DH: tl.constexpr):
+    """``x``, ``dy`` and ``dh`` (their dtypes; ``dh`` is ``dy`` without one) and ``inv_rms`` of row block
+    ``blk``; zeros past the last row."""
     rows = blk * BLOCK_R + tl.arange(0, BLOCK_R)
     rows_ok = rows < ROWS
     mask = rows_ok[:, None] & cols_ok[None, :]
     offs = rows.to(tl.int64)[:, None] * D + cols[None, :]
     x = tl.load(x_ptr + offs, mask=mask, other=0.0)
     dy = tl.load(dy_ptr + offs, mask=mask, other=0.0)
-    return x, dy, tl.load(inv_ptr + rows, mask=rows_ok, other=0.0)
+    dh = dy
+    if HAS_DH:
+        dh = tl.load(dh_ptr + offs, mask=mask, other=0.0)
+    return x, dy, dh, tl.load(inv_ptr + rows, mask=rows_ok, other=0.0)
 
 
 @triton.jit
-def backward_kernel(x_ptr, scale_ptr, inv_ptr, dy_ptr, dx_ptr, partial_ptr, ROWS: tl.constexpr, D: tl.constexpr,
-                    BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, PROGRAMS: tl.constexpr):
+def _backward(x_ptr, scale_ptr, inv_ptr, dy_ptr, dh_ptr, dx_ptr, partial_ptr, ROWS: tl.constexpr, D: tl.constexpr,
+              BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, PROGRAMS: tl.constexpr, HAS_DH: tl.constexpr):
     pid = tl.program_id(0)
     blocks = tl.cdiv(ROWS, BLOCK_R)
     if BLOCK_D >= D:
@@ -87,11 +122,12 @@ def backward_kernel(x_ptr, scale_ptr, inv_ptr, dy_ptr, dx_ptr, partial_ptr, ROWS
         acc = tl.zeros((BLOCK_R, BLOCK_D), dtype=tl.float32)
         # Software pipelining by hand: the loads of the next row block are issued before this one's math
         # and stores (a block past the end loads nothing), so they are in flight meanwhile.
-        x_next, dy_next, inv_next = _load_rows(x_ptr, dy_ptr, inv_ptr, pid, cols, cols_ok, ROWS, D, BLOCK_R)
+        x_next, dy_next, dh_next, inv_next = _load_rows(x_ptr, dy_ptr, dh_ptr, inv_ptr, pid, cols, cols_ok, ROWS,
+                                                        D, BLOCK_R, HAS_DH)
         for blk in range(pid, blocks, PROGRAMS):
-            x, dy, inv = x_next, dy_next, inv_next
-            x_next, dy_next, inv_next = _load_rows(x_ptr, dy_ptr, inv_ptr, blk + PROGRAMS, cols, cols_ok, ROWS, D,
-                                                   BLOCK_R)
+            x, dy, dh, inv = x_next, dy_next, dh_next, inv_next
+            x_next, dy_next, dh_next, inv_next = _load_rows(x_ptr, dy_ptr, dh_ptr, inv_ptr, blk + PROGRAMS, cols,
+                                                            cols_ok, ROWS, D, BLOCK_R, HAS_DH)
             rows = blk * BLOCK_R + tl.arange(0, BLOCK_R)
             mask = (rows < ROWS)[:, None] & cols_ok[None, :]
             x = x.to(tl.float32)
@@ -100,6 +136,8 @@ def backward_kernel(x_ptr, scale_ptr, inv_ptr, dy_ptr, dx_ptr, partial_ptr, ROWS
             g = dy * s[None, :]
             c = tl.sum(g * xhat, axis=1) / D
             dx = inv[:, None] * (g - xhat * c[:, None])
+            if HAS_DH:
+                dx += dh.to(tl.float32)
             tl.store(dx_ptr + rows.to(tl.int64)[:, None] * D + cols[None, :], dx.to(dx_ptr.dtype.element_ty),
                      mask=mask)
             acc += dy * xhat
@@ -129,9 +167,25 @@ def backward_kernel(x_ptr, scale_ptr, inv_ptr, dy_ptr, dx_ptr, partial_ptr, ROWS
                 s = tl.load(scale_ptr + cols, mask=cols_ok, other=0.0).to(tl.float32)
                 xhat = x * inv[:, None]
                 dx = inv[:, None] * (dy * s[None, :] - xhat * c[:, None])
+                if HAS_DH:
+                    dx += tl.load(dh_ptr + base + cols[None, :], mask=mask, other=0.0).to(tl.float32)
                 tl.store(dx_ptr + base + cols[None, :], dx.to(dx_ptr.dtype.element_ty), mask=mask)
                 # This program's own row of the buffer: a read-modify-write, made visible across the
                 # threads of the program (the sum's layout need not match the load's) by the barrier.
                 part = partial_ptr + pid * D + cols
                 tl.store(part, tl.load(part, mask=cols_ok, other=0.0) + tl.sum(dy * xhat, axis=0), mask=cols_ok)
                 tl.debug_barrier()
+
+
+@triton.jit
+def backward_kernel(x_ptr, scale_ptr, inv_ptr, dy_ptr, dx_ptr, partial_ptr, ROWS: tl.constexpr, D: tl.constexpr,
+                    BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, PROGRAMS: tl.constexpr):
+    _backward(x_ptr, scale_ptr, inv_ptr, dy_ptr, dy_ptr, dx_ptr, partial_ptr, ROWS, D, BLOCK_R, BLOCK_D, PROGRAMS,
+              False)
+
+
+@triton.jit
+def backward_residual_kernel(x_ptr, scale_ptr, inv_ptr, dy_ptr, dh_ptr, dx_ptr, partial_ptr, ROWS: tl.constexpr,
+                             D: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, PROGRAMS: tl.constexpr):
+    _backward(x_ptr, scale_ptr, inv_ptr, dy_ptr, dh_ptr, dx_ptr, partial_ptr, ROWS, D, BLOCK_R, BLOCK_D, PROGRAMS,
+              True)

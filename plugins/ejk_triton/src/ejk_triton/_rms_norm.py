@@ -46,6 +46,7 @@ RESIDENT_WARPS = 16
 MAX_ROWS = 2**31 - 1
 
 Residuals = tuple[jax.Array, jax.Array, jax.Array]
+Output = jax.Array | tuple[jax.Array, jax.Array]
 
 _columns = one_of(0, *(2**k for k in range(4, 17)))
 _warps = one_of(1, 2, 4, 8, 16, 32)
@@ -103,82 +104,109 @@ def backward_args(rows: int, d: int, cfg: RmsNormConfig) -> dict[str, Any]:
 
 
 def _fold_vmap(run: Any) -> Any:
-    """``run(x [rows, D], scale)`` with a vmap rule folding a mapped ``x`` into its rows when ``scale``
-    is not mapped (every output is per row); one launch per element otherwise."""
+    """``run(x [rows, D], scale, *more [rows, D])`` (per-row outputs ``[rows, ...]``) with a vmap rule that
+    folds the mapped axis into the rows (one launch) when ``scale`` is not mapped and the row arrays all
+    are; one launch per element otherwise."""
     wrapped = jax.custom_batching.custom_vmap(run)
     one_by_one = sequential_vmap(run)
 
     @wrapped.def_vmap
-    def rule(axis_size: int, in_batched: Any, x: jax.Array, scale: jax.Array) -> tuple[tuple[jax.Array, ...], Any]:
-        x_mapped, scale_mapped = in_batched
-        if scale_mapped:
-            outs = jax.vmap(one_by_one, in_axes=(0 if x_mapped else None, 0))(x, scale)
-            return tuple(outs), tuple(True for _ in outs)
-        if not x_mapped:
-            return tuple(wrapped(x, scale)), (False, False)
-        rows, d = x.shape[1:]
-        y, inv = wrapped(x.reshape(axis_size * rows, d), scale)
-        return (y.reshape(axis_size, rows, d), inv.reshape(axis_size, rows)), (True, True)
+    def rule(axis_size: int, in_batched: Any, x: jax.Array, scale: jax.Array,
+             *more: jax.Array) -> tuple[tuple[jax.Array, ...], Any]:
+        x_mapped, scale_mapped, *more_mapped = in_batched
+        rows_mapped = (x_mapped, *more_mapped)
+        if not any(in_batched):
+            outs = tuple(wrapped(x, scale, *more))
+            return outs, tuple(False for _ in outs)
+        if scale_mapped or not all(rows_mapped):
+            axes = tuple(0 if m else None for m in in_batched)
+            outs = tuple(jax.vmap(one_by_one, in_axes=axes)(x, scale, *more))
+            return outs, tuple(True for _ in outs)
+        rows = x.shape[1]
+        outs = wrapped(*(a.reshape(axis_size * rows, *a.shape[2:]) for a in (x,)), scale,
+                       *(a.reshape(axis_size * rows, *a.shape[2:]) for a in more))
+        return tuple(o.reshape(axis_size, rows, *o.shape[1:]) for o in outs), tuple(True for _ in outs)
 
     return wrapped
 
 
-def forward_with_residuals(x: jax.Array, scale: jax.Array, *, eps: float = 1e-6,
-                           cfg: RmsNormConfig | None = None) -> tuple[jax.Array, Residuals]:
-    """``(y, (x, scale, inv_rms))``, ``inv_rms`` the float32 ``1 / sqrt(mean(x²) + eps)`` shaped ``x.shape[:-1]``."""
-    cfg = cfg if cfg is not None else heuristic_config(x, scale)
+def forward_with_residuals(x: jax.Array, scale: jax.Array, *, residual: jax.Array | None = None, eps: float = 1e-6,
+                           cfg: RmsNormConfig | None = None) -> tuple[Output, Residuals]:
+    """``(y, (x, scale, inv_rms))``, ``inv_rms`` the float32 ``1 / sqrt(mean(x²) + eps)`` shaped ``x.shape[:-1]``;
+    with ``residual``, ``((y, h), (h, scale, inv_rms))`` for ``h = x + residual`` (in ``x.dtype``)."""
+    cfg = cfg if cfg is not None else heuristic_config(x, scale, residual)
     rows, d = _shape(x)
     if rows == 0 or d == 0:  # nothing to launch; the statistics of an empty row are NaN, as in XLA
-        inv = jax.lax.rsqrt(jnp.mean(jnp.square(x.astype(jnp.float32)), axis=-1) + eps)
-        return jnp.zeros_like(x), (x, scale, inv)
+        h = x if residual is None else x + residual
+        inv = jax.lax.rsqrt(jnp.mean(jnp.square(h.astype(jnp.float32)), axis=-1) + eps)
+        return (jnp.zeros_like(x) if residual is None else (jnp.zeros_like(x), h)), (h, scale, inv)
 
-    def run(x2: jax.Array, s: jax.Array) -> tuple[jax.Array, ...]:
+    def run(x2: jax.Array, s: jax.Array, *r2: jax.Array) -> tuple[jax.Array, ...]:
         n = x2.shape[0]
         args = forward_args(n, d, eps, cfg)
-        return launch(kernels("_norm_kernels").forward_kernel, grid=(cdiv(n, args["BLOCK_R"]),), inputs=(x2, s),
-                      out_shapes=(jax.ShapeDtypeStruct((n, d), x2.dtype), jax.ShapeDtypeStruct((n,), jnp.float32)),
+        rows_like = jax.ShapeDtypeStruct((n, d), x2.dtype)
+        name = "forward_residual_kernel" if r2 else "forward_kernel"
+        return launch(getattr(kernels("_norm_kernels"), name), grid=(cdiv(n, args["BLOCK_R"]),), inputs=(x2, *r2, s),
+                      out_shapes=(rows_like, jax.ShapeDtypeStruct((n,), jnp.float32), *((rows_like,) if r2 else ())),
                       **args)
 
-    y, inv = _fold_vmap(run)(x.reshape(rows, d), scale)
-    return y.reshape(x.shape), (x, scale, inv.reshape(x.shape[:-1]))
+    more = () if residual is None else (residual.reshape(rows, d),)
+    y, inv, *h = _fold_vmap(run)(x.reshape(rows, d), scale, *more)
+    y, inv = y.reshape(x.shape), inv.reshape(x.shape[:-1])
+    if residual is None:
+        return y, (x, scale, inv)
+    h_full = h[0].reshape(x.shape)
+    return (y, h_full), (h_full, scale, inv)
 
 
-def forward(x: jax.Array, scale: jax.Array, *, eps: float = 1e-6, cfg: RmsNormConfig | None = None) -> jax.Array:
-    """``x / sqrt(mean(x²) + eps) * scale`` over the last dimension, in ``x.dtype`` (statistics in float32)."""
-    return forward_with_residuals(x, scale, eps=eps, cfg=cfg)[0]
+def forward(x: jax.Array, scale: jax.Array, *, residual: jax.Array | None = None, eps: float = 1e-6,
+            cfg: RmsNormConfig | None = None) -> Output:
+    """``x / sqrt(mean(x²) + eps) * scale`` over the last dimension, in ``x.dtype`` (statistics in float32);
+    with ``residual``, ``(rms_norm(h), h)`` for ``h = x + residual``."""
+    return forward_with_residuals(x, scale, residual=residual, eps=eps, cfg=cfg)[0]
 
 
-def backward(residuals: Residuals, dy: jax.Array, *, eps: float = 1e-6,
-             cfg: RmsNormConfig | None = None) -> tuple[jax.Array, jax.Array]:
-    """``(dx, dscale)`` in the dtypes of ``x`` and ``scale``, from the residuals and the output's cotangent."""
+def backward(residuals: Residuals, cotangent: Any, *, eps: float = 1e-6,
+             cfg: RmsNormConfig | None = None) -> tuple[jax.Array, jax.Array, jax.Array | None]:
+    """``(dx, dscale, d residual)`` in the dtypes of ``x``, ``scale`` and ``residual`` (``None`` without one).
+
+    ``cotangent`` is ``dy``, or ``(dy, dh)`` for a call with a residual: ``dh`` is added to ``dx``,
+    which is then also the residual's gradient.
+    """
     del eps  # the residuals hold the statistics
+    dy, dh = cotangent if isinstance(cotangent, tuple) else (cotangent, None)
     x, scale, inv = residuals
-    cfg = cfg if cfg is not None else heuristic_config(x, scale)
+    cfg = cfg if cfg is not None else heuristic_config(x, scale, dh)
     rows, d = _shape(x)
     if rows == 0 or d == 0:
-        return cotangent_like(jnp.zeros_like(x), x), cotangent_like(jnp.zeros_like(scale), scale)
+        dx = cotangent_like(jnp.zeros_like(x), x)
+        return dx, cotangent_like(jnp.zeros_like(scale), scale), (None if dh is None else dx)
     args = backward_args(rows, d, cfg)
     programs = args["PROGRAMS"]
 
-    def run(x2: jax.Array, s: jax.Array, inv1: jax.Array, dy2: jax.Array) -> tuple[jax.Array, ...]:
-        return launch(kernels("_norm_kernels").backward_kernel, grid=(programs,), inputs=(x2, s, inv1, dy2),
+    def run(x2: jax.Array, s: jax.Array, inv1: jax.Array, dy2: jax.Array, *dh2: jax.Array) -> tuple[jax.Array, ...]:
+        name = "backward_residual_kernel" if dh2 else "backward_kernel"
+        return launch(getattr(kernels("_norm_kernels"), name), grid=(programs,), inputs=(x2, s, inv1, dy2, *dh2),
                       out_shapes=(jax.ShapeDtypeStruct((rows, d), x2.dtype),
                                   jax.ShapeDtypeStruct((programs, d), jnp.float32)),
                       zeroed_outputs=(1,) if args["BLOCK_D"] < d else (), **args)
 
+    more = () if dh is None else (dh.reshape(rows, d).astype(x.dtype),)
     dx, partial = sequential_vmap(run)(x.reshape(rows, d), scale, inv.reshape(rows).astype(jnp.float32),
-                                       dy.reshape(rows, d).astype(x.dtype))
+                                       dy.reshape(rows, d).astype(x.dtype), *more)
     dscale = jnp.sum(partial, axis=-2).astype(scale.dtype)
-    return cotangent_like(dx.reshape(x.shape), x), cotangent_like(dscale, scale)
+    dx = cotangent_like(dx.reshape(x.shape), x)
+    return dx, cotangent_like(dscale, scale), (None if dh is None else dx)
 
 
 #: The custom VJP: residuals ``(x, scale, inv_rms)``, shared with every implementation of the tag.
 vjp = VJP(fwd=forward_with_residuals, bwd=backward, residuals=RMS_NORM_RESIDUALS)
 
 
-def capability(x: Any, scale: Any, **_: Any) -> str | None:
-    """Why the kernels cannot run a call, or ``None``: ``x`` and ``scale`` bfloat16 / float16 / float32,
-    fewer than 2**31 rows; an NVIDIA GPU of compute capability 8.0+ (or the interpreter)."""
+def capability(x: Any, scale: Any, residual: Any = None, **_: Any) -> str | None:
+    """Why the kernels cannot run a call, or ``None``: ``x``, ``scale`` (and ``residual``) bfloat16 / float16 /
+    float32, fewer than 2**31 rows; an NVIDIA GPU of compute capability 8.0+ (or the interpreter)."""
+    del residual  # the op checked it has x's shape and dtype
     rows, _d = _shape(x)
     if rows > MAX_ROWS:
         return f"x has {rows} rows (x.shape[:-1] flattened); the kernels take fewer than 2**31"
@@ -194,24 +222,27 @@ def _pass(width: int, rows: int, itemsize: int, whole_row: int, max_warps: int) 
     return block_rows, block_d, max(4, min(max_warps, next_pow2(warps)))
 
 
-def heuristic_config(x: Any, scale: Any, **_: Any) -> RmsNormConfig:
+def heuristic_config(x: Any, scale: Any, residual: Any = None, **_: Any) -> RmsNormConfig:
     """By the row width and dtype: about :data:`STEP_ELEMENTS` elements per program step (several narrow
     rows, or one row), :data:`BYTES_PER_THREAD` bytes of each operand per thread (4 to 32 warps), whole
     rows up to :data:`WHOLE_ROW_ELEMENTS` (backward: :data:`WHOLE_ROW_BYTES_BWD`), and a persistent
-    backward grid of :data:`RESIDENT_WARPS` warps per SM."""
+    backward grid of :data:`RESIDENT_WARPS` warps per SM. With a ``residual`` the backward also holds the
+    sum's cotangent: twice the warps (up to :data:`RESIDENT_WARPS`), so fewer registers per thread."""
     del scale
     rows, d = _shape(x)
     width, itemsize = max(16, next_pow2(d)), jnp.dtype(x.dtype).itemsize
     block_rows, block_d, warps = _pass(width, rows, itemsize, WHOLE_ROW_ELEMENTS, 32)
     _rows, bwd_block_d, bwd_warps = _pass(width, rows, itemsize, WHOLE_ROW_BYTES_BWD // itemsize, 32)
+    if residual is not None:
+        bwd_warps = max(bwd_warps, min(2 * bwd_warps, RESIDENT_WARPS))
     return RmsNormConfig(block_rows=block_rows, block_d=block_d, num_warps=warps, bwd_block_d=bwd_block_d,
                          bwd_num_warps=bwd_warps, programs_per_sm=max(1, RESIDENT_WARPS // bwd_warps))
 
 
-def config_space(x: Any, scale: Any, **_: Any) -> list[RmsNormConfig]:
+def config_space(x: Any, scale: Any, residual: Any = None, **_: Any) -> list[RmsNormConfig]:
     """The heuristic and its neighbours: half and twice the rows per step, half and twice the warps of both
     kernels, one more and one fewer backward program per SM (duplicates after clamping dropped)."""
-    base = heuristic_config(x, scale)
+    base = heuristic_config(x, scale, residual)
     rows, d = _shape(x)
     candidates = [base]
     for block_rows in (base.block_rows // 2, base.block_rows * 2):

@@ -80,6 +80,18 @@ CODE = textwrap.dedent(
         got = jax.jit(jax.grad(f(ejk.rms_norm), argnums=(0, 1)))(put(a, "data", "model"), s)
         for g, r in zip(got, jax.grad(f(reference_rms_norm), argnums=(0, 1))(a, s)):
             close(g, r, 1e-4)
+        # With a residual: split like x, and so is the sum returned with the output.
+        b = jnp.asarray(rng.standard_normal((4, 6, 16)), jnp.float32)
+        y, h = jax.jit(lambda a, s, b: ejk.rms_norm(a, s, residual=b))(put(a, "data", "model"), s,
+                                                                        put(b, "data", "model"))
+        assert y.sharding.spec == h.sharding.spec == P("data", "model", None), (y.sharding, h.sharding)
+        for got, want in zip((y, h), reference_rms_norm(a, s, b)):
+            close(got, want)
+        g2 = lambda norm: lambda a, s, b: sum((o * jnp.cos(a)).sum() for o in norm(a, s, b))
+        got = jax.jit(jax.grad(g2(lambda a, s, b: ejk.rms_norm(a, s, residual=b)), argnums=(0, 1, 2)))(
+            put(a, "data", "model"), s, put(b, "data", "model"))
+        for g, r in zip(got, jax.grad(g2(reference_rms_norm), argnums=(0, 1, 2))(a, s, b)):
+            close(g, r, 1e-4)
     print("ok")
     """
 )

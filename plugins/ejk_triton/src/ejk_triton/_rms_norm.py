@@ -8,8 +8,13 @@ programs per SM, each walking row blocks) that writes ``dx`` and one float32 par
 ``dscale`` per program; the ``[programs, D]`` partials are summed by XLA. Rows wider than
 ``block_d`` columns take two passes per row block instead of one.
 
+With ``residual`` the forward kernel (``forward_residual_kernel``) reads ``x`` and the residual,
+writes their sum ``h`` and normalises it; ``h`` is saved in ``x``'s place, and the backward
+(``backward_residual_kernel``) adds ``h``'s cotangent to ``dx``, which is also the residual's gradient.
+
 Under ``jax.vmap`` the forward folds the mapped axis into the rows (one launch) when ``scale`` is
-not mapped; otherwise, and for the backward, it runs one launch per mapped element.
+not mapped and ``x`` (and the residual) are; otherwise, and for the backward, it runs one launch
+per mapped element.
 """
 
 from __future__ import annotations
@@ -123,8 +128,11 @@ def _fold_vmap(run: Any) -> Any:
             outs = tuple(jax.vmap(one_by_one, in_axes=axes)(x, scale, *more))
             return outs, tuple(True for _ in outs)
         rows = x.shape[1]
-        outs = wrapped(*(a.reshape(axis_size * rows, *a.shape[2:]) for a in (x,)), scale,
-                       *(a.reshape(axis_size * rows, *a.shape[2:]) for a in more))
+
+        def fold(a: jax.Array) -> jax.Array:
+            return a.reshape(axis_size * rows, *a.shape[2:])
+
+        outs = wrapped(fold(x), scale, *map(fold, more))
         return tuple(o.reshape(axis_size, rows, *o.shape[1:]) for o in outs), tuple(True for _ in outs)
 
     return wrapped

@@ -50,7 +50,8 @@ RESIDENT_WARPS = 16
 #: Most rows (``x.shape[:-1]`` flattened) a call takes: the per-row statistics are indexed with int32.
 MAX_ROWS = 2**31 - 1
 
-Residuals = tuple[jax.Array, jax.Array, jax.Array]
+#: ``(x, scale, inv_rms)``, or ``(h, scale, inv_rms, x[..., :0], residual[..., :0])`` for a call with a residual.
+Residuals = tuple[jax.Array, ...]
 Output = jax.Array | tuple[jax.Array, jax.Array]
 
 _columns = one_of(0, *(2**k for k in range(4, 17)))
@@ -141,13 +142,16 @@ def _fold_vmap(run: Any) -> Any:
 def forward_with_residuals(x: jax.Array, scale: jax.Array, *, residual: jax.Array | None = None, eps: float = 1e-6,
                            cfg: RmsNormConfig | None = None) -> tuple[Output, Residuals]:
     """``(y, (x, scale, inv_rms))``, ``inv_rms`` the float32 ``1 / sqrt(mean(x²) + eps)`` shaped ``x.shape[:-1]``;
-    with ``residual``, ``((y, h), (h, scale, inv_rms))`` for ``h = x + residual`` (in ``x.dtype``)."""
+    with ``residual``, ``((y, h), (h, scale, inv_rms, x[..., :0], residual[..., :0]))`` for ``h = x + residual``
+    (in ``x.dtype``)."""
     cfg = cfg if cfg is not None else heuristic_config(x, scale, residual)
     rows, d = _shape(x)
     if rows == 0 or d == 0:  # nothing to launch; the statistics of an empty row are NaN, as in XLA
         h = x if residual is None else x + residual
         inv = jax.lax.rsqrt(jnp.mean(jnp.square(h.astype(jnp.float32)), axis=-1) + eps)
-        return (jnp.zeros_like(x) if residual is None else (jnp.zeros_like(x), h)), (h, scale, inv)
+        if residual is None:
+            return jnp.zeros_like(x), (x, scale, inv)
+        return (jnp.zeros_like(x), h), (h, scale, inv, x[..., :0], residual[..., :0])
 
     def run(x2: jax.Array, s: jax.Array, *r2: jax.Array) -> tuple[jax.Array, ...]:
         n = x2.shape[0]
@@ -164,7 +168,9 @@ def forward_with_residuals(x: jax.Array, scale: jax.Array, *, residual: jax.Arra
     if residual is None:
         return y, (x, scale, inv)
     h_full = h[0].reshape(x.shape)
-    return (y, h_full), (h_full, scale, inv)
+    # The empty slices carry the inputs' types under shard_map: each gradient is summed over the axes its
+    # input does not vary along.
+    return (y, h_full), (h_full, scale, inv, x[..., :0], residual[..., :0])
 
 
 def forward(x: jax.Array, scale: jax.Array, *, residual: jax.Array | None = None, eps: float = 1e-6,
@@ -183,12 +189,11 @@ def backward(residuals: Residuals, cotangent: Any, *, eps: float = 1e-6,
     """
     del eps  # the residuals hold the statistics
     dy, dh = cotangent if isinstance(cotangent, tuple) else (cotangent, None)
-    x, scale, inv = residuals
+    x, scale, inv, *inputs = residuals
     cfg = cfg if cfg is not None else heuristic_config(x, scale, dh)
     rows, d = _shape(x)
     if rows == 0 or d == 0:
-        dx = cotangent_like(jnp.zeros_like(x), x)
-        return dx, cotangent_like(jnp.zeros_like(scale), scale), (None if dh is None else dx)
+        return _gradients(jnp.zeros_like(x), cotangent_like(jnp.zeros_like(scale), scale), x, inputs)
     args = backward_args(rows, d, cfg)
     programs = args["PROGRAMS"]
 
@@ -202,9 +207,17 @@ def backward(residuals: Residuals, cotangent: Any, *, eps: float = 1e-6,
     more = () if dh is None else (dh.reshape(rows, d).astype(x.dtype),)
     dx, partial = sequential_vmap(run)(x.reshape(rows, d), scale, inv.reshape(rows).astype(jnp.float32),
                                        dy.reshape(rows, d).astype(x.dtype), *more)
-    dscale = jnp.sum(partial, axis=-2).astype(scale.dtype)
-    dx = cotangent_like(dx.reshape(x.shape), x)
-    return dx, cotangent_like(dscale, scale), (None if dh is None else dx)
+    dscale = cotangent_like(jnp.sum(partial, axis=-2).astype(scale.dtype), scale)
+    return _gradients(dx.reshape(x.shape), dscale, x, inputs)
+
+
+def _gradients(dx: jax.Array, dscale: jax.Array, x: jax.Array,
+               inputs: list[jax.Array]) -> tuple[jax.Array, jax.Array, jax.Array | None]:
+    """``(dx, dscale, d residual)``: without a residual (``inputs`` empty) ``dx`` typed like the saved ``x``;
+    with one, the same ``dx`` typed like each input (``inputs``: their empty slices)."""
+    if not inputs:
+        return cotangent_like(dx, x), dscale, None
+    return cotangent_like(dx, inputs[0]), dscale, cotangent_like(dx, inputs[1])
 
 
 #: The custom VJP: residuals ``(x, scale, inv_rms)``, shared with every implementation of the tag.

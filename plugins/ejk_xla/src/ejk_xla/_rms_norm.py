@@ -34,15 +34,19 @@ Output = jax.Array | tuple[jax.Array, jax.Array]
 
 
 def rms_norm_fwd(x: jax.Array, scale: jax.Array, *, residual: jax.Array | None = None, eps: float = 1e-6,
-                 cfg: RmsNormConfig | None = None) -> tuple[Output, tuple[jax.Array, jax.Array, jax.Array]]:
+                 cfg: RmsNormConfig | None = None) -> tuple[Output, tuple[jax.Array, ...]]:
     """``(y, (x, scale, inv_rms))`` with ``inv_rms`` shaped ``x.shape[:-1]`` in float32; with ``residual``,
-    ``((y, h), (h, scale, inv_rms))`` for ``h = x + residual`` (in ``x.dtype``), the normalised input."""
+    ``((y, h), (h, scale, inv_rms, x[..., :0], residual[..., :0]))`` for ``h = x + residual`` (in ``x.dtype``):
+    the empty slices carry the inputs' types under ``shard_map`` (which mesh axes each varies along), so
+    each gradient is summed over the axes its input does not vary along."""
     del cfg
     h = x if residual is None else (x.astype(jnp.float32) + residual.astype(jnp.float32)).astype(x.dtype)
     h32 = h.astype(jnp.float32)
     inv = jax.lax.rsqrt(jnp.mean(jnp.square(h32), axis=-1) + eps)
     y = (h32 * inv[..., None] * scale.astype(jnp.float32)).astype(x.dtype)
-    return (y if residual is None else (y, h)), (h, scale, inv)
+    if residual is None:
+        return y, (h, scale, inv)
+    return (y, h), (h, scale, inv, x[..., :0], residual[..., :0])
 
 
 def rms_norm(x: jax.Array, scale: jax.Array, *, residual: jax.Array | None = None, eps: float = 1e-6,
@@ -52,7 +56,7 @@ def rms_norm(x: jax.Array, scale: jax.Array, *, residual: jax.Array | None = Non
     return rms_norm_fwd(x, scale, residual=residual, eps=eps, cfg=cfg)[0]
 
 
-def rms_norm_bwd(residuals: tuple[jax.Array, jax.Array, jax.Array], cotangent: Any, *, eps: float = 1e-6,
+def rms_norm_bwd(residuals: tuple[jax.Array, ...], cotangent: Any, *, eps: float = 1e-6,
                  cfg: RmsNormConfig | None = None) -> tuple[jax.Array, jax.Array, jax.Array | None]:
     """``(dx, dscale, d residual)`` in the dtypes of ``x``, ``scale`` and ``residual`` (``None`` without one).
 
@@ -61,7 +65,7 @@ def rms_norm_bwd(residuals: tuple[jax.Array, jax.Array, jax.Array], cotangent: A
     """
     del eps, cfg
     dy, dh = cotangent if isinstance(cotangent, tuple) else (cotangent, None)
-    x, scale, inv = residuals
+    x, scale, inv, *inputs = residuals
     inv = inv[..., None]
     normed = x.astype(jnp.float32) * inv
     dy32 = dy.astype(jnp.float32)
@@ -69,9 +73,11 @@ def rms_norm_bwd(residuals: tuple[jax.Array, jax.Array, jax.Array], cotangent: A
     dx = inv * (g - normed * jnp.mean(g * normed, axis=-1, keepdims=True))
     if dh is not None:
         dx = dx + dh.astype(jnp.float32)
-    dscale = jnp.sum((dy32 * normed).reshape(-1, x.shape[-1]), axis=0)
-    dx = cotangent_like(dx.astype(x.dtype), x)
-    return dx, cotangent_like(dscale.astype(scale.dtype), scale), (None if dh is None else dx)
+    dscale = cotangent_like(jnp.sum((dy32 * normed).reshape(-1, x.shape[-1]), axis=0).astype(scale.dtype), scale)
+    if not inputs:
+        return cotangent_like(dx.astype(x.dtype), x), dscale, None
+    dx = dx.astype(x.dtype)
+    return cotangent_like(dx, inputs[0]), dscale, cotangent_like(dx, inputs[1])
 
 
 #: The custom VJP: residuals ``(x, scale, inv_rms)``, shared with every implementation of the tag.

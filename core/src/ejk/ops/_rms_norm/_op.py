@@ -17,7 +17,8 @@ __all__ = ["DEFINITION", "KERNEL", "RMS_NORM_EXTENSIONS", "RMS_NORM_RESIDUALS", 
 
 #: Residual format of the implementations' custom VJPs: ``(x, scale, inv_rms)``, ``inv_rms`` the
 #: float32 ``1 / sqrt(mean(x²) + eps)`` of each row, shaped ``x.shape[:-1]`` (see docs/KERNEL_CONTRACT.md).
-#: With ``residual``, ``x`` is the normalised sum ``x + residual``.
+#: With ``residual``: ``(h, scale, inv_rms, x[..., :0], residual[..., :0])``, ``h = x + residual`` the
+#: normalised sum and the empty slices the inputs' ``shard_map`` types (for ``cotangent_like``).
 RMS_NORM_RESIDUALS = "rms_norm:x+scale+inv_rms"
 
 #: ``residual`` came after the first implementations: one whose signature does not name it runs only

@@ -59,7 +59,7 @@ def check_rms_norm(
             def ref(x: jax.Array, scale: jax.Array) -> jax.Array:
                 return reference_rms_norm(x, scale, eps=eps)  # type: ignore[return-value]
 
-            check_aval(jax.eval_shape(ours, *(x, scale)), jax.eval_shape(ref, *(x, scale)), label)
+            check_aval(jax.eval_shape(ours, x, scale), jax.eval_shape(ref, x, scale), label)
             compare(ours, ref, (x, scale), dtype, label, grads=True)
         for seed, shape in enumerate(residual_shapes):
             _check_residual(platform, _inputs(shape, dtype, 100 + seed), dtype, cfg, eps,

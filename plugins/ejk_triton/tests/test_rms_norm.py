@@ -165,17 +165,20 @@ def test_gate_heuristic_and_config_space() -> None:
     assert capability(bf16, jax.ShapeDtypeStruct((4096,), jnp.float32)) is None
     f64 = jax.ShapeDtypeStruct((4, 8), jnp.float64)
     assert "float64" in str(capability(f64, jax.ShapeDtypeStruct((8,), jnp.float32)))
-    assert heuristic_config(bf16, None) == RmsNormConfig(block_rows=1, block_d=0, num_warps=8, bwd_block_d=0,
-                                                         bwd_num_warps=8, programs_per_sm=2)
+    # Two rows of 4096 per step (16 KiB) at 16 warps; the backward one 16-warp program per SM.
+    assert heuristic_config(bf16, None) == RmsNormConfig(block_rows=2, block_d=0, num_warps=16, bwd_block_d=0,
+                                                         bwd_num_warps=16, programs_per_sm=1)
     # 8192 float32 columns: whole rows forward (32 warps), two passes of 2048 backward.
     wide = heuristic_config(jax.ShapeDtypeStruct((1024, 8192), jnp.float32), None)
     assert (wide.block_d, wide.num_warps, wide.bwd_block_d) == (0, 32, 2048)
-    narrow = heuristic_config(jax.ShapeDtypeStruct((1024, 96), jnp.bfloat16), None)  # 32 rows of 128 per step
-    assert (narrow.block_rows, narrow.num_warps) == (32, 8)
-    with_residual = heuristic_config(bf16, None, bf16)  # the backward also holds dh: 16 warps, one program per SM
-    assert (with_residual.bwd_num_warps, with_residual.programs_per_sm, with_residual.num_warps) == (16, 1, 8)
+    narrow = heuristic_config(jax.ShapeDtypeStruct((1024, 96), jnp.bfloat16), None)  # 32 rows of 128: 8 KiB
+    assert (narrow.block_rows, narrow.num_warps, narrow.programs_per_sm) == (32, 8, 2)
+    with_residual = heuristic_config(bf16, None, bf16)  # the backward also holds dh: one row per step
+    assert (with_residual.block_rows, with_residual.num_warps, with_residual.bwd_num_warps) == (1, 8, 16)
     space = config_space(bf16, None)
-    assert space[0] == heuristic_config(bf16, None) and len(space) == len(set(space)) == 6
+    assert space[0] == heuristic_config(bf16, None) and len(space) == len(set(space)) == 7
+    # The 8 KiB step of one row at 8 warps (two programs per SM) is a neighbour: measured against it.
+    assert RmsNormConfig(block_rows=1, num_warps=8, bwd_num_warps=8, programs_per_sm=2) in space
     with pytest.raises(ValueError, match=r"RmsNormConfig.block_d is 24 but needs one of 0, 16, 32"):
         RmsNormConfig(block_d=24)
 

@@ -42,8 +42,13 @@ BYTES_PER_THREAD = 32
 #: on sm_90). Wider rows take two passes of half that.
 WHOLE_ROW_ELEMENTS = 16384
 WHOLE_ROW_BYTES_BWD = 16384
-#: Elements per program step the heuristic aims at (several narrow rows, or one row).
-STEP_ELEMENTS = 4096
+#: Bytes of each operand per program step the heuristic aims at for rows of 8 KiB or more: 16 KiB, e.g. two
+#: rows of 4096 bfloat16 at 16 warps. On an H100 at [16384, D] bfloat16, one 16 KiB row per step (D = 8192)
+#: moved 2.93 TB/s forward and backward, one 8 KiB row (D = 4096, 8 warps) 2.83-2.86.
+STEP_BYTES = 16384
+#: The same for narrower rows (several per step): 8 KiB, as more rows per thread need more registers than
+#: the 128 a 16-warp program allows.
+NARROW_STEP_BYTES = 8192
 #: Warps per SM the persistent backward aims at (its heuristic configs hold about 100 to 128 registers per
 #: thread, so 16 warps are what an SM keeps resident).
 RESIDENT_WARPS = 16
@@ -234,41 +239,60 @@ def capability(x: Any, scale: Any, residual: Any = None, **_: Any) -> str | None
     return _dots.gate((("x", x), ("scale", scale)), ())
 
 
-def _pass(width: int, rows: int, itemsize: int, whole_row: int, max_warps: int) -> tuple[int, int, int]:
-    """``(block_rows, block_d, warps)`` of one kernel for rows of ``width`` (a power of two) elements."""
-    block_d = 0 if width <= whole_row else whole_row // 2
-    step = block_d or width
-    block_rows = max(1, min(STEP_ELEMENTS // step, next_pow2(max(rows, 1))))
-    warps = block_rows * step * itemsize // (BYTES_PER_THREAD * 32)
-    return block_rows, block_d, max(4, min(max_warps, next_pow2(warps)))
+def _column_block(width: int, whole_row: int) -> int:
+    """``block_d`` for rows of ``width`` (a power of two) elements: whole up to ``whole_row``, else half that."""
+    return 0 if width <= whole_row else whole_row // 2
+
+
+def _warps_for(elements: int, itemsize: int) -> int:
+    """Warps for ``elements`` of each operand per step: :data:`BYTES_PER_THREAD` per thread, 4 to 32 warps."""
+    return max(4, min(32, next_pow2(elements * itemsize // (BYTES_PER_THREAD * 32))))
 
 
 def heuristic_config(x: Any, scale: Any, residual: Any = None, **_: Any) -> RmsNormConfig:
-    """By the row width and dtype: about :data:`STEP_ELEMENTS` elements per program step (several narrow
-    rows, or one row), :data:`BYTES_PER_THREAD` bytes of each operand per thread (4 to 32 warps), whole
-    rows up to :data:`WHOLE_ROW_ELEMENTS` (backward: :data:`WHOLE_ROW_BYTES_BWD`), and a persistent
+    """By the row width and dtype: :data:`STEP_BYTES` of each operand per program step (one or two rows;
+    :data:`NARROW_STEP_BYTES` for rows under 8 KiB, several per step), :data:`BYTES_PER_THREAD` bytes of
+    each operand per thread (4 to 32 warps), whole rows up to :data:`WHOLE_ROW_ELEMENTS` (backward:
+    :data:`WHOLE_ROW_BYTES_BWD`), and a persistent
     backward grid of :data:`RESIDENT_WARPS` warps per SM. With a ``residual`` the backward also holds the
-    sum's cotangent: twice the warps (up to :data:`RESIDENT_WARPS`), so fewer registers per thread."""
+    sum's cotangent: half the elements per thread (twice the warps up to :data:`RESIDENT_WARPS`, else
+    half the rows per step), and the forward at most 16 warps (a 1024-thread program gets 64 registers
+    per thread, too few for the wide rows of two operands), so that neither spills."""
     del scale
     rows, d = _shape(x)
     width, itemsize = max(16, next_pow2(d)), jnp.dtype(x.dtype).itemsize
-    block_rows, block_d, warps = _pass(width, rows, itemsize, WHOLE_ROW_ELEMENTS, 32)
-    _rows, bwd_block_d, bwd_warps = _pass(width, rows, itemsize, WHOLE_ROW_BYTES_BWD // itemsize, 32)
+    block_d = _column_block(width, WHOLE_ROW_ELEMENTS)
+    bwd_block_d = _column_block(width, WHOLE_ROW_BYTES_BWD // itemsize)
+    row_bytes = (block_d or width) * itemsize
+    step = STEP_BYTES if row_bytes >= NARROW_STEP_BYTES else NARROW_STEP_BYTES
+    block_rows = max(1, min(step // row_bytes, next_pow2(max(rows, 1))))
+    if residual is not None and block_rows > 1 and _warps_for(block_rows * (bwd_block_d or width),
+                                                              itemsize) >= RESIDENT_WARPS:
+        block_rows //= 2
+    bwd_warps = _warps_for(block_rows * (bwd_block_d or width), itemsize)
     if residual is not None:
         bwd_warps = max(bwd_warps, min(2 * bwd_warps, RESIDENT_WARPS))
+    warps = _warps_for(block_rows * (block_d or width), itemsize)
+    if residual is not None:
+        warps = min(warps, 16)
     return RmsNormConfig(block_rows=block_rows, block_d=block_d, num_warps=warps, bwd_block_d=bwd_block_d,
                          bwd_num_warps=bwd_warps, programs_per_sm=max(1, RESIDENT_WARPS // bwd_warps))
 
 
 def config_space(x: Any, scale: Any, residual: Any = None, **_: Any) -> list[RmsNormConfig]:
-    """The heuristic and its neighbours: half and twice the rows per step, half and twice the warps of both
-    kernels, one more and one fewer backward program per SM (duplicates after clamping dropped)."""
+    """The heuristic and its neighbours: half and twice the rows per step, half the rows with half the warps
+    (the same work per thread in smaller programs), half and twice the warps of both kernels, one more and
+    one fewer backward program per SM (duplicates after clamping dropped)."""
     base = heuristic_config(x, scale, residual)
     rows, d = _shape(x)
     candidates = [base]
     for block_rows in (base.block_rows // 2, base.block_rows * 2):
         if block_rows >= 1:
             candidates.append(attrs.evolve(base, block_rows=block_rows))
+    if base.block_rows > 1 and min(base.num_warps, base.bwd_num_warps) >= 2:  # half the step, same work per thread
+        candidates.append(attrs.evolve(base, block_rows=base.block_rows // 2, num_warps=base.num_warps // 2,
+                                       bwd_num_warps=base.bwd_num_warps // 2,
+                                       programs_per_sm=max(1, RESIDENT_WARPS // (base.bwd_num_warps // 2))))
     for factor in (0.5, 2):
         warps, bwd_warps = int(base.num_warps * factor), int(base.bwd_num_warps * factor)
         if min(warps, bwd_warps) >= 1 and max(warps, bwd_warps) <= 32:

@@ -232,7 +232,7 @@ def test_the_shipped_packs_are_valid_and_cover_the_h100() -> None:
     (h100,) = [load_pack(str(p)) for p in sorted(CORE_PACKS_DIR.glob("*.json"))]
     assert h100.problems == () and h100.entries == {}
     assert set(h100.rankings) == {"flash_attention", "flash_attention_lse", "matmul", "grouped_matmul",
-                                  "ragged_paged_attention", "linear_cross_entropy"}
+                                  "ragged_paged_attention", "linear_cross_entropy", "rms_norm"}
     for op, rankings in h100.rankings.items():
         arguments = set(inspect.signature(getattr(ejk, op)).parameters)
         for ranking in rankings:

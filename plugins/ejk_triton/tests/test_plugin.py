@@ -30,7 +30,8 @@ def test_registrations_follow_the_interpret_mode() -> None:
     expected = {"gpu", "cpu"} if os.environ.get("EJK_TRITON_INTERPRET") == "1" else {"gpu"}
     ops = (("flash_attention", "FlashAttentionConfig"), ("flash_attention_lse", "FlashAttentionConfig"),
            ("ragged_paged_attention", "PagedAttentionConfig"), ("mla_paged_attention", "MlaAttentionConfig"),
-           ("linear_cross_entropy", "LinearCrossEntropyConfig"), ("flash_attention_varlen", "VarlenAttentionConfig"))
+           ("linear_cross_entropy", "LinearCrossEntropyConfig"), ("flash_attention_varlen", "VarlenAttentionConfig"),
+           ("rms_norm", "RmsNormConfig"))
     for op, cfg_name in ops:
         implementations = type(ejk.ops.get_op(op).kernel)(registry).implementations()  # flash_attention_lse: derived
         assert {str(spec.backend) for spec in implementations} == expected

@@ -366,12 +366,17 @@ def _optax_unsupported(workload: Workload) -> str | None:
 
 
 def _rms_norm_expression(workload: Workload, inputs: tuple[Any, ...]) -> Prepared:
-    def fn(x: jax.Array, scale: jax.Array) -> jax.Array:
+    def norm(x: jax.Array, scale: jax.Array) -> jax.Array:
         x32 = x.astype(jnp.float32)
         normed = x32 * jax.lax.rsqrt(jnp.mean(jnp.square(x32), axis=-1, keepdims=True) + 1e-6)
         return (normed * scale.astype(jnp.float32)).astype(x.dtype)
 
-    return Prepared(fn=fn, args=inputs, diff=(0, 1))
+    def with_residual(x: jax.Array, scale: jax.Array, residual: jax.Array) -> tuple[jax.Array, jax.Array]:
+        h = x + residual
+        return norm(h, scale), h
+
+    fn = with_residual if len(inputs) == 3 else norm
+    return Prepared(fn=fn, args=inputs, diff=tuple(range(len(inputs))))
 
 
 for _baseline in (
@@ -411,6 +416,7 @@ for _baseline in (
     Baseline(name="x @ w + jnp log-softmax", op="linear_cross_entropy", build=_unfused_cross_entropy(False),
              note="logits = x @ w materialised, float32 logsumexp minus the label's logit (XLA fuses the loss)"),
     Baseline(name="XLA-fused expression", op="rms_norm", build=_rms_norm_expression,
-             note="x * rsqrt(mean(x²) + eps) * scale in float32 with jnp, differentiated by JAX"),
+             note="x * rsqrt(mean(x²) + eps) * scale in float32 with jnp (h = x + residual first, returned too), "
+                  "differentiated by JAX"),
 ):
     register_baseline(_baseline)

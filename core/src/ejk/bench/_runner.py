@@ -472,8 +472,15 @@ def _measure_group(lines: Sequence[_Line], workload: Workload, mode: str, option
 
 
 @jax.jit
-def _max_abs_diff(got: jax.Array, want: jax.Array) -> jax.Array:
-    return jnp.max(jnp.abs(got.astype(jnp.float32) - want.astype(jnp.float32)), initial=0.0)
+def _shapes(out: Any) -> list[tuple[int, ...]]:
+    """The shapes of an output's arrays (several for an op with several outputs)."""
+    return [jnp.shape(leaf) for leaf in jax.tree.leaves(out)]
+
+
+def _max_abs_diff(got: Any, want: Any) -> jax.Array:
+    """The largest difference over every array of two outputs of the same structure."""
+    return jnp.max(jnp.stack([jnp.max(jnp.abs(g.astype(jnp.float32) - w.astype(jnp.float32)), initial=0.0)
+                              for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True)]))
 
 
 def _finish(group: list[Measurement], outputs: dict[str, Any], peak: Peak | None, dtype: str) -> list[Measurement]:
@@ -495,7 +502,7 @@ def _finish(group: list[Measurement], outputs: dict[str, Any], peak: Peak | None
         if reference is not None and m.comparable and m.name in outputs and m.name != reference:
             try:
                 got, want = outputs[m.name], outputs[reference]
-                if jnp.shape(got) == jnp.shape(want):
+                if _shapes(got) == _shapes(want) and _shapes(got):
                     changes.update(max_abs_diff=float(_max_abs_diff(got, want)), diff_against=reference)
             except Exception:  # a diff that cannot be taken is not a benchmark failure
                 pass

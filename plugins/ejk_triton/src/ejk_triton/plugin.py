@@ -18,6 +18,7 @@ from ejk_triton import (
     _matmul,
     _mla_attention,
     _paged_attention,
+    _rms_norm,
     _segment_attention,
     _varlen_attention,
 )
@@ -76,6 +77,12 @@ def ejk_register_kernels(register: RegisterKernels) -> None:
         register("linear_cross_entropy", Platform.TRITON, backend, priority=PRIORITY, name="fused",
                  cfg_type=lce.LinearCrossEntropyConfig, config_space=lce.config_space,
                  heuristic=lce.heuristic_config, capability=lce.capability, vjp=lce.vjp)(lce.forward)
+        # Fast tier, below ejk-xla's fused RMSNorm (vendor tier): platform="auto" takes it first only where a
+        # ranking pack measured it first. Residuals shared with ejk-xla's (RMS_NORM_RESIDUALS).
+        norm = _rms_norm
+        register("rms_norm", Platform.TRITON, backend, priority=PRIORITY, name="fused", cfg_type=norm.RmsNormConfig,
+                 config_space=norm.config_space, heuristic=norm.heuristic_config, capability=norm.capability,
+                 vjp=norm.vjp)(norm.forward)
     gdr = _gated_delta_rule  # differentiable through its own custom_vjp (no ejk.VJP: no residual format to share)
     for backend in _env.backends():
         register("gated_delta_rule", Platform.TRITON, backend, priority=PRIORITY, name="chunked",

@@ -26,20 +26,25 @@ __all__ = ["capability", "config_space", "flash_attention", "heuristic_config", 
 
 def segment_intervals(q_segment_ids: jax.Array, kv_segment_ids: jax.Array, *, causal: bool,
                       sliding_window: tuple[int, int] | None) -> tuple[jax.Array, ...]:
-    """Per packed row (batch folded in, ``b * Sq + i``): ``(lo, hi, hull_lo, hull_hi)`` in packed key
-    coordinates (``b * Sk + j``): row ``i`` of batch ``b`` sees only keys in ``[lo, hi)`` that carry its
-    id; ``hull_*`` are non-decreasing bounds (``hull_lo <= lo``, ``hull_hi >= hi``)."""
+    """Per packed row (batch folded in, ``b * Sq + i``): ``(lo, hi, hull_lo, hull_hi, inner_lo, inner_hi,
+    exact)`` in packed key coordinates (``b * Sk + j``): row ``i`` of batch ``b`` sees only keys in
+    ``[lo, hi)`` that carry its id; ``hull_*`` / ``inner_*`` are non-decreasing bounds (``hull_lo <= lo``,
+    ``hull_hi >= hi``; ``inner_lo >= lo``, ``inner_hi <= hi``); ``exact`` (int32) is 1 where every key
+    of ``[lo, hi)`` carries the row's id (its segment is one contiguous run of keys: the packed case)."""
     batch, q_len = q_segment_ids.shape
     kv_len = kv_segment_ids.shape[1]
     ids_q, ids_k = q_segment_ids.astype(jnp.int32), kv_segment_ids.astype(jnp.int32)
     order = jnp.argsort(ids_k, axis=1, stable=True).astype(jnp.int32)  # by id, then by position
     sorted_ids = jnp.take_along_axis(ids_k, order, axis=1)
-    search = jax.vmap(lambda a, x, side: jnp.searchsorted(a, x, side=side), in_axes=(0, 0, None))
+    # One fused search per side (the default method is an XLA while loop: a launch per level).
+    search = jax.vmap(lambda a, x, side: jnp.searchsorted(a, x, side=side, method="scan_unrolled"),
+                      in_axes=(0, 0, None))
     first = search(sorted_ids, ids_q, "left").astype(jnp.int32)
     end = search(sorted_ids, ids_q, "right").astype(jnp.int32)
     found = end > first
     lo = jnp.where(found, jnp.take_along_axis(order, jnp.minimum(first, kv_len - 1), axis=1), 0)
     hi = jnp.where(found, jnp.take_along_axis(order, jnp.maximum(end - 1, 0), axis=1) + 1, 0)
+    exact = hi - lo == end - first  # the hull holds as many keys as carry the id: no other id inside
     pos = jnp.arange(q_len, dtype=jnp.int32)[None, :] + (kv_len - q_len)  # the row's position among the keys
     if sliding_window is not None:
         lo = jnp.maximum(lo, pos - sliding_window[0])
@@ -50,11 +55,14 @@ def segment_intervals(q_segment_ids: jax.Array, kv_segment_ids: jax.Array, *, ca
     empty = hi <= lo
     lo = jnp.where(empty, jnp.clip(pos, 0, kv_len), lo)
     hi = jnp.where(empty, lo, hi)
+    exact = exact | empty  # a part of an exact interval is exact; an empty one compares nothing
     offset = (jnp.arange(batch, dtype=jnp.int32) * kv_len)[:, None]
     lo, hi = (lo + offset).reshape(-1), (hi + offset).reshape(-1)
     hull_lo = lax.cummin(lo, axis=0, reverse=True)
     hull_hi = lax.cummax(hi, axis=0)
-    return lo, hi, hull_lo, hull_hi
+    inner_lo = lax.cummax(lo, axis=0)
+    inner_hi = lax.cummin(hi, axis=0, reverse=True)
+    return lo, hi, hull_lo, hull_hi, inner_lo, inner_hi, exact.reshape(-1).astype(jnp.int32)
 
 
 def flash_attention(
@@ -87,12 +95,13 @@ def flash_attention(
     flat_q = q.reshape(batch * q_len, q_heads, q.shape[3])
     flat_k, flat_v = k.reshape(batch * kv_len, kv_heads, k.shape[3]), v.reshape(batch * kv_len, kv_heads, v_dim)
     cfg = heuristic_config(flat_q, flat_k, flat_v) if cfg is None else cfg
-    lo, hi, hull_lo, hull_hi = segment_intervals(q_segment_ids, kv_segment_ids, causal=causal,
-                                                 sliding_window=sliding_window)
+    lo, hi, hull_lo, hull_hi, inner_lo, inner_hi, exact = segment_intervals(
+        q_segment_ids, kv_segment_ids, causal=causal, sliding_window=sliding_window)
     ids = (q_segment_ids.astype(jnp.int32).reshape(-1), kv_segment_ids.astype(jnp.int32).reshape(-1))
-    out = va.attend_intervals(flat_q, flat_k, flat_v, lo, hi, hull=(hull_lo, hull_hi), segment_ids=ids,
-                              softmax_scale=softmax_scale, logits_soft_cap=logits_soft_cap, precision=precision,
-                              cfg=cfg)
+    out = va.attend_intervals(flat_q, flat_k, flat_v, lo, hi, hull=(hull_lo, hull_hi), inner=(inner_lo, inner_hi),
+                              segment_ids=ids, exact=exact, softmax_scale=softmax_scale,
+                              logits_soft_cap=logits_soft_cap, precision=precision, cfg=cfg,
+                              reverse=causal or sliding_window is not None)
     return out.reshape(batch, q_len, q_heads, v_dim)
 
 

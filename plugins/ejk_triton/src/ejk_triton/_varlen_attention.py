@@ -16,7 +16,7 @@ and q head). ``delta = rowsum(d_out · out)`` and the sinks' gradient
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import attrs
 import jax
@@ -73,6 +73,25 @@ class _Static:
     cap: float | None
     precision: str
     cfg: VarlenAttentionConfig
+    reverse: bool = False  # causal / windowed: row blocks run last-first (the longest first in each sequence)
+
+
+class _Intervals(NamedTuple):
+    """What the kernels need to know about the visible keys, beyond ``lo`` / ``hi`` (all int32, traced).
+
+    ``hull``: non-decreasing ``(lo', hi')`` with ``lo' <= lo`` and ``hi' >= hi`` (the rows that see a key
+    block are a contiguous range of it); ``inner``: non-decreasing ``(lo'', hi'')`` with ``lo'' >= lo`` and
+    ``hi'' <= hi`` (the rows that see a key block whole, found the same way); with segment ids, ``ids``
+    (q, k) and ``exact``, per row 1 where ``[lo, hi)`` holds keys of the row's id only.
+    """
+
+    hull_lo: jax.Array
+    hull_hi: jax.Array
+    inner_lo: jax.Array
+    inner_hi: jax.Array
+    qseg: jax.Array | None = None
+    kseg: jax.Array | None = None
+    exact: jax.Array | None = None
 
 
 def _consts(st: _Static, q: Any, k: Any, v: Any) -> dict[str, Any]:
@@ -83,77 +102,102 @@ def _consts(st: _Static, q: Any, k: Any, v: Any) -> dict[str, Any]:
                 DOT_PREC=dot_precision(q.dtype, st.precision))
 
 
-def _seg_args(q: jax.Array, qseg: jax.Array | None, kseg: jax.Array | None) -> tuple[jax.Array, jax.Array]:
-    """Segment ids as int32, or ``q`` standing in (never read) without them."""
-    if qseg is None or kseg is None:
-        return q, q
-    return qseg.astype(jnp.int32), kseg.astype(jnp.int32)
+def _seg_args(q: jax.Array, qseg: jax.Array | None, kseg: jax.Array | None,
+              exact: jax.Array | None) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Segment ids and exact flags as int32, or ``q`` standing in (never read) without them."""
+    if qseg is None or kseg is None or exact is None:
+        return q, q, q
+    return qseg.astype(jnp.int32), kseg.astype(jnp.int32), exact.astype(jnp.int32)
+
+
+def _search(sorted_values: jax.Array, queries: jax.Array, side: str) -> jax.Array:
+    """``searchsorted`` as one fused computation (the default method is an XLA while loop: a launch per level)."""
+    return jnp.searchsorted(sorted_values, queries, side=side, method="scan_unrolled").astype(jnp.int32)
 
 
 def _forward(st: _Static, q: jax.Array, k: jax.Array, v: jax.Array, lo: jax.Array, hi: jax.Array,
-             qseg: jax.Array | None, kseg: jax.Array | None, sinks: jax.Array | None) -> tuple[jax.Array, jax.Array]:
+             qseg: jax.Array | None, kseg: jax.Array | None, exact: jax.Array | None,
+             sinks: jax.Array | None) -> tuple[jax.Array, jax.Array]:
     """``(out [TQ, HQ, DV], lse2 [HQ, TQ])``."""
     tq, hq, _ = q.shape
     block_m, block_n = fit_block(st.cfg.block_m, tq), fit_block(st.cfg.block_n, k.shape[0])
     sink_arg = q if sinks is None else sinks.astype(jnp.float32)  # q stands in (never read) without sinks
     out, lse = launch(
-        kernels("_varlen_kernels").varlen_fwd_kernel, grid=(cdiv(tq, block_m), hq),
-        inputs=(q, k, v, lo, hi, *_seg_args(q, qseg, kseg), sink_arg),
+        kernels("_varlen_kernels").varlen_fwd_kernel, grid=(cdiv(tq, block_m) * hq,),
+        inputs=(q, k, v, lo, hi, *_seg_args(q, qseg, kseg, exact), sink_arg),
         out_shapes=(jax.ShapeDtypeStruct((tq, hq, v.shape[2]), q.dtype), jax.ShapeDtypeStruct((hq, tq), jnp.float32)),
         num_warps=st.cfg.num_warps, num_stages=st.cfg.num_stages, BLOCK_M=block_m, BLOCK_N=block_n,
-        HAS_SINKS=sinks is not None, HAS_SEG=qseg is not None, **_consts(st, q, k, v),
+        HAS_SINKS=sinks is not None, HAS_SEG=qseg is not None, REVERSE=st.reverse, **_consts(st, q, k, v),
     )
     return out, lse
 
 
+def key_block_rows(lo: jax.Array, hi: jax.Array, hull_lo: jax.Array, hull_hi: jax.Array, inner_lo: jax.Array,
+                   inner_hi: jax.Array, exact: jax.Array | None, tk: int, block_m: int,
+                   block_n: int) -> tuple[jax.Array, ...]:
+    """Per key block ``[start, start + block_n)``: ``(q_lo, q_hi, full_lo, full_hi, exact)``, int32 each.
+
+    Rows ``[q_lo, q_hi)`` may see the block (``q_lo`` a multiple of ``block_m``), rows ``[full_lo, full_hi)``
+    see all of it, and ``exact`` is 1 where every row of ``[q_lo, q_hi)`` has an exact interval (all 1
+    without segment ids)."""
+    del lo, hi
+    starts = jnp.arange(cdiv(tk, block_n), dtype=jnp.int32) * block_n
+    # hi' > start and lo' < start + n: a contiguous range of rows, as both hulls are non-decreasing.
+    q_lo = _search(hull_hi, starts, "right") // block_m * block_m
+    q_hi = _search(hull_lo, starts + block_n, "left")
+    # lo'' <= start and hi'' >= start + n (hence lo <= start, hi >= start + n): contiguous too.
+    full_lo = _search(inner_hi, starts + block_n, "left")
+    full_hi = _search(inner_lo, starts, "right")
+    if exact is None:
+        flags = jnp.ones_like(starts)
+    else:
+        inexact = jnp.concatenate([jnp.zeros((1,), jnp.int32), jnp.cumsum(1 - exact.astype(jnp.int32))])
+        flags = (inexact[jnp.maximum(q_hi, q_lo)] == inexact[q_lo]).astype(jnp.int32)
+    return q_lo, q_hi, full_lo, full_hi, flags
+
+
 def _backward(st: _Static, residuals: tuple[Any, ...], d_out: jax.Array) -> tuple[Any, ...]:
-    q, k, v, lo, hi, hull_lo, hull_hi, qseg, kseg, sinks, out, lse = residuals
+    q, k, v, lo, hi, ivals, sinks, out, lse = residuals
     tq, hq, _ = q.shape
     tk, hkv = k.shape[0], k.shape[1]
     d_out = d_out.astype(q.dtype)
     delta = jnp.sum(d_out.astype(jnp.float32) * out.astype(jnp.float32), axis=-1).T  # [HQ, TQ]
-    consts = dict(_consts(st, q, k, v), HAS_SEG=qseg is not None)
-    seg = _seg_args(q, qseg, kseg)
+    consts = dict(_consts(st, q, k, v), HAS_SEG=ivals.qseg is not None)
+    qseg, kseg, exact = _seg_args(q, ivals.qseg, ivals.kseg, ivals.exact)
     cfg = st.cfg
     mod = kernels("_varlen_kernels")
     m, n = fit_block(cfg.bwd_block_m, tq), fit_block(cfg.bwd_block_n, tk)
-    starts = jnp.arange(cdiv(tk, n), dtype=jnp.int32) * n
-    # The rows that see key block [start, start + n): hi > start and lo < start + n, a contiguous range of the
-    # non-decreasing hulls (the intervals themselves without segment ids).
-    q_lo = jnp.searchsorted(hull_hi, starts, side="right").astype(jnp.int32) // m * m
-    q_hi = jnp.searchsorted(hull_lo, starts + n, side="left").astype(jnp.int32)
-    # The rows that see the whole block (lo <= start, hi >= start + n): masks skipped there (exact intervals only).
-    full_lo = jnp.searchsorted(hi, starts + n, side="left").astype(jnp.int32)
-    full_hi = jnp.searchsorted(lo, starts, side="right").astype(jnp.int32)
+    q_lo, q_hi, full_lo, full_hi, kexact = key_block_rows(lo, hi, ivals.hull_lo, ivals.hull_hi, ivals.inner_lo,
+                                                          ivals.inner_hi, ivals.exact, tk, m, n)
     dk, dv = launch(
-        mod.varlen_bwd_dkdv_kernel, grid=(cdiv(tk, n), hkv),
-        inputs=(q, k, v, lo, hi, *seg, q_lo, q_hi, full_lo, full_hi, d_out, lse, delta),
+        mod.varlen_bwd_dkdv_kernel, grid=(cdiv(tk, n) * hkv,),
+        inputs=(q, k, v, lo, hi, qseg, kseg, kexact, q_lo, q_hi, full_lo, full_hi, d_out, lse, delta),
         out_shapes=(jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)),
         num_warps=cfg.bwd_num_warps, num_stages=cfg.bwd_num_stages, BLOCK_M=m, BLOCK_N=n, **consts,
     )
     dq_m, dq_n = fit_block(cfg.bwd_block_n, tq), fit_block(cfg.bwd_block_m, tk)
     (dq,) = launch(
-        mod.varlen_bwd_dq_kernel, grid=(cdiv(tq, dq_m), hq), inputs=(q, k, v, lo, hi, *seg, d_out, lse, delta),
+        mod.varlen_bwd_dq_kernel, grid=(cdiv(tq, dq_m) * hq,),
+        inputs=(q, k, v, lo, hi, qseg, kseg, exact, d_out, lse, delta),
         out_shapes=(jax.ShapeDtypeStruct(q.shape, q.dtype),),
-        num_warps=cfg.bwd_num_warps, num_stages=cfg.bwd_num_stages, BLOCK_M=dq_m, BLOCK_N=dq_n, **consts,
+        num_warps=cfg.bwd_num_warps, num_stages=cfg.bwd_num_stages, BLOCK_M=dq_m, BLOCK_N=dq_n, REVERSE=st.reverse,
+        **consts,
     )
     d_sinks = None
     if sinks is not None:
         weight = jnp.exp2(sinks.astype(jnp.float32)[:, None] * _LOG2E - lse)  # lse includes the sink: finite
         d_sinks = -jnp.sum(weight * delta, axis=1).astype(sinks.dtype)
-    return dq, dk, dv, None, None, None, None, None, None, d_sinks
+    return dq, dk, dv, None, None, None, d_sinks
 
 
-def _fa(st: _Static, q: Any, k: Any, v: Any, lo: Any, hi: Any, hull_lo: Any, hull_hi: Any, qseg: Any, kseg: Any,
-        sinks: Any) -> jax.Array:
-    del hull_lo, hull_hi
-    return _forward(st, q, k, v, lo, hi, qseg, kseg, sinks)[0]
+def _fa(st: _Static, q: Any, k: Any, v: Any, lo: Any, hi: Any, ivals: _Intervals, sinks: Any) -> jax.Array:
+    return _forward(st, q, k, v, lo, hi, ivals.qseg, ivals.kseg, ivals.exact, sinks)[0]
 
 
-def _fa_fwd(st: _Static, q: Any, k: Any, v: Any, lo: Any, hi: Any, hull_lo: Any, hull_hi: Any, qseg: Any, kseg: Any,
+def _fa_fwd(st: _Static, q: Any, k: Any, v: Any, lo: Any, hi: Any, ivals: _Intervals,
             sinks: Any) -> tuple[jax.Array, Any]:
-    out, lse = _forward(st, q, k, v, lo, hi, qseg, kseg, sinks)
-    return out, (q, k, v, lo, hi, hull_lo, hull_hi, qseg, kseg, sinks, out, lse)
+    out, lse = _forward(st, q, k, v, lo, hi, ivals.qseg, ivals.kseg, ivals.exact, sinks)
+    return out, (q, k, v, lo, hi, ivals, sinks, out, lse)
 
 
 _varlen = jax.custom_vjp(_fa, nondiff_argnums=(0,))
@@ -189,25 +233,35 @@ def flash_attention_varlen(
         return jnp.zeros((tq, hq, dv), q.dtype)
     cfg = heuristic_config(q, k, v) if cfg is None else cfg
     st = _Static(scale=float(softmax_scale), cap=None if logits_soft_cap is None else float(logits_soft_cap),
-                 precision=precision, cfg=cfg)
+                 precision=precision, cfg=cfg, reverse=causal or sliding_window is not None)
     lo, hi = varlen_row_ranges(cu_seqlens_q, cu_seqlens_k, tq, tk, causal=causal, sliding_window=sliding_window)
-    out: jax.Array = _varlen(st, q, k, v, lo, hi, lo, hi, None, None, sinks)
+    out: jax.Array = _varlen(st, q, k, v, lo, hi, _Intervals(lo, hi, lo, hi), sinks)
     return out
 
 
 def attend_intervals(q: jax.Array, k: jax.Array, v: jax.Array, lo: jax.Array, hi: jax.Array, *,
                      hull: tuple[jax.Array, jax.Array] | None = None,
-                     segment_ids: tuple[jax.Array, jax.Array] | None = None, sinks: jax.Array | None = None,
-                     softmax_scale: float, logits_soft_cap: float | None, precision: str,
-                     cfg: VarlenAttentionConfig) -> jax.Array:
+                     inner: tuple[jax.Array, jax.Array] | None = None,
+                     segment_ids: tuple[jax.Array, jax.Array] | None = None, exact: jax.Array | None = None,
+                     sinks: jax.Array | None = None, softmax_scale: float, logits_soft_cap: float | None,
+                     precision: str, cfg: VarlenAttentionConfig, reverse: bool = False) -> jax.Array:
     """Differentiable packed attention where row ``i`` sees keys ``lo[i] <= j < hi[i]`` (and, with
-    ``segment_ids = (q_ids, k_ids)``, only those of its id). ``hull``: non-decreasing ``(lo', hi')`` with
-    ``lo' <= lo`` and ``hi' >= hi`` (required when ``lo`` / ``hi`` are not non-decreasing themselves)."""
+    ``segment_ids = (q_ids, k_ids)``, only those of its id).
+
+    ``hull`` / ``inner``: non-decreasing ``(lo', hi')`` with ``lo' <= lo``, ``hi' >= hi`` / ``(lo'', hi'')``
+    with ``lo'' >= lo``, ``hi'' <= hi`` (both required when ``lo`` / ``hi`` are not non-decreasing
+    themselves). ``exact`` (with segment ids; all 0 when absent): per row, 1 where ``[lo, hi)`` holds
+    keys of the row's id only; blocks of such rows skip the id compare. ``reverse``: run row blocks
+    last-first (causal / windowed intervals, where later rows see more keys)."""
     st = _Static(scale=float(softmax_scale), cap=None if logits_soft_cap is None else float(logits_soft_cap),
-                 precision=precision, cfg=cfg)
+                 precision=precision, cfg=cfg, reverse=reverse)
     hull_lo, hull_hi = (lo, hi) if hull is None else hull
+    inner_lo, inner_hi = (lo, hi) if inner is None else inner
     qseg, kseg = (None, None) if segment_ids is None else segment_ids
-    out: jax.Array = _varlen(st, q, k, v, lo, hi, hull_lo, hull_hi, qseg, kseg, sinks)
+    if qseg is not None and exact is None:
+        exact = jnp.zeros(lo.shape, jnp.int32)
+    ivals = _Intervals(hull_lo, hull_hi, inner_lo, inner_hi, qseg, kseg, exact if qseg is not None else None)
+    out: jax.Array = _varlen(st, q, k, v, lo, hi, ivals, sinks)
     return out
 
 
@@ -300,7 +354,7 @@ def heuristic_config(q: Any, k: Any, v: Any, *_: Any, **__: Any) -> VarlenAttent
 
 def compile_kernels(q: Any, k: Any, v: Any, *, cfg: VarlenAttentionConfig | None = None, sinks: bool = False,
                     segment_ids: bool = False, logits_soft_cap: float | None = None, precision: str = "highest",
-                    arch: int = 90) -> dict[str, dict[str, int]]:
+                    causal: bool = False, arch: int = 90) -> dict[str, dict[str, int]]:
     """Compile the three kernels one call would launch for compute capability ``arch`` (no GPU needed;
     not in the interpreter mode): per kernel (``forward``, ``dkdv``, ``dq``) its shared memory in
     bytes, warps and stages. Arguments are abstract arrays (``jax.ShapeDtypeStruct``) and static values."""
@@ -312,18 +366,20 @@ def compile_kernels(q: Any, k: Any, v: Any, *, cfg: VarlenAttentionConfig | None
     consts = dict(_consts(st, q, k, v), HAS_SEG=segment_ids)
     tq, tk = int(q.shape[0]), int(k.shape[0])
     ptr, i32, f32 = _aot._ptr, _aot._ptr(jnp.int32), _aot._ptr(jnp.float32)
-    ints = [i32, i32, i32 if segment_ids else ptr(q.dtype), i32 if segment_ids else ptr(q.dtype)]
+    seg = i32 if segment_ids else ptr(q.dtype)
+    ints = [i32, i32, seg, seg]
     qkv = [ptr(q.dtype), ptr(k.dtype), ptr(v.dtype)]
     m, n = fit_block(cfg.bwd_block_m, tq), fit_block(cfg.bwd_block_n, tk)
     return {
-        "forward": _aot._compile(_varlen_kernels.varlen_fwd_kernel, [*qkv, *ints, f32, ptr(q.dtype), f32],
-                                 dict(consts, HAS_SINKS=sinks, BLOCK_M=fit_block(cfg.block_m, tq),
+        "forward": _aot._compile(_varlen_kernels.varlen_fwd_kernel, [*qkv, *ints, seg, f32, ptr(q.dtype), f32],
+                                 dict(consts, HAS_SINKS=sinks, REVERSE=causal, BLOCK_M=fit_block(cfg.block_m, tq),
                                       BLOCK_N=fit_block(cfg.block_n, tk)), cfg.num_warps, cfg.num_stages, arch),
         "dkdv": _aot._compile(_varlen_kernels.varlen_bwd_dkdv_kernel,
-                              [*qkv, *ints, i32, i32, i32, i32, ptr(q.dtype), f32, f32, ptr(k.dtype), ptr(v.dtype)],
+                              [*qkv, *ints, i32, i32, i32, i32, i32, ptr(q.dtype), f32, f32, ptr(k.dtype),
+                               ptr(v.dtype)],
                               dict(consts, BLOCK_M=m, BLOCK_N=n), cfg.bwd_num_warps, cfg.bwd_num_stages, arch),
         "dq": _aot._compile(_varlen_kernels.varlen_bwd_dq_kernel,
-                            [*qkv, *ints, ptr(q.dtype), f32, f32, ptr(q.dtype)],
-                            dict(consts, BLOCK_M=fit_block(cfg.bwd_block_n, tq),
+                            [*qkv, *ints, seg, ptr(q.dtype), f32, f32, ptr(q.dtype)],
+                            dict(consts, REVERSE=causal, BLOCK_M=fit_block(cfg.bwd_block_n, tq),
                                  BLOCK_N=fit_block(cfg.bwd_block_m, tk)), cfg.bwd_num_warps, cfg.bwd_num_stages, arch),
     }

@@ -53,7 +53,8 @@ def varlen_row_ranges(
     cu_q = sanitize_offsets(cu_seqlens_q, q_tokens)
     cu_k = sanitize_offsets(cu_seqlens_k, k_tokens)
     rows = jnp.arange(q_tokens, dtype=jnp.int32)
-    seq = jnp.searchsorted(cu_q, rows, side="right").astype(jnp.int32) - 1  # -1 before cu_q[0]
+    # -1 before cu_q[0]; one fused search (the default method is an XLA while loop: a launch per level).
+    seq = jnp.searchsorted(cu_q, rows, side="right", method="scan_unrolled").astype(jnp.int32) - 1
     n = cu_q.shape[0] - 1
     inside = (seq >= 0) & (seq < n)
     s = jnp.clip(seq, 0, max(n - 1, 0))

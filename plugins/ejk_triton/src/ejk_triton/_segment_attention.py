@@ -8,7 +8,9 @@ them, found with a stable sort of the key ids and two ``searchsorted``), interse
 window band (positions are those of the row, as ``flash_attention`` defines them). The varlen kernels
 loop over the blocks of that interval only and compare segment ids inside it, so any segment ids are
 exact (a segment split into several runs just widens the hull), and contiguous segments, the packed
-case, skip everything outside their own block of the square.
+case, skip everything outside their own block of the square. Rows whose interval holds keys of their
+own id only (``exact``: the hull is as long as the id's count of keys) need no id compare at all; the
+kernels then run their interior blocks unmasked, as without segment ids.
 """
 
 from __future__ import annotations

@@ -6,12 +6,17 @@ packed row ``i`` sees the key interval ``[lo[i], hi[i])`` (:func:`ejk.plugin.var
 computed in O(T) from the offsets: per-sequence causal masks and windows included); both ends are
 non-decreasing, so a block of rows loops over the key blocks covering ``[lo[first], hi[last])``
 only: blocks outside the sequences' band (and, with causal masks and windows, outside the band
-they allow) are never loaded. The backward pass saves the output and the base-2 log-sum-exp
-(sink included) and runs two kernels: dk / dv (one program per key block and kv head, looping
-over the q heads of its group, GQA without repeating k / v, over the query rows that see the
-block: a contiguous range found with ``searchsorted``), then dq (one program per query block
-and q head). ``delta = rowsum(d_out · out)`` and the sinks' gradient
-``-Σ_rows 2^{sink·log2 e - lse2} · delta`` are computed in JAX.
+they allow) are never loaded. Why packed row blocks rather than a (sequence, block) grid: where
+sequences are multiples of the block (the usual packing) no program straddles two sequences and
+none is idle; otherwise one block per boundary works on the union of two neighbours' ranges,
+about what a per-sequence grid's partial last blocks waste, without a block table to build. The
+backward pass saves the output and the base-2 log-sum-exp (sink included) and runs two kernels:
+dk / dv (one program per key block and kv head, looping over the q heads of its group, GQA
+without repeating k / v, over the query rows that see the block: a contiguous range found with
+``searchsorted``), then dq (one program per query block and q head). ``delta = rowsum(d_out ·
+out)`` and the sinks' gradient ``-Σ_rows 2^{sink·log2 e - lse2} · delta`` are computed in JAX.
+Every ``searchsorted`` here is unrolled into one fused computation: the default method is an XLA
+while loop, a kernel launch (or more) per level of the binary search.
 """
 
 from __future__ import annotations

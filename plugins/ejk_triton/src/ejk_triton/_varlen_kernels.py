@@ -11,9 +11,10 @@ rows that see it ``[q_lo, q_hi)`` and those that see it whole ``[full_lo, full_h
 float32. With ``HAS_SEG``, segment ids ``qseg [TQ]`` / ``kseg [TK]`` int32: a key is then visible iff it
 is in the row's interval *and* carries the row's id (``ejk.flash_attention`` with segment ids, batch
 folded into the packed axis; the intervals are then the hull of the row's segment intersected with its
-causal / window band), plus ``exact`` flags: per row (forward, dq) or per key block (dk/dv), 1 where
-the intervals hold keys of the row's own id only (contiguous segments, the packed case). A block of
-rows (keys) whose flags are all 1 runs exactly the code of a call without segment ids.
+causal / window band), plus ``exact`` flags: per row (forward, dq) or per key block (dk/dv), 1 where the intervals hold
+keys of the row's own id only (contiguous segments, the packed case). Masked blocks always compare ids;
+the interior blocks, which compare nothing, run only for blocks whose flags are all 1 (otherwise every
+block of the range is masked), so packed segments cost what the same call without segment ids does.
 
 The kernels mirror ejk-triton's dense flash kernels (``_attention_kernels``) step for step: each loop
 over blocks is split in three, masked edge blocks, then the blocks every row (every key, in the dk/dv

@@ -96,7 +96,7 @@ def flash_attention(
         return jnp.zeros((batch, q_len, q_heads, v_dim), q.dtype)
     flat_q = q.reshape(batch * q_len, q_heads, q.shape[3])
     flat_k, flat_v = k.reshape(batch * kv_len, kv_heads, k.shape[3]), v.reshape(batch * kv_len, kv_heads, v_dim)
-    cfg = heuristic_config(flat_q, flat_k, flat_v) if cfg is None else cfg
+    cfg = heuristic_config(flat_q, flat_k, flat_v, causal=causal) if cfg is None else cfg
     lo, hi, hull_lo, hull_hi, inner_lo, inner_hi, exact = segment_intervals(
         q_segment_ids, kv_segment_ids, causal=causal, sliding_window=sliding_window)
     ids = (q_segment_ids.astype(jnp.int32).reshape(-1), kv_segment_ids.astype(jnp.int32).reshape(-1))
@@ -121,13 +121,13 @@ def _flat(x: Any) -> jax.ShapeDtypeStruct:
     return jax.ShapeDtypeStruct((int(x.shape[0]) * int(x.shape[1]), *map(int, x.shape[2:])), x.dtype)
 
 
-def config_space(q: Any, k: Any, v: Any, *_: Any, **__: Any) -> list[va.VarlenAttentionConfig]:
+def config_space(q: Any, k: Any, v: Any, *_: Any, causal: bool = False, **__: Any) -> list[va.VarlenAttentionConfig]:
     """The varlen kernels' candidates for the packed shapes."""
-    return va.config_space(_flat(q), _flat(k), _flat(v))
+    return va.config_space(_flat(q), _flat(k), _flat(v), causal=causal)
 
 
-def heuristic_config(q: Any, k: Any, v: Any, *_: Any, **__: Any) -> va.VarlenAttentionConfig:
+def heuristic_config(q: Any, k: Any, v: Any, *_: Any, causal: bool = False, **__: Any) -> va.VarlenAttentionConfig:
     """The varlen kernels' heuristic for the packed shapes (``q`` may already be packed, rank 3)."""
     if len(q.shape) == 4:
         q, k, v = _flat(q), _flat(k), _flat(v)
-    return va.heuristic_config(q, k, v)
+    return va.heuristic_config(q, k, v, causal=causal)

@@ -13,8 +13,8 @@ about what a per-sequence grid's partial last blocks waste, without a block tabl
 backward pass saves the output and the base-2 log-sum-exp (sink included) and runs two kernels:
 dk / dv (one program per key block and kv head, looping over the q heads of its group, GQA
 without repeating k / v, over the query rows that see the block: a contiguous range found with
-``searchsorted``), then dq (one program per query block and q head). ``delta = rowsum(d_out ·
-out)`` and the sinks' gradient ``-Σ_rows 2^{sink·log2 e - lse2} · delta`` are computed in JAX.
+``searchsorted``), then dq (one program per query block and q head), after a kernel for ``delta =
+rowsum(d_out · out)``; the sinks' gradient ``-Σ_rows 2^{sink·log2 e - lse2} · delta`` is computed in JAX.
 Every ``searchsorted`` here is unrolled into one fused computation: the default method is an XLA
 while loop, a kernel launch (or more) per level of the binary search.
 """
@@ -166,11 +166,16 @@ def _backward(st: _Static, residuals: tuple[Any, ...], d_out: jax.Array) -> tupl
     tq, hq, _ = q.shape
     tk, hkv = k.shape[0], k.shape[1]
     d_out = d_out.astype(q.dtype)
-    delta = jnp.sum(d_out.astype(jnp.float32) * out.astype(jnp.float32), axis=-1).T  # [HQ, TQ]
     consts = dict(_consts(st, q, k, v), HAS_SEG=ivals.qseg is not None)
     qseg, kseg, exact = _seg_args(q, ivals.qseg, ivals.kseg, ivals.exact)
     cfg = st.cfg
     mod = kernels("_varlen_kernels")
+    pre_m = fit_block(64, tq)
+    (delta,) = launch(
+        mod.varlen_bwd_preprocess_kernel, grid=(cdiv(tq, pre_m) * hq,), inputs=(out, d_out),
+        out_shapes=(jax.ShapeDtypeStruct((hq, tq), jnp.float32),), num_warps=4, num_stages=1,
+        TQ=tq, HQ=hq, DV=consts["DV"], HEAD_DIM_V=consts["HEAD_DIM_V"], BLOCK_M=pre_m,
+    )
     m, n = fit_block(cfg.bwd_block_m, tq), fit_block(cfg.bwd_block_n, tk)
     q_lo, q_hi, full_lo, full_hi, kexact = key_block_rows(lo, hi, ivals.hull_lo, ivals.hull_hi, ivals.inner_lo,
                                                           ivals.inner_hi, ivals.exact, tk, m, n)
@@ -236,7 +241,7 @@ def flash_attention_varlen(
     tk, dv = v.shape[0], v.shape[2]
     if min(tq, hq, tk, dv) == 0:
         return jnp.zeros((tq, hq, dv), q.dtype)
-    cfg = heuristic_config(q, k, v) if cfg is None else cfg
+    cfg = heuristic_config(q, k, v, causal=causal) if cfg is None else cfg
     st = _Static(scale=float(softmax_scale), cap=None if logits_soft_cap is None else float(logits_soft_cap),
                  precision=precision, cfg=cfg, reverse=causal or sliding_window is not None)
     lo, hi = varlen_row_ranges(cu_seqlens_q, cu_seqlens_k, tq, tk, causal=causal, sliding_window=sliding_window)
@@ -305,17 +310,22 @@ def capability(q: Any, k: Any, v: Any, *_: Any, **__: Any) -> str | None:
 
 
 # (block_m, block_n, warps, stages) forward x (bwd_block_m, bwd_block_n, warps, stages) backward, by head-dim
-# class: the tiles of ejk-triton's dense flash attention for the same head dims (the loops are the same shape).
+# class: the tiles of ejk-triton's dense flash attention for the same head dims and mask (the loops are the same
+# shape), in the same order; its measurements (benchmarks/results/kernel_defaults_h100.md) pick the first.
 _Tiles = tuple[tuple[int, int, int, int], tuple[int, int, int, int]]
 _GPU_CANDIDATES: dict[int, tuple[_Tiles, ...]] = {
     64: (((128, 64, 4, 3), (32, 128, 4, 3)), ((128, 128, 8, 3), (64, 128, 8, 2)), ((64, 64, 4, 3), (32, 64, 4, 3)),
          ((64, 32, 4, 2), (16, 64, 4, 2))),
-    128: (((128, 64, 8, 3), (64, 128, 8, 1)), ((128, 64, 8, 3), (32, 64, 4, 3)), ((128, 128, 8, 2), (64, 128, 8, 2)),
+    128: (((128, 64, 8, 3), (32, 64, 4, 3)), ((128, 64, 8, 3), (64, 128, 8, 1)), ((128, 128, 8, 2), (64, 128, 8, 2)),
           ((64, 64, 4, 3), (16, 128, 8, 3)), ((64, 32, 4, 2), (16, 64, 4, 2))),
     256: (((64, 64, 8, 2), (16, 64, 8, 2)), ((64, 32, 4, 3), (16, 64, 8, 2)), ((64, 32, 4, 1), (16, 64, 8, 1))),
 }
-_GPU_CANDIDATES_F32: tuple[_Tiles, ...] = (((64, 32, 8, 2), (16, 64, 8, 2)), ((32, 32, 4, 2), (16, 32, 4, 2)),
-                       ((64, 64, 8, 2), (32, 64, 8, 1)))
+#: Per head-dim class, the candidate that goes first for causal calls (as for the dense kernels).
+_CAUSAL_FIRST: dict[int, _Tiles] = {128: ((128, 64, 8, 3), (64, 128, 8, 1))}
+_GPU_CANDIDATES_F32: dict[int, tuple[_Tiles, ...]] = {
+    64: (((64, 32, 4, 2), (16, 64, 4, 2)), ((128, 32, 8, 2), (32, 32, 4, 2)), ((64, 64, 4, 2), (32, 64, 4, 2))),
+    128: (((64, 32, 8, 2), (16, 64, 8, 2)), ((32, 32, 4, 2), (16, 32, 4, 2)), ((64, 64, 8, 2), (32, 64, 8, 1))),
+}
 
 
 def _smem_bytes(cfg: VarlenAttentionConfig, d: int, dv: int, itemsize: int) -> int:
@@ -325,48 +335,54 @@ def _smem_bytes(cfg: VarlenAttentionConfig, d: int, dv: int, itemsize: int) -> i
     return max(fwd, bwd)
 
 
-def _fitting(q: Any, v: Any) -> list[VarlenAttentionConfig]:
+def _fitting(q: Any, v: Any, causal: bool) -> list[VarlenAttentionConfig]:
     d, dv = int(q.shape[2]), int(v.shape[2])
     itemsize = jnp.dtype(q.dtype).itemsize
+    dim = max(padded_dim(d), padded_dim(dv))
+    cls = 64 if dim <= 64 else 128 if dim <= 128 else 256
     table: tuple[_Tiles, ...]
     if jnp.dtype(q.dtype) == jnp.float32:
-        table = _GPU_CANDIDATES_F32
+        table = _GPU_CANDIDATES_F32[min(cls, 128)]
     else:
-        dim = max(padded_dim(d), padded_dim(dv))
-        table = _GPU_CANDIDATES[64 if dim <= 64 else 128 if dim <= 128 else 256]
+        table = _GPU_CANDIDATES[cls]
+        first = _CAUSAL_FIRST.get(cls) if causal else None
+        table = table if first is None else (first, *(c for c in table if c != first))
     configs = [VarlenAttentionConfig(block_m=f[0], block_n=f[1], num_warps=f[2], num_stages=f[3], bwd_block_m=b[0],
                                      bwd_block_n=b[1], bwd_num_warps=b[2], bwd_num_stages=b[3]) for f, b in table]
     fitting = [c for c in configs if _smem_bytes(c, d, dv, itemsize) <= _smem_limit()]
     return fitting or [min(configs, key=lambda c: _smem_bytes(c, d, dv, itemsize))]
 
 
-def config_space(q: Any, k: Any, v: Any, *_: Any, **__: Any) -> list[VarlenAttentionConfig]:
-    """Autotuning candidates (Hopper-class tables), pruned by a shared-memory estimate."""
+def config_space(q: Any, k: Any, v: Any, *_: Any, causal: bool = False, **__: Any) -> list[VarlenAttentionConfig]:
+    """Autotuning candidates (Hopper-class tables), pruned by a shared-memory estimate; ``causal`` changes
+    which goes first."""
     del k
     if _env.interpret_mode() and not _env.nvidia_gpu()[0]:
         return [heuristic_config(q, q, v)]
-    return _fitting(q, v)
+    return _fitting(q, v, causal)
 
 
-def heuristic_config(q: Any, k: Any, v: Any, *_: Any, **__: Any) -> VarlenAttentionConfig:
-    """The first fitting tiles of :func:`config_space`'s table (those of ejk-triton's dense flash attention
-    for the head dim); 16 x 16 tiles in the interpreter mode on the CPU (tiny test shapes)."""
+def heuristic_config(q: Any, k: Any, v: Any, *_: Any, causal: bool = False, **__: Any) -> VarlenAttentionConfig:
+    """The first fitting tiles of :func:`config_space`'s table: those ejk-triton's dense flash attention
+    picks for the head dim and mask (D = 128: 128 x 64 forward tiles, 8 warps, 3 stages; backward 32 x 64,
+    4 warps, 3 stages, or with a causal mask 64 x 128, 8 warps, 1 stage); 16 x 16 tiles in the
+    interpreter mode on the CPU (tiny test shapes)."""
     del k
     if _env.interpret_mode() and not _env.nvidia_gpu()[0]:
         return VarlenAttentionConfig(block_m=16, block_n=16, bwd_block_m=16, bwd_block_n=16)
-    return _fitting(q, v)[0]
+    return _fitting(q, v, causal)[0]
 
 
 def compile_kernels(q: Any, k: Any, v: Any, *, cfg: VarlenAttentionConfig | None = None, sinks: bool = False,
                     segment_ids: bool = False, logits_soft_cap: float | None = None, precision: str = "highest",
                     causal: bool = False, arch: int = 90) -> dict[str, dict[str, int]]:
-    """Compile the three kernels one call would launch for compute capability ``arch`` (no GPU needed;
-    not in the interpreter mode): per kernel (``forward``, ``dkdv``, ``dq``) its shared memory in
+    """Compile the four kernels one call would launch for compute capability ``arch`` (no GPU needed;
+    not in the interpreter mode): per kernel (``forward``, ``preprocess``, ``dkdv``, ``dq``) its shared memory in
     bytes, warps and stages. Arguments are abstract arrays (``jax.ShapeDtypeStruct``) and static values."""
     from ejk_triton import _aot, _varlen_kernels
 
     _aot._compiled_mode()
-    cfg = heuristic_config(q, k, v) if cfg is None else cfg
+    cfg = heuristic_config(q, k, v, causal=causal) if cfg is None else cfg
     st = _Static(scale=1.0 / float(int(q.shape[2])) ** 0.5, cap=logits_soft_cap, precision=precision, cfg=cfg)
     consts = dict(_consts(st, q, k, v), HAS_SEG=segment_ids)
     tq, tk = int(q.shape[0]), int(k.shape[0])
@@ -379,6 +395,9 @@ def compile_kernels(q: Any, k: Any, v: Any, *, cfg: VarlenAttentionConfig | None
         "forward": _aot._compile(_varlen_kernels.varlen_fwd_kernel, [*qkv, *ints, seg, f32, ptr(q.dtype), f32],
                                  dict(consts, HAS_SINKS=sinks, REVERSE=causal, BLOCK_M=fit_block(cfg.block_m, tq),
                                       BLOCK_N=fit_block(cfg.block_n, tk)), cfg.num_warps, cfg.num_stages, arch),
+        "preprocess": _aot._compile(_varlen_kernels.varlen_bwd_preprocess_kernel, [ptr(q.dtype), ptr(q.dtype), f32],
+                                    dict(TQ=tq, HQ=consts["HQ"], DV=consts["DV"], HEAD_DIM_V=consts["HEAD_DIM_V"],
+                                         BLOCK_M=fit_block(64, tq)), 4, 1, arch),
         "dkdv": _aot._compile(_varlen_kernels.varlen_bwd_dkdv_kernel,
                               [*qkv, *ints, i32, i32, i32, i32, i32, ptr(q.dtype), f32, f32, ptr(k.dtype),
                                ptr(v.dtype)],

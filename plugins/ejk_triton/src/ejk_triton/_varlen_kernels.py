@@ -210,6 +210,20 @@ def varlen_fwd_kernel(q_ptr, k_ptr, v_ptr, lo_ptr, hi_ptr, qseg_ptr, kseg_ptr, e
 
 
 @triton.jit
+def varlen_bwd_preprocess_kernel(out_ptr, do_ptr, delta_ptr, TQ: tl.constexpr, HQ: tl.constexpr, DV: tl.constexpr,
+                                 HEAD_DIM_V: tl.constexpr, BLOCK_M: tl.constexpr):
+    """``delta = rowsum(d_out · out)`` in float32, ``[HQ, TQ]``. Grid ``(cdiv(TQ, BLOCK_M) * HQ,)``."""
+    block, head = _row_block(HQ, False)
+    rows = block * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_dv = tl.arange(0, HEAD_DIM_V)
+    offs = rows[:, None] * (HQ * DV) + head * DV + offs_dv[None, :]
+    mask = (rows[:, None] < TQ) & (offs_dv[None, :] < DV)
+    o = tl.load(out_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    do = tl.load(do_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    tl.store(delta_ptr + head * TQ + rows, tl.sum(o * do, 1), mask=rows < TQ)
+
+
+@triton.jit
 def _dkdv_loop(dk, dv, k, v, kseg, cols, q_base, do_base, lse_base, delta_base, lo_ptr, hi_ptr, qseg_ptr, start, end,
                TQ: tl.constexpr, Q_STRIDE: tl.constexpr, DO_STRIDE: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
                HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr, SCALE: tl.constexpr, CAP: tl.constexpr,

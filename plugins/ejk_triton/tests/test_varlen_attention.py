@@ -169,14 +169,17 @@ def _segment_ids(rng: np.random.Generator, batch: int, length: int, kind: str) -
             cuts = np.sort(rng.choice(np.arange(1, length), size=3, replace=False))
             ids[b] = np.searchsorted(cuts, np.arange(length), side="right")
         return jnp.asarray(ids)
-    return jnp.asarray(rng.integers(0, 3, size=(batch, length)), jnp.int32)  # arbitrary: runs interleave
+    ids = rng.integers(0, 3, size=(batch, length))  # arbitrary: runs interleave
+    if kind == "colliding":  # ids hashed to one bucket (id mod length): the intervals hold every id's keys
+        ids = np.asarray([0, length, -2 * length])[ids]
+    return jnp.asarray(ids, jnp.int32)
 
 
 @pytest.mark.parametrize(("kind", "shape", "options"), [
     pytest.param("packed", (2, 40, 4, 40, 2, 16), {"causal": True}, id="packed-causal-gqa2"),
     pytest.param("arbitrary", (1, 24, 4, 33, 1, 16), {}, id="arbitrary-sq!=sk-mqa"),
-    pytest.param("arbitrary", (2, 30, 2, 30, 2, 16), {"causal": True, "sliding_window": 5, "logits_soft_cap": 3.0},
-                 id="arbitrary-window-cap"),
+    pytest.param("colliding", (2, 30, 2, 30, 2, 16), {"causal": True, "sliding_window": 5, "logits_soft_cap": 3.0},
+                 id="colliding-window-cap"),
 ])
 def test_segments_kernel_matches_the_reference(kind: str, shape: tuple[int, ...], options: dict[str, Any]) -> None:
     b, sq, hq, sk, hkv, d = shape
@@ -262,6 +265,8 @@ def _ids(pattern: list[tuple[int, int]]) -> np.ndarray:
     ([(3, 16), (1, 16), (7, 32)], None, False, None),  # contiguous segments: all exact
     ([(0, 9), (1, 14)], [(1, 5), (0, 12), (5, 4)], True, (3, 0)),  # Sq != Sk, a key id no row has
     ([(2, 4), (0, 3), (2, 5), (0, 20)], None, False, (4, 4)),  # interleaved runs inside a window
+    ([(2, 4), (22, 3), (5, 3)], [(2, 3), (12, 4), (-2**31, 2), (2**31 - 1, 1)], True, None),  # ids 2, 12 and 22
+    # share a bucket (mod 10), 22 has no key; the extreme ids
 ])
 def test_segment_intervals_against_brute_force(q_pattern: list[tuple[int, int]], k_pattern: Any, causal: bool,
                                                window: tuple[int, int] | None) -> None:

@@ -12,9 +12,10 @@ float32. With ``HAS_SEG``, segment ids ``qseg [TQ]`` / ``kseg [TK]`` int32: a ke
 is in the row's interval *and* carries the row's id (``ejk.flash_attention`` with segment ids, batch
 folded into the packed axis; the intervals are then the hull of the row's segment intersected with its
 causal / window band), plus ``exact`` flags: per row (forward, dq) or per key block (dk/dv), 1 where the intervals hold
-keys of the row's own id only (contiguous segments, the packed case). Masked blocks always compare ids;
-the interior blocks, which compare nothing, run only for blocks whose flags are all 1 (otherwise every
-block of the range is masked), so packed segments cost what the same call without segment ids does.
+keys of the row's own id only (contiguous segments, the packed case). A block whose flags are all 1 runs
+the loops of a call without segment ids (its intervals alone are exact), any other one a single loop
+over its whole range, masked with the ids: packed segments cost what the same packing without segment
+ids does.
 
 The kernels mirror ejk-triton's dense flash kernels (``_attention_kernels``) step for step: each loop
 over blocks is split in three, masked edge blocks, then the blocks every row (every key, in the dk/dv
@@ -75,18 +76,24 @@ def _load(ptrs, first_ok, second_ok, CHECK_FIRST: tl.constexpr, CHECK_SECOND: tl
 
 @triton.jit
 def _interior(lo_max, hi_min, first, last, whole, BLOCK: tl.constexpr, CHECK_WHOLE: tl.constexpr):
-    """``[mid_lo, mid_hi)``: the whole blocks of ``[first, last)`` inside ``[lo_max, hi_min)``; none unless
-    ``whole`` (with ``CHECK_WHOLE``: a runtime flag, then every block of ``[first, last)`` is masked).
+    """``(seg_first, first, mid_lo, mid_hi)``: ``[mid_lo, mid_hi)`` are the whole blocks of ``[first, last)``
+    inside ``[lo_max, hi_min)``, the loops ``[first, mid_lo)``, ``[mid_lo, mid_hi)``, ``[mid_hi, last)`` compare
+    no segment ids and ``[seg_first, last)`` is masked with them. With ``CHECK_WHOLE`` and ``whole`` false (a
+    runtime flag: the intervals are not exact), only that last loop runs, over every block of ``[first, last)``;
+    otherwise it is empty.
 
-    Both are multiples of ``BLOCK`` (as ``first`` is), computed so that the compiler can tell: loops that
+    All are multiples of ``BLOCK`` (as ``first`` is), computed so that the compiler can tell: loops that
     start there index rows (lse, delta, intervals) with vector loads."""
     top = (last + BLOCK - 1) // BLOCK * BLOCK  # past ``last``, the loops that end there do nothing more
     mid_lo = tl.minimum(tl.maximum((lo_max + BLOCK - 1) // BLOCK * BLOCK, first), top)
     mid_hi = tl.maximum(tl.minimum(hi_min // BLOCK * BLOCK, top), mid_lo)
+    seg_first = top
     if CHECK_WHOLE:
+        seg_first = tl.where(whole, top, first)
+        first = tl.where(whole, first, top)
         mid_lo = tl.where(whole, mid_lo, top)
         mid_hi = tl.where(whole, mid_hi, top)
-    return mid_lo, mid_hi
+    return seg_first, first, mid_lo, mid_hi
 
 
 @triton.jit
@@ -191,10 +198,16 @@ def varlen_fwd_kernel(q_ptr, k_ptr, v_ptr, lo_ptr, hi_ptr, qseg_ptr, kseg_ptr, e
         whole = tl.min(tl.load(exact_ptr + rows, mask=row_ok, other=1), 0) > 0  # the intervals alone are exact
     first = tl.min(lo, 0) // BLOCK_N * BLOCK_N
     last = tl.max(hi, 0)
-    mid_lo, mid_hi = _interior(tl.max(lo, 0), tl.min(hi, 0), first, last, whole, BLOCK_N, HAS_SEG)
-    acc, l_i, m_i = _fwd_block(acc, l_i, m_i, q, qseg, lo, hi, k_ptr + kv_head * D, v_ptr + kv_head * DV, kseg_ptr,
-                               first, mid_lo, mid_hi, last, TK, HKV * D, HKV * DV, D, DV, HEAD_DIM, HEAD_DIM_V, SCALE,
-                               CAP, HAS_CAP, HAS_SEG, DOT_PREC, BLOCK_N)
+    seg_first, first, mid_lo, mid_hi = _interior(tl.max(lo, 0), tl.min(hi, 0), first, last, whole, BLOCK_N, HAS_SEG)
+    k_base = k_ptr + kv_head * D
+    v_base = v_ptr + kv_head * DV
+    if HAS_SEG:
+        acc, l_i, m_i = _fwd_loop(acc, l_i, m_i, q, qseg, lo, hi, k_base, v_base, kseg_ptr, seg_first, last, TK,
+                                  HKV * D, HKV * DV, D, DV, HEAD_DIM, HEAD_DIM_V, SCALE, CAP, HAS_CAP, True, DOT_PREC,
+                                  True, BLOCK_N)
+    acc, l_i, m_i = _fwd_block(acc, l_i, m_i, q, qseg, lo, hi, k_base, v_base, kseg_ptr, first, mid_lo, mid_hi, last,
+                               TK, HKV * D, HKV * DV, D, DV, HEAD_DIM, HEAD_DIM_V, SCALE, CAP, HAS_CAP, False,
+                               DOT_PREC, BLOCK_N)
     nonzero = l_i > 0.0
     l_safe = tl.where(nonzero, l_i, 1.0)
     out = acc / l_safe[:, None]
@@ -266,25 +279,30 @@ def _dkdv_loop(dk, dv, k, v, kseg, cols, q_base, do_base, lse_base, delta_base, 
 
 @triton.jit
 def _dkdv_heads(dk, dv, k, v, kseg, cols, q_ptr, do_ptr, lse_ptr, delta_ptr, lo_ptr, hi_ptr, qseg_ptr, kv_head,
-                first, mid_lo, mid_hi, last, TQ: tl.constexpr, HQ: tl.constexpr, GROUP: tl.constexpr,
+                seg_first, first, mid_lo, mid_hi, last, TQ: tl.constexpr, HQ: tl.constexpr, GROUP: tl.constexpr,
                 D: tl.constexpr, DV: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr,
-                SCALE: tl.constexpr, CAP: tl.constexpr, HAS_CAP: tl.constexpr, SEG: tl.constexpr,
+                SCALE: tl.constexpr, CAP: tl.constexpr, HAS_CAP: tl.constexpr, HAS_SEG: tl.constexpr,
                 DOT_PREC: tl.constexpr, BLOCK_M: tl.constexpr):
-    """Every q head of the group, each over its three loops: masked edge, interior, masked edge."""
+    """Every q head of the group, each over its loops (:func:`_interior`): masked with ids (``HAS_SEG``),
+    masked edge, interior, masked edge."""
     for g in range(GROUP):
         head = kv_head * GROUP + g
         q_base = q_ptr + head * D
         do_base = do_ptr + head * DV
         lse_base = lse_ptr + head * TQ
         delta_base = delta_ptr + head * TQ
+        if HAS_SEG:
+            dk, dv = _dkdv_loop(dk, dv, k, v, kseg, cols, q_base, do_base, lse_base, delta_base, lo_ptr, hi_ptr,
+                                qseg_ptr, seg_first, last, TQ, HQ * D, HQ * DV, D, DV, HEAD_DIM, HEAD_DIM_V, SCALE,
+                                CAP, HAS_CAP, True, DOT_PREC, True, BLOCK_M)
         dk, dv = _dkdv_loop(dk, dv, k, v, kseg, cols, q_base, do_base, lse_base, delta_base, lo_ptr, hi_ptr, qseg_ptr,
-                            first, mid_lo, TQ, HQ * D, HQ * DV, D, DV, HEAD_DIM, HEAD_DIM_V, SCALE, CAP, HAS_CAP, SEG,
+                            first, mid_lo, TQ, HQ * D, HQ * DV, D, DV, HEAD_DIM, HEAD_DIM_V, SCALE, CAP, HAS_CAP, False,
                             DOT_PREC, True, BLOCK_M)
         dk, dv = _dkdv_loop(dk, dv, k, v, kseg, cols, q_base, do_base, lse_base, delta_base, lo_ptr, hi_ptr, qseg_ptr,
-                            mid_lo, mid_hi, TQ, HQ * D, HQ * DV, D, DV, HEAD_DIM, HEAD_DIM_V, SCALE, CAP, HAS_CAP, SEG,
-                            DOT_PREC, False, BLOCK_M)
+                            mid_lo, mid_hi, TQ, HQ * D, HQ * DV, D, DV, HEAD_DIM, HEAD_DIM_V, SCALE, CAP, HAS_CAP,
+                            False, DOT_PREC, False, BLOCK_M)
         dk, dv = _dkdv_loop(dk, dv, k, v, kseg, cols, q_base, do_base, lse_base, delta_base, lo_ptr, hi_ptr, qseg_ptr,
-                            mid_hi, last, TQ, HQ * D, HQ * DV, D, DV, HEAD_DIM, HEAD_DIM_V, SCALE, CAP, HAS_CAP, SEG,
+                            mid_hi, last, TQ, HQ * D, HQ * DV, D, DV, HEAD_DIM, HEAD_DIM_V, SCALE, CAP, HAS_CAP, False,
                             DOT_PREC, True, BLOCK_M)
     return dk, dv
 
@@ -318,11 +336,11 @@ def varlen_bwd_dkdv_kernel(q_ptr, k_ptr, v_ptr, lo_ptr, hi_ptr, qseg_ptr, kseg_p
     if HAS_SEG:
         kseg = tl.load(kseg_ptr + cols, mask=cols < TK, other=0)
         whole = tl.load(kexact_ptr + block_n) > 0  # every row that sees the block: its interval alone is exact
-    mid_lo, mid_hi = _interior(tl.load(full_lo_ptr + block_n), tl.load(full_hi_ptr + block_n), first, last, whole,
-                               BLOCK_M, HAS_SEG)
+    seg_first, first, mid_lo, mid_hi = _interior(tl.load(full_lo_ptr + block_n), tl.load(full_hi_ptr + block_n),
+                                                 first, last, whole, BLOCK_M, HAS_SEG)
     dk, dv = _dkdv_heads(dk, dv, k, v, kseg, cols, q_ptr, do_ptr, lse_ptr, delta_ptr, lo_ptr, hi_ptr, qseg_ptr, kv_head,
-                         first, mid_lo, mid_hi, last, TQ, HQ, GROUP, D, DV, HEAD_DIM, HEAD_DIM_V, SCALE, CAP, HAS_CAP,
-                         HAS_SEG, DOT_PREC, BLOCK_M)
+                         seg_first, first, mid_lo, mid_hi, last, TQ, HQ, GROUP, D, DV, HEAD_DIM, HEAD_DIM_V, SCALE, CAP,
+                         HAS_CAP, HAS_SEG, DOT_PREC, BLOCK_M)
     dk = dk * SCALE
     tl.store(dk_ptr + k_offs, dk.to(dk_ptr.dtype.element_ty), mask=(cols[:, None] < TK) & (offs_d[None, :] < D))
     tl.store(dv_ptr + v_offs, dv.to(dv_ptr.dtype.element_ty), mask=(cols[:, None] < TK) & (offs_dv[None, :] < DV))
@@ -409,9 +427,13 @@ def varlen_bwd_dq_kernel(q_ptr, k_ptr, v_ptr, lo_ptr, hi_ptr, qseg_ptr, kseg_ptr
         whole = tl.min(tl.load(exact_ptr + rows, mask=row_ok, other=1), 0) > 0  # the intervals alone are exact
     first = tl.min(lo, 0) // BLOCK_N * BLOCK_N
     last = tl.max(hi, 0)
-    mid_lo, mid_hi = _interior(tl.max(lo, 0), tl.min(hi, 0), first, last, whole, BLOCK_N, HAS_SEG)
-    dq = _dq_block(dq, q, do, lse, delta, qseg, lo, hi, k_ptr + kv_head * D, v_ptr + kv_head * DV, kseg_ptr, first,
-                   mid_lo, mid_hi, last, TK, HKV * D, HKV * DV, D, DV, HEAD_DIM, HEAD_DIM_V, SCALE, CAP, HAS_CAP,
-                   HAS_SEG, DOT_PREC, BLOCK_N)
+    seg_first, first, mid_lo, mid_hi = _interior(tl.max(lo, 0), tl.min(hi, 0), first, last, whole, BLOCK_N, HAS_SEG)
+    k_base = k_ptr + kv_head * D
+    v_base = v_ptr + kv_head * DV
+    if HAS_SEG:
+        dq = _dq_loop(dq, q, do, lse, delta, qseg, lo, hi, k_base, v_base, kseg_ptr, seg_first, last, TK, HKV * D,
+                      HKV * DV, D, DV, HEAD_DIM, HEAD_DIM_V, SCALE, CAP, HAS_CAP, True, DOT_PREC, True, BLOCK_N)
+    dq = _dq_block(dq, q, do, lse, delta, qseg, lo, hi, k_base, v_base, kseg_ptr, first, mid_lo, mid_hi, last, TK,
+                   HKV * D, HKV * DV, D, DV, HEAD_DIM, HEAD_DIM_V, SCALE, CAP, HAS_CAP, False, DOT_PREC, BLOCK_N)
     dq = dq * SCALE
     tl.store(dq_ptr + q_offs, dq.to(dq_ptr.dtype.element_ty), mask=row_ok[:, None] & (offs_d[None, :] < D))

@@ -271,7 +271,7 @@ def _ids(pattern: list[tuple[int, int]]) -> np.ndarray:
 def test_segment_intervals_against_brute_force(q_pattern: list[tuple[int, int]], k_pattern: Any, causal: bool,
                                                window: tuple[int, int] | None) -> None:
     from ejk_triton._segment_attention import segment_intervals
-    from ejk_triton._varlen_attention import key_block_rows
+    from ejk_triton._varlen_attention import inexact_prefix, key_block_rows
 
     q_ids = _ids(q_pattern)
     k_ids = q_ids if k_pattern is None else _ids(k_pattern)
@@ -296,8 +296,8 @@ def test_segment_intervals_against_brute_force(q_pattern: list[tuple[int, int]],
     assert np.all(want_exact[exact == 1]), "a row flagged exact sees another id inside its interval"
     if k_pattern is None and all(v not in [u for u, _ in q_pattern[:i]] for i, (v, _) in enumerate(q_pattern)):
         assert np.all(exact == 1)  # contiguous segments: every row exact
-    bounds = jax.jit(key_block_rows, static_argnums=(7, 8, 9))(lo, hi, hull_lo, hull_hi, inner_lo, inner_hi, exact,
-                                                               sk, 16, 32)
+    bounds = jax.jit(key_block_rows, static_argnums=(7, 8, 9))(lo, hi, hull_lo, hull_hi, inner_lo, inner_hi,
+                                                               inexact_prefix(jnp.asarray(exact)), sk, 16, 32)
     _check_key_block_rows(lo, hi, same_id & inside, exact, sk, 16, 32, bounds)
 
 

@@ -86,8 +86,9 @@ class _Intervals(NamedTuple):
 
     ``hull``: non-decreasing ``(lo', hi')`` with ``lo' <= lo`` and ``hi' >= hi`` (the rows that see a key
     block are a contiguous range of it); ``inner``: non-decreasing ``(lo'', hi'')`` with ``lo'' >= lo`` and
-    ``hi'' <= hi`` (the rows that see a key block whole, found the same way); with segment ids, ``ids``
-    (q, k) and ``exact``, per row 1 where ``[lo, hi)`` holds keys of the row's id only.
+    ``hi'' <= hi`` (the rows that see a key block whole, found the same way). A block of rows reads its
+    bounds from them, ``hull_lo[first]``, ``hull_hi[last]``, ``inner_lo[last]``, ``inner_hi[first]``, instead
+    of reducing over its rows. With segment ids, ``ids`` (q, k) and ``inexact`` (:func:`inexact_prefix`).
     """
 
     hull_lo: jax.Array
@@ -96,7 +97,13 @@ class _Intervals(NamedTuple):
     inner_hi: jax.Array
     qseg: jax.Array | None = None
     kseg: jax.Array | None = None
-    exact: jax.Array | None = None
+    inexact: jax.Array | None = None
+
+
+def inexact_prefix(exact: jax.Array) -> jax.Array:
+    """``[T + 1]`` int32: how many of the first ``i`` rows have intervals that are not exact (``exact`` 0),
+    so that a range of rows ``[a, b)`` is exact iff ``prefix[b] == prefix[a]``."""
+    return jnp.concatenate([jnp.zeros((1,), jnp.int32), jnp.cumsum(1 - exact.astype(jnp.int32), dtype=jnp.int32)])
 
 
 def _consts(st: _Static, q: Any, k: Any, v: Any) -> dict[str, Any]:
@@ -107,12 +114,11 @@ def _consts(st: _Static, q: Any, k: Any, v: Any) -> dict[str, Any]:
                 DOT_PREC=dot_precision(q.dtype, st.precision))
 
 
-def _seg_args(q: jax.Array, qseg: jax.Array | None, kseg: jax.Array | None,
-              exact: jax.Array | None) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """Segment ids and exact flags as int32, or ``q`` standing in (never read) without them."""
-    if qseg is None or kseg is None or exact is None:
+def _seg_args(q: jax.Array, ivals: _Intervals) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Segment ids and the inexact prefix as int32, or ``q`` standing in (never read) without them."""
+    if ivals.qseg is None or ivals.kseg is None or ivals.inexact is None:
         return q, q, q
-    return qseg.astype(jnp.int32), kseg.astype(jnp.int32), exact.astype(jnp.int32)
+    return ivals.qseg.astype(jnp.int32), ivals.kseg.astype(jnp.int32), ivals.inexact
 
 
 def _search(sorted_values: jax.Array, queries: jax.Array, side: str) -> jax.Array:
@@ -120,31 +126,31 @@ def _search(sorted_values: jax.Array, queries: jax.Array, side: str) -> jax.Arra
     return jnp.searchsorted(sorted_values, queries, side=side, method="scan_unrolled").astype(jnp.int32)
 
 
-def _forward(st: _Static, q: jax.Array, k: jax.Array, v: jax.Array, lo: jax.Array, hi: jax.Array,
-             qseg: jax.Array | None, kseg: jax.Array | None, exact: jax.Array | None,
+def _forward(st: _Static, q: jax.Array, k: jax.Array, v: jax.Array, lo: jax.Array, hi: jax.Array, ivals: _Intervals,
              sinks: jax.Array | None) -> tuple[jax.Array, jax.Array]:
     """``(out [TQ, HQ, DV], lse2 [HQ, TQ])``."""
     tq, hq, _ = q.shape
     block_m, block_n = fit_block(st.cfg.block_m, tq), fit_block(st.cfg.block_n, k.shape[0])
     sink_arg = q if sinks is None else sinks.astype(jnp.float32)  # q stands in (never read) without sinks
+    bounds = (ivals.hull_lo, ivals.hull_hi, ivals.inner_lo, ivals.inner_hi)
     out, lse = launch(
         kernels("_varlen_kernels").varlen_fwd_kernel, grid=(cdiv(tq, block_m) * hq,),
-        inputs=(q, k, v, lo, hi, *_seg_args(q, qseg, kseg, exact), sink_arg),
+        inputs=(q, k, v, lo, hi, *bounds, *_seg_args(q, ivals), sink_arg),
         out_shapes=(jax.ShapeDtypeStruct((tq, hq, v.shape[2]), q.dtype), jax.ShapeDtypeStruct((hq, tq), jnp.float32)),
         num_warps=st.cfg.num_warps, num_stages=st.cfg.num_stages, BLOCK_M=block_m, BLOCK_N=block_n,
-        HAS_SINKS=sinks is not None, HAS_SEG=qseg is not None, REVERSE=st.reverse, **_consts(st, q, k, v),
+        HAS_SINKS=sinks is not None, HAS_SEG=ivals.qseg is not None, REVERSE=st.reverse, **_consts(st, q, k, v),
     )
     return out, lse
 
 
 def key_block_rows(lo: jax.Array, hi: jax.Array, hull_lo: jax.Array, hull_hi: jax.Array, inner_lo: jax.Array,
-                   inner_hi: jax.Array, exact: jax.Array | None, tk: int, block_m: int,
+                   inner_hi: jax.Array, inexact: jax.Array | None, tk: int, block_m: int,
                    block_n: int) -> tuple[jax.Array, ...]:
     """Per key block ``[start, start + block_n)``: ``(q_lo, q_hi, full_lo, full_hi, exact)``, int32 each.
 
     Rows ``[q_lo, q_hi)`` may see the block (``q_lo`` a multiple of ``block_m``), rows ``[full_lo, full_hi)``
     see all of it, and ``exact`` is 1 where every row of ``[q_lo, q_hi)`` has an exact interval (all 1
-    without segment ids)."""
+    without segment ids; ``inexact``: :func:`inexact_prefix`)."""
     del lo, hi
     starts = jnp.arange(cdiv(tk, block_n), dtype=jnp.int32) * block_n
     # hi' > start and lo' < start + n: a contiguous range of rows, as both hulls are non-decreasing.
@@ -153,10 +159,9 @@ def key_block_rows(lo: jax.Array, hi: jax.Array, hull_lo: jax.Array, hull_hi: ja
     # lo'' <= start and hi'' >= start + n (hence lo <= start, hi >= start + n): contiguous too.
     full_lo = _search(inner_hi, starts + block_n, "left")
     full_hi = _search(inner_lo, starts, "right")
-    if exact is None:
+    if inexact is None:
         flags = jnp.ones_like(starts)
     else:
-        inexact = jnp.concatenate([jnp.zeros((1,), jnp.int32), jnp.cumsum(1 - exact.astype(jnp.int32))])
         flags = (inexact[jnp.maximum(q_hi, q_lo)] == inexact[q_lo]).astype(jnp.int32)
     return q_lo, q_hi, full_lo, full_hi, flags
 
@@ -167,7 +172,8 @@ def _backward(st: _Static, residuals: tuple[Any, ...], d_out: jax.Array) -> tupl
     tk, hkv = k.shape[0], k.shape[1]
     d_out = d_out.astype(q.dtype)
     consts = dict(_consts(st, q, k, v), HAS_SEG=ivals.qseg is not None)
-    qseg, kseg, exact = _seg_args(q, ivals.qseg, ivals.kseg, ivals.exact)
+    qseg, kseg, inexact = _seg_args(q, ivals)
+    bounds = (ivals.hull_lo, ivals.hull_hi, ivals.inner_lo, ivals.inner_hi)
     cfg = st.cfg
     mod = kernels("_varlen_kernels")
     pre_m = fit_block(64, tq)
@@ -178,7 +184,7 @@ def _backward(st: _Static, residuals: tuple[Any, ...], d_out: jax.Array) -> tupl
     )
     m, n = fit_block(cfg.bwd_block_m, tq), fit_block(cfg.bwd_block_n, tk)
     q_lo, q_hi, full_lo, full_hi, kexact = key_block_rows(lo, hi, ivals.hull_lo, ivals.hull_hi, ivals.inner_lo,
-                                                          ivals.inner_hi, ivals.exact, tk, m, n)
+                                                          ivals.inner_hi, ivals.inexact, tk, m, n)
     dk, dv = launch(
         mod.varlen_bwd_dkdv_kernel, grid=(cdiv(tk, n) * hkv,),
         inputs=(q, k, v, lo, hi, qseg, kseg, kexact, q_lo, q_hi, full_lo, full_hi, d_out, lse, delta),
@@ -188,7 +194,7 @@ def _backward(st: _Static, residuals: tuple[Any, ...], d_out: jax.Array) -> tupl
     dq_m, dq_n = fit_block(cfg.bwd_block_n, tq), fit_block(cfg.bwd_block_m, tk)
     (dq,) = launch(
         mod.varlen_bwd_dq_kernel, grid=(cdiv(tq, dq_m) * hq,),
-        inputs=(q, k, v, lo, hi, qseg, kseg, exact, d_out, lse, delta),
+        inputs=(q, k, v, lo, hi, *bounds, qseg, kseg, inexact, d_out, lse, delta),
         out_shapes=(jax.ShapeDtypeStruct(q.shape, q.dtype),),
         num_warps=cfg.bwd_num_warps, num_stages=cfg.bwd_num_stages, BLOCK_M=dq_m, BLOCK_N=dq_n, REVERSE=st.reverse,
         **consts,
@@ -201,12 +207,12 @@ def _backward(st: _Static, residuals: tuple[Any, ...], d_out: jax.Array) -> tupl
 
 
 def _fa(st: _Static, q: Any, k: Any, v: Any, lo: Any, hi: Any, ivals: _Intervals, sinks: Any) -> jax.Array:
-    return _forward(st, q, k, v, lo, hi, ivals.qseg, ivals.kseg, ivals.exact, sinks)[0]
+    return _forward(st, q, k, v, lo, hi, ivals, sinks)[0]
 
 
 def _fa_fwd(st: _Static, q: Any, k: Any, v: Any, lo: Any, hi: Any, ivals: _Intervals,
             sinks: Any) -> tuple[jax.Array, Any]:
-    out, lse = _forward(st, q, k, v, lo, hi, ivals.qseg, ivals.kseg, ivals.exact, sinks)
+    out, lse = _forward(st, q, k, v, lo, hi, ivals, sinks)
     return out, (q, k, v, lo, hi, ivals, sinks, out, lse)
 
 
@@ -268,9 +274,10 @@ def attend_intervals(q: jax.Array, k: jax.Array, v: jax.Array, lo: jax.Array, hi
     hull_lo, hull_hi = (lo, hi) if hull is None else hull
     inner_lo, inner_hi = (lo, hi) if inner is None else inner
     qseg, kseg = (None, None) if segment_ids is None else segment_ids
-    if qseg is not None and exact is None:
-        exact = jnp.zeros(lo.shape, jnp.int32)
-    ivals = _Intervals(hull_lo, hull_hi, inner_lo, inner_hi, qseg, kseg, exact if qseg is not None else None)
+    inexact = None
+    if qseg is not None:
+        inexact = inexact_prefix(jnp.zeros(lo.shape, jnp.int32) if exact is None else exact)
+    ivals = _Intervals(hull_lo, hull_hi, inner_lo, inner_hi, qseg, kseg, inexact)
     out: jax.Array = _varlen(st, q, k, v, lo, hi, ivals, sinks)
     return out
 
@@ -389,10 +396,12 @@ def compile_kernels(q: Any, k: Any, v: Any, *, cfg: VarlenAttentionConfig | None
     ptr, i32, f32 = _aot._ptr, _aot._ptr(jnp.int32), _aot._ptr(jnp.float32)
     seg = i32 if segment_ids else ptr(q.dtype)
     ints = [i32, i32, seg, seg]
+    bounds = [i32, i32, i32, i32]
     qkv = [ptr(q.dtype), ptr(k.dtype), ptr(v.dtype)]
     m, n = fit_block(cfg.bwd_block_m, tq), fit_block(cfg.bwd_block_n, tk)
     return {
-        "forward": _aot._compile(_varlen_kernels.varlen_fwd_kernel, [*qkv, *ints, seg, f32, ptr(q.dtype), f32],
+        "forward": _aot._compile(_varlen_kernels.varlen_fwd_kernel,
+                                 [*qkv, i32, i32, *bounds, seg, seg, seg, f32, ptr(q.dtype), f32],
                                  dict(consts, HAS_SINKS=sinks, REVERSE=causal, BLOCK_M=fit_block(cfg.block_m, tq),
                                       BLOCK_N=fit_block(cfg.block_n, tk)), cfg.num_warps, cfg.num_stages, arch),
         "preprocess": _aot._compile(_varlen_kernels.varlen_bwd_preprocess_kernel, [ptr(q.dtype), ptr(q.dtype), f32],
@@ -403,7 +412,7 @@ def compile_kernels(q: Any, k: Any, v: Any, *, cfg: VarlenAttentionConfig | None
                                ptr(v.dtype)],
                               dict(consts, BLOCK_M=m, BLOCK_N=n), cfg.bwd_num_warps, cfg.bwd_num_stages, arch),
         "dq": _aot._compile(_varlen_kernels.varlen_bwd_dq_kernel,
-                            [*qkv, *ints, seg, ptr(q.dtype), f32, f32, ptr(q.dtype)],
+                            [*qkv, i32, i32, *bounds, seg, seg, seg, ptr(q.dtype), f32, f32, ptr(q.dtype)],
                             dict(consts, REVERSE=causal, BLOCK_M=fit_block(cfg.bwd_block_n, tq),
                                  BLOCK_N=fit_block(cfg.bwd_block_m, tk)), cfg.bwd_num_warps, cfg.bwd_num_stages, arch),
     }

@@ -6,13 +6,17 @@ compiled on an NVIDIA GPU (through jax-triton) and under Triton's interpreter on
 
 Layouts (contiguous): q ``[TQ, HQ, D]``, k ``[TK, HKV, D]``, v ``[TK, HKV, DV]``, out / d_out
 ``[TQ, HQ, DV]``, lse / delta ``[HQ, TQ]`` float32, the row intervals ``lo`` / ``hi`` ``[TQ]`` int32
-(packed row ``i`` sees keys ``lo[i] <= j < hi[i]``), per key block (``[cdiv(TK, BLOCK_N)]`` int32) the
-rows that see it ``[q_lo, q_hi)`` and those that see it whole ``[full_lo, full_hi)``, ``sinks`` ``[HQ]``
+(packed row ``i`` sees keys ``lo[i] <= j < hi[i]``) and their non-decreasing hulls ``hull_lo <= lo``,
+``hull_hi >= hi`` and inner bounds ``inner_lo >= lo``, ``inner_hi <= hi`` ``[TQ]`` int32 (a block of rows
+reads its key range from them, four scalar loads, instead of reducing over its rows; all four are
+``lo`` / ``hi`` themselves without segment ids), per key block (``[cdiv(TK, BLOCK_N)]`` int32) the rows
+that see it ``[q_lo, q_hi)`` and those that see it whole ``[full_lo, full_hi)``, ``sinks`` ``[HQ]``
 float32. With ``HAS_SEG``, segment ids ``qseg [TQ]`` / ``kseg [TK]`` int32: a key is then visible iff it
 is in the row's interval *and* carries the row's id (``ejk.flash_attention`` with segment ids, batch
 folded into the packed axis; the intervals are then the hull of the row's segment intersected with its
-causal / window band), plus ``exact`` flags: per row (forward, dq) or per key block (dk/dv), 1 where the intervals hold
-keys of the row's own id only (contiguous segments, the packed case). A block whose flags are all 1 runs
+causal / window band), plus which rows' intervals are exact, hold keys of the row's own id only
+(contiguous segments, the packed case): ``inexact [TQ + 1]``, the running count of the other rows
+(forward, dq), and per key block a flag ``kexact`` (dk/dv). A block of exact rows (keys) runs
 the loops of a call without segment ids (its intervals alone are exact), any other one a single loop
 over its whole range, masked with the ids: packed segments cost what the same packing without segment
 ids does.
@@ -97,6 +101,24 @@ def _interior(lo_max, hi_min, first, last, whole, BLOCK: tl.constexpr, CHECK_WHO
 
 
 @triton.jit
+def _row_bounds(hull_lo_ptr, hull_hi_ptr, inner_lo_ptr, inner_hi_ptr, inexact_ptr, start_m, TQ: tl.constexpr,
+                HAS_SEG: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """For rows ``[start_m, start_m + BLOCK_M)``: ``(first, last, lo_max, hi_min, whole)``, read from the
+    non-decreasing hulls (``first`` rounded down to a key block) rather than reduced over the rows: keys
+    ``[first, last)`` hold every visible one, rows see ``[lo_max, hi_min)`` whole, and ``whole`` (with
+    ``HAS_SEG``) says that their intervals alone are exact."""
+    end = tl.minimum(start_m + BLOCK_M, TQ)
+    first = tl.load(hull_lo_ptr + start_m) // BLOCK_N * BLOCK_N
+    last = tl.load(hull_hi_ptr + end - 1)
+    lo_max = tl.load(inner_lo_ptr + end - 1)
+    hi_min = tl.load(inner_hi_ptr + start_m)
+    whole = True
+    if HAS_SEG:
+        whole = tl.load(inexact_ptr + end) == tl.load(inexact_ptr + start_m)
+    return first, last, lo_max, hi_min, whole
+
+
+@triton.jit
 def _row_block(HQ: tl.constexpr, REVERSE: tl.constexpr):
     """``(block, head)`` of this program in a 1-D grid of ``blocks * HQ`` programs, heads fastest."""
     pid = tl.program_id(0)
@@ -162,7 +184,8 @@ def _fwd_block(acc, l_i, m_i, q, qseg, lo, hi, k_base, v_base, kseg_ptr, first, 
 
 
 @triton.jit
-def varlen_fwd_kernel(q_ptr, k_ptr, v_ptr, lo_ptr, hi_ptr, qseg_ptr, kseg_ptr, exact_ptr, sinks_ptr, out_ptr, lse_ptr,
+def varlen_fwd_kernel(q_ptr, k_ptr, v_ptr, lo_ptr, hi_ptr, hull_lo_ptr, hull_hi_ptr, inner_lo_ptr, inner_hi_ptr,
+                      qseg_ptr, kseg_ptr, inexact_ptr, sinks_ptr, out_ptr, lse_ptr,
                       TQ: tl.constexpr, TK: tl.constexpr, HQ: tl.constexpr, GROUP: tl.constexpr,
                       D: tl.constexpr, DV: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr,
                       SCALE: tl.constexpr, CAP: tl.constexpr, HAS_CAP: tl.constexpr, HAS_SINKS: tl.constexpr,
@@ -192,13 +215,11 @@ def varlen_fwd_kernel(q_ptr, k_ptr, v_ptr, lo_ptr, hi_ptr, qseg_ptr, kseg_ptr, e
         l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM_V], tl.float32)
     qseg = lo
-    whole = True
+    first, last, lo_max, hi_min, whole = _row_bounds(hull_lo_ptr, hull_hi_ptr, inner_lo_ptr, inner_hi_ptr, inexact_ptr,
+                                                     block * BLOCK_M, TQ, HAS_SEG, BLOCK_M, BLOCK_N)
     if HAS_SEG:
         qseg = tl.load(qseg_ptr + rows, mask=row_ok, other=0)
-        whole = tl.min(tl.load(exact_ptr + rows, mask=row_ok, other=1), 0) > 0  # the intervals alone are exact
-    first = tl.min(lo, 0) // BLOCK_N * BLOCK_N
-    last = tl.max(hi, 0)
-    seg_first, first, mid_lo, mid_hi = _interior(tl.max(lo, 0), tl.min(hi, 0), first, last, whole, BLOCK_N, HAS_SEG)
+    seg_first, first, mid_lo, mid_hi = _interior(lo_max, hi_min, first, last, whole, BLOCK_N, HAS_SEG)
     k_base = k_ptr + kv_head * D
     v_base = v_ptr + kv_head * DV
     if HAS_SEG:
@@ -394,8 +415,8 @@ def _dq_block(dq, q, do, lse, delta, qseg, lo, hi, k_base, v_base, kseg_ptr, fir
 
 
 @triton.jit
-def varlen_bwd_dq_kernel(q_ptr, k_ptr, v_ptr, lo_ptr, hi_ptr, qseg_ptr, kseg_ptr, exact_ptr, do_ptr, lse_ptr,
-                         delta_ptr, dq_ptr,
+def varlen_bwd_dq_kernel(q_ptr, k_ptr, v_ptr, lo_ptr, hi_ptr, hull_lo_ptr, hull_hi_ptr, inner_lo_ptr, inner_hi_ptr,
+                         qseg_ptr, kseg_ptr, inexact_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr,
                          TQ: tl.constexpr, TK: tl.constexpr, HQ: tl.constexpr, GROUP: tl.constexpr,
                          D: tl.constexpr, DV: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr,
                          SCALE: tl.constexpr, CAP: tl.constexpr, HAS_CAP: tl.constexpr, HAS_SEG: tl.constexpr,
@@ -421,13 +442,11 @@ def varlen_bwd_dq_kernel(q_ptr, k_ptr, v_ptr, lo_ptr, hi_ptr, qseg_ptr, kseg_ptr
     delta = tl.load(delta_ptr + head * TQ + rows, mask=row_ok, other=0.0)
     dq = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
     qseg = lo
-    whole = True
+    first, last, lo_max, hi_min, whole = _row_bounds(hull_lo_ptr, hull_hi_ptr, inner_lo_ptr, inner_hi_ptr, inexact_ptr,
+                                                     block * BLOCK_M, TQ, HAS_SEG, BLOCK_M, BLOCK_N)
     if HAS_SEG:
         qseg = tl.load(qseg_ptr + rows, mask=row_ok, other=0)
-        whole = tl.min(tl.load(exact_ptr + rows, mask=row_ok, other=1), 0) > 0  # the intervals alone are exact
-    first = tl.min(lo, 0) // BLOCK_N * BLOCK_N
-    last = tl.max(hi, 0)
-    seg_first, first, mid_lo, mid_hi = _interior(tl.max(lo, 0), tl.min(hi, 0), first, last, whole, BLOCK_N, HAS_SEG)
+    seg_first, first, mid_lo, mid_hi = _interior(lo_max, hi_min, first, last, whole, BLOCK_N, HAS_SEG)
     k_base = k_ptr + kv_head * D
     v_base = v_ptr + kv_head * DV
     if HAS_SEG:

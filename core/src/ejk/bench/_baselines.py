@@ -181,7 +181,7 @@ def _varlen_segments(workload: Workload, inputs: tuple[Any, ...]) -> Prepared:
     return Prepared(fn=fn, args=(q, k, v), diff=(0, 1, 2))
 
 
-def _varlen_batched(workload: Workload, inputs: tuple[Any, ...]) -> Prepared:
+def _varlen_batched(workload: Workload, inputs: tuple[Any, ...], platform: str = "auto") -> Prepared:
     """``ejk.flash_attention`` on ``[N, L]``: dense batched attention of exactly the same work (equal lengths)."""
     from ejk.ops import flash_attention
 
@@ -192,9 +192,17 @@ def _varlen_batched(workload: Workload, inputs: tuple[Any, ...]) -> Prepared:
 
     def fn(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
         batched = (x.reshape(n, length, *x.shape[1:]) for x in (q, k, v))
-        return flash_attention(*batched, causal=causal).reshape(q.shape[0], q.shape[1], v.shape[2])
+        out = flash_attention(*batched, causal=causal, platform=platform)
+        return out.reshape(q.shape[0], q.shape[1], v.shape[2])
 
     return Prepared(fn=fn, args=(q, k, v), diff=(0, 1, 2))
+
+
+def _dense_triton_unsupported(workload: Workload) -> str | None:
+    from ejk.registry import kernel_registry
+
+    available, reason = kernel_registry.platform_available("triton")
+    return _equal_lengths_unsupported(workload) or (None if available else f"platform triton: {reason}")
 
 
 def _equal_lengths_unsupported(workload: Workload) -> str | None:
@@ -394,6 +402,11 @@ for _baseline in (
              unsupported=_equal_lengths_unsupported,
              note="ejk.flash_attention on the dense [N, L] batch of the same sequences (equal lengths only): "
                   "the same work, the issue's 5% target"),
+    Baseline(name="ejk flash_attention [N, L] triton", op="flash_attention_varlen",
+             build=lambda workload, inputs: _varlen_batched(workload, inputs, "triton"),
+             unsupported=_dense_triton_unsupported,
+             note="ejk.flash_attention(platform='triton') on the same dense [N, L] batch: ejk-triton's flash kernel, "
+                  "the model of its varlen kernels"),
     *(Baseline(name=name, op="flash_attention", build=_torch_line(backend), unsupported=torch_sdpa_unsupported(backend),
                note=f"torch.nn.functional.scaled_dot_product_attention, SDPBackend.{backend}, [B, H, S, D]")
       for name, backend in BACKENDS.items()),

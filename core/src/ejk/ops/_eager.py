@@ -32,7 +32,7 @@ import jax
 from ejk import environment
 from ejk.execution.executor import _fast_token
 
-__all__ = ["eager_fast_path", "eager_key", "remember", "run_eager"]
+__all__ = ["eager_fast_path", "eager_key", "optional_state", "remember", "run_eager"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 _SIZE = 4096
@@ -115,26 +115,27 @@ def _raw_key(kernel: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
 
 
 def run_eager(key: Any, values: Sequence[Any], current: Callable[[], Any]) -> tuple[bool, Any]:
-    """``(True, output)`` when the call of ``key`` ran on the fast path; else ``(False, None)``: take the
-    full path. ``values``: the call's arrays (``run_op``) or raw arguments (:func:`eager_fast_path`);
-    ``current()``: the Executor the call would use."""
+    """``(True, output)`` when the validated call of ``key`` (:func:`eager_key`) ran on the fast path;
+    else ``(False, None)``: take the full path. ``values``: the call's arrays; ``current()``: the
+    Executor the call would use."""
     found = _MEMO.get(key) if key is not None else None
     if found is None or environment.raw(environment.EJKERNEL_OPS_RECORD) is not None:
         return False, None
-    executor, entry, picks = found
+    executor, entry, _ = found
     if current() is not executor or entry.chooser is not executor.chooser or not entry.still_valid():
         _MEMO.pop(key, None)
         return False, None
-    if picks is None:
-        _remember_raw(executor, entry, tuple(values))  # a decorated function's call that led here
-        return True, entry.fn(*values)
-    return True, entry.fn(*[None if i < 0 else values[i] for i in picks])
+    _remember_raw(executor, entry, tuple(values))  # a decorated function's call that led here
+    return True, entry.fn(*values)
 
 
 def remember(key: Any, executor: Any, entry: Any, arrays: tuple[Any, ...]) -> None:
     """Keep ``entry`` (:meth:`ejk.Executor.fast_entry` of the validated call just run on ``arrays``) for
     the calls of ``key``, and for the raw call of a public function decorated with
     :func:`eager_fast_path` that led here, when its arrays are among its raw arguments."""
+    captured = getattr(_pending, "captured", None)
+    if captured is not None:  # traced inside a whole public function being compiled: its decisions
+        captured.append(None if entry is None else (executor, entry))
     if entry is None:
         _pending.call = None
         return
@@ -145,39 +146,102 @@ def remember(key: Any, executor: Any, entry: Any, arrays: tuple[Any, ...]) -> No
     _remember_raw(executor, entry, arrays)
 
 
+class _Raw:
+    """A decorated public function's remembered call: the decisions behind it (``(executor, entry)``
+    pairs, all still valid for the fast path to run), ``fn`` (the kernel's jitted function, or the
+    whole public function jitted) and ``picks``, the positions of ``fn``'s arguments among the raw
+    call's values (``-1``: ``None``). ``fn is None``: the whole function is jitted at the next call."""
+
+    __slots__ = ("decisions", "fn", "picks")
+
+    def __init__(self, decisions: tuple[tuple[Any, Any], ...], fn: Callable[..., Any] | None,
+                 picks: tuple[int, ...]) -> None:
+        self.decisions, self.fn, self.picks = decisions, fn, picks
+
+
 def _remember_raw(executor: Any, entry: Any, arrays: tuple[Any, ...]) -> None:
-    """Keep ``entry`` for the raw call of the decorated public function under way, if any, when each of
-    the validated ``arrays`` is one of its raw arguments as given."""
+    """Keep ``entry`` for the raw call of the decorated public function under way, if any: its
+    kernel's function when each of the validated ``arrays`` is one of the raw arguments as given,
+    else (arrays converted by the validation, or a function that computes more than the kernel) its
+    whole function, jitted at the next call."""
     raw = getattr(_pending, "call", None)
     if raw is None:
         return
     _pending.call = None
-    kernel, raw_key, values = raw
+    kernel, raw_key, values, whole = raw
     if kernel is not entry.kernel:
         return
     positions = {id(v): i for i, v in enumerate(values)}
     picks = tuple(-1 if x is None else positions.get(id(x), -2) for x in arrays)
-    if -2 not in picks:  # none converted by the validation
-        _MEMO[raw_key] = (executor, entry, picks)
+    if whole or -2 in picks:  # array work around the kernel, or arrays converted by the validation
+        _MEMO[raw_key] = _Raw(((executor, entry),), None, ())
+    else:
+        _MEMO[raw_key] = _Raw(((executor, entry),), entry.fn, picks)
 
 
-def eager_fast_path(kernel: Any, current: Callable[[], Any]) -> Callable[[F], F]:
-    """Decorate the public function of ``kernel``'s op (whose validation reads shapes, dtypes and static
-    arguments, never array values): an eager call identical to an earlier one — concrete arrays of the
-    same shapes, dtypes and shardings, equal plain arguments — skips the validation and runs the jitted
-    function of the earlier call while its decision holds (``current()``: the Executor in use)."""
+def _valid(found: _Raw, current: Callable[[], Any]) -> bool:
+    executor = current()
+    for owner, entry in found.decisions:
+        if owner is not executor or entry.chooser is not executor.chooser or not entry.still_valid():
+            return False
+    return True
 
+
+def _jit_whole(function: Callable[..., Any], values: tuple[Any, ...], names: tuple[str, ...],
+               array_type: Any) -> tuple[Callable[..., Any], tuple[int, ...]]:
+    """``function`` jitted over the arrays of the raw call ``values`` (the other values, whose keyword
+    ``names`` are the last ones, baked in), and the arrays' positions among ``values``."""
+    positions = tuple(i for i, v in enumerate(values) if type(v) is array_type)
+    fixed = tuple(None if i in positions else v for i, v in enumerate(values))  # holds no array
+    n_positional = len(values) - len(names)
+
+    def whole(*arrays: Any) -> Any:
+        given = list(fixed)
+        for i, x in zip(positions, arrays, strict=True):
+            given[i] = x
+        return function(*given[:n_positional], **dict(zip(names, given[n_positional:], strict=True)))
+
+    whole.__name__ = getattr(function, "__name__", "whole")
+    return jax.jit(whole), positions
+
+
+def eager_fast_path(kernel: Any, current: Callable[[], Any], *, values: Callable[..., None] | None = None,
+                    finish: Callable[..., Any] | None = None, whole: bool = False) -> Callable[[F], F]:
+    """Decorate the public function of ``kernel``'s op: an eager call identical to an earlier one —
+    concrete arrays of the same shapes, dtypes and shardings, equal plain arguments — skips the
+    validation of shapes, dtypes and static arguments and runs the jitted function of the earlier call
+    while its decision holds (``current()``: the Executor in use).
+
+    Args:
+        values: Called with the raw arguments on every such call, before running it: the checks of the
+            arrays' values (group sizes, lengths, page tables…), raising the ``ValueError`` the full
+            path would. ``None``: the validation reads no value.
+        finish: ``finish(out, *args, **kwargs)``: the public result from the kernel's output ``out``
+            when the function returns more than the kernel's output (plain Python, no array work).
+        whole: The function does array work of its own around the kernel: from the second identical
+            call on, the whole function runs as one jitted function, compiled then (its decisions, taken
+            while tracing, checked at every call). Also what happens, whatever ``whole``, when the
+            validation converted an argument (e.g. an int into an array).
+    """
     def decorate(function: F) -> F:
         @functools.wraps(function)
         def public(*args: Any, **kwargs: Any) -> Any:
             key = _raw_key(kernel, args, kwargs)
             if key is None:
                 return function(*args, **kwargs)
-            values = (*args, *kwargs.values())
-            done, out = run_eager(key, values, current)
-            if done:
-                return out
-            _pending.call = (kernel, key, values)
+            all_values = (*args, *kwargs.values())
+            found = _MEMO.get(key)
+            if type(found) is _Raw and environment.raw(environment.EJKERNEL_OPS_RECORD) is None:
+                if _valid(found, current):
+                    if values is not None:
+                        values(*args, **kwargs)
+                    fn = found.fn
+                    if fn is None:
+                        return _compile_whole(key, function, args, kwargs)
+                    out = fn(*[None if i < 0 else all_values[i] for i in found.picks])
+                    return out if finish is None else finish(out, *args, **kwargs)
+                _MEMO.pop(key, None)
+            _pending.call = (kernel, key, all_values, whole)
             try:
                 return function(*args, **kwargs)
             finally:
@@ -186,3 +250,28 @@ def eager_fast_path(kernel: Any, current: Callable[[], Any]) -> Callable[[F], F]
         return public  # type: ignore[return-value]
 
     return decorate
+
+
+def _compile_whole(key: Any, function: Callable[..., Any], args: tuple[Any, ...],
+                   kwargs: dict[str, Any]) -> Any:
+    """Run the raw call of ``key`` through its whole function, jitted (and traced) now; remember it when
+    every op call of the trace took a decision that the fast path can check."""
+    values = (*args, *kwargs.values())
+    jitted, positions = _jit_whole(function, values, tuple(kwargs), _ArrayImpl or _array_type())
+    _pending.call, _pending.captured = None, []
+    try:
+        out = jitted(*[values[i] for i in positions])
+        captured = _pending.captured
+    finally:
+        _pending.captured = None
+    if captured and None not in captured:
+        _MEMO[key] = _Raw(tuple(captured), jitted, positions)
+    else:
+        _MEMO.pop(key, None)
+    return out
+
+
+def optional_state(out: tuple[Any, Any], *_: Any, output_final_state: bool = False, **__: Any) -> tuple[Any, Any]:
+    """A ``finish`` of :func:`eager_fast_path`: ``(output, final_state)`` from the kernel's pair, the state
+    ``None`` unless ``output_final_state`` (the recurrent ops: ``gated_delta_rule``, ``gla``, ``ssd``)."""
+    return out[0], (out[1] if output_final_state else None)

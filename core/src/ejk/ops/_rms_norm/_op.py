@@ -6,9 +6,10 @@ from typing import Any
 
 import jax
 
-from ejk.ops._base import ImplChoice, OpKernel, run_op
+from ejk.ops._base import ImplChoice, OpKernel, get_default_executor, run_op
 from ejk.ops._check_common import as_array
 from ejk.ops._definition import define_op
+from ejk.ops._eager import eager_fast_path
 from ejk.ops._rms_norm._check import check_rms_norm_args
 
 __all__ = ["DEFINITION", "KERNEL", "RMS_NORM_RESIDUALS", "RmsNormKernel", "rms_norm"]
@@ -34,6 +35,7 @@ class RmsNormKernel(OpKernel):
 KERNEL = RmsNormKernel()
 
 
+@eager_fast_path(KERNEL, get_default_executor)  # validation reads shapes, dtypes, statics only
 def rms_norm(
     x: jax.Array,
     scale: jax.Array,

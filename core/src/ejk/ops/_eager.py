@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import functools
 import threading
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
@@ -152,11 +153,29 @@ class _Raw:
     whole public function jitted) and ``picks``, the positions of ``fn``'s arguments among the raw
     call's values (``-1``: ``None``). ``fn is None``: the whole function is jitted at the next call."""
 
-    __slots__ = ("decisions", "fn", "picks")
+    __slots__ = ("checked", "decisions", "fn", "picks")
 
     def __init__(self, decisions: tuple[tuple[Any, Any], ...], fn: Callable[..., Any] | None,
-                 picks: tuple[int, ...]) -> None:
+                 picks: tuple[int, ...], values: tuple[Any, ...]) -> None:
         self.decisions, self.fn, self.picks = decisions, fn, picks
+        self.checked = _refs(values)
+
+    def values_checked(self, values: tuple[Any, ...]) -> bool:
+        """Whether the values of these arrays were checked already: the arrays of the last call whose
+        values passed, the same objects (arrays are immutable), in the same places."""
+        checked = self.checked
+        if len(checked) != len(values):
+            return False
+        for ref, value in zip(checked, values, strict=True):
+            if ref is not None and ref() is not value:
+                return False
+        return True
+
+
+def _refs(values: tuple[Any, ...]) -> tuple[Any, ...]:
+    """Weak references to the arrays among ``values`` (``None`` for the other values)."""
+    array_type = _ArrayImpl
+    return tuple(weakref.ref(v) if type(v) is array_type else None for v in values)
 
 
 def _remember_raw(executor: Any, entry: Any, arrays: tuple[Any, ...]) -> None:
@@ -174,9 +193,9 @@ def _remember_raw(executor: Any, entry: Any, arrays: tuple[Any, ...]) -> None:
     positions = {id(v): i for i, v in enumerate(values)}
     picks = tuple(-1 if x is None else positions.get(id(x), -2) for x in arrays)
     if whole or -2 in picks:  # array work around the kernel, or arrays converted by the validation
-        _MEMO[raw_key] = _Raw(((executor, entry),), None, ())
+        _MEMO[raw_key] = _Raw(((executor, entry),), None, (), values)
     else:
-        _MEMO[raw_key] = _Raw(((executor, entry),), entry.fn, picks)
+        _MEMO[raw_key] = _Raw(((executor, entry),), entry.fn, picks, values)
 
 
 def _valid(found: _Raw, current: Callable[[], Any]) -> bool:
@@ -213,9 +232,10 @@ def eager_fast_path(kernel: Any, current: Callable[[], Any], *, values: Callable
     while its decision holds (``current()``: the Executor in use).
 
     Args:
-        values: Called with the raw arguments on every such call, before running it: the checks of the
+        values: Called with the raw arguments on such a call, before running it: the checks of the
             arrays' values (group sizes, lengths, page tables…), raising the ``ValueError`` the full
-            path would. ``None``: the validation reads no value.
+            path would; skipped when the arrays are the very objects of the last call checked (arrays
+            are immutable). ``None``: the validation reads no value.
         finish: ``finish(out, *args, **kwargs)``: the public result from the kernel's output ``out``
             when the function returns more than the kernel's output (plain Python, no array work).
         whole: The function does array work of its own around the kernel: from the second identical
@@ -233,8 +253,9 @@ def eager_fast_path(kernel: Any, current: Callable[[], Any], *, values: Callable
             found = _MEMO.get(key)
             if type(found) is _Raw and environment.raw(environment.EJKERNEL_OPS_RECORD) is None:
                 if _valid(found, current):
-                    if values is not None:
+                    if values is not None and not found.values_checked(all_values):
                         values(*args, **kwargs)
+                        found.checked = _refs(all_values)
                     fn = found.fn
                     if fn is None:
                         return _compile_whole(key, function, args, kwargs)
@@ -265,7 +286,7 @@ def _compile_whole(key: Any, function: Callable[..., Any], args: tuple[Any, ...]
     finally:
         _pending.captured = None
     if captured and None not in captured:
-        _MEMO[key] = _Raw(tuple(captured), jitted, positions)
+        _MEMO[key] = _Raw(tuple(captured), jitted, positions, values)
     else:
         _MEMO.pop(key, None)
     return out

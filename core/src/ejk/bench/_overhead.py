@@ -37,7 +37,7 @@ from ejk.bench._runner import Measurement, Options, _EjkLines, _failure, timed
 from ejk.bench._workloads import Workload, workload_for
 from ejk.config.tuning import measure
 
-__all__ = ["OVERHEAD_MODES", "profile_eager", "run_overhead", "startup"]
+__all__ = ["OVERHEAD_MODES", "eager_overhead", "profile_eager", "run_overhead", "startup"]
 
 OVERHEAD_MODES = ("jit", "eager")
 #: Python statements timed in fresh interpreters by :func:`startup`, the first one the baseline.
@@ -130,8 +130,9 @@ def _pair_group(pair: _Pair, workload: Workload, inputs: tuple[Any, ...], arrays
             under_jit = _time(attrs.evolve(ours, status="skipped", name=f"jit({ejk_name})", kind="baseline"),
                               lambda: public_jitted(*inputs), options)
         if under_jit.status == "ok" and ours.status == "ok" and under_jit.median_s and ours.median_s:
-            ours = attrs.evolve(ours, note=f"{(ours.median_s - under_jit.median_s) * 1e6:+.1f} µs per call over "
-                                           f"jit({ejk_name}) ({under_jit.median_s * 1e6:.1f} µs)")
+            ours = attrs.evolve(ours, jit_s=under_jit.median_s,
+                                note=f"{(ours.median_s - under_jit.median_s) * 1e6:+.1f} µs per call over "
+                                     f"jit({ejk_name}) ({under_jit.median_s * 1e6:.1f} µs)")
         return bare, ours
     try:
         bare_exe, bare_s = _compiled(pair.bare, arrays)
@@ -202,6 +203,21 @@ def run_overhead(cases: Iterable[Case], options: Options | None = None, *,
             if on_group is not None:
                 on_group(group)
     return results
+
+
+def eager_overhead(found: Iterable[Measurement]) -> str:
+    """A Markdown table of every eager line of the study: the public op called eagerly, the same call under
+    ``jax.jit``, and the difference (issue 31's yardstick: at most 15 µs), in microseconds."""
+    rows = ["| op | shape | line | eager µs | jit µs | eager − jit µs |", "| --- | --- | --- | ---: | ---: | ---: |"]
+    for m in found:
+        if m.mode != "eager" or m.kind == "baseline":
+            continue
+        if m.status != "ok" or not m.median_s or not m.jit_s:
+            rows.append(f"| {m.op} | {m.case} | {m.name} | {m.status} | | |")
+            continue
+        rows.append(f"| {m.op} | {m.case} | {m.name} | {m.median_s * 1e6:.1f} | {m.jit_s * 1e6:.1f} | "
+                    f"{(m.median_s - m.jit_s) * 1e6:+.1f} |")
+    return "\n".join(rows) + "\n"
 
 
 def startup(runs: int = 5) -> list[Measurement]:

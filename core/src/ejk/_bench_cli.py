@@ -161,7 +161,8 @@ def _measure(args: argparse.Namespace, cases: list[Any], options: Any, peak: Any
     table = eager_overhead(found)
     out.mkdir(parents=True, exist_ok=True)
     (out / "eager_overhead.md").write_text(table, encoding="utf-8")
-    console.print(f"eager calls against the same call under jax.jit (µs; also in {escape(str(out))}/eager_overhead.md):")
+    console.print(f"eager calls against the same call under jax.jit (µs; also in "
+                  f"{escape(str(out / 'eager_overhead.md'))}):")
     console.print(table, markup=False, highlight=False)
     for i, case in enumerate(cases if args.profile else ()):
         path = out / f"profile_{case.op}_{i}.txt"

@@ -10,10 +10,12 @@ registry, caches, overlays, policy, hooks, the persistent file) — at two level
 - :func:`run_op` (every op): keyed by the validated call — each array's type, shape, dtype and
   sharding, the static arguments, ``platform``, ``cfg`` — it skips the sharding look-up and the
   Executor's dispatch;
-- :func:`eager_fast_path`, a decorator of public functions whose validation depends only on shapes,
-  dtypes and the static arguments (not on array values): keyed by the raw arguments and the JAX
-  settings validation reads (``jax_default_matmul_precision``, dtype promotion, x64), it skips the
-  validation too.
+- :func:`eager_fast_path`, the decorator of every built-in op's public function: keyed by the raw
+  arguments and the JAX settings validation reads (``jax_default_matmul_precision``, dtype promotion,
+  x64), it skips the validation of shapes, dtypes and static arguments too, runs the op's checks of
+  array values (``values=``) unless the arrays are those already checked, and either the kernel's
+  jitted function (then ``finish=`` builds the public result) or, for a function doing array work of
+  its own, the whole function jitted once (its decisions captured while tracing it).
 
 Both include ``EJKERNEL_OPS_STAMP``. Only concrete arrays take them (under a trace the cost does not
 recur), not while calls are recorded (``EJKERNEL_OPS_RECORD``: the Executor records every call), and
@@ -37,8 +39,8 @@ __all__ = ["eager_fast_path", "eager_key", "optional_state", "remember", "run_ea
 
 F = TypeVar("F", bound=Callable[..., Any])
 _SIZE = 4096
-#: key -> (executor, its fast-path entry, where the entry's arrays are among the key's values or None)
-_MEMO: dict[Any, tuple[Any, Any, tuple[int, ...] | None]] = {}
+#: a validated call's key -> (executor, its fast-path entry, None); a raw call's key -> its :class:`_Raw`
+_MEMO: dict[Any, Any] = {}
 _ArrayImpl: type | None = None
 _SCALARS = (bool, int, float, str, type(None))
 _pending = threading.local()

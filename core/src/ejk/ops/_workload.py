@@ -9,7 +9,6 @@ and the ``--shapes`` spec of the command line; its :class:`~ejk.ops.OpDefinition
 from __future__ import annotations
 
 import functools
-
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, ClassVar
 

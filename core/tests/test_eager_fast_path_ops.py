@@ -187,3 +187,34 @@ def test_the_recurrent_ops_final_state_follows_the_flag(traced: list[str]) -> No
     for _ in range(2):
         assert ejk.gla(*positional, **kwargs)[1] is None
         assert ejk.gla(*positional, **kwargs, output_final_state=True)[1] is not None
+
+
+def test_an_argument_converted_by_the_validation_runs_the_whole_function(traced: list[str],
+                                                                         validations: list[str]) -> None:
+    workload = workload_for(_CASES["ragged_paged_attention"], "float32")
+    positional = list(_zeros(workload))
+    positional[6] = int(positional[6])  # num_seqs as a Python int: made an array by the validation
+    outs = [ejk.ragged_paged_attention(*positional) for _ in range(4)]
+    assert len(validations) == 2  # the first call, then the whole function's trace; then neither
+    for out in outs[1:]:
+        np.testing.assert_array_equal(out, outs[0])
+
+
+def test_a_function_that_cannot_be_traced_stays_eager(traced: list[str], validations: list[str],
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    from ejk.ops import _eager
+
+    attempts: list[int] = []
+
+    def refusing(*args: Any) -> Any:
+        def call(*arrays: Any) -> Any:
+            attempts.append(1)
+            raise TypeError("not traceable here")
+
+        return call, ()
+
+    monkeypatch.setattr(_eager, "_jit_whole", refusing)
+    call, inputs = _call("linear_cross_entropy")
+    outs = [call(*inputs) for _ in range(4)]
+    assert len(attempts) == 1  # tried once; then the function runs eagerly (its kernel call remembered)
+    assert len(validations) == 1 and all(float(out) == float(outs[0]) for out in outs)

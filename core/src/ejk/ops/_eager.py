@@ -42,6 +42,7 @@ _SIZE = 4096
 #: a validated call's key -> (executor, its fast-path entry, None); a raw call's key -> its :class:`_Raw`
 _MEMO: dict[Any, Any] = {}
 _ArrayImpl: type | None = None
+_UNTRACEABLE: set[Any] = set()  # raw calls whose whole function failed to trace: they stay on the full path
 _SCALARS = (bool, int, float, str, type(None))
 _pending = threading.local()
 
@@ -153,13 +154,14 @@ class _Raw:
     """A decorated public function's remembered call: the decisions behind it (``(executor, entry)``
     pairs, all still valid for the fast path to run), ``fn`` (the kernel's jitted function, or the
     whole public function jitted) and ``picks``, the positions of ``fn``'s arguments among the raw
-    call's values (``-1``: ``None``). ``fn is None``: the whole function is jitted at the next call."""
+    call's values (``-1``: ``None``). ``fn is None``: the whole function is jitted at the next call;
+    ``whole``: ``fn`` is the whole function (its output is the public result: no ``finish``)."""
 
-    __slots__ = ("checked", "decisions", "fn", "picks")
+    __slots__ = ("checked", "decisions", "fn", "picks", "whole")
 
     def __init__(self, decisions: tuple[tuple[Any, Any], ...], fn: Callable[..., Any] | None,
-                 picks: tuple[int, ...], values: tuple[Any, ...]) -> None:
-        self.decisions, self.fn, self.picks = decisions, fn, picks
+                 picks: tuple[int, ...], values: tuple[Any, ...], *, whole: bool = False) -> None:
+        self.decisions, self.fn, self.picks, self.whole = decisions, fn, picks, whole
         self.checked = _refs(values)
 
     def values_checked(self, values: tuple[Any, ...]) -> bool:
@@ -168,10 +170,7 @@ class _Raw:
         checked = self.checked
         if len(checked) != len(values):
             return False
-        for ref, value in zip(checked, values, strict=True):
-            if ref is not None and ref() is not value:
-                return False
-        return True
+        return all(ref is None or ref() is value for ref, value in zip(checked, values, strict=True))
 
 
 def _refs(values: tuple[Any, ...]) -> tuple[Any, ...]:
@@ -195,7 +194,8 @@ def _remember_raw(executor: Any, entry: Any, arrays: tuple[Any, ...]) -> None:
     positions = {id(v): i for i, v in enumerate(values)}
     picks = tuple(-1 if x is None else positions.get(id(x), -2) for x in arrays)
     if whole or -2 in picks:  # array work around the kernel, or arrays converted by the validation
-        _MEMO[raw_key] = _Raw(((executor, entry),), None, (), values)
+        if raw_key not in _UNTRACEABLE:
+            _MEMO[raw_key] = _Raw(((executor, entry),), None, (), values)
     else:
         _MEMO[raw_key] = _Raw(((executor, entry),), entry.fn, picks, values)
 
@@ -262,7 +262,7 @@ def eager_fast_path(kernel: Any, current: Callable[[], Any], *, values: Callable
                     if fn is None:
                         return _compile_whole(key, function, args, kwargs)
                     out = fn(*[None if i < 0 else all_values[i] for i in found.picks])
-                    return out if finish is None else finish(out, *args, **kwargs)
+                    return out if finish is None or found.whole else finish(out, *args, **kwargs)
                 _MEMO.pop(key, None)
             _pending.call = (kernel, key, all_values, whole)
             try:
@@ -285,10 +285,16 @@ def _compile_whole(key: Any, function: Callable[..., Any], args: tuple[Any, ...]
     try:
         out = jitted(*[values[i] for i in positions])
         captured = _pending.captured
+    except Exception:  # the function cannot be traced as called here: it stays eager (the full path)
+        _MEMO.pop(key, None)
+        if len(_UNTRACEABLE) >= _SIZE:
+            _UNTRACEABLE.clear()
+        _UNTRACEABLE.add(key)
+        return function(*args, **kwargs)
     finally:
         _pending.captured = None
     if captured and None not in captured:
-        _MEMO[key] = _Raw(tuple(captured), jitted, positions, values)
+        _MEMO[key] = _Raw(tuple(captured), jitted, positions, values, whole=True)
     else:
         _MEMO.pop(key, None)
     return out

@@ -14,8 +14,8 @@ registry, caches, overlays, policy, hooks, the persistent file) — at two level
   arguments and the JAX settings validation reads (``jax_default_matmul_precision``, dtype promotion,
   x64), it skips the validation of shapes, dtypes and static arguments too, runs the op's checks of
   array values (``values=``) unless the arrays are those already checked, and either the kernel's
-  jitted function (then ``finish=`` builds the public result) or, for a function doing array work of
-  its own, the whole function jitted once (its decisions captured while tracing it).
+  jitted function or, for a function doing more (array work of its own, an output dropped), the whole
+  function jitted once (its decisions captured while tracing it).
 
 Both include ``EJKERNEL_OPS_STAMP``. Only concrete arrays take them (under a trace the cost does not
 recur), not while calls are recorded (``EJKERNEL_OPS_RECORD``: the Executor records every call), and
@@ -35,7 +35,7 @@ import jax
 from ejk import environment
 from ejk.execution.executor import _fast_token
 
-__all__ = ["eager_fast_path", "eager_key", "optional_state", "remember", "run_eager"]
+__all__ = ["eager_fast_path", "eager_key", "remember", "run_eager"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 _SIZE = 4096
@@ -154,14 +154,13 @@ class _Raw:
     """A decorated public function's remembered call: the decisions behind it (``(executor, entry)``
     pairs, all still valid for the fast path to run), ``fn`` (the kernel's jitted function, or the
     whole public function jitted) and ``picks``, the positions of ``fn``'s arguments among the raw
-    call's values (``-1``: ``None``). ``fn is None``: the whole function is jitted at the next call;
-    ``whole``: ``fn`` is the whole function (its output is the public result: no ``finish``)."""
+    call's values (``-1``: ``None``). ``fn is None``: the whole function is jitted at the next call."""
 
-    __slots__ = ("checked", "decisions", "fn", "picks", "whole")
+    __slots__ = ("checked", "decisions", "fn", "picks")
 
     def __init__(self, decisions: tuple[tuple[Any, Any], ...], fn: Callable[..., Any] | None,
-                 picks: tuple[int, ...], values: tuple[Any, ...], *, whole: bool = False) -> None:
-        self.decisions, self.fn, self.picks, self.whole = decisions, fn, picks, whole
+                 picks: tuple[int, ...], values: tuple[Any, ...]) -> None:
+        self.decisions, self.fn, self.picks = decisions, fn, picks
         self.checked = _refs(values)
 
     def values_checked(self, values: tuple[Any, ...]) -> bool:
@@ -227,7 +226,7 @@ def _jit_whole(function: Callable[..., Any], values: tuple[Any, ...], names: tup
 
 
 def eager_fast_path(kernel: Any, current: Callable[[], Any], *, values: Callable[..., None] | None = None,
-                    finish: Callable[..., Any] | None = None, whole: bool = False) -> Callable[[F], F]:
+                    whole: bool = False) -> Callable[[F], F]:
     """Decorate the public function of ``kernel``'s op: an eager call identical to an earlier one —
     concrete arrays of the same shapes, dtypes and shardings, equal plain arguments — skips the
     validation of shapes, dtypes and static arguments and runs the jitted function of the earlier call
@@ -238,12 +237,11 @@ def eager_fast_path(kernel: Any, current: Callable[[], Any], *, values: Callable
             arrays' values (group sizes, lengths, page tables…), raising the ``ValueError`` the full
             path would; skipped when the arrays are the very objects of the last call checked (arrays
             are immutable). ``None``: the validation reads no value.
-        finish: ``finish(out, *args, **kwargs)``: the public result from the kernel's output ``out``
-            when the function returns more than the kernel's output (plain Python, no array work).
-        whole: The function does array work of its own around the kernel: from the second identical
+        whole: The function does more than return the kernel's output (array work of its own, or
+            dropping an output, which under ``jax.jit`` is never computed): from the second identical
             call on, the whole function runs as one jitted function, compiled then (its decisions, taken
-            while tracing, checked at every call). Also what happens, whatever ``whole``, when the
-            validation converted an argument (e.g. an int into an array).
+            while tracing, checked at every call) — the program ``jax.jit`` of the call runs. Also what
+            happens, whatever ``whole``, when the validation converted an argument (an int into an array).
     """
     def decorate(function: F) -> F:
         @functools.wraps(function)
@@ -261,8 +259,7 @@ def eager_fast_path(kernel: Any, current: Callable[[], Any], *, values: Callable
                     fn = found.fn
                     if fn is None:
                         return _compile_whole(key, function, args, kwargs)
-                    out = fn(*[None if i < 0 else all_values[i] for i in found.picks])
-                    return out if finish is None or found.whole else finish(out, *args, **kwargs)
+                    return fn(*[None if i < 0 else all_values[i] for i in found.picks])
                 _MEMO.pop(key, None)
             _pending.call = (kernel, key, all_values, whole)
             try:
@@ -294,13 +291,8 @@ def _compile_whole(key: Any, function: Callable[..., Any], args: tuple[Any, ...]
     finally:
         _pending.captured = None
     if captured and None not in captured:
-        _MEMO[key] = _Raw(tuple(captured), jitted, positions, values, whole=True)
+        _MEMO[key] = _Raw(tuple(captured), jitted, positions, values)
     else:
         _MEMO.pop(key, None)
     return out
 
-
-def optional_state(out: tuple[Any, Any], *_: Any, output_final_state: bool = False, **__: Any) -> tuple[Any, Any]:
-    """A ``finish`` of :func:`eager_fast_path`: ``(output, final_state)`` from the kernel's pair, the state
-    ``None`` unless ``output_final_state`` (the recurrent ops: ``gated_delta_rule``, ``gla``, ``ssd``)."""
-    return out[0], (out[1] if output_final_state else None)

@@ -9,7 +9,7 @@ import jax
 from ejk.ops._base import ImplChoice, OpKernel, get_default_executor, run_op
 from ejk.ops._check_common import as_array
 from ejk.ops._definition import define_op
-from ejk.ops._eager import eager_fast_path, optional_state
+from ejk.ops._eager import eager_fast_path
 from ejk.ops._gated_delta_rule._check import check_flag, check_gated_delta_rule_args, check_gated_delta_rule_values
 
 __all__ = ["DEFINITION", "GATED_DELTA_RULE", "GatedDeltaRuleKernel", "gated_delta_rule"]
@@ -45,8 +45,9 @@ class GatedDeltaRuleKernel(OpKernel):
 GATED_DELTA_RULE = GatedDeltaRuleKernel()
 
 
+# whole: an unasked final state is never computed (as under jax.jit)
 @eager_fast_path(GATED_DELTA_RULE, get_default_executor, values=check_gated_delta_rule_values,
-                 finish=optional_state)
+                 whole=True)
 def gated_delta_rule(
     q: jax.Array,
     k: jax.Array,

@@ -11,7 +11,7 @@ from ejk.execution.kernel import Invocation
 from ejk.ops._base import ImplChoice, OpKernel, get_default_executor, run_op
 from ejk.ops._check_common import as_array
 from ejk.ops._definition import define_op
-from ejk.ops._eager import eager_fast_path, optional_state
+from ejk.ops._eager import eager_fast_path
 from ejk.ops._gla._check import check_gla_args, check_gla_values
 
 __all__ = ["DEFINITION", "GLA_RESIDUALS", "KERNEL", "GlaKernel", "gla", "realistic_linear_args"]
@@ -62,7 +62,8 @@ class GlaKernel(OpKernel):
 KERNEL = GlaKernel()
 
 
-@eager_fast_path(KERNEL, get_default_executor, values=check_gla_values, finish=optional_state)
+# whole: an unasked final state is never computed (as under jax.jit)
+@eager_fast_path(KERNEL, get_default_executor, values=check_gla_values, whole=True)
 def gla(
     q: jax.Array,
     k: jax.Array,

@@ -7,6 +7,7 @@ its gate becomes a line (not a crash), and the command writes its JSON, markdown
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -483,6 +484,10 @@ def test_cli_overhead_study(fakes: None, tmp_path: Path, capsys: pytest.CaptureF
     assert "## ejk startup" in markdown and "| import ejk + plugins |" in markdown and "over import jax" in markdown
     assert (out / "profile_matmul_0.txt").read_text().startswith("# matmul 16x16x16: 10 eager calls")
     assert json.loads((out / "bench.json").read_text())["options"]["study"] == "overhead"
+    eager = (out / "eager_overhead.md").read_text()  # eager µs, jit µs and their difference, per line
+    assert "| eager µs | jit µs | eager − jit µs | best eager − best jit µs |" in eager
+    number, signed = r"[0-9.]+ \|", r"[+-][0-9.]+ \|"
+    assert re.search(rf"\| matmul \| 16x16x16 \| ejk fakeplat/any:fast \| {number} {number} {signed} {signed}", eager)
 
 
 def test_cli_sweep_and_study_arguments(fakes: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

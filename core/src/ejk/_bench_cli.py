@@ -154,10 +154,16 @@ def _measure(args: argparse.Namespace, cases: list[Any], options: Any, peak: Any
         return run_tuning(cases, options, _workers(args.workers), on_measurement=on_measurement, on_group=on_group)
     if not args.overhead:
         return run_bench(cases, options, peak=peak, on_measurement=on_measurement, on_group=on_group)
-    from ejk.bench._overhead import profile_eager, run_overhead, startup
+    from ejk.bench._overhead import eager_overhead, profile_eager, run_overhead, startup
 
     found = run_overhead(cases, options, on_measurement=on_measurement, on_group=on_group)
     out = Path(args.out)
+    table = eager_overhead(found)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "eager_overhead.md").write_text(table, encoding="utf-8")
+    console.print(f"eager calls against the same call under jax.jit (µs; also in "
+                  f"{escape(str(out / 'eager_overhead.md'))}):")
+    console.print(table, markup=False, highlight=False)
     for i, case in enumerate(cases if args.profile else ()):
         path = out / f"profile_{case.op}_{i}.txt"
         path.write_text(profile_eager(case, options, calls=args.profile), encoding="utf-8")

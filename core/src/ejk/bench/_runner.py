@@ -108,6 +108,10 @@ class Measurement:
     peak_fraction: float | None = None
     max_abs_diff: float | None = None
     diff_against: str | None = None
+    #: Eager lines of the overhead study: the median and the best time of the same public call under
+    #: ``jax.jit`` (its samples taken alternately with this line's).
+    jit_s: float | None = None
+    jit_min_s: float | None = None
     #: The case's call as implementations see it (arrays as ``{"shape", "dtype"}``, static arguments as
     #: values): what ``ejk bench --write-pack`` groups shape classes by.
     call: dict[str, Any] | None = attrs.field(default=None, eq=False)

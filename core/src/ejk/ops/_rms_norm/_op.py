@@ -8,9 +8,10 @@ from typing import Any, overload
 import jax
 
 from ejk._contract import Extension
-from ejk.ops._base import ImplChoice, OpKernel, run_op
+from ejk.ops._base import ImplChoice, OpKernel, get_default_executor, run_op
 from ejk.ops._check_common import as_array
 from ejk.ops._definition import define_op
+from ejk.ops._eager import eager_fast_path
 from ejk.ops._rms_norm._check import check_rms_norm_args
 
 __all__ = ["DEFINITION", "KERNEL", "RMS_NORM_EXTENSIONS", "RMS_NORM_RESIDUALS", "RmsNormKernel", "rms_norm"]
@@ -55,6 +56,7 @@ def rms_norm(x: jax.Array, scale: jax.Array, *, eps: float = 1e-6, residual: jax
              cfg: ImplChoice | Any | None = None) -> tuple[jax.Array, jax.Array]: ...
 
 
+@eager_fast_path(KERNEL, get_default_executor)  # validation reads shapes, dtypes, statics only
 def rms_norm(
     x: jax.Array,
     scale: jax.Array,

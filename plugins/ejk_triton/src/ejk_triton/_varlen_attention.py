@@ -27,7 +27,7 @@ import attrs
 import jax
 import jax.numpy as jnp
 
-from ejk.plugin import cdiv, fit_block, int_in, one_of, padded_dim, power_of_two, varlen_row_ranges
+from ejk.plugin import cdiv, cotangent_like, fit_block, int_in, one_of, padded_dim, power_of_two, varlen_row_ranges
 from ejk_triton import _env
 from ejk_triton._device import compute_capability_reason
 from ejk_triton._device import smem_limit as _smem_limit
@@ -202,7 +202,7 @@ def _backward(st: _Static, residuals: tuple[Any, ...], d_out: jax.Array) -> tupl
     d_sinks = None
     if sinks is not None:
         weight = jnp.exp2(sinks.astype(jnp.float32)[:, None] * _LOG2E - lse)  # lse includes the sink: finite
-        d_sinks = -jnp.sum(weight * delta, axis=1).astype(sinks.dtype)
+        d_sinks = cotangent_like(-jnp.sum(weight * delta, axis=1).astype(sinks.dtype), sinks)
     return dq, dk, dv, None, None, None, d_sinks
 
 

@@ -87,11 +87,13 @@ def sinks_backward(backward: Callable[..., Any], *, delta: bool = False) -> Call
             return (*backward(residuals, cotangent, **kwargs), None)
         base, sinks = tuple(residuals[:LSE2_INDEX + 1]), residuals[LSE2_INDEX + 1]
         out, lse2 = base[LSE2_INDEX - 1], base[LSE2_INDEX]
+        from ejk.parallel._vma import cotangent_like
+
         if delta:
             *grads, rows = backward(base, cotangent, **kwargs, return_delta=True)
-            return (*grads, sinks_cotangent(sinks, out, lse2, None, delta=rows))
+            return (*grads, cotangent_like(sinks_cotangent(sinks, out, lse2, None, delta=rows), sinks))
         grads = tuple(backward(base, cotangent, **kwargs))
-        return (*grads, sinks_cotangent(sinks, out, lse2, cotangent, kwargs.get("d_lse")))
+        return (*grads, cotangent_like(sinks_cotangent(sinks, out, lse2, cotangent, kwargs.get("d_lse")), sinks))
 
     return backward_with_sinks
 

@@ -1,0 +1,123 @@
+"""Meshes from ``--mesh``, parameter shardings (FSDP, experts) and the helpers the model uses under a mesh.
+
+Everything runs with *explicit* mesh axes (``jax.set_mesh`` with ``AxisType.Explicit``): arrays carry
+their shardings in their types, so ejk's ops see them and run per shard. The batch is split over every
+mesh axis; weights are split over ``fsdp`` (their largest divisible dim) and gathered where a layer
+uses them (the gather's transpose is the gradients' reduce-scatter); expert weights are split over
+``expert`` by expert and stay split: ``ejk.grouped_matmul`` runs each device's experts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import numpy as np
+from jax.sharding import AxisType, NamedSharding, PartitionSpec
+
+__all__ = ["AXES", "batch_axes", "batch_sharding", "expert_axis", "gather", "make_mesh", "param_shardings",
+           "parse_mesh", "per_batch_shard"]
+
+#: The mesh axes ``--mesh`` may name.
+AXES = ("data", "fsdp", "expert")
+
+
+def parse_mesh(text: str | None) -> dict[str, int]:
+    """``"data=4"`` / ``"fsdp=2,expert=2"`` → ``{"fsdp": 2, "expert": 2}`` (``None`` or ``""`` → ``{}``)."""
+    if not text:
+        return {}
+    sizes: dict[str, int] = {}
+    for part in text.split(","):
+        name, _, size = part.partition("=")
+        name = name.strip()
+        if name not in AXES or not size.strip().isdigit() or int(size) < 1:
+            raise ValueError(f"--mesh {text!r}: each part must be AXIS=SIZE with AXIS in {AXES} and SIZE >= 1")
+        if name in sizes:
+            raise ValueError(f"--mesh {text!r} names {name!r} twice")
+        sizes[name] = int(size)
+    return sizes
+
+
+def make_mesh(sizes: dict[str, int]) -> jax.sharding.Mesh | None:
+    """An explicit-axes mesh over the first ``prod(sizes)`` devices (``None`` for no axes)."""
+    if not sizes:
+        return None
+    need = int(np.prod(list(sizes.values())))
+    have = jax.device_count()
+    if need > have:
+        raise ValueError(f"--mesh needs {need} devices but JAX sees {have} "
+                         "(on the CPU: XLA_FLAGS=--xla_force_host_platform_device_count=N)")
+    names = tuple(sizes)
+    return jax.make_mesh(tuple(sizes.values()), names, axis_types=(AxisType.Explicit,) * len(names),
+                         devices=jax.devices()[:need])
+
+
+def _mesh_sizes() -> dict[str, int]:
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty:
+        return {}
+    return {name: int(size) for name, size in zip(mesh.axis_names, mesh.axis_sizes, strict=True)}
+
+
+def batch_axes() -> tuple[str, ...]:
+    """The current mesh's axes that split the batch (all of them), or ``()`` outside a mesh."""
+    return tuple(_mesh_sizes())
+
+
+def expert_axis() -> str | None:
+    """``"expert"`` when the current mesh has that axis."""
+    return "expert" if "expert" in _mesh_sizes() else None
+
+
+def batch_sharding(mesh: jax.sharding.Mesh | None) -> Any:
+    """The sharding of ``[B, ...]`` batch arrays: rows over every mesh axis."""
+    return None if mesh is None else NamedSharding(mesh, PartitionSpec(mesh.axis_names))
+
+
+def _param_spec(path: str, shape: tuple[int, ...], sizes: dict[str, int]) -> PartitionSpec:
+    spec: list[Any] = [None] * len(shape)
+    expert = sizes.get("expert", 1)
+    if expert > 1 and path.split("/")[-1] in ("w_in", "w_out") and len(shape) == 3:
+        spec[0] = "expert"
+    fsdp = sizes.get("fsdp", 1)
+    if fsdp > 1 and len(shape) >= 2:  # norms and sinks are small: whole on every device
+        free = [d for d in range(len(shape)) if spec[d] is None and shape[d] % fsdp == 0 and shape[d] >= fsdp]
+        if free:
+            spec[max(free, key=lambda d: shape[d])] = "fsdp"
+    return PartitionSpec(*spec)
+
+
+def param_shardings(params: Any, mesh: jax.sharding.Mesh | None) -> Any:
+    """A pytree of ``NamedSharding`` for ``params`` (``None`` without a mesh)."""
+    if mesh is None:
+        return jax.tree.map(lambda _: None, params)
+    sizes = dict(zip(mesh.axis_names, mesh.axis_sizes, strict=True))
+
+    def one(path: Any, leaf: Any) -> NamedSharding:
+        return NamedSharding(mesh, _param_spec(jax.tree_util.keystr(path, simple=True, separator="/"),
+                                               tuple(leaf.shape), sizes))
+
+    return jax.tree_util.tree_map_with_path(one, params)
+
+
+def gather(w: jax.Array, keep_experts: bool = False) -> jax.Array:
+    """``w`` whole on every device (FSDP's all-gather); with ``keep_experts`` dim 0 stays split over ``expert``."""
+    if not _mesh_sizes():
+        return w
+    spec: tuple[Any, ...] = ()
+    if keep_experts and expert_axis() is not None:
+        spec = ("expert",)
+    if jax.typeof(w).sharding.spec == PartitionSpec(*spec):
+        return w
+    return jax.sharding.reshard(w, PartitionSpec(*spec))
+
+
+def per_batch_shard(fn: Callable[..., Any], n_batched: int, n_replicated: int) -> Callable[..., Any]:
+    """``fn`` run on each device's rows: its first ``n_batched`` arguments (and its output) are split by
+    rows over the batch axes, the next ``n_replicated`` are whole. Outside a mesh ``fn`` itself."""
+    axes = batch_axes()
+    if not axes:
+        return fn
+    specs = (PartitionSpec(axes),) * n_batched + (PartitionSpec(),) * n_replicated
+    return jax.shard_map(fn, in_specs=specs, out_specs=PartitionSpec(axes))  # type: ignore[no-any-return]

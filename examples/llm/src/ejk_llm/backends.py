@@ -90,10 +90,17 @@ class Backend:
             # One packed stream of the rows: row r's offsets shifted by r * T. Each row ends with T, so
             # the streams join without a document crossing a row.
             flat_cu = (jnp.arange(b, dtype=jnp.int32)[:, None] * t + cu).reshape(-1)
+            sinks = rest[0] if rest else None
+            axes = sharding.batch_axes()
+            if sinks is not None and axes:
+                # Under shard_map the sinks are replicated but their gradient varies by device; ejk's varlen
+                # backward does not sum it over the axes (JAX: "manual axis types do not match"), so make
+                # the sinks per-device values here: the cast's transpose is that sum.
+                sinks = jax.lax.pcast(sinks, axes, to="varying")
             out = ejk.flash_attention_varlen(
                 q.reshape(b * t, *q.shape[2:]), k.reshape(b * t, *k.shape[2:]), v.reshape(b * t, *v.shape[2:]),
                 flat_cu, flat_cu, causal=True, sliding_window=None if window is None else window - 1,
-                sinks=rest[0] if rest else None)
+                sinks=sinks)
             return out.reshape(q.shape[:3] + v.shape[3:])
 
         extra = () if sinks is None else (sinks,)

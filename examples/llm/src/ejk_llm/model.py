@@ -165,7 +165,7 @@ def decoder(cfg: ModelConfig, backend: Backend, params: Params, tokens: jax.Arra
     """The final-normed hidden states ``[..., D]`` of ``tokens [...]``, the threaded ``state`` and the
     mean router load-balancing loss (0 for a dense model)."""
     dt = cfg.compute_dtype
-    x = jnp.take(_use(params["embed"], dt), tokens, axis=0)
+    x = sharding.take_rows(_use(params["embed"], dt), tokens)
     aux = jnp.zeros((), jnp.float32)
 
     def layer_fn(i: int, p: Params, x: jax.Array, state: Any) -> tuple[jax.Array, Any, jax.Array]:

@@ -17,7 +17,7 @@ import numpy as np
 from jax.sharding import AxisType, NamedSharding, PartitionSpec
 
 __all__ = ["AXES", "batch_axes", "batch_sharding", "expert_axis", "gather", "make_mesh", "param_shardings",
-           "parse_mesh", "per_batch_shard"]
+           "parse_mesh", "per_batch_shard", "take_rows"]
 
 #: The mesh axes ``--mesh`` may name.
 AXES = ("data", "fsdp", "expert")
@@ -111,6 +111,14 @@ def gather(w: jax.Array, keep_experts: bool = False) -> jax.Array:
     if jax.typeof(w).sharding.spec == PartitionSpec(*spec):
         return w
     return jax.sharding.reshard(w, PartitionSpec(*spec))
+
+
+def take_rows(table: jax.Array, ids: jax.Array) -> jax.Array:
+    """``table[ids]`` (an embedding lookup), the output split like ``ids``."""
+    if not _mesh_sizes():
+        return table[ids]
+    spec = PartitionSpec(*jax.typeof(ids).sharding.spec, None)
+    return table.at[ids].get(out_sharding=spec)  # explicit axes: the gather's output sharding is not inferred
 
 
 def per_batch_shard(fn: Callable[..., Any], n_batched: int, n_replicated: int) -> Callable[..., Any]:

@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import optax
 
@@ -25,7 +26,7 @@ from ejk_llm.config import PRESETS, ModelConfig, Preset, RunConfig, get_preset
 from ejk_llm.data import Batch, SyntheticCorpus
 from ejk_llm.model import Params, init_params, train_loss
 
-__all__ = ["Trainer", "main", "optimizer"]
+__all__ = ["Trainer", "device_batch", "main", "optimizer"]
 
 
 def optimizer(run: RunConfig, steps: int) -> optax.GradientTransformation:
@@ -34,6 +35,12 @@ def optimizer(run: RunConfig, steps: int) -> optax.GradientTransformation:
                                                   end_value=run.lr * 0.1)
     return optax.chain(optax.clip_by_global_norm(run.grad_clip),
                        optax.adamw(schedule, b1=0.9, b2=0.95, weight_decay=run.weight_decay))
+
+
+def device_batch(batch: Batch, mesh: jax.sharding.Mesh | None = None) -> dict[str, jax.Array]:
+    """A host batch on the devices, its rows split over the mesh's axes."""
+    target = sharding.batch_sharding(mesh)
+    return {f.name: jax.device_put(np.asarray(getattr(batch, f.name)), target) for f in dataclasses.fields(batch)}
 
 
 @dataclasses.dataclass
@@ -67,18 +74,12 @@ class Trainer:
         (_, metrics), grads = jax.value_and_grad(
             functools.partial(train_loss, self.model, self.backend), has_aux=True)(params, batch)
         updates, opt_state = self.opt.update(grads, opt_state, params)
-        metrics = {**metrics, "grad_norm": optax.global_norm(grads)}
+        metrics = {**metrics, "grad_norm": jnp.sqrt(sum(jnp.sum(jnp.square(g)) for g in jax.tree.leaves(grads)))}
         return optax.apply_updates(params, updates), opt_state, metrics
-
-    def device_batch(self, batch: Batch) -> dict[str, jax.Array]:
-        """A host batch on the devices, rows split over the mesh."""
-        fields = {f.name: getattr(batch, f.name) for f in dataclasses.fields(batch)}
-        target = sharding.batch_sharding(self.mesh)
-        return {k: jax.device_put(np.asarray(v), target) for k, v in fields.items()}
 
     def batches(self) -> Iterator[dict[str, jax.Array]]:
         while True:
-            yield self.device_batch(self.corpus.batch(self.run.batch, self.run.seq_len, self.run.max_docs))
+            yield device_batch(self.corpus.batch(self.run.batch, self.run.seq_len, self.run.max_docs), self.mesh)
 
     def loss(self, batch: dict[str, jax.Array]) -> tuple[jax.Array, dict[str, jax.Array]]:
         """The loss of the current parameters on ``batch`` (no update)."""

@@ -5,7 +5,7 @@ import sys
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent / "src"))
 
-from ejk_llm.bench import main  # noqa: E402
+from ejk_llm.bench import main
 
 if __name__ == "__main__":
     main()

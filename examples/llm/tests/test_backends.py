@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -10,7 +12,7 @@ import numpy as np
 import pytest
 
 from ejk_llm.backends import Backend
-from ejk_llm.config import Preset, get_preset
+from ejk_llm.config import ModelConfig, Preset, get_preset
 from ejk_llm.data import SyntheticCorpus
 from ejk_llm.model import init_params, train_loss
 from ejk_llm.train import Trainer, device_batch
@@ -29,8 +31,8 @@ def test_same_loss_and_gradients_float32_moe() -> None:
     params = init_params(preset.model, jax.random.key(0))
     results = {}
     for backend in ("ejk", "plain"):
-        fn = jax.jit(jax.value_and_grad(lambda p, b=Backend(backend): train_loss(preset.model, b, p, batch)[0]))
-        results[backend] = fn(params)
+        loss = functools.partial(_loss, preset.model, Backend(backend), batch=batch)
+        results[backend] = jax.jit(jax.value_and_grad(loss))(params)
     (loss_e, grads_e), (loss_p, grads_p) = results["ejk"], results["plain"]
     assert abs(float(loss_e) - float(loss_p)) < 1e-5, (loss_e, loss_p)
     assert float(loss_e) == pytest.approx(np.log(preset.model.vocab), rel=0.2)  # an untrained model's loss
@@ -44,7 +46,7 @@ def test_same_loss_and_gradients_float32_moe() -> None:
 def test_same_loss_bfloat16() -> None:
     preset, batch = _batch("tiny", dtype="bfloat16")
     params = init_params(preset.model, jax.random.key(1))
-    losses = [float(jax.jit(lambda p, b=Backend(n): train_loss(preset.model, b, p, batch)[0])(params))
+    losses = [float(jax.jit(functools.partial(_loss, preset.model, Backend(n), batch=batch))(params))
               for n in ("ejk", "plain")]
     assert losses[0] == pytest.approx(losses[1], rel=1e-2), losses  # bf16 activations: ~3 significant digits
 
@@ -59,6 +61,10 @@ def test_both_backends_learn_the_same_curve() -> None:
         curves[backend] = [float(trainer.step(next(batches))["ce"]) for _ in range(8)]
     np.testing.assert_allclose(curves["ejk"], curves["plain"], rtol=2e-4)
     assert curves["ejk"][-1] < curves["ejk"][0] - 0.5, curves["ejk"]
+
+
+def _loss(cfg: ModelConfig, backend: Backend, params: dict[str, Any], batch: dict[str, jax.Array]) -> jax.Array:
+    return train_loss(cfg, backend, params, batch)[0]
 
 
 def _leaf(tree: object, path: tuple[object, ...]) -> jax.Array:

@@ -2,12 +2,12 @@
 
 Both backends take the same arrays and the same parameters, so the same model runs on either:
 
-| operation | ``ejk`` | ``plain`` |
-| --- | --- | --- |
-| RMSNorm | ``ejk.rms_norm`` | float32 ``jnp`` |
-| packed causal attention | ``ejk.flash_attention_varlen`` (``cu_seqlens``) | ``jax.nn.dot_product_attention`` with a ``[T, T]`` document mask |
-| expert matmuls (MoE) | ``ejk.grouped_matmul`` | ``jax.lax.ragged_dot`` |
-| LM head + loss | ``ejk.linear_cross_entropy`` (no ``[T, V]`` logits) | logits, then ``optax.softmax_cross_entropy_with_integer_labels`` |
+- RMSNorm: ``ejk.rms_norm`` | float32 ``jnp``;
+- packed causal attention: ``ejk.flash_attention_varlen`` over ``cu_seqlens`` |
+  ``jax.nn.dot_product_attention`` under a ``[T, T]`` document mask;
+- the experts' matmuls (MoE): ``ejk.grouped_matmul`` | ``jax.lax.ragged_dot``;
+- LM head + loss: ``ejk.linear_cross_entropy`` (no ``[T, V]`` logits) | logits, then
+  ``optax.softmax_cross_entropy_with_integer_labels``.
 """
 
 from __future__ import annotations
@@ -15,11 +15,11 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Literal
 
-import ejk
 import jax
 import jax.numpy as jnp
 import optax
 
+import ejk
 from ejk_llm import sharding
 
 __all__ = ["BACKENDS", "Backend", "masked_attention"]

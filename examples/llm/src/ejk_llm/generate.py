@@ -21,11 +21,11 @@ import functools
 import time
 from typing import Any
 
-import ejk
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+import ejk
 from ejk_llm import sharding
 from ejk_llm.backends import Backend, masked_attention
 from ejk_llm.config import ModelConfig, RunConfig
@@ -83,7 +83,7 @@ class PagedEngine:
             out = ejk.ragged_paged_attention(
                 q, kp, vp, kv_lens, page_indices, cu_q_lens, jnp.int32(self.max_seqs),
                 sliding_window=None if window is None else window - 1, sinks=sinks)
-            return out, (ks[:layer] + (kp,) + ks[layer + 1:], vs[:layer] + (vp,) + vs[layer + 1:])
+            return out, ((*ks[:layer], kp, *ks[layer + 1:]), (*vs[:layer], vp, *vs[layer + 1:]))
 
         h, cache, _ = decoder(cfg, self.backend, params, tokens, positions, attend, cache)
         last = jnp.maximum(cu_q_lens[1:] - 1, 0)
@@ -169,7 +169,7 @@ class DenseEngine:
             if window is not None:
                 mask &= positions[:, :, None] - key_pos[None, None, :] < window
             out = masked_attention(q, kc, vc, mask, sinks)
-            return out, (ks[:layer] + (kc,) + ks[layer + 1:], vs[:layer] + (vc,) + vs[layer + 1:])
+            return out, ((*ks[:layer], kc, *ks[layer + 1:]), (*vs[:layer], vc, *vs[layer + 1:]))
 
         h, cache, _ = decoder(cfg, self.backend, params, tokens, positions, attend, cache)
         logits = _last_token_logits(cfg, params, h.reshape(s * t, -1), jnp.arange(s) * t + last)

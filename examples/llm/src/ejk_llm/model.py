@@ -33,7 +33,8 @@ def init_params(cfg: ModelConfig, key: jax.Array) -> Params:
     keys = iter(jax.random.split(key, 2 + 8 * cfg.n_layers))
 
     def normal(shape: tuple[int, ...], fan_in: int) -> jax.Array:
-        return jax.random.normal(next(keys), shape, jnp.float32) * fan_in ** -0.5
+        w: jax.Array = jax.random.normal(next(keys), shape, jnp.float32) * fan_in ** -0.5
+        return w
 
     layers = []
     for _ in range(cfg.n_layers):

@@ -110,7 +110,8 @@ def gather(w: jax.Array, keep_experts: bool = False) -> jax.Array:
         spec = ("expert",)
     if jax.typeof(w).sharding.spec == PartitionSpec(*spec):
         return w
-    return jax.sharding.reshard(w, PartitionSpec(*spec))
+    out: jax.Array = jax.sharding.reshard(w, PartitionSpec(*spec))
+    return out
 
 
 def take_rows(table: jax.Array, ids: jax.Array) -> jax.Array:
@@ -128,4 +129,4 @@ def per_batch_shard(fn: Callable[..., Any], n_batched: int, n_replicated: int) -
     if not axes:
         return fn
     specs = (PartitionSpec(axes),) * n_batched + (PartitionSpec(),) * n_replicated
-    return jax.shard_map(fn, in_specs=specs, out_specs=PartitionSpec(axes))  # type: ignore[no-any-return]
+    return jax.shard_map(fn, in_specs=specs, out_specs=PartitionSpec(axes))

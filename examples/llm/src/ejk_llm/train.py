@@ -90,7 +90,8 @@ class Trainer:
         """One optimizer step; returns the step's metrics (``ce`` before the update, ``aux``, ``grad_norm``)."""
         with self._mesh():
             self.params, self.opt_state, metrics = self._step(self.params, self.opt_state, batch)
-        return metrics
+        out: dict[str, jax.Array] = metrics
+        return out
 
 
 def add_common_args(parser: argparse.ArgumentParser) -> None:
@@ -126,12 +127,14 @@ def main(argv: list[str] | None = None) -> None:
     start = time.perf_counter()
     for step in range(args.steps):
         metrics = jax.device_get(trainer.step(next(batches)))
+        if step == 0:
+            first, start = time.perf_counter() - start, time.perf_counter()
         if step % args.log_every == 0 or step == args.steps - 1:
-            elapsed = time.perf_counter() - start
+            speed = (f"{tokens * step / (time.perf_counter() - start):,.0f} tok/s" if step
+                     else f"first step {first:.1f} s (compilation)")
             aux = f"  aux {float(metrics['aux']):.3f}" if preset.model.moe else ""
             print(f"step {step:4d}  loss {float(metrics['ce']):.4f}{aux}  grad-norm {float(metrics['grad_norm']):.3f}"
-                  f"  {tokens * (step + 1) / elapsed:,.0f} tok/s (incl. compile)", flush=True)
-
+                  f"  {speed}", flush=True)
 
 if __name__ == "__main__":
     main()

@@ -1,5 +1,5 @@
-"""A training step on four (fake CPU) devices matches the same step on one: data parallel + FSDP for the
-dense model, FSDP + experts over a mesh axis (ejk's sharded grouped_matmul) for the MoE."""
+"""Training steps on eight (fake CPU) devices match the same steps on one: data parallel, FSDP and experts
+over a mesh axis together."""
 
 from __future__ import annotations
 
@@ -16,22 +16,27 @@ from ejk_llm.config import get_preset
 from ejk_llm.train import Trainer
 
 
-@pytest.mark.parametrize(("preset", "mesh"), [("tiny", "data=2,fsdp=2"), ("tiny-moe", "fsdp=2,expert=2")])
-def test_sharded_steps_match_one_device(preset: str, mesh: str) -> None:
-    assert jax.device_count() >= 4, "conftest.py sets XLA_FLAGS=--xla_force_host_platform_device_count=4"
-    p = get_preset(preset)
-    run = dataclasses.replace(p.run, batch=4)
+def test_sharded_steps_match_one_device() -> None:
+    """Every axis at once on 8 CPU devices: rows over all three, dense weights and experts' k dim over
+    ``fsdp``, experts over ``expert`` (ejk's sharded grouped_matmul), attention per device."""
+    assert jax.device_count() >= 8, "conftest.py sets XLA_FLAGS=--xla_force_host_platform_device_count=8"
+    p = get_preset("tiny-moe")
+    run = dataclasses.replace(p.run, batch=8)
     one = Trainer(p.model, run, Backend("ejk"), steps=4)
-    four = Trainer(p.model, run, Backend("ejk"), sharding.make_mesh(sharding.parse_mesh(mesh)), steps=4)
-    w_in = four.params["layers"][0]["w_in"]
-    assert w_in.sharding.spec == (PartitionSpec(None, "fsdp") if preset == "tiny"
-                                  else PartitionSpec("expert", None, "fsdp"))
+    mesh = sharding.make_mesh(sharding.parse_mesh("data=2,fsdp=2,expert=2"))
+    eight = Trainer(p.model, run, Backend("ejk"), mesh, steps=4)
+    layer = eight.params["layers"][0]
+    assert layer["w_in"].sharding.spec == PartitionSpec("expert", None, "fsdp")  # [E, D, 2F]
+    assert layer["wq"].sharding.spec == PartitionSpec("fsdp", None, None)  # [D, H, hd]
+    assert layer["sinks"].sharding.spec in (PartitionSpec(), PartitionSpec(None))  # small: whole
     for _, batch in zip(range(2), one.batches(), strict=False):
-        sharded_batch = {k: jax.device_put(v, sharding.batch_sharding(four.mesh)) for k, v in batch.items()}
-        m1, m4 = one.step(batch), four.step(sharded_batch)
-        np.testing.assert_allclose(float(m4["ce"]), float(m1["ce"]), rtol=1e-5)
-        np.testing.assert_allclose(float(m4["grad_norm"]), float(m1["grad_norm"]), rtol=1e-4)
-    for a, b in zip(jax.tree.leaves(one.params), jax.tree.leaves(four.params), strict=True):
+        sharded_batch = {k: jax.device_put(v, sharding.batch_sharding(mesh)) for k, v in batch.items()}
+        assert sharded_batch["tokens"].sharding.spec == PartitionSpec(("data", "fsdp", "expert"))
+        m1, m8 = one.step(batch), eight.step(sharded_batch)
+        np.testing.assert_allclose(float(m8["ce"]), float(m1["ce"]), rtol=1e-5)
+        np.testing.assert_allclose(float(m8["aux"]), float(m1["aux"]), rtol=1e-5)
+        np.testing.assert_allclose(float(m8["grad_norm"]), float(m1["grad_norm"]), rtol=1e-4)
+    for a, b in zip(jax.tree.leaves(one.params), jax.tree.leaves(eight.params), strict=True):
         np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-4, atol=1e-5)
 
 

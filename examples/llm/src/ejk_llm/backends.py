@@ -82,8 +82,13 @@ class Backend:
                          cu_seqlens: jax.Array, window: int | None, sinks: jax.Array | None) -> jax.Array:
         """Causal attention within each packed document: ``q [B, T, Hq, D]``, ``k, v [B, T, Hkv, D]``,
         ``positions [B, T]`` (restarting at 0 per document), ``cu_seqlens [B, N+1]`` row-relative offsets."""
+        extra = () if sinks is None else (sinks,)
         if not self.is_ejk:
-            return masked_attention(q, k, v, _document_mask(positions, window), sinks)
+            def local_plain(q: jax.Array, k: jax.Array, v: jax.Array, positions: jax.Array,
+                            *rest: jax.Array) -> jax.Array:
+                return masked_attention(q, k, v, _document_mask(positions, window), rest[0] if rest else None)
+
+            return sharding.per_batch_shard(local_plain, 4, len(extra))(q, k, v, positions, *extra)  # type: ignore[no-any-return]
 
         def local(q: jax.Array, k: jax.Array, v: jax.Array, cu: jax.Array, *rest: jax.Array) -> jax.Array:
             b, t = q.shape[:2]
@@ -103,7 +108,6 @@ class Backend:
                 sinks=sinks)
             return out.reshape(q.shape[:3] + v.shape[3:])
 
-        extra = () if sinks is None else (sinks,)
         # ejk gathers the packed token axis when it is split (a sequence may cross any cut); each row of
         # our batch is whole, so run each device's rows on its own.
         return sharding.per_batch_shard(local, 4, len(extra))(q, k, v, cu_seqlens, *extra)  # type: ignore[no-any-return]

@@ -47,3 +47,10 @@ def test_parse_mesh_errors() -> None:
             sharding.parse_mesh(bad)
     with pytest.raises(ValueError, match="xla_force_host_platform_device_count"):
         sharding.make_mesh({"data": 64})
+
+
+def test_batch_must_split_over_the_mesh() -> None:
+    p = get_preset("tiny")
+    mesh = sharding.make_mesh({"data": 4})
+    with pytest.raises(ValueError, match=r"--batch \(6 rows\) must be a multiple of the mesh's 4 devices"):
+        Trainer(p.model, dataclasses.replace(p.run, batch=6), Backend("ejk"), mesh)

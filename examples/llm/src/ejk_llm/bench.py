@@ -2,7 +2,7 @@
 
     python examples/llm/bench.py --preset tiny                          # CPU: runs, numbers mean little
     python examples/llm/bench.py --preset dense-1b --out results.json   # one GPU
-    python examples/llm/bench.py --preset dense-1b --mesh fsdp=4        # four GPUs
+    python examples/llm/bench.py --preset dense-1b --mesh fsdp=4 --batch 8   # four GPUs, 2 rows each
 
 Both backends start from the same parameters and see the same batches, so their loss curves are
 comparable step for step. Training: tokens per second of the timed steps (after ``--warmup`` steps
@@ -97,6 +97,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--preset", default="tiny", choices=sorted(PRESETS))
     parser.add_argument("--mesh", default="", help="mesh axes for training, e.g. fsdp=4 (generation: one device)")
     parser.add_argument("--dtype", default=None, help="compute dtype override")
+    parser.add_argument("--batch", type=int, default=None,
+                        help="training rows per step (default: the preset's; with --mesh, a multiple of the devices)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--warmup", type=int, default=2, help="untimed training steps (compilation)")
     parser.add_argument("--steps", type=int, default=10, help="timed training steps")
@@ -104,7 +106,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--skip-generation", action="store_true")
     parser.add_argument("--out", default=None, help="write the results as JSON here")
     args = parser.parse_args(argv)
-    preset = preset_from_args(args)
+    preset = preset_from_args(args, **({"batch": args.batch} if args.batch else {}))
     mesh = sharding.make_mesh(sharding.parse_mesh(args.mesh))
     device = jax.devices()[0]
     header = {

@@ -52,16 +52,20 @@ class SyntheticCorpus:
         doc = np.empty(n, np.int32)
         doc[0] = BOS
         doc[1] = self.rng.integers(1, self.vocab)
+        # Every random draw up front (one numpy call each), then one cheap pass over the tokens.
+        picks = self.rng.choice(4, size=n, p=self.probs)
+        copy = self.rng.random(n) < 0.1
+        spans = self.rng.integers(4, 9, size=n)
+        starts = self.rng.random(n)
         i = 2
         while i < n:
-            if i >= 8 and self.rng.random() < 0.1:  # copy a span of 4-8 earlier tokens
-                span = int(self.rng.integers(4, 9))
-                start = int(self.rng.integers(1, i - 3))
-                take = min(span, n - i, i - start)
+            if i >= 8 and copy[i]:  # copy a span of 4-8 earlier tokens
+                start = 1 + int(starts[i] * (i - 4))
+                take = min(int(spans[i]), n - i, i - start)
                 doc[i:i + take] = doc[start:start + take]
                 i += take
                 continue
-            doc[i] = self.successors[doc[i - 1], self.rng.choice(4, p=self.probs)]
+            doc[i] = self.successors[doc[i - 1], picks[i]]
             i += 1
         return doc
 

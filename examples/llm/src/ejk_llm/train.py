@@ -55,6 +55,10 @@ class Trainer:
     seed: int = 0
 
     def __post_init__(self) -> None:
+        devices = 1 if self.mesh is None else self.mesh.size
+        if self.run.batch % devices:
+            raise ValueError(f"--batch ({self.run.batch} rows) must be a multiple of the mesh's {devices} devices: "
+                             f"every device trains on whole rows (e.g. --batch {devices * self.run.batch})")
         self.opt = optimizer(self.run, self.steps)
         with self._mesh():
             shapes = jax.eval_shape(functools.partial(init_params, self.model), jax.random.key(self.seed))
@@ -126,7 +130,9 @@ def main(argv: list[str] | None = None) -> None:
     batches = trainer.batches()
     start = time.perf_counter()
     for step in range(args.steps):
-        metrics = jax.device_get(trainer.step(next(batches)))
+        metrics = trainer.step(next(batches))  # dispatched: the next batch is made while this step runs
+        if step == 0 or step % args.log_every == 0 or step == args.steps - 1:
+            metrics = jax.device_get(metrics)
         if step == 0:
             first, start = time.perf_counter() - start, time.perf_counter()
         if step % args.log_every == 0 or step == args.steps - 1:

@@ -1,9 +1,10 @@
-"""Training steps on eight (fake CPU) devices match the same steps on one: data parallel, FSDP and experts
-over a mesh axis together."""
+"""Training steps on 4 and 8 (fake CPU) devices match the same steps on one: rows split over devices, FSDP,
+experts over a mesh axis, and each row's tokens over a ring."""
 
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import jax
 import numpy as np
@@ -12,32 +13,44 @@ from jax.sharding import PartitionSpec
 
 from ejk_llm import sharding
 from ejk_llm.backends import Backend
-from ejk_llm.config import get_preset
+from ejk_llm.config import Preset, get_preset
 from ejk_llm.train import Trainer
 
 
-def test_sharded_steps_match_one_device() -> None:
-    """Every axis at once on 8 CPU devices: rows over all three, dense weights and experts' k dim over
-    ``fsdp``, experts over ``expert`` (ejk's sharded grouped_matmul), attention per device."""
-    assert jax.device_count() >= 8, "conftest.py sets XLA_FLAGS=--xla_force_host_platform_device_count=8"
+@pytest.fixture(scope="module")
+def one_device() -> tuple[Preset, list[dict[str, jax.Array]], list[dict[str, float]], list[np.ndarray]]:
+    """Two AdamW steps of the MoE model on one device: the batches, the metrics and the parameters after."""
     p = get_preset("tiny-moe")
-    run = dataclasses.replace(p.run, batch=8)
-    one = Trainer(p.model, run, Backend("ejk"), steps=4)
-    mesh = sharding.make_mesh(sharding.parse_mesh("data=2,fsdp=2,expert=2"))
-    eight = Trainer(p.model, run, Backend("ejk"), mesh, steps=4)
-    layer = eight.params["layers"][0]
-    assert layer["w_in"].sharding.spec == PartitionSpec("expert", None, "fsdp")  # [E, D, 2F]
+    p = Preset(p.model, dataclasses.replace(p.run, batch=8))
+    trainer = Trainer(p.model, p.run, Backend("ejk"), steps=4)
+    batches = [b for _, b in zip(range(2), trainer.batches(), strict=False)]
+    metrics = [{k: float(v) for k, v in trainer.step(b).items()} for b in batches]
+    return p, batches, metrics, [np.asarray(x) for x in jax.tree.leaves(trainer.params)]
+
+
+@pytest.mark.parametrize("mesh", ["fsdp=2,expert=2,seq=2", "data=2,fsdp=2"])
+def test_sharded_steps_match_one_device(mesh: str, one_device: tuple[Any, ...]) -> None:
+    """The MoE model, two AdamW steps. ``fsdp=2,expert=2,seq=2`` (8 devices): rows over fsdp and expert,
+    each row's tokens over seq (ejk.ring_attention), weights over fsdp, experts over expert (ejk's sharded
+    grouped_matmul). ``data=2,fsdp=2``: rows over both, varlen attention and routing per device."""
+    assert jax.device_count() >= 8, "conftest.py sets XLA_FLAGS=--xla_force_host_platform_device_count=8"
+    p, batches, want, want_params = one_device
+    sharded = Trainer(p.model, p.run, Backend("ejk"), sharding.make_mesh(sharding.parse_mesh(mesh)), steps=4)
+    layer = sharded.params["layers"][0]
+    experts = "expert" if "expert" in mesh else None
+    assert layer["w_in"].sharding.spec == PartitionSpec(experts, None, "fsdp")  # [E, D, 2F]
     assert layer["wq"].sharding.spec == PartitionSpec("fsdp", None, None)  # [D, H, hd]
     assert layer["sinks"].sharding.spec in (PartitionSpec(), PartitionSpec(None))  # small: whole
-    for _, batch in zip(range(2), one.batches(), strict=False):
-        sharded_batch = {k: jax.device_put(v, sharding.batch_sharding(mesh)) for k, v in batch.items()}
-        assert sharded_batch["tokens"].sharding.spec == PartitionSpec(("data", "fsdp", "expert"))
-        m1, m8 = one.step(batch), eight.step(sharded_batch)
-        np.testing.assert_allclose(float(m8["ce"]), float(m1["ce"]), rtol=1e-5)
-        np.testing.assert_allclose(float(m8["aux"]), float(m1["aux"]), rtol=1e-5)
-        np.testing.assert_allclose(float(m8["grad_norm"]), float(m1["grad_norm"]), rtol=1e-4)
-    for a, b in zip(jax.tree.leaves(one.params), jax.tree.leaves(eight.params), strict=True):
-        np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-4, atol=1e-5)
+    for batch, m1 in zip(batches, want, strict=True):
+        fields = {k: jax.device_put(v, sharding.field_sharding(sharded.mesh, k != "cu_seqlens"))
+                  for k, v in batch.items()}
+        if "seq" in mesh:
+            assert fields["tokens"].sharding.spec == PartitionSpec(("fsdp", "expert"), "seq")
+        got = sharded.step(fields)
+        for key in ("ce", "aux", "grad_norm"):
+            np.testing.assert_allclose(float(got[key]), m1[key], rtol=1e-4, err_msg=key)
+    for a, b in zip(want_params, jax.tree.leaves(sharded.params), strict=True):
+        np.testing.assert_allclose(np.asarray(b), a, rtol=1e-4, atol=1e-5)
 
 
 def test_parse_mesh_errors() -> None:
@@ -52,5 +65,5 @@ def test_parse_mesh_errors() -> None:
 def test_batch_must_split_over_the_mesh() -> None:
     p = get_preset("tiny")
     mesh = sharding.make_mesh({"data": 4})
-    with pytest.raises(ValueError, match=r"--batch \(6 rows\) must be a multiple of the mesh's 4 devices"):
+    with pytest.raises(ValueError, match=r"--batch \(6 rows\) must be a multiple of the 4 devices"):
         Trainer(p.model, dataclasses.replace(p.run, batch=6), Backend("ejk"), mesh)

@@ -13,6 +13,7 @@ Both backends take the same arrays and the same parameters, so the same model ru
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any, Literal
 
 import jax
@@ -46,14 +47,11 @@ def masked_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, 
     return out
 
 
-def _document_mask(positions: jax.Array, window: int | None) -> jax.Array:
-    """``[B, T, T]``: query i sees key j of its own document with ``j <= i`` (and ``i - j < window``)."""
-    doc = jnp.cumsum(positions == 0, axis=-1)
-    i = jnp.arange(positions.shape[-1])
-    mask = (doc[:, :, None] == doc[:, None, :]) & (i[None, :, None] >= i[None, None, :])
-    if window is not None:
-        mask &= (i[:, None] - i[None, :] < window)[None]
-    return mask
+def _varying(sinks: jax.Array, axes: tuple[str, ...]) -> jax.Array:
+    """``sinks`` as a per-device value inside ``shard_map``. Replicated sinks get a gradient that varies by
+    device; ejk's attention backwards do not sum it over the axes (JAX: "manual axis types do not match"),
+    so the example casts them: the cast's transpose is that sum."""
+    return jax.lax.pcast(sinks, axes, to="varying") if axes else sinks
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,39 +76,58 @@ class Backend:
         y = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + eps)
         return (y * scale.astype(jnp.float32)).astype(x.dtype)
 
-    def packed_attention(self, q: jax.Array, k: jax.Array, v: jax.Array, positions: jax.Array,
+    def packed_attention(self, q: jax.Array, k: jax.Array, v: jax.Array, segments: jax.Array,
                          cu_seqlens: jax.Array, window: int | None, sinks: jax.Array | None) -> jax.Array:
         """Causal attention within each packed document: ``q [B, T, Hq, D]``, ``k, v [B, T, Hkv, D]``,
-        ``positions [B, T]`` (restarting at 0 per document), ``cu_seqlens [B, N+1]`` row-relative offsets."""
+        ``segments [B, T]`` (each token's document in its row), ``cu_seqlens [B, N+1]`` row-relative offsets.
+
+        Each device attends for its own rows (``jax.shard_map``); with a ``seq`` mesh axis, each row's
+        tokens are split too and the keys travel around a ring (``ejk.ring_attention``; plain JAX gathers them).
+        """
         extra = () if sinks is None else (sinks,)
-        if not self.is_ejk:
-            def local_plain(q: jax.Array, k: jax.Array, v: jax.Array, positions: jax.Array,
-                            *rest: jax.Array) -> jax.Array:
-                return masked_attention(q, k, v, _document_mask(positions, window), rest[0] if rest else None)
+        seq = sharding.seq_axis()
+        varying = (*sharding.batch_axes(), *((seq,) if seq else ()))
+        left = None if window is None else window - 1
 
-            return sharding.per_batch_shard(local_plain, 4, len(extra))(q, k, v, positions, *extra)  # type: ignore[no-any-return]
+        def local_plain(q: jax.Array, k: jax.Array, v: jax.Array, segments: jax.Array, *rest: jax.Array) -> jax.Array:
+            t = q.shape[1]
+            q_index = jnp.arange(t)
+            kv_segments = segments
+            if seq:  # every key of the row, and this block's place in it
+                k, v, kv_segments = (jax.lax.all_gather(x, seq, axis=1, tiled=True) for x in (k, v, segments))
+                q_index = q_index + jax.lax.axis_index(seq) * t
+            kv_index = jnp.arange(k.shape[1])
+            mask = (segments[:, :, None] == kv_segments[:, None, :]) & (q_index[:, None] >= kv_index[None, :])[None]
+            if window is not None:
+                mask &= (q_index[:, None] - kv_index[None, :] < window)[None]
+            return masked_attention(q, k, v, mask, rest[0] if rest else None)
 
-        def local(q: jax.Array, k: jax.Array, v: jax.Array, cu: jax.Array, *rest: jax.Array) -> jax.Array:
+        def local_ring(q: jax.Array, k: jax.Array, v: jax.Array, segments: jax.Array, *rest: jax.Array) -> jax.Array:
+            return ejk.ring_attention(q, k, v, axis_name=seq, causal=True, sliding_window=left,
+                                      q_segment_ids=segments, kv_segment_ids=segments,
+                                      sinks=_varying(rest[0], varying) if rest else None)
+
+        def local_varlen(q: jax.Array, k: jax.Array, v: jax.Array, cu: jax.Array, *rest: jax.Array) -> jax.Array:
             b, t = q.shape[:2]
             # One packed stream of the rows: row r's offsets shifted by r * T. Each row ends with T, so
             # the streams join without a document crossing a row.
             flat_cu = (jnp.arange(b, dtype=jnp.int32)[:, None] * t + cu).reshape(-1)
-            sinks = rest[0] if rest else None
-            axes = sharding.batch_axes()
-            if sinks is not None and axes:
-                # Under shard_map the sinks are replicated but their gradient varies by device; ejk's varlen
-                # backward does not sum it over the axes (JAX: "manual axis types do not match"), so make
-                # the sinks per-device values here: the cast's transpose is that sum.
-                sinks = jax.lax.pcast(sinks, axes, to="varying")
             out = ejk.flash_attention_varlen(
                 q.reshape(b * t, *q.shape[2:]), k.reshape(b * t, *k.shape[2:]), v.reshape(b * t, *v.shape[2:]),
-                flat_cu, flat_cu, causal=True, sliding_window=None if window is None else window - 1,
-                sinks=sinks)
+                flat_cu, flat_cu, causal=True, sliding_window=left,
+                sinks=_varying(rest[0], varying) if rest else None)
             return out.reshape(q.shape[:3] + v.shape[3:])
 
-        # ejk gathers the packed token axis when it is split (a sequence may cross any cut); each row of
-        # our batch is whole, so run each device's rows on its own.
-        return sharding.per_batch_shard(local, 4, len(extra))(q, k, v, cu_seqlens, *extra)  # type: ignore[no-any-return]
+        fn: Callable[..., jax.Array]
+        if not self.is_ejk:
+            fn, kinds, ids = local_plain, "tttt", segments
+        elif seq:
+            fn, kinds, ids = local_ring, "tttt", segments
+        else:
+            # ejk's own sharding of the varlen op would gather the packed token axis (a sequence may cross
+            # any cut); each row of our batch is whole, so each device runs its rows on its own.
+            fn, kinds, ids = local_varlen, "tttb", cu_seqlens
+        return sharding.per_device(fn, kinds + "r" * len(extra))(q, k, v, ids, *extra)  # type: ignore[no-any-return]
 
     def grouped_matmul(self, x: jax.Array, w: jax.Array, group_sizes: jax.Array) -> jax.Array:
         """``x [M, K]`` rows sorted by group, ``w [G, K, N]`` → ``[M, N]``."""

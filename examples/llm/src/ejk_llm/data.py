@@ -20,15 +20,17 @@ IGNORE = -100
 
 @dataclasses.dataclass(frozen=True)
 class Batch:
-    """``tokens``, ``positions``, ``labels`` ``[B, T]`` int32 and ``cu_seqlens`` ``[B, N+1]`` int32.
+    """``tokens``, ``positions``, ``segments``, ``labels`` ``[B, T]`` int32 and ``cu_seqlens`` ``[B, N+1]`` int32.
 
     Row ``b``'s document ``s`` is tokens ``cu_seqlens[b, s]:cu_seqlens[b, s+1]``; unused entries are
-    ``T`` (empty documents). ``positions`` restart at 0 with each document; ``labels`` are the next
-    token of the same document, ``-100`` (ignored) on each document's last token.
+    ``T`` (empty documents). ``positions`` restart at 0 with each document, ``segments`` number the
+    documents of a row (``s``); ``labels`` are the next token of the same document, ``-100`` (ignored)
+    on each document's last token.
     """
 
     tokens: np.ndarray
     positions: np.ndarray
+    segments: np.ndarray
     labels: np.ndarray
     cu_seqlens: np.ndarray
 
@@ -78,6 +80,7 @@ class SyntheticCorpus:
             raise ValueError(f"max_docs ({max_docs}) must be at least ceil(seq_len / min_doc)")
         tokens = np.zeros((rows, seq_len), np.int32)
         positions = np.zeros((rows, seq_len), np.int32)
+        segments = np.zeros((rows, seq_len), np.int32)
         labels = np.full((rows, seq_len), IGNORE, np.int32)
         cu = np.full((rows, max_docs + 1), seq_len, np.int32)
         for b in range(rows):
@@ -88,10 +91,11 @@ class SyntheticCorpus:
                 n = len(doc)
                 tokens[b, t:t + n] = doc
                 positions[b, t:t + n] = np.arange(n)
+                segments[b, t:t + n] = s
                 labels[b, t:t + n - 1] = doc[1:]
                 t, s = t + n, s + 1
                 cu[b, s] = t
-        return Batch(tokens, positions, labels, cu)
+        return Batch(tokens, positions, segments, labels, cu)
 
 
 def cu_seqlens_of(positions: np.ndarray) -> np.ndarray:

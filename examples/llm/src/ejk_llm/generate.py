@@ -223,7 +223,11 @@ def main(argv: list[str] | None = None) -> None:
     preset = preset_from_args(args)
     cfg, run = preset.model, preset.run
     backend = Backend(args.backend)
-    mesh = sharding.make_mesh(sharding.parse_mesh(args.mesh))
+    sizes = sharding.parse_mesh(args.mesh)
+    if "seq" in sizes:
+        raise ValueError("--mesh seq=... splits training rows over a ring; generation splits no sequence: "
+                         "drop the seq axis")
+    mesh = sharding.make_mesh(sizes)
     context = contextlib.nullcontext() if mesh is None else jax.set_mesh(mesh)
     with context:
         if args.train_steps:

@@ -113,14 +113,20 @@ def _dense_mlp(cfg: ModelConfig, p: Params, h: jax.Array) -> jax.Array:
 
 def _route(cfg: ModelConfig, router: jax.Array, h: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
     """Top-k routing of ``h [N, D]``: expert ids ``[N, k]``, weights ``[N, k]`` (renormalised over the
-    top k, float32) and the load-balancing loss (Switch Transformer's)."""
+    top k, float32) and the statistics of the load-balancing loss, ``[2, E]``: each expert's share of the
+    assignments and its mean router probability (means over the tokens, so devices with as many tokens
+    each combine theirs by a mean)."""
     logits = jnp.einsum("nd,de->ne", h, router, preferred_element_type=jnp.float32)
     probs = jax.nn.softmax(logits, axis=-1)
     weights, experts = jax.lax.top_k(probs, cfg.top_k)
     weights = weights / jnp.sum(weights, axis=-1, keepdims=True)
     load = jnp.mean(jax.nn.one_hot(experts, cfg.n_experts, dtype=jnp.float32).sum(1), axis=0) / cfg.top_k
-    aux = cfg.n_experts * jnp.sum(load * jnp.mean(probs, axis=0))
-    return experts, weights, aux
+    return experts, weights, jnp.stack([load, jnp.mean(probs, axis=0)])
+
+
+def _balance_loss(cfg: ModelConfig, stats: jax.Array) -> jax.Array:
+    """Switch Transformer's load-balancing loss, ``E · Σ_e load_e · prob_e`` (1 when balanced)."""
+    return cfg.n_experts * jnp.sum(stats[0] * stats[1])
 
 
 def _experts(cfg: ModelConfig, backend: Backend, h: jax.Array, experts: jax.Array, weights: jax.Array,
@@ -141,24 +147,28 @@ def _moe_mlp(cfg: ModelConfig, backend: Backend, p: Params, h: jax.Array) -> tup
     dt = cfg.compute_dtype
     lead, d = h.shape[:-1], h.shape[-1]
     router = _use(p["router"], dt)
+    batched = h.ndim == 3  # [B, T, D] in training; one packed [T, D] stream (replicated) in serving
     if sharding.expert_axis() is not None and backend.is_ejk:
         # Expert parallelism: every device routes every token (the batch is gathered), and ejk's sharded
         # grouped_matmul runs each device's experts on their rows and sums the outputs over the axis.
         flat = sharding.gather(h).reshape(-1, d)
-        experts, weights, aux = _route(cfg, router, flat)
+        experts, weights, stats = _route(cfg, router, flat)
         y = _experts(cfg, backend, flat, experts, weights, _use(p["w_in"], dt, keep_experts=True),
                      _use(p["w_out"], dt, keep_experts=True))
-        axes = sharding.batch_axes()
-        return jax.sharding.reshard(y.reshape(*lead, d), jax.sharding.PartitionSpec(axes)), aux
+        spec = sharding.token_spec() if batched else jax.sharding.PartitionSpec()
+        return jax.sharding.reshard(y.reshape(*lead, d), spec), _balance_loss(cfg, stats)
 
     def local(h: jax.Array, router: jax.Array, w_in: jax.Array, w_out: jax.Array) -> tuple[jax.Array, jax.Array]:
         flat = h.reshape(-1, d)
-        experts, weights, aux = _route(cfg, router, flat)
-        return _experts(cfg, backend, flat, experts, weights, w_in, w_out).reshape(h.shape), aux[None]
+        experts, weights, stats = _route(cfg, router, flat)
+        y = _experts(cfg, backend, flat, experts, weights, w_in, w_out).reshape(h.shape)
+        return y, stats[None, None]  # [1, 1, 2, E]: one per device, split like the tokens
 
-    # Each device routes its own rows with every expert's weights (FSDP: gathered like any weight).
-    y, aux = sharding.per_batch_shard(local, 1, 3)(h, router, _use(p["w_in"], dt), _use(p["w_out"], dt))
-    return y, jnp.mean(aux)
+    # Each device routes its own tokens with every expert's weights (FSDP: gathered like any weight); the
+    # balance loss is taken over the whole batch's statistics, as on one device.
+    run = sharding.per_device(local, "trrr") if batched else local
+    y, stats = run(h, router, _use(p["w_in"], dt), _use(p["w_out"], dt))
+    return y, _balance_loss(cfg, jnp.mean(stats, axis=(0, 1)))
 
 
 def decoder(cfg: ModelConfig, backend: Backend, params: Params, tokens: jax.Array, positions: jax.Array,
@@ -192,11 +202,11 @@ def lm_head(cfg: ModelConfig, params: Params) -> jax.Array:
 def train_loss(cfg: ModelConfig, backend: Backend, params: Params, batch: dict[str, jax.Array]) -> tuple[
         jax.Array, dict[str, jax.Array]]:
     """Next-token loss (+ the router's load-balancing term) of a packed batch (``data.Batch``'s fields)."""
-    positions, cu = batch["positions"], batch["cu_seqlens"]
+    positions, segments, cu = batch["positions"], batch["segments"], batch["cu_seqlens"]
 
     def attend(layer: int, q: jax.Array, k: jax.Array, v: jax.Array, sinks: jax.Array | None,
                state: Any) -> tuple[jax.Array, Any]:
-        return backend.packed_attention(q, k, v, positions, cu, cfg.window(layer), sinks), state
+        return backend.packed_attention(q, k, v, segments, cu, cfg.window(layer), sinks), state
 
     h, _, aux = decoder(cfg, backend, params, batch["tokens"], positions, attend)
     ce = backend.loss(h.reshape(-1, h.shape[-1]), lm_head(cfg, params), batch["labels"].reshape(-1))

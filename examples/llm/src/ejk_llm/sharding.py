@@ -1,10 +1,11 @@
 """Meshes from ``--mesh``, parameter shardings (FSDP, experts) and the helpers the model uses under a mesh.
 
 Everything runs with *explicit* mesh axes (``jax.set_mesh`` with ``AxisType.Explicit``): arrays carry
-their shardings in their types, so ejk's ops see them and run per shard. The batch is split over every
-mesh axis; weights are split over ``fsdp`` (their largest divisible dim) and gathered where a layer
-uses them (the gather's transpose is the gradients' reduce-scatter); expert weights are split over
-``expert`` by expert and stay split: ``ejk.grouped_matmul`` runs each device's experts.
+their shardings in their types, so ejk's ops see them and run per shard. The batch's rows are split over
+every mesh axis but ``seq``, which splits each row's tokens (attention then runs as a ring); weights are
+split over ``fsdp`` (their largest divisible dim) and gathered where a layer uses them (the gather's
+transpose is the gradients' reduce-scatter); expert weights are split over ``expert`` by expert and stay
+split: ``ejk.grouped_matmul`` runs each device's experts.
 """
 
 from __future__ import annotations
@@ -16,11 +17,11 @@ import jax
 import numpy as np
 from jax.sharding import AxisType, NamedSharding, PartitionSpec
 
-__all__ = ["AXES", "batch_axes", "batch_sharding", "expert_axis", "gather", "make_mesh", "param_shardings",
-           "parse_mesh", "per_batch_shard", "take_rows"]
+__all__ = ["AXES", "batch_axes", "expert_axis", "field_sharding", "gather", "make_mesh", "param_shardings",
+           "parse_mesh", "per_device", "seq_axis", "take_rows", "token_spec"]
 
 #: The mesh axes ``--mesh`` may name.
-AXES = ("data", "fsdp", "expert")
+AXES = ("data", "fsdp", "expert", "seq")
 
 
 def parse_mesh(text: str | None) -> dict[str, int]:
@@ -61,8 +62,8 @@ def _mesh_sizes() -> dict[str, int]:
 
 
 def batch_axes() -> tuple[str, ...]:
-    """The current mesh's axes that split the batch (all of them), or ``()`` outside a mesh."""
-    return tuple(_mesh_sizes())
+    """The current mesh's axes that split the batch's rows (all but ``seq``), ``()`` outside a mesh."""
+    return tuple(a for a in _mesh_sizes() if a != "seq")
 
 
 def expert_axis() -> str | None:
@@ -70,9 +71,28 @@ def expert_axis() -> str | None:
     return "expert" if "expert" in _mesh_sizes() else None
 
 
-def batch_sharding(mesh: jax.sharding.Mesh | None) -> Any:
-    """The sharding of ``[B, ...]`` batch arrays: rows over every mesh axis."""
-    return None if mesh is None else NamedSharding(mesh, PartitionSpec(mesh.axis_names))
+def seq_axis() -> str | None:
+    """``"seq"`` when the current mesh splits each row's tokens."""
+    return "seq" if "seq" in _mesh_sizes() else None
+
+
+def _spec(kind: str, names: tuple[str, ...]) -> PartitionSpec:
+    rows = tuple(a for a in names if a != "seq") or None
+    if kind == "t":  # [B, T, ...]: rows and tokens
+        return PartitionSpec(rows, "seq" if "seq" in names else None)
+    if kind == "b":  # [B, ...]: rows only
+        return PartitionSpec(rows)
+    return PartitionSpec()
+
+
+def token_spec() -> PartitionSpec:
+    """The current mesh's spec of ``[B, T, ...]`` arrays."""
+    return _spec("t", tuple(_mesh_sizes()))
+
+
+def field_sharding(mesh: jax.sharding.Mesh | None, per_token: bool) -> Any:
+    """The sharding of a batch field: ``[B, T]`` per-token arrays (``per_token``) or ``[B, ...]`` per-row ones."""
+    return None if mesh is None else NamedSharding(mesh, _spec("t" if per_token else "b", tuple(mesh.axis_names)))
 
 
 def _param_spec(path: str, shape: tuple[int, ...], sizes: dict[str, int]) -> PartitionSpec:
@@ -122,11 +142,12 @@ def take_rows(table: jax.Array, ids: jax.Array) -> jax.Array:
     return table.at[ids].get(out_sharding=spec)  # explicit axes: the gather's output sharding is not inferred
 
 
-def per_batch_shard(fn: Callable[..., Any], n_batched: int, n_replicated: int) -> Callable[..., Any]:
-    """``fn`` run on each device's rows: its first ``n_batched`` arguments (and its output) are split by
-    rows over the batch axes, the next ``n_replicated`` are whole. Outside a mesh ``fn`` itself."""
-    axes = batch_axes()
-    if not axes:
+def per_device(fn: Callable[..., Any], kinds: str) -> Callable[..., Any]:
+    """``fn`` run by each device on its part of the batch, inside ``jax.shard_map``: argument ``i`` is split
+    as ``kinds[i]`` says — ``t`` ``[B, T, ...]`` by rows and tokens, ``b`` ``[B, ...]`` by rows, ``r`` whole
+    (replicated) — and the outputs as ``t``. Outside a mesh ``fn`` itself."""
+    names = tuple(_mesh_sizes())
+    if not names:
         return fn
-    specs = (PartitionSpec(axes),) * n_batched + (PartitionSpec(),) * n_replicated
-    return jax.shard_map(fn, in_specs=specs, out_specs=PartitionSpec(axes))
+    specs = tuple(_spec(kind, names) for kind in kinds)
+    return jax.shard_map(fn, in_specs=specs, out_specs=_spec("t", names))

@@ -39,8 +39,9 @@ def optimizer(run: RunConfig, steps: int) -> optax.GradientTransformation:
 
 def device_batch(batch: Batch, mesh: jax.sharding.Mesh | None = None) -> dict[str, jax.Array]:
     """A host batch on the devices, its rows split over the mesh's axes."""
-    target = sharding.batch_sharding(mesh)
-    return {f.name: jax.device_put(np.asarray(getattr(batch, f.name)), target) for f in dataclasses.fields(batch)}
+    return {f.name: jax.device_put(np.asarray(getattr(batch, f.name)),
+                                   sharding.field_sharding(mesh, per_token=f.name != "cu_seqlens"))
+            for f in dataclasses.fields(batch)}
 
 
 @dataclasses.dataclass
@@ -55,10 +56,14 @@ class Trainer:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        devices = 1 if self.mesh is None else self.mesh.size
-        if self.run.batch % devices:
-            raise ValueError(f"--batch ({self.run.batch} rows) must be a multiple of the mesh's {devices} devices: "
-                             f"every device trains on whole rows (e.g. --batch {devices * self.run.batch})")
+        sizes = {} if self.mesh is None else dict(self.mesh.shape)
+        row_split = int(np.prod([n for a, n in sizes.items() if a != "seq"]))
+        if self.run.batch % row_split:
+            raise ValueError(f"--batch ({self.run.batch} rows) must be a multiple of the {row_split} devices the mesh "
+                             f"splits rows over (e.g. --batch {row_split * self.run.batch})")
+        if self.run.seq_len % sizes.get("seq", 1):
+            raise ValueError(f"seq_len ({self.run.seq_len}) must be a multiple of the mesh's seq axis "
+                             f"({sizes['seq']})")
         self.opt = optimizer(self.run, self.steps)
         with self._mesh():
             shapes = jax.eval_shape(functools.partial(init_params, self.model), jax.random.key(self.seed))
@@ -101,7 +106,8 @@ class Trainer:
 def add_common_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--preset", default="tiny", choices=sorted(PRESETS))
     parser.add_argument("--backend", default="ejk", choices=BACKENDS)
-    parser.add_argument("--mesh", default="", help="mesh axes, e.g. data=4 or fsdp=2,expert=2 (default: one device)")
+    parser.add_argument("--mesh", default="",
+                        help="mesh axes, e.g. data=4, fsdp=2,expert=2 or fsdp=2,seq=2 (default: one device)")
     parser.add_argument("--dtype", default=None, help="compute dtype override (float32, bfloat16)")
     parser.add_argument("--seed", type=int, default=0)
 

@@ -43,7 +43,7 @@ def masked_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, 
         zeros = jnp.zeros((q.shape[2], k.shape[1] - 1), jnp.float32)
         bias = jnp.concatenate([zeros, sinks.astype(jnp.float32)[:, None]], axis=-1)[None, :, None]
         bias = jnp.broadcast_to(bias, (b, q.shape[2], 1, k.shape[1])).astype(q.dtype)
-    out: jax.Array = jax.nn.dot_product_attention(q, k, v, bias=bias, mask=mask)  # JAX picks cuDNN or XLA
+    out: jax.Array = jax.nn.dot_product_attention(q, k, v, bias=bias, mask=mask)  # JAX's default: XLA
     return out
 
 

@@ -17,7 +17,7 @@ import nox
 nox.options.default_venv_backend = "uv|virtualenv"
 nox.options.reuse_existing_virtualenvs = False
 nox.options.sessions = ["lint", "typecheck", "tests_core", "tests_plugin", "integration", "example_plugin", "build",
-                        "docs"]
+                        "docs", "llm_example"]
 
 PYTHON = "3.11"
 ROOT = pathlib.Path(__file__).parent
@@ -120,6 +120,18 @@ def example_plugin(session: nox.Session) -> None:
     with session.chdir(root):  # its own ruff settings; .nox is git-ignored here, not there
         session.run("ruff", "check", "--no-cache", "--no-respect-gitignore", ".")
     _pytest(session, str(root / "tests"))
+
+
+@nox.session(python=PYTHON)
+def llm_example(session: nox.Session) -> None:
+    """examples/llm (a decoder trained and served on ejk, with a plain-JAX switch) installed next to ejk-core
+    and ejk-xla: its tiny presets through both scripts, then its tests (backends agree, paged generation
+    equals a dense-cache decode, steps on 4 and 8 CPU devices equal those on 1)."""
+    session.install(*TEST_DEPS, "./core", "./plugins/ejk_xla", "./examples/llm")
+    env = {"JAX_PLATFORMS": "cpu", "XLA_FLAGS": "--xla_backend_optimization_level=0"}  # smoke runs: compile fast
+    session.run("python", "examples/llm/train.py", "--preset", "tiny", "--steps", "20", "--log-every", "5", env=env)
+    session.run("python", "examples/llm/generate.py", "--preset", "tiny", "--tokens", "32", env=env)
+    _pytest(session, "examples/llm/tests")
 
 
 @nox.session(python=PYTHON)

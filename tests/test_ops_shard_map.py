@@ -38,6 +38,14 @@ CODE = textwrap.dedent(
     want = jax.grad(lambda q: reference_flash_attention(q, k, v, causal=True).sum())(q)
     assert_close(grad, want, jnp.float32, what="dq")
 
+    # Replicated sinks: their cotangent is summed over the batch axis the activations vary along.
+    sinks = jnp.array([0.5, -1.0, 2.0, 0.0])
+    with_sinks = jax.jit(shard_map(lambda q, k, v, s: ejk.flash_attention(q, k, v, causal=True, sinks=s), mesh=mesh,
+                                   in_specs=(spec, spec, spec, P()), out_specs=spec))
+    got = jax.jit(jax.grad(lambda s: (with_sinks(q, k, v, s) ** 2).sum()))(sinks)
+    want = jax.grad(lambda s: (reference_flash_attention(q, k, v, causal=True, sinks=s) ** 2).sum())(sinks)
+    assert_close(got, want, jnp.float32, what="dsinks")
+
     a = jax.random.normal(keys[0], (4, 8, 16))
     b = jax.random.normal(keys[1], (16, 8))
     mm = jax.jit(shard_map(lambda a: ejk.matmul(a, b), mesh=mesh, in_specs=(P("batch"),), out_specs=P("batch")))

@@ -80,6 +80,32 @@ CODE = textwrap.dedent(
         got = jax.jit(jax.grad(f(ejk.rms_norm), argnums=(0, 1)))(put(a, "data", "model"), s)
         for g, r in zip(got, jax.grad(f(reference_rms_norm), argnums=(0, 1))(a, s)):
             close(g, r, 1e-4)
+        # With a residual: split like x, and so is the sum returned with the output.
+        b = jnp.asarray(rng.standard_normal((4, 6, 16)), jnp.float32)
+        y, h = jax.jit(lambda a, s, b: ejk.rms_norm(a, s, residual=b))(put(a, "data", "model"), s,
+                                                                        put(b, "data", "model"))
+        assert y.sharding.spec == h.sharding.spec == P("data", "model", None), (y.sharding, h.sharding)
+        for got, want in zip((y, h), reference_rms_norm(a, s, b)):
+            close(got, want)
+        g2 = lambda norm: lambda a, s, b: sum((o * jnp.cos(a)).sum() for o in norm(a, s, b))
+        got = jax.jit(jax.grad(g2(lambda a, s, b: ejk.rms_norm(a, s, residual=b)), argnums=(0, 1, 2)))(
+            put(a, "data", "model"), s, put(b, "data", "model"))
+        for g, r in zip(got, jax.grad(g2(reference_rms_norm), argnums=(0, 1, 2))(a, s, b)):
+            close(g, r, 1e-4)
+        # Inside the user's shard_map, x split and the residual replicated: the residual's gradient (the
+        # same array as x's) is summed over the shards, as JAX's own broadcasting add would be.
+        def body(norm):
+            def local(a, s, b):
+                y, h = norm(a, s, b)
+                return jax.lax.psum((y * jnp.cos(h)).sum() + (h * h).sum(), ("data", "model"))
+            return jax.shard_map(local, in_specs=(P(("data", "model")), P(), P()), out_specs=P())
+        c = jnp.asarray(rng.standard_normal((6, 16)), jnp.float32)
+        a4 = jnp.asarray(rng.standard_normal((24, 16)), jnp.float32)
+        ours = lambda a, s, b: ejk.rms_norm(a, s, residual=b)
+        got = jax.jit(jax.grad(body(ours), argnums=(0, 1, 2)))(put(a4, ("data", "model")), s, c)
+        want = jax.jit(jax.grad(body(reference_rms_norm), argnums=(0, 1, 2)))(put(a4, ("data", "model")), s, c)
+        for g, r in zip(got, want):
+            close(g, r, 1e-4)
     print("ok")
     """
 )

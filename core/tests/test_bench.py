@@ -7,6 +7,7 @@ its gate becomes a line (not a crash), and the command writes its JSON, markdown
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -266,6 +267,21 @@ def test_work_counts() -> None:
     assert moe.work("fwd+bwd") == (3 * 2 * 100 * 8 * 16, "TFLOP/s")
 
 
+def test_rmsnorm_residual_case_passes_residual_and_counts_its_bytes() -> None:
+    case = bench.parse_case("rmsnorm:64x32:residual")
+    assert case == bench.parse_case("rms_norm:64x32:residual") and case.label == "64x32 residual"  # type: ignore[attr-defined]
+    assert any(c.residual for c in bench.PRESETS["rmsnorm"])  # type: ignore[attr-defined]
+    with pytest.raises(ValueError, match="allowed: residual"):
+        bench.parse_case("rmsnorm:64x32:fused")
+    plain = bench.workload_for(bench.parse_case("rmsnorm:64x32"), "bfloat16")
+    fused = bench.workload_for(case, "bfloat16")
+    assert plain.work("fwd+bwd") == (64 * 32 * 2 * 5.0, "GB/s") and fused.work("fwd+bwd")[0] == 64 * 32 * 2 * 8.0
+    assert fused.work("fwd")[0] == 64 * 32 * 2 * 4.0 and (plain.diff, fused.diff) == ((0, 1), (0, 1, 2))
+    positional, keywords = fused.split_inputs(fused.inputs())
+    assert len(positional) == 2 and keywords["residual"].shape == (64, 32)
+    assert [c.shape for c in fused.cotangent()] == [(64, 32), (64, 32)]  # one per output
+
+
 def test_peaks_by_device_kind() -> None:
     h100 = bench.peak_for("NVIDIA H100 80GB HBM3")
     assert h100 is not None and h100.compute("bfloat16") == pytest.approx(989.4)
@@ -468,6 +484,10 @@ def test_cli_overhead_study(fakes: None, tmp_path: Path, capsys: pytest.CaptureF
     assert "## ejk startup" in markdown and "| import ejk + plugins |" in markdown and "over import jax" in markdown
     assert (out / "profile_matmul_0.txt").read_text().startswith("# matmul 16x16x16: 10 eager calls")
     assert json.loads((out / "bench.json").read_text())["options"]["study"] == "overhead"
+    eager = (out / "eager_overhead.md").read_text()  # eager µs, jit µs and their difference, per line
+    assert "| eager µs | jit µs | eager − jit µs | best eager − best jit µs |" in eager
+    number, signed = r"[0-9.]+ \|", r"[+-][0-9.]+ \|"
+    assert re.search(rf"\| matmul \| 16x16x16 \| ejk fakeplat/any:fast \| {number} {number} {signed} {signed}", eager)
 
 
 def test_cli_sweep_and_study_arguments(fakes: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -296,6 +296,10 @@ def test_the_reference_matches_a_float64_formula_values_and_sinks_gradient() -> 
         lse2 = jnp.where(jnp.isneginf(lse), jnp.inf, lse / math.log(2.0))
         closed = sinks_cotangent(args[3], out, lse2, d_out)
         np.testing.assert_allclose(np.asarray(d_sinks), np.asarray(closed), rtol=1e-10, atol=1e-12)
+        # a backward kernel's own delta (rowsum(dO ∘ O), [B, Hq, Sq]) gives the same, out and dO unread
+        delta = jnp.swapaxes(jnp.sum(d_out * out, axis=-1), 1, 2)
+        from_delta = sinks_cotangent(args[3], None, lse2, None, delta=delta)
+        np.testing.assert_allclose(np.asarray(from_delta), np.asarray(closed), rtol=1e-12, atol=1e-14)
         step = 1e-6  # and a finite difference
         for h in range(3):
             bump = np.eye(3)[h] * step

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from ejk.ops import sanitize_offsets, varlen_row_ranges
+from ejk.ops._flash_attention_varlen import _ranges
 from ejk.ops._flash_attention_varlen._bench import BENCH, RAGGED_32K, VarlenCase, VarlenWorkload
 from ejk.ops._flash_attention_varlen._op import flash_attention_varlen_call
 from ejk.ops._flash_attention_varlen._reference import (
@@ -89,8 +90,11 @@ def test_traced_offsets_are_not_value_checked() -> None:
     ([0], [0], 3, 2),  # no sequence: every row is padding
     ([2, 6, 4, 40], [0, 1, 9, 3], 10, 7),  # wrong at run time: start above 0, decreasing, past the end
 ])
+@pytest.mark.parametrize("small", [True, False], ids=["compare", "search"])
 def test_row_intervals_match_the_mask(cu_q: list[int], cu_k: list[int], tq: int, tk: int,
-                                      options: dict[str, Any]) -> None:
+                                      options: dict[str, Any], small: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Few offsets take pairwise compares, many a running max and a binary search: both, forced here.
+    monkeypatch.setattr(_ranges, "_SMALL", _ranges._SMALL if small else 0)
     cu_q_a, cu_k_a = jnp.asarray(cu_q, jnp.int32), jnp.asarray(cu_k, jnp.int32)
     lo, hi = (np.asarray(x) for x in varlen_row_ranges(cu_q_a, cu_k_a, tq, tk, causal=options.get("causal", False),
                                                         sliding_window=options.get("sliding_window")))
@@ -101,7 +105,9 @@ def test_row_intervals_match_the_mask(cu_q: list[int], cu_k: list[int], tq: int,
     assert np.all(np.diff(lo) >= 0) and np.all(np.diff(hi) >= 0) and np.all(lo <= hi)
 
 
-def test_sanitize_offsets() -> None:
+@pytest.mark.parametrize("small", [True, False], ids=["compare", "cummax"])
+def test_sanitize_offsets(small: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_ranges, "_SMALL", _ranges._SMALL if small else 0)
     got = sanitize_offsets(jnp.asarray([0, 5, 3, 12, -1], jnp.int32), 10)
     np.testing.assert_array_equal(np.asarray(got), [0, 5, 5, 10, 10])
 

@@ -4,6 +4,8 @@ reported against their plugin and ignored."""
 
 from __future__ import annotations
 
+import fnmatch
+import inspect
 import json
 from pathlib import Path
 from typing import Any
@@ -209,13 +211,45 @@ def test_conditions_parse_and_match_the_call_view() -> None:
         Condition.parse("causal.dtype", "bool").holds(call)
 
 
+def test_a_ratio_of_two_sizes_names_queries_per_sequence() -> None:
+    decode = {"q": jax.ShapeDtypeStruct((8, 32, 128), jnp.bfloat16), "kv_lens": jax.ShapeDtypeStruct((8,), jnp.int32)}
+    prefill = {**decode, "q": jax.ShapeDtypeStruct((8 * 256, 32, 128), jnp.bfloat16)}
+    empty = {**decode, "kv_lens": jax.ShapeDtypeStruct((0,), jnp.int32)}
+    per_sequence = Condition.parse("q.shape[0]/kv_lens.shape[0]", {"min": 2})
+    assert per_sequence.holds(prefill) and not per_sequence.holds(decode)
+    assert per_sequence.value(prefill) == (True, 256.0)
+    assert not per_sequence.holds(empty)  # a ratio over 0 is unknown: not in the class
+    assert str(per_sequence) == "q.shape[0]/kv_lens.shape[0] in [2, ]"
+    for key, value in (("q.shape[0]/kv_lens.shape[0]", 2), ("q.shape[0]/kv_lens.dtype", {"min": 1}),
+                       ("q.shape[0]/kv_lens.shape[0]/q.shape[1]", {"min": 1}), ("q.shape[0]/", {"min": 1})):
+        with pytest.raises(RankingError):
+            Condition.parse(key, value)
+    with pytest.raises(RankingError, match="no argument 'lens'"):
+        Condition.parse("q.shape[0]/lens.shape[0]", {"min": 1}).holds(decode)
+
+
 def test_the_shipped_packs_are_valid_and_cover_the_h100() -> None:
     (h100,) = [load_pack(str(p)) for p in sorted(CORE_PACKS_DIR.glob("*.json"))]
     assert h100.problems == () and h100.entries == {}
     assert set(h100.rankings) == {"flash_attention", "flash_attention_lse", "matmul", "grouped_matmul",
-                                  "ragged_paged_attention", "linear_cross_entropy"}
-    for rankings in h100.rankings.values():
+                                  "ragged_paged_attention", "linear_cross_entropy", "rms_norm"}
+    for op, rankings in h100.rankings.items():
+        arguments = set(inspect.signature(getattr(ejk, op)).parameters)
         for ranking in rankings:
-            assert ranking.source and ranking.applies("gpu|NVIDIA_H100_80GB_HBM3|cc=9.0", {
-                name: jax.ShapeDtypeStruct((1, 1, 1, 64), jnp.bfloat16) for name in ("q", "a", "lhs", "x")})
+            assert ranking.source and fnmatch.fnmatchcase("gpu|NVIDIA_H100_80GB_HBM3|cc=9.0", ranking.device)
             assert not ranking.applies("gpu|NVIDIA_A100-SXM4-80GB|cc=8.0", {})
+            named = {c.argument for c in ranking.when} | {c.divisor.argument for c in ranking.when if c.divisor}
+            assert named <= arguments, (op, named - arguments)
+
+
+def test_the_h100_pack_sends_chunked_prefill_and_decode_to_different_kernels() -> None:
+    (h100,) = [load_pack(str(p)) for p in sorted(CORE_PACKS_DIR.glob("*.json"))]
+    device = "gpu|NVIDIA_H100_80GB_HBM3|cc=9.0"
+
+    def first(q_rows: int) -> str:
+        call = {"q": jax.ShapeDtypeStruct((q_rows, 32, 128), jnp.bfloat16),
+                "kv_lens": jax.ShapeDtypeStruct((4,), jnp.int32)}
+        return next(r for r in h100.rankings["ragged_paged_attention"] if r.applies(device, call)).order[0]
+
+    assert first(4) == "pallas/gpu:triton_lowered"  # decode: one query per sequence
+    assert first(4 * 256) == "triton/gpu:paged"  # chunked prefill

@@ -29,7 +29,7 @@ linear_cross_entropy (lce), rms_norm (rmsnorm); default: all of them, each with 
   moe:GxKxNxM[:skewed]                matmul:MxKxN
   gdr:BxT[:h=32,k=128,v=128,seqs=0]   gla:TOKENSxSEQxHxK[:packed,v=V]
   ssd:TOKENSxSEQxHxP[:packed,n=N,g=G]
-  lce:TxHxV                           rmsnorm:RxD
+  lce:TxHxV                           rmsnorm:RxD[:residual]
 
 Other lines: --all-configs times every config of each implementation's config space; --backward
 LABEL pairs each forward with another implementation's backward (fwd+bwd). Other studies of the
@@ -154,10 +154,16 @@ def _measure(args: argparse.Namespace, cases: list[Any], options: Any, peak: Any
         return run_tuning(cases, options, _workers(args.workers), on_measurement=on_measurement, on_group=on_group)
     if not args.overhead:
         return run_bench(cases, options, peak=peak, on_measurement=on_measurement, on_group=on_group)
-    from ejk.bench._overhead import profile_eager, run_overhead, startup
+    from ejk.bench._overhead import eager_overhead, profile_eager, run_overhead, startup
 
     found = run_overhead(cases, options, on_measurement=on_measurement, on_group=on_group)
     out = Path(args.out)
+    table = eager_overhead(found)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "eager_overhead.md").write_text(table, encoding="utf-8")
+    console.print(f"eager calls against the same call under jax.jit (µs; also in "
+                  f"{escape(str(out / 'eager_overhead.md'))}):")
+    console.print(table, markup=False, highlight=False)
     for i, case in enumerate(cases if args.profile else ()):
         path = out / f"profile_{case.op}_{i}.txt"
         path.write_text(profile_eager(case, options, calls=args.profile), encoding="utf-8")

@@ -132,9 +132,9 @@ needs_cores = pytest.mark.skipif(_FEW_CORES and os.environ.get(_CHILD) != "1",
                                  reason="fewer than 4 cores: run by test_mosaic_interpreted_in_a_child_process")
 #: The tests the child processes run, and how many they are.
 _CHILD_TESTS = ("test_matches_reference", "test_overlap_matches_reference", "test_no_races_and_lse_residual",
-                "test_persistent_matches_reference", "test_persistent_has_no_races",
+                "test_persistent_matches_reference", "test_persistent_has_no_races", "test_sinks_join_the_epilogue",
                 "test_mosaic_backward_matches_reference", "test_mosaic_backward_no_races")
-_CHILD_COUNT = 16
+_CHILD_COUNT = 17
 #: Child processes (each runs its share of the tests one after another): pytest-xdist runs them side by side.
 _CHILD_SHARDS = 2
 #: The most seconds one test may take in a child before it counts as stalled (and a child to start its first test).
@@ -219,6 +219,25 @@ PERSISTENT_CASES = [
 def test_persistent_matches_reference(case: Case) -> None:
     """Forward values, as ``test_overlap_matches_reference`` (the residuals are the same kernel's)."""
     check_case(case, grads=ON_GPU)
+
+
+@needs_kernels
+@needs_cores
+def test_sinks_join_the_epilogue() -> None:
+    """Sinks ``[Hq]`` in the forward's epilogue, one a ``-inf`` (no sink): 3 heads on 2 persistent CTAs
+    (interpret mode), so one CTA reloads the sink row for its second item's head; causal Sq > Sk with
+    rows that see no key (zeros, ``lse = +inf``), against the XLA implementation's output and lse."""
+    rng = np.random.default_rng(3)
+    q, k, v = (jnp.asarray(rng.standard_normal(shape), jnp.bfloat16)
+               for shape in ((1, 128, 3, 64), (1, 100, 1, 64), (1, 100, 1, 64)))
+    sinks = jnp.asarray([1.5, -jnp.inf, -0.5], jnp.float32)
+    cfg = choice(MosaicFlashAttentionConfig(block_q=128, block_kv=64, persistent=True))
+    out, lse = ejk.flash_attention_lse(q, k, v, causal=True, sinks=sinks, platform="pallas", cfg=cfg)
+    want_out, want_lse = ejk.flash_attention_lse(q, k, v, causal=True, sinks=sinks, platform="xla")
+    assert_close(out, want_out, "bfloat16", what="out")
+    assert (np.isinf(np.asarray(lse)) == np.isinf(np.asarray(want_lse))).all() and np.isinf(np.asarray(lse)).any()
+    seen = np.isfinite(np.asarray(want_lse))
+    np.testing.assert_allclose(np.asarray(lse)[seen], np.asarray(want_lse)[seen], rtol=1e-5, atol=1e-5)
 
 
 @needs_kernels

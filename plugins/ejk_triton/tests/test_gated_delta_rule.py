@@ -167,3 +167,12 @@ def test_the_gate_names_what_it_cannot_run() -> None:
 def test_on_the_gpu_against_float64(case: GdrCase, dtype: Any) -> None:
     """Qwen3-Next-sized heads, the heuristic's config, compiled: values, states and every gradient."""
     check_case(case, dtype, None, kind="gpu")
+
+
+def test_long_sequences_are_accepted() -> None:
+    """The kernels index with int64: 32k (and 1M) tokens of 32 heads of 128 x 128 states pass the gate."""
+    for tokens in (32768, 1 << 20):
+        qk = jax.ShapeDtypeStruct((1, tokens, 32, 128), jnp.bfloat16)
+        gate = jax.ShapeDtypeStruct((1, tokens, 32), jnp.float32)
+        reason = capability(qk, qk, qk, gate, gate)
+        assert reason is None or "GPU" in reason, reason

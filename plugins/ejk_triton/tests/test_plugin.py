@@ -30,11 +30,12 @@ def test_registrations_follow_the_interpret_mode() -> None:
     expected = {"gpu", "cpu"} if os.environ.get("EJK_TRITON_INTERPRET") == "1" else {"gpu"}
     ops = (("flash_attention", "FlashAttentionConfig"), ("flash_attention_lse", "FlashAttentionConfig"),
            ("ragged_paged_attention", "PagedAttentionConfig"), ("mla_paged_attention", "MlaAttentionConfig"),
-           ("linear_cross_entropy", "LinearCrossEntropyConfig"), ("flash_attention_varlen", "VarlenAttentionConfig"))
+           ("linear_cross_entropy", "LinearCrossEntropyConfig"), ("flash_attention_varlen", "VarlenAttentionConfig"),
+           ("rms_norm", "RmsNormConfig"))
     for op, cfg_name in ops:
         implementations = type(ejk.ops.get_op(op).kernel)(registry).implementations()  # flash_attention_lse: derived
         assert {str(spec.backend) for spec in implementations} == expected
-        (spec, *_) = implementations
+        (spec, *_) = [s for s in implementations if s.name != "segments"]  # segments: segment-id calls only
         assert spec.priority > 0 and spec.cfg_type is not None and spec.cfg_type.__name__ == cfg_name
     (paged, *_) = registry.list_implementations("ragged_paged_attention")
     assert paged.vjp is None and paged.capability is not None  # not differentiable, like ejk-xla's

@@ -16,7 +16,7 @@ pytestmark = pytest.mark.filterwarnings("error")
 
 
 def test_conformance() -> None:
-    assert check_rms_norm("xla") == 12
+    assert check_rms_norm("xla") == 18  # 6 shapes and 3 with a residual, float32 and bfloat16
 
 
 def test_matches_a_float64_oracle_values_and_gradients() -> None:
@@ -35,6 +35,20 @@ def test_matches_a_float64_oracle_values_and_gradients() -> None:
         np.testing.assert_allclose(np.asarray(got, np.float64), want, rtol=2e-5, atol=2e-5)
 
 
+def test_residual_form_matches_a_float64_oracle_values_and_gradients() -> None:
+    rng = np.random.default_rng(1)
+    x, r, ct, dh = (rng.standard_normal((4, 40)).astype(np.float32) for _ in range(4))
+    scale = (1 + 0.1 * rng.standard_normal(40)).astype(np.float32)
+    (y, h), pullback = jax.vjp(lambda x, s, r: ejk.rms_norm(x, s, residual=r, platform="xla"), x, scale, r)
+    dx, ds, dr = pullback((jnp.asarray(ct), jnp.asarray(dh)))
+    h64, s64, g64 = x.astype(np.float64) + r, scale.astype(np.float64), ct.astype(np.float64)
+    inv = 1 / np.sqrt((h64**2).mean(-1, keepdims=True) + 1e-6)
+    normed = h64 * inv
+    want_dx = inv * (g64 * s64 - normed * (g64 * s64 * normed).mean(-1, keepdims=True)) + dh
+    for got, want in ((y, normed * s64), (h, h64), (dx, want_dx), (dr, want_dx), (ds, (g64 * normed).sum(0))):
+        np.testing.assert_allclose(np.asarray(got, np.float64), want, rtol=2e-5, atol=2e-5)
+
+
 def test_bfloat16_output_keeps_the_dtype_and_statistics_are_float32() -> None:
     x = jnp.full((2, 8), 300.0, jnp.bfloat16)  # x² overflows nothing in float32 statistics
     y = ejk.rms_norm(x, jnp.ones(8, jnp.float32), platform="xla")
@@ -49,6 +63,10 @@ def test_bfloat16_output_keeps_the_dtype_and_statistics_are_float32() -> None:
     (lambda: ejk.rms_norm(jnp.ones((2, 8)), jnp.ones(4)), r"scale has shape \(4,\) but needs \[D=8\]"),
     (lambda: ejk.rms_norm(jnp.ones((2, 8)), jnp.ones(8), eps=0.0), r"eps is 0.0 but needs a finite number > 0"),
     (lambda: ejk.rms_norm(jnp.ones((2, 8), jnp.int32), jnp.ones(8)), r"x has dtype int32 but needs a floating"),
+    (lambda: ejk.rms_norm(jnp.ones((2, 8)), jnp.ones(8), residual=jnp.ones((1, 8))),
+     r"residual has shape \(1, 8\) but needs x's shape \(2, 8\)"),
+    (lambda: ejk.rms_norm(jnp.ones((2, 8)), jnp.ones(8), residual=jnp.ones((2, 8), jnp.bfloat16)),
+     r"residual has dtype bfloat16 but needs x's dtype float32 .*; cast one of them"),
 ])
 def test_bad_arguments_are_named(call: Any, match: str) -> None:
     with pytest.raises(ValueError, match=match):

@@ -181,7 +181,7 @@ def _varlen_segments(workload: Workload, inputs: tuple[Any, ...]) -> Prepared:
     return Prepared(fn=fn, args=(q, k, v), diff=(0, 1, 2))
 
 
-def _varlen_batched(workload: Workload, inputs: tuple[Any, ...]) -> Prepared:
+def _varlen_batched(workload: Workload, inputs: tuple[Any, ...], platform: str = "auto") -> Prepared:
     """``ejk.flash_attention`` on ``[N, L]``: dense batched attention of exactly the same work (equal lengths)."""
     from ejk.ops import flash_attention
 
@@ -192,9 +192,17 @@ def _varlen_batched(workload: Workload, inputs: tuple[Any, ...]) -> Prepared:
 
     def fn(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
         batched = (x.reshape(n, length, *x.shape[1:]) for x in (q, k, v))
-        return flash_attention(*batched, causal=causal).reshape(q.shape[0], q.shape[1], v.shape[2])
+        out = flash_attention(*batched, causal=causal, platform=platform)
+        return out.reshape(q.shape[0], q.shape[1], v.shape[2])
 
     return Prepared(fn=fn, args=(q, k, v), diff=(0, 1, 2))
+
+
+def _dense_triton_unsupported(workload: Workload) -> str | None:
+    from ejk.registry import kernel_registry
+
+    available, reason = kernel_registry.platform_available("triton")
+    return _equal_lengths_unsupported(workload) or (None if available else f"platform triton: {reason}")
 
 
 def _equal_lengths_unsupported(workload: Workload) -> str | None:
@@ -366,12 +374,17 @@ def _optax_unsupported(workload: Workload) -> str | None:
 
 
 def _rms_norm_expression(workload: Workload, inputs: tuple[Any, ...]) -> Prepared:
-    def fn(x: jax.Array, scale: jax.Array) -> jax.Array:
+    def norm(x: jax.Array, scale: jax.Array) -> jax.Array:
         x32 = x.astype(jnp.float32)
         normed = x32 * jax.lax.rsqrt(jnp.mean(jnp.square(x32), axis=-1, keepdims=True) + 1e-6)
         return (normed * scale.astype(jnp.float32)).astype(x.dtype)
 
-    return Prepared(fn=fn, args=inputs, diff=(0, 1))
+    def with_residual(x: jax.Array, scale: jax.Array, residual: jax.Array) -> tuple[jax.Array, jax.Array]:
+        h = x + residual
+        return norm(h, scale), h
+
+    fn = with_residual if len(inputs) == 3 else norm
+    return Prepared(fn=fn, args=inputs, diff=tuple(range(len(inputs))))
 
 
 for _baseline in (
@@ -389,6 +402,11 @@ for _baseline in (
              unsupported=_equal_lengths_unsupported,
              note="ejk.flash_attention on the dense [N, L] batch of the same sequences (equal lengths only): "
                   "the same work, the issue's 5% target"),
+    Baseline(name="ejk flash_attention [N, L] triton", op="flash_attention_varlen",
+             build=lambda workload, inputs: _varlen_batched(workload, inputs, "triton"),
+             unsupported=_dense_triton_unsupported,
+             note="ejk.flash_attention(platform='triton') on the same dense [N, L] batch: ejk-triton's flash kernel, "
+                  "the model of its varlen kernels"),
     *(Baseline(name=name, op="flash_attention", build=_torch_line(backend), unsupported=torch_sdpa_unsupported(backend),
                note=f"torch.nn.functional.scaled_dot_product_attention, SDPBackend.{backend}, [B, H, S, D]")
       for name, backend in BACKENDS.items()),
@@ -411,6 +429,7 @@ for _baseline in (
     Baseline(name="x @ w + jnp log-softmax", op="linear_cross_entropy", build=_unfused_cross_entropy(False),
              note="logits = x @ w materialised, float32 logsumexp minus the label's logit (XLA fuses the loss)"),
     Baseline(name="XLA-fused expression", op="rms_norm", build=_rms_norm_expression,
-             note="x * rsqrt(mean(x²) + eps) * scale in float32 with jnp, differentiated by JAX"),
+             note="x * rsqrt(mean(x²) + eps) * scale in float32 with jnp (h = x + residual first, returned too), "
+                  "differentiated by JAX"),
 ):
     register_baseline(_baseline)

@@ -77,7 +77,7 @@ def parse_case(spec: str) -> Case:
     - ``moe:GxKxNxM[:skewed]`` (experts, k, n, tokens)
     - ``matmul:MxKxN``
     - ``lce:TxHxV`` (tokens, hidden, vocabulary)
-    - ``rmsnorm:RxD`` (rows, width)
+    - ``rmsnorm:RxD[:residual]`` (rows, width; ``residual=`` passed)
 
     Raises:
         ValueError: naming the spec and the expected form.

@@ -37,7 +37,7 @@ from ejk.bench._runner import Measurement, Options, _EjkLines, _failure, timed
 from ejk.bench._workloads import Workload, workload_for
 from ejk.config.tuning import measure
 
-__all__ = ["OVERHEAD_MODES", "profile_eager", "run_overhead", "startup"]
+__all__ = ["OVERHEAD_MODES", "eager_overhead", "profile_eager", "run_overhead", "startup"]
 
 OVERHEAD_MODES = ("jit", "eager")
 #: Python statements timed in fresh interpreters by :func:`startup`, the first one the baseline.
@@ -124,15 +124,20 @@ def _pair_group(pair: _Pair, workload: Workload, inputs: tuple[Any, ...], arrays
     if mode == "eager":
         jitted = jax.jit(pair.bare)
         bare = _time(bare, lambda: jitted(*arrays), options)
-        with _use(lines):
-            ours = _time(ours, lambda: pair.public(*inputs), options)
-            public_jitted = jax.jit(pair.public)  # the same public call under jax.jit (the issue's yardstick)
-            under_jit = _time(attrs.evolve(ours, status="skipped", name=f"jit({ejk_name})", kind="baseline"),
-                              lambda: public_jitted(*inputs), options)
-        if under_jit.status == "ok" and ours.status == "ok" and under_jit.median_s and ours.median_s:
-            ours = attrs.evolve(ours, note=f"{(ours.median_s - under_jit.median_s) * 1e6:+.1f} µs per call over "
-                                           f"jit({ejk_name}) ({under_jit.median_s * 1e6:.1f} µs)")
-        return bare, ours
+        public_jitted = jax.jit(pair.public)  # the same public call under jax.jit (the issue's yardstick)
+        try:
+            with _use(lines):
+                calls, eager_times, jit_times = _paired(lambda: pair.public(*inputs),
+                                                        lambda: public_jitted(*inputs), options)
+        except Exception as exc:
+            status, text = _failure("run", exc)
+            return bare, attrs.evolve(ours, status=status, error=text)
+        ours, under_jit = timed(ours, eager_times, calls), timed(ours, jit_times, calls)
+        assert ours.median_s is not None and under_jit.median_s is not None
+        over = (ours.median_s - under_jit.median_s) * 1e6
+        return bare, attrs.evolve(ours, jit_s=under_jit.median_s, jit_min_s=under_jit.min_s,
+                                  note=f"{over:+.1f} µs per call over jit({ejk_name}) "
+                                       f"({under_jit.median_s * 1e6:.1f} µs)")
     try:
         bare_exe, bare_s = _compiled(pair.bare, arrays)
     except Exception as exc:
@@ -147,6 +152,31 @@ def _pair_group(pair: _Pair, workload: Workload, inputs: tuple[Any, ...], arrays
         return bare, attrs.evolve(ours, status=status, error=text)
     same = "yes" if _opcodes(ours_exe) == _opcodes(bare_exe) else "no"
     return bare, _time(ours, lambda: ours_exe(*inputs), options, ours_s, note=f"same compiled ops as bare: {same}")
+
+
+def _paired(eager: Callable[[], Any], jitted: Callable[[], Any],
+            options: Options) -> tuple[int, list[float], list[float]]:
+    """``(calls per sample, eager seconds per call, jit seconds per call)``: samples of the two taken
+    alternately, in alternating order (a busy host slows both alike), each a loop of back-to-back calls
+    lasting about ``min_sample_seconds`` for the jitted one, by the host's clock (the time ejk adds
+    is host time)."""
+    policy = options.policy
+    for _ in range(max(1, policy.warmup)):
+        jax.block_until_ready(eager())
+        jax.block_until_ready(jitted())
+    start = time.perf_counter()
+    jax.block_until_ready(jitted())
+    calls = max(1, min(10_000, int(policy.min_sample_seconds / max(time.perf_counter() - start, 1e-7))))
+    found: tuple[list[float], list[float]] = ([], [])
+    for rep in range(max(3, policy.repeats)):
+        for i in ((0, 1) if rep % 2 == 0 else (1, 0)):
+            call = (eager, jitted)[i]
+            start = time.perf_counter()
+            for _ in range(calls):
+                out = call()
+            jax.block_until_ready(out)
+            found[i].append((time.perf_counter() - start) / calls)
+    return calls, found[0], found[1]
 
 
 def _use(lines: _EjkLines) -> Any:
@@ -202,6 +232,23 @@ def run_overhead(cases: Iterable[Case], options: Options | None = None, *,
             if on_group is not None:
                 on_group(group)
     return results
+
+
+def eager_overhead(found: Iterable[Measurement]) -> str:
+    """A Markdown table of every eager line of the study: the public op called eagerly, the same call under
+    ``jax.jit`` (medians of samples taken alternately), and the difference (issue 31's yardstick: at
+    most 15 µs), also between the best samples (the least disturbed by other work), in microseconds."""
+    rows = ["| op | shape | line | eager µs | jit µs | eager − jit µs | best eager − best jit µs |",
+            "| --- | --- | --- | ---: | ---: | ---: | ---: |"]
+    for m in found:
+        if m.mode != "eager" or m.kind == "baseline":
+            continue
+        if m.status != "ok" or not m.median_s or not m.jit_s or not m.min_s or not m.jit_min_s:
+            rows.append(f"| {m.op} | {m.case} | {m.name} | {m.status} | | | |")
+            continue
+        rows.append(f"| {m.op} | {m.case} | {m.name} | {m.median_s * 1e6:.1f} | {m.jit_s * 1e6:.1f} | "
+                    f"{(m.median_s - m.jit_s) * 1e6:+.1f} | {(m.min_s - m.jit_min_s) * 1e6:+.1f} |")
+    return "\n".join(rows) + "\n"
 
 
 def startup(runs: int = 5) -> list[Measurement]:

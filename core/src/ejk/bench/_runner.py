@@ -108,6 +108,10 @@ class Measurement:
     peak_fraction: float | None = None
     max_abs_diff: float | None = None
     diff_against: str | None = None
+    #: Eager lines of the overhead study: the median and the best time of the same public call under
+    #: ``jax.jit`` (its samples taken alternately with this line's).
+    jit_s: float | None = None
+    jit_min_s: float | None = None
     #: The case's call as implementations see it (arrays as ``{"shape", "dtype"}``, static arguments as
     #: values): what ``ejk bench --write-pack`` groups shape classes by.
     call: dict[str, Any] | None = attrs.field(default=None, eq=False)
@@ -472,8 +476,15 @@ def _measure_group(lines: Sequence[_Line], workload: Workload, mode: str, option
 
 
 @jax.jit
-def _max_abs_diff(got: jax.Array, want: jax.Array) -> jax.Array:
-    return jnp.max(jnp.abs(got.astype(jnp.float32) - want.astype(jnp.float32)), initial=0.0)
+def _shapes(out: Any) -> list[tuple[int, ...]]:
+    """The shapes of an output's arrays (several for an op with several outputs)."""
+    return [jnp.shape(leaf) for leaf in jax.tree.leaves(out)]
+
+
+def _max_abs_diff(got: Any, want: Any) -> jax.Array:
+    """The largest difference over every array of two outputs of the same structure."""
+    return jnp.max(jnp.stack([jnp.max(jnp.abs(g.astype(jnp.float32) - w.astype(jnp.float32)), initial=0.0)
+                              for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True)]))
 
 
 def _finish(group: list[Measurement], outputs: dict[str, Any], peak: Peak | None, dtype: str) -> list[Measurement]:
@@ -495,7 +506,7 @@ def _finish(group: list[Measurement], outputs: dict[str, Any], peak: Peak | None
         if reference is not None and m.comparable and m.name in outputs and m.name != reference:
             try:
                 got, want = outputs[m.name], outputs[reference]
-                if jnp.shape(got) == jnp.shape(want):
+                if _shapes(got) == _shapes(want) and _shapes(got):
                     changes.update(max_abs_diff=float(_max_abs_diff(got, want)), diff_against=reference)
             except Exception:  # a diff that cannot be taken is not a benchmark failure
                 pass

@@ -64,6 +64,9 @@ _SAFE_NAME = re.compile(r"^[A-Za-z0-9_.@+%-]+$")
 LOCK_TIMEOUT_S = 60.0
 #: A temporary file untouched this long is a killed writer's (a live one renames it within moments).
 TEMP_FILE_GRACE_S = 60.0
+#: How long :meth:`PersistentCache.recent_fingerprint` reuses a fingerprint (seconds).
+RECHECK_S = 0.05
+_writes = [0]  # cache files written by this process (any PersistentCache): each ends a reused fingerprint
 
 
 class StaleCacheWarning(UserWarning):
@@ -138,6 +141,7 @@ class PersistentCache(Generic[Cfg]):
         self._version = 0  # bumped whenever this object's own (unsaved) entries change
         self._path_memo: tuple[str, str] | None = None
         self._absent = False  # the file was absent at the last fingerprint
+        self._fingerprint_memo: tuple[float, int, tuple[Any, ...]] | None = None  # (when, _writes, fingerprint)
         self.stale: list[tuple[CacheEntry, str]] = []
 
     @property
@@ -194,16 +198,32 @@ class PersistentCache(Generic[Cfg]):
         """What :meth:`get` answers depend on: the file's path, its ``(mtime, size)`` on disk
         (``None`` when absent) and this object's unsaved entries. While the fingerprint is
         unchanged every lookup answers as before (one ``stat``; nothing is read)."""
-        path = self.path
+        path, writes, now = self.path, _writes[0], time.monotonic()
+        found: tuple[Any, ...]
         if self._absent and not os.access(path, os.F_OK):  # still absent: cheaper than a failing stat
-            return (path, None, self._version)
-        try:
-            st = os.stat(path)
-        except OSError:
-            self._absent = True
-            return (path, None, self._version)
-        self._absent = False
-        return (path, (st.st_mtime_ns, st.st_size), self._version)
+            found = (path, None, self._version)
+        else:
+            try:
+                st = os.stat(path)
+            except OSError:
+                self._absent = True
+                found = (path, None, self._version)
+            else:
+                self._absent = False
+                found = (path, (st.st_mtime_ns, st.st_size), self._version)
+        self._fingerprint_memo = (now, writes, found)
+        return found
+
+    def recent_fingerprint(self) -> tuple[Any, ...]:
+        """:meth:`fingerprint`, or the one taken less than :data:`RECHECK_S` ago while neither this object
+        nor any other cache file object of this process wrote since, nor the path changed: what a
+        remembered decision checks on each eager call (a ``stat`` per call costs more than the rest of it).
+        A file written by another process is seen within :data:`RECHECK_S`."""
+        memo = self._fingerprint_memo
+        if (memo is not None and time.monotonic() - memo[0] < RECHECK_S and memo[1] == _writes[0]
+                and memo[2][2] == self._version and memo[2][0] == self.path):
+            return memo[2]
+        return self.fingerprint()
 
     def _report_stale(self, entry: CacheEntry, reason: str) -> None:
         key = (entry.device, entry.op_id, entry.call_key)
@@ -328,6 +348,7 @@ class PersistentCache(Generic[Cfg]):
                 changed = change(data)
                 if changed:
                     atomic_write_json(path, file_payload(self.opname, data))
+                    _writes[0] += 1
                 self._snapshot, self._stamp = data, stat_stamp(path)
                 return bool(changed)
         except _NotOursError as exc:

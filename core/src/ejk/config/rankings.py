@@ -16,7 +16,9 @@ implementation labels for the calls it covers::
   (:func:`ejk.device_fingerprint`, e.g. ``gpu|NVIDIA_H100_80GB_HBM3|cc=9.0``).
 - ``when`` (optional): the shape class, every condition must hold. A key names an argument of
   the op's call (an array such as ``q`` or a static argument such as ``causal``), optionally with
-  ``.dtype``, ``.ndim`` or ``.shape[i]`` (``i`` may be negative). A value is a JSON scalar (equal),
+  ``.dtype``, ``.ndim`` or ``.shape[i]`` (``i`` may be negative), or the ratio of two sizes,
+  ``"q.shape[0]/kv_lens.shape[0]"`` (queries per sequence: a class that shapes alone cannot name; a
+  range only, unknown when the divisor is 0). A value is a JSON scalar (equal),
   a list of scalars (one of them) or ``{"min": x, "max": y}`` (an inclusive range; either bound
   may be left out). ``null`` matches an absent array or a ``None`` argument.
 - ``order``: implementation labels (``platform/backend:name``, as ``ejk kernels`` prints them),
@@ -78,14 +80,31 @@ class Condition:
     values: tuple[Scalar, ...] | None = None
     low: float | None = None
     high: float | None = None
+    divisor: Condition | None = None
+
+    @classmethod
+    def _parse_ratio(cls, key: str, value: Any) -> Condition:
+        """``"A/B"``: two sizes (``.shape[i]``, ``.ndim`` or a numeric static argument) whose ratio lies in a range."""
+        terms = key.split("/")
+        if len(terms) != 2:
+            raise RankingError(f"when key {key!r}: a ratio is two terms, 'a.shape[i]/b.shape[j]'")
+        if not isinstance(value, dict):
+            raise RankingError(f"when[{key!r}]: a ratio takes a {{'min', 'max'}} range, not {value!r}")
+        numerator, denominator = (cls.parse(term.strip(), value) for term in terms)
+        if any(part.attribute == "dtype" or part.divisor is not None for part in (numerator, denominator)):
+            raise RankingError(f"when key {key!r}: a ratio divides sizes (.shape[i], .ndim or a number), not dtypes")
+        return attrs.evolve(numerator, key=key, divisor=attrs.evolve(denominator, low=None, high=None))
 
     @classmethod
     def parse(cls, key: Any, value: Any) -> Condition:
         """Raises :class:`RankingError` naming what is malformed."""
+        if isinstance(key, str) and "/" in key:
+            return cls._parse_ratio(key, value)
         found = _KEY.match(key) if isinstance(key, str) else None
         if found is None:
             raise RankingError(f"when key {key!r} is not an argument name, optionally with .dtype, .ndim or "
-                               ".shape[i] (e.g. 'q.shape[3]')")
+                               ".shape[i] (e.g. 'q.shape[3]'), or a ratio of two sizes (e.g. "
+                               "'q.shape[0]/kv_lens.shape[0]')")
         axis = found["axis"]
         where = dict(key=key, argument=found["argument"], attribute="shape" if axis is not None else found["attribute"],
                      axis=None if axis is None else int(axis))
@@ -106,8 +125,15 @@ class Condition:
         return cls(**where, values=tuple(values))
 
     def value(self, call: Mapping[str, Any]) -> tuple[bool, Any]:
-        """``(known, value)`` of the key in ``call``; ``known`` is ``False`` for a missing axis (raises
-        :class:`RankingError` for an argument the call does not have)."""
+        """``(known, value)`` of the key in ``call``; ``known`` is ``False`` for a missing axis or a ratio
+        over 0 (raises :class:`RankingError` for an argument the call does not have)."""
+        if self.divisor is not None:
+            known, top = attrs.evolve(self, divisor=None).value(call)
+            known_below, below = self.divisor.value(call)
+            numbers = all(isinstance(v, int | float) and not isinstance(v, bool) for v in (top, below))
+            if not (known and known_below and numbers) or below == 0:
+                return False, None
+            return True, top / below
         if self.argument not in call:
             raise RankingError(f"when key {self.key!r}: the op has no argument {self.argument!r} "
                                f"(its arguments: {', '.join(call)})")

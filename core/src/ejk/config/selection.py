@@ -243,7 +243,7 @@ class ConfigSelectorChain(Generic[Cfg]):
                 return False
             if on_miss and (self.policy is not policy or environment.raw(environment.EJK_AUTOTUNE) != autotune_env
                             or self.persistent_cache(kernel) is not persistent
-                            or (persistent is not None and persistent.fingerprint() != before)):
+                            or (persistent is not None and persistent.recent_fingerprint() != before)):
                 return False
             return replay()
 

@@ -10,10 +10,12 @@ registry, caches, overlays, policy, hooks, the persistent file) — at two level
 - :func:`run_op` (every op): keyed by the validated call — each array's type, shape, dtype and
   sharding, the static arguments, ``platform``, ``cfg`` — it skips the sharding look-up and the
   Executor's dispatch;
-- :func:`eager_fast_path`, a decorator of public functions whose validation depends only on shapes,
-  dtypes and the static arguments (not on array values): keyed by the raw arguments and the JAX
-  settings validation reads (``jax_default_matmul_precision``, dtype promotion, x64), it skips the
-  validation too.
+- :func:`eager_fast_path`, the decorator of every built-in op's public function: keyed by the raw
+  arguments and the JAX settings validation reads (``jax_default_matmul_precision``, dtype promotion,
+  x64), it skips the validation of shapes, dtypes and static arguments too, runs the op's checks of
+  array values (``values=``) unless the arrays are those already checked, and either the kernel's
+  jitted function or, for a function doing more (array work of its own, an output dropped), the whole
+  function jitted once (its decisions captured while tracing it).
 
 Both include ``EJKERNEL_OPS_STAMP``. Only concrete arrays take them (under a trace the cost does not
 recur), not while calls are recorded (``EJKERNEL_OPS_RECORD``: the Executor records every call), and
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import functools
 import threading
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
@@ -36,9 +39,10 @@ __all__ = ["eager_fast_path", "eager_key", "remember", "run_eager"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 _SIZE = 4096
-#: key -> (executor, its fast-path entry, where the entry's arrays are among the key's values or None)
-_MEMO: dict[Any, tuple[Any, Any, tuple[int, ...] | None]] = {}
+#: a validated call's key -> (executor, its fast-path entry, None); a raw call's key -> its :class:`_Raw`
+_MEMO: dict[Any, Any] = {}
 _ArrayImpl: type | None = None
+_UNTRACEABLE: set[Any] = set()  # raw calls whose whole function failed to trace: they stay on the full path
 _SCALARS = (bool, int, float, str, type(None))
 _pending = threading.local()
 
@@ -115,26 +119,27 @@ def _raw_key(kernel: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
 
 
 def run_eager(key: Any, values: Sequence[Any], current: Callable[[], Any]) -> tuple[bool, Any]:
-    """``(True, output)`` when the call of ``key`` ran on the fast path; else ``(False, None)``: take the
-    full path. ``values``: the call's arrays (``run_op``) or raw arguments (:func:`eager_fast_path`);
-    ``current()``: the Executor the call would use."""
+    """``(True, output)`` when the validated call of ``key`` (:func:`eager_key`) ran on the fast path;
+    else ``(False, None)``: take the full path. ``values``: the call's arrays; ``current()``: the
+    Executor the call would use."""
     found = _MEMO.get(key) if key is not None else None
     if found is None or environment.raw(environment.EJKERNEL_OPS_RECORD) is not None:
         return False, None
-    executor, entry, picks = found
+    executor, entry, _ = found
     if current() is not executor or entry.chooser is not executor.chooser or not entry.still_valid():
         _MEMO.pop(key, None)
         return False, None
-    if picks is None:
-        _remember_raw(executor, entry, tuple(values))  # a decorated function's call that led here
-        return True, entry.fn(*values)
-    return True, entry.fn(*[None if i < 0 else values[i] for i in picks])
+    _remember_raw(executor, entry, tuple(values))  # a decorated function's call that led here
+    return True, entry.fn(*values)
 
 
 def remember(key: Any, executor: Any, entry: Any, arrays: tuple[Any, ...]) -> None:
     """Keep ``entry`` (:meth:`ejk.Executor.fast_entry` of the validated call just run on ``arrays``) for
     the calls of ``key``, and for the raw call of a public function decorated with
     :func:`eager_fast_path` that led here, when its arrays are among its raw arguments."""
+    captured = getattr(_pending, "captured", None)
+    if captured is not None:  # traced inside a whole public function being compiled: its decisions
+        captured.append(None if entry is None else (executor, entry))
     if entry is None:
         _pending.call = None
         return
@@ -145,39 +150,118 @@ def remember(key: Any, executor: Any, entry: Any, arrays: tuple[Any, ...]) -> No
     _remember_raw(executor, entry, arrays)
 
 
+class _Raw:
+    """A decorated public function's remembered call: the decisions behind it (``(executor, entry)``
+    pairs, all still valid for the fast path to run), ``fn`` (the kernel's jitted function, or the
+    whole public function jitted) and ``picks``, the positions of ``fn``'s arguments among the raw
+    call's values (``-1``: ``None``). ``fn is None``: the whole function is jitted at the next call."""
+
+    __slots__ = ("checked", "decisions", "fn", "picks")
+
+    def __init__(self, decisions: tuple[tuple[Any, Any], ...], fn: Callable[..., Any] | None,
+                 picks: tuple[int, ...], values: tuple[Any, ...]) -> None:
+        self.decisions, self.fn, self.picks = decisions, fn, picks
+        self.checked = _refs(values)
+
+    def values_checked(self, values: tuple[Any, ...]) -> bool:
+        """Whether the values of these arrays were checked already: the arrays of the last call whose
+        values passed, the same objects (arrays are immutable), in the same places."""
+        checked = self.checked
+        if len(checked) != len(values):
+            return False
+        return all(ref is None or ref() is value for ref, value in zip(checked, values, strict=True))
+
+
+def _refs(values: tuple[Any, ...]) -> tuple[Any, ...]:
+    """Weak references to the arrays among ``values`` (``None`` for the other values)."""
+    array_type = _ArrayImpl
+    return tuple(weakref.ref(v) if type(v) is array_type else None for v in values)
+
+
 def _remember_raw(executor: Any, entry: Any, arrays: tuple[Any, ...]) -> None:
-    """Keep ``entry`` for the raw call of the decorated public function under way, if any, when each of
-    the validated ``arrays`` is one of its raw arguments as given."""
+    """Keep ``entry`` for the raw call of the decorated public function under way, if any: its
+    kernel's function when each of the validated ``arrays`` is one of the raw arguments as given,
+    else (arrays converted by the validation, or a function that computes more than the kernel) its
+    whole function, jitted at the next call."""
     raw = getattr(_pending, "call", None)
     if raw is None:
         return
     _pending.call = None
-    kernel, raw_key, values = raw
+    kernel, raw_key, values, whole = raw
     if kernel is not entry.kernel:
         return
     positions = {id(v): i for i, v in enumerate(values)}
     picks = tuple(-1 if x is None else positions.get(id(x), -2) for x in arrays)
-    if -2 not in picks:  # none converted by the validation
-        _MEMO[raw_key] = (executor, entry, picks)
+    if whole or -2 in picks:  # array work around the kernel, or arrays converted by the validation
+        if raw_key not in _UNTRACEABLE:
+            _MEMO[raw_key] = _Raw(((executor, entry),), None, (), values)
+    else:
+        _MEMO[raw_key] = _Raw(((executor, entry),), entry.fn, picks, values)
 
 
-def eager_fast_path(kernel: Any, current: Callable[[], Any]) -> Callable[[F], F]:
-    """Decorate the public function of ``kernel``'s op (whose validation reads shapes, dtypes and static
-    arguments, never array values): an eager call identical to an earlier one — concrete arrays of the
-    same shapes, dtypes and shardings, equal plain arguments — skips the validation and runs the jitted
-    function of the earlier call while its decision holds (``current()``: the Executor in use)."""
+def _valid(found: _Raw, current: Callable[[], Any]) -> bool:
+    executor = current()
+    for owner, entry in found.decisions:
+        if owner is not executor or entry.chooser is not executor.chooser or not entry.still_valid():
+            return False
+    return True
 
+
+def _jit_whole(function: Callable[..., Any], values: tuple[Any, ...], names: tuple[str, ...],
+               array_type: Any) -> tuple[Callable[..., Any], tuple[int, ...]]:
+    """``function`` jitted over the arrays of the raw call ``values`` (the other values, whose keyword
+    ``names`` are the last ones, baked in), and the arrays' positions among ``values``."""
+    positions = tuple(i for i, v in enumerate(values) if type(v) is array_type)
+    fixed = tuple(None if i in positions else v for i, v in enumerate(values))  # holds no array
+    n_positional = len(values) - len(names)
+
+    def whole(*arrays: Any) -> Any:
+        given = list(fixed)
+        for i, x in zip(positions, arrays, strict=True):
+            given[i] = x
+        return function(*given[:n_positional], **dict(zip(names, given[n_positional:], strict=True)))
+
+    whole.__name__ = getattr(function, "__name__", "whole")
+    return jax.jit(whole), positions
+
+
+def eager_fast_path(kernel: Any, current: Callable[[], Any], *, values: Callable[..., None] | None = None,
+                    whole: bool = False) -> Callable[[F], F]:
+    """Decorate the public function of ``kernel``'s op: an eager call identical to an earlier one —
+    concrete arrays of the same shapes, dtypes and shardings, equal plain arguments — skips the
+    validation of shapes, dtypes and static arguments and runs the jitted function of the earlier call
+    while its decision holds (``current()``: the Executor in use).
+
+    Args:
+        values: Called with the raw arguments on such a call, before running it: the checks of the
+            arrays' values (group sizes, lengths, page tables…), raising the ``ValueError`` the full
+            path would; skipped when the arrays are the very objects of the last call checked (arrays
+            are immutable). ``None``: the validation reads no value.
+        whole: The function does more than return the kernel's output (array work of its own, or
+            dropping an output, which under ``jax.jit`` is never computed): from the second identical
+            call on, the whole function runs as one jitted function, compiled then (its decisions, taken
+            while tracing, checked at every call) — the program ``jax.jit`` of the call runs. Also what
+            happens, whatever ``whole``, when the validation converted an argument (an int into an array).
+    """
     def decorate(function: F) -> F:
         @functools.wraps(function)
         def public(*args: Any, **kwargs: Any) -> Any:
             key = _raw_key(kernel, args, kwargs)
             if key is None:
                 return function(*args, **kwargs)
-            values = (*args, *kwargs.values())
-            done, out = run_eager(key, values, current)
-            if done:
-                return out
-            _pending.call = (kernel, key, values)
+            all_values = (*args, *kwargs.values())
+            found = _MEMO.get(key)
+            if type(found) is _Raw and environment.raw(environment.EJKERNEL_OPS_RECORD) is None:
+                if _valid(found, current):
+                    if values is not None and not found.values_checked(all_values):
+                        values(*args, **kwargs)
+                        found.checked = _refs(all_values)
+                    fn = found.fn
+                    if fn is None:
+                        return _compile_whole(key, function, args, kwargs)
+                    return fn(*[None if i < 0 else all_values[i] for i in found.picks])
+                _MEMO.pop(key, None)
+            _pending.call = (kernel, key, all_values, whole)
             try:
                 return function(*args, **kwargs)
             finally:
@@ -186,3 +270,29 @@ def eager_fast_path(kernel: Any, current: Callable[[], Any]) -> Callable[[F], F]
         return public  # type: ignore[return-value]
 
     return decorate
+
+
+def _compile_whole(key: Any, function: Callable[..., Any], args: tuple[Any, ...],
+                   kwargs: dict[str, Any]) -> Any:
+    """Run the raw call of ``key`` through its whole function, jitted (and traced) now; remember it when
+    every op call of the trace took a decision that the fast path can check."""
+    values = (*args, *kwargs.values())
+    jitted, positions = _jit_whole(function, values, tuple(kwargs), _ArrayImpl or _array_type())
+    _pending.call, _pending.captured = None, []
+    try:
+        out = jitted(*[values[i] for i in positions])
+        captured = _pending.captured
+    except Exception:  # the function cannot be traced as called here: it stays eager (the full path)
+        _MEMO.pop(key, None)
+        if len(_UNTRACEABLE) >= _SIZE:
+            _UNTRACEABLE.clear()
+        _UNTRACEABLE.add(key)
+        return function(*args, **kwargs)
+    finally:
+        _pending.captured = None
+    if captured and None not in captured:
+        _MEMO[key] = _Raw(tuple(captured), jitted, positions, values)
+    else:
+        _MEMO.pop(key, None)
+    return out
+

@@ -66,7 +66,7 @@ if TYPE_CHECKING:
     from ejk.ops._mla_paged_attention._reference import mla_paged_attention_float64, reference_mla_paged_attention
     from ejk.ops._ragged_paged_attention._conformance import check_ragged_paged_attention
     from ejk.ops._ragged_paged_attention._reference import reference_ragged_paged_attention
-    from ejk.ops._rms_norm._conformance import RMS_NORM_SHAPES, check_rms_norm
+    from ejk.ops._rms_norm._conformance import RMS_NORM_RESIDUAL_SHAPES, RMS_NORM_SHAPES, check_rms_norm
     from ejk.ops._rms_norm._reference import reference_rms_norm
     from ejk.ops._ssd._conformance import SSD_CASES, check_ssd
     from ejk.ops._ssd._reference import reference_ssd
@@ -86,6 +86,7 @@ _OP_EXTRAS = {
     "GdrCase": "ejk.ops._gated_delta_rule._conformance",
     "gdr_inputs": "ejk.ops._gated_delta_rule._conformance",
     "LINEAR_CROSS_ENTROPY_CASES": "ejk.ops._linear_cross_entropy._conformance",
+    "RMS_NORM_RESIDUAL_SHAPES": "ejk.ops._rms_norm._conformance",
     "RMS_NORM_SHAPES": "ejk.ops._rms_norm._conformance",
     "GLA_CASES": "ejk.ops._gla._conformance",
     "SSD_CASES": "ejk.ops._ssd._conformance",
@@ -102,6 +103,7 @@ __all__ = [
     "MATMUL_SHAPES",
     "SINKS_CASES",
     "SSD_CASES",
+    "RMS_NORM_RESIDUAL_SHAPES",
     "RMS_NORM_SHAPES",
     "TOLERANCES",
     "VARLEN_CASES",

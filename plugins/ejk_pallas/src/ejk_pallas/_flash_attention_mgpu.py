@@ -49,7 +49,7 @@ from jax import lax
 
 from ejk.config.validators import int_in, one_of, one_of_str
 from ejk.devices import sm_count as _sm_count
-from ejk.ops import fold_sinks, sinks_backward, without_residuals
+from ejk.ops import sinks_backward, without_residuals
 from ejk.tiling import cdiv as _cdiv
 from ejk.tiling import persistent_ctas
 from ejk_pallas import _env
@@ -167,6 +167,9 @@ class _Static:
     ctas: int = 1
     #: Q / O tiles per consumer: 2 when persistent (the next item's Q lands while this one runs).
     q_buffers: int = 1
+    #: Whether a sink per head joins each row's final normalisation (``sink_ref``: base-2 logits ``[Hq, 64]``,
+    #: a consumer's rows; the row lands with the item's Q tile, in the same buffer).
+    sinks: bool = False
 
 
 # ----------------------------------------------------------------------------------------------
@@ -185,6 +188,15 @@ def _loop(lo: Any, hi: Any, body: Any, carry: Any) -> Any:
     if isinstance(lo, int) and isinstance(hi, int) and lo >= hi:
         return carry
     return lax.fori_loop(lo, hi, body, carry)
+
+
+def _row_vector(ref: Any, st: _Static) -> Any:
+    """A float32 vector of a consumer's rows from shared memory, in the layout of the softmax statistics."""
+    if st.interpret:
+        return ref[...]
+    _, plgpu = _mods()
+    layout = plgpu.Layout.WGMMA.reduce(1)
+    return plgpu.load(ref, (), layout=layout) if _bwd._load_takes_index() else plgpu.load(ref, layout=layout)
 
 
 def _max(a: Any, b: Any) -> Any:
@@ -309,11 +321,13 @@ def _items_loop(mine: Any, body: Any, st: _Static) -> Any:
     return lax.fori_loop(0, mine, body, jnp.int32(0))
 
 
-def _kernel(q_ref: Any, k_ref: Any, v_ref: Any, out_ref: Any, lse_ref: Any, scoped: Any, *, st: _Static) -> None:
+def _kernel(q_ref: Any, k_ref: Any, v_ref: Any, sink_ref: Any, out_ref: Any, lse_ref: Any, scoped: Any, *,
+            st: _Static) -> None:
     pl, plgpu = _mods()
     # One ring of 2 * steps tiles: K of slot s at s, V of slot s at steps + s (every index into it is
     # traced or a Python int, never a static index followed by a traced one).
-    (qo_smem, kv_smem, lse_smem2), (k_ready, v_ready, q_ready), (k_free, v_free), sched, turn = scoped
+    (qo_smem, kv_smem, lse_smem2, *sink_smem2), (k_ready, v_ready, q_ready, *sink_ready), (k_free, v_free), sched, \
+        turn = scoped
     wg = lax.axis_index("wg")
     cta = lax.axis_index("cta")
     mine = _items_of(cta, st.items, st.ctas)  # one per CTA unless persistent
@@ -355,6 +369,8 @@ def _kernel(q_ref: Any, k_ref: Any, v_ref: Any, out_ref: Any, lse_ref: Any, scop
             batch, head, row0 = item_of(j)
             plgpu.copy_gmem_to_smem(q_ref.at[batch, pl.ds(row0 + wg * bw, bw), head], qo_smem.at[buf, wg],
                                     q_ready.at[wg])
+            if st.sinks:
+                plgpu.copy_gmem_to_smem(sink_ref.at[head], sink_smem2[0].at[buf, wg], sink_ready[0].at[wg])
 
         def run_item(j: Any, base: Any) -> Any:
             """Work item ``j`` of this CTA; ``base`` counts the key blocks its earlier items streamed."""
@@ -362,6 +378,8 @@ def _kernel(q_ref: Any, k_ref: Any, v_ref: Any, out_ref: Any, lse_ref: Any, scop
             buf = lax.rem(j, jnp.array(st.q_buffers, j.dtype))
             q_smem = qo_smem.at[buf, wg]
             plgpu.barrier_wait(q_ready.at[wg])
+            if st.sinks:  # its row landed with Q (before the next item's load goes to the other buffer)
+                plgpu.barrier_wait(sink_ready[0].at[wg])
             if st.ctas < st.items:  # several items a CTA (persistent, two Q tiles)
                 # The last item's output and lse stores have read their tiles: the next Q may go to the
                 # other tile (it lands while this item runs), and this item's lse rows may be written.
@@ -505,8 +523,17 @@ def _kernel(q_ref: Any, k_ref: Any, v_ref: Any, out_ref: Any, lse_ref: Any, scop
             acc, m, denom = _loop(w_hi, hi, skip, carry)
 
             empty = denom == 0.0
+            if st.sinks:  # e^sink joins the denominator of each row that saw a key (rows stay in base 2)
+                sink = _row_vector(sink_smem2[0].at[buf, wg], st)
+                top = jnp.maximum(m, sink)
+                top = jnp.where(top == -jnp.inf, 0.0, top)  # a -inf sink on a row that saw no key
+                kept = jnp.exp2(m - top)  # 0 for a row that saw no key (m = -inf)
+                denom = denom * kept + jnp.exp2(sink - top)
+                m, weight = top, jnp.where(empty, 0.0, kept / jnp.where(empty, 1.0, denom))
+            else:
+                weight = 1.0 / jnp.where(empty, 1.0, denom)
             safe = jnp.where(empty, 1.0, denom)
-            acc = acc * lax.broadcast_in_dim(1.0 / safe, acc.shape, [0])
+            acc = acc * lax.broadcast_in_dim(weight, acc.shape, [0])
             q_smem[...] = acc.astype(st.dtype)  # Q's tile holds the output (every Q·Kᵀ MMA is done)
             lse_smem[...] = jnp.where(empty, jnp.inf, m + jnp.log(safe) * (1.0 / math.log(2.0)))
             plgpu.commit_smem()
@@ -571,20 +598,25 @@ def _kernel(q_ref: Any, k_ref: Any, v_ref: Any, out_ref: Any, lse_ref: Any, scop
     _when(wg == consumers, producer)
 
 
-def _entry(q_ref: Any, k_ref: Any, v_ref: Any, out_ref: Any, lse_ref: Any, *, st: _Static) -> None:
+def _entry(*refs: Any, st: _Static) -> None:
     pl, plgpu = _mods()
+    q_ref, k_ref, v_ref, *rest = refs
+    sink_ref = rest.pop(0) if st.sinks else None
+    out_ref, lse_ref = rest
     consumers = st.bq // _ROWS
     transforms = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
+    sinks = (plgpu.SMEM((st.q_buffers, consumers, _ROWS), jnp.float32),) if st.sinks else ()  # sink rows, as Q
     smem = (
         plgpu.SMEM((st.q_buffers, consumers, _ROWS, st.d), st.dtype, transforms=transforms),  # Q, then O
         plgpu.SMEM((2 * st.steps, st.bk, st.d), st.dtype, transforms=transforms),  # K and V rings
         plgpu.SMEM((consumers, _ROWS), jnp.float32),
+        *sinks,
     )
     ready = (plgpu.Barrier(num_barriers=st.steps), plgpu.Barrier(num_barriers=st.steps),
-             plgpu.Barrier(num_barriers=consumers))
+             plgpu.Barrier(num_barriers=consumers), *((plgpu.Barrier(num_barriers=consumers),) if st.sinks else ()))
     free = (plgpu.Barrier(num_arrivals=consumers, num_barriers=st.steps),) * 2
     pl.run_scoped(
-        lambda *scoped: _kernel(q_ref, k_ref, v_ref, out_ref, lse_ref, scoped, st=st),
+        lambda *scoped: _kernel(q_ref, k_ref, v_ref, sink_ref, out_ref, lse_ref, scoped, st=st),
         smem, ready, free, plgpu.Barrier(num_arrivals=_CONSUMERS), plgpu.Barrier(num_barriers=consumers),
         collective_axes="wg",
     )
@@ -601,8 +633,9 @@ def interpret_params() -> Any:
 
 def _forward_impl(q: Any, k: Any, v: Any, *, cfg: MosaicFlashAttentionConfig, causal: bool, softmax_scale: float,
                   sliding_window: tuple[int, int] | None, logits_soft_cap: float | None,
-                  interpret: bool) -> tuple[Any, Any]:
-    """``(out [B, Sq, Hq, D], lse [B, Hq, Sq] float32, base 2)``."""
+                  interpret: bool, sinks: Any = None) -> tuple[Any, Any]:
+    """``(out [B, Sq, Hq, D], lse [B, Hq, Sq] float32, base 2)``; ``sinks`` ``[Hq]`` join each row's final
+    normalisation in the epilogue (the lse includes them)."""
     _, plgpu = _mods()
     batch, sq, hq, d = q.shape
     sk, hkv = k.shape[1], k.shape[2]
@@ -625,8 +658,11 @@ def _forward_impl(q: Any, k: Any, v: Any, *, cfg: MosaicFlashAttentionConfig, ca
                  cap=logits_soft_cap, dtype=jnp.dtype(q.dtype), d=d, bq=bq, bk=bk,
                  steps=min(cfg.max_concurrent_steps, nk), nq=nq, nk=nk, group=hq // hkv,
                  ragged_keys=skp != sk, interpret=interpret, overlap=cfg.overlap, hq=hq, items=items, ctas=ctas,
-                 q_buffers=2 if cfg.persistent else 1)
+                 q_buffers=2 if cfg.persistent else 1, sinks=sinks is not None)
     qp, kp, vp = _pad(q, 1, sqp), _pad(k, 1, skp), _pad(v, 1, skp)
+    # The sinks as base-2 logits, one row of a consumer's 64-row layout per head.
+    extra = () if sinks is None else (jnp.broadcast_to(
+        (sinks.astype(jnp.float32) * (1.0 / math.log(2.0)))[:, None], (hq, _ROWS)),)
     kwargs: dict[str, Any] = {}
     if interpret:
         params = interpret_params()
@@ -643,7 +679,7 @@ def _forward_impl(q: Any, k: Any, v: Any, *, cfg: MosaicFlashAttentionConfig, ca
         thread_name="wg",
         compiler_params=plgpu.CompilerParams(approx_math=True),
         **kwargs,
-    )(qp, kp, vp)
+    )(qp, kp, vp, *extra)
     return out[:, :sq], lse[:, :, :sq]
 
 
@@ -669,8 +705,7 @@ def forward_with_residuals(
 ) -> tuple[jax.Array, tuple[Any, ...]]:
     """The output and the residuals of :data:`RESIDUALS` (those of the Triton-lowered forward).
 
-    ``sinks`` ``[Hq]`` are folded into the kernel's result afterwards (``ejk.ops.fold_sinks``: one
-    elementwise pass over ``out``), not yet inside the kernel's epilogue.
+    ``sinks`` ``[Hq]`` join each row's final normalisation in the kernel's epilogue.
 
     Returns:
         ``(out, (q, k, v, None, None, None, out, lse))``: ``out`` ``[B, Sq, Hq, D]`` in ``q.dtype``,
@@ -686,9 +721,7 @@ def forward_with_residuals(
         return out, (q, k, v, None, None, None, out, jnp.full((batch, hq, sq), jnp.inf, jnp.float32), *extra)
     out, lse = _forward_impl(q, k, v, cfg=heuristic_config(q, k, v) if cfg is None else cfg, causal=causal,
                              softmax_scale=softmax_scale, sliding_window=sliding_window,
-                             logits_soft_cap=logits_soft_cap, interpret=_env.use_interpreter())
-    if sinks is not None:
-        out, lse = fold_sinks(out, lse, sinks)
+                             logits_soft_cap=logits_soft_cap, interpret=_env.use_interpreter(), sinks=sinks)
     return out, (q, k, v, None, None, None, out, lse, *extra)
 
 

@@ -7,7 +7,8 @@ backward, ``flash_attention_varlen`` (packed variable-length sequences, forward 
 ``flash_attention`` calls with segment ids), ``ragged_paged_attention`` (decode with split-K and chunked
 prefill over a paged KV cache, one kernel), ``mla_paged_attention`` (DeepSeek-style latent attention decode,
 split-KV) and ``gated_delta_rule`` (chunked WY form, forward and backward), and ``gla`` and ``ssd`` (chunked
-linear recurrences: one forward kernel, one backward kernel). Triton and jax-triton are imported
+linear recurrences: one forward kernel, one backward kernel), and ``rms_norm`` (one read of each operand
+per pass, a persistent backward). Triton and jax-triton are imported
 lazily, when a kernel is first launched, so this package imports (and reports its status) without them.
 
 ``EJK_TRITON_INTERPRET=1`` runs the same kernels through Triton's interpreter on the CPU
@@ -24,6 +25,7 @@ from ejk_triton._linear_attention import LinearAttentionConfig
 from ejk_triton._matmul import MatmulConfig
 from ejk_triton._mla_attention import MlaAttentionConfig
 from ejk_triton._paged_attention import PagedAttentionConfig
+from ejk_triton._rms_norm import RmsNormConfig
 from ejk_triton._varlen_attention import VarlenAttentionConfig
 
 __all__ = [
@@ -35,5 +37,6 @@ __all__ = [
     "MatmulConfig",
     "MlaAttentionConfig",
     "PagedAttentionConfig",
+    "RmsNormConfig",
     "VarlenAttentionConfig",
 ]

@@ -9,6 +9,7 @@ Needs compiled Triton: the process must not run with ``TRITON_INTERPRET=1``.
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
 
 import jax
@@ -19,7 +20,7 @@ from ejk_triton import _env, _grouped_matmul, _matmul
 from ejk_triton._flash_attention import FlashAttentionConfig, _constexprs, _dbias_layout, heuristic_config
 
 __all__ = ["compile_flash_attention", "compile_gla_backward", "compile_grouped_matmul", "compile_linear_recurrence",
-           "compile_matmul", "compile_mla_paged_attention", "compile_ragged_paged_attention"]
+           "compile_matmul", "compile_mla_paged_attention", "compile_ragged_paged_attention", "compile_rms_norm"]
 
 _TRITON_DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "int32": "i32"}
 
@@ -30,6 +31,31 @@ def _ptr(dtype: Any) -> str:
 
 def _compile(fn: Any, pointers: list[str], consts: dict[str, Any], num_warps: int, num_stages: int,
              arch: int) -> dict[str, int]:
+    kernel = _compile_kernel(fn, pointers, consts, num_warps, num_stages, arch)
+    return {"shared": int(kernel.metadata.shared), "num_warps": num_warps, "num_stages": num_stages}
+
+
+def _registers(kernel: Any) -> dict[str, int]:
+    """``{"registers", "spilled"}`` of a compiled kernel: registers per thread and bytes of local memory
+    per thread (spills), read from its cubin by the ``cuobjdump`` Triton ships."""
+    import subprocess
+    import tempfile
+
+    from triton import knobs
+
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as cubin:
+        cubin.write(kernel.asm["cubin"])
+        cubin.flush()
+        usage = subprocess.run([knobs.nvidia.cuobjdump.path, "--dump-resource-usage", cubin.name], check=True,
+                               capture_output=True, text=True).stdout
+    found = re.search(r"REG:(\d+) STACK:(\d+)", usage)
+    if found is None:
+        raise RuntimeError(f"cuobjdump reported no resource usage: {usage[-500:]}")
+    return {"registers": int(found.group(1)), "spilled": int(found.group(2))}
+
+
+def _compile_kernel(fn: Any, pointers: list[str], consts: dict[str, Any], num_warps: int, num_stages: int,
+                    arch: int) -> Any:
     from triton import compile as triton_compile
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -38,9 +64,8 @@ def _compile(fn: Any, pointers: list[str], consts: dict[str, Any], num_warps: in
     signature.update({name: "constexpr" for name in consts})
     attrs = {(i,): [["tt.divisibility", 16]] for i in range(len(pointers))}
     source = ASTSource(fn, signature=signature, constexprs=consts, attrs=attrs)
-    kernel = triton_compile(source, target=GPUTarget("cuda", arch, 32),
-                            options={"num_warps": num_warps, "num_stages": num_stages})
-    return {"shared": int(kernel.metadata.shared), "num_warps": num_warps, "num_stages": num_stages}
+    return triton_compile(source, target=GPUTarget("cuda", arch, 32),
+                          options={"num_warps": num_warps, "num_stages": num_stages})
 
 
 def compile_flash_attention(
@@ -290,3 +315,44 @@ def compile_gla_backward(k: int, v: int, dtype: Any = jnp.bfloat16, *, heads: in
     consts = dict(T=4096, H=heads, K=k, V=v, BT=cfg.chunk, BK=block_k, BKS=min(cfg.block_ks, block_k),
                   BV=next_pow2(max(v, 16)), SCALE=k ** -0.5, VARLEN=varlen)
     return _compile(_linear_kernels.gla_bwd, ptrs, consts, cfg.num_warps, cfg.num_stages, arch)
+
+
+
+def compile_rms_norm(rows: int, d: int, dtype: Any = jnp.bfloat16, *, residual: bool = False, cfg: Any = None,
+                     arch: int = 90) -> dict[str, dict[str, int]]:
+    """Compile the RMSNorm kernels for ``rows`` rows of width ``d`` (``x``, ``scale`` and ``dx`` in ``dtype``).
+
+    Args:
+        rows, d: The problem (``x`` flattened to ``[rows, d]``).
+        dtype: Of ``x`` and ``scale``.
+        residual: The kernels of calls with ``residual=`` (the sum in, its cotangent back).
+        cfg: An ``RmsNormConfig`` (``None``: the heuristic's).
+        arch: Compute capability as an int (90 for sm_90).
+
+    Returns:
+        Per kernel (``forward``, ``backward``): shared memory in bytes, warps, stages, registers per
+        thread and the bytes per thread spilled to local memory (a bandwidth-bound kernel must spill none).
+
+    Raises:
+        RuntimeError: in the interpreter mode (nothing is compiled there).
+    """
+    _compiled_mode()
+    from ejk_triton import _norm_kernels, _rms_norm
+
+    x = jax.ShapeDtypeStruct((rows, d), dtype)
+    cfg = cfg if cfg is not None else _rms_norm.heuristic_config(x, x, x if residual else None)
+    xp, f32 = _ptr(dtype), _ptr(jnp.float32)
+    extra = [xp] if residual else []
+    launches = {
+        "forward": (_norm_kernels.forward_residual_kernel if residual else _norm_kernels.forward_kernel,
+                    [xp, *extra, xp, xp, f32, *extra], _rms_norm.forward_args(rows, d, 1e-6, cfg)),
+        "backward": (_norm_kernels.backward_residual_kernel if residual else _norm_kernels.backward_kernel,
+                     [xp, xp, f32, xp, *extra, xp, f32], _rms_norm.backward_args(rows, d, cfg)),
+    }
+    result = {}
+    for name, (fn, pointers, args) in launches.items():
+        consts = {k: v for k, v in args.items() if k not in ("num_warps", "num_stages")}
+        kernel = _compile_kernel(fn, pointers, consts, args["num_warps"], args["num_stages"], arch)
+        result[name] = {"shared": int(kernel.metadata.shared), "num_warps": args["num_warps"],
+                        "num_stages": args["num_stages"], **_registers(kernel)}
+    return result

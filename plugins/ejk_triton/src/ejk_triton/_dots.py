@@ -56,12 +56,14 @@ def smem_bytes(block_m: int, block_n: int, block_k: int, stages: int, itemsize: 
     return ring + (EPILOGUE_STAGING if flattened else 0)
 
 
-def gate(named: Sequence[tuple[str, Any]], outputs: Sequence[tuple[str, int]]) -> str | None:
+def gate(named: Sequence[tuple[str, Any]], outputs: Sequence[tuple[str, int]], *,
+         int64_offsets: bool = False) -> str | None:
     """The part of a capability gate every matmul-like kernel shares.
 
     Args:
         named: ``(name, array)`` operands (anything with ``.shape`` and ``.dtype``).
         outputs: ``(name, elements)`` of the outputs (and gradients) the kernels write.
+        int64_offsets: The kernels index with int64: no size limit.
 
     Returns:
         Why the kernels cannot run the call, or ``None``.
@@ -72,7 +74,7 @@ def gate(named: Sequence[tuple[str, Any]], outputs: Sequence[tuple[str, int]]) -
             return f"{name} of dtype {dtype} not supported (bfloat16, float16 and float32 only)"
     sizes = [(name, int(np.prod(x.shape, dtype=np.int64))) for name, x in named] + list(outputs)
     for name, size in sizes:
-        if size >= MAX_ELEMENTS:
+        if size >= MAX_ELEMENTS and not int64_offsets:
             return f"{name} has {size} elements; the kernels index with int32 (fewer than 2**30 elements each)"
     if _env.interpret_mode():
         return None

@@ -190,7 +190,8 @@ def _backward_kernels(cfg: FlashAttentionConfig, static: dict[str, Any], q: jax.
                       v: jax.Array, q_segment_ids: jax.Array | None, kv_segment_ids: jax.Array | None,
                       bias: jax.Array | None, out: jax.Array, lse: jax.Array,
                       d_out: jax.Array, d_lse: jax.Array | None = None) -> tuple[jax.Array, ...]:
-    """Launch the three backward kernels: ``(dq, dk, dv, dbias)`` (:func:`_dbias_layout`; ``[1]`` without bias).
+    """Launch the three backward kernels: ``(dq, dk, dv, dbias, delta)`` (:func:`_dbias_layout`; ``[1]`` without
+    bias; ``delta`` the ``[B, Hq, Sq]`` float32 ``rowsum(d_out · out) − d_lse`` the kernels used).
 
     ``d_lse`` (``[B, Hq, Sq]``), the cotangent of a natural log-sum-exp output, enters the logits'
     gradient as ``p · (dp - delta + d_lse)``: it is subtracted from ``delta``.
@@ -225,7 +226,7 @@ def _backward_kernels(cfg: FlashAttentionConfig, static: dict[str, Any], q: jax.
         num_warps=warps, num_stages=stages, zeroed_outputs=(1,) if bias is not None else (),
         BLOCK_M=dq_m, BLOCK_N=dq_n, **consts, **dbias_consts,
     )
-    return dq, dk, dv, ds
+    return dq, dk, dv, ds, delta
 
 
 def _fold_vmap(fn: Callable[..., tuple[jax.Array, ...]]) -> Callable[..., tuple[jax.Array, ...]]:
@@ -319,6 +320,7 @@ def _backward(
     sliding_window: tuple[int, int] | None,
     logits_soft_cap: float | None,
     precision: str = "highest",
+    return_delta: bool = False,
 ) -> tuple[Any, ...]:
     """Gradients from the residuals of :func:`forward_with_residuals` and the output cotangent.
 
@@ -328,27 +330,29 @@ def _backward(
 
     Returns:
         ``(dq, dk, dv, None, None, dbias)``: one cotangent per array argument in the order
-        q, k, v, q_segment_ids, kv_segment_ids, bias (``dbias`` is ``None`` without a bias).
+        q, k, v, q_segment_ids, kv_segment_ids, bias (``dbias`` is ``None`` without a bias); with
+        ``return_delta``, the kernels' ``[B, Hq, Sq]`` ``rowsum(d_out · out) − d_lse`` appended.
     """
     q, k, v, q_segment_ids, kv_segment_ids, bias, out, lse = residuals
     if min(q.shape[0], q.shape[1], q.shape[2], k.shape[1], v.shape[3]) == 0:
         zero_bias = None if bias is None else jnp.zeros_like(bias)
-        return jnp.zeros_like(q), jnp.zeros_like(k), jnp.zeros_like(v), None, None, zero_bias
+        empty = (jnp.zeros(lse.shape, jnp.float32),) if return_delta else ()
+        return jnp.zeros_like(q), jnp.zeros_like(k), jnp.zeros_like(v), None, None, zero_bias, *empty
     static = dict(causal=causal, softmax_scale=softmax_scale, sliding_window=sliding_window,
                   logits_soft_cap=logits_soft_cap, precision=precision)
     cfg = _resolve(cfg, q, k, v, bias, causal)
     run = _fold_vmap(functools.partial(_backward_kernels, cfg, static))
-    dq, dk, dv, ds = run(q, k, v, q_segment_ids, kv_segment_ids, bias, out, lse, d_out.astype(q.dtype), d_lse)
+    dq, dk, dv, ds, delta = run(q, k, v, q_segment_ids, kv_segment_ids, bias, out, lse, d_out.astype(q.dtype), d_lse)
     dbias = None
     if bias is not None:
         axes = tuple(a for a in range(4) if bias.shape[a] == 1 and ds.shape[a] != 1)
         dbias = (jnp.sum(ds, axis=axes, keepdims=True) if axes else ds).astype(bias.dtype)
-    return dq, dk, dv, None, None, dbias
+    return (dq, dk, dv, None, None, dbias, *((delta,) if return_delta else ()))
 
 
 #: The backward of :func:`forward_with_residuals`: ``(dq, dk, dv, None, None, dbias, dsinks)`` (the sinks'
-#: cotangent computed from the residuals: the kernels need no change, their lse includes the sinks).
-backward = sinks_backward(_backward)
+#: cotangent from the lse and the kernels' own ``delta``: the kernels need no change, their lse includes the sinks).
+backward = sinks_backward(_backward, delta=True)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -10,12 +10,12 @@ Forward, three launches:
 - ``gdr_prep_kernel`` (chunk, head): the cumulative log decay ``gc``, the unit lower-triangular
   ``T = (I + strictly_lower(β k kᵀ Γ))⁻¹`` by forward substitution, ``W = T β e^gc k`` and
   ``U = T β v`` (float32);
-- ``gdr_state_kernel`` (V block, sequence·head): the float32 state entering each chunk,
+- ``gdr_state_kernel`` (sequence·head, V block): the float32 state entering each chunk,
   ``S ← e^{gc_C} S + (k e^{gc_C − gc})ᵀ (U − W S)``, and the final state;
 - ``gdr_output_kernel`` (chunk, head, V block): ``o = scale (e^gc q S + lower(q kᵀ Γ)(U − W S))``.
 
 Backward: the forward's first two launches again (the states are recomputed, not kept), then
-``gdr_state_bwd_kernel`` (V block, sequence·head) walks each sequence's chunks in reverse for the
+``gdr_state_bwd_kernel`` (sequence·head, V block) walks each sequence's chunks in reverse for the
 gradient of the state leaving every chunk and of the initial state, and ``gdr_local_bwd_kernel``
 (chunk, head) gives every chunk's ``dq, dk, dv, dβ, dg`` from the state entering it, the gradient
 of the state leaving it and ``dO`` (its ``(I + A)⁻¹`` recomputed, ``V`` in blocks). ``use_qk_l2norm``
@@ -157,7 +157,7 @@ def _prep_and_states(st: _Static, k: jax.Array, v: jax.Array, g: jax.Array, beta
                                   jax.ShapeDtypeStruct((rows, heads, dv), f32),
                                   jax.ShapeDtypeStruct((rows, heads), f32)),
                       **common, BV=bv_all, IN_PREC=st.in_prec)
-    h, final = _launch("gdr_state_kernel", grid=(cdiv(dv, bv), sequences * heads),
+    h, final = _launch("gdr_state_kernel", grid=(sequences * heads, cdiv(dv, bv)),
                       inputs=(w, u, k, gc, init, cstart),
                       out_shapes=(jax.ShapeDtypeStruct((chunks, heads, dk, dv), f32),
                                   jax.ShapeDtypeStruct((sequences, heads, dk, dv), f32)),
@@ -188,7 +188,7 @@ def _backward_rows(st: _Static, residuals: tuple[jax.Array, ...], cotangents: tu
     w, u, gc, h, _ = _prep_and_states(st, k, v, g, beta, init, cstart)
     bv = min(st.block_v, max(16, 1 << (dv - 1).bit_length()))
     f32 = jnp.float32
-    dh, d_init = _launch("gdr_state_bwd_kernel", grid=(cdiv(dv, bv), sequences * heads),
+    dh, d_init = _launch("gdr_state_bwd_kernel", grid=(sequences * heads, cdiv(dv, bv)),
                          inputs=(q, k, w, gc, d_o.astype(f32), d_final.astype(f32), cstart),
                          out_shapes=(jax.ShapeDtypeStruct((chunks, heads, dk, dv), f32),
                                      jax.ShapeDtypeStruct((sequences, heads, dk, dv), f32)),
@@ -258,18 +258,14 @@ def capability(q: Any, k: Any, v: Any, g: Any, beta: Any, initial_state: Any = N
     """Why this implementation cannot run a call, or ``None`` when it can (abstract arguments suffice).
 
     Supported: ``K`` and ``V`` up to 256, bfloat16 / float16 / float32 ``q, k, v``, any lengths
-    (padded to chunks), packed sequences, every array below 2**30 elements (states included).
+    (padded to chunks; the kernels index with int64), packed sequences.
     Needs an NVIDIA GPU (compute capability 8.0+), except in the interpreter mode.
     """
     del g, beta, initial_state
-    batch, length, heads, dk = (int(d) for d in q.shape)
-    dv = int(v.shape[-1])
+    dk, dv = int(q.shape[-1]), int(v.shape[-1])
     if dk > 256 or dv > 256:
         return f"K={dk}, V={dv}: the kernels hold a [K, V] state tile, K and V up to 256"
-    sequences = batch if cu_seqlens is None else int(cu_seqlens.shape[0]) - 1
-    chunks = cdiv(length, 16) * batch + sequences
-    return _dots.gate((("q", q), ("k", k), ("v", v)),
-                      (("states", chunks * heads * dk * dv), ("padded v", (chunks * 16) * heads * dv)))
+    return _dots.gate((("q", q), ("k", k), ("v", v)), (), int64_offsets=True)
 
 
 _INTERPRETER = GatedDeltaRuleConfig(chunk=16, block_v=16, num_warps=4, num_stages=1, backward_chunk=16)

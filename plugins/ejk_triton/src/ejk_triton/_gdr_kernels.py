@@ -17,8 +17,9 @@ __all__ = ["gdr_local_bwd_kernel", "gdr_output_kernel", "gdr_prep_kernel", "gdr_
 
 @triton.jit
 def _rows(ptr, c, h, H: tl.constexpr, D: tl.constexpr, C: tl.constexpr, BD: tl.constexpr, col0):
-    """Pointers and mask of chunk ``c``'s ``[C, BD]`` tile of a ``[R, H, D]`` array (columns from ``col0``)."""
-    rows = c * C + tl.arange(0, C)
+    """Pointers and mask of chunk ``c``'s ``[C, BD]`` tile of a ``[R, H, D]`` array (columns from ``col0``;
+    int64 offsets)."""
+    rows = tl.cast(c, tl.int64) * C + tl.arange(0, C)
     cols = col0 + tl.arange(0, BD)
     return ptr + (rows[:, None] * H + h) * D + cols[None, :], (cols < D)[None, :]
 
@@ -26,9 +27,9 @@ def _rows(ptr, c, h, H: tl.constexpr, D: tl.constexpr, C: tl.constexpr, BD: tl.c
 @triton.jit
 def _gates(gc_ptr, c, h, H: tl.constexpr, C: tl.constexpr):
     """The chunk's cumulative log decays ``[C]`` and their last value."""
-    rows = c * C + tl.arange(0, C)
+    rows = tl.cast(c, tl.int64) * C + tl.arange(0, C)
     gc = tl.load(gc_ptr + rows * H + h)
-    return gc, tl.load(gc_ptr + (c * C + C - 1) * H + h)
+    return gc, tl.load(gc_ptr + (tl.cast(c, tl.int64) * C + C - 1) * H + h)
 
 
 @triton.jit
@@ -61,7 +62,7 @@ def gdr_prep_kernel(k_ptr, v_ptr, g_ptr, b_ptr, w_ptr, u_ptr, gc_ptr, H: tl.cons
     k = tl.load(kp, mask=km, other=0.0)
     vp, vm = _rows(v_ptr, c, h, H, V, C, BV, 0)
     v = tl.load(vp, mask=vm, other=0.0).to(tl.float32)
-    rows = c * C + tl.arange(0, C)
+    rows = tl.cast(c, tl.int64) * C + tl.arange(0, C)
     g = tl.load(g_ptr + rows * H + h).to(tl.float32)
     beta = tl.load(b_ptr + rows * H + h).to(tl.float32)
     gc = tl.cumsum(g, 0)
@@ -78,22 +79,24 @@ def gdr_prep_kernel(k_ptr, v_ptr, g_ptr, b_ptr, w_ptr, u_ptr, gc_ptr, H: tl.cons
 @triton.jit
 def _state_tile(ptr, idx, h, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr,
                 BV: tl.constexpr, col0):
-    """Pointers and mask of the ``[BK, BV]`` tile (columns from ``col0``) of state ``idx`` of ``[·, H, K, V]``."""
+    """Pointers and mask of the ``[BK, BV]`` tile (columns from ``col0``) of state ``idx`` of ``[·, H, K, V]``
+    (int64 offsets)."""
     ik = tl.arange(0, BK)
     iv = col0 + tl.arange(0, BV)
-    return ptr + ((idx * H + h) * K + ik[:, None]) * V + iv[None, :], (ik < K)[:, None] & (iv < V)[None, :]
+    offsets = ((tl.cast(idx, tl.int64) * H + h) * K + ik[:, None]) * V + iv[None, :]
+    return ptr + offsets, (ik < K)[:, None] & (iv < V)[None, :]
 
 
 @triton.jit
 def gdr_state_kernel(w_ptr, u_ptr, k_ptr, gc_ptr, init_ptr, cstart_ptr, h_ptr, final_ptr, H: tl.constexpr,
                      K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                      HAS_INIT: tl.constexpr, PREC: tl.constexpr):
-    """Per (V block, sequence·head): the states entering each chunk of the sequence, then its final state.
+    """Per (sequence·head, V block): the states entering each chunk of the sequence, then its final state.
 
     ``S ← e^{gc_C} S + (k e^{gc_C − gc})ᵀ (U − W S)``, from ``init`` (or zeros) on the sequence's first chunk.
     """
-    col0 = tl.program_id(0) * BV
-    n, h = tl.program_id(1) // H, tl.program_id(1) % H
+    col0 = tl.program_id(1) * BV
+    n, h = tl.program_id(0) // H, tl.program_id(0) % H
     c0, c1 = tl.load(cstart_ptr + n), tl.load(cstart_ptr + n + 1)
     sp, sm = _state_tile(init_ptr, n, h, H, K, V, BK, BV, col0)
     state = tl.zeros((BK, BV), tl.float32)
@@ -139,14 +142,14 @@ def gdr_output_kernel(q_ptr, k_ptr, w_ptr, u_ptr, gc_ptr, h_ptr, o_ptr, SCALE: t
 def gdr_state_bwd_kernel(q_ptr, k_ptr, w_ptr, gc_ptr, do_ptr, dfinal_ptr, cstart_ptr, dh_ptr, dinit_ptr,
                          SCALE: tl.constexpr, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr,
                          BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr, IN_PREC: tl.constexpr):
-    """Per (V block, sequence·head), chunks in reverse: the gradient of the state leaving each chunk.
+    """Per (sequence·head, V block), chunks in reverse: the gradient of the state leaving each chunk.
 
     With ``dS'`` that of the state leaving chunk c (the final state's cotangent for the last):
     ``dN = scale lower(q kᵀ Γ)ᵀ dO + k e^{gc_C − gc} dS'`` and the state entering it gets
     ``dS = scale (e^gc q)ᵀ dO + e^{gc_C} dS' − Wᵀ dN``; the first chunk's is the initial state's.
     """
-    col0 = tl.program_id(0) * BV
-    n, h = tl.program_id(1) // H, tl.program_id(1) % H
+    col0 = tl.program_id(1) * BV
+    n, h = tl.program_id(0) // H, tl.program_id(0) % H
     c0, c1 = tl.load(cstart_ptr + n), tl.load(cstart_ptr + n + 1)
     fp, fm = _state_tile(dfinal_ptr, n, h, H, K, V, BK, BV, col0)
     grad = tl.load(fp, mask=fm, other=0.0)
@@ -187,7 +190,7 @@ def gdr_local_bwd_kernel(q_ptr, k_ptr, v_ptr, b_ptr, gc_ptr, w_ptr, u_ptr, h_ptr
     """
     c, h = tl.program_id(0), tl.program_id(1)
     i = tl.arange(0, C)
-    rows = c * C + i
+    rows = tl.cast(c, tl.int64) * C + i
     qp, qm = _rows(q_ptr, c, h, H, K, C, BK, 0)
     kp, km = _rows(k_ptr, c, h, H, K, C, BK, 0)
     q = tl.load(qp, mask=qm, other=0.0)

@@ -4,11 +4,13 @@ Packed training through ``ejk.flash_attention(..., q_segment_ids=, kv_segment_id
 documents in one long row; a dense kernel computes every block of the ``[Sq, Sk]`` square (or its causal
 triangle) and masks most of it. Here the batch is folded into one packed axis and every query row gets
 the interval of keys it may see: the hull of the keys that carry its segment id (the first and last of
-them, found with a stable sort of the key ids and two ``searchsorted``), intersected with its causal /
+them, found without sorting: :func:`_id_hulls`), intersected with its causal /
 window band (positions are those of the row, as ``flash_attention`` defines them). The varlen kernels
 loop over the blocks of that interval only and compare segment ids inside it, so any segment ids are
 exact (a segment split into several runs just widens the hull), and contiguous segments, the packed
-case, skip everything outside their own block of the square.
+case, skip everything outside their own block of the square. Rows whose interval holds keys of their
+own id only (``exact``: the hull is as long as the id's count of keys) need no id compare at all; the
+kernels then run their interior blocks unmasked, as without segment ids.
 """
 
 from __future__ import annotations
@@ -24,22 +26,47 @@ from ejk_triton import _varlen_attention as va
 __all__ = ["capability", "config_space", "flash_attention", "heuristic_config", "segment_intervals"]
 
 
+def _id_hulls(ids_q: jax.Array, ids_k: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Per row ``[B, Sq]``: ``(lo, hi, exact)``, a key interval ``[lo, hi)`` of its batch row holding every key
+    of the row's id (empty when there is none) and whether it holds keys of that id only.
+
+    No sort: the keys are hashed by id into ``Sk`` buckets per batch row (``id mod Sk``; distinct ids below
+    ``Sk``, the usual ones, never share one), and two scatters give each bucket its first and last key, its
+    smallest and largest id and its count. A bucket of one id gives that id's hull, exact when the id's
+    keys fill it (or none: the id has no key); a bucket shared by several ids gives a hull that holds all
+    of their keys, never exact (the kernels then compare ids inside it).
+    """
+    batch, kv_len = ids_k.shape
+    pos = jnp.broadcast_to(jnp.arange(kv_len, dtype=jnp.int32), ids_k.shape)
+    rows = jnp.arange(batch, dtype=jnp.int32)[:, None] * kv_len
+    bucket_k = (rows + jnp.remainder(ids_k, kv_len)).reshape(-1)
+    # min of (pos, -pos, id, ~id): first key, -last key, smallest id, ~largest id (~ reverses the order
+    # without overflow).
+    keyed = jnp.stack([pos, -pos, ids_k, ~ids_k], axis=-1).reshape(-1, 4)
+    big = jnp.iinfo(jnp.int32).max
+    table = jnp.full((batch * kv_len, 4), big, jnp.int32).at[bucket_k].min(keyed, mode="promise_in_bounds")
+    count = jnp.zeros((batch * kv_len,), jnp.int32).at[bucket_k].add(1, mode="promise_in_bounds")
+    bucket_q = (rows + jnp.remainder(ids_q, kv_len)).reshape(ids_q.shape)
+    first, neg_last, id_min, not_id_max = (table[bucket_q, c] for c in range(4))
+    keys = count[bucket_q]
+    single = id_min == ~not_id_max  # one id in the bucket (an empty bucket has id_min > ~not_id_max)
+    found = (keys > 0) & (~single | (id_min == ids_q))
+    lo = jnp.where(found, first, 0)
+    hi = jnp.where(found, 1 - neg_last, 0)
+    exact = ~found | (single & (keys == hi - lo))  # the id's keys fill its hull: no other id inside
+    return lo, hi, exact
+
+
 def segment_intervals(q_segment_ids: jax.Array, kv_segment_ids: jax.Array, *, causal: bool,
                       sliding_window: tuple[int, int] | None) -> tuple[jax.Array, ...]:
-    """Per packed row (batch folded in, ``b * Sq + i``): ``(lo, hi, hull_lo, hull_hi)`` in packed key
-    coordinates (``b * Sk + j``): row ``i`` of batch ``b`` sees only keys in ``[lo, hi)`` that carry its
-    id; ``hull_*`` are non-decreasing bounds (``hull_lo <= lo``, ``hull_hi >= hi``)."""
+    """Per packed row (batch folded in, ``b * Sq + i``): ``(lo, hi, hull_lo, hull_hi, inner_lo, inner_hi,
+    exact)`` in packed key coordinates (``b * Sk + j``): row ``i`` of batch ``b`` sees only keys in
+    ``[lo, hi)`` that carry its id; ``hull_*`` / ``inner_*`` are non-decreasing bounds (``hull_lo <= lo``,
+    ``hull_hi >= hi``; ``inner_lo >= lo``, ``inner_hi <= hi``); ``exact`` (int32) is 1 where every key
+    of ``[lo, hi)`` carries the row's id (its segment is one contiguous run of keys: the packed case)."""
     batch, q_len = q_segment_ids.shape
     kv_len = kv_segment_ids.shape[1]
-    ids_q, ids_k = q_segment_ids.astype(jnp.int32), kv_segment_ids.astype(jnp.int32)
-    order = jnp.argsort(ids_k, axis=1, stable=True).astype(jnp.int32)  # by id, then by position
-    sorted_ids = jnp.take_along_axis(ids_k, order, axis=1)
-    search = jax.vmap(lambda a, x, side: jnp.searchsorted(a, x, side=side), in_axes=(0, 0, None))
-    first = search(sorted_ids, ids_q, "left").astype(jnp.int32)
-    end = search(sorted_ids, ids_q, "right").astype(jnp.int32)
-    found = end > first
-    lo = jnp.where(found, jnp.take_along_axis(order, jnp.minimum(first, kv_len - 1), axis=1), 0)
-    hi = jnp.where(found, jnp.take_along_axis(order, jnp.maximum(end - 1, 0), axis=1) + 1, 0)
+    lo, hi, exact = _id_hulls(q_segment_ids.astype(jnp.int32), kv_segment_ids.astype(jnp.int32))
     pos = jnp.arange(q_len, dtype=jnp.int32)[None, :] + (kv_len - q_len)  # the row's position among the keys
     if sliding_window is not None:
         lo = jnp.maximum(lo, pos - sliding_window[0])
@@ -50,11 +77,14 @@ def segment_intervals(q_segment_ids: jax.Array, kv_segment_ids: jax.Array, *, ca
     empty = hi <= lo
     lo = jnp.where(empty, jnp.clip(pos, 0, kv_len), lo)
     hi = jnp.where(empty, lo, hi)
+    exact = exact | empty  # a part of an exact interval is exact; an empty one compares nothing
     offset = (jnp.arange(batch, dtype=jnp.int32) * kv_len)[:, None]
     lo, hi = (lo + offset).reshape(-1), (hi + offset).reshape(-1)
     hull_lo = lax.cummin(lo, axis=0, reverse=True)
     hull_hi = lax.cummax(hi, axis=0)
-    return lo, hi, hull_lo, hull_hi
+    inner_lo = lax.cummax(lo, axis=0)
+    inner_hi = lax.cummin(hi, axis=0, reverse=True)
+    return lo, hi, hull_lo, hull_hi, inner_lo, inner_hi, exact.reshape(-1).astype(jnp.int32)
 
 
 def flash_attention(
@@ -86,13 +116,14 @@ def flash_attention(
         return jnp.zeros((batch, q_len, q_heads, v_dim), q.dtype)
     flat_q = q.reshape(batch * q_len, q_heads, q.shape[3])
     flat_k, flat_v = k.reshape(batch * kv_len, kv_heads, k.shape[3]), v.reshape(batch * kv_len, kv_heads, v_dim)
-    cfg = heuristic_config(flat_q, flat_k, flat_v) if cfg is None else cfg
-    lo, hi, hull_lo, hull_hi = segment_intervals(q_segment_ids, kv_segment_ids, causal=causal,
-                                                 sliding_window=sliding_window)
+    cfg = heuristic_config(flat_q, flat_k, flat_v, causal=causal) if cfg is None else cfg
+    lo, hi, hull_lo, hull_hi, inner_lo, inner_hi, exact = segment_intervals(
+        q_segment_ids, kv_segment_ids, causal=causal, sliding_window=sliding_window)
     ids = (q_segment_ids.astype(jnp.int32).reshape(-1), kv_segment_ids.astype(jnp.int32).reshape(-1))
-    out = va.attend_intervals(flat_q, flat_k, flat_v, lo, hi, hull=(hull_lo, hull_hi), segment_ids=ids,
-                              softmax_scale=softmax_scale, logits_soft_cap=logits_soft_cap, precision=precision,
-                              cfg=cfg)
+    out = va.attend_intervals(flat_q, flat_k, flat_v, lo, hi, hull=(hull_lo, hull_hi), inner=(inner_lo, inner_hi),
+                              segment_ids=ids, exact=exact, softmax_scale=softmax_scale,
+                              logits_soft_cap=logits_soft_cap, precision=precision, cfg=cfg,
+                              reverse=causal or sliding_window is not None)
     return out.reshape(batch, q_len, q_heads, v_dim)
 
 
@@ -110,13 +141,13 @@ def _flat(x: Any) -> jax.ShapeDtypeStruct:
     return jax.ShapeDtypeStruct((int(x.shape[0]) * int(x.shape[1]), *map(int, x.shape[2:])), x.dtype)
 
 
-def config_space(q: Any, k: Any, v: Any, *_: Any, **__: Any) -> list[va.VarlenAttentionConfig]:
+def config_space(q: Any, k: Any, v: Any, *_: Any, causal: bool = False, **__: Any) -> list[va.VarlenAttentionConfig]:
     """The varlen kernels' candidates for the packed shapes."""
-    return va.config_space(_flat(q), _flat(k), _flat(v))
+    return va.config_space(_flat(q), _flat(k), _flat(v), causal=causal)
 
 
-def heuristic_config(q: Any, k: Any, v: Any, *_: Any, **__: Any) -> va.VarlenAttentionConfig:
+def heuristic_config(q: Any, k: Any, v: Any, *_: Any, causal: bool = False, **__: Any) -> va.VarlenAttentionConfig:
     """The varlen kernels' heuristic for the packed shapes (``q`` may already be packed, rank 3)."""
     if len(q.shape) == 4:
         q, k, v = _flat(q), _flat(k), _flat(v)
-    return va.heuristic_config(q, k, v)
+    return va.heuristic_config(q, k, v, causal=causal)

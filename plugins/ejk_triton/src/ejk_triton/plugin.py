@@ -18,6 +18,7 @@ from ejk_triton import (
     _matmul,
     _mla_attention,
     _paged_attention,
+    _rms_norm,
     _segment_attention,
     _varlen_attention,
 )
@@ -27,8 +28,9 @@ from ejk_triton import (
 
 #: Attention and paged attention: after the Hopper-only attention kernels, before Triton-lowered Pallas.
 PRIORITY = 5
-#: flash_attention with segment ids on the varlen kernels: after the flash kernel until GPU measurements rank it.
-SEGMENTS_PRIORITY = 4
+#: flash_attention with segment ids on the varlen kernels, before the flash kernel: it skips the key blocks outside
+#: each row's segment, where the flash kernel computes (and masks) every block of the [Sq, Sk] square or triangle.
+SEGMENTS_PRIORITY = 6
 #: grouped_matmul: first among the grouped kernels.
 GROUPED_MATMUL_PRIORITY = 7
 #: matmul: after the Mosaic GPU GEMM (Hopper-only), before Triton-lowered Pallas.
@@ -59,7 +61,7 @@ def ejk_register_kernels(register: RegisterKernels) -> None:
                  cfg_type=va.VarlenAttentionConfig, config_space=va.config_space, heuristic=va.heuristic_config,
                  capability=va.capability)(va.flash_attention_varlen)
         # flash_attention calls with segment ids (its gate refuses the others), on the varlen kernels: key blocks
-        # outside a row's segment are skipped. Unmeasured on GPUs: after ejk-triton's flash kernel (PRIORITY).
+        # outside a row's segment are skipped (SEGMENTS_PRIORITY: before ejk-triton's flash kernel).
         sa = _segment_attention
         register("flash_attention", Platform.TRITON, backend, priority=SEGMENTS_PRIORITY, name="segments",
                  cfg_type=va.VarlenAttentionConfig, config_space=sa.config_space, heuristic=sa.heuristic_config,
@@ -76,6 +78,12 @@ def ejk_register_kernels(register: RegisterKernels) -> None:
         register("linear_cross_entropy", Platform.TRITON, backend, priority=PRIORITY, name="fused",
                  cfg_type=lce.LinearCrossEntropyConfig, config_space=lce.config_space,
                  heuristic=lce.heuristic_config, capability=lce.capability, vjp=lce.vjp)(lce.forward)
+        # Fast tier, below ejk-xla's fused RMSNorm (vendor tier): platform="auto" takes it first only where a
+        # ranking pack measured it first. Residuals shared with ejk-xla's (RMS_NORM_RESIDUALS).
+        norm = _rms_norm
+        register("rms_norm", Platform.TRITON, backend, priority=PRIORITY, name="fused", cfg_type=norm.RmsNormConfig,
+                 config_space=norm.config_space, heuristic=norm.heuristic_config, capability=norm.capability,
+                 vjp=norm.vjp)(norm.forward)
     gdr = _gated_delta_rule  # differentiable through its own custom_vjp (no ejk.VJP: no residual format to share)
     for backend in _env.backends():
         register("gated_delta_rule", Platform.TRITON, backend, priority=PRIORITY, name="chunked",

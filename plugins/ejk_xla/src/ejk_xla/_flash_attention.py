@@ -31,6 +31,7 @@ from jax import lax
 
 from ejk.config.validators import positive_int
 from ejk.parallel import varying_like
+from ejk.plugin import cotangent_like
 from ejk.tiling import cdiv as _cdiv
 
 __all__ = ["FlashAttentionConfig", "config_space", "flash_attention", "flash_attention_lse", "heuristic_config"]
@@ -451,7 +452,8 @@ def _backward(
     if sinks is not None:  # lse = +inf on empty and padded rows: they contribute exp(-inf) = 0
         sink = sinks.astype(jnp.float32).reshape(1, 1, kv_heads, -1, 1)
         p_sink = jnp.exp(sink - lse)
-        dsinks = -jnp.sum(p_sink * deltab, axis=(0, 1, 4)).reshape(sinks.shape).astype(sinks.dtype)
+        dsinks = cotangent_like(-jnp.sum(p_sink * deltab, axis=(0, 1, 4)).reshape(sinks.shape).astype(sinks.dtype),
+                                sinks)  # summed over mesh axes the sinks do not vary along
     return dq, dk, dv, None, None, dbias, dsinks
 
 

@@ -5,6 +5,9 @@ reads ``x``, the cotangent and ``scale`` once and never recomputes the mean squa
 
     x̂ = x · inv_rms,  g = dy · scale,  dx = inv_rms · (g − x̂ · mean(g · x̂)),  dscale = Σ_rows dy · x̂
 
+With ``residual`` the forward normalises ``h = x + residual`` and returns it too (saved in
+``x``'s place); the backward adds ``h``'s cotangent to ``dx``, which is also ``residual``'s gradient.
+
 XLA fuses each pass into one kernel (a row reduction and an elementwise map), which is all a
 bandwidth-bound op needs: there is nothing to tune (the config has no fields).
 """
@@ -27,33 +30,54 @@ class RmsNormConfig:
     """Config of the XLA RMSNorm: no fields (XLA fuses each pass itself)."""
 
 
-def rms_norm_fwd(x: jax.Array, scale: jax.Array, *, eps: float = 1e-6,
-                 cfg: RmsNormConfig | None = None) -> tuple[jax.Array, tuple[jax.Array, jax.Array, jax.Array]]:
-    """``(y, (x, scale, inv_rms))`` with ``inv_rms`` shaped ``x.shape[:-1]`` in float32."""
+Output = jax.Array | tuple[jax.Array, jax.Array]
+
+
+def rms_norm_fwd(x: jax.Array, scale: jax.Array, *, residual: jax.Array | None = None, eps: float = 1e-6,
+                 cfg: RmsNormConfig | None = None) -> tuple[Output, tuple[jax.Array, ...]]:
+    """``(y, (x, scale, inv_rms))`` with ``inv_rms`` shaped ``x.shape[:-1]`` in float32; with ``residual``,
+    ``((y, h), (h, scale, inv_rms, x[..., :0], residual[..., :0]))`` for ``h = x + residual`` (in ``x.dtype``):
+    the empty slices carry the inputs' types under ``shard_map`` (which mesh axes each varies along), so
+    each gradient is summed over the axes its input does not vary along."""
     del cfg
-    x32 = x.astype(jnp.float32)
-    inv = jax.lax.rsqrt(jnp.mean(jnp.square(x32), axis=-1) + eps)
-    y = (x32 * inv[..., None] * scale.astype(jnp.float32)).astype(x.dtype)
-    return y, (x, scale, inv)
+    h = x if residual is None else (x.astype(jnp.float32) + residual.astype(jnp.float32)).astype(x.dtype)
+    h32 = h.astype(jnp.float32)
+    inv = jax.lax.rsqrt(jnp.mean(jnp.square(h32), axis=-1) + eps)
+    y = (h32 * inv[..., None] * scale.astype(jnp.float32)).astype(x.dtype)
+    if residual is None:
+        return y, (h, scale, inv)
+    return (y, h), (h, scale, inv, x[..., :0], residual[..., :0])
 
 
-def rms_norm(x: jax.Array, scale: jax.Array, *, eps: float = 1e-6, cfg: RmsNormConfig | None = None) -> jax.Array:
-    """``x / sqrt(mean(x²) + eps) * scale`` over the last dimension, in ``x.dtype``."""
-    return rms_norm_fwd(x, scale, eps=eps, cfg=cfg)[0]
+def rms_norm(x: jax.Array, scale: jax.Array, *, residual: jax.Array | None = None, eps: float = 1e-6,
+             cfg: RmsNormConfig | None = None) -> Output:
+    """``x / sqrt(mean(x²) + eps) * scale`` over the last dimension, in ``x.dtype``; with ``residual``,
+    ``(rms_norm(h), h)`` for ``h = x + residual``."""
+    return rms_norm_fwd(x, scale, residual=residual, eps=eps, cfg=cfg)[0]
 
 
-def rms_norm_bwd(residuals: tuple[jax.Array, jax.Array, jax.Array], dy: jax.Array, *, eps: float = 1e-6,
-                 cfg: RmsNormConfig | None = None) -> tuple[jax.Array, jax.Array]:
-    """``(dx, dscale)`` in the dtypes of ``x`` and ``scale``."""
+def rms_norm_bwd(residuals: tuple[jax.Array, ...], cotangent: Any, *, eps: float = 1e-6,
+                 cfg: RmsNormConfig | None = None) -> tuple[jax.Array, jax.Array, jax.Array | None]:
+    """``(dx, dscale, d residual)`` in the dtypes of ``x``, ``scale`` and ``residual`` (``None`` without one).
+
+    ``cotangent`` is ``dy``, or ``(dy, dh)`` for a call with a residual: then ``dh`` adds to the
+    normalisation's input gradient, which is both ``dx`` and ``d residual``.
+    """
     del eps, cfg
-    x, scale, inv = residuals
+    dy, dh = cotangent if isinstance(cotangent, tuple) else (cotangent, None)
+    x, scale, inv, *inputs = residuals
     inv = inv[..., None]
     normed = x.astype(jnp.float32) * inv
     dy32 = dy.astype(jnp.float32)
     g = dy32 * scale.astype(jnp.float32)
     dx = inv * (g - normed * jnp.mean(g * normed, axis=-1, keepdims=True))
-    dscale = jnp.sum((dy32 * normed).reshape(-1, x.shape[-1]), axis=0)
-    return cotangent_like(dx.astype(x.dtype), x), cotangent_like(dscale.astype(scale.dtype), scale)
+    if dh is not None:
+        dx = dx + dh.astype(jnp.float32)
+    dscale = cotangent_like(jnp.sum((dy32 * normed).reshape(-1, x.shape[-1]), axis=0).astype(scale.dtype), scale)
+    if not inputs:
+        return cotangent_like(dx.astype(x.dtype), x), dscale, None
+    dx = dx.astype(x.dtype)
+    return cotangent_like(dx, inputs[0]), dscale, cotangent_like(dx, inputs[1])
 
 
 #: The custom VJP: residuals ``(x, scale, inv_rms)``, shared with every implementation of the tag.

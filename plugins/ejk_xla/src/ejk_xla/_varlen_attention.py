@@ -27,7 +27,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from ejk.plugin import cdiv, positive_int, varlen_row_ranges, varying_like
+from ejk.plugin import cdiv, cotangent_like, positive_int, varlen_row_ranges, varying_like
 
 __all__ = ["VarlenAttentionConfig", "config_space", "flash_attention_varlen", "heuristic_config"]
 
@@ -202,7 +202,7 @@ def _backward(st: _Static, residuals: tuple[Any, ...], d_out: jax.Array) -> tupl
     if sinks is not None:
         sink = sinks.astype(jnp.float32).reshape(kv_heads, -1)[None, :, :, None]
         weight = jnp.exp(sink - lse)  # lse includes the sink: finite on every row
-        d_sinks = -jnp.sum(weight * deltab, axis=(0, 3)).reshape(-1).astype(sinks.dtype)
+        d_sinks = cotangent_like(-jnp.sum(weight * deltab, axis=(0, 3)).reshape(-1).astype(sinks.dtype), sinks)
     return dq, _from_kv_blocks(dkb, tk), _from_kv_blocks(dvb, tk), None, None, d_sinks
 
 

@@ -15,7 +15,7 @@ from typing import Any, ClassVar
 import attrs
 import jax
 
-from ejk.ops._workload import TFLOPS, Case, OpBench, Workload, dims, int_options, normal
+from ejk.ops._workload import TFLOPS, Case, OpBench, Workload, dims, fixed_kwargs, int_options, normal
 
 __all__ = ["BENCH", "AttentionCase", "AttentionWorkload"]
 
@@ -95,9 +95,9 @@ class AttentionWorkload(Workload):
     def split_inputs(self, inputs: Sequence[Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
         """``(q, k, v)`` positional; the sinks, when the case has them, by keyword."""
         if not self.case.sinks:
-            return tuple(inputs), self.kwargs()
+            return tuple(inputs), fixed_kwargs(self)
         q, k, v, sinks = inputs
-        return (q, k, v), {**self.kwargs(), "sinks": sinks}
+        return (q, k, v), {**fixed_kwargs(self), "sinks": sinks}
 
     def out_shape(self) -> tuple[int, ...]:
         c = self.case

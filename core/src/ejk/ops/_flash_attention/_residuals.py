@@ -51,38 +51,49 @@ def fold_sinks(out: Any, lse2: Any, sinks: Any) -> tuple[Any, Any]:
     return scaled.astype(out.dtype), jnp.where(seen, full, jnp.inf)
 
 
-def sinks_cotangent(sinks: Any, out: Any, lse2: Any, d_out: Any, d_lse: Any = None) -> Any:
+def sinks_cotangent(sinks: Any, out: Any, lse2: Any, d_out: Any, d_lse: Any = None, *, delta: Any = None) -> Any:
     """The cotangent of ``sinks`` ``[Hq]``: ``Σ_rows e^(sink − lse) · (d_lse − rowsum(d_out ∘ out))`` with
     the lse including the sink (``lse2``, base 2; rows that see no key, ``+inf``, contribute 0), in
-    ``sinks.dtype``."""
+    ``sinks.dtype``. ``delta`` ``[B, Hq, Sq]``, when a backward kernel computed it already, is
+    ``rowsum(d_out ∘ out) − d_lse`` (then ``out``, ``d_out`` and ``d_lse`` are not read: no extra pass)."""
     import jax.numpy as jnp
 
-    dtype = jnp.promote_types(jnp.float32, out.dtype)  # float64 under x64 (the references' checks)
-    delta = jnp.sum(d_out.astype(dtype) * out.astype(dtype), axis=-1)  # [B, Sq, Hq]
-    delta = jnp.swapaxes(delta, 1, 2)
-    if d_lse is not None:
-        delta = delta - d_lse.astype(dtype)
+    dtype = jnp.promote_types(jnp.float32, lse2.dtype if delta is not None else out.dtype)
+    if delta is None:
+        delta = jnp.sum(d_out.astype(dtype) * out.astype(dtype), axis=-1)  # [B, Sq, Hq]
+        delta = jnp.swapaxes(delta, 1, 2)
+        if d_lse is not None:
+            delta = delta - d_lse.astype(dtype)
+    delta = delta.astype(dtype)
     seen = lse2 != jnp.inf
     sink2 = sinks.astype(dtype)[None, :, None] * (1.0 / _LN2)
     p_sink = jnp.where(seen, jnp.exp2(sink2 - jnp.where(seen, lse2, 0.0)), 0.0)
     return (-jnp.sum(p_sink * jnp.where(seen, delta, 0.0), axis=(0, 2))).astype(sinks.dtype)
 
 
-def sinks_backward(backward: Callable[..., Any]) -> Callable[..., Any]:
+def sinks_backward(backward: Callable[..., Any], *, delta: bool = False) -> Callable[..., Any]:
     """A :data:`FLASH_RESIDUALS` backward that returns one cotangent per array argument up to ``bias``
     made into one that also takes calls with ``sinks``: it runs ``backward`` on the residuals without
     the sinks (their ``lse2`` includes the sink, which is all the kernel needs) and appends the sinks'
-    cotangent (``None`` for a call without sinks). Keyword arguments (``d_lse`` included) pass through."""
+    cotangent (``None`` for a call without sinks). Keyword arguments (``d_lse`` included) pass through.
+
+    ``delta=True``: ``backward`` takes ``return_delta: bool`` and, when it is ``True``, appends the
+    ``[B, Hq, Sq]`` float32 ``rowsum(d_out ∘ out) − d_lse`` its kernels computed anyway, from which
+    the sinks' cotangent follows without another pass over ``out`` and ``d_out``."""
 
     @functools.wraps(backward)
     def backward_with_sinks(residuals: tuple[Any, ...], cotangent: Any, **kwargs: Any) -> tuple[Any, ...]:
         if len(residuals) == LSE2_INDEX + 1:
             return (*backward(residuals, cotangent, **kwargs), None)
         base, sinks = tuple(residuals[:LSE2_INDEX + 1]), residuals[LSE2_INDEX + 1]
-        grads = tuple(backward(base, cotangent, **kwargs))
         out, lse2 = base[LSE2_INDEX - 1], base[LSE2_INDEX]
-        d_sinks = sinks_cotangent(sinks, out, lse2, cotangent, kwargs.get("d_lse"))
-        return (*grads, d_sinks)
+        from ejk.parallel._vma import cotangent_like
+
+        if delta:
+            *grads, rows = backward(base, cotangent, **kwargs, return_delta=True)
+            return (*grads, cotangent_like(sinks_cotangent(sinks, out, lse2, None, delta=rows), sinks))
+        grads = tuple(backward(base, cotangent, **kwargs))
+        return (*grads, cotangent_like(sinks_cotangent(sinks, out, lse2, cotangent, kwargs.get("d_lse")), sinks))
 
     return backward_with_sinks
 

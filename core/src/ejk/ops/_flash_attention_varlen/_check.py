@@ -15,7 +15,7 @@ from ejk.ops._check_arrays import concrete, require_floating, require_integer, r
 from ejk.ops._check_common import dtype_name, is_int, matmul_precision, normalize_window, optional_positive
 from ejk.ops._check_common import softmax_scale as resolve_scale
 
-__all__ = ["check_flash_attention_varlen_args", "resolve_precision"]
+__all__ = ["check_flash_attention_varlen_args", "check_flash_attention_varlen_values", "resolve_precision"]
 
 _OP = "flash_attention_varlen"
 
@@ -51,6 +51,11 @@ def _check_offsets(cu_q: Any, cu_k: Any, tq: int, tk: int) -> None:
                     "(one offset per sequence boundary, the same sequences for queries and keys)")
     for name, x in (("cu_seqlens_q", cu_q), ("cu_seqlens_k", cu_k)):
         require_integer(_OP, name, x)
+    _check_offset_values(cu_q, cu_k, tq, tk)
+
+
+def _check_offset_values(cu_q: Any, cu_k: Any, tq: int, tk: int) -> None:
+    """Where concrete, each offsets array starts at 0, never decreases and ends at most at its tokens."""
     for name, x, tokens, rows in (("cu_seqlens_q", cu_q, tq, "q"), ("cu_seqlens_k", cu_k, tk, "k")):
         host = concrete(x)
         if host is None:
@@ -89,6 +94,15 @@ def _check_max_seqlen(name: str, value: Any, cu: Any) -> int | None:
             raise _fail(f"{name} is {value} but the longest sequence of the offsets has {longest} tokens; "
                         "pass a bound >= every length or None")
     return int(value)
+
+
+def check_flash_attention_varlen_values(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: Any, *,
+                                        max_seqlen_q: Any = None, max_seqlen_k: Any = None, **_: Any) -> None:
+    """The value checks of a call already validated once (the eager fast path): the offsets, and the
+    lengths they give against ``max_seqlen_q`` / ``max_seqlen_k``."""
+    _check_offset_values(cu_seqlens_q, cu_seqlens_k, shape_of(q)[0], shape_of(k)[0])
+    _check_max_seqlen("max_seqlen_q", max_seqlen_q, cu_seqlens_q)
+    _check_max_seqlen("max_seqlen_k", max_seqlen_k, cu_seqlens_k)
 
 
 def resolve_precision(precision: Any, dtype: Any) -> str:

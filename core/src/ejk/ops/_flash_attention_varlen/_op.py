@@ -9,10 +9,14 @@ import jax.numpy as jnp
 import numpy as np
 
 from ejk.execution.kernel import Invocation
-from ejk.ops._base import ImplChoice, OpKernel, run_op
+from ejk.ops._base import ImplChoice, OpKernel, get_default_executor, run_op
 from ejk.ops._check_common import as_array
 from ejk.ops._definition import define_op
-from ejk.ops._flash_attention_varlen._check import check_flash_attention_varlen_args
+from ejk.ops._eager import eager_fast_path
+from ejk.ops._flash_attention_varlen._check import (
+    check_flash_attention_varlen_args,
+    check_flash_attention_varlen_values,
+)
 from ejk.ops._flash_attention_varlen._ranges import sanitize_offsets
 
 __all__ = ["DEFINITION", "KERNEL", "FlashAttentionVarlenKernel", "flash_attention_varlen",
@@ -50,6 +54,7 @@ class FlashAttentionVarlenKernel(OpKernel):
 KERNEL = FlashAttentionVarlenKernel()
 
 
+@eager_fast_path(KERNEL, get_default_executor, values=check_flash_attention_varlen_values, whole=True)
 def flash_attention_varlen(
     q: jax.Array,
     k: jax.Array,

@@ -14,6 +14,9 @@ import jax.numpy as jnp
 
 __all__ = ["sanitize_offsets", "varlen_row_ranges"]
 
+#: Up to this many elements, pairwise compares over the offsets replace scans and searches (one fusion each).
+_SMALL = 1 << 24
+
 
 def sanitize_offsets(cu_seqlens: jax.Array, tokens: int) -> jax.Array:
     """The offsets as every implementation reads them: ``cummax(clip(cu, 0, tokens))`` in int32.
@@ -22,7 +25,13 @@ def sanitize_offsets(cu_seqlens: jax.Array, tokens: int) -> jax.Array:
     repeats it (that sequence is empty): wrong offsets never read out of bounds.
     """
     cu = jnp.clip(cu_seqlens.astype(jnp.int32), 0, tokens)
-    return jax.lax.cummax(cu, axis=0)
+    n = cu.shape[0]
+    if n * n > _SMALL:
+        return jax.lax.cummax(cu, axis=0)
+    # Few offsets: the running max as one masked reduction (XLA lowers cummax to a tree of reduce-windows:
+    # several launches, for a handful of numbers).
+    before = jnp.arange(n)[None, :] <= jnp.arange(n)[:, None]
+    return jnp.max(jnp.where(before, cu[None, :], 0), axis=1)
 
 
 def varlen_row_ranges(
@@ -53,7 +62,12 @@ def varlen_row_ranges(
     cu_q = sanitize_offsets(cu_seqlens_q, q_tokens)
     cu_k = sanitize_offsets(cu_seqlens_k, k_tokens)
     rows = jnp.arange(q_tokens, dtype=jnp.int32)
-    seq = jnp.searchsorted(cu_q, rows, side="right").astype(jnp.int32) - 1  # -1 before cu_q[0]
+    # The number of offsets <= row, less 1 (-1 before cu_q[0]): for few sequences one compare-and-count
+    # reduction, else a fused binary search (jnp.searchsorted's default is an XLA while loop: a launch per level).
+    if q_tokens * cu_q.shape[0] <= _SMALL:
+        seq = jnp.sum(cu_q[None, :] <= rows[:, None], axis=1, dtype=jnp.int32) - 1
+    else:
+        seq = jnp.searchsorted(cu_q, rows, side="right", method="scan_unrolled").astype(jnp.int32) - 1
     n = cu_q.shape[0] - 1
     inside = (seq >= 0) & (seq < n)
     s = jnp.clip(seq, 0, max(n - 1, 0))

@@ -15,7 +15,8 @@ import numpy as np
 from ejk.ops._check_arrays import concrete, dtype_of, require_array, require_floating, require_integer, shape_of
 from ejk.ops._check_common import dtype_name, is_real
 
-__all__ = ["check_flag", "check_gated_delta_rule_args", "check_step_args", "resolve_scale"]
+__all__ = ["check_cu_seqlens_values", "check_flag", "check_gated_delta_rule_args", "check_gated_delta_rule_values",
+           "check_step_args", "resolve_scale"]
 
 _OP = "gated_delta_rule"
 
@@ -82,6 +83,18 @@ def _check_cu_seqlens(cu_seqlens: Any, batch: int, length: int) -> int:
     if batch != 1:
         _fail(_OP, f"cu_seqlens is given but q has batch {batch}; packed sequences need batch 1: "
                    "concatenate them along T into [1, total, H, K]")
+    check_cu_seqlens_values(cu_seqlens, length)
+    return cs[0] - 1
+
+
+def check_gated_delta_rule_values(q: Any, *_: Any, cu_seqlens: Any = None, **__: Any) -> None:
+    """The value checks of a call already validated once (the eager fast path): ``cu_seqlens``."""
+    if cu_seqlens is not None:
+        check_cu_seqlens_values(cu_seqlens, int(shape_of(q)[1]))
+
+
+def check_cu_seqlens_values(cu_seqlens: Any, length: int) -> None:
+    """Where ``cu_seqlens`` is concrete: from 0 to ``T = length``, never decreasing."""
     values = concrete(cu_seqlens)
     if values is not None:
         if int(values[0]) != 0 or int(values[-1]) != length:
@@ -91,7 +104,6 @@ def _check_cu_seqlens(cu_seqlens: Any, batch: int, length: int) -> int:
             bad = int(np.argmax(steps < 0))
             _fail(_OP, f"cu_seqlens decreases at [{bad + 1}] ({int(values[bad])} -> {int(values[bad + 1])}); "
                        "it needs non-decreasing offsets (an empty sequence repeats its offset)")
-    return cs[0] - 1
 
 
 def check_gated_delta_rule_args(q: Any, k: Any, v: Any, g: Any, beta: Any, initial_state: Any, cu_seqlens: Any,

@@ -6,10 +6,11 @@ from typing import Any
 
 import jax
 
-from ejk.ops._base import ImplChoice, OpKernel, run_op
+from ejk.ops._base import ImplChoice, OpKernel, get_default_executor, run_op
 from ejk.ops._check_common import as_array
 from ejk.ops._definition import define_op
-from ejk.ops._gated_delta_rule._check import check_flag, check_gated_delta_rule_args
+from ejk.ops._eager import eager_fast_path
+from ejk.ops._gated_delta_rule._check import check_flag, check_gated_delta_rule_args, check_gated_delta_rule_values
 
 __all__ = ["DEFINITION", "GATED_DELTA_RULE", "GatedDeltaRuleKernel", "gated_delta_rule"]
 
@@ -44,6 +45,9 @@ class GatedDeltaRuleKernel(OpKernel):
 GATED_DELTA_RULE = GatedDeltaRuleKernel()
 
 
+# whole: an unasked final state is never computed (as under jax.jit)
+@eager_fast_path(GATED_DELTA_RULE, get_default_executor, values=check_gated_delta_rule_values,
+                 whole=True)
 def gated_delta_rule(
     q: jax.Array,
     k: jax.Array,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 
@@ -46,8 +48,16 @@ def gated_delta_rule_step(
     q, k, v, g, beta, state = (as_array(op, n, x) for n, x in
                                zip(("q", "k", "v", "g", "beta", "state"), (q, k, v, g, beta, state), strict=True))
     resolved = check_step_args(q, k, v, g, beta, state, scale)
+    return _step(q, k, v, g, beta, state, scale=resolved,  # type: ignore[no-any-return]
+                 use_qk_l2norm=check_flag(op, "use_qk_l2norm", use_qk_l2norm))
+
+
+@functools.partial(jax.jit, static_argnames=("scale", "use_qk_l2norm"))
+def _step(q: jax.Array, k: jax.Array, v: jax.Array, g: jax.Array, beta: jax.Array, state: jax.Array, *,
+          scale: float, use_qk_l2norm: bool) -> tuple[jax.Array, jax.Array]:
+    """The step as one jitted function: an eager call is one dispatch, not one per operation."""
     out_dtype = q.dtype
-    if check_flag(op, "use_qk_l2norm", use_qk_l2norm):
+    if use_qk_l2norm:
         q, k = l2_normalize(q.astype(jnp.float32)), l2_normalize(k.astype(jnp.float32))
-    o, new_state = delta_step(state.astype(jnp.float32), q, k, v, g, beta, resolved)
+    o, new_state = delta_step(state.astype(jnp.float32), q, k, v, g, beta, scale)
     return o.astype(out_dtype), new_state

@@ -11,7 +11,8 @@ import numpy as np
 from ejk.ops._check_arrays import concrete, listed, require_floating, require_integer, require_ndim, shape_of
 from ejk.ops._check_common import is_real
 
-__all__ = ["check_cu_seqlens", "check_gla_args", "check_state", "linear_scale"]
+__all__ = ["check_cu_seqlens", "check_gla_args", "check_gla_values", "check_offsets_values", "check_packed_values",
+           "check_state", "linear_scale"]
 
 
 def linear_scale(op: str, value: Any, head_dim: int) -> float:
@@ -48,6 +49,24 @@ def check_cu_seqlens(op: str, cu_seqlens: Any, batch: int, tokens: int) -> int:
     if batch != 1:
         raise ValueError(f"{op}: cu_seqlens packs sequences along the tokens of batch row 0, but the batch size is "
                          f"{batch}: concatenate the sequences into shape [1, total_tokens, ...]")
+    check_offsets_values(op, cu_seqlens, tokens)
+    return int(shape[0]) - 1
+
+
+def check_packed_values(op: str, tokens_of: Any, cu_seqlens: Any) -> None:
+    """The value checks of a call already validated once (the eager fast path): a given ``cu_seqlens``
+    against the tokens (dimension 1) of ``tokens_of``."""
+    if cu_seqlens is not None:
+        check_offsets_values(op, cu_seqlens, int(shape_of(tokens_of)[1]))
+
+
+def check_gla_values(q: Any, *_: Any, cu_seqlens: Any = None, **__: Any) -> None:
+    """``gla``'s value checks of a call already validated once (the eager fast path)."""
+    check_packed_values("gla", q, cu_seqlens)
+
+
+def check_offsets_values(op: str, cu_seqlens: Any, tokens: int) -> None:
+    """Where ``cu_seqlens`` is concrete: from 0 to ``T = tokens``, never decreasing."""
     values = concrete(cu_seqlens)
     if values is not None:
         values = values.astype(np.int64)
@@ -58,7 +77,6 @@ def check_cu_seqlens(op: str, cu_seqlens: Any, batch: int, tokens: int) -> int:
         if bad.size:
             raise ValueError(f"{op}: cu_seqlens must be non-decreasing (sequence lengths >= 0), but it decreases "
                              f"after {listed(bad, values[bad])}")
-    return int(shape[0]) - 1
 
 
 def check_state(op: str, name: str, state: Any, needs: tuple[int, ...], what: str) -> None:

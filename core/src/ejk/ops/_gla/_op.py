@@ -8,10 +8,11 @@ import jax
 import numpy as np
 
 from ejk.execution.kernel import Invocation
-from ejk.ops._base import ImplChoice, OpKernel, run_op
+from ejk.ops._base import ImplChoice, OpKernel, get_default_executor, run_op
 from ejk.ops._check_common import as_array
 from ejk.ops._definition import define_op
-from ejk.ops._gla._check import check_gla_args
+from ejk.ops._eager import eager_fast_path
+from ejk.ops._gla._check import check_gla_args, check_gla_values
 
 __all__ = ["DEFINITION", "GLA_RESIDUALS", "KERNEL", "GlaKernel", "gla", "realistic_linear_args"]
 
@@ -61,6 +62,8 @@ class GlaKernel(OpKernel):
 KERNEL = GlaKernel()
 
 
+# whole: an unasked final state is never computed (as under jax.jit)
+@eager_fast_path(KERNEL, get_default_executor, values=check_gla_values, whole=True)
 def gla(
     q: jax.Array,
     k: jax.Array,

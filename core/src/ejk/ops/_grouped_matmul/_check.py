@@ -8,7 +8,7 @@ import numpy as np
 
 from ejk.ops._check_arrays import concrete, listed, require_floating, require_integer, require_ndim
 
-__all__ = ["check_grouped_matmul_args"]
+__all__ = ["check_group_sizes", "check_grouped_matmul_args", "check_grouped_matmul_values"]
 
 
 def check_grouped_matmul_args(lhs: Any, rhs: Any, group_sizes: Any) -> None:
@@ -40,6 +40,16 @@ def check_grouped_matmul_args(lhs: Any, rhs: Any, group_sizes: Any) -> None:
     require_floating(op, "lhs", lhs)
     require_floating(op, "rhs", rhs)
     require_integer(op, "group_sizes", group_sizes)
+    check_group_sizes(group_sizes, m)
+
+
+def check_grouped_matmul_values(lhs: Any, rhs: Any, group_sizes: Any, **_: Any) -> None:
+    """The value checks of a call already validated once (the eager fast path): ``group_sizes``."""
+    check_group_sizes(group_sizes, lhs.shape[0])
+
+
+def check_group_sizes(group_sizes: Any, m: int) -> None:
+    """Where ``group_sizes`` is concrete: non-negative entries summing to at most ``m``."""
     sizes = concrete(group_sizes)
     if sizes is None:
         return

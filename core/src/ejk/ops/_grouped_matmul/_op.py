@@ -8,11 +8,12 @@ import jax
 import numpy as np
 
 from ejk.execution.kernel import Invocation
-from ejk.ops._base import ImplChoice, OpKernel, run_op
+from ejk.ops._base import ImplChoice, OpKernel, get_default_executor, run_op
 from ejk.ops._check_common import as_array, matmul_precision
 from ejk.ops._check_common import preferred_element_type as output_dtype
 from ejk.ops._definition import define_op
-from ejk.ops._grouped_matmul._check import check_grouped_matmul_args
+from ejk.ops._eager import eager_fast_path
+from ejk.ops._grouped_matmul._check import check_grouped_matmul_args, check_grouped_matmul_values
 from ejk.ops._matmul._op import DEFAULT_PRECISION
 
 __all__ = ["DEFINITION", "GROUPED", "GroupedMatmulKernel", "grouped_matmul"]
@@ -60,6 +61,7 @@ class GroupedMatmulKernel(OpKernel):
 GROUPED = GroupedMatmulKernel()
 
 
+@eager_fast_path(GROUPED, get_default_executor, values=check_grouped_matmul_values)
 def grouped_matmul(
     lhs: jax.Array,
     rhs: jax.Array,

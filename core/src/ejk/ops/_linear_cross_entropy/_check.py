@@ -10,7 +10,8 @@ import numpy as np
 from ejk.ops._check_arrays import concrete, listed, require_floating, require_integer, require_ndim
 from ejk.ops._check_common import is_int, is_real
 
-__all__ = ["REDUCTIONS", "check_linear_cross_entropy_args", "check_loss_options"]
+__all__ = ["REDUCTIONS", "check_labels", "check_linear_cross_entropy_args", "check_linear_cross_entropy_values",
+           "check_loss_options"]
 
 #: The values of ``reduction``.
 REDUCTIONS = ("mean", "sum", "none")
@@ -41,9 +42,18 @@ def check_linear_cross_entropy_args(x: Any, w: Any, labels: Any, *, ignore_index
     require_floating(_OP, "x", x)
     require_floating(_OP, "w", w)
     require_integer(_OP, "labels", labels)
+    check_labels(labels, w_shape[1], ignore_index)
+
+
+def check_linear_cross_entropy_values(x: Any, w: Any, labels: Any, *, ignore_index: Any = -100, **_: Any) -> None:
+    """The value checks of a call already validated once (the eager fast path): ``labels``."""
+    check_labels(labels, int(w.shape[1]), int(ignore_index))
+
+
+def check_labels(labels: Any, vocab: int, ignore_index: int) -> None:
+    """Where ``labels`` is concrete: each is ``ignore_index`` or in ``[0, vocab)``."""
     values = concrete(labels)
     if values is not None and values.size:
-        vocab = w_shape[1]
         bad = np.nonzero((values != ignore_index) & ((values < 0) | (values >= vocab)))[0]
         if bad.size:
             raise ValueError(

@@ -14,10 +14,15 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from ejk.ops._base import ImplChoice, OpKernel, run_op
+from ejk.ops._base import ImplChoice, OpKernel, get_default_executor, run_op
 from ejk.ops._check_common import as_array, matmul_precision
 from ejk.ops._definition import define_op
-from ejk.ops._linear_cross_entropy._check import check_linear_cross_entropy_args, check_loss_options
+from ejk.ops._eager import eager_fast_path
+from ejk.ops._linear_cross_entropy._check import (
+    check_linear_cross_entropy_args,
+    check_linear_cross_entropy_values,
+    check_loss_options,
+)
 from ejk.ops._matmul._op import DEFAULT_PRECISION
 
 __all__ = ["DEFINITION", "KERNEL", "LINEAR_CROSS_ENTROPY_RESIDUALS", "LinearCrossEntropyKernel",
@@ -82,6 +87,7 @@ def loss_from_statistics(
     return total / jnp.maximum(jnp.sum(valid.astype(jnp.float32)), 1.0)
 
 
+@eager_fast_path(KERNEL, get_default_executor, values=check_linear_cross_entropy_values, whole=True)
 def linear_cross_entropy(
     x: jax.Array,
     w: jax.Array,

@@ -10,7 +10,7 @@ from ejk.ops._check_arrays import concrete, listed, require_floating, require_in
 from ejk.ops._check_common import is_int
 from ejk.ops._check_common import softmax_scale as resolve_scale
 
-__all__ = ["check_mla_paged_attention_args"]
+__all__ = ["check_mla_paged_attention_args", "check_mla_paged_attention_values"]
 
 _OP = "mla_paged_attention"
 
@@ -69,6 +69,11 @@ def _check_values(kv_lens: Any, page_indices: Any, pages: int, page: int) -> Non
                 f"{_OP}: page_indices[{b}, {j}] is {int(table[b, j])} but needs a page index in [0, P={pages}) "
                 f"(kv_pages has {pages} pages; only the first ceil(kv_len / page) entries of a row are read)"
             )
+
+
+def check_mla_paged_attention_values(q: Any, kv_pages: Any, kv_lens: Any, page_indices: Any, **_: Any) -> None:
+    """The value checks of a call already validated once (the eager fast path): lengths, page table."""
+    _check_values(kv_lens, page_indices, int(kv_pages.shape[0]), int(kv_pages.shape[1]))
 
 
 def check_mla_paged_attention_args(

@@ -8,10 +8,11 @@ import jax
 import numpy as np
 
 from ejk.execution.kernel import Invocation
-from ejk.ops._base import ImplChoice, OpKernel, run_op
+from ejk.ops._base import ImplChoice, OpKernel, get_default_executor, run_op
 from ejk.ops._check_common import as_array
 from ejk.ops._definition import define_op
-from ejk.ops._mla_paged_attention._check import check_mla_paged_attention_args
+from ejk.ops._eager import eager_fast_path
+from ejk.ops._mla_paged_attention._check import check_mla_paged_attention_args, check_mla_paged_attention_values
 
 __all__ = ["DEFINITION", "KERNEL", "MlaPagedAttentionKernel", "mla_paged_attention"]
 
@@ -53,6 +54,7 @@ class MlaPagedAttentionKernel(OpKernel):
 KERNEL = MlaPagedAttentionKernel()
 
 
+@eager_fast_path(KERNEL, get_default_executor, values=check_mla_paged_attention_values)
 def mla_paged_attention(
     q: jax.Array,
     kv_pages: jax.Array,

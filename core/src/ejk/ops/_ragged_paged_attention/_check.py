@@ -18,7 +18,7 @@ from ejk.ops._check_arrays import (
 from ejk.ops._check_common import normalize_window, optional_positive
 from ejk.ops._check_common import softmax_scale as resolve_scale
 
-__all__ = ["check_ragged_paged_attention_args"]
+__all__ = ["check_ragged_paged_attention_args", "check_ragged_paged_attention_values"]
 
 
 def _check_paged_shapes(
@@ -152,6 +152,13 @@ def _check_page_indices(table: np.ndarray[Any, Any], lens: np.ndarray[Any, Any],
             f"ragged_paged_attention: page_indices[{s}, {j}] is {int(table[s, j])} but needs a page "
             f"index in [0, P={pages}) (k_pages has {pages} pages)"
         )
+
+
+def check_ragged_paged_attention_values(q: Any, k_pages: Any, v_pages: Any, kv_lens: Any, page_indices: Any,
+                                        cu_q_lens: Any, num_seqs: Any, **_: Any) -> None:
+    """The value checks of a call already validated once (the eager fast path): lengths, offsets, pages."""
+    pages, page = shape_of(k_pages)[:2]
+    _check_paged_values(shape_of(q)[0], pages, page, kv_lens, page_indices, cu_q_lens, num_seqs)
 
 
 def check_ragged_paged_attention_args(

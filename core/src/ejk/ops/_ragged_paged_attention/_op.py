@@ -8,13 +8,17 @@ import jax
 import numpy as np
 
 from ejk.execution.kernel import Invocation
-from ejk.ops._base import ImplChoice, OpKernel, run_op
+from ejk.ops._base import ImplChoice, OpKernel, get_default_executor, run_op
 from ejk.ops._check_common import as_array, attention_precision, scalar_count
 from ejk.ops._definition import define_op
+from ejk.ops._eager import eager_fast_path
 from ejk.ops._flash_attention._check import check_sinks
 from ejk.ops._flash_attention._op import ATTENTION_EXTENSIONS
 from ejk.ops._matmul._op import DEFAULT_PRECISION
-from ejk.ops._ragged_paged_attention._check import check_ragged_paged_attention_args
+from ejk.ops._ragged_paged_attention._check import (
+    check_ragged_paged_attention_args,
+    check_ragged_paged_attention_values,
+)
 
 __all__ = ["DEFINITION", "KERNEL", "RaggedPagedAttentionKernel", "ragged_paged_attention"]
 
@@ -76,6 +80,7 @@ class RaggedPagedAttentionKernel(OpKernel):
 KERNEL = RaggedPagedAttentionKernel()
 
 
+@eager_fast_path(KERNEL, get_default_executor, values=check_ragged_paged_attention_values)
 def ragged_paged_attention(
     q: jax.Array,
     k_pages: jax.Array,

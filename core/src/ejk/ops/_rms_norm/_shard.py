@@ -3,6 +3,7 @@
 Each row is normalised on its own, so a shard normalises its rows with no communication; the
 ``scale`` gradient of a replicated ``scale`` is summed over the row shards by the implementation's
 VJP (``cotangent_like``). A split last dim is gathered first: its mean square spans the shards.
+A ``residual`` is split like ``x``, and so is the sum returned with it.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ __all__ = ["rms_norm_rule"]
 
 
 def rms_norm_rule(arrays: tuple[Any, ...], axes_of: AxesOf, size: Size) -> ShardPlan:
-    x, _ = arrays
+    x, _, residual = arrays
     taken: set[str] = set()
     dims: list[Axes] = []
     for i in range(x.ndim - 1):
@@ -25,4 +26,6 @@ def rms_norm_rule(arrays: tuple[Any, ...], axes_of: AxesOf, size: Size) -> Shard
         taken.update(axes)
         dims.append(axes)
     out = spec(*dims, None)
-    return ShardPlan((out, spec(None)), out)
+    if residual is None:
+        return ShardPlan((out, spec(None), None), out)
+    return ShardPlan((out, spec(None), out), (out, out))

@@ -5,9 +5,14 @@ from __future__ import annotations
 from typing import Any
 
 from ejk.ops._check_arrays import require_array, require_floating, require_ndim, shape_of
-from ejk.ops._gla._check import check_cu_seqlens, check_state
+from ejk.ops._gla._check import check_cu_seqlens, check_packed_values, check_state
 
-__all__ = ["check_ssd_args"]
+__all__ = ["check_ssd_args", "check_ssd_values"]
+
+
+def check_ssd_values(x: Any, *_: Any, cu_seqlens: Any = None, **__: Any) -> None:
+    """``ssd``'s value checks of a call already validated once (the eager fast path)."""
+    check_packed_values("ssd", x, cu_seqlens)
 
 
 def check_ssd_args(x: Any, dt: Any, A: Any, B: Any, C: Any, *, D: Any, dt_bias: Any, dt_softplus: Any,  # noqa: N803

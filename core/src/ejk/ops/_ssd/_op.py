@@ -7,11 +7,12 @@ from typing import Any
 import jax
 
 from ejk.execution.kernel import Invocation
-from ejk.ops._base import ImplChoice, OpKernel, run_op
+from ejk.ops._base import ImplChoice, OpKernel, get_default_executor, run_op
 from ejk.ops._check_common import as_array
 from ejk.ops._definition import define_op
+from ejk.ops._eager import eager_fast_path
 from ejk.ops._gla._op import realistic_linear_args
-from ejk.ops._ssd._check import check_ssd_args
+from ejk.ops._ssd._check import check_ssd_args, check_ssd_values
 
 __all__ = ["DEFINITION", "KERNEL", "SSD_RESIDUALS", "SsdKernel", "ssd"]
 
@@ -49,6 +50,8 @@ class SsdKernel(OpKernel):
 KERNEL = SsdKernel()
 
 
+# whole: an unasked final state is never computed (as under jax.jit)
+@eager_fast_path(KERNEL, get_default_executor, values=check_ssd_values, whole=True)
 def ssd(
     x: jax.Array,
     dt: jax.Array,

@@ -1,0 +1,146 @@
+"""Training and generation throughput, ejk against the plain-JAX switch, in one run.
+
+    python examples/llm/bench.py --preset tiny                          # CPU: runs, numbers mean little
+    python examples/llm/bench.py --preset dense-1b --out results.json   # one GPU
+    python examples/llm/bench.py --preset dense-1b --mesh fsdp=4 --batch 8   # four GPUs, 2 rows each
+
+Both backends start from the same parameters and see the same batches, so their loss curves are
+comparable step for step. Training: tokens per second of the timed steps (after ``--warmup`` steps
+that compile). Generation: new tokens per second of a second batched generation (the first compiles),
+prefill included — paged cache with chunked prefill on ejk, the dense-cache loop on plain JAX.
+Prints a table with the device and versions and writes it all as JSON (``--out``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib.metadata
+import json
+import os
+import platform
+import time
+from typing import Any
+
+import jax
+import numpy as np
+
+from ejk_llm import sharding
+from ejk_llm.backends import BACKENDS, Backend
+from ejk_llm.config import PRESETS, Preset
+from ejk_llm.data import prompts
+from ejk_llm.generate import make_engine
+from ejk_llm.train import Trainer, preset_from_args
+
+__all__ = ["bench_generation", "bench_training", "main", "versions"]
+
+_DISTRIBUTIONS = ("jax", "jaxlib", "optax", "ejk-core", "ejk-xla", "ejk-pallas", "ejk-triton", "ejk-cute",
+                  "jax-triton", "triton", "nvidia-cutlass-dsl")
+
+
+def versions() -> dict[str, str]:
+    """Versions of the installed distributions that matter here."""
+    found = {}
+    for name in _DISTRIBUTIONS:
+        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+            found[name] = importlib.metadata.version(name)
+    return found
+
+
+def bench_training(preset: Preset, backend: Backend, mesh: Any, warmup: int, steps: int,
+                   seed: int) -> dict[str, Any]:
+    trainer = Trainer(preset.model, preset.run, backend, mesh, steps=warmup + steps, seed=seed)
+    batches = trainer.batches()
+    losses = []
+    start = time.perf_counter()
+    for _ in range(warmup):
+        losses.append(float(trainer.step(next(batches))["ce"]))
+    compile_s = time.perf_counter() - start
+    data = [next(batches) for _ in range(steps)]  # made before the clock starts
+    jax.block_until_ready(data)
+    metrics = []
+    start = time.perf_counter()
+    for batch in data:
+        metrics.append(trainer.step(batch))
+    jax.block_until_ready(metrics)
+    seconds = time.perf_counter() - start
+    losses += [float(m["ce"]) for m in metrics]
+    tokens = preset.run.batch * preset.run.seq_len * steps
+    return {"tokens_per_s": tokens / seconds, "step_ms": 1e3 * seconds / steps, "warmup_s": compile_s,
+            "losses": losses}
+
+
+def bench_generation(preset: Preset, backend: Backend, new_tokens: int, seed: int) -> dict[str, Any]:
+    from ejk_llm.model import init_params
+
+    cfg, run = preset.model, preset.run
+    params = jax.jit(init_params, static_argnums=0)(cfg, jax.random.key(seed))
+    requests = prompts(cfg.vocab, run.prompt_lens, seed=seed + 7)
+    engine = make_engine(cfg, run, params, backend, new_tokens, len(requests))
+    first = engine.generate(requests, new_tokens)  # compiles
+    result = engine.generate(requests, new_tokens)
+    total = new_tokens * len(requests)
+    return {"tokens_per_s": total / result.seconds, "seconds": result.seconds, "model_calls": result.steps,
+            "first_call_s": first.seconds, "requests": len(requests), "prompt_lens": list(run.prompt_lens),
+            "new_tokens": new_tokens, "tokens": [t.tolist() for t in result.tokens]}
+
+
+def _table(rows: list[tuple[str, float, float]]) -> str:
+    lines = [f"{'':24} {'ejk':>14} {'plain JAX':>14} {'ejk / plain':>12}"]
+    for name, a, b in rows:
+        lines.append(f"{name:24} {a:14,.0f} {b:14,.0f} {a / b:11.2f}x")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--preset", default="tiny", choices=sorted(PRESETS))
+    parser.add_argument("--mesh", default="", help="mesh axes for training, e.g. fsdp=4 (generation: one device)")
+    parser.add_argument("--dtype", default=None, help="compute dtype override")
+    parser.add_argument("--batch", type=int, default=None,
+                        help="training rows per step (default: the preset's; with --mesh, a multiple of the devices)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--warmup", type=int, default=2, help="untimed training steps (compilation)")
+    parser.add_argument("--steps", type=int, default=10, help="timed training steps")
+    parser.add_argument("--tokens", type=int, default=32, help="new tokens per request")
+    parser.add_argument("--skip-generation", action="store_true")
+    parser.add_argument("--out", default=None, help="write the results as JSON here")
+    args = parser.parse_args(argv)
+    preset = preset_from_args(args, **({"batch": args.batch} if args.batch else {}))
+    mesh = sharding.make_mesh(sharding.parse_mesh(args.mesh))
+    device = jax.devices()[0]
+    header = {
+        "preset": args.preset, "dtype": preset.model.dtype, "mesh": dict(mesh.shape) if mesh else {},
+        "device": device.device_kind, "devices": jax.device_count(), "platform": device.platform,
+        "host": platform.platform(), "versions": versions(),
+        "params": dict(zip(("total", "active"), preset.model.param_count(), strict=True)),
+        "batch": [preset.run.batch, preset.run.seq_len],
+    }
+    print(" ".join(f"{k}={v}" for k, v in header.items()), flush=True)
+    results: dict[str, Any] = {"header": header, "train": {}, "generate": {}}
+    for name in BACKENDS:
+        results["train"][name] = bench_training(preset, Backend(name), mesh, args.warmup, args.steps, args.seed)
+        print(f"train {name}: {results['train'][name]['tokens_per_s']:,.0f} tok/s", flush=True)
+    if not args.skip_generation:
+        for name in BACKENDS:
+            results["generate"][name] = bench_generation(preset, Backend(name), args.tokens, args.seed)
+            print(f"generate {name}: {results['generate'][name]['tokens_per_s']:,.0f} tok/s", flush=True)
+    ejk_curve, plain_curve = (np.array(results["train"][n]["losses"]) for n in BACKENDS)
+    results["train"]["max_loss_difference"] = float(np.max(np.abs(ejk_curve - plain_curve)))
+    rows = [("train tokens/s", results["train"]["ejk"]["tokens_per_s"], results["train"]["plain"]["tokens_per_s"])]
+    if results["generate"]:
+        gen = results["generate"]
+        rows.append(("generate tokens/s", gen["ejk"]["tokens_per_s"], gen["plain"]["tokens_per_s"]))
+        results["generate"]["same_tokens"] = gen["ejk"]["tokens"] == gen["plain"]["tokens"]
+    print(_table(rows))
+    print(f"loss curves: max |ejk - plain| over {len(ejk_curve)} steps = {results['train']['max_loss_difference']:.2e}"
+          + (f"; greedy tokens identical: {results['generate']['same_tokens']}" if results["generate"] else ""))
+    if args.out:
+        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+        with open(args.out, "w") as f:
+            json.dump(results, f, indent=1)
+        print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -60,7 +60,8 @@ def _compile_once_per_thread_program() -> None:
 
     def run_jaxpr(jaxpr: Any, consts: Any, *args: Any) -> None:
         # The program object itself is the key (identity; the cache keeps it alive, so its id is never reused).
-        key = (jaxpr, tuple((np.shape(x), np.result_type(x)) for x in jax.tree.leaves((consts, args))))
+        key = (jaxpr, tuple((np.shape(x), np.dtype(x.dtype) if hasattr(x, "dtype") else np.result_type(x))
+                            for x in jax.tree.leaves((consts, args))))  # never np.result_type(array): deprecated
         with lock:
             entry = compiled.setdefault(key, [threading.Lock(), None])
         with entry[0]:  # the other threads of the call wait for the first one's compile

@@ -36,7 +36,13 @@ import numpy as np
 import pytest
 
 import ejk
-from ejk.testing import AttentionCase, assert_close, attention_values_and_grads, reference_flash_attention
+from ejk.testing import (
+    AttentionCase,
+    assert_close,
+    attention_values_and_grads,
+    reference_flash_attention,
+    reference_flash_attention_lse,
+)
 from ejk_pallas import _env
 from ejk_pallas import _flash_attention_mgpu as mg
 from ejk_pallas import _flash_attention_mgpu_bwd as bwd
@@ -226,18 +232,19 @@ def test_persistent_matches_reference(case: Case) -> None:
 def test_sinks_join_the_epilogue() -> None:
     """Sinks ``[Hq]`` in the forward's epilogue, one a ``-inf`` (no sink): 3 heads on 2 persistent CTAs
     (interpret mode), so one CTA reloads the sink row for its second item's head; causal Sq > Sk with
-    rows that see no key (zeros, ``lse = +inf``), against the XLA implementation's output and lse."""
+    rows that see no key (zeros, ``lse = -inf``), against the float32 reference's output and lse."""
     rng = np.random.default_rng(3)
     q, k, v = (jnp.asarray(rng.standard_normal(shape), jnp.bfloat16)
                for shape in ((1, 128, 3, 64), (1, 100, 1, 64), (1, 100, 1, 64)))
     sinks = jnp.asarray([1.5, -jnp.inf, -0.5], jnp.float32)
     cfg = choice(MosaicFlashAttentionConfig(block_q=128, block_kv=64, persistent=True))
     out, lse = ejk.flash_attention_lse(q, k, v, causal=True, sinks=sinks, platform="pallas", cfg=cfg)
-    want_out, want_lse = ejk.flash_attention_lse(q, k, v, causal=True, sinks=sinks, platform="xla")
+    want_out, want_lse = reference_flash_attention_lse(*(x.astype(jnp.float32) for x in (q, k, v)), causal=True,
+                                                       sinks=sinks)
     assert_close(out, want_out, "bfloat16", what="out")
     assert (np.isinf(np.asarray(lse)) == np.isinf(np.asarray(want_lse))).all() and np.isinf(np.asarray(lse)).any()
     seen = np.isfinite(np.asarray(want_lse))
-    np.testing.assert_allclose(np.asarray(lse)[seen], np.asarray(want_lse)[seen], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(lse)[seen], np.asarray(want_lse)[seen], rtol=1e-4, atol=1e-4)
 
 
 @needs_kernels

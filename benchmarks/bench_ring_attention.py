@@ -1,4 +1,4 @@
-"""Ring attention on a two-GPU host: tokens/s on 1 vs 2 GPUs and how much communication is hidden.
+"""Ring attention on a multi-GPU host: tokens/s on 1 vs N GPUs and how much communication is hidden.
 
 Lines per sequence length (batch 1, 16 query / 8 kv heads, head dim 128, bfloat16, causal):
 
@@ -6,10 +6,10 @@ Lines per sequence length (batch 1, 16 query / 8 kv heads, head dim 128, bfloat1
   Triton, …), the single-GPU reference,
 - ``1 GPU ring``: ``ejk.ring_attention`` on a one-device mesh — the same local kernel
   (``flash_attention_lse``) as the ring, without communication,
-- ``2 GPU ring <layout>``: ``ejk.ring_attention`` on a two-device mesh, sequence sharded,
-  ``contiguous`` and ``zigzag``; the note gives the scaling efficiency
-  ``tokens/s(2 GPUs) / (2 · tokens/s(1 GPU ring))``,
-- ``2 GPU compute only`` / ``2 GPU comm only``: the same ring with its ``ppermute`` removed
+- ``N GPU ring <layout>``: ``ejk.ring_attention`` on an N-device mesh (``--devices``, default all),
+  sequence sharded, ``contiguous`` and ``zigzag``; the note gives the speed-up over one GPU's
+  ``flash_attention`` and the scaling efficiency ``tokens/s(N GPUs) / (N · tokens/s(1 GPU ring))``,
+- ``N GPU compute only`` / ``N GPU comm only``: the same ring with its ``ppermute`` removed
   (each device computes on the block it holds; same schedule, same work) and with its block
   compute replaced by a trivial function of the received blocks (only the transfers remain).
   Hidden fraction = ``1 - (t_ring - t_compute) / t_comm`` (clamped to [0, 1]): 1 means the
@@ -18,9 +18,10 @@ Lines per sequence length (batch 1, 16 query / 8 kv heads, head dim 128, bfloat1
 Each in ``fwd`` and ``fwd+bwd`` (output plus dq, dk, dv in one jitted call). Timing as in
 ``_harness.time_ms`` (compile excluded, median of ``--reps``).
 
-Usage (needs two GPUs; ``--smoke`` runs tiny shapes on two CPU devices):
+Usage (needs two or more GPUs; ``--smoke`` runs tiny shapes on two CPU devices):
     python benchmarks/bench_ring_attention.py
     python benchmarks/bench_ring_attention.py --seqs 32768,65536,131072 --modes fwd,fwd+bwd
+    python benchmarks/bench_ring_attention.py --devices 4 --seqs 131072 --layouts zigzag
     python benchmarks/bench_ring_attention.py --smoke
 
 The markdown table goes to ``$OUT/ring_attention_gpu.md`` when ``OUT`` is set, else to
@@ -73,16 +74,18 @@ def main() -> None:
     p.add_argument("--seqs", default=None, help="comma-separated sequence lengths (default 32768,65536,131072)")
     p.add_argument("--modes", default="fwd,fwd+bwd")
     p.add_argument("--layouts", default="contiguous,zigzag")
+    p.add_argument("--devices", type=int, default=None, help="ring size (default: every device)")
     args = _harness.parse(p)
     seqs = [int(s) for s in (args.seqs or ("256,512" if args.smoke else "32768,65536,131072")).split(",")]
     heads, kv_heads, dim = (4, 2, 32) if args.smoke else (HEADS, KV_HEADS, DIM)
     devices = jax.devices()
-    if len(devices) < 2:
-        raise SystemExit(f"needs two devices, found {len(devices)} ({devices})")
-    one, two = Mesh(np.array(devices[:1]), ("sp",)), Mesh(np.array(devices[:2]), ("sp",))
+    n = args.devices or len(devices)
+    if not 2 <= n <= len(devices):
+        raise SystemExit(f"needs {max(n, 2)} devices, found {len(devices)} ({devices})")
+    one, many = Mesh(np.array(devices[:1]), ("sp",)), Mesh(np.array(devices[:n]), ("sp",))
     dtype = jnp.float32 if args.smoke else jnp.bfloat16
     lines = _harness.header(
-        "Ring attention: 1 vs 2 GPUs", args,
+        f"Ring attention: 1 vs {n} GPUs", args,
         f"batch 1, {heads} q heads / {kv_heads} kv heads, head dim {dim}, {jnp.dtype(dtype).name}, causal",
         "rate = tokens/s (sequence length / time); ring lines use flash_attention_lse as the local kernel",
         "hidden = share of the transfers overlapped by compute: 1 - (t_ring - t_compute only) / t_comm only",
@@ -111,21 +114,24 @@ def main() -> None:
 
             line("1 GPU flash_attention", _single_fn(mode))
             line("1 GPU ring", _ring_fn(one, "contiguous", mode))
-            base = times.get("1 GPU ring")
-            for layout in args.layouts.split(","):
-                def efficiency(ms: float, base: float | None = base) -> str:
-                    return "" if base is None else f"scaling efficiency {base / ms / 2:.0%}"
+            base, single = times.get("1 GPU ring"), times.get("1 GPU flash_attention")
 
-                line(f"2 GPU ring {layout}", _ring_fn(two, layout, mode), efficiency)
+            def efficiency(ms: float, base: float | None = base, single: float | None = single) -> str:
+                parts = [] if single is None else [f"{single / ms:.2f}x one GPU's flash_attention"]
+                parts += [] if base is None else [f"scaling efficiency {base / ms / n:.0%}"]
+                return "; ".join(parts)
+
+            for layout in args.layouts.split(","):
+                line(f"{n} GPU ring {layout}", _ring_fn(many, layout, mode), efficiency)
                 with ring_ablation(communication=False):
-                    line(f"2 GPU compute only {layout}", _ring_fn(two, layout, mode))
+                    line(f"{n} GPU compute only {layout}", _ring_fn(many, layout, mode))
                 with ring_ablation(computation=False):
-                    line(f"2 GPU comm only {layout}", _ring_fn(two, layout, mode))
-                ring, compute = times.get(f"2 GPU ring {layout}"), times.get(f"2 GPU compute only {layout}")
-                comm = times.get(f"2 GPU comm only {layout}")
+                    line(f"{n} GPU comm only {layout}", _ring_fn(many, layout, mode))
+                ring, compute = times.get(f"{n} GPU ring {layout}"), times.get(f"{n} GPU compute only {layout}")
+                comm = times.get(f"{n} GPU comm only {layout}")
                 if None not in (ring, compute, comm) and comm:
                     hidden = min(1.0, max(0.0, 1 - (ring - compute) / comm))  # type: ignore[operator]
-                    lines.append(f"| {seq} | {mode} | 2 GPU {layout}: communication hidden | - | - | "
+                    lines.append(f"| {seq} | {mode} | {n} GPU {layout}: communication hidden | - | - | "
                                  f"{hidden:.0%} (ring {ring:.2f} ms, compute {compute:.2f} ms, comm {comm:.2f} ms) |")
                     print(lines[-1], flush=True)
     _harness.write(lines, args, "ring_attention_gpu.md")

@@ -16,6 +16,8 @@ python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 -
   --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl \
   "pytest-timeout>=2.3,<3" "pytest-xdist>=3.5,<4" "execnet>=2.1,<3" "pydantic>=2,<3" pydantic-core annotated-types \
   typing-inspection
+# examples/llm (issue 35): optax and its pure-Python dependencies (the host has jax, numpy, typing_extensions).
+python3 -m pip download -q --no-deps --only-binary=:all: -d .whl "optax>=0.2.8,<0.3" "chex>=0.1.90" "toolz>=1" "etils>=1.7"
 ls -la .whl
 # matplotlib for the PNG plots of `ejk bench` (ejk-core[plot]), for the host's Python 3.12, without numpy
 # (the host has its own). Kept apart in .whl-plot/ (about 24 MB): gpu_session.sh installs it when present.

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import importlib.metadata
 import json
 import os
@@ -85,6 +86,31 @@ def bench_generation(preset: Preset, backend: Backend, new_tokens: int, seed: in
             "new_tokens": new_tokens, "tokens": [t.tolist() for t in result.tokens]}
 
 
+def _release_device_memory() -> None:
+    """Drop the last run's buffers and compiled programs, so the next backend has the whole device."""
+    gc.collect()
+    jax.clear_caches()
+
+
+def _summarise(results: dict[str, Any]) -> None:
+    """Print ejk against plain JAX where both ran, and the loss-curve difference."""
+    train, gen = results["train"], results["generate"]
+    rows = [(f"{part} tokens/s", found["ejk"]["tokens_per_s"], found["plain"]["tokens_per_s"])
+            for part, found in (("train", train), ("generate", gen)) if set(BACKENDS) <= set(found)]
+    notes = []
+    if set(BACKENDS) <= set(train):
+        ejk_curve, plain_curve = (np.array(train[n]["losses"]) for n in BACKENDS)
+        train["max_loss_difference"] = float(np.max(np.abs(ejk_curve - plain_curve)))
+        notes.append(f"loss curves: max |ejk - plain| over {len(ejk_curve)} steps = {train['max_loss_difference']:.2e}")
+    if set(BACKENDS) <= set(gen):
+        gen["same_tokens"] = gen["ejk"]["tokens"] == gen["plain"]["tokens"]
+        notes.append(f"greedy tokens identical: {gen['same_tokens']}")
+    if rows:
+        print(_table(rows))
+    if notes:
+        print("; ".join(notes))
+
+
 def _table(rows: list[tuple[str, float, float]]) -> str:
     lines = [f"{'':24} {'ejk':>14} {'plain JAX':>14} {'ejk / plain':>12}"]
     for name, a, b in rows:
@@ -103,6 +129,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--warmup", type=int, default=2, help="untimed training steps (compilation)")
     parser.add_argument("--steps", type=int, default=10, help="timed training steps")
     parser.add_argument("--tokens", type=int, default=32, help="new tokens per request")
+    parser.add_argument("--backends", default=",".join(BACKENDS),
+                        help="comma-separated backends to run (the loss-curve comparison needs both)")
+    parser.add_argument("--skip-training", action="store_true")
     parser.add_argument("--skip-generation", action="store_true")
     parser.add_argument("--out", default=None, help="write the results as JSON here")
     args = parser.parse_args(argv)
@@ -117,24 +146,22 @@ def main(argv: list[str] | None = None) -> None:
         "batch": [preset.run.batch, preset.run.seq_len],
     }
     print(" ".join(f"{k}={v}" for k, v in header.items()), flush=True)
+    backends = [name for name in args.backends.split(",") if name]
+    if not backends or any(name not in BACKENDS for name in backends):
+        parser.error(f"--backends takes names among {', '.join(BACKENDS)}, got {args.backends!r}")
     results: dict[str, Any] = {"header": header, "train": {}, "generate": {}}
-    for name in BACKENDS:
-        results["train"][name] = bench_training(preset, Backend(name), mesh, args.warmup, args.steps, args.seed)
-        print(f"train {name}: {results['train'][name]['tokens_per_s']:,.0f} tok/s", flush=True)
-    if not args.skip_generation:
-        for name in BACKENDS:
-            results["generate"][name] = bench_generation(preset, Backend(name), args.tokens, args.seed)
-            print(f"generate {name}: {results['generate'][name]['tokens_per_s']:,.0f} tok/s", flush=True)
-    ejk_curve, plain_curve = (np.array(results["train"][n]["losses"]) for n in BACKENDS)
-    results["train"]["max_loss_difference"] = float(np.max(np.abs(ejk_curve - plain_curve)))
-    rows = [("train tokens/s", results["train"]["ejk"]["tokens_per_s"], results["train"]["plain"]["tokens_per_s"])]
-    if results["generate"]:
-        gen = results["generate"]
-        rows.append(("generate tokens/s", gen["ejk"]["tokens_per_s"], gen["plain"]["tokens_per_s"]))
-        results["generate"]["same_tokens"] = gen["ejk"]["tokens"] == gen["plain"]["tokens"]
-    print(_table(rows))
-    print(f"loss curves: max |ejk - plain| over {len(ejk_curve)} steps = {results['train']['max_loss_difference']:.2e}"
-          + (f"; greedy tokens identical: {results['generate']['same_tokens']}" if results["generate"] else ""))
+    for part, skip in (("train", args.skip_training), ("generate", args.skip_generation)):
+        for name in [] if skip else backends:
+            if part == "train":
+                found = bench_training(preset, Backend(name), mesh, args.warmup, args.steps, args.seed)
+                detail = f"step {found['step_ms']:.1f} ms, warm-up {found['warmup_s']:.0f} s"
+            else:
+                found = bench_generation(preset, Backend(name), args.tokens, args.seed)
+                detail = f"{found['model_calls']} model calls in {found['seconds']:.2f} s"
+            results[part][name] = found
+            print(f"{part} {name}: {found['tokens_per_s']:,.0f} tok/s ({detail})", flush=True)
+            _release_device_memory()
+    _summarise(results)
     if args.out:
         os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
         with open(args.out, "w") as f:

@@ -9,7 +9,8 @@ next chunk of its prompt (chunked prefill) or its one new token (decode) — wri
 values into the pages and attends through ``ejk.ragged_paged_attention``. Requests that finished their
 prompt decode while others still prefill. ``DenseEngine`` (plain) is the usual loop: a ``[S, max_len]``
 cache per layer, the prompts in one padded call, then one token per request per step, masked
-``jax.nn.dot_product_attention`` over the whole cache.
+``jax.nn.dot_product_attention`` over the whole cache. Both feed each step's new tokens to the next step on
+the device, so the host queues steps without waiting for them; the tokens are read once at the end.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from ejk_llm import sharding
 from ejk_llm.backends import Backend, masked_attention
 from ejk_llm.config import ModelConfig, RunConfig
 from ejk_llm.data import prompts
-from ejk_llm.model import Params, decoder, init_params, lm_head
+from ejk_llm.model import Params, decoder, inference_params, init_params, lm_head
 
 __all__ = ["DenseEngine", "GenerationResult", "PagedEngine", "main"]
 
@@ -65,12 +66,16 @@ class PagedEngine:
         zeros = tuple(jnp.zeros(shape, c.compute_dtype) for _ in range(c.n_layers))
         return zeros, tuple(jnp.zeros(shape, c.compute_dtype) for _ in range(c.n_layers))
 
-    def _forward(self, params: Params, cache: Any, tokens: jax.Array, positions: jax.Array, seq_ids: jax.Array,
-                 cu_q_lens: jax.Array, kv_lens: jax.Array, page_indices: jax.Array) -> tuple[jax.Array, Any]:
+    def _forward(self, params: Params, cache: Any, previous: jax.Array, tokens: jax.Array, use_previous: jax.Array,
+                 positions: jax.Array, seq_ids: jax.Array, cu_q_lens: jax.Array, kv_lens: jax.Array,
+                 page_indices: jax.Array) -> tuple[jax.Array, Any]:
         """One packed step: ``tokens``, ``positions``, ``seq_ids [T]`` (``-1`` for padding rows), ``cu_q_lens
-        [S+1]``, ``kv_lens [S]`` (after the step). Returns each request's next token ``[S]`` and the cache."""
+        [S+1]``, ``kv_lens [S]`` (after the step); rows where ``use_previous [T]`` take their request's token
+        from ``previous [S]`` (the last step's output, still on the device) instead of ``tokens``. Returns each
+        request's next token ``[S]`` and the cache."""
         cfg, page = self.cfg, self.page_size
         live = seq_ids >= 0
+        tokens = jnp.where(use_previous, previous[jnp.maximum(seq_ids, 0)], tokens)
         slot_page = jnp.where(live, page_indices[jnp.maximum(seq_ids, 0), positions // page], self.num_pages)
         slot = positions % page
 
@@ -101,43 +106,57 @@ class PagedEngine:
         free = self.rng.permutation(self.num_pages)  # pages come from anywhere in the pool
         table = free.reshape(self.max_seqs, self.pages_per_seq).astype(np.int32)
         done = [0] * n  # tokens of each request already in the cache
-        out: list[list[int]] = [[] for _ in range(n)]
-        pending = [int(r[0]) for r in requests]  # unused until the prompt is in
+        emitted = [0] * n  # new tokens of each request so far
+        # The host never waits for a step's tokens: a decoding request's input is the previous step's output,
+        # picked on the device, so steps queue up back to back; the tokens are read once at the end.
+        outputs: list[tuple[jax.Array, list[int]]] = []  # per step: its next tokens and who emitted one
         cache = self.empty_cache()
-        start, steps = time.perf_counter(), 0
-        while any(len(o) < new_tokens for o in out):
-            chunks: list[np.ndarray] = []
+        start = time.perf_counter()
+        nxt = jnp.zeros(self.max_seqs, jnp.int32)
+        while any(e < new_tokens for e in emitted):
+            chunks: list[np.ndarray | None] = []  # None: the request's one new token, from the last step
             for s, prompt in enumerate(requests):
                 if done[s] < len(prompt):
                     chunks.append(np.asarray(prompt[done[s]:done[s] + self.chunk]))
-                elif len(out[s]) < new_tokens:
-                    chunks.append(np.array([pending[s]]))
+                elif emitted[s] < new_tokens:
+                    chunks.append(None)
                 else:
                     chunks.append(np.zeros(0, np.int32))
-            prefill = any(len(c) > 1 for c in chunks)
+            prefill = any(c is not None and len(c) > 1 for c in chunks)
             width = self.max_seqs * (self.chunk if prefill else 1)  # two buckets: two compiled programs
             tokens = np.zeros(width, np.int32)
+            use_previous = np.zeros(width, bool)
             positions = np.zeros(width, np.int32)
             seq_ids = np.full(width, -1, np.int32)
             cu = np.zeros(self.max_seqs + 1, np.int32)
             kv_lens = np.zeros(self.max_seqs, np.int32)
             for s, c in enumerate(chunks):
-                t0 = cu[s]
-                tokens[t0:t0 + len(c)] = c
-                positions[t0:t0 + len(c)] = done[s] + np.arange(len(c))
-                seq_ids[t0:t0 + len(c)] = s
-                cu[s + 1] = t0 + len(c)
-                kv_lens[s] = done[s] + len(c)
+                t0, length = cu[s], 1 if c is None else len(c)
+                if c is None:
+                    use_previous[t0] = True
+                else:
+                    tokens[t0:t0 + length] = c
+                positions[t0:t0 + length] = done[s] + np.arange(length)
+                seq_ids[t0:t0 + length] = s
+                cu[s + 1] = t0 + length
+                kv_lens[s] = done[s] + length
             cu[n + 1:] = cu[n]
-            nxt, cache = self._step(self.params, cache, tokens, positions, seq_ids, cu, kv_lens, table)
-            nxt = np.asarray(nxt)
-            steps += 1
+            nxt, cache = self._step(self.params, cache, nxt, tokens, use_previous, positions, seq_ids, cu, kv_lens,
+                                    table)
+            emitters = []
             for s, c in enumerate(chunks):
-                done[s] += len(c)
-                if len(c) and done[s] >= len(requests[s]):  # this step ended the prompt or decoded
-                    out[s].append(int(nxt[s]))
-                    pending[s] = int(nxt[s])
-        return GenerationResult([np.array(o[:new_tokens], np.int32) for o in out], steps,
+                length = 1 if c is None else len(c)
+                done[s] += length
+                if length and done[s] >= len(requests[s]):  # this step ended the prompt or decoded
+                    emitters.append(s)
+                    emitted[s] += 1
+            outputs.append((nxt, emitters))
+        out: list[list[int]] = [[] for _ in range(n)]
+        for step_tokens, emitters in zip(jax.device_get([o[0] for o in outputs]), (o[1] for o in outputs),
+                                         strict=True):
+            for s in emitters:
+                out[s].append(int(step_tokens[s]))
+        return GenerationResult([np.array(o[:new_tokens], np.int32) for o in out], len(outputs),
                                 time.perf_counter() - start)
 
 
@@ -192,19 +211,20 @@ class DenseEngine:
         positions = np.broadcast_to(np.arange(width, dtype=np.int32), tokens.shape)
         start = time.perf_counter()
         nxt, cache = self._step(self.params, cache, tokens, positions, valid, lens - 1)
-        out = [np.asarray(nxt)]
+        out = [nxt]
         live = (np.arange(self.max_seqs) < n)[:, None]
-        for i in range(new_tokens - 1):
-            nxt, cache = self._step(self.params, cache, out[-1][:, None], (lens + i)[:, None], live,
+        for i in range(new_tokens - 1):  # each step's input stays on the device: no wait on the host
+            nxt, cache = self._step(self.params, cache, nxt[:, None], (lens + i)[:, None], live,
                                     np.zeros(self.max_seqs, np.int32))
-            out.append(np.asarray(nxt))
-        gen = np.stack(out, axis=1)
+            out.append(nxt)
+        gen = np.stack(jax.device_get(out), axis=1)
         return GenerationResult([gen[s] for s in range(n)], new_tokens, time.perf_counter() - start)
 
 
 def make_engine(cfg: ModelConfig, run: RunConfig, params: Params, backend: Backend, new_tokens: int,
                 n_requests: int) -> PagedEngine | DenseEngine:
     max_len = max(run.prompt_lens) + new_tokens
+    params = inference_params(cfg, params)
     if backend.is_ejk:
         return PagedEngine(cfg, params, max_seqs=n_requests, max_len=max_len, page_size=run.page_size,
                            prefill_chunk=run.prefill_chunk)

@@ -17,7 +17,7 @@ from ejk_llm import sharding
 from ejk_llm.backends import Backend
 from ejk_llm.config import ModelConfig
 
-__all__ = ["Attend", "Params", "decoder", "init_params", "lm_head", "rope", "train_loss"]
+__all__ = ["Attend", "Params", "decoder", "inference_params", "init_params", "lm_head", "rope", "train_loss"]
 
 Params = dict[str, Any]
 #: ``attend(layer, q, k, v, sinks, state) -> (out, state)``: ``q [..., Hq, D]``, ``k, v [..., Hkv, D]``
@@ -77,6 +77,12 @@ def rope(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
     cos, sin = jnp.cos(angle), jnp.sin(angle)
     x1, x2 = x[..., :half].astype(jnp.float32), x[..., half:].astype(jnp.float32)
     return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(x.dtype)
+
+
+def inference_params(cfg: ModelConfig, params: Params) -> Params:
+    """``params`` for serving: every matrix cast to the compute dtype once (a step then reads half the bytes of
+    float32 master weights and casts nothing); vectors (norm scales, sinks) stay as they are."""
+    return jax.tree.map(lambda w: w.astype(cfg.compute_dtype) if w.ndim >= 2 else w, params)
 
 
 def _use(w: jax.Array, dtype: Any, keep_experts: bool = False) -> jax.Array:

@@ -14,7 +14,7 @@ import pytest
 
 import ejk
 from ejk.testing import assert_close, values_and_grads
-from ejk_xla import _cudnn_varlen
+from ejk_xla import _cudnn_packed, _cudnn_varlen
 from ejk_xla._cudnn_varlen import packed_segments, shape_problem
 
 BF16 = jnp.bfloat16
@@ -154,7 +154,7 @@ def test_gate_head_dim_limit() -> None:
 
 
 def test_this_jax_has_the_packed_api() -> None:
-    assert _cudnn_varlen.api_problem() is None
+    assert _cudnn_packed.api_problem() is None
 
 
 def test_cpu_calls_never_reach_cudnn() -> None:
@@ -170,14 +170,16 @@ def test_cpu_calls_never_reach_cudnn() -> None:
 
 # -- the implementation around cuDNN, on a CPU: cuDNN's packed attention emulated ----------------------------
 
-def _emulated_forward(st: Any, q: jax.Array, k: jax.Array, v: jax.Array, segments: Any) -> tuple[jax.Array, jax.Array]:
-    """What jax's packed cuDNN call computes (as documented): segments from the non-negative entries,
-    top-left causal masks and windows per segment, rows outside every segment untouched (zeros)."""
-    q_len, k_len, q_off, k_off = (s[0] for s in segments)
+def _emulated_row(q: jax.Array, k: jax.Array, v: jax.Array, segments: Any, *, scale: float, masked: bool,
+                  window_length: int | None) -> tuple[jax.Array, jax.Array]:
+    """One batch row of what jax's packed cuDNN call computes (as documented): segments from the
+    non-negative entries, top-left causal masks and windows per segment, rows outside every segment
+    untouched (zeros). ``q`` ``[T, H, D]``, ``segments`` one row of each array."""
+    q_len, k_len, q_off, k_off = segments
     m = q_len.shape[0]
     q_off, k_off = q_off[:m], k_off[:m]
     on = (q_len >= 0) & (k_len >= 0)
-    rows, keys = jnp.arange(q.shape[1]), jnp.arange(k.shape[1])
+    rows, keys = jnp.arange(q.shape[0]), jnp.arange(k.shape[0])
 
     def owner(pos: jax.Array, off: jax.Array, n: jax.Array) -> tuple[jax.Array, jax.Array]:
         inside = on[None, :] & (pos[:, None] >= off[None, :]) & (pos[:, None] < (off + n)[None, :])
@@ -187,42 +189,56 @@ def _emulated_forward(st: Any, q: jax.Array, k: jax.Array, v: jax.Array, segment
     q_seg, r = owner(rows, q_off, q_len)
     k_seg, p = owner(keys, k_off, k_len)
     mask = (q_seg[:, None] == k_seg[None, :]) & (q_seg[:, None] >= 0)
-    if st.masked:
+    if masked:
         mask &= p[None, :] <= r[:, None]
-    if st.window_length is not None:
-        mask &= r[:, None] - p[None, :] < st.window_length
-    s = jnp.einsum("qhd,khd->hqk", q[0].astype(jnp.float32), k[0].astype(jnp.float32)) * st.scale
+    if window_length is not None:
+        mask &= r[:, None] - p[None, :] < window_length
+    s = jnp.einsum("qhd,khd->hqk", q.astype(jnp.float32), k.astype(jnp.float32)) * scale
     top = jax.lax.stop_gradient(jnp.max(jnp.where(mask, s, -jnp.inf), axis=-1, keepdims=True))
     top = jnp.where(jnp.isfinite(top), top, 0.0)
     w = jnp.where(mask, jnp.exp(jnp.where(mask, s, top) - top), 0.0)
     total = jnp.sum(w, axis=-1, keepdims=True)
-    out = jnp.einsum("hqk,khd->qhd", w / jnp.where(total > 0, total, 1.0), v[0].astype(jnp.float32))
-    return out.astype(q.dtype)[None], (top + jnp.log(jnp.where(total > 0, total, 1.0)))[..., 0]
+    out = jnp.einsum("hqk,khd->qhd", w / jnp.where(total > 0, total, 1.0), v.astype(jnp.float32))
+    return out.astype(q.dtype), (top + jnp.log(jnp.where(total > 0, total, 1.0)))[..., 0]
 
 
-@partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _emulated(st: Any, q: jax.Array, k: jax.Array, v: jax.Array, segments: Any) -> jax.Array:
-    return _emulated_forward(st, q, k, v, segments)[0]
+def _emulated_forward(q: jax.Array, k: jax.Array, v: jax.Array, segments: Any, **options: Any) -> Any:
+    return jax.vmap(partial(_emulated_row, **options))(q, k, v, segments)
 
 
-def _emulated_fwd(st: Any, q: jax.Array, k: jax.Array, v: jax.Array, segments: Any) -> tuple[jax.Array, Any]:
-    out, stats = _emulated_forward(st, q, k, v, segments)
+@partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6))
+def _emulated_vjp(q: jax.Array, k: jax.Array, v: jax.Array, segments: Any, scale: float, masked: bool,
+                  window_length: int | None) -> jax.Array:
+    return _emulated_forward(q, k, v, segments, scale=scale, masked=masked, window_length=window_length)[0]
+
+
+def _emulated_fwd(q: jax.Array, k: jax.Array, v: jax.Array, segments: Any, scale: float, masked: bool,
+                  window_length: int | None) -> tuple[jax.Array, Any]:
+    out, stats = _emulated_forward(q, k, v, segments, scale=scale, masked=masked, window_length=window_length)
     return out, (q, k, v, segments, stats, out)  # cuDNN's residuals: the inputs, the statistics, the output
 
 
-def _emulated_bwd(st: Any, residuals: Any, d_out: jax.Array) -> tuple[Any, ...]:
+def _emulated_bwd(scale: float, masked: bool, window_length: int | None, residuals: Any,
+                  d_out: jax.Array) -> tuple[Any, ...]:
     q, k, v, segments, _, _ = residuals
-    _, pullback = jax.vjp(lambda a, b, c: _emulated_forward(st, a, b, c, segments)[0], q, k, v)
+    _, pullback = jax.vjp(lambda a, b, c: _emulated_forward(a, b, c, segments, scale=scale, masked=masked,
+                                                            window_length=window_length)[0], q, k, v)
     return (*pullback(d_out), None)
 
 
-_emulated.defvjp(_emulated_fwd, _emulated_bwd)
+_emulated_vjp.defvjp(_emulated_fwd, _emulated_bwd)
+
+
+def emulated_packed_attention(q: jax.Array, k: jax.Array, v: jax.Array, segments: Any, *, scale: float,
+                              masked: bool, window_length: int | None) -> jax.Array:
+    """A CPU stand-in for :func:`ejk_xla._cudnn_packed.packed_attention` (with cuDNN-like residuals)."""
+    return _emulated_vjp(q, k, v, segments, scale, masked, window_length)
 
 
 @pytest.fixture
 def emulated() -> Iterator[None]:
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(_cudnn_varlen, "_packed_attention", _emulated)
+        mp.setattr(_cudnn_packed, "_packed_attention", emulated_packed_attention)
         yield
 
 
@@ -279,14 +295,14 @@ def test_emulated_cudnn_matches_the_reference(case: Any) -> None:
 def test_the_fast_branch_keeps_only_cudnns_own_residuals() -> None:
     """q, k, v and the output are not carried through the cond: only cuDNN's statistics and segments."""
     q, k, v, cu_q, cu_k = _inputs([3, 5], [3, 5], 2, 2)
-    st = _cudnn_varlen._Static(scale=0.25, masked=True, window_length=None, causal=True, sliding_window=None,
+    plan = _cudnn_varlen._Plan(scale=0.25, masked=True, window_length=None, causal=True, sliding_window=None,
                                q_tokens=8, k_tokens=8)
     segments, fits = packed_segments(cu_q, cu_k, masked=True)
-    out, residuals = _cudnn_varlen._guarded_fwd(st, q[None], k[None], v[None], cu_q, cu_k, segments, fits)
+    out, residuals = _cudnn_packed._guarded_fwd(plan, q[None], k[None], v[None], (cu_q, cu_k), segments, fits)
     saved = residuals[-1]
     assert saved.slots.count(None) == len(saved.kept) and {0, 1, 2, 3} <= set(saved.slots)
-    assert sorted(x.shape for x in saved.kept) == [(1, 2), (1, 2), (1, 3), (1, 3), (2, 8)]
-    assert residuals[6] is out
+    assert sorted(x.shape for x in saved.kept) == [(1, 2), (1, 2), (1, 2, 8), (1, 3), (1, 3)]
+    assert residuals[5] is out
 
 
 # -- numerics on the GPU --------------------------------------------------------------------------------------

@@ -85,9 +85,20 @@ def packed_attention(q: jax.Array, k: jax.Array, v: jax.Array, segments: Segment
 class Plan(Protocol):
     """The static half of a :func:`guarded` call (hashable): cuDNN's arguments and the exact fallback."""
 
-    scale: float
-    masked: bool
-    window_length: int | None
+    @property
+    def scale(self) -> float:
+        """The softmax scale."""
+        ...
+
+    @property
+    def masked(self) -> bool:
+        """Top-left causal masks per segment (causal or a window)."""
+        ...
+
+    @property
+    def window_length(self) -> int | None:
+        """cuDNN's ``sliding_window_length``, or ``None``."""
+        ...
 
     def fallback(self, q: jax.Array, k: jax.Array, v: jax.Array, aux: Any) -> jax.Array:
         """The call on the same (prepared) arrays, exactly, for predicates that cuDNN cannot serve."""

@@ -9,6 +9,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import pytest
+from jax import custom_batching
 
 from ejk_xla import _cudnn_packed
 
@@ -49,24 +50,40 @@ def _emulated_forward(q: jax.Array, k: jax.Array, v: jax.Array, segments: Any, *
     return jax.vmap(partial(_emulated_row, **options))(q, k, v, segments)
 
 
+def _unbatchable(f: Any) -> Any:
+    """``f`` refusing ``jax.vmap``, as jax's batching rule of its cuDNN call must never see ejk's segments."""
+    g = custom_batching.custom_vmap(f)
+
+    @g.def_vmap
+    def _rule(axis_size: int, in_batched: Any, *args: Any) -> Any:
+        raise AssertionError("the packed cuDNN call was batched: ejk must loop over a vmapped axis")
+
+    return g
+
+
 @partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6))
 def _emulated_vjp(q: jax.Array, k: jax.Array, v: jax.Array, segments: Any, scale: float, masked: bool,
                   window_length: int | None) -> jax.Array:
-    return _emulated_forward(q, k, v, segments, scale=scale, masked=masked, window_length=window_length)[0]
+    options = {"scale": scale, "masked": masked, "window_length": window_length}
+    return _unbatchable(lambda *a: _emulated_forward(*a, **options)[0])(q, k, v, segments)
 
 
 def _emulated_fwd(q: jax.Array, k: jax.Array, v: jax.Array, segments: Any, scale: float, masked: bool,
                   window_length: int | None) -> tuple[jax.Array, Any]:
-    out, stats = _emulated_forward(q, k, v, segments, scale=scale, masked=masked, window_length=window_length)
+    options = {"scale": scale, "masked": masked, "window_length": window_length}
+    out, stats = _unbatchable(lambda *a: _emulated_forward(*a, **options))(q, k, v, segments)
     return out, (q, k, v, segments, stats, out)  # cuDNN's residuals: the inputs, the statistics, the output
 
 
 def _emulated_bwd(scale: float, masked: bool, window_length: int | None, residuals: Any,
                   d_out: jax.Array) -> tuple[Any, ...]:
     q, k, v, segments, _, _ = residuals
-    _, pullback = jax.vjp(lambda a, b, c: _emulated_forward(a, b, c, segments, scale=scale, masked=masked,
-                                                            window_length=window_length)[0], q, k, v)
-    return (*pullback(d_out), None)
+    options = {"scale": scale, "masked": masked, "window_length": window_length}
+
+    def grads(q: jax.Array, k: jax.Array, v: jax.Array, segments: Any, d_out: jax.Array) -> Any:
+        return jax.vjp(lambda a, b, c: _emulated_forward(a, b, c, segments, **options)[0], q, k, v)[1](d_out)
+
+    return (*_unbatchable(grads)(q, k, v, segments, d_out), None)
 
 
 _emulated_vjp.defvjp(_emulated_fwd, _emulated_bwd)
@@ -74,7 +91,8 @@ _emulated_vjp.defvjp(_emulated_fwd, _emulated_bwd)
 
 def emulated_packed_attention(q: jax.Array, k: jax.Array, v: jax.Array, segments: Any, *, scale: float,
                               masked: bool, window_length: int | None) -> jax.Array:
-    """A CPU stand-in for :func:`ejk_xla._cudnn_packed.packed_attention` (with cuDNN-like residuals)."""
+    """A CPU stand-in for :func:`ejk_xla._cudnn_packed.packed_attention`: cuDNN-like residuals, and an
+    error where jax's own batching rule would batch the call."""
     return _emulated_vjp(q, k, v, segments, scale, masked, window_length)
 
 

@@ -3,6 +3,7 @@ fallback on a CPU (cuDNN emulated, conftest.py), numerics on a GPU (marker ``gpu
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 import jax
@@ -91,6 +92,28 @@ def test_emulated_different_key_ids_take_the_fallback() -> None:
     want = reference_flash_attention(q, q, q, causal=True, softmax_scale=0.25, q_segment_ids=q_ids,
                                      kv_segment_ids=kv_ids)
     assert_close(got, want, jnp.float32)
+
+
+@pytest.mark.usefixtures("emulated")
+def test_emulated_cudnn_segments_under_vmap() -> None:
+    """Microbatches through jax.vmap: one row's ids are runs, the other's repeat an id (the fallback)."""
+    ids = jnp.asarray([[[1, 1, 2, 2, 2, 0]], [[1, 2, 2, 1, 3, 3]]], jnp.int32)
+    q = jax.random.normal(jax.random.key(4), (2, 1, 6, 2, 16))
+
+    def ours(q: jax.Array, ids: jax.Array) -> jax.Array:
+        return _call(q, q, q, ids, causal=True)
+
+    def ref(q: jax.Array, ids: jax.Array) -> jax.Array:
+        return reference_flash_attention(q, q, q, causal=True, softmax_scale=0.25, q_segment_ids=ids,
+                                         kv_segment_ids=ids)
+
+    @partial(jax.jit, static_argnums=0)
+    def values_and_grad(fn: Any, q: jax.Array) -> Any:
+        return jax.vmap(fn)(q, ids), jax.grad(lambda q: jnp.sum(jnp.sin(jax.vmap(fn)(q, ids))))(q)
+
+    got, want = values_and_grad(ours, q), values_and_grad(ref, q)
+    assert_close(got[0], want[0], jnp.float32)
+    assert_close(got[1], want[1], jnp.float32, what="dq")
 
 
 # -- numerics on the GPU --------------------------------------------------------------------------------------

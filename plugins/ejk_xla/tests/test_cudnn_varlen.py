@@ -3,6 +3,7 @@ numerics against the reference on a GPU (marker ``gpu``)."""
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 import jax
@@ -215,6 +216,36 @@ EMULATED = [  # (q lengths, k lengths, Hq, Hkv, (q padding tail, k padding tail)
 def test_emulated_cudnn_matches_the_reference(case: Any) -> None:
     lens_q, lens_k, hq, hkv, (tail_q, tail_k), options = case
     _check_against_reference(_inputs(lens_q, lens_k, hq, hkv, tail_q=tail_q, tail_k=tail_k), jnp.float32, **options)
+
+
+@pytest.mark.usefixtures("emulated")
+@pytest.mark.parametrize("batched_offsets", [False, True], ids=["shared-offsets", "offsets-per-element"])
+def test_emulated_cudnn_under_vmap(batched_offsets: bool) -> None:
+    """jax.vmap loops over cuDNN calls (the emulation refuses to be batched), values and gradients exact."""
+    static = {"sinks": None, "causal": True, "softmax_scale": 0.25, "sliding_window": None, "logits_soft_cap": None,
+              "max_seqlen_q": None, "max_seqlen_k": None, "precision": "default"}
+    keys = jax.random.split(jax.random.key(5), 3)
+    q, k, v = (jax.random.normal(key, (2, 9, 2, 16)) for key in keys)
+    cu = jnp.asarray([[0, 4, 9], [0, 2, 9]] if batched_offsets else [0, 4, 9], jnp.int32)
+    cu_k = jnp.asarray([[0, 4, 9], [0, 3, 9]] if batched_offsets else [0, 4, 9], jnp.int32)  # the 2nd: fallback
+    axes = (0, 0, 0, 0 if batched_offsets else None, 0 if batched_offsets else None)
+
+    def ours(q: jax.Array, k: jax.Array, v: jax.Array, cu: jax.Array, cu_k: jax.Array) -> jax.Array:
+        return _cudnn_varlen.cudnn_varlen_attention(q, k, v, cu, cu_k, **static)
+
+    def ref(q: jax.Array, k: jax.Array, v: jax.Array, cu: jax.Array, cu_k: jax.Array) -> jax.Array:
+        return ejk.testing.reference_flash_attention_varlen(q, k, v, cu, cu_k, causal=True, softmax_scale=0.25)
+
+    @partial(jax.jit, static_argnums=0)
+    def values_and_grads(fn: Any, q: jax.Array, k: jax.Array, v: jax.Array) -> Any:
+        batched = jax.vmap(fn, in_axes=axes)
+        grads = jax.grad(lambda q, k, v: jnp.sum(jnp.sin(batched(q, k, v, cu, cu_k))), argnums=(0, 1, 2))(q, k, v)
+        return batched(q, k, v, cu, cu_k), grads
+
+    got, want = values_and_grads(ours, q, k, v), values_and_grads(ref, q, k, v)
+    assert_close(got[0], want[0], jnp.float32)
+    for name, g, w in zip("qkv", got[1], want[1], strict=True):
+        assert_close(g, w, jnp.float32, what=f"d{name}")
 
 
 @pytest.mark.usefixtures("emulated")

@@ -13,6 +13,9 @@ Some calls are exact on cuDNN only for some runtime values (the segments must ex
 call's mask). :func:`guarded` runs ``lax.cond`` on a traced predicate, cuDNN or the caller's
 exact fallback, forward and backward alike, under a ``custom_vjp`` whose residuals keep only what
 cuDNN's backward needs besides q, k, v and the output: nothing passes through the ``cond`` twice.
+Every cuDNN call sits in a ``jax.custom_batching.sequential_vmap``: under ``jax.vmap`` it runs once
+per batch element (jax's own batching rule of its cuDNN call folds the vmapped axis into ``B`` and
+reshapes the segment arrays as if they were one length per row, which they are not).
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from typing import Any, Protocol
 
 import jax
 import jax.numpy as jnp
-from jax import lax
+from jax import custom_batching, lax
 
 from ejk_xla import _cudnn_attention
 
@@ -133,20 +136,20 @@ class _Saved:
         return cls(tuple(kept), *aux)
 
 
-@partial(jax.custom_vjp, nondiff_argnums=(0,))
-def guarded(plan: Plan, q: jax.Array, k: jax.Array, v: jax.Array, aux: Any, segments: Segments,
-            fits: jax.Array) -> jax.Array:
-    """cuDNN's packed attention where ``fits`` (a traced bool scalar), else ``plan.fallback(q, k, v, aux)``;
-    differentiable in q, k, v (cuDNN's own backward, or the fallback's)."""
-    out: jax.Array = lax.cond(fits, lambda: _cudnn(plan, q, k, v, segments), lambda: plan.fallback(q, k, v, aux))
-    return out
+def _inference(plan: Plan) -> Callable[..., jax.Array]:
+    """cuDNN's forward alone, ``(q, k, v, segments) -> out``; batched (``jax.vmap``) as a loop over the batch:
+    jax's own batching rule of its cuDNN call would misread ``[B, M]`` segment arrays."""
+    batched: Callable[..., jax.Array] = custom_batching.sequential_vmap(
+        lambda q, k, v, segments: _cudnn(plan, q, k, v, segments))
+    return batched
 
 
-def _guarded_fwd(plan: Plan, q: jax.Array, k: jax.Array, v: jax.Array, aux: Any, segments: Segments,
-                 fits: jax.Array) -> tuple[jax.Array, tuple[Any, ...]]:
-    layout: dict[str, Any] = {}
+def _training_forward(plan: Plan, layout: dict[str, Any]) -> Callable[..., tuple[jax.Array, tuple[jax.Array, ...]]]:
+    """``(q, k, v, segments) -> (out, kept)``: cuDNN's forward and the residuals of its backward other than q,
+    k, v and out (``layout`` receives the pullback's structure and where each residual comes from)."""
 
-    def fast(q: jax.Array, k: jax.Array, v: jax.Array) -> tuple[jax.Array, tuple[jax.Array, ...]]:
+    def forward(q: jax.Array, k: jax.Array, v: jax.Array,
+                segments: Segments) -> tuple[jax.Array, tuple[jax.Array, ...]]:
         out, pullback = jax.vjp(lambda a, b, c: _cudnn(plan, a, b, c, segments), q, k, v)
         leaves, tree = jax.tree.flatten(pullback)
         known = (q, k, v, out)
@@ -154,23 +157,54 @@ def _guarded_fwd(plan: Plan, q: jax.Array, k: jax.Array, v: jax.Array, aux: Any,
         layout.update(tree=tree, slots=slots)
         return out, tuple(leaf for leaf, slot in zip(leaves, slots, strict=True) if slot is None)
 
-    kept_shapes = jax.eval_shape(fast, q, k, v)[1]
+    batched: Callable[..., tuple[jax.Array, tuple[jax.Array, ...]]] = custom_batching.sequential_vmap(forward)
+    return batched
 
-    def slow(q: jax.Array, k: jax.Array, v: jax.Array) -> tuple[jax.Array, tuple[jax.Array, ...]]:
+
+def _training_backward(tree: Any, slots: tuple[int | None, ...]) -> Callable[..., tuple[jax.Array, ...]]:
+    """``(d_out, q, k, v, out, kept) -> (dq, dk, dv)``: cuDNN's backward from :func:`_training_forward`'s residuals."""
+
+    def backward(d_out: jax.Array, q: jax.Array, k: jax.Array, v: jax.Array, out: jax.Array,
+                 kept: tuple[jax.Array, ...]) -> tuple[jax.Array, ...]:
+        known, rest = (q, k, v, out), iter(kept)
+        leaves = [next(rest) if slot is None else known[slot] for slot in slots]
+        return tuple(jax.tree.unflatten(tree, leaves)(d_out))
+
+    batched: Callable[..., tuple[jax.Array, ...]] = custom_batching.sequential_vmap(backward)
+    return batched
+
+
+@partial(jax.custom_vjp, nondiff_argnums=(0,))
+def guarded(plan: Plan, q: jax.Array, k: jax.Array, v: jax.Array, aux: Any, segments: Segments,
+            fits: jax.Array | None) -> jax.Array:
+    """cuDNN's packed attention where ``fits`` (a traced bool scalar; ``None``: always), else
+    ``plan.fallback(q, k, v, aux)``; differentiable in q, k, v (cuDNN's own backward, or the fallback's)."""
+    infer = _inference(plan)
+    if fits is None:
+        return infer(q, k, v, segments)
+    out: jax.Array = lax.cond(fits, infer, lambda q, k, v, _: plan.fallback(q, k, v, aux), q, k, v, segments)
+    return out
+
+
+def _guarded_fwd(plan: Plan, q: jax.Array, k: jax.Array, v: jax.Array, aux: Any, segments: Segments,
+                 fits: jax.Array | None) -> tuple[jax.Array, tuple[Any, ...]]:
+    layout: dict[str, Any] = {}
+    forward = _training_forward(plan, layout)
+    kept_shapes = jax.eval_shape(forward, q, k, v, segments)[1]
+
+    def slow(q: jax.Array, k: jax.Array, v: jax.Array, _: Segments) -> tuple[jax.Array, tuple[jax.Array, ...]]:
         return plan.fallback(q, k, v, aux), tuple(jnp.zeros(s.shape, s.dtype) for s in kept_shapes)
 
-    out, kept = lax.cond(fits, fast, slow, q, k, v)
-    return out, (q, k, v, aux, fits, out, _Saved(kept, layout["tree"], layout["slots"]))
+    if fits is None:
+        out, kept = forward(q, k, v, segments)
+    else:
+        out, kept = lax.cond(fits, forward, slow, q, k, v, segments)
+    return out, (q, k, v, aux, fits, out, _Saved(tuple(kept), layout["tree"], layout["slots"]))
 
 
 def _guarded_bwd(plan: Plan, residuals: tuple[Any, ...], d_out: jax.Array) -> tuple[Any, ...]:
     q, k, v, aux, fits, out, saved = residuals
-
-    def fast(d_out: jax.Array, q: jax.Array, k: jax.Array, v: jax.Array, out: jax.Array,
-             kept: tuple[jax.Array, ...]) -> tuple[jax.Array, ...]:
-        known, rest = (q, k, v, out), iter(kept)
-        leaves = [next(rest) if slot is None else known[slot] for slot in saved.slots]
-        return tuple(jax.tree.unflatten(saved.tree, leaves)(d_out))
+    backward = _training_backward(saved.tree, saved.slots)
 
     def slow(d_out: jax.Array, q: jax.Array, k: jax.Array, v: jax.Array, out: jax.Array,
              kept: tuple[jax.Array, ...]) -> tuple[jax.Array, ...]:
@@ -178,16 +212,11 @@ def _guarded_bwd(plan: Plan, residuals: tuple[Any, ...], d_out: jax.Array) -> tu
         _, pullback = jax.vjp(lambda a, b, c: plan.fallback(a, b, c, aux), q, k, v)
         return tuple(pullback(d_out))
 
-    dq, dk, dv = lax.cond(fits, fast, slow, d_out, q, k, v, out, saved.kept)
+    if fits is None:
+        dq, dk, dv = backward(d_out, q, k, v, out, saved.kept)
+    else:
+        dq, dk, dv = lax.cond(fits, backward, slow, d_out, q, k, v, out, saved.kept)
     return dq, dk, dv, None, None, None
 
 
 guarded.defvjp(_guarded_fwd, _guarded_bwd)
-
-
-def run(plan: Plan, q: jax.Array, k: jax.Array, v: jax.Array, aux: Any, segments: Segments,
-        fits: jax.Array | None) -> jax.Array:
-    """cuDNN alone when ``fits`` is ``None`` (always exact), else :func:`guarded`."""
-    if fits is None:
-        return _cudnn(plan, q, k, v, segments)
-    return guarded(plan, q, k, v, aux, segments, fits)

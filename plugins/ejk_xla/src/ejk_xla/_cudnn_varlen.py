@@ -215,5 +215,5 @@ def cudnn_varlen_attention(
     segments, fits = packed_segments(cu_seqlens_q, cu_seqlens_k, masked=masked)
     q4 = prepare(q, _even(tq), hq)
     k4, v4 = prepare(k, _even(tk), hq), prepare(v, _even(tk), hq)
-    out = _cudnn_packed.run(plan, q4, k4, v4, (cu_seqlens_q, cu_seqlens_k), segments, fits if masked else None)
+    out = _cudnn_packed.guarded(plan, q4, k4, v4, (cu_seqlens_q, cu_seqlens_k), segments, fits if masked else None)
     return out[0, :tq].astype(q.dtype)

@@ -31,7 +31,8 @@ from jax import custom_batching, lax
 
 from ejk_xla import _cudnn_attention
 
-__all__ = ["Plan", "Segments", "api_problem", "device_problem", "guarded", "packed_attention", "stats_bytes"]
+__all__ = ["MIN_CUDNN", "Plan", "Segments", "api_problem", "device_problem", "guarded", "packed_attention",
+           "stats_bytes"]
 
 #: ``(q_seqlen [B, M], kv_seqlen [B, M], q_offsets [B, M + 1], kv_offsets [B, M + 1])``, int32.
 Segments = tuple[jax.Array, jax.Array, jax.Array, jax.Array]
@@ -52,16 +53,31 @@ def api_problem() -> str | None:
     return None
 
 
+#: The oldest cuDNN with the packed layout (jax's own tests of it skip before 9.6.0).
+MIN_CUDNN = 90600
+
+
 def device_problem() -> str | None:
     """Why this process cannot run packed cuDNN attention: an NVIDIA GPU of compute capability 9.0 or
-    newer (jax refuses the packed layout before Hopper) and a jax that has it."""
+    newer (jax refuses the packed layout before Hopper), cuDNN 9.6 or newer and a jax that has it."""
     problem = _cudnn_attention.device_problem()
     if problem is not None:
         return problem
     capability = float(getattr(jax.devices()[0], "compute_capability", 0) or 0)
     if capability < 9.0:
         return f"cuDNN's packed layout needs compute capability 9.0 or newer (Hopper), this GPU has {capability}"
-    return api_problem()
+    problem = api_problem()
+    if problem is not None:
+        return problem
+    from jax._src.cudnn import fused_attention_stablehlo as fused
+
+    try:
+        version = int(fused.check_cudnn_version())
+    except RuntimeError as exc:
+        return f"cuDNN not found ({exc})"
+    if version < MIN_CUDNN:
+        return f"cuDNN's packed layout needs cuDNN 9.6 or newer, this process has {version}"
+    return None
 
 
 def stats_bytes(batch: int, segments: int, heads: int, q_len: int) -> int:

@@ -24,7 +24,7 @@ Mapping ejk's contract onto it:
 - An odd number of packed rows gets one padding row (jax's cuDNN backward refuses odd lengths).
 
 :func:`capability` refuses what cuDNN cannot run: no NVIDIA GPU of compute capability 9.0 or newer
-(jax's packed layout needs Hopper), a jax without the packed API, float32, head dims outside
+(jax's packed layout needs Hopper), cuDNN older than 9.6, a jax without the packed API, float32, head dims outside
 ``8k <= 256``, ``Dv != D``, soft caps, sinks, no sequences, empty arrays, causal / windowed calls
 with ``Tq < Tk`` (some sequence then has more keys than queries: the slow branch would run), and
 calls whose softmax statistics would pass :data:`MAX_STATS_BYTES` (jax allocates

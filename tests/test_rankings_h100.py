@@ -27,8 +27,8 @@ def registry() -> KernelRegistry:
     return host.registry
 
 
-@pytest.mark.parametrize("op", ["flash_attention", "flash_attention_lse", "matmul", "grouped_matmul",
-                                "ragged_paged_attention", "linear_cross_entropy", "rms_norm"])
+@pytest.mark.parametrize("op", ["flash_attention", "flash_attention_lse", "flash_attention_varlen", "matmul",
+                                "grouped_matmul", "ragged_paged_attention", "linear_cross_entropy", "rms_norm"])
 def test_the_h100_rankings_name_registered_implementations(registry: KernelRegistry, op: str) -> None:
     rankings = load_pack(str(CORE_PACKS_DIR / "nvidia_h100.json")).rankings[op]
     kernel = type(get_op(op).kernel)(registry)  # an op variant's implementations include the derived ones

@@ -231,8 +231,8 @@ def test_a_ratio_of_two_sizes_names_queries_per_sequence() -> None:
 def test_the_shipped_packs_are_valid_and_cover_the_h100() -> None:
     (h100,) = [load_pack(str(p)) for p in sorted(CORE_PACKS_DIR.glob("*.json"))]
     assert h100.problems == () and h100.entries == {}
-    assert set(h100.rankings) == {"flash_attention", "flash_attention_lse", "matmul", "grouped_matmul",
-                                  "ragged_paged_attention", "linear_cross_entropy", "rms_norm"}
+    assert set(h100.rankings) == {"flash_attention", "flash_attention_lse", "flash_attention_varlen", "matmul",
+                                  "grouped_matmul", "ragged_paged_attention", "linear_cross_entropy", "rms_norm"}
     for op, rankings in h100.rankings.items():
         arguments = set(inspect.signature(getattr(ejk, op)).parameters)
         for ranking in rankings:
@@ -240,6 +240,19 @@ def test_the_shipped_packs_are_valid_and_cover_the_h100() -> None:
             assert not ranking.applies("gpu|NVIDIA_A100-SXM4-80GB|cc=8.0", {})
             named = {c.argument for c in ranking.when} | {c.divisor.argument for c in ranking.when if c.divisor}
             assert named <= arguments, (op, named - arguments)
+
+
+def test_the_h100_pack_puts_cudnn_first_for_packed_d128_attention() -> None:
+    (h100,) = [load_pack(str(p)) for p in sorted(CORE_PACKS_DIR.glob("*.json"))]
+    device = "gpu|NVIDIA_H100_80GB_HBM3|cc=9.0"
+
+    def order(dtype: Any, head_dim: int) -> tuple[str, ...] | None:
+        q = jax.ShapeDtypeStruct((32768, 16, head_dim), dtype)
+        found = [r for r in h100.rankings["flash_attention_varlen"] if r.applies(device, {"q": q})]
+        return tuple(found[0].order) if found else None
+
+    assert order(jnp.bfloat16, 128) == order(jnp.float16, 128) == ("xla/gpu:cudnn", "triton/gpu:flash")
+    assert order(jnp.bfloat16, 64) is None and order(jnp.float32, 128) is None
 
 
 def test_the_h100_pack_sends_chunked_prefill_and_decode_to_different_kernels() -> None:

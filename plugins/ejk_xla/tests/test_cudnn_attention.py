@@ -44,6 +44,8 @@ ACCEPTED = [
     pytest.param(_call(bias=_sds((1, 8, 128, 128))), id="bias-1h"),
     pytest.param(_call(bias=_sds((2, 1, 128, 128))), id="bias-b1"),
     pytest.param(_call(sq=2, sk=2), id="sq-2"),
+    pytest.param(_call(causal=True, q_segment_ids=_sds((2, 128), jnp.int32),
+                       kv_segment_ids=_sds((2, 128), jnp.int32)), id="segments-causal"),
 ]
 
 REFUSED = [
@@ -52,8 +54,12 @@ REFUSED = [
     pytest.param(_call(d=512), "head_dim 512", id="d-too-large"),
     pytest.param(_call(dv=64), "v head dim 64", id="dv-ne-d"),
     pytest.param(_call(logits_soft_cap=30.0), "soft cap not supported", id="soft-cap"),
-    pytest.param(_call(q_segment_ids=_sds((2, 128), jnp.int32), kv_segment_ids=_sds((2, 128), jnp.int32)),
-                 "segment ids not supported", id="segments"),
+    pytest.param(_call(q_segment_ids=_sds((2, 128), jnp.int32), kv_segment_ids=_sds((2, 128), jnp.int32),
+                       bias=_sds((1, 8, 128, 128))), "segment ids with a bias", id="segments-bias"),
+    pytest.param(_call(sq=64, q_segment_ids=_sds((2, 64), jnp.int32), kv_segment_ids=_sds((2, 128), jnp.int32)),
+                 "Sq=64 != Sk=128", id="segments-sq-ne-sk"),
+    pytest.param(_call(b=64, sq=8192, sk=8192, hq=32, q_segment_ids=_sds((64, 8192), jnp.int32),
+                       kv_segment_ids=_sds((64, 8192), jnp.int32)), "softmax statistics", id="segments-stats"),
     pytest.param(_call(sq=64, sk=128, causal=True), "top-left aligned", id="causal-sq-ne-sk"),
     pytest.param(_call(sq=64, sk=128, sliding_window=(8, 0)), "top-left aligned", id="window-sq-ne-sk"),
     pytest.param(_call(sliding_window=(8, 8)), "right reach", id="right-window"),

@@ -164,7 +164,7 @@ def _pallas_mha_unsupported(workload: Workload) -> str | None:
 # -- flash_attention_varlen --------------------------------------------------------------------------
 
 
-def _varlen_segments(workload: Workload, inputs: tuple[Any, ...]) -> Prepared:
+def _varlen_segments(workload: Workload, inputs: tuple[Any, ...], platform: str = "auto") -> Prepared:
     """``ejk.flash_attention`` on ``[1, T]`` with one segment id per sequence: the same attention (the
     presets' sequences have equal query and key lengths, so global causal masks are per-sequence ones)."""
     from ejk.ops import flash_attention
@@ -175,7 +175,8 @@ def _varlen_segments(workload: Workload, inputs: tuple[Any, ...]) -> Prepared:
     causal = bool(workload.case.causal)  # type: ignore[attr-defined]
 
     def fn(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
-        out = flash_attention(q[None], k[None], v[None], causal=causal, q_segment_ids=ids, kv_segment_ids=ids)
+        out = flash_attention(q[None], k[None], v[None], causal=causal, q_segment_ids=ids, kv_segment_ids=ids,
+                              platform=platform)
         return out[0]
 
     return Prepared(fn=fn, args=(q, k, v), diff=(0, 1, 2))
@@ -203,6 +204,15 @@ def _dense_triton_unsupported(workload: Workload) -> str | None:
 
     available, reason = kernel_registry.platform_available("triton")
     return _equal_lengths_unsupported(workload) or (None if available else f"platform triton: {reason}")
+
+
+def _segments_triton_unsupported(workload: Workload) -> str | None:
+    from ejk.registry import kernel_registry
+
+    if not _on_gpu():
+        return "ejk-triton's segments kernel needs an NVIDIA GPU"
+    available, reason = kernel_registry.platform_available("triton")
+    return None if available else f"platform triton: {reason}"
 
 
 def _equal_lengths_unsupported(workload: Workload) -> str | None:
@@ -398,6 +408,11 @@ for _baseline in (
              note="jax.experimental.pallas.ops.gpu.attention.mha, default blocks"),
     Baseline(name="ejk flash_attention segment ids", op="flash_attention_varlen", build=_varlen_segments,
              note="ejk.flash_attention on [1, T] with one segment id per sequence (platform auto)"),
+    Baseline(name="ejk flash_attention segment ids triton", op="flash_attention_varlen",
+             build=lambda workload, inputs: _varlen_segments(workload, inputs, "triton"),
+             unsupported=_segments_triton_unsupported,
+             note="the same segment-id call forced to ejk-triton (triton/gpu:segments), against cuDNN's packed "
+                  "segments that platform auto takes on an H100"),
     Baseline(name="ejk flash_attention [N, L]", op="flash_attention_varlen", build=_varlen_batched,
              unsupported=_equal_lengths_unsupported,
              note="ejk.flash_attention on the dense [N, L] batch of the same sequences (equal lengths only): "

@@ -11,13 +11,19 @@ outside it goes to the other implementations:
 - causal and sliding windows only when ``Sq == Sk``: jax's causal mask is top-left aligned,
   ejk's is bottom-right aligned, and the two agree only for equal lengths; windows only
   with an effective right reach of 0 (causal, or ``(left, 0)``), as cuDNN has no right window;
-- no logits soft cap, no segment ids (cuDNN takes padding lengths, not segment ids);
+- no logits soft cap;
+- segment ids only with ``Sq == Sk``, no bias and a GPU of compute capability 9.0 or newer: they
+  run on cuDNN's packed segments where each row's ids are runs of distinct ids equal for queries
+  and keys (packed training), checked in the graph, else on ejk-xla's chunked kernel
+  (:mod:`ejk_xla._cudnn_segments`); their softmax statistics (``[B * min(S, 32), Hq, S]``
+  float32) at most 1 GiB;
 - bias of shape ``[1 | B, 1 | Hq, Sq, Sk]`` (no broadcasting over a sequence axis);
 - even ``Sq`` and ``Sk``, none empty: jax 0.11.2's cuDNN backward rejects odd lengths ("Unsupported
   sequence length Q 255, KV 255"), and the gate cannot know whether a gradient will be taken.
 
-Within the subset no query row is fully masked (``Sq == Sk`` with a causal or left window
-always keeps the diagonal), so the contract's "rows that see no key are zeros" holds.
+Within the subset no query row is fully masked on cuDNN (``Sq == Sk`` with a causal or left window
+always keeps the diagonal; segment ids reach cuDNN only as runs shared by queries and keys), so
+the contract's "rows that see no key are zeros" holds.
 """
 
 from __future__ import annotations
@@ -84,8 +90,10 @@ def shape_problem(
         return f"odd length Sq={q_len} or Sk={kv_len} (cuDNN's backward needs even lengths)"
     if logits_soft_cap is not None:
         return "soft cap not supported"
-    if q_segment_ids is not None or kv_segment_ids is not None:
-        return "segment ids not supported"
+    if q_segment_ids is not None:
+        problem = _segments_problem(q, k, bias)
+        if problem is not None:
+            return problem
     if (causal or sliding_window is not None) and q_len != kv_len:
         return (f"causal or windowed attention with Sq={q_len} != Sk={kv_len} (jax's cuDNN causal mask is "
                 "top-left aligned, ejk's bottom-right)")
@@ -98,9 +106,33 @@ def shape_problem(
     return None
 
 
+def _segments_problem(q: Any, k: Any, bias: Any) -> str | None:
+    from ejk_xla import _cudnn_packed, _cudnn_segments
+
+    if bias is not None:
+        return "segment ids with a bias not supported"
+    batch, seq_len, heads, _ = q.shape
+    if k.shape[1] != seq_len:
+        return f"segment ids with Sq={seq_len} != Sk={k.shape[1]} (cuDNN's segments are runs shared by both)"
+    slots = _cudnn_segments.segment_slots(seq_len)
+    stats = _cudnn_packed.stats_bytes(batch, slots, heads, seq_len)
+    if stats > _MAX_STATS_BYTES:
+        return (f"segment ids: cuDNN's softmax statistics ([{batch * slots}, {heads}, {seq_len}] float32, "
+                f"{stats / 2**30:.1f} GiB) exceed {_MAX_STATS_BYTES / 2**30:.0f} GiB")
+    return None
+
+
+#: The largest softmax statistics a segment-id call lets jax allocate (``[B * M, Hq, S]`` float32).
+_MAX_STATS_BYTES = 1 << 30
+
+
 def capability(q: Any, k: Any, v: Any, **call: Any) -> str | None:
     """Why cuDNN attention cannot run this call here, or ``None`` when it can (see the module doc)."""
     problem = device_problem()
+    if problem is None and call.get("q_segment_ids") is not None:
+        from ejk_xla import _cudnn_packed
+
+        problem = _cudnn_packed.device_problem()
     if problem is not None:
         return problem
     return shape_problem(q, k, v, max_head_dim=_max_head_dim(), **call)
@@ -139,7 +171,12 @@ def cudnn_attention(
 
     cuDNN differentiates itself (its own fused backward); it takes no config.
     """
-    del logits_soft_cap, q_segment_ids, kv_segment_ids, cfg  # gated out
+    del logits_soft_cap, cfg  # gated out
+    if q_segment_ids is not None and kv_segment_ids is not None:
+        from ejk_xla import _cudnn_segments
+
+        return _cudnn_segments.segment_attention(q, k, v, q_segment_ids, kv_segment_ids, causal=causal,
+                                                 softmax_scale=softmax_scale, sliding_window=sliding_window)
     if bias is not None:
         bias = bias.astype(q.dtype)
     kwargs = cudnn_arguments(causal=causal, softmax_scale=softmax_scale, sliding_window=sliding_window)

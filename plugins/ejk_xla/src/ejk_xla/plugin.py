@@ -5,6 +5,7 @@ from __future__ import annotations
 from ejk.plugin import Backend, Platform, PlatformStatus, RegisterKernels, Tier, hookimpl
 from ejk_xla import (
     _cudnn_attention,
+    _cudnn_varlen,
     _flash_attention,
     _gated_delta_rule,
     _gla,
@@ -44,6 +45,8 @@ def ejk_register_kernels(register: RegisterKernels) -> None:
     va = _varlen_attention
     register("flash_attention_varlen", *portable, tier=fallback, name="chunked", cfg_type=va.VarlenAttentionConfig,
              config_space=va.config_space, heuristic=va.heuristic_config)(va.flash_attention_varlen)
+    register("flash_attention_varlen", Platform.XLA, Backend.GPU, priority=CUDNN_PRIORITY, tier=vendor, name="cudnn",
+             capability=_cudnn_varlen.capability)(_cudnn_varlen.cudnn_varlen_attention)
     gmm, pa = _grouped_matmul, _paged_attention
     register("grouped_matmul", *portable, tier=fallback, name="tiled", cfg_type=gmm.GroupedMatmulConfig,
              config_space=gmm.config_space, heuristic=gmm.heuristic_config)(gmm.grouped_matmul)

@@ -201,6 +201,8 @@ def test_conditions_parse_and_match_the_call_view() -> None:
     assert Condition.parse("q.shape[-1]", [64, 128]).holds(call)
     assert not Condition.parse("q.shape[7]", 64).holds(call)  # no such axis: not in the class
     assert Condition.parse("q.ndim", 4).holds(call) and Condition.parse("q.dtype", "bfloat16").holds(call)
+    assert Condition.parse("q.size", {"max": 2 * 128 * 4 * 64}).holds(call)  # elements: rows of any rank
+    assert not Condition.parse("q.size", {"max": 2 * 128 * 4 * 64 - 1}).holds(call)
     assert Condition.parse("bias", None).holds(call) and not Condition.parse("bias.dtype", "float32").holds(call)
     assert Condition.parse("causal", True).holds(call) and not Condition.parse("window", True).holds(call)
     assert Condition.parse("window", {"max": 3}).holds(call) and not Condition.parse("causal", {"min": 0}).holds(call)
@@ -246,13 +248,29 @@ def test_the_h100_pack_puts_cudnn_first_for_packed_d128_attention() -> None:
     (h100,) = [load_pack(str(p)) for p in sorted(CORE_PACKS_DIR.glob("*.json"))]
     device = "gpu|NVIDIA_H100_80GB_HBM3|cc=9.0"
 
-    def order(dtype: Any, head_dim: int) -> tuple[str, ...] | None:
-        q = jax.ShapeDtypeStruct((32768, 16, head_dim), dtype)
-        found = [r for r in h100.rankings["flash_attention_varlen"] if r.applies(device, {"q": q})]
+    def order(dtype: Any, head_dim: int, mode: str = "fwd+bwd", kv_heads: int = 16) -> tuple[str, ...] | None:
+        call = {"q": jax.ShapeDtypeStruct((32768, 16, head_dim), dtype),
+                "k": jax.ShapeDtypeStruct((32768, kv_heads, head_dim), dtype), "causal": True}
+        found = [r for r in h100.rankings["flash_attention_varlen"] if r.orders(mode) and r.applies(device, call)]
         return tuple(found[0].order) if found else None
 
-    assert order(jnp.bfloat16, 128) == order(jnp.float16, 128) == ("xla/gpu:cudnn", "triton/gpu:flash")
+    assert order(jnp.bfloat16, 128) == order(jnp.float16, 128, "fwd") == ("xla/gpu:cudnn", "triton/gpu:flash")
+    assert order(jnp.bfloat16, 128, "fwd", kv_heads=4) == ("triton/gpu:flash", "xla/gpu:cudnn")  # GQA forward
     assert order(jnp.bfloat16, 64) is None and order(jnp.float32, 128) is None
+
+
+def test_the_h100_pack_keeps_differentiated_segment_ids_on_triton() -> None:
+    (h100,) = [load_pack(str(p)) for p in sorted(CORE_PACKS_DIR.glob("*.json"))]
+    device = "gpu|NVIDIA_H100_80GB_HBM3|cc=9.0"
+    q = jax.ShapeDtypeStruct((1, 32768, 16, 128), jnp.bfloat16)
+
+    def first(mode: str, segments: Any) -> str:
+        call = {"q": q, "q_segment_ids": segments, "sliding_window": None}
+        return next(r for r in h100.rankings["flash_attention"] if r.orders(mode) and r.applies(device, call)).order[0]
+
+    ids = jax.ShapeDtypeStruct((1, 32768), jnp.int32)
+    assert first("fwd+bwd", ids) == "triton/gpu:segments" and first("fwd+bwd", None) == "xla/gpu:cudnn"
+    assert first("fwd", ids) == "pallas/gpu:mosaic"  # refuses segment ids: cuDNN's packed runs come next
 
 
 def test_the_h100_pack_sends_chunked_prefill_and_decode_to_different_kernels() -> None:

@@ -16,7 +16,7 @@ implementation labels for the calls it covers::
   (:func:`ejk.device_fingerprint`, e.g. ``gpu|NVIDIA_H100_80GB_HBM3|cc=9.0``).
 - ``when`` (optional): the shape class, every condition must hold. A key names an argument of
   the op's call (an array such as ``q`` or a static argument such as ``causal``), optionally with
-  ``.dtype``, ``.ndim`` or ``.shape[i]`` (``i`` may be negative), or the ratio of two sizes,
+  ``.dtype``, ``.ndim``, ``.size`` (elements) or ``.shape[i]`` (``i`` may be negative), or the ratio of two sizes,
   ``"q.shape[0]/kv_lens.shape[0]"`` (queries per sequence: a class that shapes alone cannot name; a
   range only, unknown when the divisor is 0). A value is a JSON scalar (equal),
   a list of scalars (one of them) or ``{"min": x, "max": y}`` (an inclusive range; either bound
@@ -37,6 +37,7 @@ the earlier ones leave tied, and :class:`ejk.Tier` then ``priority`` decide the 
 from __future__ import annotations
 
 import fnmatch
+import math
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -48,7 +49,7 @@ __all__ = ["MODES", "Condition", "Ranking", "RankingError", "normalize_label", "
 
 Scalar = None | bool | int | float | str
 
-_KEY = re.compile(r"^(?P<argument>[A-Za-z_]\w*)(?:\.(?:(?P<attribute>dtype|ndim)|shape\[(?P<axis>-?\d+)\]))?$")
+_KEY = re.compile(r"^(?P<argument>[A-Za-z_]\w*)(?:\.(?:(?P<attribute>dtype|ndim|size)|shape\[(?P<axis>-?\d+)\]))?$")
 _LABEL = re.compile(r"^(?P<platform>[a-z0-9_-]+)/(?P<backend>gpu|tpu|cpu|any)(?::(?P<name>[a-z0-9_-]+))?$")
 _ENTRY_KEYS = frozenset({"device", "when", "order", "source", "mode"})
 #: What a ranking orders: forward calls, or differentiated calls (forward plus backward).
@@ -92,7 +93,7 @@ class Condition:
             raise RankingError(f"when[{key!r}]: a ratio takes a {{'min', 'max'}} range, not {value!r}")
         numerator, denominator = (cls.parse(term.strip(), value) for term in terms)
         if any(part.attribute == "dtype" or part.divisor is not None for part in (numerator, denominator)):
-            raise RankingError(f"when key {key!r}: a ratio divides sizes (.shape[i], .ndim or a number), not dtypes")
+            raise RankingError(f"when key {key!r}: a ratio divides sizes (.shape[i], .ndim, .size or a number), not dtypes")
         return attrs.evolve(numerator, key=key, divisor=attrs.evolve(denominator, low=None, high=None))
 
     @classmethod
@@ -102,8 +103,8 @@ class Condition:
             return cls._parse_ratio(key, value)
         found = _KEY.match(key) if isinstance(key, str) else None
         if found is None:
-            raise RankingError(f"when key {key!r} is not an argument name, optionally with .dtype, .ndim or "
-                               ".shape[i] (e.g. 'q.shape[3]'), or a ratio of two sizes (e.g. "
+            raise RankingError(f"when key {key!r} is not an argument name, optionally with .dtype, .ndim, "
+                               ".size or .shape[i] (e.g. 'q.shape[3]'), or a ratio of two sizes (e.g. "
                                "'q.shape[0]/kv_lens.shape[0]')")
         axis = found["axis"]
         where = dict(key=key, argument=found["argument"], attribute="shape" if axis is not None else found["attribute"],
@@ -147,6 +148,8 @@ class Condition:
         shape = tuple(value.shape)
         if self.attribute == "ndim":
             return True, len(shape)
+        if self.attribute == "size":
+            return True, math.prod(shape)
         assert self.axis is not None
         if not -len(shape) <= self.axis < len(shape):
             return False, None

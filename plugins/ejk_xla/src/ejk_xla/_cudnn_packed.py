@@ -5,9 +5,9 @@ function behind it, ``jax._src.cudnn.fused_attention_stablehlo.dot_product_atten
 ``q_offsets`` / ``kv_offsets``: each batch row holds up to ``M`` segments (``[B, M]`` lengths,
 ``[B, M + 1]`` starts, ``-1`` for no segment; jax drops those entries and takes the packed layout
 only for ``M > 1``). The segments stay traced arrays: a new packing reuses the program. Within a
-segment cuDNN's causal mask and window are top-left aligned; rows that no segment covers are
-zeros with zero gradients, because XLA zero-fills every output of its cuDNN attention calls (dq,
-dk and dv included) and cuDNN skips rows outside the segments.
+segment cuDNN's causal mask and window are top-left aligned. cuDNN leaves the rows that no
+segment covers unwritten (whatever the buffer held, NaN included: seen on an H100, jax 0.11.2), so
+:func:`_cudnn` zeroes them in the output and in dq, dk and dv.
 
 Some calls are exact on cuDNN only for some runtime values (the segments must express the
 call's mask). :func:`guarded` runs ``lax.cond`` on a traced predicate, cuDNN or the caller's
@@ -31,8 +31,8 @@ from jax import custom_batching, lax
 
 from ejk_xla import _cudnn_attention
 
-__all__ = ["MIN_CUDNN", "Plan", "Segments", "api_problem", "device_problem", "guarded", "packed_attention",
-           "stats_bytes"]
+__all__ = ["MIN_CUDNN", "Plan", "Segments", "api_problem", "covered_rows", "device_problem", "guarded",
+           "packed_attention", "stats_bytes"]
 
 #: ``(q_seqlen [B, M], kv_seqlen [B, M], q_offsets [B, M + 1], kv_offsets [B, M + 1])``, int32.
 Segments = tuple[jax.Array, jax.Array, jax.Array, jax.Array]
@@ -124,7 +124,31 @@ class Plan(Protocol):
         ...
 
 
+def covered_rows(offsets: jax.Array, lengths: jax.Array, size: int) -> jax.Array:
+    """``[B, size]`` bool: the tokens inside some segment (``offsets [B, M + 1]``, ``lengths [B, M]``, ``-1``
+    for no segment)."""
+    starts = offsets[:, :-1]
+    used = (lengths > 0) & (starts >= 0)
+    rows = jnp.arange(starts.shape[0])[:, None]
+    edges = jnp.zeros((starts.shape[0], size + 1), jnp.int32)
+    edges = edges.at[rows, jnp.where(used, starts, size)].add(1, mode="drop")
+    edges = edges.at[rows, jnp.where(used, jnp.minimum(starts + lengths, size), size)].add(-1, mode="drop")
+    return jnp.cumsum(edges[:, :size], axis=1) > 0
+
+
+def _inside(segments: Segments, q: jax.Array, k: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """``[B, Tq]`` and ``[B, Tk]`` bool: the query rows and keys inside some segment."""
+    q_seqlen, kv_seqlen, q_offsets, kv_offsets = segments
+    return covered_rows(q_offsets, q_seqlen, q.shape[1]), covered_rows(kv_offsets, kv_seqlen, k.shape[1])
+
+
+def _zero_outside(x: jax.Array, inside: jax.Array) -> jax.Array:
+    """``x [B, T, H, D]`` with the rows outside ``inside [B, T]`` zero (cuDNN leaves them unwritten)."""
+    return jnp.where(inside[:, :, None, None], x, jnp.zeros((), x.dtype))
+
+
 def _cudnn(plan: Plan, q: jax.Array, k: jax.Array, v: jax.Array, segments: Segments) -> jax.Array:
+    """cuDNN's packed attention as it comes: the rows outside every segment unwritten."""
     return _packed_attention(q, k, v, segments, scale=plan.scale, masked=plan.masked,
                              window_length=plan.window_length)
 
@@ -155,14 +179,18 @@ class _Saved:
 def _inference(plan: Plan) -> Callable[..., jax.Array]:
     """cuDNN's forward alone, ``(q, k, v, segments) -> out``; batched (``jax.vmap``) as a loop over the batch:
     jax's own batching rule of its cuDNN call would misread ``[B, M]`` segment arrays."""
-    batched: Callable[..., jax.Array] = custom_batching.sequential_vmap(
-        lambda q, k, v, segments: _cudnn(plan, q, k, v, segments))
+    def forward(q: jax.Array, k: jax.Array, v: jax.Array, segments: Segments) -> jax.Array:
+        return _zero_outside(_cudnn(plan, q, k, v, segments), _inside(segments, q, k)[0])
+
+    batched: Callable[..., jax.Array] = custom_batching.sequential_vmap(forward)
     return batched
 
 
 def _training_forward(plan: Plan, layout: dict[str, Any]) -> Callable[..., tuple[jax.Array, tuple[jax.Array, ...]]]:
-    """``(q, k, v, segments) -> (out, kept)``: cuDNN's forward and the residuals of its backward other than q,
-    k, v and out (``layout`` receives the pullback's structure and where each residual comes from)."""
+    """``(q, k, v, segments) -> (out, kept)``: cuDNN's forward (rows outside every segment zeroed) and the
+    residuals of its backward other than q, k, v and out (``layout`` receives the pullback's structure and
+    where each residual comes from). The backward gets the zeroed output in place of cuDNN's own: it reads
+    only the rows inside the segments."""
 
     def forward(q: jax.Array, k: jax.Array, v: jax.Array,
                 segments: Segments) -> tuple[jax.Array, tuple[jax.Array, ...]]:
@@ -171,20 +199,24 @@ def _training_forward(plan: Plan, layout: dict[str, Any]) -> Callable[..., tuple
         known = (q, k, v, out)
         slots = tuple(next((i for i, x in enumerate(known) if leaf is x), None) for leaf in leaves)
         layout.update(tree=tree, slots=slots)
-        return out, tuple(leaf for leaf, slot in zip(leaves, slots, strict=True) if slot is None)
+        kept = tuple(leaf for leaf, slot in zip(leaves, slots, strict=True) if slot is None)
+        return _zero_outside(out, _inside(segments, q, k)[0]), kept
 
     batched: Callable[..., tuple[jax.Array, tuple[jax.Array, ...]]] = custom_batching.sequential_vmap(forward)
     return batched
 
 
 def _training_backward(tree: Any, slots: tuple[int | None, ...]) -> Callable[..., tuple[jax.Array, ...]]:
-    """``(d_out, q, k, v, out, kept) -> (dq, dk, dv)``: cuDNN's backward from :func:`_training_forward`'s residuals."""
+    """``(d_out, q, k, v, out, kept, segments) -> (dq, dk, dv)``: cuDNN's backward from
+    :func:`_training_forward`'s residuals, the rows outside every segment zeroed."""
 
     def backward(d_out: jax.Array, q: jax.Array, k: jax.Array, v: jax.Array, out: jax.Array,
-                 kept: tuple[jax.Array, ...]) -> tuple[jax.Array, ...]:
+                 kept: tuple[jax.Array, ...], segments: Segments) -> tuple[jax.Array, ...]:
         known, rest = (q, k, v, out), iter(kept)
         leaves = [next(rest) if slot is None else known[slot] for slot in slots]
-        return tuple(jax.tree.unflatten(tree, leaves)(d_out))
+        q_inside, kv_inside = _inside(segments, q, k)
+        dq, dk, dv = jax.tree.unflatten(tree, leaves)(_zero_outside(d_out, q_inside))
+        return _zero_outside(dq, q_inside), _zero_outside(dk, kv_inside), _zero_outside(dv, kv_inside)
 
     batched: Callable[..., tuple[jax.Array, ...]] = custom_batching.sequential_vmap(backward)
     return batched
@@ -215,23 +247,23 @@ def _guarded_fwd(plan: Plan, q: jax.Array, k: jax.Array, v: jax.Array, aux: Any,
         out, kept = forward(q, k, v, segments)
     else:
         out, kept = lax.cond(fits, forward, slow, q, k, v, segments)
-    return out, (q, k, v, aux, fits, out, _Saved(tuple(kept), layout["tree"], layout["slots"]))
+    return out, (q, k, v, aux, fits, out, segments, _Saved(tuple(kept), layout["tree"], layout["slots"]))
 
 
 def _guarded_bwd(plan: Plan, residuals: tuple[Any, ...], d_out: jax.Array) -> tuple[Any, ...]:
-    q, k, v, aux, fits, out, saved = residuals
+    q, k, v, aux, fits, out, segments, saved = residuals
     backward = _training_backward(saved.tree, saved.slots)
 
     def slow(d_out: jax.Array, q: jax.Array, k: jax.Array, v: jax.Array, out: jax.Array,
-             kept: tuple[jax.Array, ...]) -> tuple[jax.Array, ...]:
-        del out, kept
+             kept: tuple[jax.Array, ...], segments: Segments) -> tuple[jax.Array, ...]:
+        del out, kept, segments
         _, pullback = jax.vjp(lambda a, b, c: plan.fallback(a, b, c, aux), q, k, v)
         return tuple(pullback(d_out))
 
     if fits is None:
-        dq, dk, dv = backward(d_out, q, k, v, out, saved.kept)
+        dq, dk, dv = backward(d_out, q, k, v, out, saved.kept, segments)
     else:
-        dq, dk, dv = lax.cond(fits, backward, slow, d_out, q, k, v, out, saved.kept)
+        dq, dk, dv = lax.cond(fits, backward, slow, d_out, q, k, v, out, saved.kept, segments)
     return dq, dk, dv, None, None, None
 
 

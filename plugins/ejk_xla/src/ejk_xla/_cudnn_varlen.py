@@ -8,8 +8,8 @@ cuDNN differentiates itself (its fused backward, through jax's ``custom_vjp``).
 Mapping ejk's contract onto it:
 
 - A sequence with no keys, or no queries, is no segment; rows that no segment covers (those, and
-  the padding after the last offset) are zeros with zero gradients (XLA zero-fills the outputs of
-  its cuDNN calls, cuDNN skips rows outside the segments).
+  the padding after the last offset) are zeros with zero gradients (cuDNN leaves them unwritten:
+  they are zeroed after it, in the output and in the gradients).
 - Causal masks and windows: cuDNN's are top-left aligned per segment, ejk's bottom-right. For a
   sequence with ``Sq_s >= Sk_s`` the two agree once the segment starts ``Sq_s - Sk_s`` rows late
   (the skipped rows see no key: zeros). A sequence with ``Sq_s < Sk_s`` cannot be expressed, and

@@ -93,7 +93,8 @@ class Condition:
             raise RankingError(f"when[{key!r}]: a ratio takes a {{'min', 'max'}} range, not {value!r}")
         numerator, denominator = (cls.parse(term.strip(), value) for term in terms)
         if any(part.attribute == "dtype" or part.divisor is not None for part in (numerator, denominator)):
-            raise RankingError(f"when key {key!r}: a ratio divides sizes (.shape[i], .ndim, .size or a number), not dtypes")
+            raise RankingError(f"when key {key!r}: a ratio divides sizes (.shape[i], .ndim, .size or a number), "
+                               "not dtypes")
         return attrs.evolve(numerator, key=key, divisor=attrs.evolve(denominator, low=None, high=None))
 
     @classmethod

@@ -244,18 +244,18 @@ def test_the_shipped_packs_are_valid_and_cover_the_h100() -> None:
             assert named <= arguments, (op, named - arguments)
 
 
-def test_the_h100_pack_puts_cudnn_first_for_packed_d128_attention() -> None:
+def test_the_h100_pack_orders_packed_d128_attention_by_its_mask() -> None:
     (h100,) = [load_pack(str(p)) for p in sorted(CORE_PACKS_DIR.glob("*.json"))]
     device = "gpu|NVIDIA_H100_80GB_HBM3|cc=9.0"
 
-    def order(dtype: Any, head_dim: int, mode: str = "fwd+bwd", kv_heads: int = 16) -> tuple[str, ...] | None:
-        call = {"q": jax.ShapeDtypeStruct((32768, 16, head_dim), dtype),
-                "k": jax.ShapeDtypeStruct((32768, kv_heads, head_dim), dtype), "causal": True}
+    def order(dtype: Any, head_dim: int, mode: str = "fwd+bwd", causal: bool = True) -> tuple[str, ...] | None:
+        call = {"q": jax.ShapeDtypeStruct((32768, 16, head_dim), dtype), "causal": causal}
         found = [r for r in h100.rankings["flash_attention_varlen"] if r.orders(mode) and r.applies(device, call)]
         return tuple(found[0].order) if found else None
 
-    assert order(jnp.bfloat16, 128) == order(jnp.float16, 128, "fwd") == ("xla/gpu:cudnn", "triton/gpu:flash")
-    assert order(jnp.bfloat16, 128, "fwd", kv_heads=4) == ("triton/gpu:flash", "xla/gpu:cudnn")  # GQA forward
+    assert order(jnp.bfloat16, 128, causal=False) == order(jnp.float16, 128, "fwd", causal=False) == (
+        "xla/gpu:cudnn", "triton/gpu:flash")
+    assert order(jnp.bfloat16, 128) == order(jnp.bfloat16, 128, "fwd") == ("triton/gpu:flash", "xla/gpu:cudnn")
     assert order(jnp.bfloat16, 64) is None and order(jnp.float32, 128) is None
 
 
@@ -264,13 +264,15 @@ def test_the_h100_pack_keeps_differentiated_segment_ids_on_triton() -> None:
     device = "gpu|NVIDIA_H100_80GB_HBM3|cc=9.0"
     q = jax.ShapeDtypeStruct((1, 32768, 16, 128), jnp.bfloat16)
 
-    def first(mode: str, segments: Any) -> str:
-        call = {"q": q, "q_segment_ids": segments, "sliding_window": None}
+    def first(mode: str, segments: Any, kv_heads: int = 16) -> str:
+        k = jax.ShapeDtypeStruct((1, 32768, kv_heads, 128), jnp.bfloat16)
+        call = {"q": q, "k": k, "q_segment_ids": segments, "sliding_window": None}
         return next(r for r in h100.rankings["flash_attention"] if r.orders(mode) and r.applies(device, call)).order[0]
 
     ids = jax.ShapeDtypeStruct((1, 32768), jnp.int32)
     assert first("fwd+bwd", ids) == "triton/gpu:segments" and first("fwd+bwd", None) == "xla/gpu:cudnn"
     assert first("fwd", ids) == "pallas/gpu:mosaic"  # refuses segment ids: cuDNN's packed runs come next
+    assert first("fwd", ids, kv_heads=4) == "triton/gpu:segments"
 
 
 def test_the_h100_pack_sends_chunked_prefill_and_decode_to_different_kernels() -> None:

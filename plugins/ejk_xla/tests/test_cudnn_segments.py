@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import ejk
-from ejk.testing import assert_close, reference_flash_attention, values_and_grads
+from ejk.testing import assert_close, compare, reference_flash_attention
 from ejk_xla import _cudnn_attention, _cudnn_segments
 from ejk_xla._cudnn_segments import run_segments
 
@@ -74,13 +74,10 @@ def test_emulated_cudnn_segments_match_the_reference(case: Any) -> None:
     q = jax.random.normal(keys[0], (batch, seq, hq, 16))
     k, v = (jax.random.normal(key, (batch, seq, hkv, 16)) for key in keys[1:3])
     cotangent = jax.random.normal(keys[3], q.shape)
-    got, grads = values_and_grads(lambda q, k, v: _call(q, k, v, ids, **options), (q, k, v), cotangent=cotangent)
-    want, want_grads = values_and_grads(
-        lambda q, k, v: reference_flash_attention(q, k, v, softmax_scale=0.25, q_segment_ids=ids, kv_segment_ids=ids,
-                                                  **options), (q, k, v), cotangent=cotangent)
-    assert_close(got, want, jnp.float32)
-    for name, g, w in zip("qkv", grads, want_grads, strict=True):
-        assert_close(g, w, jnp.float32, what=f"d{name}")
+    compare(lambda q, k, v: _call(q, k, v, ids, **options),
+            lambda q, k, v: reference_flash_attention(q, k, v, softmax_scale=0.25, q_segment_ids=ids,
+                                                      kv_segment_ids=ids, **options),
+            (q, k, v), jnp.float32, cotangent=cotangent)
 
 
 @pytest.mark.usefixtures("emulated")
@@ -156,11 +153,7 @@ def test_cudnn_segments_match_the_reference_on_gpu(case: Any, dtype: Any) -> Non
         return reference_flash_attention(q, k, v, q_segment_ids=ids, kv_segment_ids=ids, **options)
 
     cotangent = jax.random.normal(keys[3], q.shape, dtype)
-    out, grads = values_and_grads(ours, (q, k, v), cotangent=cotangent)
-    want, want_grads = values_and_grads(ref, (q, k, v), cotangent=cotangent)
-    assert_close(out, want, dtype)
-    for name, got, expected in zip("qkv", grads, want_grads, strict=True):
-        assert_close(got, expected, dtype, what=f"d{name}")
+    compare(ours, ref, (q, k, v), dtype, cotangent=cotangent)
 
 
 @pytest.mark.gpu
@@ -169,9 +162,6 @@ def test_cudnn_segments_with_a_repeated_id_fall_back_on_gpu() -> None:
         pytest.skip("needs an NVIDIA GPU")
     ids = jnp.asarray(np.repeat([1, 2, 1, 3], 64)[None], jnp.int32)  # id 1 in two runs
     q = jax.random.normal(jax.random.key(0), (1, 256, 4, 128), BF16)
-    out, grads = values_and_grads(lambda q: ejk.flash_attention(q, q, q, causal=True, q_segment_ids=ids,
-                                                               kv_segment_ids=ids, platform="xla"), (q,))
-    want, want_grads = values_and_grads(lambda q: reference_flash_attention(q, q, q, causal=True, q_segment_ids=ids,
-                                                                           kv_segment_ids=ids), (q,))
-    assert_close(out, want, BF16)
-    assert_close(grads[0], want_grads[0], BF16, what="dq")
+    options = {"causal": True, "q_segment_ids": ids, "kv_segment_ids": ids}
+    compare(lambda q: ejk.flash_attention(q, q, q, platform="xla", **options),
+            lambda q: reference_flash_attention(q, q, q, **options), (q,), BF16)

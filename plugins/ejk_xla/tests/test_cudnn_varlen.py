@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import ejk
-from ejk.testing import assert_close, values_and_grads
+from ejk.testing import assert_close, compare
 from ejk_xla import _cudnn_packed, _cudnn_varlen
 from ejk_xla._cudnn_varlen import packed_segments, shape_problem
 
@@ -192,11 +192,7 @@ def _check_against_reference(args: tuple[jax.Array, ...], dtype: Any, **options:
             q, k, v, cu_q, cu_k, causal=static["causal"], softmax_scale=0.25, sliding_window=static["sliding_window"])
 
     cotangent = jax.random.normal(jax.random.key(1), q.shape[:2] + v.shape[2:], dtype)
-    out, grads = values_and_grads(ours, (q, k, v), cotangent=cotangent)
-    want, want_grads = values_and_grads(ref, (q, k, v), cotangent=cotangent)
-    assert_close(out, want, dtype)
-    for name, got, expected in zip("qkv", grads, want_grads, strict=True):
-        assert_close(got, expected, dtype, what=f"d{name}")
+    compare(ours, ref, (q, k, v), dtype, cotangent=cotangent)
 
 
 EMULATED = [  # (q lengths, k lengths, Hq, Hkv, (q padding tail, k padding tail), options)
@@ -309,11 +305,7 @@ def test_cudnn_varlen_matches_the_reference_on_gpu(case: Any, dtype: Any) -> Non
 
     cotangent = jax.random.normal(jax.random.key(1), q.shape[:2] + v.shape[2:], dtype)
     _poison_device_memory(64 * q.size * q.dtype.itemsize)
-    out, grads = values_and_grads(ours, (q, k, v), cotangent=cotangent)
-    want, want_grads = values_and_grads(ref, (q, k, v), cotangent=cotangent)
-    assert_close(out, want, dtype)
-    for name, got, expected in zip("qkv", grads, want_grads, strict=True):
-        assert_close(got, expected, dtype, what=f"d{name}")
+    compare(ours, ref, (q, k, v), dtype, cotangent=cotangent)
 
 
 @pytest.mark.gpu
@@ -324,13 +316,9 @@ def test_cudnn_varlen_fallback_for_more_keys_on_gpu() -> None:
     q, k, v, cu_q, cu_k = _gpu_inputs([200, 312], [256, 256], 0, 0, 4, 2, 128, BF16)
     found = ejk.explain("flash_attention_varlen", q, k, v, cu_q, cu_k, platform="xla", causal=True)
     assert found.chosen is not None and found.chosen.implementation == "cudnn", found
-    out, grads = values_and_grads(lambda q, k, v: ejk.flash_attention_varlen(q, k, v, cu_q, cu_k, platform="xla",
-                                                                            causal=True), (q, k, v))
-    want, want_grads = values_and_grads(lambda q, k, v: ejk.testing.reference_flash_attention_varlen(
-        q, k, v, cu_q, cu_k, causal=True), (q, k, v))
-    assert_close(out, want, BF16)
-    for name, got, expected in zip("qkv", grads, want_grads, strict=True):
-        assert_close(got, expected, BF16, what=f"d{name}")
+    compare(lambda q, k, v: ejk.flash_attention_varlen(q, k, v, cu_q, cu_k, platform="xla", causal=True),
+            lambda q, k, v: ejk.testing.reference_flash_attention_varlen(q, k, v, cu_q, cu_k, causal=True),
+            (q, k, v), BF16)
 
 
 @pytest.mark.gpu

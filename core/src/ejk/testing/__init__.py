@@ -29,7 +29,7 @@ from ejk.testing._conformance import (
     check_plugin,
     expected_plugins,
 )
-from ejk.testing._op_checks import TOLERANCES, assert_close, check_op, tolerance
+from ejk.testing._op_checks import TOLERANCES, assert_close, check_op, compare, tolerance
 
 if TYPE_CHECKING:
     from ejk.ops._flash_attention._conformance import (
@@ -120,6 +120,7 @@ __all__ = [
     "check_matmul",
     "check_mla_paged_attention",
     "check_op",
+    "compare",
     "check_ragged_paged_attention",
     "check_rms_norm",
     "check_ssd",

@@ -53,15 +53,16 @@ def normal(rng: np.random.Generator, shape: tuple[int, ...], dtype: Any) -> jax.
     return jnp.asarray(rng.standard_normal(shape, np.float32), dtype)
 
 
-def compare(ours: Callable[..., Any], ref: Callable[..., Any], args: tuple[Any, ...], dtype: Any, label: str,
-            grads: bool) -> None:
+def compare(ours: Callable[..., Any], ref: Callable[..., Any], args: tuple[Any, ...], dtype: Any,
+            label: str = "output", grads: bool = True, *, cotangent: Any = None) -> None:
     """Assert ``ours(*args)`` matches ``ref(*args)`` within the tolerance of ``dtype`` and, with ``grads``,
-    so do their gradients for one random output cotangent (an argument either gives ``None`` for is skipped)."""
+    so do their gradients for one output cotangent (``cotangent``, else a random one; an argument either
+    gives ``None`` for is skipped)."""
     if not grads:
         assert_close(ours(*args), ref(*args), dtype, what=label)
         return
-    out, got_grads = values_and_grads(ours, args)  # one cheaply compiled program per case
-    want, want_grads = values_and_grads(ref, args)  # the same cotangent (seed 7)
+    out, got_grads = values_and_grads(ours, args, cotangent=cotangent)  # one cheaply compiled program per case
+    want, want_grads = values_and_grads(ref, args, cotangent=cotangent)  # the same cotangent (seed 7)
     assert_close(out, want, dtype, what=label)
     names = ("d" + str(i) for i in range(len(args)))
     for name, got_g, want_g in zip(names, got_grads, want_grads, strict=True):

@@ -254,28 +254,24 @@ def _call(ring: _Ring, block: _Block, q: jax.Array, k: jax.Array, v: jax.Array, 
                                cfg=ring.cfg, **segs)
 
 
-def _fwd_plan(ring: _Ring, plan: Plan, q: jax.Array, q_seg: Any, k: jax.Array, v: jax.Array,
-              kv_seg: Any) -> tuple[jax.Array, jax.Array]:
-    """Partial ``(out f32, lse)`` of the local queries against the held key block."""
-    batch, rows, heads = q.shape[:3]
-    out = jnp.zeros((batch, rows, heads, v.shape[3]), jnp.float32)
-    lse = jnp.full((batch, heads, rows), -jnp.inf, jnp.float32)
+def _fwd_plan(ring: _Ring, plan: Plan, out: jax.Array, lse: jax.Array, q: jax.Array, q_seg: Any, k: jax.Array,
+              v: jax.Array, kv_seg: Any) -> tuple[jax.Array, jax.Array]:
+    """``(out f32, lse)`` with the local queries' blocks against the held key block merged in, each into
+    its own rows only (updated in place: no full-size temporaries per block)."""
     for block in plan:
         o, lse_o = _call(ring, block, q, k, v, q_seg, kv_seg)
-        pad = (block.q0, rows - block.q1)
-        o_full = jnp.pad(o.astype(jnp.float32), ((0, 0), pad, (0, 0), (0, 0)))
-        lse_full = jnp.pad(lse_o, ((0, 0), (0, 0), pad), constant_values=-jnp.inf)
-        out, lse = _merge(out, lse, o_full, lse_full)
+        rows = slice(block.q0, block.q1)
+        merged, merged_lse = _merge(out[:, rows], lse[:, :, rows], o.astype(jnp.float32), lse_o)
+        out = lax.dynamic_update_slice_in_dim(out, merged, block.q0, axis=1)
+        lse = lax.dynamic_update_slice_in_dim(lse, merged_lse, block.q0, axis=2)
     return varying_like((out, lse), q, k, v)
 
 
-def _bwd_plan(ring: _Ring, plan: Plan, q: jax.Array, q_seg: Any, out: jax.Array, lse: jax.Array,
-              d_out: jax.Array, delta: jax.Array, k: jax.Array, v: jax.Array,
+def _bwd_plan(ring: _Ring, plan: Plan, dq: jax.Array, dk: jax.Array, dv: jax.Array, q: jax.Array, q_seg: Any,
+              lse: jax.Array, d_out: jax.Array, delta: jax.Array, k: jax.Array, v: jax.Array,
               kv_seg: Any) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """This step's float32 ``(dq, dk, dv)`` contributions (``dk`` / ``dv`` of the held block)."""
-    del out
-    dq = jnp.zeros(q.shape, jnp.float32)
-    dk, dv = jnp.zeros(k.shape, jnp.float32), jnp.zeros(v.shape, jnp.float32)
+    """The float32 ``(dq, dk, dv)`` (``dk`` / ``dv`` of the held block) with this step's contributions added,
+    each block's into its own rows only (in place)."""
     for block in plan:
         rows = slice(block.q0, block.q1)
         keys = slice(block.k0, block.k1)
@@ -288,21 +284,20 @@ def _bwd_plan(ring: _Ring, plan: Plan, q: jax.Array, q_seg: Any, out: jax.Array,
         dot = jnp.swapaxes(jnp.sum(g_out.astype(jnp.float32) * o_b.astype(jnp.float32), axis=-1), 1, 2)
         g_lse = dot - w * delta[:, :, rows]
         dq_b, dk_b, dv_b = vjp((g_out, g_lse))
-        dq = dq + _rows_at(dq_b, block.q0, dq.shape[1])
-        dk = dk + _rows_at(dk_b, block.k0, dk.shape[1])
-        dv = dv + _rows_at(dv_b, block.k0, dv.shape[1])
+        dq = _add_rows(dq, dq_b, block.q0)
+        dk = _add_rows(dk, dk_b, block.k0)
+        dv = _add_rows(dv, dv_b, block.k0)
     return varying_like((dq, dk, dv), q, k, v, d_out)
 
 
-def _rows_at(part: jax.Array, start: int, rows: int) -> jax.Array:
-    """``part`` (float32) zero-padded along axis 1 to ``rows`` rows, starting at ``start``.
+def _add_rows(total: jax.Array, part: jax.Array, start: int) -> jax.Array:
+    """``total`` (float32) with ``part`` added to its rows ``start:start + len`` along axis 1, in place.
 
-    A padded add instead of ``x.at[:, a:b].add``: no scatter (and no empty scatter-index constant,
+    A slice update rather than ``x.at[:, a:b].add``: no scatter (and no empty scatter-index constant,
     which jax 0.11.2's Shardy pass crashed on when it entered a ``shard_map`` body on GPUs).
     """
-    pad = [(0, 0)] * part.ndim
-    pad[1] = (start, rows - start - part.shape[1])
-    return jnp.pad(part.astype(jnp.float32), pad)
+    rows = lax.slice_in_dim(total, start, start + part.shape[1], axis=1)
+    return lax.dynamic_update_slice_in_dim(total, rows + part.astype(jnp.float32), start, axis=1)
 
 
 def _block_fn(ring: _Ring, window: tuple[int, int] | None, q_seg: Any, kv_seg: Any, q: jax.Array, k: jax.Array,
@@ -316,7 +311,8 @@ def _dispatch(ring: _Ring, step: int, branch: Callable[..., Any], operands: Sequ
     """Run ``branch(plan, *operands)`` with this device's plan for ``step`` (a ``lax.switch`` when devices differ)."""
     if not _ablation.get()[1]:  # zeros shaped like the result that still read every block (no DCE)
         shapes = jax.eval_shape(partial(branch, ring.plan(0, step)), *operands)
-        touch = sum((jnp.sum(x[(0,) * x.ndim], dtype=jnp.float32) for x in jax.tree.leaves(operands) if x.size),
+        touch = sum((jnp.nan_to_num(x[(0,) * x.ndim].astype(jnp.float32)) for x in jax.tree.leaves(operands)
+                     if x.size),
                     jnp.zeros((), jnp.float32))
         return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype) + (touch * 0).astype(s.dtype), shapes)
     plans = [ring.plan(d, step) for d in range(ring.num_shards)]
@@ -346,8 +342,7 @@ def _forward(ring: _Ring, q: jax.Array, k: jax.Array, v: jax.Array, q_seg: Any,
     held = _shift(ring, (k, v, kv_seg), steps[0])
     for index, step in enumerate(steps):
         following = _shift(ring, held, steps[index + 1] - step) if index + 1 < len(steps) else None
-        part = _dispatch(ring, step, partial(_fwd_plan, ring), (q, q_seg, *held))
-        out, lse = _merge(out, lse, *part)
+        out, lse = _dispatch(ring, step, partial(_fwd_plan, ring), (out, lse, q, q_seg, *held))
         held = following
     return out.astype(out_dtype), lse
 
@@ -372,19 +367,16 @@ def _ring_bwd(ring: _Ring, residuals: tuple[Any, ...], d_out: jax.Array, d_lse: 
     if not steps:
         return dq.astype(q.dtype), jnp.zeros_like(k), jnp.zeros_like(v), None, None
     held = _shift(ring, (k, v, kv_seg), steps[0])
-    grads: tuple[jax.Array, jax.Array] | None = None  # dk, dv of the held block, one step behind it
+    # dk, dv of the held block: they travel with it, one step behind.
+    grads = varying_like((jnp.zeros(k.shape, jnp.float32), jnp.zeros(v.shape, jnp.float32)), q, k, v, d_out)
     for index, step in enumerate(steps):
         last = index + 1 == len(steps)
         distance = 0 if last else steps[index + 1] - step
         following = None if last else _shift(ring, held, distance)
-        dq_t, dk_t, dv_t = _dispatch(ring, step, partial(_bwd_plan, ring),
-                                     (q, q_seg, out, lse, d_out, delta, *held))
-        dq = dq + dq_t
-        grads = (dk_t, dv_t) if grads is None else (grads[0] + dk_t, grads[1] + dv_t)
+        dq, *grads = _dispatch(ring, step, partial(_bwd_plan, ring), (dq, *grads, q, q_seg, lse, d_out, delta, *held))
         if not last:
-            grads = _shift(ring, grads, distance)
+            grads = _shift(ring, tuple(grads), distance)
         held = following
-    assert grads is not None
     # Home: the block of device d - last step sits on d. The sums are final, so they travel in the
     # inputs' dtype (half the bytes of float32 for bf16): this last transfer has no compute to hide behind.
     dk, dv = _shift(ring, (grads[0].astype(k.dtype), grads[1].astype(v.dtype)), -steps[-1])

@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ejk.config._device_clock import trace_gpu_events  # this repository's own tool
+from ejk.bench import trace_gpu_events
 from ejk_llm.backends import Backend
 from ejk_llm.config import PRESETS
 from ejk_llm.generate import DenseEngine, PagedEngine

@@ -33,6 +33,7 @@ from ejk.bench._peaks import PEAKS, Peak, peak_for
 from ejk.bench._runner import Measurement, Options, run
 from ejk.bench._ssd_baseline import mamba2_chunked
 from ejk.bench._workloads import MODES, Workload, workload_for
+from ejk.config._device_clock import trace_gpu_events
 
 __all__ = [
     "BASELINES",
@@ -61,5 +62,6 @@ __all__ = [
     "register_baseline",
     "resolve_op",
     "run",
+    "trace_gpu_events",
     "workload_for",
 ]

@@ -54,7 +54,8 @@ def gpu_span_ns(planes: Iterable[Any]) -> int | None:
 
 
 def trace_gpu_events(call: Callable[[], Any], calls: int) -> list[tuple[str, int, int]] | None:
-    """:func:`gpu_events` of ``calls`` back-to-back calls of ``call`` (outputs dropped as they come).
+    """``(name, start ns, end ns)`` of every GPU activity (kernels, copies) during ``calls`` back-to-back calls
+    of ``call`` (outputs dropped as they come), in start order: :func:`gpu_events` of a profiler trace.
 
     Returns ``None`` where no trace can be taken: no ``jax.profiler.ProfileData`` in this jax, or
     a profiler session already running (warned once). An empty list: no GPU activity recorded.

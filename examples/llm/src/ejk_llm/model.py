@@ -82,7 +82,8 @@ def rope(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
 def inference_params(cfg: ModelConfig, params: Params) -> Params:
     """``params`` for serving: every matrix cast to the compute dtype once (a step then reads half the bytes of
     float32 master weights and casts nothing); vectors (norm scales, sinks) stay as they are."""
-    return jax.tree.map(lambda w: w.astype(cfg.compute_dtype) if w.ndim >= 2 else w, params)
+    cast: Params = jax.tree.map(lambda w: w.astype(cfg.compute_dtype) if w.ndim >= 2 else w, params)
+    return cast
 
 
 def _use(w: jax.Array, dtype: Any, keep_experts: bool = False) -> jax.Array:

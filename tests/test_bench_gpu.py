@@ -37,7 +37,13 @@ def test_every_line_runs_on_the_gpu() -> None:
                 pytest.fail(f"no ratio for {m}")
         if mode == "fwd" and m.max_abs_diff is not None and m.comparable:
             assert m.max_abs_diff < 0.1, m  # bf16 outputs against the first baseline's
-    assert by_line[("[2,1024,8,64] causal", "fwd", "ejk auto")].implementation == "xla/gpu:cudnn"
+    # auto follows the device's shipped ranking (which changes with measurements): it must pick a GPU kernel
+    # that ran in the same case, never the portable XLA reference
+    auto = by_line[("[2,1024,8,64] causal", "fwd", "ejk auto")]
+    ran = {m.implementation for (case, mode, name), m in by_line.items()
+           if case == auto.case and mode == "fwd" and m.kind != "baseline" and name != "ejk auto"
+           and m.status == "ok"}
+    assert auto.implementation in ran and auto.implementation != "xla/any:chunked", auto
     decode = by_line[("S=8 ctx=1024 decode", "fwd", "jax pallas paged")]
     assert decode.status == "ok" and decode.unit == "GB/s" and decode.peak_fraction is not None, decode
 

@@ -298,3 +298,108 @@ def test_ring_ablation_drops_computation_or_communication_only_inside_its_contex
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert json.loads(proc.stdout.strip().splitlines()[-1]) == {
         "no_compute_zero": True, "no_comm_differs": True, "restored": True}
+
+
+RESIDUAL_CODE = textwrap.dedent(
+    """
+    import json, math, sys
+    import jax, jax.numpy as jnp, numpy as np
+    from jax import lax
+    from jax.sharding import Mesh, PartitionSpec as P
+    import ejk
+    from ejk.ops import FLASH_RESIDUALS, ImplChoice, without_residuals
+    from ejk.parallel import from_layout, to_layout
+    from ejk.testing import reference_flash_attention, reference_flash_attention_lse
+
+    LN2 = math.log(2.0)
+
+    def masks(q_segment_ids, kv_segment_ids, **static):
+        return dict(causal=static["causal"], softmax_scale=static["softmax_scale"],
+                    sliding_window=static["sliding_window"], logits_soft_cap=static["logits_soft_cap"],
+                    q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids)
+
+    def fwd(q, k, v, *, q_segment_ids, kv_segment_ids, bias, cfg, precision="default", **static):
+        out, lse = reference_flash_attention_lse(q, k, v, **masks(q_segment_ids, kv_segment_ids, **static))
+        out = lax.reduce_precision(out, exponent_bits=8, mantissa_bits=23)  # a marker: one per forward run
+        lse2 = jnp.where(lse == -jnp.inf, jnp.inf, lse / LN2)
+        return out, (q, k, v, q_segment_ids, kv_segment_ids, bias, out, lse2)
+
+    def bwd(residuals, d_out, *, d_lse=None, cfg, precision="default", **static):
+        # Gradients of one block of the merged result from residuals holding the MERGED out and lse: the
+        # block's own (o_b, lse_b) are recomputed here (by the reference, without the marker) and the merged
+        # cotangents mapped onto them; a wrong row, lse base or cotangent from the ring shows in the values.
+        q, k, v, qs, ks, bias, out, lse2 = residuals
+        block = lambda q, k, v: reference_flash_attention_lse(q, k, v, **masks(qs, ks, **static))
+        (o_b, lse_b), vjp = jax.vjp(block, q, k, v)
+        total = jnp.where(lse2 == jnp.inf, -jnp.inf, lse2 * LN2)
+        w = jnp.where(lse_b == -jnp.inf, 0.0, jnp.exp(lse_b - jnp.where(jnp.isfinite(total), total, 0.0)))
+        delta = jnp.swapaxes(jnp.sum(d_out.astype(jnp.float32) * out.astype(jnp.float32), -1), 1, 2)
+        if d_lse is not None:
+            delta = delta - d_lse
+        g_out = (jnp.swapaxes(w, 1, 2)[..., None] * d_out.astype(jnp.float32)).astype(o_b.dtype)
+        g_lse = jnp.swapaxes(jnp.sum(g_out.astype(jnp.float32) * o_b.astype(jnp.float32), -1), 1, 2) - w * delta
+        return (*vjp((g_out, g_lse)), None, None, None)
+
+    ejk.kernel_registry.register(
+        "flash_attention", "xla", "cpu", name="merged_residuals",
+        vjp=ejk.VJP(fwd=fwd, bwd=bwd, residuals=FLASH_RESIDUALS, extra_cotangents=("lse",)),
+    )(without_residuals(fwd))
+    choice = ImplChoice(platform="xla", backend="cpu", implementation="merged_residuals")
+
+    n = int(sys.argv[1])
+    results = []
+    for case in json.loads(sys.argv[2]):
+        layout = case.pop("layout")
+        if isinstance(case.get("sliding_window"), list):
+            case["sliding_window"] = tuple(case["sliding_window"])
+        segments = case.pop("segments", False)
+        mesh = Mesh(np.array(jax.devices()[:n]), ("sp",))
+        keys = jax.random.split(jax.random.key(len(results)), 5)
+        q = jax.random.normal(keys[0], (2, n * 4, 4, 8))
+        k = jax.random.normal(keys[1], (2, n * 4, 2, 8))
+        v = jax.random.normal(keys[2], (2, n * 4, 2, 8))
+        ct = jax.random.normal(keys[3], q.shape)
+        ids = jnp.cumsum(jax.random.bernoulli(keys[4], 0.2, (2, n * 4)).astype(jnp.int32), axis=1)
+        segs = dict(q_segment_ids=ids, kv_segment_ids=ids) if segments else {}
+        to = lambda x: to_layout(x, layout, n)
+
+        def local(q, k, v, qs, ks):
+            extra = dict(q_segment_ids=qs, kv_segment_ids=ks) if segments else {}
+            return ejk.ring_attention(q, k, v, axis_name="sp", layout=layout, cfg=choice, **case, **extra)
+
+        ring = jax.shard_map(local, mesh=mesh, in_specs=(P(None, "sp"),) * 5, out_specs=P(None, "sp"))
+        sharded = lambda q, k, v: from_layout(ring(to(q), to(k), to(v), to(ids), to(ids)), layout, n)
+        gathered = lambda q, k, v: reference_flash_attention(q, k, v, **case, **segs)
+        grads = lambda fn: (lambda q, k, v, ct: (lambda out, vjp: (out, *vjp(ct)))(*jax.vjp(fn, q, k, v)))
+        got = jax.jit(grads(sharded))(q, k, v, ct)
+        want = grads(gathered)(q, k, v, ct)
+        markers = lambda fn, *a: str(jax.make_jaxpr(fn)(*a)).count("reduce_precision")
+        results.append({"errors": [float(jnp.max(jnp.abs(a - b))) for a, b in zip(got, want)],
+                        "scales": [float(jnp.max(jnp.abs(b))) for b in want],
+                        "forward_runs": markers(sharded, q, k, v),
+                        "forward_runs_with_grads": markers(grads(sharded), q, k, v, ct)})
+    print(json.dumps(results))
+    """
+)
+
+
+@pytest.mark.parametrize(("mesh_size", "cases"), [
+    (2, [{"layout": "contiguous", "logits_soft_cap": 2.0}, {"layout": "zigzag", "causal": True, "segments": True}]),
+    (4, [{"layout": "striped", "causal": True, "sliding_window": [5, 0]}]),
+])
+def test_ring_backward_runs_the_blocks_backward_on_the_merged_result(mesh_size: int,
+                                                                       cases: list[dict[str, object]]) -> None:
+    """An implementation whose backward takes the shared flash residuals gets the merged out / lse: the ring's
+    gradients are exact and no block's forward runs again in the backward."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("EJK_", "EJKERNEL_"))}
+    env.update(JAX_PLATFORMS="cpu", EJK_PLUGINS="xla",
+               XLA_FLAGS="--xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0")
+    proc = subprocess.run([sys.executable, "-c", RESIDUAL_CODE, str(mesh_size), json.dumps(cases)],
+                          capture_output=True, text=True, env=env, timeout=600, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    results = json.loads(proc.stdout.strip().splitlines()[-1])
+    for case, result in zip(cases, results, strict=True):
+        for name, error, scale in zip(("out", "dq", "dk", "dv"), result["errors"], result["scales"], strict=True):
+            assert error <= 2e-4 * max(1.0, scale), f"{case}: {name} differs by {error} (scale {scale})"
+        assert result["forward_runs"] > 0
+        assert result["forward_runs_with_grads"] == result["forward_runs"], (case, result)

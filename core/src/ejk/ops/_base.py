@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import warnings
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -655,6 +655,32 @@ class OpKernel(Kernel[ImplChoice, Any]):
                              f"cotangents; it must return one per array argument it takes {taken}")
         return grads
 
+    def residual_backward(self, arrays: tuple[Any, ...], static: Mapping[str, Any], cfg: ImplChoice,
+                          residuals_tag: str, platform: str = "auto") -> Callable[[Any, Any], tuple[Any, ...]] | None:
+        """The backward the call's choice ``cfg`` runs, as ``f(residuals, cotangent)`` that takes residuals in
+        the ``residuals_tag`` format made elsewhere (e.g. from a merged result: no forward is re-run); ``None``
+        where that backward takes no such residuals (a ``jax.vjp`` pullback, another residual format)."""
+        choice = cfg
+        while choice.training is not None:  # differentiated calls run the training choice
+            if not self.uses_custom_vjp(choice.training):
+                return None
+            choice = choice.training
+        spec = self.spec_for(choice.backward if choice.backward is not None else choice)
+        if spec.vjp is None:
+            return None
+        paired = None
+        if choice.backward is None and spec.vjp.paired:  # a forward-only one: the backward it pairs with
+            paired = _PairedWith(self.paired_backward(spec, self._call(arrays, static)))
+            spec = paired.spec
+        if spec.vjp is None or spec.vjp.bwd is None or spec.vjp.residuals != residuals_tag:
+            return None
+
+        def backward(residuals: Any, cotangent: Any) -> tuple[Any, ...]:
+            given = residuals if paired is None else (residuals, paired)
+            return self.bwd(given, cotangent, cfg=choice, platform=platform, **static)
+
+        return backward
+
     def heuristic_cfg(self, inv: Invocation[ImplChoice]) -> ImplChoice:
         """The best-ranked usable implementation for this call with its heuristic config."""
         ranked = [spec for spec, _ in self.ranking(self.usable_specs(inv), inv)]
@@ -807,6 +833,18 @@ def resolve_platform(platform: Any) -> str:
         return "auto"
     name = str(platform).strip().lower()
     return "auto" if name == "auto" else str(normalize_platform(name))
+
+
+def decide_op(kernel: OpKernel, arrays: tuple[Any, ...], static: dict[str, Any], platform: Any,
+              cfg: Any) -> tuple[ImplChoice, str]:
+    """``(choice, platform)``: what the default Executor runs for the call :func:`run_op` would make (its
+    config completed as the run completes it), and the resolved platform; nothing runs."""
+    plat = resolve_platform(platform)
+    override = None if cfg is None else kernel.choice_for(cfg, plat)
+    executor = get_default_executor()
+    chosen = executor.choose_config(kernel, *arrays, cfg=override, platform=plat, **static)
+    inv = executor.invocation(kernel, arrays, {**static, "platform": plat}, override)
+    return kernel.complete_cfg(inv, chosen), plat
 
 
 def run_op(kernel: OpKernel, arrays: tuple[Any, ...], static: dict[str, Any], platform: Any, cfg: Any) -> Any:

@@ -18,12 +18,14 @@ that reproduces the band.
 Backward (``jax.custom_vjp``). The forward saves ``q, k, v``, the output and the global
 log-sum-exp ``L``. The backward runs the ring again: key / value blocks travel as before, their
 ``dk`` / ``dv`` accumulators travel one step behind them, and each device adds its contribution
-to the block it holds. A block's contribution is the VJP of ``flash_attention_lse`` on that
-block with cotangents ``w·dout`` for its output and ``rowsum(w·dout·o_b) - w·delta`` for its
-log-sum-exp (``w = exp(lse_b - L)``, ``delta = rowsum(dout·out)``) — exactly the gradient of the
-merged output. This goes through the Executor like the forward, so any implementation of
-``flash_attention_lse`` with a VJP works; the price is that the VJP recomputes the block's
-forward pass (a kernel taking the global ``L`` would avoid it).
+to the block it holds. A flash backward fed the merged output and ``L`` (instead of the block's
+own) gives exactly the block's share of the merged gradient (``P = exp(S - L)``, ``dS = P∘(dP -
+rowsum(dout·out) + dL)``), so when the implementation the block's ``flash_attention_lse`` call runs
+has a backward on the shared flash residuals (ejk-triton's, ejk-pallas's), the ring calls that
+backward directly: no block forward is re-run. Otherwise (an implementation differentiated by
+``jax.vjp``, another residual format) the block's VJP runs with cotangents ``w·dout`` for its output
+and ``rowsum(w·dout·o_b) - w·delta`` for its log-sum-exp (``w = exp(lse_b - L)``, ``delta =
+rowsum(dout·out)``), which re-runs the block's forward.
 
 Overlap: a step's ``ppermute`` of the next key / value block is issued before the step's compute
 and does not depend on it, so XLA's scheduler runs the two concurrently (likewise the
@@ -43,9 +45,13 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from ejk.ops._base import decide_op
 from ejk.ops._check_common import attention_precision, normalize_window
 from ejk.ops._flash_attention._check import check_flash_attention_args, check_sinks
+from ejk.ops._flash_attention._lse import KERNEL as LSE_KERNEL
 from ejk.ops._flash_attention._lse import flash_attention_lse
+from ejk.ops._flash_attention._op import flash_attention_call
+from ejk.ops._flash_attention._residuals import FLASH_LSE_RESIDUALS
 from ejk.ops._matmul._op import DEFAULT_PRECISION
 from ejk.parallel._layout import Piece, check_layout, local_pieces
 from ejk.parallel._vma import varying_like
@@ -54,6 +60,7 @@ __all__ = ["ring_attention", "ring_schedule"]
 
 _OP = "ring_attention"
 _BIG = 2**31 - 1  # a window side that covers any block (the op layer clamps it)
+_LOG2E = 1.4426950408889634  # natural → base-2 log-sum-exp
 
 
 @attrs.frozen
@@ -268,26 +275,52 @@ def _fwd_plan(ring: _Ring, plan: Plan, out: jax.Array, lse: jax.Array, q: jax.Ar
 
 
 def _bwd_plan(ring: _Ring, plan: Plan, dq: jax.Array, dk: jax.Array, dv: jax.Array, q: jax.Array, q_seg: Any,
-              lse: jax.Array, d_out: jax.Array, delta: jax.Array, k: jax.Array, v: jax.Array,
-              kv_seg: Any) -> tuple[jax.Array, jax.Array, jax.Array]:
+              out: jax.Array, lse: jax.Array, d_out: jax.Array, d_lse: jax.Array, delta: jax.Array, k: jax.Array,
+              v: jax.Array, kv_seg: Any) -> tuple[jax.Array, jax.Array, jax.Array]:
     """The float32 ``(dq, dk, dv)`` (``dk`` / ``dv`` of the held block) with this step's contributions added,
     each block's into its own rows only (in place)."""
     for block in plan:
         rows = slice(block.q0, block.q1)
         keys = slice(block.k0, block.k1)
         segs = (None, None) if q_seg is None else (q_seg[:, rows], kv_seg[:, keys])
-        fn = partial(_block_fn, ring, block.window, *segs)
-        (o_b, lse_b), vjp = jax.vjp(fn, q[:, rows], k[:, keys], v[:, keys])
-        total = lse[:, :, rows]
-        w = jnp.where(lse_b == -jnp.inf, 0.0, jnp.exp(lse_b - jnp.where(jnp.isfinite(total), total, 0.0)))
-        g_out = (jnp.swapaxes(w, 1, 2)[..., None] * d_out[:, rows].astype(jnp.float32)).astype(o_b.dtype)
-        dot = jnp.swapaxes(jnp.sum(g_out.astype(jnp.float32) * o_b.astype(jnp.float32), axis=-1), 1, 2)
-        g_lse = dot - w * delta[:, :, rows]
-        dq_b, dk_b, dv_b = vjp((g_out, g_lse))
+        q_b, k_b, v_b = q[:, rows], k[:, keys], v[:, keys]
+        backward = _residual_backward(ring, block.window, segs[0], segs[1], q_b, k_b, v_b)
+        if backward is not None:  # the block's backward kernel on the merged out / lse: no forward re-run
+            lse_rows = lse[:, :, rows]
+            lse2 = jnp.where(lse_rows == -jnp.inf, jnp.inf, lse_rows * _LOG2E)
+            residuals = (q_b, k_b, v_b, *segs, None, out[:, rows].astype(q.dtype), lse2)
+            dq_b, dk_b, dv_b = backward(residuals, (d_out[:, rows].astype(q.dtype), d_lse[:, :, rows]))[:3]
+        else:
+            dq_b, dk_b, dv_b = _recomputed_grads(ring, block, segs, q_b, k_b, v_b, lse[:, :, rows],
+                                                 d_out[:, rows], delta[:, :, rows])
         dq = _add_rows(dq, dq_b, block.q0)
         dk = _add_rows(dk, dk_b, block.k0)
         dv = _add_rows(dv, dv_b, block.k0)
     return varying_like((dq, dk, dv), q, k, v, d_out)
+
+
+def _residual_backward(ring: _Ring, window: tuple[int, int] | None, q_seg: Any, kv_seg: Any, q: jax.Array,
+                       k: jax.Array, v: jax.Array) -> Callable[[Any, Any], tuple[Any, ...]] | None:
+    """The backward of the implementation the block's ``flash_attention_lse`` call runs, fed residuals in
+    the shared flash format (``None`` when that backward takes none: then the block's VJP is used)."""
+    arrays, static = flash_attention_call(q, k, v, softmax_scale=ring.scale, sliding_window=window,
+                                          logits_soft_cap=ring.cap, q_segment_ids=q_seg, kv_segment_ids=kv_seg,
+                                          precision=ring.precision)
+    choice, platform = decide_op(LSE_KERNEL, arrays, static, ring.platform, ring.cfg)
+    return LSE_KERNEL.residual_backward(arrays, static, choice, FLASH_LSE_RESIDUALS, platform)
+
+
+def _recomputed_grads(ring: _Ring, block: _Block, segs: tuple[Any, Any], q: jax.Array, k: jax.Array, v: jax.Array,
+                      total: jax.Array, d_out: jax.Array, delta: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """A block's gradients through its own VJP (its forward re-run): cotangents ``w·dout`` for its output and
+    ``rowsum(w·dout·o_b) − w·delta`` for its lse, ``w = exp(lse_b − L)``."""
+    fn = partial(_block_fn, ring, block.window, *segs)
+    (o_b, lse_b), vjp = jax.vjp(fn, q, k, v)
+    w = jnp.where(lse_b == -jnp.inf, 0.0, jnp.exp(lse_b - jnp.where(jnp.isfinite(total), total, 0.0)))
+    g_out = (jnp.swapaxes(w, 1, 2)[..., None] * d_out.astype(jnp.float32)).astype(o_b.dtype)
+    dot = jnp.swapaxes(jnp.sum(g_out.astype(jnp.float32) * o_b.astype(jnp.float32), axis=-1), 1, 2)
+    dq, dk, dv = vjp((g_out, dot - w * delta))
+    return dq, dk, dv
 
 
 def _add_rows(total: jax.Array, part: jax.Array, start: int) -> jax.Array:
@@ -359,9 +392,9 @@ def _ring_fwd(ring: _Ring, q: jax.Array, k: jax.Array, v: jax.Array, q_seg: Any,
 
 def _ring_bwd(ring: _Ring, residuals: tuple[Any, ...], d_out: jax.Array, d_lse: Any = None) -> tuple[Any, ...]:
     q, k, v, q_seg, kv_seg, out, lse = residuals
-    delta = jnp.swapaxes(jnp.sum(d_out.astype(jnp.float32) * out.astype(jnp.float32), axis=-1), 1, 2)
-    if d_lse is not None:  # the merged lse's cotangent: each block's lse gets w·d_lse (rows that see nothing: none)
-        delta = delta - jnp.where(lse == -jnp.inf, 0.0, d_lse.astype(jnp.float32))
+    # The merged lse's cotangent: each block's lse gets w·d_lse (rows that see nothing: none).
+    d_lse = jnp.zeros(lse.shape, jnp.float32) if d_lse is None else jnp.where(lse == -jnp.inf, 0.0, d_lse)
+    delta = jnp.swapaxes(jnp.sum(d_out.astype(jnp.float32) * out.astype(jnp.float32), axis=-1), 1, 2) - d_lse
     dq = varying_like(jnp.zeros(q.shape, jnp.float32), q, k, v, d_out)
     steps = ring.steps()
     if not steps:
@@ -373,7 +406,8 @@ def _ring_bwd(ring: _Ring, residuals: tuple[Any, ...], d_out: jax.Array, d_lse: 
         last = index + 1 == len(steps)
         distance = 0 if last else steps[index + 1] - step
         following = None if last else _shift(ring, held, distance)
-        dq, *grads = _dispatch(ring, step, partial(_bwd_plan, ring), (dq, *grads, q, q_seg, lse, d_out, delta, *held))
+        dq, *grads = _dispatch(ring, step, partial(_bwd_plan, ring),
+                               (dq, *grads, q, q_seg, out, lse, d_out, d_lse, delta, *held))
         if not last:
             grads = _shift(ring, tuple(grads), distance)
         held = following

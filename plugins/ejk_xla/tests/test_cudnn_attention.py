@@ -44,6 +44,8 @@ ACCEPTED = [
     pytest.param(_call(bias=_sds((1, 8, 128, 128))), id="bias-1h"),
     pytest.param(_call(bias=_sds((2, 1, 128, 128))), id="bias-b1"),
     pytest.param(_call(sq=2, sk=2), id="sq-2"),
+    pytest.param(_call(d=192, dv=128, causal=True), id="mla-192-128"),
+    pytest.param(_call(d=64, dv=128), id="dv-wider"),
     pytest.param(_call(causal=True, q_segment_ids=_sds((2, 128), jnp.int32),
                        kv_segment_ids=_sds((2, 128), jnp.int32)), id="segments-causal"),
 ]
@@ -52,7 +54,8 @@ REFUSED = [
     pytest.param(_call(dtype=jnp.float32), "float32 not supported", id="float32"),
     pytest.param(_call(d=100), "head_dim 100", id="d-not-multiple-of-8"),
     pytest.param(_call(d=512), "head_dim 512", id="d-too-large"),
-    pytest.param(_call(dv=64), "v head dim 64", id="dv-ne-d"),
+    pytest.param(_call(d=192, dv=100), "v head dim 100", id="dv-not-multiple-of-8"),
+    pytest.param(_call(d=128, dv=512), "v head dim 512", id="dv-too-large"),
     pytest.param(_call(logits_soft_cap=30.0), "soft cap not supported", id="soft-cap"),
     pytest.param(_call(q_segment_ids=_sds((2, 128), jnp.int32), kv_segment_ids=_sds((2, 128), jnp.int32),
                        bias=_sds((1, 8, 128, 128))), "segment ids with a bias", id="segments-bias"),
@@ -117,6 +120,46 @@ def test_cpu_calls_never_reach_cudnn() -> None:
     assert found.chosen is not None and found.chosen.implementation == "chunked"
 
 
+@pytest.mark.parametrize(("d", "dv", "options"), [(192, 128, {"causal": True}), (64, 128, {}),
+                                                   (96, 64, {"sliding_window": (5, 0)})])
+def test_head_dims_that_differ_run_zero_padded(monkeypatch: pytest.MonkeyPatch, d: int, dv: int,
+                                               options: dict[str, Any]) -> None:
+    """cuDNN through jax takes one head dim: the narrower side is zero-padded and the output sliced, values
+    and gradients unchanged (on the CPU, jax's XLA attention stands in for cuDNN and checks it got one)."""
+    original = jax.nn.dot_product_attention
+    widths: list[int] = []
+
+    def one_head_dim(q: Any, k: Any, v: Any, **kwargs: Any) -> Any:
+        assert q.shape[-1] == k.shape[-1] == v.shape[-1]  # what jax's cuDNN call requires
+        widths.append(int(v.shape[-1]))
+        return original(q, k, v, **{**kwargs, "implementation": None})
+
+    monkeypatch.setattr(jax.nn, "dot_product_attention", one_head_dim)
+    keys = jax.random.split(jax.random.key(3), 4)
+    q = jax.random.normal(keys[0], (2, 24, 4, d), jnp.float32)
+    k = jax.random.normal(keys[1], (2, 24, 2, d), jnp.float32)
+    v = jax.random.normal(keys[2], (2, 24, 2, dv), jnp.float32)
+    window = options.get("sliding_window")
+    causal = bool(options.get("causal", False))
+
+    def ours(q: Any, k: Any, v: Any) -> Any:
+        return _cudnn_attention.cudnn_attention(q, k, v, causal=causal, softmax_scale=d ** -0.5,
+                                                sliding_window=window, logits_soft_cap=None, q_segment_ids=None,
+                                                kv_segment_ids=None, bias=None)
+
+    def ref(q: Any, k: Any, v: Any) -> Any:
+        return reference_flash_attention(q, k, v, **options)
+
+    cotangent = jax.random.normal(keys[3], (2, 24, 4, dv), jnp.float32)
+    out, grads = values_and_grads(ours, (q, k, v), cotangent=cotangent)
+    want, want_grads = values_and_grads(ref, (q, k, v), cotangent=cotangent)
+    assert out.shape == (2, 24, 4, dv) and widths and set(widths) == {max(d, dv)}
+    assert_close(out, want, jnp.float32)
+    for name, got, expected in zip("qkv", grads, want_grads, strict=True):
+        assert got.shape == expected.shape
+        assert_close(got, expected, jnp.float32, what=f"d{name}")
+
+
 # -- numerics on the GPU ------------------------------------------------------------------------------
 
 GPU_CASES = [
@@ -129,6 +172,8 @@ GPU_CASES = [
     ((1, 64, 4, 512, 4, 128), {}),
     ((2, 128, 4, 128, 2, 64), {"bias": (1, 4, 128, 128)}),
     ((2, 128, 4, 128, 2, 64), {"bias": (2, 1, 128, 128)}),
+    ((2, 256, 8, 256, 2, 192, 128), {"causal": True}),  # DeepSeek's prefill head dims, zero-padded v
+    ((1, 128, 4, 128, 4, 64, 128), {}),
 ]
 
 
@@ -138,11 +183,12 @@ GPU_CASES = [
 def test_cudnn_matches_the_reference_on_gpu(shape: tuple[int, ...], options: dict[str, Any], dtype: Any) -> None:
     if jax.default_backend() != "gpu":
         pytest.skip("needs an NVIDIA GPU")
-    b, sq, hq, sk, hkv, d = shape
+    b, sq, hq, sk, hkv, d, *rest = shape
+    dv = rest[0] if rest else d
     keys = jax.random.split(jax.random.key(0), 4)
     q = jax.random.normal(keys[0], (b, sq, hq, d), dtype)
     k = jax.random.normal(keys[1], (b, sk, hkv, d), dtype)
-    v = jax.random.normal(keys[2], (b, sk, hkv, d), dtype)
+    v = jax.random.normal(keys[2], (b, sk, hkv, dv), dtype)
     options = dict(options)
     bias = jax.random.normal(keys[3], options.pop("bias"), dtype) if "bias" in options else None
     found = ejk.explain("flash_attention", q, k, v, bias=bias, platform="xla", **options)

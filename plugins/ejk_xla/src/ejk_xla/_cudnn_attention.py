@@ -7,7 +7,9 @@ benchmarks/results/cudnn_gate_h100.md); every call
 outside it goes to the other implementations:
 
 - dtypes: bfloat16 and float16 (not float32);
-- head dims: a multiple of 8, at most 256 on Hopper and newer (128 before), ``Dv == D``;
+- head dims: a multiple of 8, at most 256 on Hopper and newer (128 before); jax's cuDNN call takes
+  one head dim, so ``Dv != D`` (DeepSeek's 192 / 128) runs with the narrower side zero-padded to the
+  wider one (zeros add nothing to the logits or the output; the output is sliced back to ``Dv``);
 - causal and sliding windows only when ``Sq == Sk``: jax's causal mask is top-left aligned,
   ejk's is bottom-right aligned, and the two agree only for equal lengths; windows only
   with an effective right reach of 0 (causal, or ``(left, 0)``), as cuDNN has no right window;
@@ -82,10 +84,9 @@ def shape_problem(
     kv_len, v_dim = k.shape[1], v.shape[3]
     if min(batch, q_len, kv_len, q.shape[2], head_dim) == 0:
         return "empty arrays"
-    if head_dim != v_dim:
-        return f"v head dim {v_dim} differs from q/k head dim {head_dim}"
-    if head_dim % 8 or head_dim > max_head_dim:
-        return f"head_dim {head_dim} not supported (a multiple of 8, at most {max_head_dim})"
+    for name, dim in (("head_dim", head_dim), ("v head dim", v_dim)):
+        if dim % 8 or dim > max_head_dim:
+            return f"{name} {dim} not supported (a multiple of 8, at most {max_head_dim})"
     if q_len % 2 or kv_len % 2:
         return f"odd length Sq={q_len} or Sk={kv_len} (cuDNN's backward needs even lengths)"
     if logits_soft_cap is not None:
@@ -172,6 +173,14 @@ def cudnn_attention(
     cuDNN differentiates itself (its own fused backward); it takes no config.
     """
     del logits_soft_cap, cfg  # gated out
+    v_dim = int(v.shape[3])
+    if v_dim != q.shape[3]:  # one head dim for cuDNN: zeros pad the narrower side (autodiff slices them off)
+        width = max(v_dim, int(q.shape[3]))
+        q, k, v = (_pad_head_dim(x, width) for x in (q, k, v))
+        padded = cudnn_attention(q, k, v, causal=causal, softmax_scale=softmax_scale, sliding_window=sliding_window,
+                                 logits_soft_cap=None, q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids,
+                                 bias=bias)
+        return padded[..., :v_dim]
     if q_segment_ids is not None and kv_segment_ids is not None:
         from ejk_xla import _cudnn_segments
 
@@ -182,3 +191,9 @@ def cudnn_attention(
     kwargs = cudnn_arguments(causal=causal, softmax_scale=softmax_scale, sliding_window=sliding_window)
     out: jax.Array = jax.nn.dot_product_attention(q, k, v, bias=bias, **kwargs)
     return out.astype(jnp.dtype(q.dtype))
+
+
+def _pad_head_dim(x: jax.Array, width: int) -> jax.Array:
+    """``x`` ``[B, S, H, d]`` with zeros appended to its last axis up to ``width``."""
+    extra = width - int(x.shape[3])
+    return x if extra == 0 else jnp.pad(x, ((0, 0), (0, 0), (0, 0), (0, extra)))

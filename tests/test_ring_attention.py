@@ -7,6 +7,7 @@ The ring needs several devices: each mesh size runs its cases in a fresh interpr
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -340,13 +341,22 @@ RESIDUAL_CODE = textwrap.dedent(
         g_lse = jnp.swapaxes(jnp.sum(g_out.astype(jnp.float32) * o_b.astype(jnp.float32), -1), 1, 2) - w * delta
         return (*vjp((g_out, g_lse)), None, None, None)
 
-    ejk.kernel_registry.register(
-        "flash_attention", "xla", "cpu", name="merged_residuals",
-        vjp=ejk.VJP(fwd=fwd, bwd=bwd, residuals=FLASH_RESIDUALS, extra_cotangents=("lse",)),
-    )(without_residuals(fwd))
-    choice = ImplChoice(platform="xla", backend="cpu", implementation="merged_residuals")
+    n, platform = int(sys.argv[1]), sys.argv[3]
+    if platform == "xla":  # the test implementation above
+        ejk.kernel_registry.register(
+            "flash_attention", "xla", "cpu", name="merged_residuals",
+            vjp=ejk.VJP(fwd=fwd, bwd=bwd, residuals=FLASH_RESIDUALS, extra_cotangents=("lse",)),
+        )(without_residuals(fwd))
+        options = dict(cfg=ImplChoice(platform="xla", backend="cpu", implementation="merged_residuals"))
+    else:  # a real kernel (under its interpreter): the ring must not fall back to re-running block forwards
+        import ejk.parallel._ring as ring_module
 
-    n = int(sys.argv[1])
+        def recomputed(*args, **kwargs):
+            raise AssertionError("the ring re-ran a block's forward")
+
+        ring_module._recomputed_grads = recomputed
+        options = dict(platform=platform)
+
     results = []
     for case in json.loads(sys.argv[2]):
         layout = case.pop("layout")
@@ -365,7 +375,7 @@ RESIDUAL_CODE = textwrap.dedent(
 
         def local(q, k, v, qs, ks):
             extra = dict(q_segment_ids=qs, kv_segment_ids=ks) if segments else {}
-            return ejk.ring_attention(q, k, v, axis_name="sp", layout=layout, cfg=choice, **case, **extra)
+            return ejk.ring_attention(q, k, v, axis_name="sp", layout=layout, **options, **case, **extra)
 
         ring = jax.shard_map(local, mesh=mesh, in_specs=(P(None, "sp"),) * 5, out_specs=P(None, "sp"))
         sharded = lambda q, k, v: from_layout(ring(to(q), to(k), to(v), to(ids), to(ids)), layout, n)
@@ -383,23 +393,30 @@ RESIDUAL_CODE = textwrap.dedent(
 )
 
 
-@pytest.mark.parametrize(("mesh_size", "cases"), [
-    (2, [{"layout": "contiguous", "logits_soft_cap": 2.0}, {"layout": "zigzag", "causal": True, "segments": True}]),
-    (4, [{"layout": "striped", "causal": True, "sliding_window": [5, 0]}]),
+@pytest.mark.parametrize(("mesh_size", "cases", "platform"), [
+    (2, [{"layout": "contiguous", "logits_soft_cap": 2.0}, {"layout": "zigzag", "causal": True, "segments": True}],
+     "xla"),
+    (4, [{"layout": "striped", "causal": True, "sliding_window": [5, 0]}], "xla"),
+    pytest.param(2, [{"layout": "zigzag", "causal": True, "segments": True}], "triton", id="ejk-triton"),
 ])
-def test_ring_backward_runs_the_blocks_backward_on_the_merged_result(mesh_size: int,
-                                                                       cases: list[dict[str, object]]) -> None:
+def test_ring_backward_runs_the_blocks_backward_on_the_merged_result(mesh_size: int, cases: list[dict[str, object]],
+                                                                       platform: str) -> None:
     """An implementation whose backward takes the shared flash residuals gets the merged out / lse: the ring's
-    gradients are exact and no block's forward runs again in the backward."""
+    gradients are exact and no block's forward runs again in the backward (a test implementation that marks its
+    forward runs, and ejk-triton's kernels under the Triton interpreter)."""
+    if platform == "triton" and importlib.util.find_spec("ejk_triton") is None:
+        pytest.skip("ejk-triton is not installed")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("EJK_", "EJKERNEL_"))}
-    env.update(JAX_PLATFORMS="cpu", EJK_PLUGINS="xla",
+    env.update(JAX_PLATFORMS="cpu", EJK_PLUGINS="xla" if platform == "xla" else f"xla,{platform}",
+               EJK_TRITON_INTERPRET="1",
                XLA_FLAGS="--xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0")
-    proc = subprocess.run([sys.executable, "-c", RESIDUAL_CODE, str(mesh_size), json.dumps(cases)],
+    proc = subprocess.run([sys.executable, "-c", RESIDUAL_CODE, str(mesh_size), json.dumps(cases), platform],
                           capture_output=True, text=True, env=env, timeout=600, check=False)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     results = json.loads(proc.stdout.strip().splitlines()[-1])
     for case, result in zip(cases, results, strict=True):
         for name, error, scale in zip(("out", "dq", "dk", "dv"), result["errors"], result["scales"], strict=True):
             assert error <= 2e-4 * max(1.0, scale), f"{case}: {name} differs by {error} (scale {scale})"
-        assert result["forward_runs"] > 0
-        assert result["forward_runs_with_grads"] == result["forward_runs"], (case, result)
+        if platform == "xla":  # the test implementation's marker: one per forward run
+            assert result["forward_runs"] > 0
+            assert result["forward_runs_with_grads"] == result["forward_runs"], (case, result)

@@ -81,7 +81,7 @@ class GradInForwardConfig:
     """
 
     block_t: int = attrs.field(default=1024, validator=positive_int)
-    logits: str = attrs.field(default="float32", validator=_logits_choice)
+    logits: str = attrs.field(default="input", validator=_logits_choice)
     backward: chunked.LinearCrossEntropyConfig | None = None
 
 
@@ -103,38 +103,55 @@ def _forward_and_gradients(x: jax.Array, w: jax.Array, labels: jax.Array, *, blo
     row_starts = chunked._chunk_starts(t, block_t)
     nominal_rows = jnp.arange(row_starts.shape[0], dtype=jnp.int32) * block_t
     columns = jnp.arange(v, dtype=jnp.int32)[None, :]
+    w_sums = jnp.sum(w_c.astype(jnp.float32), axis=1)
+    dx_dtype = x.dtype if x.dtype == dtype else jnp.float32  # rounded once either way
     product_dtype = jnp.float32 if logits == "float32" else dtype
 
-    def chunk(carry: tuple[jax.Array, ...], rows: tuple[jax.Array, jax.Array]) -> tuple[Any, None]:
-        dx, dw, lse, z_label, z_sum = carry
-        row, row_nominal = rows
-        fresh = chunked._fresh(row, block_t, row_nominal)  # rows no earlier chunk covered
+    def gradients_of(row: jax.Array, fresh: jax.Array) -> tuple[jax.Array, ...]:
+        """One chunk's statistics, ``dx`` rows and ``dw`` term (rows an earlier chunk covered contribute 0)."""
         take = functools.partial(lax.dynamic_slice_in_dim, start_index=row, slice_size=block_t)
         x_c = take(x).astype(dtype)
         u = jnp.matmul(x_c, w_c, precision=precision, preferred_element_type=product_dtype).astype(jnp.float32)
         z = u if cap is None else cap * jnp.tanh(u / cap)
         top = jnp.max(z, axis=1)
         lse_c = top + jnp.log(jnp.sum(jnp.exp(z - top[:, None]), axis=1))
-        hit = columns == take(labels)[:, None]
-        z_label_c = jnp.sum(jnp.where(hit, z, 0.0), axis=1)
-        z_sum_c = jnp.sum(z, axis=1)
+        label = take(labels)
+        # The label's logit read from the chunk (a gather), the sum of the logits a product with the row
+        # sums of w where there is no cap: neither is one more pass over the logits.
+        inside = (label >= 0) & (label < v)
+        picked = jnp.take_along_axis(z, jnp.clip(label, 0, v - 1)[:, None], axis=1)[:, 0]
+        z_label_c = jnp.where(inside, picked, 0.0)
+        if cap is None:
+            z_sum_c = jnp.matmul(x_c.astype(jnp.float32), w_sums, precision=precision)
+        else:
+            z_sum_c = jnp.sum(z, axis=1)
         a = jnp.where(fresh, take(alpha), 0.0)[:, None]
-        dz = a * (jnp.exp(z - lse_c[:, None]) - hit.astype(jnp.float32))
+        dz = a * (jnp.exp(z - lse_c[:, None]) - (columns == label[:, None]).astype(jnp.float32))
         if cap is not None:
             dz = dz * (1.0 - jnp.square(z / cap))
         dz = dz.astype(dtype)
-        dx_c = jnp.matmul(dz, w_c.T, precision=precision, preferred_element_type=jnp.float32).astype(x.dtype)
-        dx = lax.dynamic_update_slice_in_dim(dx, jnp.where(fresh[:, None], dx_c, take(dx)), row, 0)
-        dw = dw + jnp.matmul(x_c.T, dz, precision=precision, preferred_element_type=w.dtype)
-        stats = []
-        for old, new in ((lse, lse_c), (z_label, z_label_c), (z_sum, z_sum_c)):
-            stats.append(lax.dynamic_update_slice_in_dim(old, jnp.where(fresh, new, take(old)), row, 0))
-        return (dx, dw, *stats), None
+        dx_c = jnp.matmul(dz, w_c.T, precision=precision, preferred_element_type=dx_dtype).astype(x.dtype)
+        dw_c = jnp.matmul(x_c.T, dz, precision=precision, preferred_element_type=w.dtype)
+        return dx_c, dw_c, lse_c, z_label_c, z_sum_c
 
+    def chunk(carry: tuple[jax.Array, ...], rows: tuple[jax.Array, jax.Array]) -> tuple[Any, None]:
+        dx, dw, *stats = carry
+        row, row_nominal = rows
+        fresh = chunked._fresh(row, block_t, row_nominal)  # rows no earlier chunk covered
+        dx_c, dw_c, *stats_c = gradients_of(row, fresh)
+        keep = lambda old, new, f: lax.dynamic_update_slice_in_dim(  # noqa: E731
+            old, jnp.where(f, new, lax.dynamic_slice_in_dim(old, row, block_t)), row, 0)
+        dx = keep(dx, dx_c, fresh[:, None])
+        stats = [keep(old, new, fresh) for old, new in zip(stats, stats_c, strict=True)]
+        return (dx, dw + dw_c, *stats), None  # the add is the product's accumulation (cuBLAS's beta = 1)
+
+    # The first chunk starts dw (no zeros written and read back); the others add to it.
+    dx_0, dw, *stats_0 = gradients_of(jnp.int32(0), jnp.ones((block_t,), bool))
     vector = jnp.zeros((t,), jnp.float32)
-    init = varying_like((jnp.zeros(x.shape, x.dtype), jnp.zeros(w.shape, w.dtype), vector, vector, vector),
-                        x, w, labels)
-    (dx, dw, lse, z_label, z_sum), _ = lax.scan(chunk, init, (row_starts, nominal_rows))
+    dx, *stats = varying_like((jnp.zeros(x.shape, x.dtype), vector, vector, vector), x, w, labels)
+    dx = lax.dynamic_update_slice_in_dim(dx, dx_0, 0, 0)
+    stats = [lax.dynamic_update_slice_in_dim(old, new, 0, 0) for old, new in zip(stats, stats_0, strict=True)]
+    (dx, dw, lse, z_label, z_sum), _ = lax.scan(chunk, (dx, dw, *stats), (row_starts[1:], nominal_rows[1:]))
     return (lse, z_label, z_sum), dx, dw
 
 
@@ -184,29 +201,23 @@ def _scale(labels: jax.Array, vocab: int, d_lse: jax.Array, d_sum: jax.Array,
     return s, fast
 
 
-def _scaled_gradients(x: jax.Array, w: jax.Array, labels: jax.Array, z_label: jax.Array, dx0: jax.Array,
-                      dw0: jax.Array, s: jax.Array, d_label: jax.Array, d_sum: jax.Array,
-                      cap: float | None) -> tuple[jax.Array, jax.Array]:
-    """``s·(dx₀, dw₀)`` plus the onehot and ``z_sum`` terms of the cotangent (exact for any values)."""
-    v = w.shape[1]
-    inside, alpha = _weights(labels, v)
-    # What the onehot term's cotangent adds to the −s·α the saved gradients hold.
-    extra = jnp.where(inside, d_label + s * alpha, 0.0)
-    if cap is not None:
-        extra = extra * (1.0 - jnp.square(z_label / cap))
-    x32 = x.astype(jnp.float32)
-    row_sums = jnp.sum(w.astype(jnp.float32), axis=1)
-    dx = s * dx0.astype(jnp.float32) + d_sum[:, None] * row_sums[None, :]
-    dw = (s * dw0.astype(jnp.float32) + jnp.matmul(d_sum, x32)[:, None]).astype(w.dtype)
-    safe = jnp.where(inside, labels, 0).astype(jnp.int32)
+def _saved_gradients(x: jax.Array, w: jax.Array, labels: jax.Array, dx0: jax.Array, dw0: jax.Array, s: jax.Array,
+                     extra: jax.Array, d_sum: jax.Array, *, onehot: bool) -> tuple[jax.Array, jax.Array]:
+    """``s·(dx₀, dw₀)`` plus the ``z_sum`` term of the cotangent and, with ``onehot``, the ``extra`` onehot term.
 
-    def with_onehot(dx: jax.Array, dw: jax.Array) -> tuple[jax.Array, jax.Array]:
-        dx = dx + extra[:, None] * jnp.take(w, safe, axis=1).T.astype(jnp.float32)
-        dw = dw.at[:, safe].add((x32 * extra[:, None]).T.astype(w.dtype))
-        return dx, dw
-
-    dx, dw = lax.cond(jnp.any(extra != 0.0), with_onehot, lambda dx, dw: (dx, dw), dx, dw)
-    return dx.astype(x.dtype), dw
+    One pass over ``dw`` (written afresh: an unchanged ``dw₀`` returned through a ``cond`` would be
+    copied), plus a gather of ``w``'s label columns and a scatter-add into ``dw`` for the onehot term.
+    """
+    f32 = jnp.float32
+    row_sums = lax.cond(jnp.any(d_sum != 0.0), lambda: jnp.sum(w.astype(f32), axis=1),
+                        lambda: varying_like(jnp.zeros((w.shape[0],), f32), w, d_sum))
+    dx = s * dx0.astype(f32) + d_sum[:, None] * row_sums[None, :]
+    dw = (s * dw0.astype(f32) + jnp.matmul(d_sum, x.astype(f32))[:, None]).astype(dw0.dtype)
+    if onehot:
+        safe = jnp.clip(labels, 0, w.shape[1] - 1)  # extra is 0 where the label is outside
+        dx = dx + extra[:, None] * jnp.take(w, safe, axis=1).T.astype(f32)
+        dw = dw.at[:, safe].add((x.astype(f32) * extra[:, None]).T.astype(dw.dtype))
+    return dx.astype(dx0.dtype), dw
 
 
 def linear_cross_entropy_bwd(
@@ -220,17 +231,22 @@ def linear_cross_entropy_bwd(
     d_lse, d_label, d_sum = (jnp.zeros_like(lse) if d is None else d.astype(jnp.float32) for d in cotangents)
     labels = labels.astype(jnp.int32)
     s, fast = _scale(labels, w.shape[1], d_lse, d_sum, logit_soft_cap)
+    inside, alpha = _weights(labels, w.shape[1])
+    # What the onehot term's cotangent adds to the −s·α the saved gradients hold (label smoothing).
+    extra = jnp.where(inside, d_label + s * alpha, 0.0)
+    if logit_soft_cap is not None:
+        extra = extra * (1.0 - jnp.square(z_label / logit_soft_cap))
     block_t, block_v = chunked._blocks(x, w, None if cfg is None else cfg.backward)
 
-    def saved(operands: tuple[jax.Array, ...]) -> tuple[jax.Array, jax.Array]:
-        return _scaled_gradients(x, w, labels, z_label, dx0, dw0, s, d_label, d_sum, logit_soft_cap)
+    def recomputed() -> tuple[jax.Array, jax.Array]:
+        return chunked._gradients(x, w, labels, lse, d_lse, d_label, d_sum, block_t=block_t, block_v=block_v,
+                                  cap=logit_soft_cap, precision=precision)
 
-    def recomputed(operands: tuple[jax.Array, ...]) -> tuple[jax.Array, jax.Array]:
-        dx, dw = chunked._gradients(x, w, labels, lse, d_lse, d_label, d_sum, block_t=block_t, block_v=block_v,
-                                    cap=logit_soft_cap, precision=precision)
-        return dx, dw
-
-    dx, dw = lax.cond(fast, saved, recomputed, ())
+    branches = [functools.partial(_saved_gradients, x, w, labels, dx0, dw0, s, extra, d_sum, onehot=False),
+                functools.partial(_saved_gradients, x, w, labels, dx0, dw0, s, extra, d_sum, onehot=True),
+                recomputed]
+    which = jnp.where(fast, jnp.where(jnp.any(extra != 0.0), 1, 0), 2)
+    dx, dw = lax.switch(which, branches)
     return cotangent_like(dx, x), cotangent_like(dw, w), None
 
 

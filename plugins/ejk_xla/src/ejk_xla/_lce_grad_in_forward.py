@@ -77,11 +77,14 @@ class GradInForwardConfig:
             many of their cotangent (in the inputs' dtype).
         logits: ``"float32"``: the logits' product accumulates and writes float32; ``"input"``: it
             writes the inputs' dtype (as ``x @ w`` does), the softmax still computed in float32.
+        online_lse: Each row's log-sum-exp in one read of the logits (a reduction of running maximum
+            and rescaled sum; one more exponential per logit) instead of two (maximum, then sum).
         backward: Config of the chunked backward pass that runs for a cotangent of another form.
     """
 
     block_t: int = attrs.field(default=1024, validator=positive_int)
     logits: str = attrs.field(default="input", validator=_logits_choice)
+    online_lse: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
     backward: chunked.LinearCrossEntropyConfig | None = None
 
 
@@ -92,9 +95,28 @@ def _weights(labels: jax.Array, vocab: int) -> tuple[jax.Array, jax.Array]:
     return inside, jnp.where(inside, 1.0 / count, 0.0)
 
 
-@functools.partial(jax.jit, static_argnames=("block_t", "cap", "precision", "logits"))
+def _two_pass_lse(z: jax.Array) -> jax.Array:
+    """Each row's log-sum-exp: its maximum, then the sum of the shifted exponentials (two reads of ``z``)."""
+    top = jnp.max(z, axis=1)
+    return top + jnp.log(jnp.sum(jnp.exp(z - top[:, None]), axis=1))
+
+
+def _online_lse(z: jax.Array) -> jax.Array:
+    """Each row's log-sum-exp in one read of ``z``: a reduction of (running maximum, rescaled sum) pairs."""
+
+    def combine(a: tuple[jax.Array, jax.Array], b: tuple[jax.Array, jax.Array]) -> tuple[jax.Array, jax.Array]:
+        top = jnp.maximum(a[0], b[0])
+        shift = jnp.where(top == -jnp.inf, 0.0, top)  # two empty sums stay empty (no inf - inf)
+        return top, a[1] * jnp.exp(a[0] - shift) + b[1] * jnp.exp(b[0] - shift)
+
+    top, total = lax.reduce((z, jnp.ones_like(z)), (jnp.float32(-jnp.inf), jnp.float32(0.0)), combine, (1,))
+    return top + jnp.log(total)
+
+
+@functools.partial(jax.jit, static_argnames=("block_t", "cap", "precision", "logits", "online_lse"))
 def _forward_and_gradients(x: jax.Array, w: jax.Array, labels: jax.Array, *, block_t: int, cap: float | None,
-                           precision: Precision, logits: str) -> tuple[Statistics, jax.Array, jax.Array]:
+                           precision: Precision, logits: str,
+                           online_lse: bool) -> tuple[Statistics, jax.Array, jax.Array]:
     t, v = x.shape[0], w.shape[1]
     dtype = jnp.promote_types(x.dtype, w.dtype)
     w_c = w.astype(dtype)
@@ -113,8 +135,7 @@ def _forward_and_gradients(x: jax.Array, w: jax.Array, labels: jax.Array, *, blo
         x_c = take(x).astype(dtype)
         u = jnp.matmul(x_c, w_c, precision=precision, preferred_element_type=product_dtype).astype(jnp.float32)
         z = u if cap is None else cap * jnp.tanh(u / cap)
-        top = jnp.max(z, axis=1)
-        lse_c = top + jnp.log(jnp.sum(jnp.exp(z - top[:, None]), axis=1))
+        lse_c = _online_lse(z) if online_lse else _two_pass_lse(z)
         label = take(labels)
         # The label's logit read from the chunk (a gather), the sum of the logits a product with the row
         # sums of w where there is no cap: neither is one more pass over the logits.
@@ -183,7 +204,7 @@ def linear_cross_entropy_fwd(
         empty = jnp.zeros((0,), jnp.float32)
         return (empty, empty, empty), (x, w, labels, empty, empty, jnp.zeros_like(x), jnp.zeros_like(w))
     stats, dx, dw = _forward_and_gradients(x, w, labels, block_t=block_t, cap=logit_soft_cap, precision=precision,
-                                           logits=cfg.logits)
+                                           logits=cfg.logits, online_lse=cfg.online_lse)
     return stats, (x, w, labels, stats[0], stats[1], dx, dw)
 
 

@@ -11,10 +11,9 @@ import numpy as np
 import pytest
 
 import ejk
+from ejk.ops import ImplChoice
 from ejk.testing import assert_close, check_linear_cross_entropy
 from ejk.testing import reference_linear_cross_entropy as reference
-from ejk.ops import ImplChoice
-from ejk.ops._linear_cross_entropy._op import loss_from_statistics
 from ejk_xla import LinearCrossEntropyConfig
 from ejk_xla import _lce_grad_in_forward as gif
 from ejk_xla._lce_grad_in_forward import GradInForwardConfig
@@ -224,7 +223,8 @@ GRAD_IN_FORWARD_OPTIONS = [
 ]
 
 
-@pytest.mark.parametrize("options", GRAD_IN_FORWARD_OPTIONS, ids=lambda o: ",".join(f"{k}={v}" for k, v in o.items()) or "plain")
+@pytest.mark.parametrize("options", GRAD_IN_FORWARD_OPTIONS,
+                         ids=lambda o: ",".join(f"{k}={v}" for k, v in o.items()) or "plain")
 def test_grad_in_forward_matches_a_float64_oracle(options: dict[str, Any]) -> None:
     rng = np.random.default_rng(0)
     t, h, v = 11, 8, 37  # 4-token chunks: the last one overlaps the one before
@@ -279,29 +279,29 @@ def test_grad_in_forward_bfloat16(logits: str) -> None:
 
 
 def _cotangents(labels: jax.Array, lse: jax.Array, vocab: int, **options: Any) -> tuple[jax.Array, ...]:
-    """The statistics' cotangents the op layer produces for a cotangent of 1 on its loss."""
-    def loss(lse: jax.Array, z_label: jax.Array, z_sum: jax.Array) -> jax.Array:
-        out = loss_from_statistics(lse, z_label, z_sum, labels, vocab=vocab, ignore_index=-100,
-                                   reduction=options.get("reduction", "mean"),
-                                   label_smoothing=options.get("label_smoothing", 0.0),
-                                   z_loss=options.get("z_loss", 0.0))
-        return out.sum()
-
-    return jax.grad(loss, argnums=(0, 1, 2))(lse, jnp.zeros_like(lse), jnp.zeros_like(lse))  # type: ignore[no-any-return]
+    """The statistics' cotangents the op layer produces for a cotangent of 1 on its loss
+    (docs/KERNEL_CONTRACT.md): per counted token ``w·(1 + 2·z_loss·lse)``, ``−(1 − ε)·w``, ``−(ε / V)·w``."""
+    valid = (labels >= 0) & (labels < vocab)
+    weight = valid / (jnp.sum(valid) if options.get("reduction", "mean") == "mean" else 1.0)
+    if options.get("reduction") == "none":
+        weight = valid * jnp.linspace(0.5, 1.5, labels.shape[0])  # a per-token cotangent
+    smoothing = options.get("label_smoothing", 0.0)
+    return (weight * (1 + 2 * options.get("z_loss", 0.0) * lse), -(1 - smoothing) * weight,
+            -(smoothing / vocab) * weight)
 
 
 @pytest.mark.parametrize(("options", "cap", "saved"), [
     ({}, None, True), ({"reduction": "sum", "label_smoothing": 0.1}, None, True), ({}, 3.0, True),
-    ({"label_smoothing": 0.1}, 3.0, False), ({"z_loss": 1e-3}, None, False), ({"reduction": "none"}, None, True),
+    ({"label_smoothing": 0.1}, 3.0, False), ({"z_loss": 1e-3}, None, False), ({"reduction": "none"}, None, False),
 ])
 def test_grad_in_forward_which_backward_serves_the_op_layers_cotangents(options: dict[str, Any], cap: float | None,
                                                         saved: bool) -> None:
     labels = jnp.asarray([4, -100, 0, 7, 2, -100, 9], jnp.int32)
     lse = jnp.linspace(1.0, 3.0, 7)
-    d_lse, d_label, d_sum = _cotangents(labels, lse, 10, **options)
+    d_lse, _, d_sum = _cotangents(labels, lse, 10, **options)
     s, fast = gif._scale(labels, 10, d_lse, d_sum, cap)
     assert bool(fast) is saved
-    if saved:  # mean: 1 over the 5 counted tokens times 1/α = 5; sum: 1 times 5
+    if saved:  # α is 1/5 on the 5 counted tokens: s = 1 for the mean, 5 for the sum
         np.testing.assert_allclose(float(s), 1.0 if options.get("reduction") is None else 5.0, rtol=1e-6)
 
 
@@ -356,4 +356,14 @@ def test_grad_in_forward_config_validation_heuristic_and_space() -> None:
     x = jax.ShapeDtypeStruct((16384, 4096), jnp.bfloat16)
     assert len(gif.config_space(x, jax.ShapeDtypeStruct((4096, 131072), jnp.bfloat16))) == 6
     assert len(gif.config_space(jax.ShapeDtypeStruct((100, 8), jnp.float32), x)) == 2
-    assert gif.heuristic_config(x, jax.ShapeDtypeStruct((4096, 131072), jnp.bfloat16)).block_t >= 1
+    assert gif.heuristic_config(x, jax.ShapeDtypeStruct((4096, 131072), jnp.bfloat16)).block_t == 256  # a CPU
+
+
+def test_grad_in_forward_gpu_heuristic_keeps_a_chunk_within_its_share_of_the_unfused_memory(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(gif.jax, "default_backend", lambda: "gpu")
+    w = jax.ShapeDtypeStruct((4096, 131072), jnp.bfloat16)
+    for t, dtype, block_t in ((16384, jnp.bfloat16, 1024), (16384, jnp.float32, 512), (65536, jnp.bfloat16, 2048),
+                              (1000, jnp.bfloat16, 256)):
+        cfg = gif.heuristic_config(jax.ShapeDtypeStruct((t, 4096), dtype), w)
+        assert (cfg.block_t, cfg.logits) == (block_t, "input"), (t, dtype, cfg)

@@ -22,21 +22,26 @@ a z-loss (``d_lse`` depends on ``lse``), ``reduction="none"`` with a per-token c
 shard's share of the log-sum-exp, label smoothing under a soft cap — takes the chunked backward
 pass (logits recomputed: correct, and slower than the chunked implementation alone).
 
-Precision: ``dw`` is accumulated over the token chunks in ``w``'s dtype (each chunk's product is
-accumulated in float32 and added to ``dw`` rounded: one rounding per chunk in bfloat16, where the
-unfused gradient is one float32-accumulated product rounded once); ``dx`` is rounded once per
-token, as in the unfused gradient. The logits are float32 (``logits="float32"``) or in the input
-dtype as ``x @ w`` computes them (``logits="input"``, half the traffic); the softmax and the
-statistics are float32 either way, the logits' cotangent is in the inputs' dtype for the products.
+Precision: ``dw`` is accumulated over the token chunks in ``w``'s dtype — each chunk's product
+``x_cᵀ @ dz_c`` is added to it inside the matmul (cuBLAS's ``beta = 1``: float32 accumulation of
+the product and the running ``dw``, rounded once per chunk), where the unfused gradient is one
+float32-accumulated product rounded once; ``dx`` is rounded once per token, as in the unfused
+gradient. The logits are in the inputs' dtype as ``x @ w`` computes them (``logits="input"``, the
+default, as the unfused loss's) or float32 (``logits="float32"``, twice the traffic); the softmax is
+float32 either way, the logits' cotangent in the inputs' dtype for the two products. The label's
+logit is read from the chunk; the logits' sum is ``x · Σ_v w_v`` in float32 without a soft cap
+(the sum of the capped logits with one).
 
-Memory: the chunk's logits and their cotangent (``block_t · V`` of each) are the only temporaries
-that grow with ``V``; ``dw₀`` (``w``'s shape and dtype) and ``dx₀`` (``x``'s) are held from the
-forward to the backward pass, as the gradients they become.
+Memory: a chunk's logits and their cotangent (``block_t · V`` of each) are the only temporaries that
+grow with ``V``; ``dx₀`` and ``dw₀``, held from the forward to the backward pass, share their buffers
+with the gradients they become (XLA's buffer assignment: on an H100 at T 16384, V 128k, bfloat16,
+``block_t`` 1024, the program's temporaries are 552 MiB, the two chunks' 512 MiB and small vectors).
 """
 
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from typing import Any
 
 import attrs
@@ -59,8 +64,8 @@ RESIDUALS = "ejk_xla.linear_cross_entropy:gradients-in-forward"
 #: Relative tolerance of the backward pass's check that ``d_lse`` is the assumed one times a scalar.
 PROPORTIONAL_TOLERANCE = 2.0**-20
 
-#: Bytes of one chunk's temporaries (logits and their cotangent) the heuristic aims at on a GPU.
-GPU_CHUNK_BYTES = 3 << 29
+#: The share of the unfused loss's temporaries one chunk's logits and cotangent may take (heuristic).
+MEMORY_SHARE = 0.045
 
 
 def _logits_choice(instance: Any, attribute: Any, value: str) -> None:
@@ -77,14 +82,11 @@ class GradInForwardConfig:
             many of their cotangent (in the inputs' dtype).
         logits: ``"float32"``: the logits' product accumulates and writes float32; ``"input"``: it
             writes the inputs' dtype (as ``x @ w`` does), the softmax still computed in float32.
-        online_lse: Each row's log-sum-exp in one read of the logits (a reduction of running maximum
-            and rescaled sum; one more exponential per logit) instead of two (maximum, then sum).
         backward: Config of the chunked backward pass that runs for a cotangent of another form.
     """
 
     block_t: int = attrs.field(default=1024, validator=positive_int)
     logits: str = attrs.field(default="input", validator=_logits_choice)
-    online_lse: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
     backward: chunked.LinearCrossEntropyConfig | None = None
 
 
@@ -95,28 +97,9 @@ def _weights(labels: jax.Array, vocab: int) -> tuple[jax.Array, jax.Array]:
     return inside, jnp.where(inside, 1.0 / count, 0.0)
 
 
-def _two_pass_lse(z: jax.Array) -> jax.Array:
-    """Each row's log-sum-exp: its maximum, then the sum of the shifted exponentials (two reads of ``z``)."""
-    top = jnp.max(z, axis=1)
-    return top + jnp.log(jnp.sum(jnp.exp(z - top[:, None]), axis=1))
-
-
-def _online_lse(z: jax.Array) -> jax.Array:
-    """Each row's log-sum-exp in one read of ``z``: a reduction of (running maximum, rescaled sum) pairs."""
-
-    def combine(a: tuple[jax.Array, jax.Array], b: tuple[jax.Array, jax.Array]) -> tuple[jax.Array, jax.Array]:
-        top = jnp.maximum(a[0], b[0])
-        shift = jnp.where(top == -jnp.inf, 0.0, top)  # two empty sums stay empty (no inf - inf)
-        return top, a[1] * jnp.exp(a[0] - shift) + b[1] * jnp.exp(b[0] - shift)
-
-    top, total = lax.reduce((z, jnp.ones_like(z)), (jnp.float32(-jnp.inf), jnp.float32(0.0)), combine, (1,))
-    return top + jnp.log(total)
-
-
-@functools.partial(jax.jit, static_argnames=("block_t", "cap", "precision", "logits", "online_lse"))
+@functools.partial(jax.jit, static_argnames=("block_t", "cap", "precision", "logits"))
 def _forward_and_gradients(x: jax.Array, w: jax.Array, labels: jax.Array, *, block_t: int, cap: float | None,
-                           precision: Precision, logits: str,
-                           online_lse: bool) -> tuple[Statistics, jax.Array, jax.Array]:
+                           precision: Precision, logits: str) -> tuple[Statistics, jax.Array, jax.Array]:
     t, v = x.shape[0], w.shape[1]
     dtype = jnp.promote_types(x.dtype, w.dtype)
     w_c = w.astype(dtype)
@@ -135,7 +118,8 @@ def _forward_and_gradients(x: jax.Array, w: jax.Array, labels: jax.Array, *, blo
         x_c = take(x).astype(dtype)
         u = jnp.matmul(x_c, w_c, precision=precision, preferred_element_type=product_dtype).astype(jnp.float32)
         z = u if cap is None else cap * jnp.tanh(u / cap)
-        lse_c = _online_lse(z) if online_lse else _two_pass_lse(z)
+        top = jnp.max(z, axis=1)
+        lse_c = top + jnp.log(jnp.sum(jnp.exp(z - top[:, None]), axis=1))
         label = take(labels)
         # The label's logit read from the chunk (a gather), the sum of the logits a product with the row
         # sums of w where there is no cap: neither is one more pass over the logits.
@@ -204,7 +188,7 @@ def linear_cross_entropy_fwd(
         empty = jnp.zeros((0,), jnp.float32)
         return (empty, empty, empty), (x, w, labels, empty, empty, jnp.zeros_like(x), jnp.zeros_like(w))
     stats, dx, dw = _forward_and_gradients(x, w, labels, block_t=block_t, cap=logit_soft_cap, precision=precision,
-                                           logits=cfg.logits, online_lse=cfg.online_lse)
+                                           logits=cfg.logits)
     return stats, (x, w, labels, stats[0], stats[1], dx, dw)
 
 
@@ -260,12 +244,13 @@ def linear_cross_entropy_bwd(
     block_t, block_v = chunked._blocks(x, w, None if cfg is None else cfg.backward)
 
     def recomputed() -> tuple[jax.Array, jax.Array]:
-        return chunked._gradients(x, w, labels, lse, d_lse, d_label, d_sum, block_t=block_t, block_v=block_v,
-                                  cap=logit_soft_cap, precision=precision)
+        dx, dw = chunked._gradients(x, w, labels, lse, d_lse, d_label, d_sum, block_t=block_t, block_v=block_v,
+                                    cap=logit_soft_cap, precision=precision)
+        return dx, dw
 
-    branches = [functools.partial(_saved_gradients, x, w, labels, dx0, dw0, s, extra, d_sum, onehot=False),
-                functools.partial(_saved_gradients, x, w, labels, dx0, dw0, s, extra, d_sum, onehot=True),
-                recomputed]
+    saved = functools.partial(_saved_gradients, x, w, labels, dx0, dw0, s, extra, d_sum)
+    branches: list[Callable[[], tuple[jax.Array, jax.Array]]] = [
+        functools.partial(saved, onehot=False), functools.partial(saved, onehot=True), recomputed]
     which = jnp.where(fast, jnp.where(jnp.any(extra != 0.0), 1, 0), 2)
     dx, dw = lax.switch(which, branches)
     return cotangent_like(dx, x), cotangent_like(dw, w), None
@@ -276,13 +261,20 @@ vjp = VJP(fwd=linear_cross_entropy_fwd, bwd=linear_cross_entropy_bwd, residuals=
 
 
 def heuristic_config(x: Any, w: Any, **_: Any) -> GradInForwardConfig:
-    """On a GPU, the largest power-of-two chunk (128 to 2048 tokens) whose logits and cotangent take
-    at most :data:`GPU_CHUNK_BYTES`; 256 tokens on a CPU."""
+    """The largest power-of-two chunk (256 to 2048 tokens) whose logits and cotangent, ``2 · block_t · V``
+    in the inputs' dtype, take at most :data:`MEMORY_SHARE` of what the unfused loss holds (``T · V`` in
+    that dtype and in float32); 256 tokens on a CPU.
+
+    At T 16384 in bfloat16 that is 1024 tokens: on an H100, forward + backward 1.00x and 1.01x the
+    unfused loss at V 128k / 256k with 4.5% of its temporaries (2048 tokens: 1.03x, with 8.7%;
+    ``benchmarks/results/lce_grad_in_forward_h100.md``).
+    """
     if jax.default_backend() == "cpu":
         return GradInForwardConfig(block_t=256)
-    per_token = 6 * max(int(w.shape[1]), 1)  # float32 logits and a 2-byte cotangent
+    itemsize = jnp.dtype(jnp.promote_types(x.dtype, w.dtype)).itemsize
+    limit = MEMORY_SHARE * int(x.shape[0]) * (itemsize + 4) / (2 * itemsize)
     block_t = 2048
-    while block_t > 128 and block_t * per_token > GPU_CHUNK_BYTES:
+    while block_t > 256 and block_t > limit:
         block_t //= 2
     return GradInForwardConfig(block_t=block_t)
 

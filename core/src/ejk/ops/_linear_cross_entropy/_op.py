@@ -125,7 +125,8 @@ def linear_cross_entropy(
         loss = (1 − ε)(lse − z[label]) + ε(lse − mean(z)) + z_loss · lse²
 
     The implementations work on chunks of tokens and vocabulary and recompute the logits in the
-    backward pass, so the temporary memory of forward and backward does not grow with ``T · V``.
+    backward pass (or, ejk-xla's ``grad_in_forward``, compute the gradients in the forward pass chunk
+    by chunk), so the temporary memory of forward and backward does not grow with ``T · V``.
 
     Args:
         x: ``[T, H]`` hidden states (flatten batch and sequence first); bfloat16, float16 or float32.

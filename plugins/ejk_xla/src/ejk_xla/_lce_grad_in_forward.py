@@ -127,7 +127,7 @@ def _forward_and_gradients(x: jax.Array, w: jax.Array, labels: jax.Array, *, blo
         picked = jnp.take_along_axis(z, jnp.clip(label, 0, v - 1)[:, None], axis=1)[:, 0]
         z_label_c = jnp.where(inside, picked, 0.0)
         if cap is None:
-            z_sum_c = jnp.matmul(x_c.astype(jnp.float32), w_sums, precision=precision)
+            z_sum_c = jnp.matmul(x_c.astype(jnp.float32), w_sums, precision="highest")  # a [block_t, H] matvec
         else:
             z_sum_c = jnp.sum(z, axis=1)
         a = jnp.where(fresh, take(alpha), 0.0)[:, None]
@@ -217,7 +217,7 @@ def _saved_gradients(x: jax.Array, w: jax.Array, labels: jax.Array, dx0: jax.Arr
     row_sums = lax.cond(jnp.any(d_sum != 0.0), lambda: jnp.sum(w.astype(f32), axis=1),
                         lambda: varying_like(jnp.zeros((w.shape[0],), f32), w, d_sum))
     dx = s * dx0.astype(f32) + d_sum[:, None] * row_sums[None, :]
-    dw = (s * dw0.astype(f32) + jnp.matmul(d_sum, x.astype(f32))[:, None]).astype(dw0.dtype)
+    dw = (s * dw0.astype(f32) + jnp.matmul(d_sum, x.astype(f32), precision="highest")[:, None]).astype(dw0.dtype)
     if onehot:
         safe = jnp.clip(labels, 0, w.shape[1] - 1)  # extra is 0 where the label is outside
         dx = dx + extra[:, None] * jnp.take(w, safe, axis=1).T.astype(f32)

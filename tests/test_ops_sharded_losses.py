@@ -17,6 +17,7 @@ CODE = textwrap.dedent(
     import jax, jax.numpy as jnp, numpy as np
     from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
     import ejk
+    from ejk.ops import ImplChoice
     from ejk.invocations import clear_invocations, get_invocations
     from ejk.testing import reference_linear_cross_entropy, reference_rms_norm
 
@@ -62,6 +63,17 @@ CODE = textwrap.dedent(
         none = jax.jit(lambda x, w: ejk.linear_cross_entropy(x, w, put(labels, "data"), reduction="none"))(
             put(x, "data"), put(w, None, "model"))
         close(none, reference_linear_cross_entropy(x, w, labels, reduction="none"))
+        # ejk-xla's gradients-in-forward implementation: token shards use their saved gradients (each
+        # shard's cotangent is a scalar times its own weights), vocabulary shards its chunked backward
+        # (a shard's share of the log-sum-exp's cotangent is not); smoothing adds the onehot term.
+        gif = ImplChoice(platform="xla", backend="any", implementation="grad_in_forward")
+        for extra in ({}, {"label_smoothing": 0.1}):
+            plain = lambda f, **k: lambda x, w: f(x, w, labels, **extra, **k)
+            plain_grads = jax.grad(plain(reference_linear_cross_entropy), argnums=(0, 1))(x, w)
+            for xs, ws in ((put(x, "data"), w), (put(x, "data"), put(w, None, "model"))):
+                grads = jax.jit(jax.grad(plain(ejk.linear_cross_entropy, cfg=gif), argnums=(0, 1)))(xs, ws)
+                for g, r in zip(grads, plain_grads):
+                    close(g, r, 1e-4)
         # A vocabulary split over both axes (4 shards of 10 columns).
         w4 = put(w, None, ("data", "model"))
         clear_invocations()

@@ -1,7 +1,9 @@
-"""The XLA linear cross-entropy: float64 oracle, every option, chunking, labels, memory, validation."""
+"""The XLA linear cross-entropies (chunked, gradients in forward): float64 oracle, every option, chunking,
+labels, which backward runs, memory, validation."""
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import jax
@@ -10,9 +12,12 @@ import numpy as np
 import pytest
 
 import ejk
+from ejk.ops import ImplChoice
 from ejk.testing import assert_close, check_linear_cross_entropy
 from ejk.testing import reference_linear_cross_entropy as reference
 from ejk_xla import LinearCrossEntropyConfig
+from ejk_xla import _lce_grad_in_forward as gif
+from ejk_xla._lce_grad_in_forward import GradInForwardConfig
 
 pytestmark = pytest.mark.filterwarnings("error")
 
@@ -134,6 +139,7 @@ def test_no_tokens() -> None:
     assert dx.shape == (0, 8) and not np.any(dw)
 
 
+@functools.cache  # the unfused program is compiled once for both memory tests
 def _temp_bytes(fn: Any, t: int, h: int, v: int) -> int:
     args = (jax.ShapeDtypeStruct((t, h), jnp.float32), jax.ShapeDtypeStruct((h, v), jnp.float32),
             jax.ShapeDtypeStruct((t,), jnp.int32))
@@ -196,3 +202,172 @@ def test_explicit_precision_and_config_space() -> None:
 def test_bad_arguments_are_named(call: Any, match: str) -> None:
     with pytest.raises(ValueError, match=match):
         call()
+
+
+# -- grad_in_forward: the gradients computed in the forward pass --------------------------------------
+
+
+def _gif_choice(block_t: int = 4, logits: str = "float32") -> ImplChoice:
+    """Chunks of ``block_t`` tokens, not dividing the shapes below; the fallback's tiles small too."""
+    cfg = GradInForwardConfig(block_t=block_t, logits=logits, backward=LinearCrossEntropyConfig(block_t=4, block_v=16))
+    return ImplChoice(platform="xla", backend="any", implementation="grad_in_forward", cfg=cfg)
+
+
+GRAD_IN_FORWARD_OPTIONS = [
+    {},  # the saved gradients, scaled
+    {"reduction": "sum"},
+    {"label_smoothing": 0.1},  # saved, plus the onehot and z_sum terms
+    {"reduction": "sum", "label_smoothing": 0.2, "ignore_index": 3},  # an in-vocabulary ignore_index
+    {"logit_soft_cap": 4.0},  # saved, under a soft cap
+    {"logit_soft_cap": 4.0, "label_smoothing": 0.3},  # the chunked backward (z_sum's term under a cap)
+    {"z_loss": 1e-2},  # the chunked backward (d_lse depends on lse)
+    {"reduction": "none", "z_loss": 1e-3},  # the chunked backward (a per-token cotangent)
+]
+
+
+@pytest.mark.parametrize("options", GRAD_IN_FORWARD_OPTIONS,
+                         ids=lambda o: ",".join(f"{k}={v}" for k, v in o.items()) or "plain")
+def test_grad_in_forward_matches_a_float64_oracle(options: dict[str, Any]) -> None:
+    rng = np.random.default_rng(0)
+    t, h, v = 11, 8, 37  # 4-token chunks: the last one overlaps the one before
+    x = rng.standard_normal((t, h)).astype(np.float32)
+    w = rng.standard_normal((h, v)).astype(np.float32)
+    labels = rng.integers(0, v, t).astype(np.int32)
+    labels[::4] = options.get("ignore_index", -100)
+
+    def loss(x: jax.Array, w: jax.Array) -> jax.Array:
+        out = ejk.linear_cross_entropy(x, w, jnp.asarray(labels), cfg=_gif_choice(), **options)
+        return out.sum() if out.ndim else out
+
+    value, (dx, dw) = jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))(x, w)
+    want, want_dx, want_dw = _float64_loss_and_grads(x, w, labels, **options)
+    assert (dx.dtype, dw.dtype) == (jnp.float32, jnp.float32)
+    for got, ref in ((value, np.sum(want)), (dx, want_dx), (dw, want_dw)):
+        np.testing.assert_allclose(np.asarray(got, np.float64), ref, rtol=2e-5, atol=2e-5)
+
+
+@pytest.mark.parametrize("scale", [1.0, 2.5])
+def test_grad_in_forward_a_scaled_loss_and_ignored_tokens_everywhere_or_nowhere(scale: float) -> None:
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((9, 8)).astype(np.float32)
+    w = rng.standard_normal((8, 20)).astype(np.float32)
+    for labels in (rng.integers(0, 20, 9).astype(np.int32), np.full((9,), -100, np.int32)):
+        value, (dx, dw) = jax.value_and_grad(
+            lambda x, w, labels=labels: scale * ejk.linear_cross_entropy(x, w, jnp.asarray(labels), cfg=_gif_choice()),
+            argnums=(0, 1))(x, w)
+        want, want_dx, want_dw = _float64_loss_and_grads(x, w, labels)
+        for got, ref in ((value, want), (dx, want_dx), (dw, want_dw)):
+            np.testing.assert_allclose(np.asarray(got, np.float64), scale * np.asarray(ref), rtol=2e-5, atol=2e-5)
+        if (labels < 0).all():
+            assert float(value) == 0.0 and not np.any(dx) and not np.any(dw)
+
+
+@pytest.mark.parametrize("logits", ["float32", "input"])
+def test_grad_in_forward_bfloat16(logits: str) -> None:
+    rng = np.random.default_rng(2)
+    x = jnp.asarray(rng.standard_normal((10, 16)), jnp.bfloat16)
+    w = jnp.asarray(rng.standard_normal((16, 40)) / 4, jnp.bfloat16)
+    labels = rng.integers(0, 40, 10).astype(np.int32)
+    labels[3] = -100
+    value, (dx, dw) = jax.value_and_grad(
+        lambda x, w: ejk.linear_cross_entropy(x, w, jnp.asarray(labels), label_smoothing=0.1,
+                                              cfg=_gif_choice(logits=logits)), argnums=(0, 1))(x, w)
+    assert (dx.dtype, dw.dtype) == (jnp.bfloat16, jnp.bfloat16)
+    want, want_dx, want_dw = _float64_loss_and_grads(np.asarray(x, np.float32), np.asarray(w, np.float32), labels,
+                                                     label_smoothing=0.1)
+    assert_close(value, want, jnp.bfloat16, what="loss")
+    assert_close(dx, want_dx, jnp.bfloat16, what="dx")
+    assert_close(dw, want_dw, jnp.bfloat16, what="dw")
+
+
+def _cotangents(labels: jax.Array, lse: jax.Array, vocab: int, **options: Any) -> tuple[jax.Array, ...]:
+    """The statistics' cotangents the op layer produces for a cotangent of 1 on its loss
+    (docs/KERNEL_CONTRACT.md): per counted token ``w·(1 + 2·z_loss·lse)``, ``−(1 − ε)·w``, ``−(ε / V)·w``."""
+    valid = (labels >= 0) & (labels < vocab)
+    weight = valid / (jnp.sum(valid) if options.get("reduction", "mean") == "mean" else 1.0)
+    if options.get("reduction") == "none":
+        weight = valid * jnp.linspace(0.5, 1.5, labels.shape[0])  # a per-token cotangent
+    smoothing = options.get("label_smoothing", 0.0)
+    return (weight * (1 + 2 * options.get("z_loss", 0.0) * lse), -(1 - smoothing) * weight,
+            -(smoothing / vocab) * weight)
+
+
+@pytest.mark.parametrize(("options", "cap", "saved"), [
+    ({}, None, True), ({"reduction": "sum", "label_smoothing": 0.1}, None, True), ({}, 3.0, True),
+    ({"label_smoothing": 0.1}, 3.0, False), ({"z_loss": 1e-3}, None, False), ({"reduction": "none"}, None, False),
+])
+def test_grad_in_forward_which_backward_serves_the_op_layers_cotangents(options: dict[str, Any], cap: float | None,
+                                                        saved: bool) -> None:
+    labels = jnp.asarray([4, -100, 0, 7, 2, -100, 9], jnp.int32)
+    lse = jnp.linspace(1.0, 3.0, 7)
+    d_lse, _, d_sum = _cotangents(labels, lse, 10, **options)
+    s, fast = gif._scale(labels, 10, d_lse, d_sum, cap)
+    assert bool(fast) is saved
+    if saved:  # α is 1/5 on the 5 counted tokens: s = 1 for the mean, 5 for the sum
+        np.testing.assert_allclose(float(s), 1.0 if options.get("reduction") is None else 5.0, rtol=1e-6)
+
+
+def test_grad_in_forward_a_cotangent_on_other_tokens_takes_the_chunked_backward() -> None:
+    rng = np.random.default_rng(3)
+    x, w = rng.standard_normal((7, 4)).astype(np.float32), rng.standard_normal((4, 9)).astype(np.float32)
+    labels = jnp.asarray(rng.integers(0, 9, 7), jnp.int32)
+    weights = jnp.asarray(rng.uniform(0.5, 2.0, 7), jnp.float32)  # a per-token weighted sum of the "none" losses
+
+    def loss(x: jax.Array, w: jax.Array, choice: Any) -> jax.Array:
+        return jnp.sum(weights * ejk.linear_cross_entropy(x, w, labels, reduction="none", cfg=choice))
+
+    got = jax.grad(loss, argnums=(0, 1))(x, w, _gif_choice())
+    want = jax.grad(loss, argnums=(0, 1))(x, w, ImplChoice(platform="xla", backend="any", implementation="chunked"))
+    for g, r in zip(got, want, strict=True):
+        np.testing.assert_allclose(g, r, rtol=1e-5, atol=1e-6)
+
+
+def test_grad_in_forward_conformance() -> None:
+    from ejk.testing import LINEAR_CROSS_ENTROPY_CASES as CASES
+
+    assert check_linear_cross_entropy("xla", dtypes=(jnp.float32,), cfg=_gif_choice(), cases=CASES[:4]) == 4
+
+
+def test_grad_in_forward_no_tokens_and_an_undifferentiated_call() -> None:
+    x, w = jnp.zeros((0, 8)), jnp.ones((8, 5))
+    labels = jnp.zeros((0,), jnp.int32)
+    dx, dw = jax.grad(lambda x, w: ejk.linear_cross_entropy(x, w, labels, cfg=_gif_choice()), argnums=(0, 1))(x, w)
+    assert dx.shape == (0, 8) and not np.any(dw)
+    x = jnp.ones((3, 8))
+    got = ejk.linear_cross_entropy(x, w, jnp.asarray([0, 1, 4], jnp.int32), cfg=_gif_choice())
+    np.testing.assert_allclose(got, np.log(5.0), rtol=1e-6)
+
+
+def test_grad_in_forward_temporary_memory() -> None:
+    choice = _gif_choice(block_t=64)
+
+    def fused(x: jax.Array, w: jax.Array, labels: jax.Array) -> jax.Array:
+        return ejk.linear_cross_entropy(x, w, labels, cfg=choice)
+
+    h = 32
+    small = _temp_bytes(fused, 512, h, 4096)
+    large = _temp_bytes(fused, 2048, h, 16384)  # 16x the logits
+    unfused = _temp_bytes(reference, 2048, h, 16384)
+    assert large <= 0.05 * unfused, (large, unfused)
+    # What grows: one chunk's logits and cotangent (64·V each), the saved dx and dw, never T·V.
+    assert large - small <= 4 * (3 * 64 * (16384 - 4096) + 3 * (2048 - 512) * h + 3 * h * (16384 - 4096)), \
+        (small, large)
+
+
+def test_grad_in_forward_config_validation_heuristic_and_space() -> None:
+    with pytest.raises(ValueError, match="logits is 'half' but needs 'float32' or 'input'"):
+        GradInForwardConfig(logits="half")
+    x = jax.ShapeDtypeStruct((16384, 4096), jnp.bfloat16)
+    assert len(gif.config_space(x, jax.ShapeDtypeStruct((4096, 131072), jnp.bfloat16))) == 6
+    assert len(gif.config_space(jax.ShapeDtypeStruct((100, 8), jnp.float32), x)) == 2
+    assert gif.heuristic_config(x, jax.ShapeDtypeStruct((4096, 131072), jnp.bfloat16)).block_t == 256  # a CPU
+
+
+def test_grad_in_forward_gpu_heuristic_keeps_a_chunk_within_its_share_of_the_unfused_memory(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(gif.jax, "default_backend", lambda: "gpu")
+    w = jax.ShapeDtypeStruct((4096, 131072), jnp.bfloat16)
+    for t, dtype, block_t in ((16384, jnp.bfloat16, 1024), (16384, jnp.float32, 512), (65536, jnp.bfloat16, 2048),
+                              (1000, jnp.bfloat16, 256)):
+        cfg = gif.heuristic_config(jax.ShapeDtypeStruct((t, 4096), dtype), w)
+        assert (cfg.block_t, cfg.logits) == (block_t, "input"), (t, dtype, cfg)

@@ -19,6 +19,7 @@ from ejk_xla import (
     SsdConfig,
     VarlenAttentionConfig,
 )
+from ejk_xla._lce_grad_in_forward import GradInForwardConfig
 
 
 def test_plugin_conforms_and_registers_every_op() -> None:
@@ -46,9 +47,13 @@ def test_plugin_conforms_and_registers_every_op() -> None:
              "linear_cross_entropy": "chunked", "rms_norm": "fused", "gla": "chunked", "ssd": "chunked",
              "flash_attention_varlen": "chunked"}
     for algorithm, cfg_type in expected.items():
-        (spec,) = [s for s in registry.list_implementations(algorithm) if s.backend == Backend.ANY]
+        (spec,) = [s for s in registry.list_implementations(algorithm)
+                   if s.backend == Backend.ANY and s.name != "grad_in_forward"]
         assert (spec.platform, spec.backend, spec.cfg_type) == (Platform.XLA, Backend.ANY, cfg_type)
         assert spec.name == names[algorithm] and spec.config_space is not None and spec.heuristic is not None
+    chunked, gif = registry.list_implementations("linear_cross_entropy")
+    assert (chunked.name, gif.name, gif.cfg_type) == ("chunked", "grad_in_forward", GradInForwardConfig)
+    assert gif.vjp is not None and gif.vjp.residuals != chunked.vjp.residuals  # its own residuals: never paired
     (cudnn,) = [s for s in registry.list_implementations("flash_attention") if s.backend == Backend.GPU]
     assert (cudnn.platform, cudnn.name, cudnn.cfg_type) == (Platform.XLA, "cudnn", None)
     assert cudnn.capability is not None and cudnn.priority > 0

@@ -10,6 +10,7 @@ from ejk_xla import (
     _gated_delta_rule,
     _gla,
     _grouped_matmul,
+    _lce_grad_in_forward,
     _linear_cross_entropy,
     _matmul,
     _mla_attention,
@@ -65,6 +66,11 @@ def ejk_register_kernels(register: RegisterKernels) -> None:
     lce, norm = _linear_cross_entropy, _rms_norm
     register("linear_cross_entropy", *portable, tier=fallback, name="chunked", cfg_type=lce.LinearCrossEntropyConfig,
              config_space=lce.config_space, heuristic=lce.heuristic_config, vjp=lce.vjp)(lce.linear_cross_entropy)
+    # Three products instead of four when differentiated; below the chunked one until measured (ranking packs).
+    gif = _lce_grad_in_forward
+    register("linear_cross_entropy", *portable, priority=-1, tier=fallback, name="grad_in_forward",
+             cfg_type=gif.GradInForwardConfig, config_space=gif.config_space, heuristic=gif.heuristic_config,
+             vjp=gif.vjp)(gif.linear_cross_entropy)
     # XLA fuses a row-wise norm well: the baseline a GPU kernel must beat.
     register("rms_norm", *portable, tier=vendor, name="fused", cfg_type=norm.RmsNormConfig,
              config_space=norm.config_space, heuristic=norm.heuristic_config, vjp=norm.vjp)(norm.rms_norm)

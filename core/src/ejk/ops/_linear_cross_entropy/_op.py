@@ -87,6 +87,21 @@ def loss_from_statistics(
     return total / jnp.maximum(jnp.sum(valid.astype(jnp.float32)), 1.0)
 
 
+def _ignored_out_of_vocabulary(arrays: tuple[Any, ...], ignore_index: int) -> tuple[Any, ...]:
+    """``(x, w, labels)`` with an in-vocabulary ``ignore_index`` replaced by a label outside ``[0, V)``
+    (-1, or the dtype's largest value for unsigned labels), so that implementations see exactly the
+    counted tokens as the ones with a label in ``[0, V)``."""
+    x, w, labels = arrays
+    vocab = w.shape[1]
+    if not 0 <= ignore_index < vocab:
+        return arrays
+    dtype = jnp.dtype(labels.dtype)
+    outside = -1 if jnp.issubdtype(dtype, jnp.signedinteger) else int(jnp.iinfo(dtype).max)
+    if outside != -1 and outside < vocab:  # no unsigned value of this dtype lies outside the vocabulary
+        return arrays
+    return x, w, jnp.where(labels == ignore_index, jnp.asarray(outside, dtype), labels)
+
+
 @eager_fast_path(KERNEL, get_default_executor, values=check_linear_cross_entropy_values, whole=True)
 def linear_cross_entropy(
     x: jax.Array,
@@ -110,7 +125,8 @@ def linear_cross_entropy(
         loss = (1 − ε)(lse − z[label]) + ε(lse − mean(z)) + z_loss · lse²
 
     The implementations work on chunks of tokens and vocabulary and recompute the logits in the
-    backward pass, so the temporary memory of forward and backward does not grow with ``T · V``.
+    backward pass (or, ejk-xla's ``grad_in_forward``, compute the gradients in the forward pass chunk
+    by chunk), so the temporary memory of forward and backward does not grow with ``T · V``.
 
     Args:
         x: ``[T, H]`` hidden states (flatten batch and sequence first); bfloat16, float16 or float32.
@@ -140,6 +156,7 @@ def linear_cross_entropy(
         logit_soft_cap=logit_soft_cap)
     arrays, static = KERNEL.normalize(x, w, labels, ignore_index=ignore, logit_soft_cap=logit_soft_cap,
                                       precision=precision)
+    arrays = _ignored_out_of_vocabulary(arrays, ignore)
     lse, z_label, z_sum = run_op(KERNEL, arrays, static, platform, cfg)
     return loss_from_statistics(lse, z_label, z_sum, arrays[2], vocab=arrays[1].shape[1], ignore_index=ignore,
                                 reduction=reduce, label_smoothing=smoothing, z_loss=z_weight)

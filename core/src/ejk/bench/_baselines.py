@@ -397,6 +397,24 @@ def _rms_norm_expression(workload: Workload, inputs: tuple[Any, ...]) -> Prepare
     return Prepared(fn=fn, args=inputs, diff=tuple(range(len(inputs))))
 
 
+def _scale_only(workload: Workload, inputs: tuple[Any, ...]) -> Prepared:
+    """``x * scale`` (and ``h = x + residual``): RMSNorm's bytes without its row statistics."""
+
+    def scaled(x: jax.Array, scale: jax.Array) -> jax.Array:
+        return x * scale.astype(x.dtype)
+
+    def with_residual(x: jax.Array, scale: jax.Array, residual: jax.Array) -> tuple[jax.Array, jax.Array]:
+        h = x + residual
+        return scaled(h, scale), h
+
+    fn = with_residual if len(inputs) == 3 else scaled
+    return Prepared(fn=fn, args=inputs, diff=tuple(range(len(inputs))))
+
+
+def _never_comparable(workload: Workload) -> bool:
+    return False
+
+
 for _baseline in (
     Baseline(name="jax.nn cudnn", op="flash_attention", build=_jax_nn("cudnn"),
              unsupported=_needs_gpu("jax.nn.dot_product_attention(implementation='cudnn')"),
@@ -446,5 +464,9 @@ for _baseline in (
     Baseline(name="XLA-fused expression", op="rms_norm", build=_rms_norm_expression,
              note="x * rsqrt(mean(x²) + eps) * scale in float32 with jnp (h = x + residual first, returned too), "
                   "differentiated by JAX"),
+    Baseline(name="XLA x * scale (bandwidth ceiling)", op="rms_norm", build=_scale_only, comparable=_never_comparable,
+             note="x * scale (h = x + residual first) with jnp: the same arrays read and written as RMSNorm, "
+                  "forward and backward, without the row statistics; what the memory system gives this traffic "
+                  "(not the same result: no ratio)"),
 ):
     register_baseline(_baseline)

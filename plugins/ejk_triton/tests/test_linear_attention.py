@@ -34,7 +34,8 @@ def test_a_config_with_several_column_blocks_and_odd_k() -> None:
     v = jnp.asarray(rng.standard_normal((1, 45, 1, 40)), jnp.float32)
     g = jax.nn.log_sigmoid(jnp.asarray(rng.standard_normal((1, 45, 1, 20)), jnp.float32) + 1.0)
     # several column blocks, K not a power of 2, two sub-blocks per chunk in the forward and the backward
-    cfg = LinearAttentionConfig(chunk=32, block_k=16, block_v=16, block_ks=8, num_stages=1, backward_chunk=32)
+    cfg = LinearAttentionConfig(chunk=32, block_k=16, block_v=16, output_block_v=16, num_stages=1,
+                                backward_chunk=32)
     o, state = ejk.gla(q, k, v, g, output_final_state=True, platform="triton", cfg=cfg)
     want_o, want_state = reference_gla(q, k, v, g)
     assert_close(o, want_o, jnp.float32)

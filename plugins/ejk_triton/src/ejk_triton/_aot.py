@@ -270,11 +270,12 @@ def compile_mla_paged_attention(q: Any, kv_pages: Any, page_indices: Any, *, v_h
 def compile_linear_recurrence(k: int, v: int, dtype: Any = jnp.bfloat16, *, scalar_gate: bool = False,
                               heads: int = 32, qk_heads: int | None = None, cfg: Any = None, varlen: bool = True,
                               arch: int = 90) -> dict[str, int]:
-    """Compile the ``gla`` (per-channel gates) or ``ssd`` (``scalar_gate``) forward kernels (states, then
-    output) for a state ``[k, v]`` and ``dtype`` inputs, for compute capability ``arch``.
+    """Compile the ``gla`` (per-channel gates) or ``ssd`` (``scalar_gate``) forward kernels (states,
+    ``gla``'s intra-chunk weights, output) for a state ``[k, v]`` and ``dtype`` inputs, for compute capability
+    ``arch``.
 
     Returns:
-        The larger shared memory of the two in bytes, warps and stages.
+        The largest shared memory of them in bytes, warps and stages.
 
     Raises:
         RuntimeError: in the interpreter mode (nothing is compiled there).
@@ -292,9 +293,14 @@ def compile_linear_recurrence(k: int, v: int, dtype: Any = jnp.bfloat16, *, scal
                   PREC=_dots.dot_precision(dtype, "high"))
     states = _compile(_linear_kernels.linear_states_fwd, [x, x, f32, f32, i32, f32, x, f32],
                       dict(common, BK=min(cfg.block_k, block_k), HAS_H0=True), cfg.num_warps, cfg.num_stages, arch)
-    output = _compile(_linear_kernels.linear_output_fwd, [x, x, x, f32, x, i32, i32, f32 if scalar_gate else x],
-                      dict(common, BC=min(16, cfg.chunk), BK=block_k, BKS=min(cfg.block_ks, block_k),
-                           SCALE=k ** -0.5), cfg.num_warps, cfg.num_stages, arch)
+    output = _compile(_linear_kernels.linear_output_fwd, [x, x, x, f32, x, f32, i32, i32, f32 if scalar_gate else x],
+                      dict(common, BV=min(cfg.output_block_v, next_pow2(max(v, 16))), BK=block_k, SCALE=k ** -0.5),
+                      cfg.num_warps, cfg.num_stages, arch)
+    if not scalar_gate:
+        intra = _compile(_linear_kernels.gla_intra_fwd, [x, x, f32, i32, i32, f32],
+                         dict(T=4096, H=heads, HQK=qk_heads or heads, K=k, BT=cfg.chunk, BC=min(16, cfg.chunk),
+                              BK=block_k, VARLEN=varlen, PREC=common["PREC"]), cfg.num_warps, cfg.num_stages, arch)
+        output = dict(output, shared=max(output["shared"], intra["shared"]))
     return dict(output, shared=max(states["shared"], output["shared"]))
 
 

@@ -45,10 +45,9 @@ class LinearAttentionConfig:
     Attributes:
         chunk: Tokens per chunk: the state kernel runs ``T / chunk`` sequential steps and stores the
             state entering every chunk; the output kernel runs every chunk at once.
-        block_k: State rows per program of the state kernel.
-        block_v: State columns per program of the state and output kernels (more programs when smaller).
-        block_ks: Channels per slice of the exact per-channel weights of a 16-token sub-block,
-            ``[16, 16, block_ks]`` (``gla`` only).
+        block_k: State rows per program of the state kernels (forward and backward).
+        block_v: State columns per program of the state kernels (more programs when smaller).
+        output_block_v: Value columns per program of the forward's output kernel.
         num_warps: Warps per program.
         num_stages: Software-pipelining stages.
         backward_chunk: Tokens per chunk of the backward.
@@ -57,14 +56,15 @@ class LinearAttentionConfig:
     chunk: int = attrs.field(default=64, validator=[power_of_two(16), int_in(16, 64)])
     block_k: int = attrs.field(default=64, validator=[power_of_two(16), int_in(16, 256)])
     block_v: int = attrs.field(default=64, validator=[power_of_two(16), int_in(16, 128)])
-    block_ks: int = attrs.field(default=16, validator=[power_of_two(8), int_in(8, 128)])
+    output_block_v: int = attrs.field(default=64, validator=[power_of_two(16), int_in(16, 256)])
     num_warps: int = attrs.field(default=4, validator=[power_of_two(), int_in(1, 16)])
     num_stages: int = attrs.field(default=2, validator=int_in(1, 4))
     backward_chunk: int = attrs.field(default=64, validator=[power_of_two(16), int_in(16, 64)])
 
 
 #: The interpreter (CPU): two 16-token sub-blocks per forward chunk, one per backward chunk, small blocks.
-_INTERPRETER = LinearAttentionConfig(chunk=32, block_k=16, block_v=16, num_stages=1, backward_chunk=16)
+_INTERPRETER = LinearAttentionConfig(chunk=32, block_k=16, block_v=16, output_block_v=16, num_stages=1,
+                                     backward_chunk=16)
 
 
 def config_space(**call: Any) -> list[LinearAttentionConfig]:
@@ -161,10 +161,20 @@ def _recurrence(q: jax.Array, k: jax.Array, v: jax.Array, g: jax.Array, initial_
             **common)
         if not with_output:
             return final, gc, hs
-        (o,) = launch(module.linear_output_fwd, grid=(slots, cdiv(dv, block_v), h),
-                      inputs=(q, k, v, gc, hs, cu, seq), out_shapes=(jax.ShapeDtypeStruct((rows, h, dv), out_dtype),),
-                      num_warps=cfg.num_warps, num_stages=cfg.num_stages, BC=min(16, cfg.chunk), BK=block_k,
-                      BKS=min(cfg.block_ks, block_k), SCALE=float(scale), **common)
+        if scalar_gate:
+            weights = jnp.zeros((1,), f32)  # the output kernel forms them
+        else:
+            (weights,) = launch(module.gla_intra_fwd, grid=(slots, h), inputs=(q, k, gc, cu, seq),
+                                out_shapes=(jax.ShapeDtypeStruct((rows, h, cfg.chunk), f32),),
+                                num_warps=cfg.num_warps, num_stages=cfg.num_stages, T=t, H=h, HQK=hqk, K=dk,
+                                BT=cfg.chunk, BC=min(16, cfg.chunk), BK=block_k, VARLEN=cu_seqlens is not None,
+                                PREC=common["PREC"])
+        out_v = min(cfg.output_block_v, next_pow2(max(dv, 16)))
+        (o,) = launch(module.linear_output_fwd, grid=(slots, cdiv(dv, out_v), h),
+                      inputs=(q, k, v, gc, hs, weights, cu, seq),
+                      out_shapes=(jax.ShapeDtypeStruct((rows, h, dv), out_dtype),),
+                      num_warps=cfg.num_warps, num_stages=cfg.num_stages, BK=block_k, SCALE=float(scale),
+                      **dict(common, BV=out_v))
         return o, final, gc, hs
 
     h0 = jnp.zeros((1,), f32) if initial_state is None else initial_state.astype(f32)

@@ -97,14 +97,66 @@ def linear_states_fwd(k_ptr, v_ptr, g_ptr, h0_ptr, cu_ptr, gc_ptr, hs_ptr, ht_pt
 
 
 @triton.jit
-def linear_output_fwd(q_ptr, k_ptr, v_ptr, gc_ptr, hs_ptr, cu_ptr, seq_ptr, o_ptr,
+def gla_intra_fwd(q_ptr, k_ptr, gc_ptr, cu_ptr, seq_ptr, a_ptr,
+                  T: tl.constexpr, H: tl.constexpr, HQK: tl.constexpr, K: tl.constexpr, BT: tl.constexpr,
+                  BC: tl.constexpr, BK: tl.constexpr, VARLEN: tl.constexpr, PREC: tl.constexpr):
+    """Per (chunk slot, head), per-channel gates: the chunk's intra-chunk weights
+    ``A_ij = Σ_k q_ik k_jk e^{G_ik - G_jk}`` (``j <= i``, zero above) into ``a [R, H, BT]`` (float32; row ``i``
+    of a chunk at token ``i``, column ``j`` at the chunk's ``j``-th token). By sub-blocks of ``BC`` rows: an
+    earlier sub-block through one product whose exponents are split at the row sub-block's first token
+    (both factors ``<= 0``), the diagonal sub-block exactly, one key row at a time."""
+    slot = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1).to(tl.int64)
+    n = tl.load(seq_ptr + slot).to(tl.int64)
+    hqk = h // (H // HQK)
+    bos, eos = _bounds(cu_ptr, n, T, VARLEN)
+    start = bos + (slot - bos // BT - n) * BT  # at or past eos for a slot no chunk uses: nothing is stored
+    dt = q_ptr.dtype.element_ty
+    ks = tl.arange(0, BK)
+    k_ok = ks < K
+    cs = tl.arange(0, BC)
+    for i in tl.static_range(0, BT // BC):
+        first = start + i * BC
+        rows = first + cs
+        t_ok = rows < eos
+        mask = t_ok[:, None] & k_ok[None, :]
+        q = tl.load(q_ptr + (rows[:, None] * HQK + hqk) * K + ks[None, :], mask=mask, other=0.0).to(tl.float32)
+        g = tl.load(gc_ptr + (rows[:, None] * H + h) * K + ks[None, :], mask=mask, other=0.0)
+        a_rows = (rows[:, None] * H + h) * BT
+        if i > 0:
+            ref = tl.load(gc_ptr + (first * H + h) * K + ks, mask=k_ok & (first < eos), other=0.0)
+            q_n = (q * tl.exp(tl.where(mask, g - ref[None, :], 0.0))).to(dt)
+            for j in tl.static_range(0, i):
+                cols = start + j * BC + cs  # before ``first``, so inside the sequence when ``first`` is
+                c_mask = (cols < eos)[:, None] & k_ok[None, :]
+                kj = tl.load(k_ptr + (cols[:, None] * HQK + hqk) * K + ks[None, :], mask=c_mask, other=0.0)
+                gj = tl.load(gc_ptr + (cols[:, None] * H + h) * K + ks[None, :], mask=c_mask, other=0.0)
+                k_n = (kj.to(tl.float32) * tl.exp(tl.where(c_mask, ref[None, :] - gj, 0.0))).to(dt)
+                block = tl.dot(q_n, tl.trans(k_n), input_precision=PREC)
+                tl.store(a_ptr + a_rows + (j * BC + cs)[None, :], block, mask=t_ok[:, None])
+        own = tl.zeros([BC, BC], tl.float32)
+        for j in tl.static_range(0, BC):
+            row_ok = k_ok & (first + j < eos)
+            kj = tl.load(k_ptr + ((first + j) * HQK + hqk) * K + ks, mask=row_ok, other=0.0).to(tl.float32)
+            gj = tl.load(gc_ptr + ((first + j) * H + h) * K + ks, mask=row_ok, other=0.0)
+            keep = ((cs >= j) & t_ok)[:, None] & k_ok[None, :]
+            w = tl.exp(tl.where(keep, g - gj[None, :], _NEG_INF))
+            col = tl.sum(q * kj[None, :] * w, 1)
+            own += tl.where(cs[None, :] == j, col[:, None], 0.0)
+        tl.store(a_ptr + a_rows + (i * BC + cs)[None, :], own, mask=t_ok[:, None])
+        for j in tl.static_range(i + 1, BT // BC):
+            tl.store(a_ptr + a_rows + (j * BC + cs)[None, :], tl.zeros([BC, BC], tl.float32), mask=t_ok[:, None])
+
+
+@triton.jit
+def linear_output_fwd(q_ptr, k_ptr, v_ptr, gc_ptr, hs_ptr, a_ptr, cu_ptr, seq_ptr, o_ptr,
                       T: tl.constexpr, H: tl.constexpr, HQK: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-                      BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BKS: tl.constexpr, BV: tl.constexpr,
-                      SCALE: tl.constexpr, SCALAR_GATE: tl.constexpr, VARLEN: tl.constexpr, PREC: tl.constexpr):
+                      BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, SCALE: tl.constexpr,
+                      SCALAR_GATE: tl.constexpr, VARLEN: tl.constexpr, PREC: tl.constexpr):
     """Phase (c), per (chunk slot, V block, head): the chunk's output from the state entering it and its
-    own tokens. A scalar gate forms the ``[BT, BT]`` intra-chunk weights at once; per-channel gates go by
-    sub-blocks of ``BC`` tokens: the earlier sub-blocks through one product whose exponents are split at
-    the sub-block's first token (both factors ``<= 0``), the diagonal sub-block exactly."""
+    own tokens, ``scale ((q ⊙ e^G) S + A v)``. A scalar gate forms the ``[BT, BT]`` intra-chunk weights
+    ``A`` here (``k_ptr`` read, ``a_ptr`` not); per-channel gates read those :func:`gla_intra_fwd` wrote
+    (``a_ptr`` read, ``k_ptr`` not)."""
     slot = tl.program_id(0).to(tl.int64)
     iv = tl.program_id(1)
     h = tl.program_id(2).to(tl.int64)
@@ -117,68 +169,30 @@ def linear_output_fwd(q_ptr, k_ptr, v_ptr, gc_ptr, hs_ptr, cu_ptr, seq_ptr, o_pt
     vs = iv * BV + tl.arange(0, BV)
     k_ok = ks < K
     v_ok = vs < V
+    ts = tl.arange(0, BT)
+    rows = start + ts
+    t_ok = rows < eos
+    qk_off = (rows[:, None] * HQK + hqk) * K + ks[None, :]
+    qk_mask = t_ok[:, None] & k_ok[None, :]
+    keep = (ts[:, None] >= ts[None, :]) & t_ok[:, None]
     state = tl.load(hs_ptr + (slot * H + h) * K * V + ks[:, None] * V + vs[None, :],
                     mask=k_ok[:, None] & v_ok[None, :], other=0.0).to(dt)
+    q = tl.load(q_ptr + qk_off, mask=qk_mask, other=0.0)
     if SCALAR_GATE:
-        ts = tl.arange(0, BT)
-        rows = start + ts
-        t_ok = rows < eos
-        qk_off = (rows[:, None] * HQK + hqk) * K + ks[None, :]
-        qk_mask = t_ok[:, None] & k_ok[None, :]
-        q = tl.load(q_ptr + qk_off, mask=qk_mask, other=0.0)
         k = tl.load(k_ptr + qk_off, mask=qk_mask, other=0.0)
-        v = tl.load(v_ptr + (rows[:, None] * H + h) * V + vs[None, :], mask=t_ok[:, None] & v_ok[None, :],
-                    other=0.0)
         cum = tl.load(gc_ptr + rows * H + h, mask=t_ok, other=0.0)
-        keep = (ts[:, None] >= ts[None, :]) & t_ok[:, None]
-        scores = tl.dot(q, tl.trans(k), input_precision=PREC) * tl.exp(
+        weights = tl.dot(q, tl.trans(k), input_precision=PREC) * tl.exp(
             tl.where(keep, cum[:, None] - cum[None, :], _NEG_INF))
         q_in = (q.to(tl.float32) * tl.exp(cum)[:, None]).to(dt)
-        out = tl.dot(q_in, state, input_precision=PREC) + tl.dot(scores.to(dt), v.to(dt), input_precision=PREC)
-        tl.store(o_ptr + (rows[:, None] * H + h) * V + vs[None, :], (out * SCALE).to(o_ptr.dtype.element_ty),
-                 mask=t_ok[:, None] & v_ok[None, :])
     else:
-        cs = tl.arange(0, BC)
-        diag = cs[:, None] >= cs[None, :]
-        for i in tl.static_range(0, BT // BC):
-            first = start + i * BC
-            rows = first + cs
-            t_ok = rows < eos
-            qk_mask = t_ok[:, None] & k_ok[None, :]
-            tk_off = (rows[:, None] * H + h) * K + ks[None, :]
-            q = tl.load(q_ptr + (rows[:, None] * HQK + hqk) * K + ks[None, :], mask=qk_mask, other=0.0).to(tl.float32)
-            cum = tl.load(gc_ptr + tk_off, mask=qk_mask, other=0.0)
-            out = tl.dot((q * tl.exp(cum)).to(dt), state, input_precision=PREC)
-            if i > 0:  # the chunk's earlier sub-blocks, split at this one's first token
-                ref = tl.load(gc_ptr + ((first - 1) * H + h) * K + ks, mask=k_ok & (first - 1 < eos), other=0.0)
-                prev = start + tl.arange(0, BT)
-                p_ok = (prev < first) & (prev < eos)
-                p_mask = p_ok[:, None] & k_ok[None, :]
-                kp = tl.load(k_ptr + (prev[:, None] * HQK + hqk) * K + ks[None, :], mask=p_mask, other=0.0)
-                gp = tl.load(gc_ptr + (prev[:, None] * H + h) * K + ks[None, :], mask=p_mask, other=0.0)
-                q_n = q * tl.exp(tl.where(qk_mask, cum - ref[None, :], 0.0))
-                k_n = kp.to(tl.float32) * tl.exp(tl.where(p_mask, ref[None, :] - gp, 0.0))
-                scores = tl.dot(q_n.to(dt), tl.trans(k_n.to(dt)), input_precision=PREC)
-                vp = tl.load(v_ptr + (prev[:, None] * H + h) * V + vs[None, :], mask=p_ok[:, None] & v_ok[None, :],
-                             other=0.0)
-                out += tl.dot(scores.to(dt), vp.to(dt), input_precision=PREC)
-            own = tl.zeros([BC, BC], tl.float32)
-            keep = (diag & t_ok[:, None])[:, :, None]
-            for kk in tl.static_range(0, BK, BKS):
-                part = kk + tl.arange(0, BKS)
-                part_mask = t_ok[:, None] & (part < K)[None, :]
-                qp = tl.load(q_ptr + (rows[:, None] * HQK + hqk) * K + part[None, :], mask=part_mask,
-                             other=0.0).to(tl.float32)
-                kp2 = tl.load(k_ptr + (rows[:, None] * HQK + hqk) * K + part[None, :], mask=part_mask,
-                              other=0.0).to(tl.float32)
-                gp2 = tl.load(gc_ptr + (rows[:, None] * H + h) * K + part[None, :], mask=part_mask, other=0.0)
-                weights = tl.exp(tl.where(keep, gp2[:, None, :] - gp2[None, :, :], _NEG_INF))
-                own += tl.sum(qp[:, None, :] * kp2[None, :, :] * weights, axis=2)
-            vi = tl.load(v_ptr + (rows[:, None] * H + h) * V + vs[None, :], mask=t_ok[:, None] & v_ok[None, :],
-                         other=0.0)
-            out += tl.dot(own.to(dt), vi.to(dt), input_precision=PREC)
-            tl.store(o_ptr + (rows[:, None] * H + h) * V + vs[None, :], (out * SCALE).to(o_ptr.dtype.element_ty),
-                     mask=t_ok[:, None] & v_ok[None, :])
+        cum = tl.load(gc_ptr + (rows[:, None] * H + h) * K + ks[None, :], mask=qk_mask, other=0.0)
+        weights = tl.load(a_ptr + (rows[:, None] * H + h) * BT + ts[None, :], mask=keep, other=0.0)
+        q_in = (q.to(tl.float32) * tl.exp(cum)).to(dt)
+    v = tl.load(v_ptr + (rows[:, None] * H + h) * V + vs[None, :], mask=t_ok[:, None] & v_ok[None, :], other=0.0)
+    out = tl.dot(q_in, state, input_precision=PREC) + tl.dot(weights.to(dt), v.to(dt), input_precision=PREC)
+    tl.store(o_ptr + (rows[:, None] * H + h) * V + vs[None, :], (out * SCALE).to(o_ptr.dtype.element_ty),
+             mask=t_ok[:, None] & v_ok[None, :])
+
 
 @triton.jit
 def linear_dstates_bwd(q_ptr, g_ptr, do_ptr, dht_ptr, cu_ptr, dhs_ptr, dh0_ptr,

@@ -306,11 +306,11 @@ def compile_linear_recurrence(k: int, v: int, dtype: Any = jnp.bfloat16, *, scal
 
 def compile_gla_backward(k: int, v: int, dtype: Any = jnp.bfloat16, *, heads: int = 32, cfg: Any = None,
                          varlen: bool = True, arch: int = 90) -> dict[str, int]:
-    """Compile ``gla``'s backward kernels (the reverse state cotangents, the per-chunk gradients) at the
-    backward's chunk for a state ``[k, v]`` and ``dtype`` inputs, for ``arch``.
+    """Compile ``gla``'s backward kernels (the reverse state cotangents, the state terms and ``dA``, the
+    intra-chunk terms, ``dv``) at the backward's chunk for a state ``[k, v]`` and ``dtype`` inputs, for ``arch``.
 
     Returns:
-        The larger shared memory of the two in bytes, warps and stages.
+        The largest shared memory of them in bytes, warps and stages.
     """
     _compiled_mode()
     from ejk.plugin import next_pow2
@@ -319,14 +319,23 @@ def compile_gla_backward(k: int, v: int, dtype: Any = jnp.bfloat16, *, heads: in
 
     cfg = cfg if cfg is not None else LinearAttentionConfig()
     block_k = next_pow2(max(k, 16))
+    state_k = min(cfg.block_k, block_k)
     x, f32, i32 = _ptr(dtype), _ptr(jnp.float32), _ptr(jnp.int32)
     common = dict(T=4096, H=heads, K=k, V=v, BT=cfg.backward_chunk, BV=min(cfg.block_v, next_pow2(max(v, 16))),
                   SCALE=k ** -0.5, VARLEN=varlen, PREC=_dots.dot_precision(dtype, "high"))
-    states = _compile(_linear_kernels.linear_dstates_bwd, [x, f32, x, f32, i32, x, f32],
-                      dict(common, HQK=heads, BK=min(cfg.block_k, block_k)), cfg.num_warps, cfg.num_stages, arch)
-    chunk = _compile(_linear_kernels.linear_chunk_bwd, [x, x, x, f32, x, x, x, i32, i32, f32, f32, f32],
-                     dict(common, BC=min(16, cfg.backward_chunk), BK=block_k), cfg.num_warps, cfg.num_stages, arch)
-    return dict(chunk, shared=max(states["shared"], chunk["shared"]))
+    intra = dict(T=4096, H=heads, K=k, BT=cfg.backward_chunk, BC=min(16, cfg.backward_chunk), VARLEN=varlen,
+                 PREC=common["PREC"])
+    built = [
+        _compile(_linear_kernels.linear_dstates_bwd, [x, f32, x, f32, i32, x, f32],
+                 dict(common, HQK=heads, BK=state_k), cfg.num_warps, cfg.num_stages, arch),
+        _compile(_linear_kernels.gla_inter_bwd, [x, x, x, f32, x, x, x, i32, i32, f32, f32, f32],
+                 dict(common, BK=state_k), cfg.num_warps, cfg.num_stages, arch),
+        _compile(_linear_kernels.gla_intra_bwd, [x, x, f32, f32, i32, i32, f32, f32, f32, f32],
+                 dict(intra, BK=state_k), cfg.num_warps, cfg.num_stages, arch),
+        _compile(_linear_kernels.gla_dv_bwd, [x, f32, x, x, f32, i32, i32, f32],
+                 dict(common, BK=block_k), cfg.num_warps, cfg.num_stages, arch),
+    ]
+    return dict(built[-1], shared=max(b["shared"] for b in built))
 
 
 def compile_rms_norm(rows: int, d: int, dtype: Any = jnp.bfloat16, *, residual: bool = False, cfg: Any = None,

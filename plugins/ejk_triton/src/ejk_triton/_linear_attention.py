@@ -259,6 +259,8 @@ def gla_backward(residuals: tuple[Any, ...], d_out: Any, *, scale: float,
         common: dict[str, Any] = dict(
             num_warps=cfg.num_warps, num_stages=cfg.num_stages, T=t, H=h, K=dk, V=dv, BT=cfg.chunk,
             SCALE=float(scale), VARLEN=cu_seqlens is not None, PREC=_dots.dot_precision(q.dtype, "high"))
+        intra: dict[str, Any] = dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages, T=t, H=h, K=dk, BT=cfg.chunk,
+                                     VARLEN=cu_seqlens is not None, PREC=common["PREC"])
 
         def run(q: jax.Array, k: jax.Array, v: jax.Array, g: jax.Array, d_o: jax.Array, d_final: jax.Array,
                 cu: jax.Array, gc: jax.Array, states: jax.Array, seq: jax.Array) -> tuple[jax.Array, ...]:
@@ -269,11 +271,25 @@ def gla_backward(residuals: tuple[Any, ...], d_out: Any, *, scale: float,
                 out_shapes=(jax.ShapeDtypeStruct(states.shape, states.dtype),
                             jax.ShapeDtypeStruct((n, h, dk, dv), f32)),
                 HQK=h, BK=state_k, BV=block_v, **common)
-            grads = launch(module.linear_chunk_bwd, grid=(slots, h),
-                           inputs=(q, k, v, gc, d_o, states, d_states, cu, seq),
-                           out_shapes=tuple(jax.ShapeDtypeStruct((rows, h, d), f32) for d in (dk, dk, dv)),
-                           BC=min(16, cfg.chunk), BK=block_k, BV=block_v, **common)
-            return (*grads, d_initial)
+            (weights,) = launch(module.gla_intra_fwd, grid=(slots, h), inputs=(q, k, gc, cu, seq),
+                                out_shapes=(jax.ShapeDtypeStruct((rows, h, cfg.chunk), f32),),
+                                HQK=h, BC=min(16, cfg.chunk), BK=block_k, **intra)
+            d_q, d_k, d_a = launch(
+                module.gla_inter_bwd, grid=(slots, cdiv(dk, state_k), h),
+                inputs=(q, k, v, gc, d_o, states, d_states, cu, seq),
+                out_shapes=(jax.ShapeDtypeStruct((rows, h, dk), f32), jax.ShapeDtypeStruct((rows, h, dk), f32),
+                            jax.ShapeDtypeStruct((rows, h, cfg.chunk), f32)),
+                BK=state_k, BV=block_v, **common)
+            d_q, d_k = launch(module.gla_intra_bwd, grid=(slots, cdiv(dk, state_k), h),
+                              inputs=(q, k, gc, d_a, cu, seq, d_q, d_k),
+                              out_shapes=(jax.ShapeDtypeStruct((rows, h, dk), f32),
+                                          jax.ShapeDtypeStruct((rows, h, dk), f32)),
+                              BC=min(16, cfg.chunk), BK=state_k, **intra)
+            (d_v,) = launch(module.gla_dv_bwd, grid=(slots, cdiv(dv, block_v), h),
+                            inputs=(k, gc, d_o, d_states, weights, cu, seq),
+                            out_shapes=(jax.ShapeDtypeStruct((rows, h, dv), f32),),
+                            BK=block_k, BV=block_v, **common)
+            return d_q, d_k, d_v, d_initial
 
         flat = [x.reshape(rows, h, x.shape[3]) for x in (q, k, v.astype(q.dtype), g, d_o)]
         dq, dk_, dv_, d_initial = sequential_vmap(run)(*flat, d_final, cu, gc, states,

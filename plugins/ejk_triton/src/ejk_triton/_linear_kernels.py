@@ -238,124 +238,166 @@ def linear_dstates_bwd(q_ptr, g_ptr, do_ptr, dht_ptr, cu_ptr, dhs_ptr, dh0_ptr,
 
 
 @triton.jit
-def linear_chunk_bwd(q_ptr, k_ptr, v_ptr, gc_ptr, do_ptr, hs_ptr, dhs_ptr, cu_ptr, seq_ptr, dq_ptr, dk_ptr, dv_ptr,
-                     T: tl.constexpr, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
-                     BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, SCALE: tl.constexpr,
-                     VARLEN: tl.constexpr, PREC: tl.constexpr):
-    """The backward's parallel phase, per (chunk slot, head), by sub-blocks of ``BC`` tokens: ``dq``, ``dk``
-    and ``dv`` (float32) of the chunk from the state entering it ``S``, the cotangent of the state leaving
-    it ``dS'`` and ``do``. Per-channel gates; ``BK >= K`` (V is walked in blocks of ``BV``).
-
-    With ``G`` the chunk-local cumulative gates and ``dA = scale do vᵀ`` (causal)::
-
-        dq_i = scale (do_i Sᵀ) ⊙ e^{G_i} + Σ_{j<=i} dA_ij k_j ⊙ e^{G_i - G_j}
-        dk_j = (v_j dS'ᵀ) ⊙ e^{G_last - G_j} + Σ_{i>=j} dA_ij q_i ⊙ e^{G_i - G_j}
-        dv_j = (k_j ⊙ e^{G_last - G_j}) dS' + scale Σ_{i>=j} A_ij do_i,  A_ij = Σ_k q_ik k_jk e^{G_ik - G_jk}
-
-    Other sub-blocks go through products whose exponents are split at a row between the two (both
-    factors ``<= 0``); the diagonal sub-block is formed exactly, one key row at a time."""
+def gla_inter_bwd(q_ptr, k_ptr, v_ptr, gc_ptr, do_ptr, hs_ptr, dhs_ptr, cu_ptr, seq_ptr, dq_ptr, dk_ptr, da_ptr,
+                  T: tl.constexpr, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
+                  BK: tl.constexpr, BV: tl.constexpr, SCALE: tl.constexpr, VARLEN: tl.constexpr,
+                  PREC: tl.constexpr):
+    """The backward's first parallel phase, per (chunk slot, K block, head), V walked in blocks of ``BV``:
+    the state terms ``dq = scale (do Sᵀ) ⊙ e^G`` and ``dk = (v dS'ᵀ) ⊙ e^{G_last - G}`` (float32), and (the
+    first K block) the intra-chunk weights' cotangent ``dA = scale do vᵀ`` (causal, ``[R, H, BT]`` float32),
+    from the state entering the chunk ``S`` and the cotangent of the state leaving it ``dS'``."""
     slot = tl.program_id(0).to(tl.int64)
-    h = tl.program_id(1).to(tl.int64)
+    ik = tl.program_id(1)
+    h = tl.program_id(2).to(tl.int64)
     n = tl.load(seq_ptr + slot).to(tl.int64)
     bos, eos = _bounds(cu_ptr, n, T, VARLEN)
     start = bos + (slot - bos // BT - n) * BT
     end = tl.minimum(start + BT, eos)
     dt = q_ptr.dtype.element_ty
-    ks = tl.arange(0, BK)
+    ks = ik * BK + tl.arange(0, BK)
+    k_ok = ks < K
+    ts = tl.arange(0, BT)
+    rows = start + ts
+    t_ok = rows < eos
+    tk_mask = t_ok[:, None] & k_ok[None, :]
+    tk_off = (rows[:, None] * H + h) * K + ks[None, :]
+    d_q = tl.zeros([BT, BK], tl.float32)
+    d_k = tl.zeros([BT, BK], tl.float32)
+    d_a = tl.zeros([BT, BT], tl.float32)
+    state_base = (slot * H + h) * K * V
+    for v0 in range(0, V, BV):
+        vs = v0 + tl.arange(0, BV)
+        v_ok = vs < V
+        tv_off = (rows[:, None] * H + h) * V + vs[None, :]
+        tv_mask = t_ok[:, None] & v_ok[None, :]
+        do = tl.load(do_ptr + tv_off, mask=tv_mask, other=0.0).to(dt)
+        v = tl.load(v_ptr + tv_off, mask=tv_mask, other=0.0).to(dt)
+        state_off = state_base + ks[:, None] * V + vs[None, :]
+        state_mask = k_ok[:, None] & v_ok[None, :]
+        state = tl.load(hs_ptr + state_off, mask=state_mask, other=0.0).to(dt)
+        d_state = tl.load(dhs_ptr + state_off, mask=state_mask, other=0.0).to(dt)
+        d_q += tl.dot(do, tl.trans(state), input_precision=PREC)
+        d_k += tl.dot(v, tl.trans(d_state), input_precision=PREC)
+        if ik == 0:
+            d_a += tl.dot(do, tl.trans(v), input_precision=PREC)
+    cum = tl.load(gc_ptr + tk_off, mask=tk_mask, other=0.0)
+    last = tl.load(gc_ptr + ((end - 1) * H + h) * K + ks, mask=k_ok & (start < eos), other=0.0)
+    tl.store(dq_ptr + tk_off, d_q * SCALE * tl.exp(cum), mask=tk_mask)
+    tl.store(dk_ptr + tk_off, d_k * tl.exp(tl.where(tk_mask, last[None, :] - cum, 0.0)), mask=tk_mask)
+    if ik == 0:
+        keep = (ts[:, None] >= ts[None, :]) & t_ok[:, None]
+        tl.store(da_ptr + (rows[:, None] * H + h) * BT + ts[None, :], tl.where(keep, d_a * SCALE, 0.0),
+                 mask=t_ok[:, None])
+
+
+@triton.jit
+def gla_intra_bwd(q_ptr, k_ptr, gc_ptr, da_ptr, cu_ptr, seq_ptr, dq0_ptr, dk0_ptr, dq_ptr, dk_ptr,
+                  T: tl.constexpr, H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
+                  BK: tl.constexpr, VARLEN: tl.constexpr, PREC: tl.constexpr):
+    """The backward's intra-chunk terms, per (chunk slot, K block, head), added to the state terms ``dq0`` /
+    ``dk0`` :func:`gla_inter_bwd` wrote: ``dq_i += Σ_{j<=i} dA_ij k_j ⊙ e^{G_i - G_j}`` and
+    ``dk_j += Σ_{i>=j} dA_ij q_i ⊙ e^{G_i - G_j}``, by sub-blocks of ``BC`` tokens: other sub-blocks through
+    products whose exponents are split at a row between the two (both factors ``<= 0``), the diagonal
+    sub-block one row at a time."""
+    slot = tl.program_id(0).to(tl.int64)
+    ik = tl.program_id(1)
+    h = tl.program_id(2).to(tl.int64)
+    n = tl.load(seq_ptr + slot).to(tl.int64)
+    bos, eos = _bounds(cu_ptr, n, T, VARLEN)
+    start = bos + (slot - bos // BT - n) * BT
+    dt = q_ptr.dtype.element_ty
+    ks = ik * BK + tl.arange(0, BK)
     k_ok = ks < K
     cs = tl.arange(0, BC)
-    chunk_rows = start + tl.arange(0, BT)
-    chunk_ok = chunk_rows < eos
-    last = tl.load(gc_ptr + ((end - 1) * H + h) * K + ks, mask=k_ok & (start < eos), other=0.0)
-    state_base = (slot * H + h) * K * V
-    for b in tl.static_range(0, BT // BC):
-        first = start + b * BC
+    NC: tl.constexpr = BT // BC
+    for i in tl.static_range(0, NC):
+        first = start + i * BC
         rows = first + cs
         t_ok = rows < eos
-        tk_mask = t_ok[:, None] & k_ok[None, :]
-        tk_off = (rows[:, None] * H + h) * K + ks[None, :]
-        q = tl.load(q_ptr + tk_off, mask=tk_mask, other=0.0).to(tl.float32)
-        k = tl.load(k_ptr + tk_off, mask=tk_mask, other=0.0).to(tl.float32)
-        cum = tl.load(gc_ptr + tk_off, mask=tk_mask, other=0.0)
-        # Earlier rows of the chunk (split at this block's first row) and later ones (at its last row).
-        ref = tl.load(gc_ptr + ((first - 1) * H + h) * K + ks, mask=k_ok & (first > start) & (first - 1 < eos),
-                      other=0.0)
-        pre_ok = (chunk_rows < first) & chunk_ok
-        pre_mask = pre_ok[:, None] & k_ok[None, :]
-        pre_off = (chunk_rows[:, None] * H + h) * K + ks[None, :]
-        k_pre = tl.load(k_ptr + pre_off, mask=pre_mask, other=0.0).to(tl.float32) * tl.exp(
-            tl.where(pre_mask, ref[None, :] - tl.load(gc_ptr + pre_off, mask=pre_mask, other=0.0), 0.0))
-        mid = tl.minimum(first + BC, eos) - 1
-        ref_post = tl.load(gc_ptr + (mid * H + h) * K + ks, mask=k_ok & (first < eos), other=0.0)
-        post_ok = (chunk_rows > mid) & chunk_ok
-        post_mask = post_ok[:, None] & k_ok[None, :]
-        q_post = tl.load(q_ptr + pre_off, mask=post_mask, other=0.0).to(tl.float32) * tl.exp(
-            tl.where(post_mask, tl.load(gc_ptr + pre_off, mask=post_mask, other=0.0) - ref_post[None, :], 0.0))
-        k_mid = k * tl.exp(tl.where(tk_mask, ref_post[None, :] - cum, 0.0))
-        a_post = tl.dot(q_post.to(dt), tl.trans(k_mid.to(dt)), input_precision=PREC)  # [BT, BC]: A of later rows
-        # Sums over V: do Sᵀ, v dS'ᵀ and dA against the earlier, later and own rows.
-        d_qs = tl.zeros([BC, BK], tl.float32)
-        d_ks = tl.zeros([BC, BK], tl.float32)
-        da_pre = tl.zeros([BC, BT], tl.float32)
-        da_post = tl.zeros([BT, BC], tl.float32)
-        da_own = tl.zeros([BC, BC], tl.float32)
-        for v0 in range(0, V, BV):
-            vs = v0 + tl.arange(0, BV)
-            v_ok = vs < V
-            tv_off = (rows[:, None] * H + h) * V + vs[None, :]
-            tv_mask = t_ok[:, None] & v_ok[None, :]
-            do = tl.load(do_ptr + tv_off, mask=tv_mask, other=0.0).to(dt)
-            v = tl.load(v_ptr + tv_off, mask=tv_mask, other=0.0).to(dt)
-            state_off = state_base + ks[:, None] * V + vs[None, :]
-            state_mask = k_ok[:, None] & v_ok[None, :]
-            state = tl.load(hs_ptr + state_off, mask=state_mask, other=0.0).to(dt)
-            d_state = tl.load(dhs_ptr + state_off, mask=state_mask, other=0.0).to(dt)
-            cv_off = (chunk_rows[:, None] * H + h) * V + vs[None, :]
-            v_pre = tl.load(v_ptr + cv_off, mask=pre_ok[:, None] & v_ok[None, :], other=0.0).to(dt)
-            do_post = tl.load(do_ptr + cv_off, mask=post_ok[:, None] & v_ok[None, :], other=0.0).to(dt)
-            d_qs += tl.dot(do, tl.trans(state), input_precision=PREC)
-            d_ks += tl.dot(v, tl.trans(d_state), input_precision=PREC)
-            da_pre += tl.dot(do, tl.trans(v_pre), input_precision=PREC)
-            da_post += tl.dot(do_post, tl.trans(v), input_precision=PREC)
-            da_own += tl.dot(do, tl.trans(v), input_precision=PREC)
-        da_own = tl.where((cs[:, None] >= cs[None, :]) & t_ok[:, None], da_own * SCALE, 0.0)
-        # The diagonal sub-block, one key row j at a time: A, and dA's share of dq and dk.
+        mask = t_ok[:, None] & k_ok[None, :]
+        off = (rows[:, None] * H + h) * K + ks[None, :]
+        g = tl.load(gc_ptr + off, mask=mask, other=0.0)
+        da_rows = (rows[:, None] * H + h) * BT
         d_q = tl.zeros([BC, BK], tl.float32)
         d_k = tl.zeros([BC, BK], tl.float32)
-        a_own = tl.zeros([BC, BC], tl.float32)
-        for j in tl.static_range(0, BC):
-            row_ok = k_ok & (first + j < eos)
-            j_off = ((first + j) * H + h) * K + ks
-            k_j = tl.load(k_ptr + j_off, mask=row_ok, other=0.0).to(tl.float32)
-            g_j = tl.load(gc_ptr + j_off, mask=row_ok, other=0.0)
-            keep = (cs >= j) & t_ok
-            w = tl.exp(tl.where(keep[:, None] & k_ok[None, :], cum - g_j[None, :], _NEG_INF))  # [BC, BK]
-            qw = q * w
-            da_j = tl.sum(tl.where(cs[None, :] == j, da_own, 0.0), 1)  # column j
-            a_own += tl.where(cs[None, :] == j, tl.sum(qw * k_j[None, :], 1)[:, None], 0.0)
-            d_q += da_j[:, None] * k_j[None, :] * w
-            d_k += tl.where(cs[:, None] == j, tl.sum(da_j[:, None] * qw, 0)[None, :], 0.0)
-        d_q += d_qs * SCALE * tl.exp(cum)
-        d_q += tl.dot((da_pre * SCALE).to(dt), k_pre.to(dt), input_precision=PREC) * tl.exp(
-            tl.where(tk_mask, cum - ref[None, :], 0.0))
-        k_last = tl.exp(tl.where(tk_mask, last[None, :] - cum, 0.0))
-        d_k += d_ks * k_last
-        d_k += tl.dot(tl.trans((da_post * SCALE).to(dt)), q_post.to(dt), input_precision=PREC) * tl.exp(
-            tl.where(tk_mask, ref_post[None, :] - cum, 0.0))
-        tl.store(dq_ptr + tk_off, d_q, mask=tk_mask)
-        tl.store(dk_ptr + tk_off, d_k, mask=tk_mask)
-        k_out = (k * k_last).to(dt)
-        a_post_t = tl.trans((a_post * SCALE).to(dt))
-        a_own_t = tl.trans((a_own * SCALE).to(dt))
-        for v0 in range(0, V, BV):
-            vs = v0 + tl.arange(0, BV)
-            v_ok = vs < V
-            tv_mask = t_ok[:, None] & v_ok[None, :]
-            do = tl.load(do_ptr + (rows[:, None] * H + h) * V + vs[None, :], mask=tv_mask, other=0.0).to(dt)
-            do_post = tl.load(do_ptr + (chunk_rows[:, None] * H + h) * V + vs[None, :],
-                              mask=post_ok[:, None] & v_ok[None, :], other=0.0).to(dt)
-            d_state = tl.load(dhs_ptr + state_base + ks[:, None] * V + vs[None, :],
-                              mask=k_ok[:, None] & v_ok[None, :], other=0.0).to(dt)
-            d_v = (tl.dot(k_out, d_state, input_precision=PREC) + tl.dot(a_post_t, do_post, input_precision=PREC)
-                   + tl.dot(a_own_t, do, input_precision=PREC))
-            tl.store(dv_ptr + (rows[:, None] * H + h) * V + vs[None, :], d_v, mask=tv_mask)
+        if i > 0:  # dq from the earlier sub-blocks, split at this one's first row
+            ref = tl.load(gc_ptr + (first * H + h) * K + ks, mask=k_ok & (first < eos), other=0.0)
+            for j in tl.static_range(0, i):
+                cols = start + j * BC + cs
+                c_mask = (cols < eos)[:, None] & k_ok[None, :]
+                c_off = (cols[:, None] * H + h) * K + ks[None, :]
+                kj = tl.load(k_ptr + c_off, mask=c_mask, other=0.0).to(tl.float32)
+                gj = tl.load(gc_ptr + c_off, mask=c_mask, other=0.0)
+                k_n = (kj * tl.exp(tl.where(c_mask, ref[None, :] - gj, 0.0))).to(dt)
+                da = tl.load(da_ptr + da_rows + (j * BC + cs)[None, :], mask=t_ok[:, None], other=0.0)
+                d_q += tl.dot(da.to(dt), k_n, input_precision=PREC)
+            d_q *= tl.exp(tl.where(mask, g - ref[None, :], 0.0))
+        if i < NC - 1:  # dk from the later sub-blocks, split at this one's last row
+            mid = tl.minimum(first + BC, eos) - 1
+            ref_k = tl.load(gc_ptr + (mid * H + h) * K + ks, mask=k_ok & (first < eos), other=0.0)
+            for m in tl.static_range(i + 1, NC):
+                later = start + m * BC + cs
+                l_ok = later < eos
+                l_mask = l_ok[:, None] & k_ok[None, :]
+                l_off = (later[:, None] * H + h) * K + ks[None, :]
+                qm = tl.load(q_ptr + l_off, mask=l_mask, other=0.0).to(tl.float32)
+                gm = tl.load(gc_ptr + l_off, mask=l_mask, other=0.0)
+                q_n = (qm * tl.exp(tl.where(l_mask, gm - ref_k[None, :], 0.0))).to(dt)
+                da = tl.load(da_ptr + (later[:, None] * H + h) * BT + (i * BC + cs)[None, :], mask=l_ok[:, None],
+                             other=0.0)
+                d_k += tl.dot(tl.trans(da.to(dt)), q_n, input_precision=PREC)
+            d_k *= tl.exp(tl.where(mask, ref_k[None, :] - g, 0.0))
+        for j in tl.static_range(0, BC):  # the diagonal sub-block: key row first + j, query row first + j
+            row = first + j
+            row_ok = k_ok & (row < eos)
+            r_off = (row * H + h) * K + ks
+            kr = tl.load(k_ptr + r_off, mask=row_ok, other=0.0).to(tl.float32)
+            qr = tl.load(q_ptr + r_off, mask=row_ok, other=0.0).to(tl.float32)
+            gr = tl.load(gc_ptr + r_off, mask=row_ok, other=0.0)
+            da_col = tl.load(da_ptr + da_rows + i * BC + j, mask=t_ok[:, None], other=0.0)  # [BC, 1]: dA[:, j]
+            da_row = tl.load(da_ptr + (row * H + h) * BT + i * BC + cs, mask=(cs <= j) & (row < eos), other=0.0)
+            later_rows = ((cs >= j) & t_ok)[:, None] & k_ok[None, :]
+            earlier_rows = ((cs <= j) & t_ok)[:, None] & k_ok[None, :]
+            d_q += da_col * kr[None, :] * tl.exp(tl.where(later_rows, g - gr[None, :], _NEG_INF))
+            d_k += da_row[:, None] * qr[None, :] * tl.exp(tl.where(earlier_rows, gr[None, :] - g, _NEG_INF))
+        tl.store(dq_ptr + off, tl.load(dq0_ptr + off, mask=mask, other=0.0) + d_q, mask=mask)
+        tl.store(dk_ptr + off, tl.load(dk0_ptr + off, mask=mask, other=0.0) + d_k, mask=mask)
+
+
+@triton.jit
+def gla_dv_bwd(k_ptr, gc_ptr, do_ptr, dhs_ptr, a_ptr, cu_ptr, seq_ptr, dv_ptr,
+               T: tl.constexpr, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
+               BK: tl.constexpr, BV: tl.constexpr, SCALE: tl.constexpr, VARLEN: tl.constexpr, PREC: tl.constexpr):
+    """Per (chunk slot, V block, head): ``dv = (k ⊙ e^{G_last - G}) dS' + scale Aᵀ do`` (float32), ``A`` the
+    intra-chunk weights :func:`gla_intra_fwd` wrote."""
+    slot = tl.program_id(0).to(tl.int64)
+    iv = tl.program_id(1)
+    h = tl.program_id(2).to(tl.int64)
+    n = tl.load(seq_ptr + slot).to(tl.int64)
+    bos, eos = _bounds(cu_ptr, n, T, VARLEN)
+    start = bos + (slot - bos // BT - n) * BT
+    end = tl.minimum(start + BT, eos)
+    dt = k_ptr.dtype.element_ty
+    ks = tl.arange(0, BK)
+    k_ok = ks < K
+    vs = iv * BV + tl.arange(0, BV)
+    v_ok = vs < V
+    ts = tl.arange(0, BT)
+    rows = start + ts
+    t_ok = rows < eos
+    tk_mask = t_ok[:, None] & k_ok[None, :]
+    tk_off = (rows[:, None] * H + h) * K + ks[None, :]
+    k = tl.load(k_ptr + tk_off, mask=tk_mask, other=0.0).to(tl.float32)
+    cum = tl.load(gc_ptr + tk_off, mask=tk_mask, other=0.0)
+    last = tl.load(gc_ptr + ((end - 1) * H + h) * K + ks, mask=k_ok & (start < eos), other=0.0)
+    k_out = (k * tl.exp(tl.where(tk_mask, last[None, :] - cum, 0.0))).to(dt)
+    d_state = tl.load(dhs_ptr + (slot * H + h) * K * V + ks[:, None] * V + vs[None, :],
+                      mask=k_ok[:, None] & v_ok[None, :], other=0.0).to(dt)
+    keep = (ts[:, None] >= ts[None, :]) & t_ok[:, None]
+    a = tl.load(a_ptr + (rows[:, None] * H + h) * BT + ts[None, :], mask=keep, other=0.0)
+    tv_off = (rows[:, None] * H + h) * V + vs[None, :]
+    tv_mask = t_ok[:, None] & v_ok[None, :]
+    do = tl.load(do_ptr + tv_off, mask=tv_mask, other=0.0).to(dt)
+    d_v = tl.dot(k_out, d_state, input_precision=PREC) + tl.dot(tl.trans((a * SCALE).to(dt)), do,
+                                                                 input_precision=PREC)
+    tl.store(dv_ptr + tv_off, d_v, mask=tv_mask)

@@ -291,7 +291,7 @@ def compile_linear_recurrence(k: int, v: int, dtype: Any = jnp.bfloat16, *, scal
     common = dict(T=4096, H=heads, HQK=qk_heads or heads, K=k, V=v, BT=cfg.chunk,
                   BV=min(cfg.block_v, next_pow2(max(v, 16))), SCALAR_GATE=scalar_gate, VARLEN=varlen,
                   PREC=_dots.dot_precision(dtype, "high"))
-    states = _compile(_linear_kernels.linear_states_fwd, [x, x, f32, f32, i32, f32, x, f32],
+    states = _compile(_linear_kernels.linear_states_fwd, [x, x, f32, f32, i32, x, f32],
                       dict(common, BK=min(cfg.block_k, block_k), HAS_H0=True), cfg.num_warps, cfg.num_stages, arch)
     output = _compile(_linear_kernels.linear_output_fwd, [x, x, x, f32, x, f32, i32, i32, f32 if scalar_gate else x],
                       dict(common, BV=min(cfg.output_block_v, next_pow2(max(v, 16))), BK=block_k, SCALE=k ** -0.5),

@@ -152,10 +152,14 @@ def _recurrence(q: jax.Array, k: jax.Array, v: jax.Array, g: jax.Array, initial_
     def run(q: jax.Array, k: jax.Array, v: jax.Array, g: jax.Array, h0: jax.Array, cu: jax.Array,
             seq: jax.Array) -> tuple[jax.Array, ...]:
         module = kernels("_linear_kernels")
-        gc, hs, final = launch(
+        (gc,) = launch(module.linear_cumsum, grid=(slots, h), inputs=(g, cu, seq),
+                       out_shapes=(jax.ShapeDtypeStruct(g.shape, f32),), num_warps=cfg.num_warps, num_stages=1,
+                       T=t, H=h, K=dk, BT=cfg.chunk, BK=block_k, SCALAR_GATE=scalar_gate,
+                       VARLEN=cu_seqlens is not None)
+        hs, final = launch(
             module.linear_states_fwd, grid=(n * h, cdiv(dk, state_k), cdiv(dv, block_v)),
-            inputs=(k, v, g, h0, cu),
-            out_shapes=(jax.ShapeDtypeStruct(g.shape, f32), jax.ShapeDtypeStruct((slots, h, dk, dv), state_dtype),
+            inputs=(k, v, gc, h0, cu),
+            out_shapes=(jax.ShapeDtypeStruct((slots, h, dk, dv), state_dtype),
                         jax.ShapeDtypeStruct((n, h, dk, dv), f32)),
             num_warps=cfg.num_warps, num_stages=cfg.num_stages, BK=state_k, HAS_H0=initial_state is not None,
             **common)
@@ -267,7 +271,7 @@ def gla_backward(residuals: tuple[Any, ...], d_out: Any, *, scale: float,
             module = kernels("_linear_kernels")
             d_states, d_initial = launch(
                 module.linear_dstates_bwd, grid=(n * h, cdiv(dk, state_k), cdiv(dv, block_v)),
-                inputs=(q, g, d_o, d_final, cu),
+                inputs=(q, gc, d_o, d_final, cu),
                 out_shapes=(jax.ShapeDtypeStruct(states.shape, states.dtype),
                             jax.ShapeDtypeStruct((n, h, dk, dv), f32)),
                 HQK=h, BK=state_k, BV=block_v, **common)

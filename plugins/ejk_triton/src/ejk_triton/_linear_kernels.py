@@ -39,12 +39,35 @@ def _bounds(cu_ptr, n, T: tl.constexpr, VARLEN: tl.constexpr):
 
 
 @triton.jit
-def linear_states_fwd(k_ptr, v_ptr, g_ptr, h0_ptr, cu_ptr, gc_ptr, hs_ptr, ht_ptr,
+def linear_cumsum(g_ptr, cu_ptr, seq_ptr, gc_ptr,
+                  T: tl.constexpr, H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+                  SCALAR_GATE: tl.constexpr, VARLEN: tl.constexpr):
+    """Phase (a), per (chunk slot, head): the chunk-local cumulative log gates (float32)."""
+    slot = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1).to(tl.int64)
+    n = tl.load(seq_ptr + slot).to(tl.int64)
+    bos, eos = _bounds(cu_ptr, n, T, VARLEN)
+    start = bos + (slot - bos // BT - n) * BT  # at or past eos for a slot no chunk uses: nothing is stored
+    rows = start + tl.arange(0, BT)
+    t_ok = rows < eos
+    if SCALAR_GATE:
+        gate = tl.load(g_ptr + rows * H + h, mask=t_ok, other=0.0).to(tl.float32)
+        tl.store(gc_ptr + rows * H + h, tl.cumsum(gate, 0), mask=t_ok)
+    else:
+        ks = tl.arange(0, BK)
+        mask = t_ok[:, None] & (ks < K)[None, :]
+        off = (rows[:, None] * H + h) * K + ks[None, :]
+        gate = tl.load(g_ptr + off, mask=mask, other=0.0).to(tl.float32)
+        tl.store(gc_ptr + off, tl.cumsum(gate, 0), mask=mask)
+
+
+@triton.jit
+def linear_states_fwd(k_ptr, v_ptr, gc_ptr, h0_ptr, cu_ptr, hs_ptr, ht_ptr,
                       T: tl.constexpr, H: tl.constexpr, HQK: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                       BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, SCALAR_GATE: tl.constexpr,
                       HAS_H0: tl.constexpr, VARLEN: tl.constexpr, PREC: tl.constexpr):
-    """Phases (a) and (b), per (sequence·head, K block, V block): the chunk-local cumulative gates (written
-    by the first V block) and the state entering every chunk of the sequence, then its final state."""
+    """Phase (b), per (sequence·head, K block, V block): the state entering every chunk of the sequence
+    (from the chunk-local cumulative gates :func:`linear_cumsum` wrote), then its final state."""
     nh = tl.program_id(0).to(tl.int64)
     ik = tl.program_id(1)
     iv = tl.program_id(2)
@@ -63,9 +86,6 @@ def linear_states_fwd(k_ptr, v_ptr, g_ptr, h0_ptr, cu_ptr, gc_ptr, hs_ptr, ht_pt
         state = tl.load(h0_ptr + nh * K * V + tile, mask=tile_mask, other=0.0).to(tl.float32)
     else:
         state = tl.zeros([BK, BV], tl.float32)
-    write_gates = iv == 0
-    if SCALAR_GATE:
-        write_gates = write_gates & (ik == 0)
     ts = tl.arange(0, BT)
     slot = bos // BT + n  # this sequence's first chunk slot (see _chunk_slots)
     for start in range(bos, eos, BT):
@@ -73,24 +93,20 @@ def linear_states_fwd(k_ptr, v_ptr, g_ptr, h0_ptr, cu_ptr, gc_ptr, hs_ptr, ht_pt
         slot += 1
         rows = start + ts
         t_ok = rows < eos
+        end = tl.minimum(start + BT, eos) - 1
         qk_mask = t_ok[:, None] & k_ok[None, :]
         k = tl.load(k_ptr + (rows[:, None] * HQK + hqk) * K + ks[None, :], mask=qk_mask, other=0.0)
         v = tl.load(v_ptr + (rows[:, None] * H + h) * V + vs[None, :], mask=t_ok[:, None] & v_ok[None, :],
                     other=0.0)
         if SCALAR_GATE:
-            gate = tl.load(g_ptr + rows * H + h, mask=t_ok, other=0.0).to(tl.float32)
-            cum = tl.cumsum(gate, 0)
-            tl.store(gc_ptr + rows * H + h, cum, mask=t_ok & write_gates)
-            last = tl.sum(gate, 0)
-            k_out = k.to(tl.float32) * tl.exp(last - cum)[:, None]
+            cum = tl.load(gc_ptr + rows * H + h, mask=t_ok, other=0.0)
+            last = tl.load(gc_ptr + end * H + h)
+            k_out = k.to(tl.float32) * tl.exp(tl.where(t_ok, last - cum, 0.0))[:, None]
             state = state * tl.exp(last)
         else:
-            g_off = (rows[:, None] * H + h) * K + ks[None, :]
-            gate = tl.load(g_ptr + g_off, mask=qk_mask, other=0.0).to(tl.float32)
-            cum = tl.cumsum(gate, 0)
-            tl.store(gc_ptr + g_off, cum, mask=qk_mask & write_gates)
-            last = tl.sum(gate, 0)
-            k_out = k.to(tl.float32) * tl.exp(last[None, :] - cum)
+            cum = tl.load(gc_ptr + (rows[:, None] * H + h) * K + ks[None, :], mask=qk_mask, other=0.0)
+            last = tl.load(gc_ptr + (end * H + h) * K + ks, mask=k_ok, other=0.0)
+            k_out = k.to(tl.float32) * tl.exp(tl.where(qk_mask, last[None, :] - cum, 0.0))
             state = state * tl.exp(last)[:, None]
         state += tl.dot(tl.trans(k_out.to(dt)), v.to(dt), input_precision=PREC)
     tl.store(ht_ptr + nh * K * V + tile, state, mask=tile_mask)
@@ -195,13 +211,14 @@ def linear_output_fwd(q_ptr, k_ptr, v_ptr, gc_ptr, hs_ptr, a_ptr, cu_ptr, seq_pt
 
 
 @triton.jit
-def linear_dstates_bwd(q_ptr, g_ptr, do_ptr, dht_ptr, cu_ptr, dhs_ptr, dh0_ptr,
+def linear_dstates_bwd(q_ptr, gc_ptr, do_ptr, dht_ptr, cu_ptr, dhs_ptr, dh0_ptr,
                        T: tl.constexpr, H: tl.constexpr, HQK: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                        BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, SCALE: tl.constexpr,
                        VARLEN: tl.constexpr, PREC: tl.constexpr):
     """The backward's sequential phase, per (sequence·head, K block, V block), chunks in reverse: the
     cotangent of the state leaving every chunk (``dS ← e^{G_last} ⊙ dS + scale (q ⊙ e^G)ᵀ do`` across a
-    chunk), from the final state's, then the initial state's. Per-channel gates ``[R, H, K]``."""
+    chunk), from the final state's, then the initial state's. Per-channel chunk-local cumulative
+    gates ``[R, H, K]``."""
     nh = tl.program_id(0).to(tl.int64)
     ik = tl.program_id(1)
     iv = tl.program_id(2)
@@ -223,17 +240,18 @@ def linear_dstates_bwd(q_ptr, g_ptr, do_ptr, dht_ptr, cu_ptr, dhs_ptr, dh0_ptr,
     for back in range(0, chunks):
         slot -= 1
         tl.store(dhs_ptr + (slot * H + h) * K * V + tile, d_state.to(dhs_ptr.dtype.element_ty), mask=tile_mask)
-        rows = bos + (chunks - 1 - back) * BT + ts
+        first = bos + (chunks - 1 - back) * BT
+        rows = first + ts
         t_ok = rows < eos
         qk_mask = t_ok[:, None] & k_ok[None, :]
         q = tl.load(q_ptr + (rows[:, None] * HQK + hqk) * K + ks[None, :], mask=qk_mask, other=0.0)
-        gate = tl.load(g_ptr + (rows[:, None] * H + h) * K + ks[None, :], mask=qk_mask, other=0.0).to(tl.float32)
+        cum = tl.load(gc_ptr + (rows[:, None] * H + h) * K + ks[None, :], mask=qk_mask, other=0.0)
+        end = tl.minimum(first + BT, eos) - 1
+        last = tl.load(gc_ptr + (end * H + h) * K + ks, mask=k_ok, other=0.0)
         do = tl.load(do_ptr + (rows[:, None] * H + h) * V + vs[None, :], mask=t_ok[:, None] & v_ok[None, :],
                      other=0.0)
-        cum = tl.cumsum(gate, 0)
         q_in = (q.to(tl.float32) * tl.exp(cum) * SCALE).to(dt)
-        d_state = d_state * tl.exp(tl.sum(gate, 0))[:, None] + tl.dot(tl.trans(q_in), do.to(dt),
-                                                                         input_precision=PREC)
+        d_state = d_state * tl.exp(last)[:, None] + tl.dot(tl.trans(q_in), do.to(dt), input_precision=PREC)
     tl.store(dh0_ptr + nh * K * V + tile, d_state, mask=tile_mask)
 
 

@@ -120,9 +120,11 @@ def _float64(fn: Any, args: tuple[Any, ...], cot: tuple[Any, Any]) -> tuple[Any,
         return tuple(np.asarray(o) for o in out), tuple(np.asarray(x) for x in grads)
 
 
-def test_gla_phases_against_float64() -> None:
-    """Chunks of 32 tokens (two sub-blocks) forward and backward, sequences of 0, 1, 18 (one partial
-    chunk) and 34 (crossing a chunk) tokens, initial states: values, final states, every gradient."""
+@pytest.mark.parametrize("chunk", [32, 64])
+def test_gla_phases_against_float64(chunk: int) -> None:
+    """Chunks of 32 tokens (two sub-blocks) or 64 (four) forward and backward, sequences of 0, 1, 18 (one
+    partial chunk) and 34 (crossing a 32-token chunk) tokens, initial states: values, final states, every
+    gradient."""
     rng = np.random.default_rng(5)
     cu = (0, 0, 1, 19, 19, 53)
     b, t, n = 1, 53, len(cu) - 1
@@ -133,7 +135,8 @@ def test_gla_phases_against_float64() -> None:
     s0 = jnp.asarray(rng.standard_normal((n, 1, 16, 16)), jnp.float32)
     cot = (jnp.asarray(rng.standard_normal(v.shape), jnp.float32), jnp.asarray(rng.standard_normal(s0.shape),
                                                                                  jnp.float32))
-    cfg = LinearAttentionConfig(chunk=32, block_k=16, block_v=16, num_stages=1, backward_chunk=32)
+    cfg = LinearAttentionConfig(chunk=chunk, block_k=16, block_v=16, output_block_v=16, num_stages=1,
+                                backward_chunk=chunk)
 
     def ours(*a: Any) -> Any:
         return ejk.gla(*a[:4], initial_state=a[4], cu_seqlens=cu_seqlens, output_final_state=True,

@@ -151,7 +151,7 @@ def gla_intra_fwd(q_ptr, k_ptr, gc_ptr, cu_ptr, seq_ptr, a_ptr,
                 block = tl.dot(q_n, tl.trans(k_n), input_precision=PREC)
                 tl.store(a_ptr + a_rows + (j * BC + cs)[None, :], block, mask=t_ok[:, None])
         own = tl.zeros([BC, BC], tl.float32)
-        for j in tl.static_range(0, BC):
+        for j in range(0, BC):
             row_ok = k_ok & (first + j < eos)
             kj = tl.load(k_ptr + ((first + j) * HQK + hqk) * K + ks, mask=row_ok, other=0.0).to(tl.float32)
             gj = tl.load(gc_ptr + ((first + j) * H + h) * K + ks, mask=row_ok, other=0.0)
@@ -365,7 +365,7 @@ def gla_intra_bwd(q_ptr, k_ptr, gc_ptr, da_ptr, cu_ptr, seq_ptr, dq0_ptr, dk0_pt
                              other=0.0)
                 d_k += tl.dot(tl.trans(da.to(dt)), q_n, input_precision=PREC)
             d_k *= tl.exp(tl.where(mask, ref_k[None, :] - g, 0.0))
-        for j in tl.static_range(0, BC):  # the diagonal sub-block: key row first + j, query row first + j
+        for j in range(0, BC):  # the diagonal sub-block: key row first + j, query row first + j
             row = first + j
             row_ok = k_ok & (row < eos)
             r_off = (row * H + h) * K + ks

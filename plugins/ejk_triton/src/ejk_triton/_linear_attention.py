@@ -2,17 +2,21 @@
 recurrence is sequential. The residuals are the operands (``GLA_RESIDUALS`` / ``SSD_RESIDUALS``, as
 ejk-xla's, so either backward may follow either forward).
 
-Forward: a state kernel per (sequence·head, K block, V block) walks the sequence chunk by chunk with
-the float32 state in registers, writing the chunk-local cumulative gates, the state entering every
-chunk and the final state; then an output kernel per (chunk, V block, head) computes every chunk at
-once. Packed sequences (``cu_seqlens``) need no layout: each program reads its offsets, no chunk
-crosses a sequence boundary. ``ssd`` is the same with a scalar gate: ``q = C``, ``k = B`` (read per
-group), ``v = dt·x`` and log gate ``dt·A``; the ``D`` skip connection is added after the launches.
+Forward: a kernel per (chunk, head) for the chunk-local cumulative log gates; a state kernel per
+(sequence·head, K block, V block) walking the sequence chunk by chunk with the float32 state in
+registers, writing the state entering every chunk and the final state; for per-channel gates a kernel
+per (chunk, head) for the intra-chunk weights ``A`` (``[R, H, chunk]`` float32); then an output kernel
+per (chunk, V block, head), ``o = scale ((q ⊙ e^G) S + A v)``. Packed sequences (``cu_seqlens``) need no
+layout: each program reads its offsets, no chunk crosses a sequence boundary. ``ssd`` is the same with a
+scalar gate (its ``A`` formed in the output kernel): ``q = C``, ``k = B`` (read per group), ``v = dt·x``
+and log gate ``dt·A``; the ``D`` skip connection is added after the launches.
 
-Backward (in ``backward_chunk`` chunks): the state kernel again, a reverse kernel per (sequence·head,
-K block, V block) for the cotangent of the state leaving every chunk and the initial state's, then a
-per-(chunk, head) kernel for ``dq``, ``dk``, ``dv``. The log gates' gradient is, per sequence, the
-suffix sum of ``q ⊙ dq - k ⊙ dk`` plus ``Σ_v S_T ⊙ dS_T`` (the final state's factor ``e^{G_T}``).
+Backward (in ``backward_chunk`` chunks): the gates and state kernels again, a reverse kernel per
+(sequence·head, K block, V block) for the cotangent of the state leaving every chunk and the initial
+state's, the intra-chunk weights again, then per (chunk, K block, head) the state terms of ``dq``,
+``dk`` and ``dA = scale do vᵀ``, per (chunk, K block, head) the intra-chunk terms of ``dq``, ``dk``, and
+per (chunk, V block, head) ``dv``. The log gates' gradient is, per sequence, the suffix sum of
+``q ⊙ dq - k ⊙ dk`` plus ``Σ_v S_T ⊙ dS_T`` (the final state's factor ``e^{G_T}``).
 ``ssd``'s backward is ``gla``'s (in float32) with each head's ``B`` / ``C`` and its scalar gate spread
 over the ``N`` channels, carried back to its inputs by JAX's VJP of that mapping.
 """
@@ -235,10 +239,11 @@ def _segment_suffix_sums(x: jax.Array, cu_seqlens: jax.Array | None) -> jax.Arra
 
 def gla_backward(residuals: tuple[Any, ...], d_out: Any, *, scale: float,
                  cfg: LinearAttentionConfig | None = None) -> tuple[Any, ...]:
-    """``gla``'s gradients from its operands, in ``backward_chunk`` chunks: the state kernel again (the state
-    entering every chunk), the reverse state-cotangent kernel, then the per-chunk kernel for ``dq``, ``dk``,
-    ``dv``; ``dg`` is the suffix sum of ``q ⊙ dq - k ⊙ dk`` over each sequence plus ``Σ_v S_T ⊙ dS_T``
-    (the final state's gate factor)."""
+    """``gla``'s gradients from its operands, in ``backward_chunk`` chunks: the gates and state kernels again
+    (the state entering every chunk), the reverse state-cotangent kernel, the intra-chunk weights again, then
+    the parallel kernels for ``dq``, ``dk`` (state terms with ``dA``, then intra-chunk terms) and ``dv``;
+    ``dg`` is the suffix sum of ``q ⊙ dq - k ⊙ dk`` over each sequence plus ``Σ_v S_T ⊙ dS_T`` (the final
+    state's gate factor)."""
     q, k, v, g, initial_state, cu_seqlens = residuals
     d_o, d_final = d_out
     base = cfg or heuristic_config()

@@ -151,13 +151,13 @@ def gla_intra_fwd(q_ptr, k_ptr, gc_ptr, cu_ptr, seq_ptr, a_ptr,
                 block = tl.dot(q_n, tl.trans(k_n), input_precision=PREC)
                 tl.store(a_ptr + a_rows + (j * BC + cs)[None, :], block, mask=t_ok[:, None])
         own = tl.zeros([BC, BC], tl.float32)
-        for j in range(0, BC):
+        for j in range(0, BC):  # a runtime loop: its names differ from the unrolled loop's above
             row_ok = k_ok & (first + j < eos)
-            kj = tl.load(k_ptr + ((first + j) * HQK + hqk) * K + ks, mask=row_ok, other=0.0).to(tl.float32)
-            gj = tl.load(gc_ptr + ((first + j) * H + h) * K + ks, mask=row_ok, other=0.0)
+            k_row = tl.load(k_ptr + ((first + j) * HQK + hqk) * K + ks, mask=row_ok, other=0.0).to(tl.float32)
+            g_row = tl.load(gc_ptr + ((first + j) * H + h) * K + ks, mask=row_ok, other=0.0)
             keep = ((cs >= j) & t_ok)[:, None] & k_ok[None, :]
-            w = tl.exp(tl.where(keep, g - gj[None, :], _NEG_INF))
-            col = tl.sum(q * kj[None, :] * w, 1)
+            w = tl.exp(tl.where(keep, g - g_row[None, :], _NEG_INF))
+            col = tl.sum(q * k_row[None, :] * w, 1)
             own += tl.where(cs[None, :] == j, col[:, None], 0.0)
         tl.store(a_ptr + a_rows + (i * BC + cs)[None, :], own, mask=t_ok[:, None])
         for j in tl.static_range(i + 1, BT // BC):

@@ -270,52 +270,72 @@ def compile_mla_paged_attention(q: Any, kv_pages: Any, page_indices: Any, *, v_h
 def compile_linear_recurrence(k: int, v: int, dtype: Any = jnp.bfloat16, *, scalar_gate: bool = False,
                               heads: int = 32, qk_heads: int | None = None, cfg: Any = None, varlen: bool = True,
                               arch: int = 90) -> dict[str, int]:
-    """Compile the ``gla`` (per-channel gates) or ``ssd`` (``scalar_gate``) forward kernel for a state
-    ``[k, v]`` and ``dtype`` inputs, for compute capability ``arch``.
+    """Compile the ``gla`` (per-channel gates) or ``ssd`` (``scalar_gate``) forward kernels (states,
+    ``gla``'s intra-chunk weights, output) for a state ``[k, v]`` and ``dtype`` inputs, for compute capability
+    ``arch``.
 
     Returns:
-        Its shared memory in bytes, warps and stages.
+        The largest shared memory of them in bytes, warps and stages.
 
     Raises:
         RuntimeError: in the interpreter mode (nothing is compiled there).
     """
     _compiled_mode()
     from ejk.plugin import next_pow2
-    from ejk_triton import _linear_kernels
+    from ejk_triton import _dots, _linear_kernels
     from ejk_triton._linear_attention import LinearAttentionConfig
 
     cfg = cfg if cfg is not None else LinearAttentionConfig()
     block_k = next_pow2(max(k, 16))
-    f32 = jnp.float32
-    values = f32 if scalar_gate else dtype  # ssd's values (dt·x) and outputs are float32
-    ptrs = [_ptr(dtype), _ptr(dtype), _ptr(values), _ptr(f32), _ptr(f32), _ptr(jnp.int32), _ptr(values), _ptr(f32),
-            _ptr(f32)]
-    consts = dict(T=4096, H=heads, HQK=qk_heads or heads, K=k, V=v, BT=cfg.chunk, BK=block_k,
-                  BKS=min(cfg.block_ks, block_k), BV=min(cfg.block_v, next_pow2(max(v, 16))), SCALE=k ** -0.5,
-                  SCALAR_GATE=scalar_gate, HAS_H0=True, VARLEN=varlen, STORE_STATES=True)
-    return _compile(_linear_kernels.linear_recurrence_fwd, ptrs, consts, cfg.num_warps, cfg.num_stages, arch)
+    x, f32, i32 = _ptr(dtype), _ptr(jnp.float32), _ptr(jnp.int32)
+    common = dict(T=4096, H=heads, HQK=qk_heads or heads, K=k, V=v, BT=cfg.chunk,
+                  BV=min(cfg.block_v, next_pow2(max(v, 16))), SCALAR_GATE=scalar_gate, VARLEN=varlen,
+                  PREC=_dots.dot_precision(dtype, "high"))
+    states = _compile(_linear_kernels.linear_states_fwd, [x, x, f32, f32, i32, x, f32],
+                      dict(common, BK=min(cfg.block_k, block_k), HAS_H0=True), cfg.num_warps, cfg.num_stages, arch)
+    output = _compile(_linear_kernels.linear_output_fwd, [x, x, x, f32, x, f32, i32, i32, f32 if scalar_gate else x],
+                      dict(common, BV=min(cfg.output_block_v, next_pow2(max(v, 16))), BK=block_k, SCALE=k ** -0.5),
+                      cfg.num_warps, cfg.num_stages, arch)
+    if not scalar_gate:
+        intra = _compile(_linear_kernels.gla_intra_fwd, [x, x, f32, i32, i32, f32],
+                         dict(T=4096, H=heads, HQK=qk_heads or heads, K=k, BT=cfg.chunk, BC=min(16, cfg.chunk),
+                              BK=block_k, VARLEN=varlen, PREC=common["PREC"]), cfg.num_warps, cfg.num_stages, arch)
+        output = dict(output, shared=max(output["shared"], intra["shared"]))
+    return dict(output, shared=max(states["shared"], output["shared"]))
 
 
 def compile_gla_backward(k: int, v: int, dtype: Any = jnp.bfloat16, *, heads: int = 32, cfg: Any = None,
                          varlen: bool = True, arch: int = 90) -> dict[str, int]:
-    """Compile ``gla``'s backward kernel for a state ``[k, v]`` and ``dtype`` inputs, for ``arch``.
+    """Compile ``gla``'s backward kernels (the reverse state cotangents, the state terms and ``dA``, the
+    intra-chunk terms, ``dv``) at the backward's chunk for a state ``[k, v]`` and ``dtype`` inputs, for ``arch``.
 
     Returns:
-        Its shared memory in bytes, warps and stages.
+        The largest shared memory of them in bytes, warps and stages.
     """
     _compiled_mode()
     from ejk.plugin import next_pow2
-    from ejk_triton import _linear_kernels
+    from ejk_triton import _dots, _linear_kernels
     from ejk_triton._linear_attention import LinearAttentionConfig
 
     cfg = cfg if cfg is not None else LinearAttentionConfig()
     block_k = next_pow2(max(k, 16))
-    f32 = jnp.float32
-    ptrs = [_ptr(dtype)] * 3 + [_ptr(f32), _ptr(dtype), _ptr(f32), _ptr(f32), _ptr(jnp.int32)] + [_ptr(f32)] * 4
-    consts = dict(T=4096, H=heads, K=k, V=v, BT=cfg.chunk, BK=block_k, BKS=min(cfg.block_ks, block_k),
-                  BV=next_pow2(max(v, 16)), SCALE=k ** -0.5, VARLEN=varlen)
-    return _compile(_linear_kernels.gla_bwd, ptrs, consts, cfg.num_warps, cfg.num_stages, arch)
-
+    state_k = min(cfg.block_k, block_k)
+    x, f32, i32 = _ptr(dtype), _ptr(jnp.float32), _ptr(jnp.int32)
+    common = dict(T=4096, H=heads, K=k, V=v, BT=cfg.backward_chunk, BV=min(cfg.block_v, next_pow2(max(v, 16))),
+                  SCALE=k ** -0.5, VARLEN=varlen, PREC=_dots.dot_precision(dtype, "high"))
+    intra = dict(T=4096, H=heads, K=k, BT=cfg.backward_chunk, BC=min(16, cfg.backward_chunk), VARLEN=varlen,
+                 PREC=common["PREC"])
+    built = [
+        _compile(_linear_kernels.linear_dstates_bwd, [x, f32, x, f32, i32, x, f32],
+                 dict(common, HQK=heads, BK=state_k), cfg.num_warps, cfg.num_stages, arch),
+        _compile(_linear_kernels.gla_inter_bwd, [x, x, x, f32, x, x, x, i32, i32, f32, f32, f32],
+                 dict(common, BK=state_k), cfg.num_warps, cfg.num_stages, arch),
+        _compile(_linear_kernels.gla_intra_bwd, [x, x, f32, f32, i32, i32, f32, f32, f32, f32],
+                 dict(intra, BK=state_k), cfg.num_warps, cfg.num_stages, arch),
+        _compile(_linear_kernels.gla_dv_bwd, [x, f32, x, x, f32, i32, i32, f32],
+                 dict(common, BK=block_k), cfg.num_warps, cfg.num_stages, arch),
+    ]
+    return dict(built[-1], shared=max(b["shared"] for b in built))
 
 
 def compile_rms_norm(rows: int, d: int, dtype: Any = jnp.bfloat16, *, residual: bool = False, cfg: Any = None,

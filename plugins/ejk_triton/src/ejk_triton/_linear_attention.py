@@ -1,20 +1,24 @@
-"""``gla`` and ``ssd`` as Triton kernels (``_linear_kernels``): one forward kernel for both, and
-``gla``'s backward kernel, which ``ssd``'s backward runs too. The residuals are the operands
-(``GLA_RESIDUALS`` / ``SSD_RESIDUALS``, as ejk-xla's, so either backward may follow either forward).
+"""``gla`` and ``ssd`` as Triton kernels (``_linear_kernels``), in phases so that only the state
+recurrence is sequential. The residuals are the operands (``GLA_RESIDUALS`` / ``SSD_RESIDUALS``, as
+ejk-xla's, so either backward may follow either forward).
 
-Forward: one program per (column block of the state, head, sequence) walks its sequence chunk by
-chunk with the state in registers: packed sequences (``cu_seqlens``) need no layout, each program
-reads its own offsets, and no chunk crosses a sequence boundary. ``ssd`` maps onto the same kernel
-with a scalar gate: ``q = C``, ``k = B`` (read per group), ``v = dt·x`` and log gate ``dt·A``; the
-``D`` skip connection is added after the launch.
+Forward: a kernel per (chunk, head) for the chunk-local cumulative log gates; a state kernel per
+(sequence·head, K block, V block) walking the sequence chunk by chunk with the float32 state in
+registers, writing the state entering every chunk and the final state; for per-channel gates a kernel
+per (chunk, head) for the intra-chunk weights ``A`` (``[R, H, chunk]`` float32); then an output kernel
+per (chunk, V block, head), ``o = scale ((q ⊙ e^G) S + A v)``. Packed sequences (``cu_seqlens``) need no
+layout: each program reads its offsets, no chunk crosses a sequence boundary. ``ssd`` is the same with a
+scalar gate (its ``A`` formed in the output kernel): ``q = C``, ``k = B`` (read per group), ``v = dt·x``
+and log gate ``dt·A``; the ``D`` skip connection is added after the launches.
 
-Backward: the forward runs again, keeping the state entering every chunk (float32,
-``[T / chunk + N + 1, H, K, V]``); then one program per (head, sequence) walks the chunks in reverse
-with the state's cotangent ``[K, V]`` in registers, writing ``dq``, ``dk``, ``dv`` and the initial
-state's cotangent. The log gates' gradient is, per sequence, the suffix sum of ``q ⊙ dq - k ⊙ dk``
-plus ``Σ_v S_T ⊙ dS_T`` (the final state's factor ``e^{G_T}``). ``ssd``'s backward is ``gla``'s with
-each head's ``B`` / ``C`` and its scalar gate spread over the ``N`` channels, carried back to its
-inputs by JAX's VJP of that mapping.
+Backward (in ``backward_chunk`` chunks): the gates and state kernels again, a reverse kernel per
+(sequence·head, K block, V block) for the cotangent of the state leaving every chunk and the initial
+state's, the intra-chunk weights again, then per (chunk, K block, head) the state terms of ``dq``,
+``dk`` and ``dA = scale do vᵀ``, per (chunk, K block, head) the intra-chunk terms of ``dq``, ``dk``, and
+per (chunk, V block, head) ``dv``. The log gates' gradient is, per sequence, the suffix sum of
+``q ⊙ dq - k ⊙ dk`` plus ``Σ_v S_T ⊙ dS_T`` (the final state's factor ``e^{G_T}``).
+``ssd``'s backward is ``gla``'s (in float32) with each head's ``B`` / ``C`` and its scalar gate spread
+over the ``N`` channels, carried back to its inputs by JAX's VJP of that mapping.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ import jax
 import jax.numpy as jnp
 
 from ejk.plugin import GLA_RESIDUALS, SSD_RESIDUALS, VJP, cdiv, cotangent_like, int_in, next_pow2, power_of_two
-from ejk_triton import _env
+from ejk_triton import _dots, _env
 from ejk_triton._device import compute_capability_reason
 from ejk_triton._launch import kernels, launch, sequential_vmap
 
@@ -36,36 +40,53 @@ __all__ = ["LinearAttentionConfig", "capability", "config_space", "gla", "gla_vj
 _DTYPES = ("bfloat16", "float16", "float32")
 #: The state ``[K, block_v]`` lives in registers: K (the state's row count) is bounded.
 _MAX_K = 256
-_MAX_GRID_Z = 65535
 
 
 @attrs.frozen(kw_only=True)
 class LinearAttentionConfig:
-    """Config of the Triton linear-recurrence kernel.
+    """Config of the Triton linear-recurrence kernels.
 
     Attributes:
-        chunk: Tokens per chunk (the intra-chunk products are ``[chunk, chunk]``).
-        block_v: State columns per program (more programs when smaller).
-        block_ks: Channels per slice of the exact per-channel weights ``[chunk, chunk, block_ks]``
-            (``gla`` only).
+        chunk: Tokens per chunk of the forward: the state kernel runs ``T / chunk`` sequential steps and
+            stores the state entering every chunk; the other kernels run every chunk at once.
+        block_k: State rows per program of the state kernels (forward and backward).
+        block_v: State columns per program of the state kernels (more programs when smaller).
+        output_block_v: Value columns per program of the forward's output kernel.
         num_warps: Warps per program.
         num_stages: Software-pipelining stages.
+        backward_chunk: Tokens per chunk of the backward (its own states and state cotangents).
     """
 
-    chunk: int = attrs.field(default=16, validator=[power_of_two(16), int_in(16, 64)])
-    block_v: int = attrs.field(default=32, validator=[power_of_two(16), int_in(16, 128)])
-    block_ks: int = attrs.field(default=16, validator=[power_of_two(8), int_in(8, 128)])
+    chunk: int = attrs.field(default=64, validator=[power_of_two(16), int_in(16, 64)])
+    block_k: int = attrs.field(default=64, validator=[power_of_two(16), int_in(16, 256)])
+    block_v: int = attrs.field(default=64, validator=[power_of_two(16), int_in(16, 128)])
+    output_block_v: int = attrs.field(default=128, validator=[power_of_two(16), int_in(16, 256)])
     num_warps: int = attrs.field(default=4, validator=[power_of_two(), int_in(1, 16)])
-    num_stages: int = attrs.field(default=1, validator=int_in(1, 4))
+    num_stages: int = attrs.field(default=2, validator=int_in(1, 4))
+    backward_chunk: int = attrs.field(default=32, validator=[power_of_two(16), int_in(16, 64)])
+
+
+#: The interpreter (CPU): two 16-token sub-blocks per forward chunk, one per backward chunk, small blocks.
+_INTERPRETER = LinearAttentionConfig(chunk=32, block_k=16, block_v=16, output_block_v=16, num_stages=1,
+                                     backward_chunk=16)
 
 
 def config_space(**call: Any) -> list[LinearAttentionConfig]:
-    return [LinearAttentionConfig(chunk=c, block_v=bv, num_warps=w)
-            for c in (16, 32) for bv in (32, 64) for w in (4, 8)]
+    """Autotuning candidates: forward chunks of 64 and 32, backward chunks of 32 and 64, state column blocks
+    of 64 and 32 (128-column output blocks), 4 or 8 warps; the heuristic's first."""
+    if _env.interpreting_on_cpu():
+        return [_INTERPRETER]
+    first = heuristic_config()
+    space = [LinearAttentionConfig(chunk=c, block_v=bv, num_warps=w, backward_chunk=bc)
+             for c in (64, 32) for bc in (32, 64) for bv in (64, 32) for w in (4, 8)]
+    return [first, *(c for c in space if c != first)]
 
 
 def heuristic_config(**call: Any) -> LinearAttentionConfig:
-    return LinearAttentionConfig()
+    """What measured fastest on an H100 at 32k tokens, 32 heads, K = V = 128 (bfloat16): forward chunks of
+    64 tokens, backward chunks of 32, ``[64, 64]`` state blocks, 128-column output blocks, 4 warps (the
+    interpreter: see ``_INTERPRETER``)."""
+    return _INTERPRETER if _env.interpreting_on_cpu() else LinearAttentionConfig()
 
 
 def _device_reason() -> str | None:
@@ -77,14 +98,12 @@ def _device_reason() -> str | None:
     return compute_capability_reason()
 
 
-def _common_reason(arrays: tuple[Any, ...], k_dim: int, states: int) -> str | None:
+def _common_reason(arrays: tuple[Any, ...], k_dim: int) -> str | None:
     found = sorted({jnp.dtype(x.dtype).name for x in arrays if x is not None} - set(_DTYPES))
     if found:
         return f"{', '.join(found)} not supported (bfloat16, float16 and float32 only)"
     if k_dim > _MAX_K:
         return f"a state of {k_dim} rows not supported (at most {_MAX_K}: the state is held in registers)"
-    if states > _MAX_GRID_Z:
-        return f"{states} sequences exceed the grid limit {_MAX_GRID_Z}"
     return _device_reason()
 
 
@@ -98,50 +117,82 @@ def capability(q: Any, k: Any, v: Any, g: Any, initial_state: Any = None, cu_seq
     an NVIDIA GPU (compute capability 8.0+) unless interpreted."""
     if int(v.shape[3]) > _MAX_K:
         return f"V = {int(v.shape[3])} not supported (at most {_MAX_K}: the backward holds a [K, V] state cotangent)"
-    return _common_reason((q, k, v, g, initial_state), int(q.shape[3]), _states(int(q.shape[0]), cu_seqlens))
+    return _common_reason((q, k, v, g, initial_state), int(q.shape[3]))
 
 
 def ssd_capability(x: Any, dt: Any, A: Any, B: Any, C: Any, D: Any = None, dt_bias: Any = None,  # noqa: N803
                    initial_state: Any = None, cu_seqlens: Any = None, **_: Any) -> str | None:
     """Why the Triton ``ssd`` cannot run a call, or ``None``: as :func:`capability`, N up to 256."""
-    return _common_reason((x, dt, A, B, C, D, dt_bias, initial_state), int(B.shape[3]),
-                          _states(int(x.shape[0]), cu_seqlens))
+    return _common_reason((x, dt, A, B, C, D, dt_bias, initial_state), int(B.shape[3]))
 
 
 def _recurrence(q: jax.Array, k: jax.Array, v: jax.Array, g: jax.Array, initial_state: jax.Array | None,
                 cu_seqlens: jax.Array | None, *, scale: float, scalar_gate: bool, out_dtype: Any,
-                cfg: LinearAttentionConfig, store_states: bool = False) -> tuple[jax.Array, ...]:
-    """The kernel on ``q, k [B, T, HQK, K]``, ``v [B, T, H, V]``, ``g [B, T, H(, K)]``: ``(o, final states)``
-    and, with ``store_states``, the states entering every chunk."""
+                cfg: LinearAttentionConfig, with_output: bool = True) -> tuple[jax.Array, ...]:
+    """The forward kernels on ``q, k [B, T, HQK, K]``, ``v [B, T, H, V]``, ``g [B, T, H(, K)]``:
+    ``(o, final states, chunk-local cumulative gates [B·T, H(, K)], states entering every chunk)``, the
+    latter at the slots :func:`_chunk_slots` counts, in the inputs' dtype; without ``with_output`` (the
+    state kernel only) the same less ``o``."""
     b, t, hqk, dk = q.shape
     h, dv = v.shape[2], v.shape[3]
     n = _states(b, cu_seqlens)
+    f32 = jnp.float32
+    slots = _chunk_slots(b * t, n, cfg.chunk)
+    state_dtype = q.dtype
     if t == 0:
-        init = jnp.zeros((n, h, dk, dv), jnp.float32) if initial_state is None else initial_state.astype(jnp.float32)
-        return (jnp.zeros((b, 0, h, dv), out_dtype), init,
-                *([jnp.zeros((_chunk_slots(0, n, cfg.chunk), h, dk, dv), jnp.float32)] if store_states else []))
+        init = jnp.zeros((n, h, dk, dv), f32) if initial_state is None else initial_state.astype(f32)
+        empty = (init, jnp.zeros((0, h, *g.shape[3:]), f32), jnp.zeros((slots, h, dk, dv), state_dtype))
+        return (jnp.zeros((b, 0, h, dv), out_dtype), *empty) if with_output else empty
     block_k = next_pow2(max(dk, 16))
     block_v = min(cfg.block_v, next_pow2(max(dv, 16)))
+    state_k = min(cfg.block_k, block_k)
     rows = b * t
-    dummy = jnp.zeros((1,), jnp.float32)
-    inputs = [q.reshape(rows, hqk, dk), k.reshape(rows, hqk, dk), v.reshape(rows, h, dv),
-              g.reshape(rows, *g.shape[2:]),
-              dummy if initial_state is None else initial_state.astype(jnp.float32),
-              jnp.zeros((1,), jnp.int32) if cu_seqlens is None else cu_seqlens.astype(jnp.int32)]
-    out_shapes = [jax.ShapeDtypeStruct((rows, h, dv), out_dtype), jax.ShapeDtypeStruct((n, h, dk, dv), jnp.float32)]
-    # The state entering every chunk, at the slots _chunk_slots counts (a placeholder unless stored).
-    slots = (_chunk_slots(rows, n, cfg.chunk), h, dk, dv) if store_states else (1,)
-    out_shapes.append(jax.ShapeDtypeStruct(slots, jnp.float32))
+    v = v.astype(q.dtype)  # the products run in the inputs' dtype
+    cu = (jnp.zeros((1,), jnp.int32) if cu_seqlens is None else cu_seqlens.astype(jnp.int32))
+    sequences = _slot_sequences(b, t, cu_seqlens, cfg.chunk)
+    common: dict[str, Any] = dict(T=t, H=h, HQK=hqk, K=dk, V=dv, BT=cfg.chunk, BV=block_v, SCALAR_GATE=scalar_gate,
+                  VARLEN=cu_seqlens is not None, PREC=_dots.dot_precision(q.dtype, "high"))
+    gates = g.reshape(rows, *g.shape[2:])
 
-    def run(*arrays: jax.Array) -> tuple[jax.Array, ...]:
-        return launch(kernels("_linear_kernels").linear_recurrence_fwd, grid=(cdiv(dv, block_v), h, n),
-                      inputs=arrays, out_shapes=out_shapes, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-                      T=t, H=h, HQK=hqk, K=dk, V=dv, BT=cfg.chunk, BK=block_k, BKS=min(cfg.block_ks, block_k),
-                      BV=block_v, SCALE=float(scale), SCALAR_GATE=scalar_gate, HAS_H0=initial_state is not None,
-                      VARLEN=cu_seqlens is not None, STORE_STATES=store_states)
+    def run(q: jax.Array, k: jax.Array, v: jax.Array, g: jax.Array, h0: jax.Array, cu: jax.Array,
+            seq: jax.Array) -> tuple[jax.Array, ...]:
+        module = kernels("_linear_kernels")
+        (gc,) = launch(module.linear_cumsum, grid=(slots, h), inputs=(g, cu, seq),
+                       out_shapes=(jax.ShapeDtypeStruct(g.shape, f32),), num_warps=cfg.num_warps, num_stages=1,
+                       T=t, H=h, K=dk, BT=cfg.chunk, BK=block_k, SCALAR_GATE=scalar_gate,
+                       VARLEN=cu_seqlens is not None)
+        hs, final = launch(
+            module.linear_states_fwd, grid=(n * h, cdiv(dk, state_k), cdiv(dv, block_v)),
+            inputs=(k, v, gc, h0, cu),
+            out_shapes=(jax.ShapeDtypeStruct((slots, h, dk, dv), state_dtype),
+                        jax.ShapeDtypeStruct((n, h, dk, dv), f32)),
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages, BK=state_k, HAS_H0=initial_state is not None,
+            **common)
+        if not with_output:
+            return final, gc, hs
+        if scalar_gate:
+            weights = jnp.zeros((1,), f32)  # the output kernel forms them
+        else:
+            (weights,) = launch(module.gla_intra_fwd, grid=(slots, h), inputs=(q, k, gc, cu, seq),
+                                out_shapes=(jax.ShapeDtypeStruct((rows, h, cfg.chunk), f32),),
+                                num_warps=cfg.num_warps, num_stages=cfg.num_stages, T=t, H=h, HQK=hqk, K=dk,
+                                BT=cfg.chunk, BC=min(16, cfg.chunk), BK=block_k, VARLEN=cu_seqlens is not None,
+                                PREC=common["PREC"])
+        out_v = min(cfg.output_block_v, next_pow2(max(dv, 16)))
+        (o,) = launch(module.linear_output_fwd, grid=(slots, cdiv(dv, out_v), h),
+                      inputs=(q, k, v, gc, hs, weights, cu, seq),
+                      out_shapes=(jax.ShapeDtypeStruct((rows, h, dv), out_dtype),),
+                      num_warps=cfg.num_warps, num_stages=cfg.num_stages, BK=block_k, SCALE=float(scale),
+                      **dict(common, BV=out_v))
+        return o, final, gc, hs
 
-    o, final, states = sequential_vmap(run)(*inputs)
-    return (o.reshape(b, t, h, dv), final, *([states] if store_states else []))
+    h0 = jnp.zeros((1,), f32) if initial_state is None else initial_state.astype(f32)
+    outs = sequential_vmap(run)(q.reshape(rows, hqk, dk), k.reshape(rows, hqk, dk), v.reshape(rows, h, dv), gates,
+                                h0, cu, sequences)
+    if not with_output:
+        return outs
+    o, *rest = outs
+    return o.reshape(b, t, h, dv), *rest
 
 
 def _chunk_slots(rows: int, sequences: int, chunk: int) -> int:
@@ -150,12 +201,22 @@ def _chunk_slots(rows: int, sequences: int, chunk: int) -> int:
     return rows // chunk + sequences + 1
 
 
+def _slot_sequences(batch: int, length: int, cu_seqlens: jax.Array | None, chunk: int) -> jax.Array:
+    """``[slots]`` int32: the sequence each chunk slot belongs to (a slot no chunk uses gets a sequence whose
+    chunks it lies past, so its program stores nothing)."""
+    n = _states(batch, cu_seqlens)
+    cu = (jnp.arange(n + 1, dtype=jnp.int32) * length if cu_seqlens is None else cu_seqlens.astype(jnp.int32))
+    first = cu[:-1] // chunk + jnp.arange(n, dtype=jnp.int32)  # strictly increasing
+    slot = jnp.arange(_chunk_slots(batch * length, n, chunk), dtype=jnp.int32)
+    return jnp.clip(jnp.searchsorted(first, slot, side="right") - 1, 0, max(n - 1, 0)).astype(jnp.int32)
+
+
 def gla(q: jax.Array, k: jax.Array, v: jax.Array, g: jax.Array, initial_state: jax.Array | None = None,
         cu_seqlens: jax.Array | None = None, *, scale: float,
         cfg: LinearAttentionConfig | None = None) -> tuple[jax.Array, jax.Array]:
     """``ejk.gla``'s forward: ``(o, final_state)``."""
-    o, final = _recurrence(q, k, v, g, initial_state, cu_seqlens, scale=scale, scalar_gate=False,
-                           out_dtype=q.dtype, cfg=cfg or LinearAttentionConfig())
+    o, final, *_ = _recurrence(q, k, v, g, initial_state, cu_seqlens, scale=scale, scalar_gate=False,
+                              out_dtype=q.dtype, cfg=cfg or heuristic_config())
     return o, final
 
 
@@ -178,39 +239,71 @@ def _segment_suffix_sums(x: jax.Array, cu_seqlens: jax.Array | None) -> jax.Arra
 
 def gla_backward(residuals: tuple[Any, ...], d_out: Any, *, scale: float,
                  cfg: LinearAttentionConfig | None = None) -> tuple[Any, ...]:
-    """``gla``'s gradients from its operands: the forward again (keeping the state entering every chunk),
-    then the reverse kernel; ``dg`` is the suffix sum of ``q ⊙ dq - k ⊙ dk`` over each sequence plus
-    ``Σ_v S_T ⊙ dS_T`` (the final state's gate factor)."""
+    """``gla``'s gradients from its operands, in ``backward_chunk`` chunks: the gates and state kernels again
+    (the state entering every chunk), the reverse state-cotangent kernel, the intra-chunk weights again, then
+    the parallel kernels for ``dq``, ``dk`` (state terms with ``dA``, then intra-chunk terms) and ``dv``;
+    ``dg`` is the suffix sum of ``q ⊙ dq - k ⊙ dk`` over each sequence plus ``Σ_v S_T ⊙ dS_T`` (the final
+    state's gate factor)."""
     q, k, v, g, initial_state, cu_seqlens = residuals
     d_o, d_final = d_out
-    cfg = cfg or LinearAttentionConfig()
+    base = cfg or heuristic_config()
+    cfg = attrs.evolve(base, chunk=base.backward_chunk)
     b, t, h, dk = q.shape
     dv = v.shape[3]
     n = _states(b, cu_seqlens)
     f32 = jnp.float32
     d_final = jnp.zeros((n, h, dk, dv), f32) if d_final is None else d_final.astype(f32)
-    if d_o is None:
-        d_o = jnp.zeros(v.shape, v.dtype)
-    _, final, states = _recurrence(q, k, v, g, initial_state, cu_seqlens, scale=scale, scalar_gate=False,
-                                   out_dtype=q.dtype, cfg=cfg, store_states=True)
+    final, gc, states = _recurrence(q, k, v, g, initial_state, cu_seqlens, scale=scale, scalar_gate=False,
+                                       out_dtype=q.dtype, cfg=cfg, with_output=False)
     rows = b * t
     if t == 0:
         dq, dk_, dv_ = (jnp.zeros(x.shape, f32) for x in (q, k, v))
         d_initial = d_final
     else:
+        d_o = jnp.zeros(v.shape, q.dtype) if d_o is None else d_o.astype(q.dtype)
         block_k = next_pow2(max(dk, 16))
-        flat = [x.reshape(rows, h, x.shape[3]) for x in (q, k, v, g, d_o)]
+        block_v = min(cfg.block_v, next_pow2(max(dv, 16)))
+        state_k = min(cfg.block_k, block_k)
+        slots = _chunk_slots(rows, n, cfg.chunk)
         cu = jnp.zeros((1,), jnp.int32) if cu_seqlens is None else cu_seqlens.astype(jnp.int32)
+        common: dict[str, Any] = dict(
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages, T=t, H=h, K=dk, V=dv, BT=cfg.chunk,
+            SCALE=float(scale), VARLEN=cu_seqlens is not None, PREC=_dots.dot_precision(q.dtype, "high"))
+        intra: dict[str, Any] = dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages, T=t, H=h, K=dk, BT=cfg.chunk,
+                                     VARLEN=cu_seqlens is not None, PREC=common["PREC"])
 
-        def run(*arrays: jax.Array) -> tuple[jax.Array, ...]:
-            shapes = [jax.ShapeDtypeStruct((rows, h, dk), f32), jax.ShapeDtypeStruct((rows, h, dk), f32),
-                      jax.ShapeDtypeStruct((rows, h, dv), f32), jax.ShapeDtypeStruct((n, h, dk, dv), f32)]
-            return launch(kernels("_linear_kernels").gla_bwd, grid=(1, h, n), inputs=arrays, out_shapes=shapes,
-                          num_warps=cfg.num_warps, num_stages=cfg.num_stages, T=t, H=h, K=dk, V=dv, BT=cfg.chunk,
-                          BK=block_k, BKS=min(cfg.block_ks, block_k), BV=next_pow2(max(dv, 16)),
-                          SCALE=float(scale), VARLEN=cu_seqlens is not None)
+        def run(q: jax.Array, k: jax.Array, v: jax.Array, g: jax.Array, d_o: jax.Array, d_final: jax.Array,
+                cu: jax.Array, gc: jax.Array, states: jax.Array, seq: jax.Array) -> tuple[jax.Array, ...]:
+            module = kernels("_linear_kernels")
+            d_states, d_initial = launch(
+                module.linear_dstates_bwd, grid=(n * h, cdiv(dk, state_k), cdiv(dv, block_v)),
+                inputs=(q, gc, d_o, d_final, cu),
+                out_shapes=(jax.ShapeDtypeStruct(states.shape, states.dtype),
+                            jax.ShapeDtypeStruct((n, h, dk, dv), f32)),
+                HQK=h, BK=state_k, BV=block_v, **common)
+            (weights,) = launch(module.gla_intra_fwd, grid=(slots, h), inputs=(q, k, gc, cu, seq),
+                                out_shapes=(jax.ShapeDtypeStruct((rows, h, cfg.chunk), f32),),
+                                HQK=h, BC=min(16, cfg.chunk), BK=block_k, **intra)
+            d_q, d_k, d_a = launch(
+                module.gla_inter_bwd, grid=(slots, cdiv(dk, state_k), h),
+                inputs=(q, k, v, gc, d_o, states, d_states, cu, seq),
+                out_shapes=(jax.ShapeDtypeStruct((rows, h, dk), f32), jax.ShapeDtypeStruct((rows, h, dk), f32),
+                            jax.ShapeDtypeStruct((rows, h, cfg.chunk), f32)),
+                BK=state_k, BV=block_v, **common)
+            d_q, d_k = launch(module.gla_intra_bwd, grid=(slots, cdiv(dk, state_k), h),
+                              inputs=(q, k, gc, d_a, cu, seq, d_q, d_k),
+                              out_shapes=(jax.ShapeDtypeStruct((rows, h, dk), f32),
+                                          jax.ShapeDtypeStruct((rows, h, dk), f32)),
+                              BC=min(16, cfg.chunk), BK=state_k, **intra)
+            (d_v,) = launch(module.gla_dv_bwd, grid=(slots, cdiv(dv, block_v), h),
+                            inputs=(k, gc, d_o, d_states, weights, cu, seq),
+                            out_shapes=(jax.ShapeDtypeStruct((rows, h, dv), f32),),
+                            BK=block_k, BV=block_v, **common)
+            return d_q, d_k, d_v, d_initial
 
-        dq, dk_, dv_, d_initial = sequential_vmap(run)(*flat, d_final, states, cu)
+        flat = [x.reshape(rows, h, x.shape[3]) for x in (q, k, v.astype(q.dtype), g, d_o)]
+        dq, dk_, dv_, d_initial = sequential_vmap(run)(*flat, d_final, cu, gc, states,
+                                                       _slot_sequences(b, t, cu_seqlens, cfg.chunk))
         dq, dk_, dv_ = (x.reshape(b, t, h, x.shape[2]) for x in (dq, dk_, dv_))
     gate_terms = q.astype(f32) * dq - k.astype(f32) * dk_
     d_gates = _segment_suffix_sums(gate_terms, cu_seqlens)
@@ -233,8 +326,9 @@ def ssd(x: jax.Array, dt: jax.Array, A: jax.Array, B: jax.Array, C: jax.Array,  
     step = dt.astype(f32) + (0.0 if dt_bias is None else dt_bias.astype(f32))
     step = jax.nn.softplus(step) if dt_softplus else step
     init = None if initial_state is None else jnp.swapaxes(initial_state.astype(f32), -1, -2)  # [N, H, Ns, P]
-    y, final = _recurrence(C, B, x.astype(f32) * step[..., None], step * A.astype(f32), init, cu_seqlens,
-                           scale=1.0, scalar_gate=True, out_dtype=f32, cfg=cfg or LinearAttentionConfig())
+    values = (x.astype(f32) * step[..., None]).astype(C.dtype)
+    y, final, *_ = _recurrence(C, B, values, step * A.astype(f32), init, cu_seqlens, scale=1.0, scalar_gate=True,
+                              out_dtype=f32, cfg=cfg or heuristic_config())
     if D is not None:
         y = y + D.astype(f32)[:, None] * x.astype(f32)
     return y.astype(x.dtype), jnp.swapaxes(final, -1, -2)
@@ -257,7 +351,8 @@ def ssd_backward(residuals: tuple[Any, ...], d_out: Any, *, dt_softplus: bool,
         step = dt.astype(f32) + (0.0 if bias is None else bias.astype(f32))
         step = jax.nn.softplus(step) if dt_softplus else step
         gates = jnp.broadcast_to((step * a.astype(f32))[..., None], (*step.shape, n))
-        return c[:, :, heads], b[:, :, heads], x.astype(f32) * step[..., None], gates
+        # float32 throughout: dA and ddt sum the gates' gradient, a difference of sums, over every token
+        return c[:, :, heads].astype(f32), b[:, :, heads].astype(f32), x.astype(f32) * step[..., None], gates
 
     (q, k, v, g), to_inputs = jax.vjp(as_gla, x, dt, A, B, C, dt_bias)
     init = None if initial_state is None else jnp.swapaxes(initial_state.astype(f32), -1, -2)

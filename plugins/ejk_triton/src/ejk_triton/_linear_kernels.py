@@ -1,23 +1,21 @@
 # mypy: disable-error-code="no-untyped-def,no-any-return,misc,untyped-decorator"
-"""``@triton.jit`` forward kernel of the chunked linear recurrences (``gla``, ``ssd``).
+"""``@triton.jit`` kernels of the chunked linear recurrences (``gla``, ``ssd``), in fla's phases: only the
+state recurrence runs chunk after chunk, the rest is parallel over chunks.
 
-Imported only when the kernel is launched (this module imports triton; see ``_env.import_triton``).
+Imported only when a kernel is launched (this module imports triton; see ``_env.import_triton``).
 
 Layouts (contiguous): q, k ``[R, HQK, K]`` (``R`` = batch x tokens; head ``h`` reads q/k head
-``h // (H // HQK)``), v ``[R, H, V]``, log gates g ``[R, H, K]`` (per channel) or ``[R, H]``
-(``SCALAR_GATE``), initial states ``[N, H, K, V]`` float32, offsets ``[N+1]`` int32 (``VARLEN``).
-Outputs: o ``[R, H, V]`` and the final states ``[N, H, K, V]`` float32.
-
-One program runs one sequence (a batch row, or a packed sequence) of one head over ``BV`` columns
-of the state, chunk after chunk of ``BT`` tokens, the state ``[K, BV]`` in float32 registers; a
-chunk never crosses its sequence's end. Per chunk, with ``G`` the running sum of the log gates
-inside it (``<= 0``)::
+``h // (H // HQK)``), v ``[R, H, V]`` (q's dtype), log gates g ``[R, H, K]`` (per channel) or ``[R, H]``
+(``SCALAR_GATE``), initial / final states ``[N, H, K, V]`` float32, offsets ``[N+1]`` int32 (``VARLEN``;
+else sequence ``n`` is rows ``n·T`` to ``(n+1)·T``). Chunks of ``BT`` tokens start at their sequence's
+start and never cross its end; sequence ``n`` starting at row ``bos`` keeps its chunks' states at slots
+``bos // BT + n`` on (``[slots, H, K, V]``), and ``seq [slots]`` names each slot's sequence. Offsets are
+int64. With ``G`` the running sum of the log gates inside a chunk::
 
     o     = scale · ((q ⊙ e^G) S + (Σ_k q_ik k_jk e^{G_ik - G_jk})_{j<=i} v)
     S    ← e^{G_last} ⊙ S + (k ⊙ e^{G_last - G})ᵀ v
 
-The intra-chunk weights are formed exactly (every exponent ``<= 0``): ``[BT, BT]`` for a scalar
-gate, ``[BT, BT, BKS]`` per slice of ``BKS`` channels for per-channel gates.
+Products run in the inputs' dtype (16-bit operands, float32 accumulation; ``PREC`` for float32).
 """
 
 from __future__ import annotations
@@ -29,153 +27,395 @@ _NEG_INF: tl.constexpr = tl.constexpr(float("-inf"))
 
 
 @triton.jit
-def linear_recurrence_fwd(q_ptr, k_ptr, v_ptr, g_ptr, h0_ptr, cu_ptr, o_ptr, ht_ptr, hs_ptr,
-                          T: tl.constexpr, H: tl.constexpr, HQK: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-                          BT: tl.constexpr, BK: tl.constexpr, BKS: tl.constexpr, BV: tl.constexpr,
-                          SCALE: tl.constexpr, SCALAR_GATE: tl.constexpr, HAS_H0: tl.constexpr,
-                          VARLEN: tl.constexpr, STORE_STATES: tl.constexpr):
-    iv = tl.program_id(0)
-    h = tl.program_id(1)
-    n = tl.program_id(2)
-    hqk = h // (H // HQK)
+def _bounds(cu_ptr, n, T: tl.constexpr, VARLEN: tl.constexpr):
+    """Sequence ``n``'s first and end rows (int64)."""
     if VARLEN:
-        bos = tl.load(cu_ptr + n).to(tl.int32)
-        eos = tl.load(cu_ptr + n + 1).to(tl.int32)
+        bos = tl.load(cu_ptr + n).to(tl.int64)
+        eos = tl.load(cu_ptr + n + 1).to(tl.int64)
     else:
         bos = n * T
         eos = bos + T
+    return bos, eos
+
+
+@triton.jit
+def linear_cumsum(g_ptr, cu_ptr, seq_ptr, gc_ptr,
+                  T: tl.constexpr, H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+                  SCALAR_GATE: tl.constexpr, VARLEN: tl.constexpr):
+    """Phase (a), per (chunk slot, head): the chunk-local cumulative log gates (float32)."""
+    slot = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1).to(tl.int64)
+    n = tl.load(seq_ptr + slot).to(tl.int64)
+    bos, eos = _bounds(cu_ptr, n, T, VARLEN)
+    start = bos + (slot - bos // BT - n) * BT  # at or past eos for a slot no chunk uses: nothing is stored
+    rows = start + tl.arange(0, BT)
+    t_ok = rows < eos
+    if SCALAR_GATE:
+        gate = tl.load(g_ptr + rows * H + h, mask=t_ok, other=0.0).to(tl.float32)
+        tl.store(gc_ptr + rows * H + h, tl.cumsum(gate, 0), mask=t_ok)
+    else:
+        ks = tl.arange(0, BK)
+        mask = t_ok[:, None] & (ks < K)[None, :]
+        off = (rows[:, None] * H + h) * K + ks[None, :]
+        gate = tl.load(g_ptr + off, mask=mask, other=0.0).to(tl.float32)
+        tl.store(gc_ptr + off, tl.cumsum(gate, 0), mask=mask)
+
+
+@triton.jit
+def linear_states_fwd(k_ptr, v_ptr, gc_ptr, h0_ptr, cu_ptr, hs_ptr, ht_ptr,
+                      T: tl.constexpr, H: tl.constexpr, HQK: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                      BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, SCALAR_GATE: tl.constexpr,
+                      HAS_H0: tl.constexpr, VARLEN: tl.constexpr, PREC: tl.constexpr):
+    """Phase (b), per (sequence·head, K block, V block): the state entering every chunk of the sequence
+    (from the chunk-local cumulative gates :func:`linear_cumsum` wrote), then its final state."""
+    nh = tl.program_id(0).to(tl.int64)
+    ik = tl.program_id(1)
+    iv = tl.program_id(2)
+    n = nh // H
+    h = nh % H
+    hqk = h // (H // HQK)
+    bos, eos = _bounds(cu_ptr, n, T, VARLEN)
+    dt = k_ptr.dtype.element_ty
+    ks = ik * BK + tl.arange(0, BK)
+    vs = iv * BV + tl.arange(0, BV)
+    k_ok = ks < K
+    v_ok = vs < V
+    tile = ks[:, None] * V + vs[None, :]
+    tile_mask = k_ok[:, None] & v_ok[None, :]
+    if HAS_H0:
+        state = tl.load(h0_ptr + nh * K * V + tile, mask=tile_mask, other=0.0).to(tl.float32)
+    else:
+        state = tl.zeros([BK, BV], tl.float32)
+    ts = tl.arange(0, BT)
+    slot = bos // BT + n  # this sequence's first chunk slot (see _chunk_slots)
+    for start in range(bos, eos, BT):
+        tl.store(hs_ptr + (slot * H + h) * K * V + tile, state.to(hs_ptr.dtype.element_ty), mask=tile_mask)
+        slot += 1
+        rows = start + ts
+        t_ok = rows < eos
+        end = tl.minimum(start + BT, eos) - 1
+        qk_mask = t_ok[:, None] & k_ok[None, :]
+        k = tl.load(k_ptr + (rows[:, None] * HQK + hqk) * K + ks[None, :], mask=qk_mask, other=0.0)
+        v = tl.load(v_ptr + (rows[:, None] * H + h) * V + vs[None, :], mask=t_ok[:, None] & v_ok[None, :],
+                    other=0.0)
+        if SCALAR_GATE:
+            cum = tl.load(gc_ptr + rows * H + h, mask=t_ok, other=0.0)
+            last = tl.load(gc_ptr + end * H + h)
+            k_out = k.to(tl.float32) * tl.exp(tl.where(t_ok, last - cum, 0.0))[:, None]
+            state = state * tl.exp(last)
+        else:
+            cum = tl.load(gc_ptr + (rows[:, None] * H + h) * K + ks[None, :], mask=qk_mask, other=0.0)
+            last = tl.load(gc_ptr + (end * H + h) * K + ks, mask=k_ok, other=0.0)
+            k_out = k.to(tl.float32) * tl.exp(tl.where(qk_mask, last[None, :] - cum, 0.0))
+            state = state * tl.exp(last)[:, None]
+        state += tl.dot(tl.trans(k_out.to(dt)), v.to(dt), input_precision=PREC)
+    tl.store(ht_ptr + nh * K * V + tile, state, mask=tile_mask)
+
+
+@triton.jit
+def gla_intra_fwd(q_ptr, k_ptr, gc_ptr, cu_ptr, seq_ptr, a_ptr,
+                  T: tl.constexpr, H: tl.constexpr, HQK: tl.constexpr, K: tl.constexpr, BT: tl.constexpr,
+                  BC: tl.constexpr, BK: tl.constexpr, VARLEN: tl.constexpr, PREC: tl.constexpr):
+    """Per (chunk slot, head), per-channel gates: the chunk's intra-chunk weights
+    ``A_ij = Σ_k q_ik k_jk e^{G_ik - G_jk}`` (``j <= i``, zero above) into ``a [R, H, BT]`` (float32; row ``i``
+    of a chunk at token ``i``, column ``j`` at the chunk's ``j``-th token). By sub-blocks of ``BC`` rows: an
+    earlier sub-block through one product whose exponents are split at the row sub-block's first token
+    (both factors ``<= 0``), the diagonal sub-block exactly, one key row at a time."""
+    slot = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1).to(tl.int64)
+    n = tl.load(seq_ptr + slot).to(tl.int64)
+    hqk = h // (H // HQK)
+    bos, eos = _bounds(cu_ptr, n, T, VARLEN)
+    start = bos + (slot - bos // BT - n) * BT  # at or past eos for a slot no chunk uses: nothing is stored
+    dt = q_ptr.dtype.element_ty
+    ks = tl.arange(0, BK)
+    k_ok = ks < K
+    cs = tl.arange(0, BC)
+    for i in tl.static_range(0, BT // BC):
+        first = start + i * BC
+        rows = first + cs
+        t_ok = rows < eos
+        mask = t_ok[:, None] & k_ok[None, :]
+        q = tl.load(q_ptr + (rows[:, None] * HQK + hqk) * K + ks[None, :], mask=mask, other=0.0).to(tl.float32)
+        g = tl.load(gc_ptr + (rows[:, None] * H + h) * K + ks[None, :], mask=mask, other=0.0)
+        a_rows = (rows[:, None] * H + h) * BT
+        if i > 0:
+            ref = tl.load(gc_ptr + (first * H + h) * K + ks, mask=k_ok & (first < eos), other=0.0)
+            q_n = (q * tl.exp(tl.where(mask, g - ref[None, :], 0.0))).to(dt)
+            for j in tl.static_range(0, i):
+                cols = start + j * BC + cs  # before ``first``, so inside the sequence when ``first`` is
+                c_mask = (cols < eos)[:, None] & k_ok[None, :]
+                kj = tl.load(k_ptr + (cols[:, None] * HQK + hqk) * K + ks[None, :], mask=c_mask, other=0.0)
+                gj = tl.load(gc_ptr + (cols[:, None] * H + h) * K + ks[None, :], mask=c_mask, other=0.0)
+                k_n = (kj.to(tl.float32) * tl.exp(tl.where(c_mask, ref[None, :] - gj, 0.0))).to(dt)
+                block = tl.dot(q_n, tl.trans(k_n), input_precision=PREC)
+                tl.store(a_ptr + a_rows + (j * BC + cs)[None, :], block, mask=t_ok[:, None])
+        own = tl.zeros([BC, BC], tl.float32)
+        for j in range(0, BC):  # a runtime loop: its names differ from the unrolled loop's above
+            row_ok = k_ok & (first + j < eos)
+            k_row = tl.load(k_ptr + ((first + j) * HQK + hqk) * K + ks, mask=row_ok, other=0.0).to(tl.float32)
+            g_row = tl.load(gc_ptr + ((first + j) * H + h) * K + ks, mask=row_ok, other=0.0)
+            keep = ((cs >= j) & t_ok)[:, None] & k_ok[None, :]
+            w = tl.exp(tl.where(keep, g - g_row[None, :], _NEG_INF))
+            col = tl.sum(q * k_row[None, :] * w, 1)
+            own += tl.where(cs[None, :] == j, col[:, None], 0.0)
+        tl.store(a_ptr + a_rows + (i * BC + cs)[None, :], own, mask=t_ok[:, None])
+        for j in tl.static_range(i + 1, BT // BC):
+            tl.store(a_ptr + a_rows + (j * BC + cs)[None, :], tl.zeros([BC, BC], tl.float32), mask=t_ok[:, None])
+
+
+@triton.jit
+def linear_output_fwd(q_ptr, k_ptr, v_ptr, gc_ptr, hs_ptr, a_ptr, cu_ptr, seq_ptr, o_ptr,
+                      T: tl.constexpr, H: tl.constexpr, HQK: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                      BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, SCALE: tl.constexpr,
+                      SCALAR_GATE: tl.constexpr, VARLEN: tl.constexpr, PREC: tl.constexpr):
+    """Phase (c), per (chunk slot, V block, head): the chunk's output from the state entering it and its
+    own tokens, ``scale ((q ⊙ e^G) S + A v)``. A scalar gate forms the ``[BT, BT]`` intra-chunk weights
+    ``A`` here (``k_ptr`` read, ``a_ptr`` not); per-channel gates read those :func:`gla_intra_fwd` wrote
+    (``a_ptr`` read, ``k_ptr`` not)."""
+    slot = tl.program_id(0).to(tl.int64)
+    iv = tl.program_id(1)
+    h = tl.program_id(2).to(tl.int64)
+    n = tl.load(seq_ptr + slot).to(tl.int64)
+    hqk = h // (H // HQK)
+    bos, eos = _bounds(cu_ptr, n, T, VARLEN)
+    start = bos + (slot - bos // BT - n) * BT  # at or past eos for a slot no chunk uses: nothing is stored
+    dt = q_ptr.dtype.element_ty
     ks = tl.arange(0, BK)
     vs = iv * BV + tl.arange(0, BV)
     k_ok = ks < K
     v_ok = vs < V
-    state_off = ((n * H + h) * K + ks[:, None]) * V + vs[None, :]
-    state_mask = k_ok[:, None] & v_ok[None, :]
-    if HAS_H0:
-        state = tl.load(h0_ptr + state_off, mask=state_mask, other=0.0).to(tl.float32)
-    else:
-        state = tl.zeros([BK, BV], tl.float32)
     ts = tl.arange(0, BT)
-    causal = ts[:, None] >= ts[None, :]
-    slot = bos // BT + n  # this sequence's first chunk among every sequence's (see _chunk_slot)
-    for start in range(bos, eos, BT):
-        if STORE_STATES:
-            chunk = slot + (start - bos) // BT
-            tl.store(hs_ptr + ((chunk * H + h) * K + ks[:, None]) * V + vs[None, :], state, mask=state_mask)
-        rows = start + ts
-        t_ok = rows < eos
-        qk_off = (rows[:, None] * HQK + hqk) * K + ks[None, :]
-        qk_mask = t_ok[:, None] & k_ok[None, :]
-        q = tl.load(q_ptr + qk_off, mask=qk_mask, other=0.0).to(tl.float32)
-        k = tl.load(k_ptr + qk_off, mask=qk_mask, other=0.0).to(tl.float32)
-        v_mask = t_ok[:, None] & v_ok[None, :]
-        v = tl.load(v_ptr + (rows[:, None] * H + h) * V + vs[None, :], mask=v_mask, other=0.0).to(tl.float32)
-        if SCALAR_GATE:
-            gate = tl.load(g_ptr + rows * H + h, mask=t_ok, other=0.0).to(tl.float32)
-            cum = tl.cumsum(gate, 0)
-            total = tl.sum(gate, 0)
-            decay = tl.exp(tl.where(causal, cum[:, None] - cum[None, :], _NEG_INF))
-            scores = tl.dot(q, tl.trans(k)) * decay
-            q_in = q * tl.exp(cum)[:, None]
-            k_out = k * tl.exp(total - cum)[:, None]
-            carry = tl.exp(total)
-        else:
-            gate = tl.load(g_ptr + (rows[:, None] * H + h) * K + ks[None, :], mask=qk_mask, other=0.0).to(tl.float32)
-            cum = tl.cumsum(gate, 0)
-            total = tl.sum(gate, 0)
-            q_in = q * tl.exp(cum)
-            k_out = k * tl.exp(total[None, :] - cum)
-            carry = tl.exp(total)[:, None]
-            scores = tl.zeros([BT, BT], tl.float32)
-            for kk in tl.static_range(0, BK, BKS):
-                part = kk + tl.arange(0, BKS)
-                part_mask = t_ok[:, None] & (part < K)[None, :]
-                part_off = (rows[:, None] * HQK + hqk) * K + part[None, :]
-                qp = tl.load(q_ptr + part_off, mask=part_mask, other=0.0).to(tl.float32)
-                kp = tl.load(k_ptr + part_off, mask=part_mask, other=0.0).to(tl.float32)
-                gp = tl.load(g_ptr + (rows[:, None] * H + h) * K + part[None, :], mask=part_mask,
-                             other=0.0).to(tl.float32)
-                cp = tl.cumsum(gp, 0)
-                weights = tl.exp(tl.where(causal[:, :, None], cp[:, None, :] - cp[None, :, :], _NEG_INF))
-                scores += tl.sum(qp[:, None, :] * kp[None, :, :] * weights, axis=2)
-        out = tl.dot(q_in, state) + tl.dot(scores, v)
-        tl.store(o_ptr + (rows[:, None] * H + h) * V + vs[None, :], (out * SCALE).to(o_ptr.dtype.element_ty),
-                 mask=v_mask)
-        state = carry * state + tl.dot(tl.trans(k_out), v)
-    tl.store(ht_ptr + state_off, state, mask=state_mask)
+    rows = start + ts
+    t_ok = rows < eos
+    qk_off = (rows[:, None] * HQK + hqk) * K + ks[None, :]
+    qk_mask = t_ok[:, None] & k_ok[None, :]
+    keep = (ts[:, None] >= ts[None, :]) & t_ok[:, None]
+    state = tl.load(hs_ptr + (slot * H + h) * K * V + ks[:, None] * V + vs[None, :],
+                    mask=k_ok[:, None] & v_ok[None, :], other=0.0).to(dt)
+    q = tl.load(q_ptr + qk_off, mask=qk_mask, other=0.0)
+    if SCALAR_GATE:
+        k = tl.load(k_ptr + qk_off, mask=qk_mask, other=0.0)
+        cum = tl.load(gc_ptr + rows * H + h, mask=t_ok, other=0.0)
+        weights = tl.dot(q, tl.trans(k), input_precision=PREC) * tl.exp(
+            tl.where(keep, cum[:, None] - cum[None, :], _NEG_INF))
+        q_in = (q.to(tl.float32) * tl.exp(cum)[:, None]).to(dt)
+    else:
+        cum = tl.load(gc_ptr + (rows[:, None] * H + h) * K + ks[None, :], mask=qk_mask, other=0.0)
+        weights = tl.load(a_ptr + (rows[:, None] * H + h) * BT + ts[None, :], mask=keep, other=0.0)
+        q_in = (q.to(tl.float32) * tl.exp(cum)).to(dt)
+    v = tl.load(v_ptr + (rows[:, None] * H + h) * V + vs[None, :], mask=t_ok[:, None] & v_ok[None, :], other=0.0)
+    out = tl.dot(q_in, state, input_precision=PREC) + tl.dot(weights.to(dt), v.to(dt), input_precision=PREC)
+    tl.store(o_ptr + (rows[:, None] * H + h) * V + vs[None, :], (out * SCALE).to(o_ptr.dtype.element_ty),
+             mask=t_ok[:, None] & v_ok[None, :])
 
 
 @triton.jit
-def gla_bwd(q_ptr, k_ptr, v_ptr, g_ptr, do_ptr, dht_ptr, hs_ptr, cu_ptr,
-            dq_ptr, dk_ptr, dv_ptr, dh0_ptr,
-            T: tl.constexpr, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-            BT: tl.constexpr, BK: tl.constexpr, BKS: tl.constexpr, BV: tl.constexpr,
-            SCALE: tl.constexpr, VARLEN: tl.constexpr):
-    """``gla``'s backward (per-channel gates): one program per (head, sequence) walks the chunks in
-    reverse with the state's cotangent ``dS [K, V]`` (all of V: ``BV >= V``) in float32 registers,
-    reading the state entering each chunk from the forward's ``hs``. Writes ``dq``, ``dk``, ``dv``
-    (float32) and ``dh0``; the gates' gradient follows from them (see ``_linear_attention``)."""
-    h = tl.program_id(1)
-    n = tl.program_id(2)
-    if VARLEN:
-        bos = tl.load(cu_ptr + n).to(tl.int32)
-        eos = tl.load(cu_ptr + n + 1).to(tl.int32)
-    else:
-        bos = n * T
-        eos = bos + T
-    ks = tl.arange(0, BK)
-    vs = tl.arange(0, BV)
+def linear_dstates_bwd(q_ptr, gc_ptr, do_ptr, dht_ptr, cu_ptr, dhs_ptr, dh0_ptr,
+                       T: tl.constexpr, H: tl.constexpr, HQK: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                       BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, SCALE: tl.constexpr,
+                       VARLEN: tl.constexpr, PREC: tl.constexpr):
+    """The backward's sequential phase, per (sequence·head, K block, V block), chunks in reverse: the
+    cotangent of the state leaving every chunk (``dS ← e^{G_last} ⊙ dS + scale (q ⊙ e^G)ᵀ do`` across a
+    chunk), from the final state's, then the initial state's. Per-channel chunk-local cumulative
+    gates ``[R, H, K]``."""
+    nh = tl.program_id(0).to(tl.int64)
+    ik = tl.program_id(1)
+    iv = tl.program_id(2)
+    n = nh // H
+    h = nh % H
+    hqk = h // (H // HQK)
+    bos, eos = _bounds(cu_ptr, n, T, VARLEN)
+    dt = q_ptr.dtype.element_ty
+    ks = ik * BK + tl.arange(0, BK)
+    vs = iv * BV + tl.arange(0, BV)
     k_ok = ks < K
     v_ok = vs < V
-    state_mask = k_ok[:, None] & v_ok[None, :]
-    d_state = tl.load(dht_ptr + ((n * H + h) * K + ks[:, None]) * V + vs[None, :], mask=state_mask,
-                      other=0.0).to(tl.float32)
+    tile = ks[:, None] * V + vs[None, :]
+    tile_mask = k_ok[:, None] & v_ok[None, :]
+    d_state = tl.load(dht_ptr + nh * K * V + tile, mask=tile_mask, other=0.0).to(tl.float32)
     ts = tl.arange(0, BT)
-    causal = ts[:, None] >= ts[None, :]
-    slot = bos // BT + n
-    chunks = tl.cdiv(eos - bos, BT)
+    chunks = (eos - bos + BT - 1) // BT
+    slot = bos // BT + n + chunks
     for back in range(0, chunks):
-        c = chunks - 1 - back
-        start = bos + c * BT
-        rows = start + ts
+        slot -= 1
+        tl.store(dhs_ptr + (slot * H + h) * K * V + tile, d_state.to(dhs_ptr.dtype.element_ty), mask=tile_mask)
+        first = bos + (chunks - 1 - back) * BT
+        rows = first + ts
         t_ok = rows < eos
-        tk_off = (rows[:, None] * H + h) * K + ks[None, :]
-        tk_mask = t_ok[:, None] & k_ok[None, :]
+        qk_mask = t_ok[:, None] & k_ok[None, :]
+        q = tl.load(q_ptr + (rows[:, None] * HQK + hqk) * K + ks[None, :], mask=qk_mask, other=0.0)
+        cum = tl.load(gc_ptr + (rows[:, None] * H + h) * K + ks[None, :], mask=qk_mask, other=0.0)
+        end = tl.minimum(first + BT, eos) - 1
+        last = tl.load(gc_ptr + (end * H + h) * K + ks, mask=k_ok, other=0.0)
+        do = tl.load(do_ptr + (rows[:, None] * H + h) * V + vs[None, :], mask=t_ok[:, None] & v_ok[None, :],
+                     other=0.0)
+        q_in = (q.to(tl.float32) * tl.exp(cum) * SCALE).to(dt)
+        d_state = d_state * tl.exp(last)[:, None] + tl.dot(tl.trans(q_in), do.to(dt), input_precision=PREC)
+    tl.store(dh0_ptr + nh * K * V + tile, d_state, mask=tile_mask)
+
+
+@triton.jit
+def gla_inter_bwd(q_ptr, k_ptr, v_ptr, gc_ptr, do_ptr, hs_ptr, dhs_ptr, cu_ptr, seq_ptr, dq_ptr, dk_ptr, da_ptr,
+                  T: tl.constexpr, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
+                  BK: tl.constexpr, BV: tl.constexpr, SCALE: tl.constexpr, VARLEN: tl.constexpr,
+                  PREC: tl.constexpr):
+    """The backward's first parallel phase, per (chunk slot, K block, head), V walked in blocks of ``BV``:
+    the state terms ``dq = scale (do Sᵀ) ⊙ e^G`` and ``dk = (v dS'ᵀ) ⊙ e^{G_last - G}`` (float32), and (the
+    first K block) the intra-chunk weights' cotangent ``dA = scale do vᵀ`` (causal, ``[R, H, BT]`` float32),
+    from the state entering the chunk ``S`` and the cotangent of the state leaving it ``dS'``."""
+    slot = tl.program_id(0).to(tl.int64)
+    ik = tl.program_id(1)
+    h = tl.program_id(2).to(tl.int64)
+    n = tl.load(seq_ptr + slot).to(tl.int64)
+    bos, eos = _bounds(cu_ptr, n, T, VARLEN)
+    start = bos + (slot - bos // BT - n) * BT
+    end = tl.minimum(start + BT, eos)
+    dt = q_ptr.dtype.element_ty
+    ks = ik * BK + tl.arange(0, BK)
+    k_ok = ks < K
+    ts = tl.arange(0, BT)
+    rows = start + ts
+    t_ok = rows < eos
+    tk_mask = t_ok[:, None] & k_ok[None, :]
+    tk_off = (rows[:, None] * H + h) * K + ks[None, :]
+    d_q = tl.zeros([BT, BK], tl.float32)
+    d_k = tl.zeros([BT, BK], tl.float32)
+    d_a = tl.zeros([BT, BT], tl.float32)
+    state_base = (slot * H + h) * K * V
+    for v0 in range(0, V, BV):
+        vs = v0 + tl.arange(0, BV)
+        v_ok = vs < V
         tv_off = (rows[:, None] * H + h) * V + vs[None, :]
         tv_mask = t_ok[:, None] & v_ok[None, :]
-        q = tl.load(q_ptr + tk_off, mask=tk_mask, other=0.0).to(tl.float32)
-        k = tl.load(k_ptr + tk_off, mask=tk_mask, other=0.0).to(tl.float32)
-        gate = tl.load(g_ptr + tk_off, mask=tk_mask, other=0.0).to(tl.float32)
-        v = tl.load(v_ptr + tv_off, mask=tv_mask, other=0.0).to(tl.float32)
-        do = tl.load(do_ptr + tv_off, mask=tv_mask, other=0.0).to(tl.float32)
-        state = tl.load(hs_ptr + (((slot + c) * H + h) * K + ks[:, None]) * V + vs[None, :], mask=state_mask,
-                        other=0.0)
-        cum = tl.cumsum(gate, 0)
-        total = tl.sum(gate, 0)
-        q_in = q * tl.exp(cum)
-        k_out = k * tl.exp(total[None, :] - cum)
-        d_scores = tl.where(causal, tl.dot(do, tl.trans(v)), 0.0) * SCALE  # dA_ij = scale do_i . v_j
-        scores = tl.zeros([BT, BT], tl.float32)
-        for kk in tl.static_range(0, BK, BKS):
-            part = kk + tl.arange(0, BKS)
-            part_mask = t_ok[:, None] & (part < K)[None, :]
-            part_off = (rows[:, None] * H + h) * K + part[None, :]
-            qp = tl.load(q_ptr + part_off, mask=part_mask, other=0.0).to(tl.float32)
-            kp = tl.load(k_ptr + part_off, mask=part_mask, other=0.0).to(tl.float32)
-            cp = tl.cumsum(tl.load(g_ptr + part_off, mask=part_mask, other=0.0).to(tl.float32), 0)
-            weights = tl.exp(tl.where(causal[:, :, None], cp[:, None, :] - cp[None, :, :], _NEG_INF))
-            scores += tl.sum(qp[:, None, :] * kp[None, :, :] * weights, axis=2)
-            dqp = tl.sum(d_scores[:, :, None] * kp[None, :, :] * weights, axis=1)
-            dkp = tl.sum(d_scores[:, :, None] * qp[:, None, :] * weights, axis=0)
-            tl.store(dq_ptr + part_off, dqp, mask=part_mask)
-            tl.store(dk_ptr + part_off, dkp, mask=part_mask)
-        dq_inter = tl.dot(do, tl.trans(state)) * tl.exp(cum) * SCALE
-        dk_inter = tl.dot(v, tl.trans(d_state)) * tl.exp(total[None, :] - cum)
-        tl.debug_barrier()
-        dq = tl.load(dq_ptr + tk_off, mask=tk_mask, other=0.0) + dq_inter
-        dk = tl.load(dk_ptr + tk_off, mask=tk_mask, other=0.0) + dk_inter
-        tl.store(dq_ptr + tk_off, dq, mask=tk_mask)
-        tl.store(dk_ptr + tk_off, dk, mask=tk_mask)
-        dv = tl.dot(tl.trans(scores), do) * SCALE + tl.dot(k_out, d_state)
-        tl.store(dv_ptr + tv_off, dv, mask=tv_mask)
-        d_state = tl.exp(total)[:, None] * d_state + tl.dot(tl.trans(q_in), do) * SCALE
-    tl.store(dh0_ptr + ((n * H + h) * K + ks[:, None]) * V + vs[None, :], d_state, mask=state_mask)
+        do = tl.load(do_ptr + tv_off, mask=tv_mask, other=0.0).to(dt)
+        v = tl.load(v_ptr + tv_off, mask=tv_mask, other=0.0).to(dt)
+        state_off = state_base + ks[:, None] * V + vs[None, :]
+        state_mask = k_ok[:, None] & v_ok[None, :]
+        state = tl.load(hs_ptr + state_off, mask=state_mask, other=0.0).to(dt)
+        d_state = tl.load(dhs_ptr + state_off, mask=state_mask, other=0.0).to(dt)
+        d_q += tl.dot(do, tl.trans(state), input_precision=PREC)
+        d_k += tl.dot(v, tl.trans(d_state), input_precision=PREC)
+        if ik == 0:
+            d_a += tl.dot(do, tl.trans(v), input_precision=PREC)
+    cum = tl.load(gc_ptr + tk_off, mask=tk_mask, other=0.0)
+    last = tl.load(gc_ptr + ((end - 1) * H + h) * K + ks, mask=k_ok & (start < eos), other=0.0)
+    tl.store(dq_ptr + tk_off, d_q * SCALE * tl.exp(cum), mask=tk_mask)
+    tl.store(dk_ptr + tk_off, d_k * tl.exp(tl.where(tk_mask, last[None, :] - cum, 0.0)), mask=tk_mask)
+    if ik == 0:
+        keep = (ts[:, None] >= ts[None, :]) & t_ok[:, None]
+        tl.store(da_ptr + (rows[:, None] * H + h) * BT + ts[None, :], tl.where(keep, d_a * SCALE, 0.0),
+                 mask=t_ok[:, None])
+
+
+@triton.jit
+def gla_intra_bwd(q_ptr, k_ptr, gc_ptr, da_ptr, cu_ptr, seq_ptr, dq0_ptr, dk0_ptr, dq_ptr, dk_ptr,
+                  T: tl.constexpr, H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
+                  BK: tl.constexpr, VARLEN: tl.constexpr, PREC: tl.constexpr):
+    """The backward's intra-chunk terms, per (chunk slot, K block, head), added to the state terms ``dq0`` /
+    ``dk0`` :func:`gla_inter_bwd` wrote: ``dq_i += Σ_{j<=i} dA_ij k_j ⊙ e^{G_i - G_j}`` and
+    ``dk_j += Σ_{i>=j} dA_ij q_i ⊙ e^{G_i - G_j}``, by sub-blocks of ``BC`` tokens: other sub-blocks through
+    products whose exponents are split at a row between the two (both factors ``<= 0``), the diagonal
+    sub-block one row at a time."""
+    slot = tl.program_id(0).to(tl.int64)
+    ik = tl.program_id(1)
+    h = tl.program_id(2).to(tl.int64)
+    n = tl.load(seq_ptr + slot).to(tl.int64)
+    bos, eos = _bounds(cu_ptr, n, T, VARLEN)
+    start = bos + (slot - bos // BT - n) * BT
+    dt = q_ptr.dtype.element_ty
+    ks = ik * BK + tl.arange(0, BK)
+    k_ok = ks < K
+    cs = tl.arange(0, BC)
+    NC: tl.constexpr = BT // BC
+    for i in tl.static_range(0, NC):
+        first = start + i * BC
+        rows = first + cs
+        t_ok = rows < eos
+        mask = t_ok[:, None] & k_ok[None, :]
+        off = (rows[:, None] * H + h) * K + ks[None, :]
+        g = tl.load(gc_ptr + off, mask=mask, other=0.0)
+        da_rows = (rows[:, None] * H + h) * BT
+        d_q = tl.zeros([BC, BK], tl.float32)
+        d_k = tl.zeros([BC, BK], tl.float32)
+        if i > 0:  # dq from the earlier sub-blocks, split at this one's first row
+            ref = tl.load(gc_ptr + (first * H + h) * K + ks, mask=k_ok & (first < eos), other=0.0)
+            for j in tl.static_range(0, i):
+                cols = start + j * BC + cs
+                c_mask = (cols < eos)[:, None] & k_ok[None, :]
+                c_off = (cols[:, None] * H + h) * K + ks[None, :]
+                kj = tl.load(k_ptr + c_off, mask=c_mask, other=0.0).to(tl.float32)
+                gj = tl.load(gc_ptr + c_off, mask=c_mask, other=0.0)
+                k_n = (kj * tl.exp(tl.where(c_mask, ref[None, :] - gj, 0.0))).to(dt)
+                da = tl.load(da_ptr + da_rows + (j * BC + cs)[None, :], mask=t_ok[:, None], other=0.0)
+                d_q += tl.dot(da.to(dt), k_n, input_precision=PREC)
+            d_q *= tl.exp(tl.where(mask, g - ref[None, :], 0.0))
+        if i < NC - 1:  # dk from the later sub-blocks, split at this one's last row
+            mid = tl.minimum(first + BC, eos) - 1
+            ref_k = tl.load(gc_ptr + (mid * H + h) * K + ks, mask=k_ok & (first < eos), other=0.0)
+            for m in tl.static_range(i + 1, NC):
+                later = start + m * BC + cs
+                l_ok = later < eos
+                l_mask = l_ok[:, None] & k_ok[None, :]
+                l_off = (later[:, None] * H + h) * K + ks[None, :]
+                qm = tl.load(q_ptr + l_off, mask=l_mask, other=0.0).to(tl.float32)
+                gm = tl.load(gc_ptr + l_off, mask=l_mask, other=0.0)
+                q_n = (qm * tl.exp(tl.where(l_mask, gm - ref_k[None, :], 0.0))).to(dt)
+                da = tl.load(da_ptr + (later[:, None] * H + h) * BT + (i * BC + cs)[None, :], mask=l_ok[:, None],
+                             other=0.0)
+                d_k += tl.dot(tl.trans(da.to(dt)), q_n, input_precision=PREC)
+            d_k *= tl.exp(tl.where(mask, ref_k[None, :] - g, 0.0))
+        for j in range(0, BC):  # the diagonal sub-block: key row first + j, query row first + j
+            row = first + j
+            row_ok = k_ok & (row < eos)
+            r_off = (row * H + h) * K + ks
+            kr = tl.load(k_ptr + r_off, mask=row_ok, other=0.0).to(tl.float32)
+            qr = tl.load(q_ptr + r_off, mask=row_ok, other=0.0).to(tl.float32)
+            gr = tl.load(gc_ptr + r_off, mask=row_ok, other=0.0)
+            da_col = tl.load(da_ptr + da_rows + i * BC + j, mask=t_ok[:, None], other=0.0)  # [BC, 1]: dA[:, j]
+            da_row = tl.load(da_ptr + (row * H + h) * BT + i * BC + cs, mask=(cs <= j) & (row < eos), other=0.0)
+            later_rows = ((cs >= j) & t_ok)[:, None] & k_ok[None, :]
+            earlier_rows = ((cs <= j) & t_ok)[:, None] & k_ok[None, :]
+            d_q += da_col * kr[None, :] * tl.exp(tl.where(later_rows, g - gr[None, :], _NEG_INF))
+            d_k += da_row[:, None] * qr[None, :] * tl.exp(tl.where(earlier_rows, gr[None, :] - g, _NEG_INF))
+        tl.store(dq_ptr + off, tl.load(dq0_ptr + off, mask=mask, other=0.0) + d_q, mask=mask)
+        tl.store(dk_ptr + off, tl.load(dk0_ptr + off, mask=mask, other=0.0) + d_k, mask=mask)
+
+
+@triton.jit
+def gla_dv_bwd(k_ptr, gc_ptr, do_ptr, dhs_ptr, a_ptr, cu_ptr, seq_ptr, dv_ptr,
+               T: tl.constexpr, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
+               BK: tl.constexpr, BV: tl.constexpr, SCALE: tl.constexpr, VARLEN: tl.constexpr, PREC: tl.constexpr):
+    """Per (chunk slot, V block, head): ``dv = (k ⊙ e^{G_last - G}) dS' + scale Aᵀ do`` (float32), ``A`` the
+    intra-chunk weights :func:`gla_intra_fwd` wrote."""
+    slot = tl.program_id(0).to(tl.int64)
+    iv = tl.program_id(1)
+    h = tl.program_id(2).to(tl.int64)
+    n = tl.load(seq_ptr + slot).to(tl.int64)
+    bos, eos = _bounds(cu_ptr, n, T, VARLEN)
+    start = bos + (slot - bos // BT - n) * BT
+    end = tl.minimum(start + BT, eos)
+    dt = k_ptr.dtype.element_ty
+    ks = tl.arange(0, BK)
+    k_ok = ks < K
+    vs = iv * BV + tl.arange(0, BV)
+    v_ok = vs < V
+    ts = tl.arange(0, BT)
+    rows = start + ts
+    t_ok = rows < eos
+    tk_mask = t_ok[:, None] & k_ok[None, :]
+    tk_off = (rows[:, None] * H + h) * K + ks[None, :]
+    k = tl.load(k_ptr + tk_off, mask=tk_mask, other=0.0).to(tl.float32)
+    cum = tl.load(gc_ptr + tk_off, mask=tk_mask, other=0.0)
+    last = tl.load(gc_ptr + ((end - 1) * H + h) * K + ks, mask=k_ok & (start < eos), other=0.0)
+    k_out = (k * tl.exp(tl.where(tk_mask, last[None, :] - cum, 0.0))).to(dt)
+    d_state = tl.load(dhs_ptr + (slot * H + h) * K * V + ks[:, None] * V + vs[None, :],
+                      mask=k_ok[:, None] & v_ok[None, :], other=0.0).to(dt)
+    keep = (ts[:, None] >= ts[None, :]) & t_ok[:, None]
+    a = tl.load(a_ptr + (rows[:, None] * H + h) * BT + ts[None, :], mask=keep, other=0.0)
+    tv_off = (rows[:, None] * H + h) * V + vs[None, :]
+    tv_mask = t_ok[:, None] & v_ok[None, :]
+    do = tl.load(do_ptr + tv_off, mask=tv_mask, other=0.0).to(dt)
+    d_v = tl.dot(k_out, d_state, input_precision=PREC) + tl.dot(tl.trans((a * SCALE).to(dt)), do,
+                                                                 input_precision=PREC)
+    tl.store(dv_ptr + tv_off, d_v, mask=tv_mask)

@@ -732,7 +732,9 @@ def _segment_ranges(q_ids: Any, k_ids: Any, q_off: Any, mask: _Mask, bq: int, bk
     p_lo = jnp.min(jnp.where(real_row, pos, _BIG).reshape(batch, nw, _ROWS), axis=2)[:, :, None]
     p_hi = jnp.max(jnp.where(real_row, pos, -_BIG).reshape(batch, nw, _ROWS), axis=2)[:, :, None]
     kb = k_ids.reshape(batch, nk, bk)
-    k_lo, k_hi = jnp.min(kb, axis=2)[:, None, :], jnp.max(kb, axis=2)[:, None, :]
+    real_key = (jnp.arange(skp, dtype=jnp.int32) < mask.sk).reshape(nk, bk)
+    k_lo = jnp.min(jnp.where(real_key, kb, _BIG), axis=2)[:, None, :]
+    k_hi = jnp.max(jnp.where(real_key, kb, -_BIG), axis=2)[:, None, :]
     c0 = jnp.arange(nk, dtype=jnp.int32)[None, None, :] * bk
     c1 = jnp.minimum(c0 + (bk - 1), mask.sk - 1)
     some = (q_lo <= k_hi) & (k_lo <= q_hi)

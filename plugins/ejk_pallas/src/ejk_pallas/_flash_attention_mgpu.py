@@ -356,9 +356,10 @@ def _kernel(q_ref: Any, k_ref: Any, v_ref: Any, sink_ref: Any, seg_refs: Any, ou
         turn = scoped
     sink_smem2, sink_ready = extra_smem[:int(st.sinks)], extra_ready[:int(st.sinks)]
     # Segments: the query rows' ids (and offsets) land with Q, each key block's ids with its V tile.
-    qinfo_smem, kseg_smem = extra_smem[int(st.sinks):] if st.segments else (None, None)
-    qinfo_ready, kseg_ready = extra_ready[int(st.sinks):] if st.segments else (None, None)
-    qinfo_ref, kseg_ref, ranges_ref = seg_refs if st.segments else (None, None, None)
+    none: tuple[Any, ...] = (None, None, None)
+    qinfo_smem, kseg_smem = extra_smem[int(st.sinks):] if st.segments else none[:2]
+    qinfo_ready, kseg_ready = extra_ready[int(st.sinks):] if st.segments else none[:2]
+    qinfo_ref, kseg_ref, ranges_ref = seg_refs if st.segments else none
     wg = lax.axis_index("wg")
     cta = lax.axis_index("cta")
     mine = _items_of(cta, st.items, st.ctas)  # one per CTA unless persistent
@@ -378,7 +379,7 @@ def _kernel(q_ref: Any, k_ref: Any, v_ref: Any, sink_ref: Any, seg_refs: Any, ou
     def consumer_blocks(batch: Any, row0: Any, r0: Any) -> tuple[Any, Any, Any, Any]:  # a consumer's key blocks
         if st.segments:
             qblk = lax.div(row0, jnp.array(st.bq, row0.dtype))
-            return tuple(ranges_ref[batch, qblk, wg, i] for i in range(4))  # type: ignore[return-value]
+            return tuple(ranges_ref[batch, qblk, wg, i] for i in range(4))
         return _key_blocks(st.mask, r0, _ROWS, st.bk, st.nk)
 
     def seg_wait(s: Any) -> None:  # a key block's ids have landed (every phase awaited, masked block or not)

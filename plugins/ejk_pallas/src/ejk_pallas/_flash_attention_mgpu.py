@@ -55,6 +55,7 @@ from ejk.tiling import persistent_ctas
 from ejk_pallas import _env
 from ejk_pallas import _flash_attention as _fa
 from ejk_pallas import _flash_attention_mgpu_bwd as _bwd
+from ejk_pallas import _segment_blocks as _segs
 from ejk_pallas._flash_attention import RESIDUALS, _key_blocks, _make_mask, _Mask, _pad, _q_block
 
 __all__ = [
@@ -703,73 +704,10 @@ def interpret_params() -> Any:
     return InterpretGPUParams()
 
 
-#: Ids of padded query rows and padded keys (never equal: padded rows see nothing, padded keys are seen by none).
-_PAD_Q_ID, _PAD_K_ID = -1, -2
-#: Sentinels of the per-block extremes (a row or key that takes no part).
-_BIG = 2**30
-
-
 def _segment_ranges(q_ids: Any, k_ids: Any, q_off: Any, mask: _Mask, bq: int, bk: int) -> Any:
-    """Key blocks each 64-row consumer block visits, from per-block extremes of the ids: int32
-    ``[B, nq, consumers + 1, 4]``, ``[..., c, :]`` the ``(lo, lo_full, hi_full, hi)`` of consumer ``c`` (blocks
-    ``[lo, hi)`` may hold visible keys, those of ``[lo_full, hi_full)`` are wholly visible: no mask) and
-    ``[..., consumers, :2]`` the CTA's ``[lo, hi)``, their hull.
-
-    ``q_ids`` ``[B, Sqp]`` and ``k_ids`` ``[B, Skp]`` are padded to the blocks (:data:`_PAD_Q_ID`,
-    :data:`_PAD_K_ID`); ``q_off`` ``[B, Sqp]`` (or ``None``: ``mask.offset``) shifts each row's causal / window
-    bounds. Exact for ids sorted along each row (packed sequences); for others the range is the hull of the
-    blocks whose id ranges overlap (still correct: the mask runs on every block that is not wholly visible).
-    """
-    batch, sqp = q_ids.shape
-    skp = k_ids.shape[1]
-    nw, nk = sqp // _ROWS, skp // bk
-    rows = jnp.arange(sqp, dtype=jnp.int32)
-    real_row = rows < mask.sq
-    pos = jnp.broadcast_to(rows[None, :] + (mask.offset if q_off is None else q_off), (batch, sqp))  # on the key axis
-    qb = q_ids.reshape(batch, nw, _ROWS)
-    q_lo = jnp.min(jnp.where(real_row.reshape(nw, _ROWS), qb, _BIG), axis=2)[:, :, None]
-    q_hi = jnp.max(jnp.where(real_row.reshape(nw, _ROWS), qb, -_BIG), axis=2)[:, :, None]
-    q_all = (jnp.min(qb, axis=2) == jnp.max(qb, axis=2))[:, :, None]  # one id (padded rows make two)
-    p_lo = jnp.min(jnp.where(real_row, pos, _BIG).reshape(batch, nw, _ROWS), axis=2)[:, :, None]
-    p_hi = jnp.max(jnp.where(real_row, pos, -_BIG).reshape(batch, nw, _ROWS), axis=2)[:, :, None]
-    kb = k_ids.reshape(batch, nk, bk)
-    real_key = (jnp.arange(skp, dtype=jnp.int32) < mask.sk).reshape(nk, bk)
-    k_lo = jnp.min(jnp.where(real_key, kb, _BIG), axis=2)[:, None, :]
-    k_hi = jnp.max(jnp.where(real_key, kb, -_BIG), axis=2)[:, None, :]
-    c0 = jnp.arange(nk, dtype=jnp.int32)[None, None, :] * bk
-    c1 = jnp.minimum(c0 + (bk - 1), mask.sk - 1)
-    some = (q_lo <= k_hi) & (k_lo <= q_hi)
-    full = q_all & (k_lo == k_hi) & (q_lo == k_lo) & (c0 + bk <= mask.sk)
-    if mask.right is not None:  # j <= pos + right
-        some &= c0 <= p_hi + mask.right
-        full &= c0 + (bk - 1) <= p_lo + mask.right
-    if mask.left is not None:  # j >= pos - left
-        some &= c1 >= p_lo - mask.left
-        full &= c0 >= p_hi - mask.left
-    blocks = jnp.arange(nk, dtype=jnp.int32)
-    lo = jnp.min(jnp.where(some, blocks, nk), axis=2)
-    hi = jnp.max(jnp.where(some, blocks + 1, 0), axis=2)
-    f_lo = jnp.min(jnp.where(full, blocks, nk), axis=2)
-    f_hi = jnp.max(jnp.where(full, blocks + 1, 0), axis=2)
-    contiguous = jnp.sum(full, axis=2, dtype=jnp.int32) == f_hi - f_lo  # else every block is masked
-    consumers = bq // _ROWS
-    lo2, hi2 = lo.reshape(batch, nw // consumers, consumers), hi.reshape(batch, nw // consumers, consumers)
-    cta_lo = jnp.min(lo2, axis=2, keepdims=True)
-    cta_hi = jnp.max(hi2, axis=2, keepdims=True)
-    cta_lo = jnp.where(cta_lo >= cta_hi, 0, cta_lo)
-    cta_hi = jnp.maximum(cta_hi, cta_lo)
-    empty = lo2 >= hi2  # a consumer with nothing to see walks no block of its own
-    lo2 = jnp.where(empty, cta_lo, lo2)
-    hi2 = jnp.where(empty, cta_lo, hi2)
-    f_lo2 = jnp.where(contiguous, f_lo, nk).reshape(lo2.shape)
-    f_hi2 = jnp.where(contiguous, f_hi, 0).reshape(lo2.shape)
-    f_lo2 = jnp.clip(f_lo2, lo2, hi2)
-    f_hi2 = jnp.clip(f_hi2, f_lo2, hi2)
-    f_lo2 = jnp.where(f_hi2 > f_lo2, f_lo2, hi2)
-    f_hi2 = jnp.maximum(f_hi2, f_lo2)
-    per = jnp.stack([lo2, f_lo2, f_hi2, hi2], axis=-1)
-    cta = jnp.concatenate([cta_lo, cta_hi, cta_lo, cta_hi], axis=-1)[:, :, None, :]
-    return jnp.concatenate([per, cta], axis=2).astype(jnp.int32)
+    """The forward's loop bounds (``_segment_blocks.block_ranges``): per CTA of ``bq`` query rows, its 64-row
+    consumers' key blocks of ``bk`` and their hull, ``[B, Sqp / bq, bq / 64 + 1, 4]``."""
+    return _segs.block_ranges(*_segs.block_visibility(q_ids, k_ids, q_off, mask, _ROWS, bk), bq // _ROWS)
 
 
 def _forward_impl(q: Any, k: Any, v: Any, *, cfg: MosaicFlashAttentionConfig, causal: bool, softmax_scale: float,
@@ -806,10 +744,7 @@ def _forward_impl(q: Any, k: Any, v: Any, *, cfg: MosaicFlashAttentionConfig, ca
     qp, kp, vp = _pad(q, 1, sqp), _pad(k, 1, skp), _pad(v, 1, skp)
     seg_args: tuple[Any, ...] = ()
     if segments is not None:
-        q_ids, k_ids, q_off = segments
-        q_ids = _pad(q_ids.astype(jnp.int32), 1, sqp, _PAD_Q_ID)
-        k_ids = _pad(k_ids.astype(jnp.int32), 1, skp, _PAD_K_ID)
-        q_off = None if q_off is None else _pad(q_off.astype(jnp.int32), 1, sqp)
+        q_ids, k_ids, q_off = _segs.pad_segments(segments, sqp, skp)
         qinfo = q_ids[:, None] if q_off is None else jnp.stack([q_ids, q_off], axis=1)
         seg_args = (qinfo, k_ids, _segment_ranges(q_ids, k_ids, q_off, mask, bq, bk))
     # The sinks as base-2 logits, one row of a consumer's 64-row layout per head.

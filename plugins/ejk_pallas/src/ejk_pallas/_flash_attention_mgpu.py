@@ -839,9 +839,7 @@ def _backward(
         ``(dq, dk, dv, None, None, None)``.
     """
     q, k, v, q_seg, kv_seg, _, out, lse = residuals
-    if q_seg is not None or kv_seg is not None:  # the Mosaic backward has no segments: the Triton-lowered one
-        return _fa._backward(residuals, d_out, d_lse=d_lse, cfg=None, causal=causal, softmax_scale=softmax_scale,
-                             sliding_window=sliding_window, logits_soft_cap=logits_soft_cap)
+    segments = None if q_seg is None or kv_seg is None else (q_seg, kv_seg, None)
     if cfg is None:  # no config (``ImplChoice`` without one, or a pairing): this call's heuristic one
         cfg = heuristic_config(q, k, v, causal=causal, sliding_window=sliding_window)
     why_not = _mosaic_backward_refusal(cfg, int(q.shape[3]), jnp.dtype(q.dtype).itemsize)
@@ -862,7 +860,8 @@ def _backward(
         q, k, v, out, lse, d_out, block_q=cfg.bwd_block_q, block_kv=cfg.bwd_block_kv,
         steps=cfg.bwd_max_concurrent_steps, causal=causal, softmax_scale=softmax_scale,
         sliding_window=sliding_window, logits_soft_cap=logits_soft_cap, interpret_params=params, d_lse=d_lse,
-        fused=fused_backward(cfg, int(q.shape[3]), jnp.dtype(q.dtype).itemsize))
+        fused=segments is None and fused_backward(cfg, int(q.shape[3]), jnp.dtype(q.dtype).itemsize),
+        segments=segments)
     return dq, dk, dv, None, None, None
 
 

@@ -8,10 +8,12 @@ key axis, ``cu_k[s+1] - cu_q[s+1]``, so the causal / window test is bottom-right
 ``s``). The key blocks each 64-row query block visits are computed from the ids before the kernel runs:
 only blocks of its own sequences (and inside the causal / window band) are loaded.
 
-Gradients: the Mosaic GPU backward has no segments yet, so under differentiation (``jax.custom_vjp``'s
-forward rule) the call runs on another implementation of ``ejk.flash_attention_varlen`` with its own
-backward (ejk-triton's where installed and able, else ejk-xla's): training calls cost what that one costs,
-calls without gradients run the Mosaic kernel.
+Gradients: the Mosaic GPU backward's two kernels (dK / dV, then dQ) with the same segments, offsets and
+block ranges seen from both sides, where the config's backward is the Mosaic one (``backward="auto"`` on a
+GPU, ``"mosaic"``). Otherwise (``backward="triton_lowered"``, or ``"auto"`` in interpret mode, where the
+Triton-lowered backward has no per-row offsets) the call runs under differentiation (``jax.custom_vjp``'s
+forward rule) on another implementation of ``ejk.flash_attention_varlen`` with its own backward
+(ejk-triton's where installed and able, else ejk-xla's).
 """
 
 from __future__ import annotations
@@ -23,9 +25,11 @@ import jax
 import jax.numpy as jnp
 
 import ejk
-from ejk.plugin import sanitize_offsets
+from ejk.ops import sinks_cotangent
+from ejk.plugin import cotangent_like, sanitize_offsets
 from ejk_pallas import _env
 from ejk_pallas import _flash_attention_mgpu as _mg
+from ejk_pallas import _flash_attention_mgpu_bwd as _bwd
 
 __all__ = ["capability", "config_space", "flash_attention_varlen", "heuristic_config", "token_segments"]
 
@@ -56,18 +60,31 @@ def token_segments(cu_seqlens_q: jax.Array, cu_seqlens_k: jax.Array, q_tokens: i
     return q_ids, k_ids, q_off
 
 
+def _cfg(q: Any, k: Any, v: Any, opts: dict[str, Any]) -> _mg.MosaicFlashAttentionConfig:
+    cfg: _mg.MosaicFlashAttentionConfig | None = opts["cfg"]
+    if cfg is None:
+        return _mg.heuristic_config(_batched(q), _batched(k), _batched(v), causal=opts["causal"],
+                                    sliding_window=opts["sliding_window"])
+    return cfg
+
+
 def _mosaic(q: jax.Array, k: jax.Array, v: jax.Array, cu_q: jax.Array, cu_k: jax.Array, sinks: jax.Array | None,
-            opts: dict[str, Any]) -> jax.Array:
+            opts: dict[str, Any]) -> tuple[jax.Array, tuple[Any, ...]]:
+    """``(out [Tq, Hq, Dv], (out4, lse2, segments))`` of the Mosaic GPU forward on one batch row."""
     tq, tk = q.shape[0], k.shape[0]
     q_ids, k_ids, q_off = token_segments(cu_q, cu_k, tq, tk)
-    cfg = opts["cfg"]
-    out, _ = _mg._forward_impl(
-        q[None], k[None], v[None], cfg=_mg.heuristic_config(q[None], k[None], v[None]) if cfg is None else cfg,
-        causal=opts["causal"], softmax_scale=opts["softmax_scale"], sliding_window=opts["sliding_window"],
-        logits_soft_cap=opts["logits_soft_cap"], interpret=_env.use_interpreter(), sinks=sinks,
-        segments=(q_ids[None], k_ids[None], q_off[None]))
-    result: jax.Array = out[0]
-    return result
+    segments = (q_ids[None], k_ids[None], q_off[None])
+    out, lse = _mg._forward_impl(
+        q[None], k[None], v[None], cfg=_cfg(q, k, v, opts), causal=opts["causal"],
+        softmax_scale=opts["softmax_scale"], sliding_window=opts["sliding_window"],
+        logits_soft_cap=opts["logits_soft_cap"], interpret=_env.use_interpreter(), sinks=sinks, segments=segments)
+    return out[0], (out, lse, segments)
+
+
+def _mosaic_backward(q: Any, k: Any, v: Any, opts: dict[str, Any]) -> bool:
+    """Whether the Mosaic GPU backward runs the gradients (the config's choice, see the module docstring)."""
+    cfg = _cfg(q, k, v, opts)
+    return _mg._mosaic_backward_refusal(cfg, int(q.shape[2]), jnp.dtype(q.dtype).itemsize) is None
 
 
 def _other(q: jax.Array, k: jax.Array, v: jax.Array, cu_q: jax.Array, cu_k: jax.Array, sinks: jax.Array | None,
@@ -86,18 +103,35 @@ def _other(q: jax.Array, k: jax.Array, v: jax.Array, cu_q: jax.Array, cu_k: jax.
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(6,))
 def _varlen(q: Any, k: Any, v: Any, cu_q: Any, cu_k: Any, sinks: Any, opts: Any) -> jax.Array:
-    return _mosaic(q, k, v, cu_q, cu_k, sinks, dict(opts))
+    return _mosaic(q, k, v, cu_q, cu_k, sinks, dict(opts))[0]
 
 
 def _varlen_fwd(q: Any, k: Any, v: Any, cu_q: Any, cu_k: Any, sinks: Any, opts: Any) -> tuple[jax.Array, Any]:
-    out, pullback = jax.vjp(lambda q, k, v, sinks: _other(q, k, v, cu_q, cu_k, sinks, dict(opts)), q, k, v, sinks)
+    options = dict(opts)
+    if _mosaic_backward(q, k, v, options):
+        out, saved = _mosaic(q, k, v, cu_q, cu_k, sinks, options)
+        return out, (q, k, v, cu_q, cu_k, sinks, saved)
+    out, pullback = jax.vjp(lambda q, k, v, sinks: _other(q, k, v, cu_q, cu_k, sinks, options), q, k, v, sinks)
     return out, (pullback, cu_q, cu_k)
 
 
 def _varlen_bwd(opts: Any, residuals: Any, d_out: jax.Array) -> tuple[Any, ...]:
-    del opts
-    pullback, cu_q, cu_k = residuals
-    dq, dk, dv, d_sinks = pullback(d_out)
+    options = dict(opts)
+    if len(residuals) == 3:  # another implementation's gradients
+        pullback, cu_q, cu_k = residuals
+        dq, dk, dv, d_sinks = pullback(d_out)
+    else:
+        q, k, v, cu_q, cu_k, sinks, (out4, lse, segments) = residuals
+        cfg = _cfg(q, k, v, options)
+        params = _mg.interpret_params() if _env.use_interpreter() else None
+        d4 = d_out[None]
+        dq, dk, dv = _bwd.backward_impl(
+            q[None], k[None], v[None], out4, lse, d4, block_q=cfg.bwd_block_q, block_kv=cfg.bwd_block_kv,
+            steps=cfg.bwd_max_concurrent_steps, causal=options["causal"], softmax_scale=options["softmax_scale"],
+            sliding_window=options["sliding_window"], logits_soft_cap=options["logits_soft_cap"],
+            interpret_params=params, fused=False, segments=segments)
+        dq, dk, dv = dq[0], dk[0], dv[0]
+        d_sinks = None if sinks is None else cotangent_like(sinks_cotangent(sinks, out4, lse, d4), sinks)
     zero = (jnp.zeros(cu_q.shape, jax.dtypes.float0), jnp.zeros(cu_k.shape, jax.dtypes.float0))
     return dq, dk, dv, *zero, d_sinks
 

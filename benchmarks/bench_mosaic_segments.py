@@ -8,13 +8,18 @@ Forward and forward+backward milliseconds, one JSON line each:
   ``triton/gpu:flash``, against dense ``flash_attention`` [16, 2048, 16, 128] causal on ``pallas/gpu:mosaic``
   (the same work); the ragged 1k-4k preset packing too.
 
-    python3 benchmarks/bench_mosaic_segments.py
+    python3 benchmarks/bench_mosaic_segments.py            # every line
+    python3 benchmarks/bench_mosaic_segments.py --quick    # the two comparisons of issue 29 and checks
+
+``--quick`` also checks on the GPU that one segment per row gives the no-segment call's output and gradients,
+and that 16 packed sequences of 2048 give the dense [16, 2048] batch's (the same attention).
 """
 
 from __future__ import annotations
 
 import functools
 import json
+import sys
 import time
 from typing import Any
 
@@ -27,7 +32,7 @@ import ejk
 RAGGED_32K = (4096, 1024, 1024, 3072, 1024, 2048, 1536, 2560, 3584, 1024, 1536, 1536, 2048, 2048, 1792, 2816)
 
 
-def _bench(fn: Any, *args: Any, reps: int = 7, calls: int = 10) -> float:
+def _bench(fn: Any, *args: Any, reps: int = 5, calls: int = 10) -> float:
     """Median ms per call of back-to-back calls of the jitted ``fn``, after a warm-up."""
     jax.block_until_ready(fn(*args))
     jax.block_until_ready(fn(*args))
@@ -62,6 +67,46 @@ def _row(label: str, f: Any, args: tuple[Any, ...], flops: float) -> None:
         except Exception as exc:  # a failing line is reported, the others still run
             row[f"{mode}_error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
     print(json.dumps(row), flush=True)
+
+
+def _max_diff(a: Any, b: Any) -> float:
+    return max(float(jnp.max(jnp.abs(x.astype(jnp.float32) - y.astype(jnp.float32))))
+               for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True))
+
+
+def quick() -> None:
+    """Segment ids vs none at [4, 4096, 16, 128] causal, varlen 16 x 2048 vs dense [16, 2048, 16, 128] causal,
+    all on pallas/gpu:mosaic (the varlen one beside triton/gpu:flash), with equality checks."""
+    rng = np.random.default_rng(0)
+    mosaic = _choice("pallas", "mosaic")
+    h, d = 16, 128
+    for b, s in ((4, 4096), (16, 2048)):
+        q, k, v = (jnp.asarray(rng.standard_normal((b, s, h, d)), jnp.bfloat16) for _ in range(3))
+        flops = 4.0 * b * h * s * s * d / 2
+        dense = functools.partial(ejk.flash_attention, causal=True, platform="pallas", cfg=mosaic)
+        if b == 4:
+            seg = jnp.zeros((b, s), jnp.int32)
+            other = functools.partial(ejk.flash_attention, causal=True, q_segment_ids=seg, kv_segment_ids=seg,
+                                      platform="pallas", cfg=mosaic)
+            args, name = (q, k, v), "[4,4096,16,128] causal mosaic, one segment per row"
+            unpack: Any = lambda x: x  # noqa: E731
+        else:
+            cu = jnp.arange(b + 1, dtype=jnp.int32) * s
+            other = functools.partial(ejk.flash_attention_varlen, cu_seqlens_q=cu, cu_seqlens_k=cu, causal=True,
+                                      platform="pallas", cfg=mosaic)
+            args, name = tuple(x.reshape(b * s, h, d) for x in (q, k, v)), "varlen 16 x 2048 causal mosaic"
+            unpack = functools.partial(jnp.reshape, shape=(b, s, h, d))
+        out_d, out_o = jax.jit(dense)(q, k, v), unpack(jax.jit(other)(*args))
+        g_d = _fwd_bwd(dense)(q, k, v)
+        g_o = tuple(unpack(x) for x in _fwd_bwd(other)(*args))
+        print(json.dumps({"check": name, "max_abs_diff_out": _max_diff(out_d, out_o),
+                          "max_abs_diff_grads": _max_diff(g_d, g_o)}), flush=True)
+        _row(f"dense [{b},{s},16,128] causal mosaic", dense, (q, k, v), flops)
+        _row(name, other, args, flops)
+        if b == 16:
+            f = functools.partial(ejk.flash_attention_varlen, cu_seqlens_q=cu, cu_seqlens_k=cu, causal=True,
+                                  platform="triton", cfg=_choice("triton", "flash"))
+            _row("varlen 16 x 2048 causal triton/flash", f, args, flops)
 
 
 def main() -> None:
@@ -102,4 +147,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    quick() if "--quick" in sys.argv else main()

@@ -19,6 +19,7 @@ import ejk
 from ejk.testing import assert_close, reference_flash_attention, reference_flash_attention_varlen
 from ejk_pallas import _env
 from ejk_pallas import _flash_attention_mgpu as mg
+from ejk_pallas import _flash_attention_mgpu_bwd as bwd
 from ejk_pallas import _varlen_attention_mgpu as va
 from ejk_pallas._flash_attention import _make_mask
 from ejk_pallas._flash_attention_mgpu import MosaicFlashAttentionConfig as Config
@@ -72,7 +73,8 @@ def _check_segments(b: int, sq: int, sk: int, hq: int, hkv: int, d: int, q_ids: 
 @needs_kernels
 def test_packed_segments_values_and_grads() -> None:
     """Packed sequences of odd lengths, id 1 in two separate runs, causal, GQA 2, ragged keys: the key blocks
-    of each query block come from the ids; gradients through the Triton-lowered Pallas backward."""
+    of each query block come from the ids; gradients through the Triton-lowered Pallas backward (``"auto"`` in
+    interpret mode)."""
     ids = _runs((0, 37), (1, 50), (2, 23), (1, 40), (3, 50))  # 200 tokens
     _check_segments(1, 200, 200, 4, 2, 64, ids[None], ids[None], Config(block_q=128, block_kv=64), grads=True,
                     causal=True)
@@ -92,22 +94,39 @@ def test_segments_overlap_persistent_window_and_rows_that_see_nothing() -> None:
                     sliding_window=(30, 0))
 
 
+#: The Mosaic GPU backward (two kernels: the fused one has no segments) in interpret mode, where ``"auto"`` takes
+#: the Triton-lowered one.
+MOSAIC_BWD = dict(backward="mosaic", bwd_block_q=64, bwd_block_kv=64)
+
+
+@needs_kernels
+def test_packed_segments_mosaic_backward() -> None:
+    """The same packing through the Mosaic GPU backward: dK / dV over the query blocks each key block's ids
+    can meet, dQ over the key blocks; GQA 2 (dK / dV summed over the group)."""
+    ids = _runs((0, 37), (1, 50), (2, 23), (1, 40), (3, 50))
+    _check_segments(1, 200, 200, 4, 2, 64, ids[None], ids[None],
+                    Config(block_q=128, block_kv=64, **MOSAIC_BWD), grads=True, causal=True)
+
+
 def _offsets(lengths: list[int]) -> jax.Array:
     return jnp.asarray(np.concatenate([[0], np.cumsum(lengths)]), jnp.int32)
 
 
 @needs_kernels
-def test_varlen_values_and_grads() -> None:
+@pytest.mark.parametrize("backward", ["mosaic", "other"])
+def test_varlen_values_and_grads(backward: str) -> None:
     """Packed varlen: odd lengths, Sq != Sk per sequence (bottom-right aligned causal window), an empty
-    sequence, padding tails on both sides, GQA 2, sinks; gradients (another implementation's, see
-    ``_varlen_attention_mgpu``) against the float32 reference."""
+    sequence, padding tails on both sides, GQA 2, sinks; gradients from the Mosaic GPU backward with per-row
+    offsets, or (``backward="auto"`` in interpret mode) another implementation's, against the float32
+    reference."""
     rng = np.random.default_rng(5)
     cu_q, cu_k = _offsets([37, 0, 50, 23]), _offsets([40, 5, 30, 60])
     q, k, v = _qkv(rng, ((120, 4, 64), (140, 2, 64), (140, 2, 64)), jnp.bfloat16)
     sinks = jnp.asarray([0.5, -1.0, 0.0, 2.0], jnp.float32)
     opts: dict[str, Any] = dict(causal=True, sliding_window=(20, 0), sinks=sinks)
     ours = functools.partial(ejk.flash_attention_varlen, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, platform="pallas",
-                             cfg=_choice(Config(block_q=128, block_kv=64)), **opts)
+                             cfg=_choice(Config(block_q=128, block_kv=64,
+                                                **(MOSAIC_BWD if backward == "mosaic" else {}))), **opts)
     out = jax.jit(ours)(q, k, v)
     f32 = [x.astype(jnp.float32) for x in (q, k, v)]
     ref = functools.partial(reference_flash_attention_varlen, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, **opts)
@@ -212,6 +231,31 @@ def test_segments_lower_for_cuda(cfg: Config, d: int, offsets: bool) -> None:
     _lower(cfg, d, offsets, causal=True, sliding_window=(256, 0))
 
 
+@pytest.mark.parametrize("d,blocks,offsets", [(128, (64, 128), False), (64, (128, 128), True), (128, (64, 64), True)])
+def test_segments_backward_lowers_for_cuda(d: int, blocks: tuple[int, int], offsets: bool) -> None:
+    q = jax.ShapeDtypeStruct((2, 1000, 4, d), jnp.bfloat16)
+    k = jax.ShapeDtypeStruct((2, 1100, 2, d), jnp.bfloat16)
+    lse = jax.ShapeDtypeStruct((2, 4, 1000), jnp.float32)
+    qs, ks = jax.ShapeDtypeStruct((2, 1000), jnp.int32), jax.ShapeDtypeStruct((2, 1100), jnp.int32)
+
+    def f(q: Any, k: Any, v: Any, o: Any, lse: Any, do: Any, qs: Any, ks: Any, qo: Any) -> Any:
+        return bwd.backward_impl(q, k, v, o, lse, do, block_q=blocks[0], block_kv=blocks[1], steps=2, causal=True,
+                                 softmax_scale=d ** -0.5, sliding_window=(300, 0), logits_soft_cap=None,
+                                 interpret_params=None, segments=(qs, ks, qo))
+
+    lowered = jax.jit(f).trace(q, k, k, q, lse, q, qs, ks, qs if offsets else None).lower(lowering_platforms=("cuda",))
+    assert lowered.as_text().count("mosaic_gpu") >= 2  # the dK / dV and the dQ kernels
+
+
+def test_fused_backward_refuses_segments() -> None:
+    x = jnp.zeros((1, 8, 1, 64), jnp.bfloat16)
+    ids = jnp.zeros((1, 8), jnp.int32)
+    with pytest.raises(ValueError, match="fused"):
+        bwd.backward_impl(x, x, x, x, jnp.zeros((1, 1, 8)), x, block_q=64, block_kv=64, steps=2, causal=False,
+                          softmax_scale=1.0, sliding_window=None, logits_soft_cap=None, interpret_params=None,
+                          fused=True, segments=(ids, ids, None))
+
+
 # ----------------------------------------------------------------------------------------------
 # Hopper GPU
 # ----------------------------------------------------------------------------------------------
@@ -244,4 +288,10 @@ def test_gpu_varlen() -> None:
     ours = functools.partial(ejk.flash_attention_varlen, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, causal=True,
                              platform="pallas", cfg=_choice())
     ref = functools.partial(reference_flash_attention_varlen, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, causal=True)
-    assert_close(jax.jit(ours)(q, k, v), ref(*(x.astype(jnp.float32) for x in (q, k, v))), "bfloat16", what="out")
+    f32 = [x.astype(jnp.float32) for x in (q, k, v)]
+    assert_close(jax.jit(ours)(q, k, v), ref(*f32), "bfloat16", what="out")
+    cot = jnp.asarray(rng.standard_normal((tq, 16, 128)), jnp.float32)
+    got = jax.jit(jax.grad(lambda *a: jnp.sum(ours(*a).astype(jnp.float32) * cot), argnums=(0, 1, 2)))(q, k, v)
+    want = jax.grad(lambda *a: jnp.sum(ref(*a) * cot), argnums=(0, 1, 2))(*f32)
+    for name, g, w in zip("qkv", got, want, strict=True):
+        assert_close(g, w, "bfloat16", what=f"d{name}")

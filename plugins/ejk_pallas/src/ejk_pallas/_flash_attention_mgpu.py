@@ -20,6 +20,15 @@ blocks; blocks of the CTA's range that a consumer's rows cannot see cost it only
 GQA reads the kv head ``h // group`` (never repeated). Rows that see no key give zeros and
 ``lse = +inf``. Ragged lengths are padded to the blocks (padded keys masked, padded rows dropped).
 
+Segment ids (``q_segment_ids`` / ``kv_segment_ids``; ``flash_attention_varlen`` maps packed sequences to
+them with a per-row offset for the causal / window test, ``_varlen_attention_mgpu``): a key is visible to a
+query only when their ids are equal. The producer streams each key block's ids with its V tile (TMA, one
+more barrier per slot) and the consumers read them as a column vector of the logits' layout on the blocks
+they mask; the query rows' ids (and offsets) land with Q and stay in registers as row vectors. The key
+blocks of each CTA and consumer come from a small int32 array computed in XLA before the launch
+(``_segment_blocks``: per-block extremes of ids and positions) and read as scalars at run time: only
+blocks whose ids can meet the rows' are loaded, and wholly visible blocks skip the mask.
+
 The forward saves the residuals of ``ejk_pallas._flash_attention`` (:data:`RESIDUALS`: inputs,
 output and base-2 log-sum-exp). :func:`backward` runs the Mosaic GPU backward of
 ``ejk_pallas._flash_attention_mgpu_bwd`` on a GPU (``backward="auto"``, the default) and the
@@ -951,7 +960,7 @@ def capability(
 
     Supported: bfloat16 / float16 q, k, v with one head dim of 64 or 128 for q, k and v; any
     lengths (padded to the blocks); GQA / MQA; causal; sliding windows; soft cap; segment ids (key blocks
-    whose ids cannot meet a query block's are skipped; gradients through the Triton-lowered Pallas backward).
+    whose ids cannot meet a query block's are skipped, forward and backward; the Mosaic backward's two kernels).
     Not supported: bias, float32, other head dims. Needs a Hopper GPU (compute capability 9.0:
     warpgroup MMA), except in interpret mode (``EJK_PALLAS_INTERPRET=1`` on a CPU).
     """

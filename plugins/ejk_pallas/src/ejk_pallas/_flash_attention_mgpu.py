@@ -442,6 +442,7 @@ def _kernel(q_ref: Any, k_ref: Any, v_ref: Any, sink_ref: Any, seg_refs: Any, ou
             if st.segments:  # the rows' ids (and offsets), held in registers for the item
                 plgpu.barrier_wait(qinfo_ready.at[wg])
                 rows_info = tuple(_row_vector(qinfo_smem.at[buf, wg, r], st) for r in range(1 + st.row_offsets))
+                plgpu.commit_smem()  # order these generic reads before a later TMA refills the buffer
             if st.ctas < st.items:  # several items a CTA (persistent, two Q tiles)
                 # The last item's output and lse stores have read their tiles: the next Q may go to the
                 # other tile (it lands while this item runs), and this item's lse rows may be written.
@@ -459,7 +460,10 @@ def _kernel(q_ref: Any, k_ref: Any, v_ref: Any, sink_ref: Any, seg_refs: Any, ou
                     return None
 
                 def vis() -> Any:  # the key block's ids are read from its slot (held until its V is released)
-                    kseg = _col_vector(kseg_smem.at[slot(t)], st) if st.segments else None
+                    kseg = None
+                    if st.segments:
+                        kseg = _col_vector(kseg_smem.at[slot(t)], st)
+                        plgpu.commit_smem()  # order the generic id reads before the TMA refills the slot
                     return _visible(st, r0, t * st.bk, (bw, st.bk), rows_info, kseg)
 
                 return vis
@@ -742,8 +746,10 @@ def _forward_impl(q: Any, k: Any, v: Any, *, cfg: MosaicFlashAttentionConfig, ca
     elif interpret:
         ctas = min(items, _INTERPRET_CTAS)
     else:
-        # One unit a work item beside its key blocks: its Q, softmax tail and store.
-        ctas = persistent_ctas(_sm_count(), items, _item_blocks(mask, bq, bk, nq, nk) + 1)
+        # One unit a work item beside its key blocks: its Q, softmax tail and store. With segments the blocks are
+        # known only at run time: equal costs (one CTA per SM).
+        costs = np.ones(nq, np.int64) if segments is not None else _item_blocks(mask, bq, bk, nq, nk) + 1
+        ctas = persistent_ctas(_sm_count(), items, costs)
     st = _Static(mask=mask, scale=float(softmax_scale),
                  cap=logits_soft_cap, dtype=jnp.dtype(q.dtype), d=d, bq=bq, bk=bk,
                  steps=min(cfg.max_concurrent_steps, nk), nq=nq, nk=nk, group=hq // hkv,

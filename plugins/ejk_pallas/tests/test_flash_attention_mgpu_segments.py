@@ -16,7 +16,13 @@ import numpy as np
 import pytest
 
 import ejk
-from ejk.testing import assert_close, reference_flash_attention, reference_flash_attention_varlen
+from ejk.testing import (
+    VARLEN_CASES,
+    assert_close,
+    check_flash_attention_varlen,
+    reference_flash_attention,
+    reference_flash_attention_varlen,
+)
 from ejk_pallas import _env
 from ejk_pallas import _flash_attention_mgpu as mg
 from ejk_pallas import _flash_attention_mgpu_bwd as bwd
@@ -137,6 +143,18 @@ def test_varlen_values_and_grads(backward: str) -> None:
     want = jax.grad(lambda *a: jnp.sum(ref(*a) * cot), argnums=(0, 1, 2))(*f32)
     for name, g, w in zip("qkv", got, want, strict=True):
         assert_close(g, w, "bfloat16", what=f"d{name}")
+
+
+#: The shared conformance cases at a head dim the kernel takes (64).
+CONFORMANCE = tuple({**case, "dim": 64} for case in VARLEN_CASES)
+
+
+@needs_kernels
+def test_varlen_conformance_cases() -> None:
+    """Two of ejk's shared varlen cases (a window with soft cap and sinks; Sq != Sk with an empty key sequence and
+    padding, GQA 4) through the Mosaic GPU forward and backward; every case on the GPU."""
+    cfg = _choice(Config(block_q=128, block_kv=64, **MOSAIC_BWD))
+    assert check_flash_attention_varlen("pallas", dtypes=(jnp.bfloat16,), cases=CONFORMANCE[2::2], cfg=cfg) == 2
 
 
 # ----------------------------------------------------------------------------------------------
@@ -274,6 +292,12 @@ def test_gpu_packed_segments(d: int) -> None:
                     grads=True, causal=True)
     _check_segments(1, 1000, 1500, 8, 8, d, ids[None, :1000], ids[None, :1500], Config(block_q=128, block_kv=128),
                     grads=False, sliding_window=(128, 64), logits_soft_cap=30.0)
+
+
+@pytest.mark.gpu
+@needs_hopper
+def test_gpu_varlen_conformance_cases() -> None:
+    assert check_flash_attention_varlen("pallas", dtypes=(jnp.bfloat16,), cases=CONFORMANCE, cfg=_choice()) == 6
 
 
 @pytest.mark.gpu

@@ -131,7 +131,8 @@ class MosaicFlashAttentionConfig:
             runs); ``bwd_block_q`` / ``bwd_block_kv`` unused. ``True``: two kernels (dK / dV, then dQ, each
             recomputing ``S`` and ``P``), bitwise reproducible. ``None`` (default): the faster measured
             on an H100 (``benchmarks/results/pallas_mosaic_attention_h100.md``): fused at head dim 64
-            (when its ``bwd_max_concurrent_steps`` fit: 2), two kernels at 128.
+            (when its ``bwd_max_concurrent_steps`` fit: 2), two kernels at 128. Calls with segment ids always
+            take the two kernels (the fused one has no segments).
     """
 
     block_q: int = attrs.field(default=128, validator=one_of(128, 192))

@@ -20,6 +20,15 @@ blocks; blocks of the CTA's range that a consumer's rows cannot see cost it only
 GQA reads the kv head ``h // group`` (never repeated). Rows that see no key give zeros and
 ``lse = +inf``. Ragged lengths are padded to the blocks (padded keys masked, padded rows dropped).
 
+Segment ids (``q_segment_ids`` / ``kv_segment_ids``; ``flash_attention_varlen`` maps packed sequences to
+them with a per-row offset for the causal / window test, ``_varlen_attention_mgpu``): a key is visible to a
+query only when their ids are equal. The producer streams each key block's ids with its V tile (TMA, one
+more barrier per slot) and the consumers read them as a column vector of the logits' layout on the blocks
+they mask; the query rows' ids (and offsets) land with Q and stay in registers as row vectors. The key
+blocks of each CTA and consumer come from a small int32 array computed in XLA before the launch
+(``_segment_blocks``: per-block extremes of ids and positions) and read as scalars at run time: only
+blocks whose ids can meet the rows' are loaded, and wholly visible blocks skip the mask.
+
 The forward saves the residuals of ``ejk_pallas._flash_attention`` (:data:`RESIDUALS`: inputs,
 output and base-2 log-sum-exp). :func:`backward` runs the Mosaic GPU backward of
 ``ejk_pallas._flash_attention_mgpu_bwd`` on a GPU (``backward="auto"``, the default) and the
@@ -55,6 +64,7 @@ from ejk.tiling import persistent_ctas
 from ejk_pallas import _env
 from ejk_pallas import _flash_attention as _fa
 from ejk_pallas import _flash_attention_mgpu_bwd as _bwd
+from ejk_pallas import _segment_blocks as _segs
 from ejk_pallas._flash_attention import RESIDUALS, _key_blocks, _make_mask, _Mask, _pad, _q_block
 
 __all__ = [
@@ -121,7 +131,8 @@ class MosaicFlashAttentionConfig:
             runs); ``bwd_block_q`` / ``bwd_block_kv`` unused. ``True``: two kernels (dK / dV, then dQ, each
             recomputing ``S`` and ``P``), bitwise reproducible. ``None`` (default): the faster measured
             on an H100 (``benchmarks/results/pallas_mosaic_attention_h100.md``): fused at head dim 64
-            (when its ``bwd_max_concurrent_steps`` fit: 2), two kernels at 128.
+            (when its ``bwd_max_concurrent_steps`` fit: 2), two kernels at 128. Calls with segment ids always
+            take the two kernels (the fused one has no segments).
     """
 
     block_q: int = attrs.field(default=128, validator=one_of(128, 192))
@@ -170,6 +181,12 @@ class _Static:
     #: Whether a sink per head joins each row's final normalisation (``sink_ref``: base-2 logits ``[Hq, 64]``,
     #: a consumer's rows; the row lands with the item's Q tile, in the same buffer).
     sinks: bool = False
+    #: Segment ids: a key is visible to a query only when their ids are equal (``qinfo_ref`` holds the query rows'
+    #: ids, ``kseg_ref`` the keys'); the key blocks each consumer visits come from ``ranges_ref`` at run time.
+    segments: bool = False
+    #: Per-row offsets replace the static ``mask.offset`` of the causal / window test (``qinfo_ref``'s second row:
+    #: query row ``i`` sees key ``j`` iff ``i + off[i] - left <= j <= i + off[i] + right``): packed sequences.
+    row_offsets: bool = False
 
 
 # ----------------------------------------------------------------------------------------------
@@ -233,20 +250,40 @@ def _cast(x: Any, layout: Any, st: _Static) -> Any:
     return plgpu.layout_cast(x, layout)
 
 
-def _visible(st: _Static, row0: Any, col0: Any, shape: tuple[int, int]) -> Any:
-    """Boolean visibility of a ``[rows, keys]`` tile (bottom-right aligned masks, see ``_Mask``)."""
+def _col_vector(ref: Any, st: _Static) -> Any:
+    """An int32 vector of a key block's columns from shared memory, in the column layout of the logits."""
+    if st.interpret:
+        return ref[...]
+    _, plgpu = _mods()
+    layout = plgpu.Layout.WGMMA.reduce(0)
+    return plgpu.load(ref, (), layout=layout) if _bwd._load_takes_index() else plgpu.load(ref, layout=layout)
+
+
+def _visible(st: _Static, row0: Any, col0: Any, shape: tuple[int, int], rows_info: tuple[Any, ...] = (),
+             kseg: Any = None) -> Any:
+    """Boolean visibility of a ``[rows, keys]`` tile (bottom-right aligned masks, see ``_Mask``).
+
+    With segments, ``rows_info`` holds the rows' ids (and their offsets with ``st.row_offsets``) as row vectors
+    and ``kseg`` the keys' ids as a column vector.
+    """
     _, plgpu = _mods()
     wgmma = plgpu.Layout.WGMMA
     rows = _cast(lax.broadcasted_iota(jnp.int32, shape, 0), wgmma, st) + row0
     cols = _cast(lax.broadcasted_iota(jnp.int32, shape, 1), wgmma, st) + col0
     mask = st.mask
+    offset: Any = mask.offset
+    if st.row_offsets:
+        rows = rows + lax.broadcast_in_dim(rows_info[1], shape, [0])
+        offset = 0
     conds = []
     if st.ragged_keys:
         conds.append(cols < mask.sk)
     if mask.right is not None:
-        conds.append(cols <= rows + (mask.offset + mask.right))
+        conds.append(cols <= rows + (offset + mask.right))
     if mask.left is not None:
-        conds.append(cols >= rows + (mask.offset - mask.left))
+        conds.append(cols >= rows + (offset - mask.left))
+    if st.segments:
+        conds.append(lax.broadcast_in_dim(rows_info[0], shape, [0]) == lax.broadcast_in_dim(kseg, shape, [1]))
     return functools.reduce(jnp.logical_and, conds) if conds else None
 
 
@@ -321,13 +358,19 @@ def _items_loop(mine: Any, body: Any, st: _Static) -> Any:
     return lax.fori_loop(0, mine, body, jnp.int32(0))
 
 
-def _kernel(q_ref: Any, k_ref: Any, v_ref: Any, sink_ref: Any, out_ref: Any, lse_ref: Any, scoped: Any, *,
-            st: _Static) -> None:
+def _kernel(q_ref: Any, k_ref: Any, v_ref: Any, sink_ref: Any, seg_refs: Any, out_ref: Any, lse_ref: Any,
+            scoped: Any, *, st: _Static) -> None:
     pl, plgpu = _mods()
     # One ring of 2 * steps tiles: K of slot s at s, V of slot s at steps + s (every index into it is
     # traced or a Python int, never a static index followed by a traced one).
-    (qo_smem, kv_smem, lse_smem2, *sink_smem2), (k_ready, v_ready, q_ready, *sink_ready), (k_free, v_free), sched, \
+    (qo_smem, kv_smem, lse_smem2, *extra_smem), (k_ready, v_ready, q_ready, *extra_ready), (k_free, v_free), sched, \
         turn = scoped
+    sink_smem2, sink_ready = extra_smem[:int(st.sinks)], extra_ready[:int(st.sinks)]
+    # Segments: the query rows' ids (and offsets) land with Q, each key block's ids with its V tile.
+    none: tuple[Any, ...] = (None, None, None)
+    qinfo_smem, kseg_smem = extra_smem[int(st.sinks):] if st.segments else none[:2]
+    qinfo_ready, kseg_ready = extra_ready[int(st.sinks):] if st.segments else none[:2]
+    qinfo_ref, kseg_ref, ranges_ref = seg_refs if st.segments else none
     wg = lax.axis_index("wg")
     cta = lax.axis_index("cta")
     mine = _items_of(cta, st.items, st.ctas)  # one per CTA unless persistent
@@ -337,9 +380,22 @@ def _kernel(q_ref: Any, k_ref: Any, v_ref: Any, sink_ref: Any, out_ref: Any, lse
     def item_of(j: Any) -> tuple[Any, Any, Any]:
         return _item(_snake(j, cta, st.ctas), st)
 
-    def cta_blocks(row0: Any) -> tuple[Any, Any]:  # the key blocks of a CTA's rows
+    def cta_blocks(batch: Any, row0: Any) -> tuple[Any, Any]:  # the key blocks of a CTA's rows
+        if st.segments:  # computed outside the kernel from the ids (:func:`_segment_ranges`)
+            qblk = lax.div(row0, jnp.array(st.bq, row0.dtype))
+            return ranges_ref[batch, qblk, consumers, 0], ranges_ref[batch, qblk, consumers, 1]
         lo, _, _, hi = _key_blocks(st.mask, row0, st.bq, st.bk, st.nk)
         return lo, hi
+
+    def consumer_blocks(batch: Any, row0: Any, r0: Any) -> tuple[Any, Any, Any, Any]:  # a consumer's key blocks
+        if st.segments:
+            qblk = lax.div(row0, jnp.array(st.bq, row0.dtype))
+            return tuple(ranges_ref[batch, qblk, wg, i] for i in range(4))
+        return _key_blocks(st.mask, r0, _ROWS, st.bk, st.nk)
+
+    def seg_wait(s: Any) -> None:  # a key block's ids have landed (every phase awaited, masked block or not)
+        if st.segments:
+            plgpu.barrier_wait(kseg_ready.at[s])
 
     def k_tile(s: Any) -> Any:
         return kv_smem.at[s]
@@ -371,6 +427,9 @@ def _kernel(q_ref: Any, k_ref: Any, v_ref: Any, sink_ref: Any, out_ref: Any, lse
                                     q_ready.at[wg])
             if st.sinks:
                 plgpu.copy_gmem_to_smem(sink_ref.at[head], sink_smem2[0].at[buf, wg], sink_ready[0].at[wg])
+            if st.segments:
+                plgpu.copy_gmem_to_smem(qinfo_ref.at[batch, :, pl.ds(row0 + wg * bw, bw)], qinfo_smem.at[buf, wg],
+                                        qinfo_ready.at[wg])
 
         def run_item(j: Any, base: Any) -> Any:
             """Work item ``j`` of this CTA; ``base`` counts the key blocks its earlier items streamed."""
@@ -380,20 +439,35 @@ def _kernel(q_ref: Any, k_ref: Any, v_ref: Any, sink_ref: Any, out_ref: Any, lse
             plgpu.barrier_wait(q_ready.at[wg])
             if st.sinks:  # its row landed with Q (before the next item's load goes to the other buffer)
                 plgpu.barrier_wait(sink_ready[0].at[wg])
+            rows_info: tuple[Any, ...] = ()
+            if st.segments:  # the rows' ids (and offsets), held in registers for the item
+                plgpu.barrier_wait(qinfo_ready.at[wg])
+                rows_info = tuple(_row_vector(qinfo_smem.at[buf, wg, r], st) for r in range(1 + st.row_offsets))
+                plgpu.commit_smem()  # order these generic reads before a later TMA refills the buffer
             if st.ctas < st.items:  # several items a CTA (persistent, two Q tiles)
                 # The last item's output and lse stores have read their tiles: the next Q may go to the
                 # other tile (it lands while this item runs), and this item's lse rows may be written.
                 plgpu.wait_smem_to_gmem(0, wait_read_only=True)
                 _when(j + 1 < mine, lambda: load_q(j + 1, lax.rem(j + 1, jnp.array(st.q_buffers, j.dtype))))
             r0 = row0 + wg * bw
-            lo, hi = cta_blocks(row0)
-            w_lo, w_lo_full, w_hi_full, w_hi = _key_blocks(st.mask, r0, bw, st.bk, st.nk)
+            lo, hi = cta_blocks(batch, row0)
+            w_lo, w_lo_full, w_hi_full, w_hi = consumer_blocks(batch, row0, r0)
 
             def slot(t: Any) -> Any:
                 return lax.rem(base + t - lo, jnp.array(st.steps, jnp.int32))
 
             def vis_at(t: Any, masked: bool) -> Any:
-                return functools.partial(_visible, st, r0, t * st.bk, (bw, st.bk)) if masked else None
+                if not masked:
+                    return None
+
+                def vis() -> Any:  # the key block's ids are read from its slot (held until its V is released)
+                    kseg = None
+                    if st.segments:
+                        kseg = _col_vector(kseg_smem.at[slot(t)], st)
+                        plgpu.commit_smem()  # order the generic id reads before the TMA refills the slot
+                    return _visible(st, r0, t * st.bk, (bw, st.bk), rows_info, kseg)
+
+                return vis
 
             def step(t: Any, carry: Any, *, masked: bool) -> Any:
                 """Ping-pong step: ``S = Q·Kᵀ``, the softmax, then ``O += P·V``."""
@@ -412,6 +486,7 @@ def _kernel(q_ref: Any, k_ref: Any, v_ref: Any, sink_ref: Any, out_ref: Any, lse
 
                     z = pl.run_scoped(qk, plgpu.ACC((bw, st.bk), jnp.float32))
                 plgpu.barrier_arrive(k_free.at[s])
+                seg_wait(s)
                 p, m_new, denom, alpha = _softmax_step(z, m, denom, st, vis_at(t, masked))
                 p16 = p.astype(st.dtype)
                 acc = _scale_rows(acc, alpha)
@@ -452,6 +527,7 @@ def _kernel(q_ref: Any, k_ref: Any, v_ref: Any, sink_ref: Any, out_ref: Any, lse
                     acc = acc + jnp.dot(p_prev, kv_smem[pv_tile], preferred_element_type=jnp.float32)
                     pass_turn()
                     plgpu.barrier_arrive(k_free.at[s])
+                    seg_wait(s)
                     p, m_new, denom, alpha = _softmax_step(z, m, denom, st, vis_at(t, masked))
                 else:
                     def mmas(s_ref: Any, o_ref: Any) -> Any:
@@ -461,6 +537,7 @@ def _kernel(q_ref: Any, k_ref: Any, v_ref: Any, sink_ref: Any, out_ref: Any, lse
                         pass_turn()  # the other consumer issues while this one runs its softmax
                         z = plgpu.wgmma_accumulator_load(s_ref, wait_n=1)  # S_t done; P·V may still run
                         plgpu.barrier_arrive(k_free.at[s])
+                        seg_wait(s)
                         p_t, *rest = lax.optimization_barrier(_softmax_step(z, m, denom, st, vis_at(t, masked)))
                         # P_t goes to the registers of P_{t-1} only once the P·V MMA reading them is done
                         # (ptxas serialises every wgmma when registers a wgmma reads are written in flight).
@@ -500,6 +577,7 @@ def _kernel(q_ref: Any, k_ref: Any, v_ref: Any, sink_ref: Any, out_ref: Any, lse
                 plgpu.barrier_arrive(k_free.at[s])
                 issue_begin()
                 plgpu.barrier_wait(v_ready.at[s])
+                seg_wait(s)
                 plgpu.barrier_arrive(v_free.at[s])
                 issue_end()
                 return carry
@@ -560,7 +638,7 @@ def _kernel(q_ref: Any, k_ref: Any, v_ref: Any, sink_ref: Any, out_ref: Any, lse
         def stream_item(j: Any, base: Any) -> Any:
             batch, head, row0 = item_of(j)
             kv_head = lax.div(head, jnp.array(st.group, head.dtype))
-            lo, hi = cta_blocks(row0)
+            lo, hi = cta_blocks(batch, row0)
 
             def load(t: Any, s: Any, *, reused: bool) -> None:
                 block = (batch, pl.ds(t * st.bk, st.bk), kv_head)
@@ -570,6 +648,9 @@ def _kernel(q_ref: Any, k_ref: Any, v_ref: Any, sink_ref: Any, out_ref: Any, lse
                 if reused:
                     plgpu.barrier_wait(v_free.at[s])
                 plgpu.copy_gmem_to_smem(v_ref.at[block], v_tile(s), v_ready.at[s])
+                if st.segments:  # its slot is free with V's
+                    plgpu.copy_gmem_to_smem(kseg_ref.at[batch, pl.ds(t * st.bk, st.bk)], kseg_smem.at[s],
+                                            kseg_ready.at[s])
 
             def refill(t: Any, carry: Any) -> Any:  # the ring's (base + t - lo)-th block
                 load(t, lax.rem(base + t - lo, jnp.array(st.steps, jnp.int32)), reused=True)
@@ -602,21 +683,27 @@ def _entry(*refs: Any, st: _Static) -> None:
     pl, plgpu = _mods()
     q_ref, k_ref, v_ref, *rest = refs
     sink_ref = rest.pop(0) if st.sinks else None
+    seg_refs = (rest.pop(0), rest.pop(0), rest.pop(0)) if st.segments else None
     out_ref, lse_ref = rest
     consumers = st.bq // _ROWS
     transforms = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
     sinks = (plgpu.SMEM((st.q_buffers, consumers, _ROWS), jnp.float32),) if st.sinks else ()  # sink rows, as Q
+    # The query rows' ids (and offsets), as Q; each key block's ids, as V.
+    segs = (plgpu.SMEM((st.q_buffers, consumers, 1 + st.row_offsets, _ROWS), jnp.int32),
+            plgpu.SMEM((st.steps, st.bk), jnp.int32)) if st.segments else ()
     smem = (
         plgpu.SMEM((st.q_buffers, consumers, _ROWS, st.d), st.dtype, transforms=transforms),  # Q, then O
         plgpu.SMEM((2 * st.steps, st.bk, st.d), st.dtype, transforms=transforms),  # K and V rings
         plgpu.SMEM((consumers, _ROWS), jnp.float32),
         *sinks,
+        *segs,
     )
     ready = (plgpu.Barrier(num_barriers=st.steps), plgpu.Barrier(num_barriers=st.steps),
-             plgpu.Barrier(num_barriers=consumers), *((plgpu.Barrier(num_barriers=consumers),) if st.sinks else ()))
+             plgpu.Barrier(num_barriers=consumers), *((plgpu.Barrier(num_barriers=consumers),) if st.sinks else ()),
+             *((plgpu.Barrier(num_barriers=consumers), plgpu.Barrier(num_barriers=st.steps)) if st.segments else ()))
     free = (plgpu.Barrier(num_arrivals=consumers, num_barriers=st.steps),) * 2
     pl.run_scoped(
-        lambda *scoped: _kernel(q_ref, k_ref, v_ref, sink_ref, out_ref, lse_ref, scoped, st=st),
+        lambda *scoped: _kernel(q_ref, k_ref, v_ref, sink_ref, seg_refs, out_ref, lse_ref, scoped, st=st),
         smem, ready, free, plgpu.Barrier(num_arrivals=_CONSUMERS), plgpu.Barrier(num_barriers=consumers),
         collective_axes="wg",
     )
@@ -631,11 +718,19 @@ def interpret_params() -> Any:
     return InterpretGPUParams()
 
 
+def _segment_ranges(q_ids: Any, k_ids: Any, q_off: Any, mask: _Mask, bq: int, bk: int) -> Any:
+    """The forward's loop bounds (``_segment_blocks.block_ranges``): per CTA of ``bq`` query rows, its 64-row
+    consumers' key blocks of ``bk`` and their hull, ``[B, Sqp / bq, bq / 64 + 1, 4]``."""
+    return _segs.block_ranges(*_segs.block_visibility(q_ids, k_ids, q_off, mask, _ROWS, bk), bq // _ROWS)
+
+
 def _forward_impl(q: Any, k: Any, v: Any, *, cfg: MosaicFlashAttentionConfig, causal: bool, softmax_scale: float,
                   sliding_window: tuple[int, int] | None, logits_soft_cap: float | None,
-                  interpret: bool, sinks: Any = None) -> tuple[Any, Any]:
+                  interpret: bool, sinks: Any = None, segments: Any = None) -> tuple[Any, Any]:
     """``(out [B, Sq, Hq, D], lse [B, Hq, Sq] float32, base 2)``; ``sinks`` ``[Hq]`` join each row's final
-    normalisation in the epilogue (the lse includes them)."""
+    normalisation in the epilogue (the lse includes them). ``segments``: ``(q_ids [B, Sq], k_ids [B, Sk],
+    q_off)`` int, a key visible to a query only when their ids are equal, ``q_off`` ``[B, Sq]`` (or ``None``)
+    each row's offset on the key axis for the causal / window test (replacing ``Sk - Sq``)."""
     _, plgpu = _mods()
     batch, sq, hq, d = q.shape
     sk, hkv = k.shape[1], k.shape[2]
@@ -652,14 +747,22 @@ def _forward_impl(q: Any, k: Any, v: Any, *, cfg: MosaicFlashAttentionConfig, ca
     elif interpret:
         ctas = min(items, _INTERPRET_CTAS)
     else:
-        # One unit a work item beside its key blocks: its Q, softmax tail and store.
-        ctas = persistent_ctas(_sm_count(), items, _item_blocks(mask, bq, bk, nq, nk) + 1)
+        # One unit a work item beside its key blocks: its Q, softmax tail and store. With segments the blocks are
+        # known only at run time: equal costs (one CTA per SM).
+        costs = np.ones(nq, np.int64) if segments is not None else _item_blocks(mask, bq, bk, nq, nk) + 1
+        ctas = persistent_ctas(_sm_count(), items, costs)
     st = _Static(mask=mask, scale=float(softmax_scale),
                  cap=logits_soft_cap, dtype=jnp.dtype(q.dtype), d=d, bq=bq, bk=bk,
                  steps=min(cfg.max_concurrent_steps, nk), nq=nq, nk=nk, group=hq // hkv,
                  ragged_keys=skp != sk, interpret=interpret, overlap=cfg.overlap, hq=hq, items=items, ctas=ctas,
-                 q_buffers=2 if cfg.persistent else 1, sinks=sinks is not None)
+                 q_buffers=2 if cfg.persistent else 1, sinks=sinks is not None, segments=segments is not None,
+                 row_offsets=segments is not None and segments[2] is not None)
     qp, kp, vp = _pad(q, 1, sqp), _pad(k, 1, skp), _pad(v, 1, skp)
+    seg_args: tuple[Any, ...] = ()
+    if segments is not None:
+        q_ids, k_ids, q_off = _segs.pad_segments(segments, sqp, skp)
+        qinfo = q_ids[:, None] if q_off is None else jnp.stack([q_ids, q_off], axis=1)
+        seg_args = (qinfo, k_ids, _segment_ranges(q_ids, k_ids, q_off, mask, bq, bk))
     # The sinks as base-2 logits, one row of a consumer's 64-row layout per head.
     extra = () if sinks is None else (jnp.broadcast_to(
         (sinks.astype(jnp.float32) * (1.0 / math.log(2.0)))[:, None], (hq, _ROWS)),)
@@ -679,7 +782,7 @@ def _forward_impl(q: Any, k: Any, v: Any, *, cfg: MosaicFlashAttentionConfig, ca
         thread_name="wg",
         compiler_params=plgpu.CompilerParams(approx_math=True),
         **kwargs,
-    )(qp, kp, vp, *extra)
+    )(qp, kp, vp, *extra, *seg_args)
     return out[:, :sq], lse[:, :, :sq]
 
 
@@ -712,17 +815,20 @@ def forward_with_residuals(
         ``lse`` the base-2 log-sum-exp ``[B, Hq, Sq]`` float32 (``+inf`` for rows that see no key),
         the sinks appended when given (the lse then includes them).
     """
-    if q_segment_ids is not None or kv_segment_ids is not None or bias is not None:
-        raise ValueError("pallas/gpu:mosaic supports neither segment ids nor bias (its capability gate says so)")
+    if bias is not None:
+        raise ValueError("pallas/gpu:mosaic does not support bias (its capability gate says so)")
+    has_seg = q_segment_ids is not None and kv_segment_ids is not None
+    seg = (q_segment_ids, kv_segment_ids) if has_seg else (None, None)
     batch, sq, hq, _ = q.shape
     extra = () if sinks is None else (sinks,)
     if min(batch, sq, hq, k.shape[1]) == 0:
         out = jnp.zeros((batch, sq, hq, v.shape[3]), q.dtype)
-        return out, (q, k, v, None, None, None, out, jnp.full((batch, hq, sq), jnp.inf, jnp.float32), *extra)
+        return out, (q, k, v, *seg, None, out, jnp.full((batch, hq, sq), jnp.inf, jnp.float32), *extra)
     out, lse = _forward_impl(q, k, v, cfg=heuristic_config(q, k, v) if cfg is None else cfg, causal=causal,
                              softmax_scale=softmax_scale, sliding_window=sliding_window,
-                             logits_soft_cap=logits_soft_cap, interpret=_env.use_interpreter(), sinks=sinks)
-    return out, (q, k, v, None, None, None, out, lse, *extra)
+                             logits_soft_cap=logits_soft_cap, interpret=_env.use_interpreter(), sinks=sinks,
+                             segments=(*seg, None) if has_seg else None)
+    return out, (q, k, v, *seg, None, out, lse, *extra)
 
 
 forward = without_residuals(forward_with_residuals)
@@ -748,7 +854,8 @@ def _backward(
     Returns:
         ``(dq, dk, dv, None, None, None)``.
     """
-    q, k, v, _, _, _, out, lse = residuals
+    q, k, v, q_seg, kv_seg, _, out, lse = residuals
+    segments = None if q_seg is None or kv_seg is None else (q_seg, kv_seg, None)
     if cfg is None:  # no config (``ImplChoice`` without one, or a pairing): this call's heuristic one
         cfg = heuristic_config(q, k, v, causal=causal, sliding_window=sliding_window)
     why_not = _mosaic_backward_refusal(cfg, int(q.shape[3]), jnp.dtype(q.dtype).itemsize)
@@ -769,7 +876,8 @@ def _backward(
         q, k, v, out, lse, d_out, block_q=cfg.bwd_block_q, block_kv=cfg.bwd_block_kv,
         steps=cfg.bwd_max_concurrent_steps, causal=causal, softmax_scale=softmax_scale,
         sliding_window=sliding_window, logits_soft_cap=logits_soft_cap, interpret_params=params, d_lse=d_lse,
-        fused=fused_backward(cfg, int(q.shape[3]), jnp.dtype(q.dtype).itemsize))
+        fused=segments is None and fused_backward(cfg, int(q.shape[3]), jnp.dtype(q.dtype).itemsize),
+        segments=segments)
     return dq, dk, dv, None, None, None
 
 
@@ -858,8 +966,9 @@ def capability(
     """Why this implementation cannot run a call, or ``None`` when it can (abstract arguments suffice).
 
     Supported: bfloat16 / float16 q, k, v with one head dim of 64 or 128 for q, k and v; any
-    lengths (padded to the blocks); GQA / MQA; causal; sliding windows; soft cap. Not supported:
-    segment ids, bias, float32, other head dims. Needs a Hopper GPU (compute capability 9.0:
+    lengths (padded to the blocks); GQA / MQA; causal; sliding windows; soft cap; segment ids (key blocks
+    whose ids cannot meet a query block's are skipped, forward and backward; the Mosaic backward's two kernels).
+    Not supported: bias, float32, other head dims. Needs a Hopper GPU (compute capability 9.0:
     warpgroup MMA), except in interpret mode (``EJK_PALLAS_INTERPRET=1`` on a CPU).
     """
     del causal, softmax_scale, sliding_window, logits_soft_cap
@@ -874,8 +983,6 @@ def capability(
         return f"v head_dim {dv} differs from head_dim {d} (mosaic_gpu needs them equal)"
     if d not in _HEAD_DIMS:
         return f"head_dim {d} not supported (mosaic_gpu: 64 or 128)"
-    if q_segment_ids is not None or kv_segment_ids is not None:
-        return "segment ids not supported by mosaic_gpu"
     if bias is not None:
         return "bias not supported by mosaic_gpu"
     return hopper_reason()

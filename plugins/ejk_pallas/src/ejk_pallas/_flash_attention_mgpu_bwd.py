@@ -51,6 +51,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from ejk.tiling import cdiv as _cdiv
+from ejk_pallas import _segment_blocks as _segs
 from ejk_pallas._flash_attention import _key_blocks, _make_mask, _Mask, _pad, _q_block, _query_blocks
 from ejk_pallas._vmap import fold_vmap_into_batch
 
@@ -93,6 +94,10 @@ class _Static:
     group: int
     ragged_keys: bool
     interpret: bool
+    #: Segment ids (``_segment_blocks``): the query rows' ids (and offsets, ``row_offsets``) and the keys' ids
+    #: are streamed / held beside their tiles, the loop bounds read from a ranges array at run time.
+    segments: bool = False
+    row_offsets: bool = False
 
 
 def _mods() -> tuple[Any, Any]:
@@ -155,21 +160,32 @@ def _logits(s: Any, st: _Static) -> tuple[Any, Any]:
     return t * (st.cap * _LOG2E), t
 
 
-def _visible(st: _Static, row0: Any, col0: Any, shape: tuple[int, int], *, rows_axis: int) -> Any:
+def _visible(st: _Static, row0: Any, col0: Any, shape: tuple[int, int], *, rows_axis: int,
+             q_info: tuple[Any, ...] = (), k_ids: Any = None) -> Any:
     """Visibility of a WGMMA tile whose ``rows_axis`` indexes queries from ``row0`` and other axis keys
-    from ``col0`` (bottom-right aligned masks, see ``_Mask``); ``None`` when everything is visible."""
+    from ``col0`` (bottom-right aligned masks, see ``_Mask``); ``None`` when everything is visible.
+
+    With segments, ``q_info`` holds the queries' ids (and offsets) and ``k_ids`` the keys' ids, vectors
+    along their axes."""
     _, plgpu = _mods()
     wgmma = plgpu.Layout.WGMMA
     rows = _cast(lax.broadcasted_iota(jnp.int32, shape, rows_axis), wgmma, st) + row0
     cols = _cast(lax.broadcasted_iota(jnp.int32, shape, 1 - rows_axis), wgmma, st) + col0
     mask = st.mask
+    offset: Any = mask.offset
+    if st.row_offsets:
+        rows = rows + lax.broadcast_in_dim(q_info[1], shape, [rows_axis])
+        offset = 0
     conds = []
     if st.ragged_keys:
         conds.append(cols < mask.sk)
     if mask.right is not None:
-        conds.append(cols <= rows + (mask.offset + mask.right))
+        conds.append(cols <= rows + (offset + mask.right))
     if mask.left is not None:
-        conds.append(cols >= rows + (mask.offset - mask.left))
+        conds.append(cols >= rows + (offset - mask.left))
+    if st.segments:
+        conds.append(lax.broadcast_in_dim(q_info[0], shape, [rows_axis])
+                     == lax.broadcast_in_dim(k_ids, shape, [1 - rows_axis]))
     return functools.reduce(jnp.logical_and, conds) if conds else None
 
 
@@ -299,14 +315,21 @@ def _consume(ring: _Ring, ready: tuple[Any, ...], free: Any, lo: Any, hi: Any, b
 # ----------------------------------------------------------------------------------------------
 
 
-def _dkdv_kernel(q_ref: Any, k_ref: Any, v_ref: Any, do_ref: Any, lse_ref: Any, delta_ref: Any, dk_ref: Any,
-                 dv_ref: Any, scoped: Any, *, st: _Static) -> None:
+def _dkdv_kernel(q_ref: Any, k_ref: Any, v_ref: Any, do_ref: Any, lse_ref: Any, delta_ref: Any, *refs: Any,
+                 st: _Static) -> None:
     pl, plgpu = _mods()
-    (k_smem2, v_smem2, q_ring, do_ring, lse_ring, delta_ring), ready, kv_ready, free = scoped
+    none: tuple[Any, ...] = (None, None, None)
+    qinfo_ref, kid_ref, ranges_ref = refs[:3] if st.segments else none
+    dk_ref, dv_ref, scoped = refs[-3:]
+    (k_smem2, v_smem2, q_ring, do_ring, lse_ring, delta_ring, *seg_smem), ready, kv_ready, free = scoped
+    qinfo_ring, kid_smem2 = seg_smem if st.segments else none[:2]
     wg = lax.axis_index("wg")
     tile, kv_head, batch = _tile_of(st)
     col_cta = tile * _TILE
-    lo, _, _, hi = _query_blocks(st.mask, col_cta, _TILE, st.blk, st.n_blk)
+    if st.segments:  # the query blocks of the CTA's keys, from the ids (``_segment_blocks``)
+        lo, hi = ranges_ref[batch, tile, _CONSUMERS, 0], ranges_ref[batch, tile, _CONSUMERS, 1]
+    else:
+        lo, _, _, hi = _query_blocks(st.mask, col_cta, _TILE, st.blk, st.n_blk)
     n = hi - lo
     ring = _Ring(st, n * st.group)
 
@@ -319,8 +342,15 @@ def _dkdv_kernel(q_ref: Any, k_ref: Any, v_ref: Any, do_ref: Any, lse_ref: Any, 
         plgpu.barrier_wait(kv_ready.at[wg])
         plgpu.copy_gmem_to_smem(v_ref.at[block], v_smem, kv_ready.at[wg])
         plgpu.barrier_wait(kv_ready.at[wg])
-        bounds = _query_blocks(st.mask, col0, _ROWS, st.blk, st.n_blk)
-        q_r, do_r, lse_r, delta_r = ready
+        k_ids = None
+        if st.segments:
+            plgpu.copy_gmem_to_smem(kid_ref.at[batch, pl.ds(col0, _ROWS)], kid_smem2.at[wg], kv_ready.at[wg])
+            plgpu.barrier_wait(kv_ready.at[wg])
+            k_ids = _vector(kid_smem2.at[wg], 0, st)
+            bounds = tuple(ranges_ref[batch, tile, wg, i] for i in range(4))
+        else:
+            bounds = _query_blocks(st.mask, col0, _ROWS, st.blk, st.n_blk)
+        q_r, do_r, lse_r, delta_r, *seg_r = ready
         shape = (_ROWS, st.blk)
 
         def step(t: Any, s: Any, carry: Any, *, masked: bool) -> Any:
@@ -328,7 +358,9 @@ def _dkdv_kernel(q_ref: Any, k_ref: Any, v_ref: Any, do_ref: Any, lse_ref: Any, 
             q_s, do_s = q_ring.at[s], do_ring.at[s]
             z, tanh = _logits(_mm(k_smem, q_s, shape, st, transpose_b=True), st)
             if masked:
-                vis = _visible(st, t * st.blk, col0, shape, rows_axis=1)
+                q_info = tuple(_vector(qinfo_ring.at[s, r], 1, st) for r in range(1 + st.row_offsets)) \
+                    if st.segments else ()
+                vis = _visible(st, t * st.blk, col0, shape, rows_axis=1, q_info=q_info, k_ids=k_ids)
                 if vis is not None:
                     z = jnp.where(vis, z, -jnp.inf)
             lse = _vector(lse_ring.at[s], 1, st)
@@ -343,7 +375,7 @@ def _dkdv_kernel(q_ref: Any, k_ref: Any, v_ref: Any, do_ref: Any, lse_ref: Any, 
             return dk, dv
 
         def head(g: Any, carry: Any) -> Any:
-            return _consume(ring, (q_r, do_r, lse_r, delta_r), free, lo, hi, bounds, g * n - lo, step, carry)
+            return _consume(ring, (q_r, do_r, lse_r, delta_r, *seg_r), free, lo, hi, bounds, g * n - lo, step, carry)
 
         zeros = _cast(jnp.zeros((_ROWS, st.d), jnp.float32), plgpu.Layout.WGMMA, st)
         carry = (zeros, zeros)
@@ -357,7 +389,7 @@ def _dkdv_kernel(q_ref: Any, k_ref: Any, v_ref: Any, do_ref: Any, lse_ref: Any, 
 
     def producer() -> None:
         plgpu.set_max_registers(_PRODUCER_REGS, action="decrease")
-        q_r, do_r, lse_r, delta_r = ready
+        q_r, do_r, lse_r, delta_r, *seg_r = ready
         first_head = kv_head * st.group
         safe_n = max(n, 1) if isinstance(n, int) else jnp.maximum(n, 1)
 
@@ -370,6 +402,8 @@ def _dkdv_kernel(q_ref: Any, k_ref: Any, v_ref: Any, do_ref: Any, lse_ref: Any, 
             plgpu.copy_gmem_to_smem(do_ref.at[batch, rows, h], do_ring.at[s], do_r.at[s])
             plgpu.copy_gmem_to_smem(lse_ref.at[batch, h, rows], lse_ring.at[s], lse_r.at[s])
             plgpu.copy_gmem_to_smem(delta_ref.at[batch, h, rows], delta_ring.at[s], delta_r.at[s])
+            if st.segments:
+                plgpu.copy_gmem_to_smem(qinfo_ref.at[batch, :, rows], qinfo_ring.at[s], seg_r[0].at[s])
 
         ring.produce(load, free)
 
@@ -382,14 +416,22 @@ def _dkdv_kernel(q_ref: Any, k_ref: Any, v_ref: Any, do_ref: Any, lse_ref: Any, 
 # ----------------------------------------------------------------------------------------------
 
 
-def _dq_kernel(q_ref: Any, k_ref: Any, v_ref: Any, do_ref: Any, lse_ref: Any, delta_ref: Any, dq_ref: Any,
-               scoped: Any, *, st: _Static) -> None:
+def _dq_kernel(q_ref: Any, k_ref: Any, v_ref: Any, do_ref: Any, lse_ref: Any, delta_ref: Any, *refs: Any,
+               st: _Static) -> None:
     pl, plgpu = _mods()
-    (q_smem2, do_smem2, lse_smem2, delta_smem2, k_ring, v_ring), ready, row_ready, free = scoped
+    none: tuple[Any, ...] = (None, None, None)
+    qinfo_ref, kid_ref, ranges_ref = refs[:3] if st.segments else none
+    dq_ref, scoped = refs[-2:]
+    (q_smem2, do_smem2, lse_smem2, delta_smem2, k_ring, v_ring, *seg_smem), ready, row_ready, free = scoped
+    qinfo_smem2, kid_ring = seg_smem if st.segments else none[:2]
     wg = lax.axis_index("wg")
     tile, head, batch = _tile_of(st)
-    row_cta = _q_block(tile, st.mask, st.n_tile) * _TILE
-    lo, _, _, hi = _key_blocks(st.mask, row_cta, _TILE, st.blk, st.n_blk)
+    row_block = _q_block(tile, st.mask, st.n_tile)
+    row_cta = row_block * _TILE
+    if st.segments:  # the key blocks of the CTA's rows, from the ids (``_segment_blocks``)
+        lo, hi = ranges_ref[batch, row_block, _CONSUMERS, 0], ranges_ref[batch, row_block, _CONSUMERS, 1]
+    else:
+        lo, _, _, hi = _key_blocks(st.mask, row_cta, _TILE, st.blk, st.n_blk)
     ring = _Ring(st, hi - lo)
 
     def consumer() -> None:
@@ -398,14 +440,22 @@ def _dq_kernel(q_ref: Any, k_ref: Any, v_ref: Any, do_ref: Any, lse_ref: Any, de
         row0 = row_cta + wg * _ROWS
         rows = pl.ds(row0, _ROWS)
         bar = row_ready.at[wg]
-        for src, dst in ((q_ref.at[batch, rows, head], q_smem), (do_ref.at[batch, rows, head], do_smem),
-                         (lse_ref.at[batch, head, rows], lse_smem2.at[wg]),
-                         (delta_ref.at[batch, head, rows], delta_smem2.at[wg])):
+        copies = [(q_ref.at[batch, rows, head], q_smem), (do_ref.at[batch, rows, head], do_smem),
+                  (lse_ref.at[batch, head, rows], lse_smem2.at[wg]),
+                  (delta_ref.at[batch, head, rows], delta_smem2.at[wg])]
+        if st.segments:
+            copies.append((qinfo_ref.at[batch, :, rows], qinfo_smem2.at[wg]))
+        for src, dst in copies:
             plgpu.copy_gmem_to_smem(src, dst, bar)
             plgpu.barrier_wait(bar)
         lse = _vector(lse_smem2.at[wg], 0, st)
         delta = _vector(delta_smem2.at[wg], 0, st)
-        bounds = _key_blocks(st.mask, row0, _ROWS, st.blk, st.n_blk)
+        q_info: tuple[Any, ...] = ()
+        if st.segments:
+            q_info = tuple(_vector(qinfo_smem2.at[wg, r], 0, st) for r in range(1 + st.row_offsets))
+            bounds = tuple(ranges_ref[batch, row_block, wg, i] for i in range(4))
+        else:
+            bounds = _key_blocks(st.mask, row0, _ROWS, st.blk, st.n_blk)
         shape = (_ROWS, st.blk)
 
         def step(t: Any, s: Any, dq: Any, *, masked: bool) -> Any:
@@ -413,7 +463,10 @@ def _dq_kernel(q_ref: Any, k_ref: Any, v_ref: Any, do_ref: Any, lse_ref: Any, de
             s_raw, dp = _mm_pair(q_smem, k_s, do_smem, v_s, shape, st)  # S = Q·Kᵀ, dP = dO·Vᵀ
             z, tanh = _logits(s_raw, st)
             if masked:
-                vis = _visible(st, row0, t * st.blk, shape, rows_axis=0)
+                k_ids = _vector(kid_ring.at[s], 1, st) if st.segments else None
+                if st.segments:  # order the generic id reads before the TMA refills the slot
+                    plgpu.commit_smem()
+                vis = _visible(st, row0, t * st.blk, shape, rows_axis=0, q_info=q_info, k_ids=k_ids)
                 if vis is not None:
                     z = jnp.where(vis, z, -jnp.inf)
             p = jnp.exp2(z - lax.broadcast_in_dim(lse, shape, [0]))
@@ -432,12 +485,15 @@ def _dq_kernel(q_ref: Any, k_ref: Any, v_ref: Any, do_ref: Any, lse_ref: Any, de
     def producer() -> None:
         plgpu.set_max_registers(_PRODUCER_REGS, action="decrease")
         kv_head = lax.div(head, jnp.array(st.group, head.dtype))
-        k_r, v_r = ready
+        k_r, v_r, *seg_r = ready
 
         def load(i: Any, s: Any) -> None:
             block = (batch, pl.ds((lo + i) * st.blk, st.blk), kv_head)
             plgpu.copy_gmem_to_smem(k_ref.at[block], k_ring.at[s], k_r.at[s])
             plgpu.copy_gmem_to_smem(v_ref.at[block], v_ring.at[s], v_r.at[s])
+            if st.segments:
+                plgpu.copy_gmem_to_smem(kid_ref.at[batch, pl.ds((lo + i) * st.blk, st.blk)], kid_ring.at[s],
+                                        seg_r[0].at[s])
 
         ring.produce(load, free)
 
@@ -717,7 +773,7 @@ def _launch(body: Any, st: _Static, *, outs: Any, grid: tuple[int, ...], names: 
 def backward_impl(q: Any, k: Any, v: Any, out: Any, lse: Any, d_out: Any, *, block_q: int, block_kv: int,
                   steps: int, causal: bool, softmax_scale: float, sliding_window: tuple[int, int] | None,
                   logits_soft_cap: float | None, interpret_params: Any, d_lse: Any = None,
-                  fused: bool = False) -> tuple[Any, Any, Any]:
+                  fused: bool = False, segments: Any = None) -> tuple[Any, Any, Any]:
     """``(dq, dk, dv)`` from the forward's residuals (``lse`` base 2, ``[B, Hq, Sq]``, ``+inf`` for empty rows)
     and the cotangents (``d_lse``: of the natural log-sum-exp, if any).
 
@@ -725,15 +781,21 @@ def backward_impl(q: Any, k: Any, v: Any, out: Any, lse: Any, d_out: Any, *, blo
     accumulated in float32 by TMA reduce-adds in no fixed order; else the two deterministic kernels, dK / dV
     with ``block_q`` query rows a step and dQ with ``block_kv`` keys a step. ``steps``: TMA ring slots;
     ``interpret_params``: Mosaic GPU interpret mode's parameters, or ``None`` to compile for the GPU.
+    ``segments``: ``(q_ids [B, Sq], k_ids [B, Sk], q_off [B, Sq] | None)`` as the forward's (the two kernels
+    only: ``fused`` must be ``False``).
     """
+    if segments is not None and fused:
+        raise ValueError("the fused Mosaic GPU backward has no segment ids; use the two kernels (fused=False)")
     _, plgpu = _mods()
     batch, sq, hq, d = q.shape
     sk, hkv = k.shape[1], k.shape[2]
     sqp, skp = _cdiv(sq, _TILE) * _TILE, _cdiv(sk, _TILE) * _TILE
     dtype = jnp.dtype(q.dtype)
-    common = dict(mask=_make_mask(sq, sk, causal, sliding_window, False), scale=float(softmax_scale),
+    mask = _make_mask(sq, sk, causal, sliding_window, False)
+    common = dict(mask=mask, scale=float(softmax_scale),
                   cap=logits_soft_cap, dtype=dtype, d=d, group=hq // hkv, ragged_keys=skp != sk,
-                  interpret=interpret_params is not None)
+                  interpret=interpret_params is not None, segments=segments is not None,
+                  row_offsets=segments is not None and segments[2] is not None)
     delta = jnp.einsum("bqhd,bqhd->bhq", out.astype(jnp.float32), d_out.astype(jnp.float32))
     if d_lse is not None:  # the natural-lse cotangent: d_logits = p · (dp - delta + d_lse)
         delta = delta - d_lse.astype(jnp.float32)
@@ -753,15 +815,29 @@ def backward_impl(q: Any, k: Any, v: Any, out: Any, lse: Any, d_out: Any, *, blo
     st_kv = _Static(blk=block_q, steps=min(steps, sqp // block_q), n_blk=sqp // block_q, n_tile=skp // _TILE,
                     heads=hkv, **common)
     t = _tiles()
+    kv_args: tuple[Any, ...] = ()
+    q_args: tuple[Any, ...] = ()
+    rows = 1 + int(st_kv.row_offsets)
+    if segments is not None:
+        q_ids, k_ids, q_off = _segs.pad_segments(segments, sqp, skp)
+        qinfo = q_ids[:, None] if q_off is None else jnp.stack([q_ids, q_off], axis=1)
+        # Key side: per CTA of 128 keys, its 64-key consumers' query blocks (the visibility transposed).
+        some, every = _segs.block_visibility(q_ids, k_ids, q_off, mask, block_q, _ROWS)
+        kv_args = (qinfo, k_ids, _segs.block_ranges(some.transpose(0, 2, 1), every.transpose(0, 2, 1), _CONSUMERS))
+        q_args = (qinfo, k_ids, _segs.block_ranges(*_segs.block_visibility(q_ids, k_ids, q_off, mask, _ROWS,
+                                                                          block_kv), _CONSUMERS))
+    seg_kv = (plgpu.SMEM((st_kv.steps, rows, block_q), jnp.int32),
+              plgpu.SMEM((_CONSUMERS, _ROWS), jnp.int32)) if segments is not None else ()
     smem_kv = (plgpu.SMEM((_CONSUMERS, _ROWS, d), dtype, transforms=t),
                plgpu.SMEM((_CONSUMERS, _ROWS, d), dtype, transforms=t),
                plgpu.SMEM((st_kv.steps, block_q, d), dtype, transforms=t),
                plgpu.SMEM((st_kv.steps, block_q, d), dtype, transforms=t),
                plgpu.SMEM((st_kv.steps, block_q), jnp.float32),
-               plgpu.SMEM((st_kv.steps, block_q), jnp.float32))
+               plgpu.SMEM((st_kv.steps, block_q), jnp.float32),
+               *seg_kv)
     dk, dv = _launch(_dkdv_kernel, st_kv, outs=(jax.ShapeDtypeStruct(kp.shape, dtype),) * 2,
-                     grid=(skp // _TILE * hkv * batch,), names=("cta",), smem=smem_kv, ready=4,
-                     interpret_params=interpret_params)(*args)
+                     grid=(skp // _TILE * hkv * batch,), names=("cta",), smem=smem_kv, ready=4 + bool(seg_kv),
+                     interpret_params=interpret_params)(*args, *kv_args)
 
     st_q = _Static(blk=block_kv, steps=min(steps, skp // block_kv), n_blk=skp // block_kv, n_tile=sqp // _TILE,
                    heads=hq, **common)
@@ -770,7 +846,10 @@ def backward_impl(q: Any, k: Any, v: Any, out: Any, lse: Any, d_out: Any, *, blo
               plgpu.SMEM((_CONSUMERS, _ROWS), jnp.float32),
               plgpu.SMEM((_CONSUMERS, _ROWS), jnp.float32),
               plgpu.SMEM((st_q.steps, block_kv, d), dtype, transforms=t),
-              plgpu.SMEM((st_q.steps, block_kv, d), dtype, transforms=t))
+              plgpu.SMEM((st_q.steps, block_kv, d), dtype, transforms=t),
+              *((plgpu.SMEM((_CONSUMERS, rows, _ROWS), jnp.int32), plgpu.SMEM((st_q.steps, block_kv), jnp.int32))
+                if segments is not None else ()))
     dq = _launch(_dq_kernel, st_q, outs=jax.ShapeDtypeStruct(qp.shape, dtype), grid=(sqp // _TILE * hq * batch,),
-                 names=("cta",), smem=smem_q, ready=2, interpret_params=interpret_params)(*args)
+                 names=("cta",), smem=smem_q, ready=2 + (segments is not None), interpret_params=interpret_params
+                 )(*args, *q_args)
     return dq[:, :sq], dk[:, :sk], dv[:, :sk]

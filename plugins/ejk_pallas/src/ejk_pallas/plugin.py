@@ -18,6 +18,7 @@ from ejk_pallas import (
     _matmul_tpu,
     _paged_attention,
     _paged_attention_tpu,
+    _varlen_attention_mgpu,
 )
 
 # The GPU kernels are in the FAST tier, the Mosaic TPU ones UNTESTED (never run on TPU hardware: ``platform="auto"``
@@ -59,6 +60,12 @@ def ejk_register_kernels(register: RegisterKernels) -> None:
         register("flash_attention", Platform.PALLAS, backend, priority=MOSAIC_GPU_PRIORITY, name="mosaic",
                  cfg_type=mg.MosaicFlashAttentionConfig, config_space=mg.config_space,
                  heuristic=mg.heuristic_config, capability=mg.capability, vjp=mg_vjp)(mg.forward)
+        # Packed sequences on the same forward (segments with per-row offsets); differentiable through its own
+        # custom_vjp (gradients from another varlen implementation until the Mosaic backward has segments).
+        va = _varlen_attention_mgpu
+        register("flash_attention_varlen", Platform.PALLAS, backend, priority=MOSAIC_GPU_PRIORITY, name="mosaic",
+                 cfg_type=mg.MosaicFlashAttentionConfig, config_space=va.config_space,
+                 heuristic=va.heuristic_config, capability=va.capability)(va.flash_attention_varlen)
     tpu = _flash_attention_tpu
     tpu_vjp = VJP(fwd=tpu.forward_with_residuals, bwd=tpu.backward, residuals=tpu.RESIDUALS, extra_cotangents=LSE)
     for backend in _tpu_backends():

@@ -1,0 +1,108 @@
+"""Which blocks of the attention square the Mosaic GPU kernels visit under segment ids, computed in XLA.
+
+Query row ``i`` sees key ``j`` iff ``q_ids[i] == k_ids[j]`` and the static mask's causal / window bounds hold
+with row ``i`` at ``pos[i] = i + off[i]`` on the key axis (``off`` the mask's ``Sk - Sq``, or per row for
+packed sequences). From each block's smallest and largest id and position, :func:`block_visibility` tells
+which (query block, key block) pairs may hold a visible pair and which are wholly visible; exact for ids
+sorted along each row (packed sequences), a superset otherwise (the kernels still mask every block that is
+not wholly visible). :func:`block_ranges` turns a row of it into the loop bounds the kernels read at run
+time: for each 64-row consumer block the blocks ``lo <= lo_full <= hi_full <= hi`` (``[lo, hi)`` may hold
+visible pairs, ``[lo_full, hi_full)`` need no mask) and for each CTA of ``consumers`` such blocks their hull.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from ejk_pallas._flash_attention import _Mask
+
+__all__ = ["PAD_K_ID", "PAD_Q_ID", "block_ranges", "block_visibility", "pad_segments"]
+
+#: Ids of padded query rows and padded keys (never equal: padded rows see nothing, padded keys are seen by none).
+PAD_Q_ID, PAD_K_ID = -1, -2
+#: Sentinel of the per-block extremes (a row or key that takes no part).
+_BIG = 2**30
+
+
+def _pad(x: Any, to: int, value: int) -> Any:
+    return jnp.pad(x.astype(jnp.int32), ((0, 0), (0, to - x.shape[1])), constant_values=value)
+
+
+def pad_segments(segments: tuple[Any, Any, Any], sqp: int, skp: int) -> tuple[Any, Any, Any]:
+    """``(q_ids [B, sqp], k_ids [B, skp], q_off [B, sqp] | None)`` int32, padded with :data:`PAD_Q_ID`,
+    :data:`PAD_K_ID` and 0."""
+    q_ids, k_ids, q_off = segments
+    return _pad(q_ids, sqp, PAD_Q_ID), _pad(k_ids, skp, PAD_K_ID), None if q_off is None else _pad(q_off, sqp, 0)
+
+
+def _extremes(x: Any, real: Any, block: int) -> tuple[Any, Any]:
+    """Per block of ``block`` along axis 1: the smallest and largest of ``x`` where ``real``."""
+    shape = (x.shape[0], x.shape[1] // block, block)
+    lo = jnp.min(jnp.where(real, x, _BIG).reshape(shape), axis=2)
+    hi = jnp.max(jnp.where(real, x, -_BIG).reshape(shape), axis=2)
+    return lo, hi
+
+
+def block_visibility(q_ids: Any, k_ids: Any, q_off: Any, mask: _Mask, bq: int, bk: int) -> tuple[Any, Any]:
+    """``(some, every)``, bool ``[B, Sqp / bq, Skp / bk]``: whether a query block of ``bq`` rows and a key
+    block of ``bk`` keys may hold a visible pair, and whether every pair of them is visible.
+
+    ``q_ids`` ``[B, Sqp]`` and ``k_ids`` ``[B, Skp]`` padded past ``mask.sq`` / ``mask.sk``; ``q_off``
+    ``[B, Sqp]`` or ``None`` (``mask.offset`` for every row).
+    """
+    batch, sqp = q_ids.shape
+    skp = k_ids.shape[1]
+    rows = jnp.arange(sqp, dtype=jnp.int32)
+    real_row = (rows < mask.sq)[None, :]
+    pos = jnp.broadcast_to(rows[None, :] + (mask.offset if q_off is None else q_off), (batch, sqp))
+    q_lo, q_hi = (x[:, :, None] for x in _extremes(q_ids, real_row, bq))
+    # One id in the block (padded rows count: a block with some is never wholly visible).
+    one_id = (jnp.min(q_ids.reshape(batch, -1, bq), axis=2) == jnp.max(q_ids.reshape(batch, -1, bq), axis=2))
+    p_lo, p_hi = (x[:, :, None] for x in _extremes(pos, real_row, bq))
+    real_key = (jnp.arange(skp, dtype=jnp.int32) < mask.sk)[None, :]
+    k_lo, k_hi = (x[:, None, :] for x in _extremes(k_ids, real_key, bk))
+    c0 = jnp.arange(skp // bk, dtype=jnp.int32)[None, None, :] * bk
+    c1 = jnp.minimum(c0 + (bk - 1), mask.sk - 1)  # the block's last real key
+    some = (q_lo <= k_hi) & (k_lo <= q_hi)
+    every = one_id[:, :, None] & (k_lo == k_hi) & (q_lo == k_lo) & (c0 + bk <= mask.sk)
+    if mask.right is not None:  # j <= pos + right
+        some &= c0 <= p_hi + mask.right
+        every &= c0 + (bk - 1) <= p_lo + mask.right
+    if mask.left is not None:  # j >= pos - left
+        some &= c1 >= p_lo - mask.left
+        every &= c0 >= p_hi - mask.left
+    return some, every
+
+
+def block_ranges(some: Any, every: Any, consumers: int) -> jax.Array:
+    """Loop bounds from :func:`block_visibility`'s ``[B, n, m]`` (rows: 64-wide consumer blocks, columns: the
+    streamed blocks): int32 ``[B, n / consumers, consumers + 1, 4]``, ``[..., c, :]`` consumer ``c``'s
+    ``(lo, lo_full, hi_full, hi)`` and ``[..., consumers, :2]`` the CTA's ``[lo, hi)`` (their hull; an empty
+    consumer gets the empty range at the CTA's ``lo``). Wholly visible blocks that are not contiguous are all
+    masked."""
+    batch, n, m = some.shape
+    blocks = jnp.arange(m, dtype=jnp.int32)
+    lo = jnp.min(jnp.where(some, blocks, m), axis=2)
+    hi = jnp.max(jnp.where(some, blocks + 1, 0), axis=2)
+    f_lo = jnp.min(jnp.where(every, blocks, m), axis=2)
+    f_hi = jnp.max(jnp.where(every, blocks + 1, 0), axis=2)
+    contiguous = jnp.sum(every, axis=2, dtype=jnp.int32) == f_hi - f_lo
+    shape = (batch, n // consumers, consumers)
+    lo, hi = lo.reshape(shape), hi.reshape(shape)
+    cta_lo = jnp.min(lo, axis=2, keepdims=True)
+    cta_hi = jnp.max(hi, axis=2, keepdims=True)
+    cta_lo = jnp.where(cta_lo >= cta_hi, 0, cta_lo)
+    cta_hi = jnp.maximum(cta_hi, cta_lo)
+    empty = lo >= hi
+    lo = jnp.where(empty, cta_lo, lo)
+    hi = jnp.where(empty, cta_lo, hi)
+    f_lo = jnp.clip(jnp.where(contiguous, f_lo, m).reshape(shape), lo, hi)
+    f_hi = jnp.clip(jnp.where(contiguous, f_hi, 0).reshape(shape), f_lo, hi)
+    f_lo = jnp.where(f_hi > f_lo, f_lo, hi)
+    f_hi = jnp.maximum(f_hi, f_lo)
+    per = jnp.stack([lo, f_lo, f_hi, hi], axis=-1)
+    cta = jnp.concatenate([cta_lo, cta_hi, cta_lo, cta_hi], axis=-1)[:, :, None, :]
+    return jnp.concatenate([per, cta], axis=2).astype(jnp.int32)

@@ -1,0 +1,321 @@
+"""Segment ids and packed sequences (``flash_attention_varlen``) on the Mosaic GPU flash attention forward.
+
+On a CPU the kernel runs in Pallas's Mosaic GPU interpret mode (``EJK_PALLAS_INTERPRET=1``; small shapes:
+the interpreter is slow) and is lowered for CUDA without a GPU; the key block ranges computed from the ids
+are checked against a brute-force visibility. Tests marked ``gpu`` run the compiled kernel on a Hopper GPU.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import ejk
+from ejk.testing import (
+    VARLEN_CASES,
+    assert_close,
+    check_flash_attention_varlen,
+    reference_flash_attention,
+    reference_flash_attention_varlen,
+)
+from ejk_pallas import _env
+from ejk_pallas import _flash_attention_mgpu as mg
+from ejk_pallas import _flash_attention_mgpu_bwd as bwd
+from ejk_pallas import _varlen_attention_mgpu as va
+from ejk_pallas._flash_attention import _make_mask
+from ejk_pallas._flash_attention_mgpu import MosaicFlashAttentionConfig as Config
+
+ON_GPU = _env.nvidia_gpu()[0]
+ON_HOPPER = ON_GPU and mg.capability(*(jax.ShapeDtypeStruct((1, 8, 1, 64), jnp.bfloat16),) * 3) is None
+needs_kernels = pytest.mark.skipif(
+    not (ON_HOPPER or (_env.use_interpreter() and mg.interpret_params() is not None)),
+    reason="needs a Hopper GPU, or EJK_PALLAS_INTERPRET=1 and jax's Mosaic GPU interpret mode on a CPU")
+needs_hopper = pytest.mark.skipif(not ON_HOPPER, reason="needs a Hopper (sm_90) GPU")
+
+
+def _choice(cfg: Config | None = None) -> ejk.ImplChoice:
+    return ejk.ImplChoice(platform="pallas", backend="gpu" if ON_GPU else "cpu", implementation="mosaic", cfg=cfg)
+
+
+def _runs(*pieces: tuple[int, int]) -> np.ndarray:
+    """Ids from ``(id, length)`` runs."""
+    return np.concatenate([np.full(n, i, np.int32) for i, n in pieces])
+
+
+def _qkv(rng: np.random.Generator, shapes: tuple[tuple[int, ...], ...], dtype: Any) -> tuple[jax.Array, ...]:
+    return tuple(jnp.asarray(rng.standard_normal(s), dtype) for s in shapes)
+
+
+def _check_segments(b: int, sq: int, sk: int, hq: int, hkv: int, d: int, q_ids: np.ndarray, k_ids: np.ndarray,
+                    cfg: Config, *, grads: bool, dtype: str = "bfloat16", **opts: Any) -> None:
+    rng = np.random.default_rng(sq * 7 + sk)
+    q, k, v = _qkv(rng, ((b, sq, hq, d), (b, sk, hkv, d), (b, sk, hkv, d)), jnp.dtype(dtype))
+    qs, ks = jnp.asarray(q_ids, jnp.int32), jnp.asarray(k_ids, jnp.int32)
+    ours = functools.partial(ejk.flash_attention, q_segment_ids=qs, kv_segment_ids=ks, platform="pallas",
+                             cfg=_choice(cfg), **opts)
+    ref = functools.partial(reference_flash_attention, q_segment_ids=qs, kv_segment_ids=ks, **opts)
+    f32 = [x.astype(jnp.float32) for x in (q, k, v)]
+    out = jax.jit(ours)(q, k, v)
+    assert out.dtype == q.dtype
+    assert_close(out, ref(*f32), dtype, what="out")
+    if grads:
+        cot = jnp.asarray(rng.standard_normal(out.shape), jnp.float32)
+        got = jax.jit(jax.grad(lambda *a: jnp.sum(ours(*a).astype(jnp.float32) * cot), argnums=(0, 1, 2)))(q, k, v)
+        want = jax.grad(lambda *a: jnp.sum(ref(*a) * cot), argnums=(0, 1, 2))(*f32)
+        for name, g, w in zip("qkv", got, want, strict=True):
+            assert_close(g, w, dtype, what=f"d{name}")
+
+
+# ----------------------------------------------------------------------------------------------
+# Interpret mode (CPU)
+# ----------------------------------------------------------------------------------------------
+
+
+@needs_kernels
+def test_packed_segments_values_and_grads() -> None:
+    """Packed sequences of odd lengths, id 1 in two separate runs, causal, GQA 2, ragged keys: the key blocks
+    of each query block come from the ids; gradients through the Triton-lowered Pallas backward (``"auto"`` in
+    interpret mode)."""
+    ids = _runs((0, 37), (1, 50), (2, 23), (1, 40), (3, 50))  # 200 tokens
+    _check_segments(1, 200, 200, 4, 2, 64, ids[None], ids[None], Config(block_q=128, block_kv=64), grads=True,
+                    causal=True)
+
+
+@needs_kernels
+def test_segments_overlap_persistent_window_and_rows_that_see_nothing() -> None:
+    """The intra-warpgroup overlap on two persistent CTAs (items of several lengths), causal with a window,
+    GQA 2, Sq < Sk; rows 60..69 carry an id no key has (zeros); the second batch row's ids are shuffled
+    (unsorted: the blocks' id ranges overlap everywhere, the mask alone decides)."""
+    ids = _runs((0, 37), (1, 50), (2, 23), (1, 40), (3, 80))  # 230 keys
+    perm = np.random.default_rng(1).permutation(230)
+    q_ids = np.stack([ids[:150], ids[perm][:150]])
+    q_ids[0, 60:70] = 9
+    _check_segments(2, 150, 230, 4, 2, 64, q_ids, np.stack([ids, ids[perm]]),
+                    Config(block_q=128, block_kv=64, overlap=True, persistent=True), grads=False, causal=True,
+                    sliding_window=(30, 0))
+
+
+#: The Mosaic GPU backward (two kernels: the fused one has no segments) in interpret mode, where ``"auto"`` takes
+#: the Triton-lowered one.
+MOSAIC_BWD = dict(backward="mosaic", bwd_block_q=64, bwd_block_kv=64)
+
+
+@needs_kernels
+def test_packed_segments_mosaic_backward() -> None:
+    """The same packing through the Mosaic GPU backward: dK / dV over the query blocks each key block's ids
+    can meet, dQ over the key blocks; GQA 2 (dK / dV summed over the group)."""
+    ids = _runs((0, 37), (1, 50), (2, 23), (1, 40), (3, 50))
+    _check_segments(1, 200, 200, 4, 2, 64, ids[None], ids[None],
+                    Config(block_q=128, block_kv=64, **MOSAIC_BWD), grads=True, causal=True)
+
+
+def _offsets(lengths: list[int]) -> jax.Array:
+    return jnp.asarray(np.concatenate([[0], np.cumsum(lengths)]), jnp.int32)
+
+
+@needs_kernels
+@pytest.mark.parametrize("backward", ["mosaic", "other"])
+def test_varlen_values_and_grads(backward: str) -> None:
+    """Packed varlen: odd lengths, Sq != Sk per sequence (bottom-right aligned causal window), an empty
+    sequence, padding tails on both sides, GQA 2, sinks; gradients from the Mosaic GPU backward with per-row
+    offsets, or (``backward="auto"`` in interpret mode) another implementation's, against the float32
+    reference."""
+    rng = np.random.default_rng(5)
+    cu_q, cu_k = _offsets([37, 0, 50, 23]), _offsets([40, 5, 30, 60])
+    q, k, v = _qkv(rng, ((120, 4, 64), (140, 2, 64), (140, 2, 64)), jnp.bfloat16)
+    sinks = jnp.asarray([0.5, -1.0, 0.0, 2.0], jnp.float32)
+    opts: dict[str, Any] = dict(causal=True, sliding_window=(20, 0), sinks=sinks)
+    ours = functools.partial(ejk.flash_attention_varlen, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, platform="pallas",
+                             cfg=_choice(Config(block_q=128, block_kv=64,
+                                                **(MOSAIC_BWD if backward == "mosaic" else {}))), **opts)
+    out = jax.jit(ours)(q, k, v)
+    f32 = [x.astype(jnp.float32) for x in (q, k, v)]
+    ref = functools.partial(reference_flash_attention_varlen, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, **opts)
+    assert_close(out, ref(*f32), "bfloat16", what="out")
+    assert not np.asarray(out[110:], np.float32).any()  # padding rows
+    cot = jnp.asarray(rng.standard_normal(out.shape), jnp.float32)
+    got = jax.jit(jax.grad(lambda *a: jnp.sum(ours(*a).astype(jnp.float32) * cot), argnums=(0, 1, 2)))(q, k, v)
+    want = jax.grad(lambda *a: jnp.sum(ref(*a) * cot), argnums=(0, 1, 2))(*f32)
+    for name, g, w in zip("qkv", got, want, strict=True):
+        assert_close(g, w, "bfloat16", what=f"d{name}")
+
+
+#: The shared conformance cases at a head dim the kernel takes (64).
+CONFORMANCE = tuple({**case, "dim": 64} for case in VARLEN_CASES)
+
+
+@needs_kernels
+def test_varlen_conformance_cases() -> None:
+    """Two of ejk's shared varlen cases (a window with soft cap and sinks; Sq != Sk with an empty key sequence and
+    padding, GQA 4) through the Mosaic GPU forward and backward; every case on the GPU."""
+    cfg = _choice(Config(block_q=128, block_kv=64, **MOSAIC_BWD))
+    assert check_flash_attention_varlen("pallas", dtypes=(jnp.bfloat16,), cases=CONFORMANCE[2::2], cfg=cfg) == 2
+
+
+# ----------------------------------------------------------------------------------------------
+# Block ranges, token segments, gate and registration (no kernel)
+# ----------------------------------------------------------------------------------------------
+
+
+def _brute_visible(q_ids: np.ndarray, k_ids: np.ndarray, q_off: np.ndarray | None, sq: int, sk: int,
+                   left: int | None, right: int | None) -> np.ndarray:
+    i, j = np.arange(q_ids.shape[1])[:, None], np.arange(k_ids.shape[1])[None, :]
+    pos = i + (sk - sq if q_off is None else q_off[:, :, None])
+    vis = (q_ids[:, :, None] == k_ids[:, None, :]) & (i < sq) & (j < sk)
+    if right is not None:
+        vis &= j <= pos + right
+    if left is not None:
+        vis &= j >= pos - left
+    return np.asarray(vis)
+
+
+@pytest.mark.parametrize("window", [None, (None, 0), (40, 0), (30, 20)], ids=str)
+@pytest.mark.parametrize("offsets", [False, True], ids=["segments", "row_offsets"])
+def test_segment_ranges_hold_every_visible_block(window: tuple[int | None, int] | None, offsets: bool) -> None:
+    """Every key block with a visible pair lies in its consumer's ``[lo, hi)`` (inside the CTA's range); every
+    block of ``[lo_full, hi_full)`` is wholly visible; for sorted ids ``[lo, hi)`` is tight."""
+    sq, sk, bq, bk = 300, 330, 128, 64
+    left, right = (None, None) if window is None else window
+    mask = _make_mask(sq, sk, right == 0 and left is None, None if left is None else (left, right), False)
+    sqp, skp = 384, 384
+    sorted_ids = _runs((0, 37), (1, 90), (2, 1), (3, 140), (4, 116))
+    shuffled = np.random.default_rng(2).permutation(sorted_ids)
+    q_ids = np.stack([np.pad(sorted_ids[:sq], (0, sqp - sq), constant_values=-1),
+                      np.pad(shuffled[:sq], (0, sqp - sq), constant_values=-1)])
+    k_ids = np.stack([np.pad(sorted_ids[:sk], (0, skp - sk), constant_values=-2),
+                      np.pad(shuffled[:sk], (0, skp - sk), constant_values=-2)])
+    q_off = None
+    if offsets:
+        q_off = np.stack([np.repeat(np.arange(0, 12, 2), 64)] * 2).astype(np.int32)
+    ranges = np.asarray(mg._segment_ranges(jnp.asarray(q_ids), jnp.asarray(k_ids),
+                                           None if q_off is None else jnp.asarray(q_off), mask, bq, bk))
+    vis = _brute_visible(q_ids, k_ids, q_off, sq, sk, mask.left, mask.right)
+    blocks = vis.reshape(2, sqp // 64, 64, skp // bk, bk)
+    some, every = blocks.any(axis=(2, 4)), blocks.all(axis=(2, 4))
+    for b in range(2):
+        for w in range(sqp // 64):
+            lo, lo_full, hi_full, hi = ranges[b, w // 2, w % 2]
+            cta_lo, cta_hi = ranges[b, w // 2, 2, :2]
+            assert cta_lo <= lo <= lo_full <= hi_full <= hi <= cta_hi
+            seen = np.flatnonzero(some[b, w])
+            assert all(lo <= t < hi for t in seen), (b, w, seen, lo, hi)
+            assert every[b, w, lo_full:hi_full].all()
+            if b == 0 and len(seen):
+                assert (lo, hi) == (seen[0], seen[-1] + 1)
+
+
+def test_token_segments() -> None:
+    q_ids, k_ids, q_off = va.token_segments(_offsets([3, 0, 2]), _offsets([1, 4, 3]), 7, 9)
+    np.testing.assert_array_equal(q_ids, [0, 0, 0, 2, 2, -1, -1])
+    np.testing.assert_array_equal(k_ids, [0, 1, 1, 1, 1, 2, 2, 2, -2])
+    np.testing.assert_array_equal(q_off[:5], [-2, -2, -2, 3, 3])  # cu_k[s+1] - cu_q[s+1]
+
+
+def test_gates_and_registration() -> None:
+    q = jax.ShapeDtypeStruct((100, 4, 128), jnp.bfloat16)
+    k = jax.ShapeDtypeStruct((120, 2, 128), jnp.bfloat16)
+    assert va.capability(q, k, k) == mg.capability(*(jax.ShapeDtypeStruct((1, *x.shape), x.dtype) for x in (q, k, k)))
+    assert "float32" in (va.capability(*(jax.ShapeDtypeStruct((8, 2, 64), jnp.float32),) * 3) or "")
+    spec = ejk.kernel_registry.get_spec("flash_attention_varlen", platform="pallas", backend="gpu", name="mosaic")
+    assert spec.label == "pallas/gpu:mosaic" and spec.cfg_type is Config
+    assert isinstance(va.heuristic_config(q, k, k, causal=True), Config)
+
+
+def _lower(cfg: Config, d: int, offsets: bool, **opts: Any) -> None:
+    q = jax.ShapeDtypeStruct((2, 1000, 8, d), jnp.bfloat16)
+    k = jax.ShapeDtypeStruct((2, 1100, 2, d), jnp.bfloat16)
+    qs, ks = jax.ShapeDtypeStruct((2, 1000), jnp.int32), jax.ShapeDtypeStruct((2, 1100), jnp.int32)
+
+    def f(q: Any, k: Any, v: Any, qs: Any, ks: Any, qo: Any) -> Any:
+        return mg._forward_impl(q, k, v, cfg=cfg, softmax_scale=d ** -0.5, interpret=False, logits_soft_cap=None,
+                                segments=(qs, ks, qo), **opts)
+
+    text = jax.jit(f).trace(q, k, k, qs, ks, qs if offsets else None).lower(lowering_platforms=("cuda",)).as_text()
+    assert "mosaic_gpu" in text
+
+
+@pytest.mark.parametrize("cfg,d,offsets", [
+    (Config(block_q=128, block_kv=128), 128, False),
+    (Config(block_q=128, block_kv=128, overlap=True, persistent=True), 128, True),
+    (Config(block_q=192, block_kv=128, max_concurrent_steps=3, overlap=True, persistent=True), 64, False),
+    (Config(block_q=128, block_kv=64, max_concurrent_steps=3, persistent=True), 64, True),
+], ids=["pingpong", "overlap-persistent-offsets", "three-consumers", "pingpong-persistent-offsets"])
+def test_segments_lower_for_cuda(cfg: Config, d: int, offsets: bool) -> None:
+    _lower(cfg, d, offsets, causal=True, sliding_window=(256, 0))
+
+
+@pytest.mark.parametrize("d,blocks,offsets", [(128, (64, 128), False), (64, (128, 128), True), (128, (64, 64), True)])
+def test_segments_backward_lowers_for_cuda(d: int, blocks: tuple[int, int], offsets: bool) -> None:
+    q = jax.ShapeDtypeStruct((2, 1000, 4, d), jnp.bfloat16)
+    k = jax.ShapeDtypeStruct((2, 1100, 2, d), jnp.bfloat16)
+    lse = jax.ShapeDtypeStruct((2, 4, 1000), jnp.float32)
+    qs, ks = jax.ShapeDtypeStruct((2, 1000), jnp.int32), jax.ShapeDtypeStruct((2, 1100), jnp.int32)
+
+    def f(q: Any, k: Any, v: Any, o: Any, lse: Any, do: Any, qs: Any, ks: Any, qo: Any) -> Any:
+        return bwd.backward_impl(q, k, v, o, lse, do, block_q=blocks[0], block_kv=blocks[1], steps=2, causal=True,
+                                 softmax_scale=d ** -0.5, sliding_window=(300, 0), logits_soft_cap=None,
+                                 interpret_params=None, segments=(qs, ks, qo))
+
+    lowered = jax.jit(f).trace(q, k, k, q, lse, q, qs, ks, qs if offsets else None).lower(lowering_platforms=("cuda",))
+    assert lowered.as_text().count("mosaic_gpu") >= 2  # the dK / dV and the dQ kernels
+
+
+def test_fused_backward_refuses_segments() -> None:
+    x = jnp.zeros((1, 8, 1, 64), jnp.bfloat16)
+    ids = jnp.zeros((1, 8), jnp.int32)
+    with pytest.raises(ValueError, match="fused"):
+        bwd.backward_impl(x, x, x, x, jnp.zeros((1, 1, 8)), x, block_q=64, block_kv=64, steps=2, causal=False,
+                          softmax_scale=1.0, sliding_window=None, logits_soft_cap=None, interpret_params=None,
+                          fused=True, segments=(ids, ids, None))
+
+
+# ----------------------------------------------------------------------------------------------
+# Hopper GPU
+# ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.gpu
+@needs_hopper
+@pytest.mark.parametrize("d", [64, 128])
+def test_gpu_packed_segments(d: int) -> None:
+    rng = np.random.default_rng(d)
+    lengths = rng.integers(1, 700, size=12)
+    ids = np.repeat(np.arange(12), lengths)[:2048]
+    ids = np.pad(ids, (0, 2048 - len(ids)), constant_values=12)
+    _check_segments(2, 2048, 2048, 8, 2, d, np.stack([ids, ids[::-1]]), np.stack([ids, ids[::-1]]),
+                    mg.heuristic_config(*(jax.ShapeDtypeStruct((2, 2048, 8, d), jnp.bfloat16),) * 3, causal=True),
+                    grads=True, causal=True)
+    _check_segments(1, 1000, 1500, 8, 8, d, ids[None, :1000], ids[None, :1500], Config(block_q=128, block_kv=128),
+                    grads=False, sliding_window=(128, 64), logits_soft_cap=30.0)
+
+
+@pytest.mark.gpu
+@needs_hopper
+def test_gpu_varlen_conformance_cases() -> None:
+    assert check_flash_attention_varlen("pallas", dtypes=(jnp.bfloat16,), cases=CONFORMANCE, cfg=_choice()) == 6
+
+
+@pytest.mark.gpu
+@needs_hopper
+def test_gpu_varlen() -> None:
+    rng = np.random.default_rng(0)
+    lens_q = [int(x) for x in rng.integers(0, 900, size=9)]
+    lens_k = [x + int(rng.integers(0, 50)) for x in lens_q]
+    cu_q, cu_k = _offsets(lens_q), _offsets(lens_k)
+    tq, tk = int(cu_q[-1]) + 17, int(cu_k[-1]) + 3
+    q, k, v = _qkv(rng, ((tq, 16, 128), (tk, 4, 128), (tk, 4, 128)), jnp.bfloat16)
+    ours = functools.partial(ejk.flash_attention_varlen, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, causal=True,
+                             platform="pallas", cfg=_choice())
+    ref = functools.partial(reference_flash_attention_varlen, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, causal=True)
+    f32 = [x.astype(jnp.float32) for x in (q, k, v)]
+    assert_close(jax.jit(ours)(q, k, v), ref(*f32), "bfloat16", what="out")
+    cot = jnp.asarray(rng.standard_normal((tq, 16, 128)), jnp.float32)
+    got = jax.jit(jax.grad(lambda *a: jnp.sum(ours(*a).astype(jnp.float32) * cot), argnums=(0, 1, 2)))(q, k, v)
+    want = jax.grad(lambda *a: jnp.sum(ref(*a) * cot), argnums=(0, 1, 2))(*f32)
+    for name, g, w in zip("qkv", got, want, strict=True):
+        assert_close(g, w, "bfloat16", what=f"d{name}")

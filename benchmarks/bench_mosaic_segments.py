@@ -87,7 +87,7 @@ def quick() -> None:
         if b == 4:
             seg = jnp.zeros((b, s), jnp.int32)
             other = functools.partial(ejk.flash_attention, causal=True, q_segment_ids=seg, kv_segment_ids=seg,
-                                      platform="pallas", cfg=mosaic)
+                                      platform="pallas", cfg=_choice("pallas", "mosaic_segments"))
             args, name = (q, k, v), "[4,4096,16,128] causal mosaic, one segment per row"
             unpack: Any = lambda x: x  # noqa: E731
         else:

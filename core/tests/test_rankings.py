@@ -271,7 +271,7 @@ def test_the_h100_pack_keeps_differentiated_segment_ids_on_triton() -> None:
 
     ids = jax.ShapeDtypeStruct((1, 32768), jnp.int32)
     assert first("fwd+bwd", ids) == "triton/gpu:segments" and first("fwd+bwd", None) == "xla/gpu:cudnn"
-    # pallas/gpu:mosaic takes segment ids too (session 5) but is not measured with them yet: after the measured ones
+    # pallas/gpu:mosaic_segments (session 5) has not run on a GPU yet: after the measured kernels
     assert first("fwd", ids) == "xla/gpu:cudnn" and first("fwd", None) == "pallas/gpu:mosaic"
     assert first("fwd", ids, kv_heads=4) == "triton/gpu:segments"
 

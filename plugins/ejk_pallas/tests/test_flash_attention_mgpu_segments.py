@@ -38,8 +38,9 @@ needs_kernels = pytest.mark.skipif(
 needs_hopper = pytest.mark.skipif(not ON_HOPPER, reason="needs a Hopper (sm_90) GPU")
 
 
-def _choice(cfg: Config | None = None) -> ejk.ImplChoice:
-    return ejk.ImplChoice(platform="pallas", backend="gpu" if ON_GPU else "cpu", implementation="mosaic", cfg=cfg)
+def _choice(cfg: Config | None = None, name: str = "mosaic") -> ejk.ImplChoice:
+    """The Mosaic GPU kernels: ``mosaic_segments`` for ``flash_attention`` with segment ids, ``mosaic`` for varlen."""
+    return ejk.ImplChoice(platform="pallas", backend="gpu" if ON_GPU else "cpu", implementation=name, cfg=cfg)
 
 
 def _runs(*pieces: tuple[int, int]) -> np.ndarray:
@@ -57,7 +58,7 @@ def _check_segments(b: int, sq: int, sk: int, hq: int, hkv: int, d: int, q_ids: 
     q, k, v = _qkv(rng, ((b, sq, hq, d), (b, sk, hkv, d), (b, sk, hkv, d)), jnp.dtype(dtype))
     qs, ks = jnp.asarray(q_ids, jnp.int32), jnp.asarray(k_ids, jnp.int32)
     ours = functools.partial(ejk.flash_attention, q_segment_ids=qs, kv_segment_ids=ks, platform="pallas",
-                             cfg=_choice(cfg), **opts)
+                             cfg=_choice(cfg, "mosaic_segments"), **opts)
     ref = functools.partial(reference_flash_attention, q_segment_ids=qs, kv_segment_ids=ks, **opts)
     f32 = [x.astype(jnp.float32) for x in (q, k, v)]
     out = jax.jit(ours)(q, k, v)

@@ -988,6 +988,26 @@ def capability(
     return hopper_reason()
 
 
+def dense_capability(q: Any, k: Any, v: Any, *, causal: bool = False, softmax_scale: float | None = None,
+                     sliding_window: tuple[int, int] | None = None, logits_soft_cap: float | None = None,
+                     q_segment_ids: Any = None, kv_segment_ids: Any = None, bias: Any = None) -> str | None:
+    """:func:`capability` for calls without segment ids (``pallas/gpu:mosaic``): segment-id calls go to
+    ``pallas/gpu:mosaic_segments``, registered apart until its kernels have run on a GPU."""
+    if q_segment_ids is not None:
+        return ("segment ids run on pallas/gpu:mosaic_segments (not yet validated on a GPU: platform='auto' "
+                "takes it last; cfg=ImplChoice('pallas', 'gpu', 'mosaic_segments') forces it)")
+    return capability(q, k, v, bias=bias)
+
+
+def segments_capability(q: Any, k: Any, v: Any, *, causal: bool = False, softmax_scale: float | None = None,
+                        sliding_window: tuple[int, int] | None = None, logits_soft_cap: float | None = None,
+                        q_segment_ids: Any = None, kv_segment_ids: Any = None, bias: Any = None) -> str | None:
+    """:func:`capability` for calls with segment ids (``pallas/gpu:mosaic_segments``)."""
+    if q_segment_ids is None:
+        return "calls without segment ids run on pallas/gpu:mosaic"
+    return capability(q, k, v, q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids, bias=bias)
+
+
 def hopper_reason(*api: str) -> str | None:
     """The common tail of the Mosaic GPU kernels' gates: why this jax or machine cannot run them, or ``None``.
 

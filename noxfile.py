@@ -83,6 +83,10 @@ def integration(session: nox.Session) -> None:
     """Every distribution installed together: cross-distribution tests, ops end to end, the CLI."""
     session.install(*TEST_DEPS, "./core[plot]", *(f"./plugins/ejk_{p}" for p in PLUGINS))
     _pytest(session, "tests", env={"EJK_EXPECT_PLUGINS": ",".join(PLUGINS)})
+    # ejk-pallas's Mosaic varlen takes its gradients from another distribution's varlen implementation when
+    # its config's backward is not the Mosaic one: that case needs them installed, so it runs here.
+    _pytest(session, "plugins/ejk_pallas/tests/test_flash_attention_mgpu_segments.py", "-k", "varlen_values_and_grads",
+            env=PLUGIN_TEST_ENV["pallas"])
     session.run("ejk", "demo", "--size", "tiny", "--cache-dir", str(pathlib.Path(session.create_tmp()) / "cache"))
 
 

@@ -120,7 +120,7 @@ def main() -> None:
     for name, ids in (("one segment", np.zeros((b, s), np.int32)),
                       ("two segments", np.repeat(np.arange(2, dtype=np.int32), s // 2)[None].repeat(b, 0))):
         seg = jnp.asarray(ids)
-        for platform, impl in (("pallas", "mosaic"), ("triton", "segments")):
+        for platform, impl in (("pallas", "mosaic_segments"), ("triton", "segments")):
             f = functools.partial(ejk.flash_attention, causal=True, q_segment_ids=seg, kv_segment_ids=seg,
                                   platform=platform, cfg=_choice(platform, impl))
             _row(f"[4,4096,16,128] causal {platform}/{impl}, {name}", f, (q, k, v), flops)
@@ -141,7 +141,7 @@ def main() -> None:
             _row(f"varlen {tag} (32k tokens) H16 D128 causal {platform}/{impl}", f, packed, work)
         seg = jnp.asarray(np.repeat(np.arange(len(lens), dtype=np.int32), lens)[None])
         f = functools.partial(ejk.flash_attention, causal=True, q_segment_ids=seg, kv_segment_ids=seg,
-                              platform="pallas", cfg=mosaic)
+                              platform="pallas", cfg=_choice("pallas", "mosaic_segments"))
         _row(f"segment ids [1,32768,16,128] {len(lens)} packed causal mosaic", f,
              tuple(x[None] for x in packed), work)
 

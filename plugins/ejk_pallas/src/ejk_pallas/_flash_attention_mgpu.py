@@ -22,8 +22,8 @@ GQA reads the kv head ``h // group`` (never repeated). Rows that see no key give
 
 Segment ids (``q_segment_ids`` / ``kv_segment_ids``; ``flash_attention_varlen`` maps packed sequences to
 them with a per-row offset for the causal / window test, ``_varlen_attention_mgpu``): a key is visible to a
-query only when their ids are equal. The producer streams each key block's ids with its V tile (TMA, one
-more barrier per slot) and the consumers read them as a column vector of the logits' layout on the blocks
+query only when their ids are equal. The producer streams each key block's ids with its K tile (TMA, into
+a ring of twice the K/V ring's slots, so that they land before the softmax) and the consumers read them as a column vector of the logits' layout on the blocks
 they mask; the query rows' ids (and offsets) land with Q and stay in registers as row vectors. The key
 blocks of each CTA and consumer come from a small int32 array computed in XLA before the launch
 (``_segment_blocks``: per-block extremes of ids and positions) and read as scalars at run time: only
@@ -60,7 +60,7 @@ from ejk.config.validators import int_in, one_of, one_of_str
 from ejk.devices import sm_count as _sm_count
 from ejk.ops import sinks_backward, without_residuals
 from ejk.tiling import cdiv as _cdiv
-from ejk.tiling import persistent_ctas
+from ejk.tiling import persistent_ctas, snake_owner
 from ejk_pallas import _env
 from ejk_pallas import _flash_attention as _fa
 from ejk_pallas import _flash_attention_mgpu_bwd as _bwd
@@ -178,8 +178,8 @@ class _Static:
     ctas: int = 1
     #: Q / O tiles per consumer: 2 when persistent (the next item's Q lands while this one runs).
     q_buffers: int = 1
-    #: Whether a sink per head joins each row's final normalisation (``sink_ref``: base-2 logits ``[Hq, 64]``,
-    #: a consumer's rows; the row lands with the item's Q tile, in the same buffer).
+    #: Whether a sink per head joins each row's final normalisation (``sink_ref``: base-2 logits ``[Hq]`` in
+    #: global memory, the item's head read as a scalar when the item starts and broadcast over its rows).
     sinks: bool = False
     #: Segment ids: a key is visible to a query only when their ids are equal (``qinfo_ref`` holds the query rows'
     #: ids, ``kseg_ref`` the keys'); the key blocks each consumer visits come from ``ranges_ref`` at run time.
@@ -336,6 +336,28 @@ def _item_blocks(mask: _Mask, bq: int, bk: int, nq: int, nk: int) -> np.ndarray:
     return np.broadcast_to(np.asarray(hi) - np.asarray(lo), (nq,)).astype(np.int64)
 
 
+def _ctas_for_unknown_diagonals(sms: int, items: int, nq: int) -> int:
+    """A persistent CTA count for causal packed sequences, whose lengths are known only at run time.
+
+    A sequence of ``p`` query blocks costs ``1 .. p`` blocks (plus one) from its first block to its
+    last; the count is the one of ``sms - 12 .. sms`` whose worst busiest CTA over sequences of every
+    power-of-two block count up to ``nq`` is least, so that no packing deals one CTA the diagonals of
+    every round (132 CTAs on sequences of 16 blocks give each CTA the same 4 positions).
+    """
+    periods = [2**k for k in range(1, max(1, nq).bit_length()) if nq % 2**k == 0] or [1]
+
+    def worst(ctas: int) -> float:
+        spans = []
+        for p in periods:
+            cost = np.resize(np.arange(2, p + 2, dtype=np.float64), items)
+            spans.append(float(np.bincount(snake_owner(items, ctas), weights=cost).max()) / cost.sum())
+        return max(spans)
+
+    if items <= sms:
+        return max(1, items)
+    return min(range(sms, max(sms - 12, 1) - 1, -1), key=lambda c: (worst(c), -c))
+
+
 def _snake(j: Any, cta: Any, ctas: int) -> Any:
     """The ``j``-th work item of CTA ``cta`` (``ejk.tiling.snake_owner``'s order)."""
     return j * ctas + jnp.where(lax.rem(j, 2) == 0, cta, ctas - 1 - cta)
@@ -365,11 +387,10 @@ def _kernel(q_ref: Any, k_ref: Any, v_ref: Any, sink_ref: Any, seg_refs: Any, ou
     # traced or a Python int, never a static index followed by a traced one).
     (qo_smem, kv_smem, lse_smem2, *extra_smem), (k_ready, v_ready, q_ready, *extra_ready), (k_free, v_free), sched, \
         turn = scoped
-    sink_smem2, sink_ready = extra_smem[:int(st.sinks)], extra_ready[:int(st.sinks)]
-    # Segments: the query rows' ids (and offsets) land with Q, each key block's ids with its V tile.
+    # Segments: the query rows' ids (and offsets) land with Q, each key block's ids with its K tile.
     none: tuple[Any, ...] = (None, None, None)
-    qinfo_smem, kseg_smem = extra_smem[int(st.sinks):] if st.segments else none[:2]
-    qinfo_ready, kseg_ready = extra_ready[int(st.sinks):] if st.segments else none[:2]
+    qinfo_smem, kseg_smem = extra_smem if st.segments else none[:2]
+    qinfo_ready, kseg_ready = extra_ready if st.segments else none[:2]
     qinfo_ref, kseg_ref, ranges_ref = seg_refs if st.segments else none
     wg = lax.axis_index("wg")
     cta = lax.axis_index("cta")
@@ -393,7 +414,7 @@ def _kernel(q_ref: Any, k_ref: Any, v_ref: Any, sink_ref: Any, seg_refs: Any, ou
             return tuple(ranges_ref[batch, qblk, wg, i] for i in range(4))
         return _key_blocks(st.mask, r0, _ROWS, st.bk, st.nk)
 
-    def seg_wait(s: Any) -> None:  # a key block's ids have landed (every phase awaited, masked block or not)
+    def seg_wait(s: Any) -> None:  # a key block's ids (id slot s) have landed (every phase awaited, masked or not)
         if st.segments:
             plgpu.barrier_wait(kseg_ready.at[s])
 
@@ -425,8 +446,6 @@ def _kernel(q_ref: Any, k_ref: Any, v_ref: Any, sink_ref: Any, seg_refs: Any, ou
             batch, head, row0 = item_of(j)
             plgpu.copy_gmem_to_smem(q_ref.at[batch, pl.ds(row0 + wg * bw, bw), head], qo_smem.at[buf, wg],
                                     q_ready.at[wg])
-            if st.sinks:
-                plgpu.copy_gmem_to_smem(sink_ref.at[head], sink_smem2[0].at[buf, wg], sink_ready[0].at[wg])
             if st.segments:
                 plgpu.copy_gmem_to_smem(qinfo_ref.at[batch, :, pl.ds(row0 + wg * bw, bw)], qinfo_smem.at[buf, wg],
                                         qinfo_ready.at[wg])
@@ -437,8 +456,8 @@ def _kernel(q_ref: Any, k_ref: Any, v_ref: Any, sink_ref: Any, seg_refs: Any, ou
             buf = lax.rem(j, jnp.array(st.q_buffers, j.dtype))
             q_smem = qo_smem.at[buf, wg]
             plgpu.barrier_wait(q_ready.at[wg])
-            if st.sinks:  # its row landed with Q (before the next item's load goes to the other buffer)
-                plgpu.barrier_wait(sink_ready[0].at[wg])
+            # The head's sink, loaded now: its latency passes under the item's key blocks.
+            sink = sink_ref[head] if st.sinks else None
             rows_info: tuple[Any, ...] = ()
             if st.segments:  # the rows' ids (and offsets), held in registers for the item
                 plgpu.barrier_wait(qinfo_ready.at[wg])
@@ -456,6 +475,9 @@ def _kernel(q_ref: Any, k_ref: Any, v_ref: Any, sink_ref: Any, seg_refs: Any, ou
             def slot(t: Any) -> Any:
                 return lax.rem(base + t - lo, jnp.array(st.steps, jnp.int32))
 
+            def id_slot(t: Any) -> Any:  # the ids' ring is twice as deep: they land with K (see the producer)
+                return lax.rem(base + t - lo, jnp.array(2 * st.steps, jnp.int32))
+
             def vis_at(t: Any, masked: bool) -> Any:
                 if not masked:
                     return None
@@ -463,7 +485,7 @@ def _kernel(q_ref: Any, k_ref: Any, v_ref: Any, sink_ref: Any, seg_refs: Any, ou
                 def vis() -> Any:  # the key block's ids are read from its slot (held until its V is released)
                     kseg = None
                     if st.segments:
-                        kseg = _col_vector(kseg_smem.at[slot(t)], st)
+                        kseg = _col_vector(kseg_smem.at[id_slot(t)], st)
                         plgpu.commit_smem()  # order the generic id reads before the TMA refills the slot
                     return _visible(st, r0, t * st.bk, (bw, st.bk), rows_info, kseg)
 
@@ -486,7 +508,7 @@ def _kernel(q_ref: Any, k_ref: Any, v_ref: Any, sink_ref: Any, seg_refs: Any, ou
 
                     z = pl.run_scoped(qk, plgpu.ACC((bw, st.bk), jnp.float32))
                 plgpu.barrier_arrive(k_free.at[s])
-                seg_wait(s)
+                seg_wait(id_slot(t))
                 p, m_new, denom, alpha = _softmax_step(z, m, denom, st, vis_at(t, masked))
                 p16 = p.astype(st.dtype)
                 acc = _scale_rows(acc, alpha)
@@ -527,7 +549,7 @@ def _kernel(q_ref: Any, k_ref: Any, v_ref: Any, sink_ref: Any, seg_refs: Any, ou
                     acc = acc + jnp.dot(p_prev, kv_smem[pv_tile], preferred_element_type=jnp.float32)
                     pass_turn()
                     plgpu.barrier_arrive(k_free.at[s])
-                    seg_wait(s)
+                    seg_wait(id_slot(t))
                     p, m_new, denom, alpha = _softmax_step(z, m, denom, st, vis_at(t, masked))
                 else:
                     def mmas(s_ref: Any, o_ref: Any) -> Any:
@@ -537,7 +559,7 @@ def _kernel(q_ref: Any, k_ref: Any, v_ref: Any, sink_ref: Any, seg_refs: Any, ou
                         pass_turn()  # the other consumer issues while this one runs its softmax
                         z = plgpu.wgmma_accumulator_load(s_ref, wait_n=1)  # S_t done; P·V may still run
                         plgpu.barrier_arrive(k_free.at[s])
-                        seg_wait(s)
+                        seg_wait(id_slot(t))
                         p_t, *rest = lax.optimization_barrier(_softmax_step(z, m, denom, st, vis_at(t, masked)))
                         # P_t goes to the registers of P_{t-1} only once the P·V MMA reading them is done
                         # (ptxas serialises every wgmma when registers a wgmma reads are written in flight).
@@ -577,7 +599,7 @@ def _kernel(q_ref: Any, k_ref: Any, v_ref: Any, sink_ref: Any, seg_refs: Any, ou
                 plgpu.barrier_arrive(k_free.at[s])
                 issue_begin()
                 plgpu.barrier_wait(v_ready.at[s])
-                seg_wait(s)
+                seg_wait(id_slot(t))
                 plgpu.barrier_arrive(v_free.at[s])
                 issue_end()
                 return carry
@@ -585,7 +607,9 @@ def _kernel(q_ref: Any, k_ref: Any, v_ref: Any, sink_ref: Any, seg_refs: Any, ou
             rows = plgpu.Layout.WGMMA.reduce(1)
             carry = (
                 _cast(jnp.zeros((bw, st.d), jnp.float32), plgpu.Layout.WGMMA, st),
-                _cast(jnp.full((bw,), -jnp.inf, jnp.float32), rows, st),
+                # With a sink the running max starts at it: the sink's term of the denominator is then
+                # e^(sink - m) at the end, with no rescaling (the rows' statistics stay in base 2).
+                _cast(jnp.full((bw,), -jnp.inf if sink is None else sink, jnp.float32), rows, st),
                 _cast(jnp.zeros((bw,), jnp.float32), rows, st),
             )
             body = overlapped_step if st.overlap else step
@@ -600,17 +624,11 @@ def _kernel(q_ref: Any, k_ref: Any, v_ref: Any, sink_ref: Any, seg_refs: Any, ou
                 carry = last_pv(carry)
             acc, m, denom = _loop(w_hi, hi, skip, carry)
 
-            empty = denom == 0.0
-            if st.sinks:  # e^sink joins the denominator of each row that saw a key (rows stay in base 2)
-                sink = _row_vector(sink_smem2[0].at[buf, wg], st)
-                top = jnp.maximum(m, sink)
-                top = jnp.where(top == -jnp.inf, 0.0, top)  # a -inf sink on a row that saw no key
-                kept = jnp.exp2(m - top)  # 0 for a row that saw no key (m = -inf)
-                denom = denom * kept + jnp.exp2(sink - top)
-                m, weight = top, jnp.where(empty, 0.0, kept / jnp.where(empty, 1.0, denom))
-            else:
-                weight = 1.0 / jnp.where(empty, 1.0, denom)
+            empty = denom == 0.0  # the row saw no key (its output is zeros, its lse +inf)
+            if st.sinks:
+                denom = denom + jnp.exp2(sink - m)
             safe = jnp.where(empty, 1.0, denom)
+            weight = 1.0 / safe
             acc = acc * lax.broadcast_in_dim(weight, acc.shape, [0])
             q_smem[...] = acc.astype(st.dtype)  # Q's tile holds the output (every Q·Kᵀ MMA is done)
             lse_smem[...] = jnp.where(empty, jnp.inf, m + jnp.log(safe) * (1.0 / math.log(2.0)))
@@ -640,24 +658,30 @@ def _kernel(q_ref: Any, k_ref: Any, v_ref: Any, sink_ref: Any, seg_refs: Any, ou
             kv_head = lax.div(head, jnp.array(st.group, head.dtype))
             lo, hi = cta_blocks(batch, row0)
 
-            def load(t: Any, s: Any, *, reused: bool) -> None:
+            def load(t: Any, *, reused: bool) -> None:  # the ring's (base + t - lo)-th block
+                n = base + t - lo
+                s = lax.rem(n, jnp.array(st.steps, jnp.int32))
                 block = (batch, pl.ds(t * st.bk, st.bk), kv_head)
                 if reused:  # the slot's last block has been released by every consumer
                     plgpu.barrier_wait(k_free.at[s])
                 plgpu.copy_gmem_to_smem(k_ref.at[block], k_tile(s), k_ready.at[s])
+                if st.segments:
+                    # The ids land with K, as the softmax reads them before P·V waits for V. Their ring has
+                    # 2·steps slots: this one's last ids (block n - 2·steps) were read in a softmax before that
+                    # block's V was released, which the refill of V of block n - steps awaited.
+                    i = lax.rem(n, jnp.array(2 * st.steps, jnp.int32))
+                    plgpu.copy_gmem_to_smem(kseg_ref.at[batch, pl.ds(t * st.bk, st.bk)], kseg_smem.at[i],
+                                            kseg_ready.at[i])
                 if reused:
                     plgpu.barrier_wait(v_free.at[s])
                 plgpu.copy_gmem_to_smem(v_ref.at[block], v_tile(s), v_ready.at[s])
-                if st.segments:  # its slot is free with V's
-                    plgpu.copy_gmem_to_smem(kseg_ref.at[batch, pl.ds(t * st.bk, st.bk)], kseg_smem.at[s],
-                                            kseg_ready.at[s])
 
-            def refill(t: Any, carry: Any) -> Any:  # the ring's (base + t - lo)-th block
-                load(t, lax.rem(base + t - lo, jnp.array(st.steps, jnp.int32)), reused=True)
+            def refill(t: Any, carry: Any) -> Any:
+                load(t, reused=True)
                 return carry
 
             def fill(t: Any, carry: Any) -> Any:  # the ring's first `steps` blocks go to empty slots
-                load(t, lax.rem(base + t - lo, jnp.array(st.steps, jnp.int32)), reused=False)
+                load(t, reused=False)
                 return carry
 
             split = jnp.clip(lo + st.steps - base, lo, hi)
@@ -687,20 +711,19 @@ def _entry(*refs: Any, st: _Static) -> None:
     out_ref, lse_ref = rest
     consumers = st.bq // _ROWS
     transforms = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
-    sinks = (plgpu.SMEM((st.q_buffers, consumers, _ROWS), jnp.float32),) if st.sinks else ()  # sink rows, as Q
-    # The query rows' ids (and offsets), as Q; each key block's ids, as V.
+    # The query rows' ids (and offsets), as Q; each key block's ids, with K, in a ring twice as deep.
     segs = (plgpu.SMEM((st.q_buffers, consumers, 1 + st.row_offsets, _ROWS), jnp.int32),
-            plgpu.SMEM((st.steps, st.bk), jnp.int32)) if st.segments else ()
+            plgpu.SMEM((2 * st.steps, st.bk), jnp.int32)) if st.segments else ()
     smem = (
         plgpu.SMEM((st.q_buffers, consumers, _ROWS, st.d), st.dtype, transforms=transforms),  # Q, then O
         plgpu.SMEM((2 * st.steps, st.bk, st.d), st.dtype, transforms=transforms),  # K and V rings
         plgpu.SMEM((consumers, _ROWS), jnp.float32),
-        *sinks,
         *segs,
     )
     ready = (plgpu.Barrier(num_barriers=st.steps), plgpu.Barrier(num_barriers=st.steps),
-             plgpu.Barrier(num_barriers=consumers), *((plgpu.Barrier(num_barriers=consumers),) if st.sinks else ()),
-             *((plgpu.Barrier(num_barriers=consumers), plgpu.Barrier(num_barriers=st.steps)) if st.segments else ()))
+             plgpu.Barrier(num_barriers=consumers),
+             *((plgpu.Barrier(num_barriers=consumers), plgpu.Barrier(num_barriers=2 * st.steps)) if st.segments
+               else ()))
     free = (plgpu.Barrier(num_arrivals=consumers, num_barriers=st.steps),) * 2
     pl.run_scoped(
         lambda *scoped: _kernel(q_ref, k_ref, v_ref, sink_ref, seg_refs, out_ref, lse_ref, scoped, st=st),
@@ -747,10 +770,13 @@ def _forward_impl(q: Any, k: Any, v: Any, *, cfg: MosaicFlashAttentionConfig, ca
     elif interpret:
         ctas = min(items, _INTERPRET_CTAS)
     else:
-        # One unit a work item beside its key blocks: its Q, softmax tail and store. With segments the blocks are
-        # known only at run time: equal costs (one CTA per SM).
-        costs = np.ones(nq, np.int64) if segments is not None else _item_blocks(mask, bq, bk, nq, nk) + 1
-        ctas = persistent_ctas(_sm_count(), items, costs)
+        # One unit a work item beside its key blocks: its Q, softmax tail and store. Segment ids only take blocks
+        # away from the static mask's, so its counts still shape the work; per-row offsets (packed sequences)
+        # move the causal diagonal to places known only at run time.
+        if segments is not None and segments[2] is not None and mask.right is not None:
+            ctas = _ctas_for_unknown_diagonals(_sm_count(), items, nq)
+        else:
+            ctas = persistent_ctas(_sm_count(), items, _item_blocks(mask, bq, bk, nq, nk) + 1)
     st = _Static(mask=mask, scale=float(softmax_scale),
                  cap=logits_soft_cap, dtype=jnp.dtype(q.dtype), d=d, bq=bq, bk=bk,
                  steps=min(cfg.max_concurrent_steps, nk), nq=nq, nk=nk, group=hq // hkv,
@@ -763,9 +789,8 @@ def _forward_impl(q: Any, k: Any, v: Any, *, cfg: MosaicFlashAttentionConfig, ca
         q_ids, k_ids, q_off = _segs.pad_segments(segments, sqp, skp)
         qinfo = q_ids[:, None] if q_off is None else jnp.stack([q_ids, q_off], axis=1)
         seg_args = (qinfo, k_ids, _segment_ranges(q_ids, k_ids, q_off, mask, bq, bk))
-    # The sinks as base-2 logits, one row of a consumer's 64-row layout per head.
-    extra = () if sinks is None else (jnp.broadcast_to(
-        (sinks.astype(jnp.float32) * (1.0 / math.log(2.0)))[:, None], (hq, _ROWS)),)
+    # The sinks as base-2 logits.
+    extra = () if sinks is None else (sinks.astype(jnp.float32) * (1.0 / math.log(2.0)),)
     kwargs: dict[str, Any] = {}
     if interpret:
         params = interpret_params()

@@ -62,6 +62,9 @@ _LOG2E = math.log2(math.e)
 _CONSUMERS = 2
 _ROWS = 64
 _TILE = _CONSUMERS * _ROWS
+#: Barriers per consumer for the copies that open a CTA (its K and V, or its Q, dO, lse, delta and the ids):
+#: each copy has its own, so that all are in flight at once.
+_OPENING_COPIES = 5
 _CONSUMER_REGS = 232
 _PRODUCER_REGS = 40
 
@@ -246,6 +249,17 @@ def _mma_and_mm(acc: Any, a: Any, b_ref: Any, c: Any, d_ref: Any, shape: tuple[i
     return pl.run_state(body)((plgpu.ACC.init(acc), plgpu.ACC.init(zeros)))  # type: ignore[no-any-return]
 
 
+def _opening_copies(copies: list[tuple[Any, Any]], barriers: Any, wg: Any) -> None:
+    """Issue a consumer's opening ``(source, destination)`` copies at once, each on its own barrier, then
+    wait for all of them."""
+    _, plgpu = _mods()
+    base = wg * _OPENING_COPIES
+    for i, (src, dst) in enumerate(copies):
+        plgpu.copy_gmem_to_smem(src, dst, barriers.at[base + i])
+    for i in range(len(copies)):
+        plgpu.barrier_wait(barriers.at[base + i])
+
+
 class _Ring:
     """Slot arithmetic and the producer's fill / refill / drain of a TMA ring over flat steps ``[0, total)``."""
 
@@ -338,14 +352,12 @@ def _dkdv_kernel(q_ref: Any, k_ref: Any, v_ref: Any, do_ref: Any, lse_ref: Any, 
         k_smem, v_smem = k_smem2.at[wg], v_smem2.at[wg]
         col0 = col_cta + wg * _ROWS
         block = (batch, pl.ds(col0, _ROWS), kv_head)
-        plgpu.copy_gmem_to_smem(k_ref.at[block], k_smem, kv_ready.at[wg])
-        plgpu.barrier_wait(kv_ready.at[wg])
-        plgpu.copy_gmem_to_smem(v_ref.at[block], v_smem, kv_ready.at[wg])
-        plgpu.barrier_wait(kv_ready.at[wg])
+        copies = [(k_ref.at[block], k_smem), (v_ref.at[block], v_smem)]
+        if st.segments:
+            copies.append((kid_ref.at[batch, pl.ds(col0, _ROWS)], kid_smem2.at[wg]))
+        _opening_copies(copies, kv_ready, wg)
         k_ids = None
         if st.segments:
-            plgpu.copy_gmem_to_smem(kid_ref.at[batch, pl.ds(col0, _ROWS)], kid_smem2.at[wg], kv_ready.at[wg])
-            plgpu.barrier_wait(kv_ready.at[wg])
             k_ids = _vector(kid_smem2.at[wg], 0, st)
             bounds = tuple(ranges_ref[batch, tile, wg, i] for i in range(4))
         else:
@@ -439,15 +451,12 @@ def _dq_kernel(q_ref: Any, k_ref: Any, v_ref: Any, do_ref: Any, lse_ref: Any, de
         q_smem, do_smem = q_smem2.at[wg], do_smem2.at[wg]
         row0 = row_cta + wg * _ROWS
         rows = pl.ds(row0, _ROWS)
-        bar = row_ready.at[wg]
         copies = [(q_ref.at[batch, rows, head], q_smem), (do_ref.at[batch, rows, head], do_smem),
                   (lse_ref.at[batch, head, rows], lse_smem2.at[wg]),
                   (delta_ref.at[batch, head, rows], delta_smem2.at[wg])]
         if st.segments:
             copies.append((qinfo_ref.at[batch, :, rows], qinfo_smem2.at[wg]))
-        for src, dst in copies:
-            plgpu.copy_gmem_to_smem(src, dst, bar)
-            plgpu.barrier_wait(bar)
+        _opening_copies(copies, row_ready, wg)
         lse = _vector(lse_smem2.at[wg], 0, st)
         delta = _vector(delta_smem2.at[wg], 0, st)
         q_info: tuple[Any, ...] = ()
@@ -595,10 +604,7 @@ def _fused_kernel(q_ref: Any, k_ref: Any, v_ref: Any, do_ref: Any, lse_ref: Any,
         k_smem, v_smem = k_smem2.at[wg], v_smem2.at[wg]
         col0 = col_cta + wg * _ROWS
         block = (batch, pl.ds(col0, _ROWS), kv_head)
-        plgpu.copy_gmem_to_smem(k_ref.at[block], k_smem, kv_ready.at[wg])
-        plgpu.barrier_wait(kv_ready.at[wg])
-        plgpu.copy_gmem_to_smem(v_ref.at[block], v_smem, kv_ready.at[wg])
-        plgpu.barrier_wait(kv_ready.at[wg])
+        _opening_copies([(k_ref.at[block], k_smem), (v_ref.at[block], v_smem)], kv_ready, wg)
         # Both consumers run every block of the CTA's range (they meet on dsync each step): blocks
         # outside a consumer's own unmasked range are masked (its dSᵀ is zero where its keys see nothing).
         _, w_lo_full, w_hi_full, _ = _query_blocks(st.mask, col0, _ROWS, st.blk, st.n_blk)
@@ -755,7 +761,7 @@ def _launch(body: Any, st: _Static, *, outs: Any, grid: tuple[int, ...], names: 
             lambda *scoped: body(*refs, scoped, st=st),
             smem,
             tuple(plgpu.Barrier(num_barriers=st.steps) for _ in range(ready)),
-            plgpu.Barrier(num_barriers=_CONSUMERS),
+            plgpu.Barrier(num_barriers=_CONSUMERS * _OPENING_COPIES),
             plgpu.Barrier(num_arrivals=_CONSUMERS, num_barriers=st.steps),
             *((plgpu.Barrier(num_arrivals=_CONSUMERS),) if meet else ()),
             collective_axes="wg",

@@ -38,12 +38,12 @@ def pad_segments(segments: tuple[Any, Any, Any], sqp: int, skp: int) -> tuple[An
     return _pad(q_ids, sqp, PAD_Q_ID), _pad(k_ids, skp, PAD_K_ID), None if q_off is None else _pad(q_off, sqp, 0)
 
 
-def _extremes(x: Any, real: Any, block: int) -> tuple[Any, Any]:
-    """Per block of ``block`` along axis 1: the smallest and largest of ``x`` where ``real``."""
-    shape = (x.shape[0], x.shape[1] // block, block)
-    lo = jnp.min(jnp.where(real, x, _BIG).reshape(shape), axis=2)
-    hi = jnp.max(jnp.where(real, x, -_BIG).reshape(shape), axis=2)
-    return lo, hi
+def _block_min(parts: list[Any], block: int) -> list[Any]:
+    """The smallest of each of ``parts`` (``[B, L]`` arrays) per block of ``block`` along axis 1, taken in
+    one reduction: on a GPU one kernel (these tiny arrays cost their launches, not their bytes)."""
+    x = jnp.stack(parts, axis=-1)
+    out = jnp.min(x.reshape(x.shape[0], x.shape[1] // block, block, len(parts)), axis=2)
+    return [out[..., i] for i in range(len(parts))]
 
 
 def block_visibility(q_ids: Any, k_ids: Any, q_off: Any, mask: _Mask, bq: int, bk: int) -> tuple[Any, Any]:
@@ -58,16 +58,21 @@ def block_visibility(q_ids: Any, k_ids: Any, q_off: Any, mask: _Mask, bq: int, b
     rows = jnp.arange(sqp, dtype=jnp.int32)
     real_row = (rows < mask.sq)[None, :]
     pos = jnp.broadcast_to(rows[None, :] + (mask.offset if q_off is None else q_off), (batch, sqp))
-    q_lo, q_hi = (x[:, :, None] for x in _extremes(q_ids, real_row, bq))
-    # One id in the block (padded rows count: a block with some is never wholly visible).
-    one_id = (jnp.min(q_ids.reshape(batch, -1, bq), axis=2) == jnp.max(q_ids.reshape(batch, -1, bq), axis=2))
-    p_lo, p_hi = (x[:, :, None] for x in _extremes(pos, real_row, bq))
+    # Each block's smallest and largest id and position over its real rows (the largest as minus the smallest
+    # of the negated), and whether it holds one id over every row (padded rows count: a block with some is
+    # never wholly visible).
+    q_lo, neg_q_hi, p_lo, neg_p_hi, id_lo, neg_id_hi = (x[:, :, None] for x in _block_min(
+        [jnp.where(real_row, q_ids, _BIG), jnp.where(real_row, -q_ids, _BIG), jnp.where(real_row, pos, _BIG),
+         jnp.where(real_row, -pos, _BIG), q_ids, -q_ids], bq))
+    q_hi, p_hi, one_id = -neg_q_hi, -neg_p_hi, id_lo == -neg_id_hi
     real_key = (jnp.arange(skp, dtype=jnp.int32) < mask.sk)[None, :]
-    k_lo, k_hi = (x[:, None, :] for x in _extremes(k_ids, real_key, bk))
+    k_lo, neg_k_hi = (x[:, None, :] for x in _block_min([jnp.where(real_key, k_ids, _BIG),
+                                                         jnp.where(real_key, -k_ids, _BIG)], bk))
+    k_hi = -neg_k_hi
     c0 = jnp.arange(skp // bk, dtype=jnp.int32)[None, None, :] * bk
     c1 = jnp.minimum(c0 + (bk - 1), mask.sk - 1)  # the block's last real key
     some = (q_lo <= k_hi) & (k_lo <= q_hi)
-    every = one_id[:, :, None] & (k_lo == k_hi) & (q_lo == k_lo) & (c0 + bk <= mask.sk)
+    every = one_id & (k_lo == k_hi) & (q_lo == k_lo) & (c0 + bk <= mask.sk)
     if mask.right is not None:  # j <= pos + right
         some &= c0 <= p_hi + mask.right
         every &= c0 + (bk - 1) <= p_lo + mask.right
@@ -85,10 +90,10 @@ def block_ranges(some: Any, every: Any, consumers: int) -> jax.Array:
     masked."""
     batch, n, m = some.shape
     blocks = jnp.arange(m, dtype=jnp.int32)
-    lo = jnp.min(jnp.where(some, blocks, m), axis=2)
-    hi = jnp.max(jnp.where(some, blocks + 1, 0), axis=2)
-    f_lo = jnp.min(jnp.where(every, blocks, m), axis=2)
-    f_hi = jnp.max(jnp.where(every, blocks + 1, 0), axis=2)
+    # Each row's first and last block of each kind in one reduction (the last as minus the least negated).
+    firsts = jnp.min(jnp.stack([jnp.where(some, blocks, m), jnp.where(some, -(blocks + 1), 0),
+                                jnp.where(every, blocks, m), jnp.where(every, -(blocks + 1), 0)], axis=-1), axis=2)
+    lo, hi, f_lo, f_hi = firsts[..., 0], -firsts[..., 1], firsts[..., 2], -firsts[..., 3]
     contiguous = jnp.sum(every, axis=2, dtype=jnp.int32) == f_hi - f_lo
     shape = (batch, n // consumers, consumers)
     lo, hi = lo.reshape(shape), hi.reshape(shape)

@@ -64,10 +64,10 @@ CODE = textwrap.dedent(
             put(x, "data"), put(w, None, "model"))
         close(none, reference_linear_cross_entropy(x, w, labels, reduction="none"))
         # ejk-xla's gradients-in-forward implementation: token shards use their saved gradients (each
-        # shard's cotangent is a scalar times its own weights), vocabulary shards its chunked backward
-        # (a shard's share of the log-sum-exp's cotangent is not); smoothing adds the onehot term.
+        # shard's cotangent is a scalar times its own weights, z-loss and smoothing folded in), vocabulary
+        # shards its chunked backward (a shard's share of the log-sum-exp's cotangent is not).
         gif = ImplChoice(platform="xla", backend="any", implementation="grad_in_forward")
-        for extra in ({}, {"label_smoothing": 0.1}):
+        for extra in ({}, {"label_smoothing": 0.1}, {"reduction": "sum", **options}):
             plain = lambda f, **k: lambda x, w: f(x, w, labels, **extra, **k)
             plain_grads = jax.grad(plain(reference_linear_cross_entropy), argnums=(0, 1))(x, w)
             for xs, ws in ((put(x, "data"), w), (put(x, "data"), put(w, None, "model"))):

@@ -21,12 +21,13 @@ soft cap): the whole loss, z-loss, label smoothing and soft cap included. The ba
 ``2⁻²⁰``); then ``dx = s·dx₀``, ``dw = s·dw₀``, plus the exact terms of whatever else the cotangent
 holds: ``(d_z_label + (1 − ε)·s·α)·onehot(label)`` (a gather of ``w``'s label columns and a scatter-add
 into ``dw``, skipped where it is below ``2⁻²⁰`` of ``d_z_label``) and ``d_z_sum + (ε / V)·s·α`` (a
-rank-one term, likewise skipped). Any other cotangent — a per-token one (the ``reduction="none"``
-losses weighted per token), a vocabulary shard's share of the log-sum-exp, an extra ``z_sum`` term
-under a soft cap (not rank-one there) — takes the chunked backward pass (logits recomputed: correct,
-and slower than the chunked implementation alone). ``reduction="none"`` is refused by the
-capability gate (``platform="auto"`` takes ``xla/any:chunked``); a forced call still runs, its
-forward assuming the cotangent of the per-token losses' sum.
+rank-one term, likewise skipped). Any other cotangent (an extra ``z_sum`` term under a soft cap,
+which is not rank-one there; a caller of this VJP other than the op layer) takes the chunked backward
+pass (logits recomputed: correct, and slower than the chunked implementation alone). The capability
+gate refuses ``reduction="none"``, whose per-token cotangents the saved gradients cannot serve: the
+per-token losses, and each shard of a vocabulary-parallel ``w`` (the op's shard rule calls the shards
+so, their share of the log-sum-exp's cotangent being per token); ``platform="auto"`` then takes the
+next implementation (``xla/any:chunked``).
 
 Precision: ``dw`` is accumulated over the token chunks in ``w``'s dtype — each chunk's product
 ``x_cᵀ @ dz_c`` is added to it inside the matmul (cuBLAS's ``beta = 1``: float32 accumulation of
@@ -97,11 +98,12 @@ class GradInForwardConfig:
 
 
 def capability(*, reduction: str = "mean", **_: Any) -> str | None:
-    """Refuses ``reduction="none"``: its per-token cotangent is not the one the forward pass assumes."""
+    """Refuses ``reduction="none"`` (the per-token losses, or a vocabulary shard's statistics): its
+    per-token cotangent is not the one the forward pass assumes."""
     if reduction == "none":
-        return ("reduction='none' gives each token its own cotangent, which the gradients computed in the "
-                "forward pass do not serve (its backward would recompute the logits, 6 products); "
-                "xla/any:chunked runs such calls with 4")
+        return ("reduction='none' (per-token losses, or one vocabulary shard of a vocabulary-parallel w) gives "
+                "each token its own cotangent, which the gradients computed in the forward pass do not serve "
+                "(its backward would recompute the logits: 6 products); xla/any:chunked runs such calls with 4")
     return None
 
 

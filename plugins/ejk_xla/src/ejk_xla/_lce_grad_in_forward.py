@@ -117,9 +117,9 @@ def _weights(labels: jax.Array, vocab: int, reduction: str) -> tuple[jax.Array, 
     return inside, jnp.where(inside, 1.0 / count, 0.0)
 
 
-def _lse_weight(lse: jax.Array, z_loss: float) -> jax.Array | float:
-    """``1 + 2ζ·lse``: what the z-loss multiplies the log-sum-exp's cotangent by."""
-    return 1.0 + (2.0 * z_loss) * lse if z_loss else 1.0
+def _lse_weighted(values: jax.Array, lse: jax.Array, z_loss: float) -> jax.Array:
+    """``values · (1 + 2ζ·lse)``: the z-loss's factor on the log-sum-exp's cotangent (none without z-loss)."""
+    return values * (1.0 + (2.0 * z_loss) * lse) if z_loss else values
 
 
 @functools.partial(jax.jit, static_argnames=("block_t", "cap", "precision", "logits", "reduction",
@@ -158,9 +158,7 @@ def _forward_and_gradients(x: jax.Array, w: jax.Array, labels: jax.Array, *, blo
         else:
             z_sum_c = jnp.sum(z, axis=1)
         a = jnp.where(fresh, take(alpha), 0.0)[:, None]
-        p = jnp.exp(z - lse_c[:, None])
-        if z_loss:
-            p = _lse_weight(lse_c, z_loss)[:, None] * p
+        p = _lse_weighted(jnp.exp(z - lse_c[:, None]), lse_c[:, None], z_loss)
         target = (1.0 - label_smoothing) * (columns == label[:, None]).astype(jnp.float32)
         if label_smoothing:
             target = target + label_smoothing / v
@@ -279,7 +277,7 @@ def linear_cross_entropy_bwd(
     labels = labels.astype(jnp.int32)
     vocab, smoothing = w.shape[1], float(label_smoothing)
     inside, alpha = _weights(labels, vocab, reduction)
-    s, fast = _scale(d_lse, alpha * _lse_weight(lse, float(z_loss)))
+    s, fast = _scale(d_lse, _lse_weighted(alpha, lse, float(z_loss)))
     weight = s * alpha  # the loss's cotangent per token, as the saved gradients assume it
     # What the cotangents of the onehot and z_sum terms hold beyond what the saved gradients do.
     extra = _beyond(jnp.where(inside, d_label + (1.0 - smoothing) * weight, 0.0), d_label)

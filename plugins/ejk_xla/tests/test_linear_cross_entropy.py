@@ -271,11 +271,11 @@ def test_grad_in_forward_bfloat16(logits: str) -> None:
     labels = rng.integers(0, 40, 10).astype(np.int32)
     labels[3] = -100
     value, (dx, dw) = jax.value_and_grad(
-        lambda x, w: ejk.linear_cross_entropy(x, w, jnp.asarray(labels), label_smoothing=0.1,
+        lambda x, w: ejk.linear_cross_entropy(x, w, jnp.asarray(labels), label_smoothing=0.1, z_loss=1e-2,
                                               cfg=_gif_choice(logits=logits)), argnums=(0, 1))(x, w)
     assert (dx.dtype, dw.dtype) == (jnp.bfloat16, jnp.bfloat16)
     want, want_dx, want_dw = _float64_loss_and_grads(np.asarray(x, np.float32), np.asarray(w, np.float32), labels,
-                                                     label_smoothing=0.1)
+                                                     label_smoothing=0.1, z_loss=1e-2)
     assert_close(value, want, jnp.bfloat16, what="loss")
     assert_close(dx, want_dx, jnp.bfloat16, what="dx")
     assert_close(dw, want_dw, jnp.bfloat16, what="dw")

@@ -159,9 +159,9 @@ def _forward_and_gradients(x: jax.Array, w: jax.Array, labels: jax.Array, *, blo
             z_sum_c = jnp.sum(z, axis=1)
         a = jnp.where(fresh, take(alpha), 0.0)[:, None]
         p = _lse_weighted(jnp.exp(z - lse_c[:, None]), lse_c[:, None], z_loss)
-        target = (1.0 - label_smoothing) * (columns == label[:, None]).astype(jnp.float32)
-        if label_smoothing:
-            target = target + label_smoothing / v
+        target = (columns == label[:, None]).astype(jnp.float32)
+        if label_smoothing:  # (1 − ε)·onehot + ε / V
+            target = (1.0 - label_smoothing) * target + label_smoothing / v
         dz = a * (p - target)
         if cap is not None:
             dz = dz * (1.0 - jnp.square(z / cap))

@@ -2,11 +2,14 @@
 
 Times ``jax.value_and_grad`` (for x and w) of each case under ``jax.jit`` — the unfused
 ``(x @ w).astype(float32)`` + ``optax.softmax_cross_entropy_with_integer_labels`` mean, ejk-xla's
-``grad_in_forward`` at several chunks, with label smoothing (its onehot correction), the chunked
-implementation, and ``platform="auto"`` — and prints one line each: the median wall time of
+``grad_in_forward`` at several chunks, with label smoothing and with z-loss (both folded into the
+gradients it saves), the chunked implementation (plain and with z-loss), and ``platform="auto"``
+(plain, with z-loss, and ``reduction="none"`` averaged, which auto sends to the chunked one) — and
+prints one line each: the median wall time of
 ``--reps`` calls after one warm call, the speed-up over the unfused loss, the compiled program's
 temporary memory (``memory_analysis().temp_size_in_bytes``) and its share of the unfused one's, and
-the gradients' largest difference from the unfused ones (relative to their largest magnitude).
+the gradients' largest difference from the unfused ones (relative to their largest magnitude; the
+smoothing and z-loss cases differ from them by what those terms add).
 
     python3 benchmarks/bench_linear_cross_entropy.py [--vocab 131072,262144] [--only "gif 1024,chunked 2048x16384"]
     python3 benchmarks/bench_linear_cross_entropy.py --smoke   # tiny shapes (CPU is fine)
@@ -45,9 +48,15 @@ def _cases(labels: jax.Array) -> dict[str, Callable[[jax.Array, jax.Array], jax.
 
     chunked = ImplChoice(platform="xla", backend="any", implementation="chunked",
                          cfg=LinearCrossEntropyConfig(block_t=2048, block_v=16384))
+    def mean_of_none(x: jax.Array, w: jax.Array) -> jax.Array:
+        return ejk_loss(reduction="none")(x, w).mean()
+
+    z = {"z_loss": 1e-4}
     return {"unfused optax": unfused, "gif 512": ejk_loss(gif(512)), "gif 1024": ejk_loss(gif(1024)),
             "gif 2048": ejk_loss(gif(2048)), "gif 1024 smoothing": ejk_loss(gif(1024), label_smoothing=0.1),
-            "chunked 2048x16384": ejk_loss(chunked), "auto": ejk_loss()}
+            "gif 1024 zloss": ejk_loss(gif(1024), **z), "chunked 2048x16384": ejk_loss(chunked),
+            "chunked 2048x16384 zloss": ejk_loss(chunked, **z), "auto": ejk_loss(), "auto zloss": ejk_loss(**z),
+            "auto none": mean_of_none}
 
 
 def _relative(a: jax.Array, b: jax.Array) -> float:

@@ -56,6 +56,10 @@ CODE = textwrap.dedent(
             close(got, want)
             assert shapes("linear_cross_entropy", 0) == {seen}, shapes("linear_cross_entropy", 0)
             assert shapes("linear_cross_entropy", 1) == {(h, columns)}, shapes("linear_cross_entropy", 1)
+            # A vocabulary shard's statistics get a per-token cotangent: its call says reduction="none".
+            told = {kwargs["reduction"] for found in get_invocations(ejk.device_fingerprint()).values()
+                    for _, _, kwargs in found.values()}
+            assert told == {"none" if columns < v else "mean"}, told
             grads = jax.jit(jax.grad(loss(ejk.linear_cross_entropy), argnums=(0, 1)))(xs, ws)
             for g, r in zip(grads, want_grads):
                 close(g, r, 1e-4)
@@ -64,16 +68,21 @@ CODE = textwrap.dedent(
             put(x, "data"), put(w, None, "model"))
         close(none, reference_linear_cross_entropy(x, w, labels, reduction="none"))
         # ejk-xla's gradients-in-forward implementation: token shards use their saved gradients (each
-        # shard's cotangent is a scalar times its own weights), vocabulary shards its chunked backward
-        # (a shard's share of the log-sum-exp's cotangent is not); smoothing adds the onehot term.
+        # shard's cotangent is a scalar times its own weights, z-loss and smoothing folded in); it refuses
+        # vocabulary shards (a shard's share of the log-sum-exp's cotangent is per token), naming chunked.
         gif = ImplChoice(platform="xla", backend="any", implementation="grad_in_forward")
-        for extra in ({}, {"label_smoothing": 0.1}):
+        for extra in ({}, {"label_smoothing": 0.1}, {"reduction": "sum", **options}):
             plain = lambda f, **k: lambda x, w: f(x, w, labels, **extra, **k)
             plain_grads = jax.grad(plain(reference_linear_cross_entropy), argnums=(0, 1))(x, w)
-            for xs, ws in ((put(x, "data"), w), (put(x, "data"), put(w, None, "model"))):
-                grads = jax.jit(jax.grad(plain(ejk.linear_cross_entropy, cfg=gif), argnums=(0, 1)))(xs, ws)
-                for g, r in zip(grads, plain_grads):
-                    close(g, r, 1e-4)
+            grads = jax.jit(jax.grad(plain(ejk.linear_cross_entropy, cfg=gif), argnums=(0, 1)))(put(x, "data"), w)
+            for g, r in zip(grads, plain_grads):
+                close(g, r, 1e-4)
+        try:
+            jax.jit(loss(lambda *a, **k: ejk.linear_cross_entropy(*a, cfg=gif, **k)))(x, put(w, None, "model"))
+        except ValueError as error:
+            assert "xla/any:chunked" in str(error), error
+        else:
+            raise AssertionError("grad_in_forward ran a vocabulary shard")
         # A vocabulary split over both axes (4 shards of 10 columns).
         w4 = put(w, None, ("data", "model"))
         clear_invocations()

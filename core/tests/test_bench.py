@@ -21,6 +21,7 @@ import ejk
 import ejk.plugins
 from ejk import bench, cli
 from ejk.bench import _cases, _peaks, _plot, _report, _runner
+from ejk.ops._linear_cross_entropy._bench import LinearCrossEntropyCase
 from ejk.ops._matmul._op import MATMUL
 from ejk.plugins import PlatformStatus
 from ejk.registry import KernelRegistry
@@ -233,6 +234,9 @@ def test_presets_hold_the_issue_shapes() -> None:
     ("gmm:8x64x32x256", bench.MoeCase(experts=8, k=64, n=32, tokens=256)),
     ("matmul:16x4096x14336", bench.MatmulCase(m=16, k=4096, n=14336)),
     ("mla:128x8192:sq=2,hq=128", bench.MlaCase(batch=128, ctx=8192, sq=2, hq=128)),
+    ("lce:64x32x500", LinearCrossEntropyCase(tokens=64, hidden=32, vocab=500)),
+    ("lce:64x32x500:zloss,smooth", LinearCrossEntropyCase(tokens=64, hidden=32, vocab=500, z_loss=True,
+                                                                smoothing=True)),
 ])
 def test_shape_specs(spec: str, expected: bench.Case) -> None:
     assert bench.parse_case(spec) == expected
@@ -242,6 +246,7 @@ def test_shape_specs(spec: str, expected: bench.Case) -> None:
 @pytest.mark.parametrize(("spec", "message"), [
     ("attention:4x4096x16", "BxSxHxD"), ("matmul:0x4x4", "MxKxN"), ("conv:1x2", "unknown op"),
     ("decode:8x4096:heads=3", "unknown option"), ("matmul:8x8x8:kv=x", "unknown option"), ("nonsense", "not a preset"),
+    ("lce:8x8x8:zloss=2", "zloss is a flag"), ("lce:8x8x8:cap", "unknown option.*allowed: zloss, smooth"),
 ])
 def test_bad_shape_specs_say_what_is_expected(spec: str, message: str) -> None:
     with pytest.raises(ValueError, match=message):
@@ -517,6 +522,18 @@ def test_a_deprecated_jax_kernel_still_builds_its_baseline_where_warnings_are_er
         "import warnings\nwarnings.warn('this module is deprecated', DeprecationWarning, stacklevel=2)\nVALUE = 3\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     assert _jax_reference_kernel("deprecated_kernel_for_ejk_test").VALUE == 3
+
+
+def test_a_zloss_case_passes_its_loss_options() -> None:
+    from ejk.bench._cases import parse_shapes
+    from ejk.bench._workloads import workload_for
+    from ejk.ops._linear_cross_entropy._bench import LABEL_SMOOTHING, Z_LOSS
+
+    (case,) = parse_shapes(["lce:16x8x40:zloss,smooth"])
+    workload = workload_for(case, jnp.float32)
+    assert case.label == "T=16 H=8 V=40 zloss smooth"
+    _, static = workload.normalize(workload.inputs())
+    assert (static["z_loss"], static["label_smoothing"], static["reduction"]) == (Z_LOSS, LABEL_SMOOTHING, "mean")
 
 
 def test_a_sinks_case_passes_its_sinks_by_keyword() -> None:

@@ -29,7 +29,7 @@ linear_cross_entropy (lce), rms_norm (rmsnorm); default: all of them, each with 
   moe:GxKxNxM[:skewed]                matmul:MxKxN
   gdr:BxT[:h=32,k=128,v=128,seqs=0]   gla:TOKENSxSEQxHxK[:packed,v=V]
   ssd:TOKENSxSEQxHxP[:packed,n=N,g=G]
-  lce:TxHxV                           rmsnorm:RxD[:residual]
+  lce:TxHxV[:zloss,smooth]            rmsnorm:RxD[:residual]
 
 Other lines: --all-configs times every config of each implementation's config space; --backward
 LABEL pairs each forward with another implementation's backward (fwd+bwd). Other studies of the

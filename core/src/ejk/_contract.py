@@ -31,22 +31,29 @@ class Extension:
 
     An implementation whose signature names it receives it on every call; one that does not is
     called without it, and refuses (through the core, after its own gate) every call whose value
-    differs from :attr:`legacy`, the value under which the op behaves as it did before.
+    differs from :attr:`legacy`, the value under which the op behaves as it did before. An
+    :attr:`advisory` one never refuses: it tells an implementation about the call without changing
+    what the implementation must return.
 
     Attributes:
         name: The argument's name (an array of ``array_names`` or a static argument).
         legacy: Its value in calls an implementation unaware of it runs correctly (``None`` for an
             optional array; e.g. ``"default"`` for a static ``precision``).
         since: The ejk-core version that added it (named in the refusal).
+        advisory: Every value is one an implementation unaware of it runs correctly (e.g. how the
+            op layer will use the output, which an implementation may exploit): it is left out for
+            an implementation that does not name it, and refuses nothing.
     """
 
     name: str
     legacy: Any = None
     since: str = ""
+    advisory: bool = False
 
     def is_legacy(self, value: Any) -> bool:
-        """Whether ``value`` is the legacy value (an absent argument always is)."""
-        if value is None or value is self.legacy:
+        """Whether ``value`` is the legacy value (an absent argument always is; so is every value of
+        an advisory extension)."""
+        if self.advisory or value is None or value is self.legacy:
             return True
         if self.legacy is None or hasattr(value, "shape"):
             return False

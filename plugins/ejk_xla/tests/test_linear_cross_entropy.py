@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import ejk
-from ejk.ops import ImplChoice
+from ejk.ops import ImplChoice, get_op
 from ejk.testing import assert_close, check_linear_cross_entropy
 from ejk.testing import reference_linear_cross_entropy as reference
 from ejk_xla import LinearCrossEntropyConfig
@@ -213,15 +213,16 @@ def _gif_choice(block_t: int = 4, logits: str = "float32") -> ImplChoice:
     return ImplChoice(platform="xla", backend="any", implementation="grad_in_forward", cfg=cfg)
 
 
-GRAD_IN_FORWARD_OPTIONS = [
-    {},  # the saved gradients, scaled
+GRAD_IN_FORWARD_OPTIONS = [  # every one served by the gradients saved in the forward pass
+    {},
     {"reduction": "sum"},
-    {"label_smoothing": 0.1},  # saved, plus the onehot and z_sum terms
+    {"label_smoothing": 0.1},
     {"reduction": "sum", "label_smoothing": 0.2, "ignore_index": 3},  # an in-vocabulary ignore_index
-    {"logit_soft_cap": 4.0},  # saved, under a soft cap
-    {"logit_soft_cap": 4.0, "label_smoothing": 0.3},  # the chunked backward (z_sum's term under a cap)
-    {"z_loss": 1e-2},  # the chunked backward (d_lse depends on lse)
-    {"reduction": "none", "z_loss": 1e-3},  # the chunked backward (a per-token cotangent)
+    {"logit_soft_cap": 4.0},
+    {"logit_soft_cap": 4.0, "label_smoothing": 0.3},  # smoothing folded under the cap
+    {"z_loss": 1e-2},  # z-loss folded into the log-sum-exp's cotangent
+    {"reduction": "sum", "z_loss": 1e-2, "label_smoothing": 0.1},
+    {"z_loss": 1e-2, "logit_soft_cap": 4.0, "label_smoothing": 0.2, "ignore_index": 3},
 ]
 
 
@@ -270,62 +271,129 @@ def test_grad_in_forward_bfloat16(logits: str) -> None:
     labels = rng.integers(0, 40, 10).astype(np.int32)
     labels[3] = -100
     value, (dx, dw) = jax.value_and_grad(
-        lambda x, w: ejk.linear_cross_entropy(x, w, jnp.asarray(labels), label_smoothing=0.1,
+        lambda x, w: ejk.linear_cross_entropy(x, w, jnp.asarray(labels), label_smoothing=0.1, z_loss=1e-2,
                                               cfg=_gif_choice(logits=logits)), argnums=(0, 1))(x, w)
     assert (dx.dtype, dw.dtype) == (jnp.bfloat16, jnp.bfloat16)
     want, want_dx, want_dw = _float64_loss_and_grads(np.asarray(x, np.float32), np.asarray(w, np.float32), labels,
-                                                     label_smoothing=0.1)
+                                                     label_smoothing=0.1, z_loss=1e-2)
     assert_close(value, want, jnp.bfloat16, what="loss")
     assert_close(dx, want_dx, jnp.bfloat16, what="dx")
     assert_close(dw, want_dw, jnp.bfloat16, what="dw")
 
 
-def _cotangents(labels: jax.Array, lse: jax.Array, vocab: int, **options: Any) -> tuple[jax.Array, ...]:
-    """The statistics' cotangents the op layer produces for a cotangent of 1 on its loss
-    (docs/KERNEL_CONTRACT.md): per counted token ``w·(1 + 2·z_loss·lse)``, ``−(1 − ε)·w``, ``−(ε / V)·w``."""
+def _cotangents(labels: jax.Array, lse: jax.Array, vocab: int, scale: float = 1.0,
+                **options: Any) -> tuple[jax.Array, ...]:
+    """The statistics' cotangents the op layer produces for a cotangent ``scale`` on its loss
+    (docs/KERNEL_CONTRACT.md): per counted token ``c·(1 + 2·z_loss·lse)``, ``−(1 − ε)·c``, ``−(ε / V)·c``."""
     valid = (labels >= 0) & (labels < vocab)
-    weight = valid / (jnp.sum(valid) if options.get("reduction", "mean") == "mean" else 1.0)
-    if options.get("reduction") == "none":
-        weight = valid * jnp.linspace(0.5, 1.5, labels.shape[0])  # a per-token cotangent
+    weight = scale * valid / (jnp.sum(valid) if options.get("reduction", "mean") == "mean" else 1.0)
     smoothing = options.get("label_smoothing", 0.0)
     return (weight * (1 + 2 * options.get("z_loss", 0.0) * lse), -(1 - smoothing) * weight,
             -(smoothing / vocab) * weight)
 
 
-@pytest.mark.parametrize(("options", "cap", "saved"), [
-    ({}, None, True), ({"reduction": "sum", "label_smoothing": 0.1}, None, True), ({}, 3.0, True),
-    ({"label_smoothing": 0.1}, 3.0, False), ({"z_loss": 1e-3}, None, False), ({"reduction": "none"}, None, False),
-])
-def test_grad_in_forward_which_backward_serves_the_op_layers_cotangents(options: dict[str, Any], cap: float | None,
-                                                        saved: bool) -> None:
-    labels = jnp.asarray([4, -100, 0, 7, 2, -100, 9], jnp.int32)
-    lse = jnp.linspace(1.0, 3.0, 7)
-    d_lse, _, d_sum = _cotangents(labels, lse, 10, **options)
-    s, fast = gif._scale(labels, 10, d_lse, d_sum, cap)
-    assert bool(fast) is saved
-    if saved:  # α is 1/5 on the 5 counted tokens: s = 1 for the mean, 5 for the sum
-        np.testing.assert_allclose(float(s), 1.0 if options.get("reduction") is None else 5.0, rtol=1e-6)
+def _poisoned(*args: Any, **kwargs: Any) -> tuple[jax.Array, jax.Array]:
+    """A stand-in for the chunked backward: NaN gradients show where it ran."""
+    x, w = args[:2]
+    return jnp.full(x.shape, jnp.nan, x.dtype), jnp.full(w.shape, jnp.nan, w.dtype)
 
 
-def test_grad_in_forward_a_cotangent_on_other_tokens_takes_the_chunked_backward() -> None:
-    rng = np.random.default_rng(3)
-    x, w = rng.standard_normal((7, 4)).astype(np.float32), rng.standard_normal((4, 9)).astype(np.float32)
-    labels = jnp.asarray(rng.integers(0, 9, 7), jnp.int32)
-    weights = jnp.asarray(rng.uniform(0.5, 2.0, 7), jnp.float32)  # a per-token weighted sum of the "none" losses
+BACKWARD_CASES = [  # (options, logit_soft_cap, the cotangents differ from the op layer's: a per-token d_lse)
+    ({}, None, False), ({"reduction": "sum", "label_smoothing": 0.1}, None, False), ({}, 3.0, False),
+    ({"label_smoothing": 0.1}, 3.0, False), ({"z_loss": 1e-3}, None, False),
+    ({"reduction": "sum", "z_loss": 1e-2, "label_smoothing": 0.2}, 3.0, False),
+    ({}, None, True), ({"z_loss": 1e-3}, 3.0, True),
+]
 
-    def loss(x: jax.Array, w: jax.Array, choice: Any) -> jax.Array:
-        return jnp.sum(weights * ejk.linear_cross_entropy(x, w, labels, reduction="none", cfg=choice))
 
-    got = jax.grad(loss, argnums=(0, 1))(x, w, _gif_choice())
-    want = jax.grad(loss, argnums=(0, 1))(x, w, ImplChoice(platform="xla", backend="any", implementation="chunked"))
+@pytest.mark.parametrize(("options", "cap", "per_token"), BACKWARD_CASES)
+def test_grad_in_forward_which_backward_serves_the_op_layers_cotangents(
+        monkeypatch: pytest.MonkeyPatch, options: dict[str, Any], cap: float | None, per_token: bool) -> None:
+    """The op layer's cotangents (any scale) are served by the saved gradients, never by the recomputing
+    backward (poisoned here); a per-token cotangent takes it."""
+    rng = np.random.default_rng(4)
+    x, w = jnp.asarray(rng.standard_normal((7, 4)), jnp.float32), jnp.asarray(rng.standard_normal((4, 10)), jnp.float32)
+    labels = jnp.asarray([4, -1, 0, 7, 2, -1, 9], jnp.int32)
+    static = {"logit_soft_cap": cap, "precision": "highest", "cfg": _gif_choice().cfg, **options}
+    stats, residuals = gif.linear_cross_entropy_fwd(x, w, labels, **static)
+    cotangents = list(_cotangents(labels, stats[0], 10, scale=2.5, **options))
+    if per_token:
+        cotangents[0] = cotangents[0] * jnp.linspace(0.5, 1.5, 7)
+    monkeypatch.setattr(gif.chunked, "_gradients", _poisoned)
+    dx, dw, _ = gif.linear_cross_entropy_bwd(residuals, tuple(cotangents), **static)
+    assert bool(jnp.isnan(dx).any()) is per_token and bool(jnp.isnan(dw).any()) is per_token
+    monkeypatch.undo()
+    got = gif.linear_cross_entropy_bwd(residuals, tuple(cotangents), **static)[:2] if per_token else (dx, dw)
+    _, chunked_residuals = gif.chunked.linear_cross_entropy_fwd(x, w, labels, logit_soft_cap=cap)
+    want = gif.chunked.linear_cross_entropy_bwd(chunked_residuals, tuple(cotangents), logit_soft_cap=cap)[:2]
     for g, r in zip(got, want, strict=True):
         np.testing.assert_allclose(g, r, rtol=1e-5, atol=1e-6)
+
+
+def test_grad_in_forward_z_loss_never_recomputes_the_logits(monkeypatch: pytest.MonkeyPatch) -> None:
+    """End to end: z-loss (with smoothing, a soft cap, ignored tokens) takes the saved gradients; with the
+    run-time check made to fail, the (poisoned) recomputing backward shows."""
+    rng = np.random.default_rng(5)
+    t, h, v = 13, 4, 23  # shapes of this test alone: nothing traced before with the real backward
+    x, w = rng.standard_normal((t, h)).astype(np.float32), rng.standard_normal((h, v)).astype(np.float32)
+    labels = rng.integers(0, v, t).astype(np.int32)
+    labels[::5] = 3
+    options = {"z_loss": 1e-2, "label_smoothing": 0.1, "logit_soft_cap": 5.0, "ignore_index": 3}
+    monkeypatch.setattr(gif.chunked, "_gradients", _poisoned)
+
+    def grads(reduction: str) -> tuple[jax.Array, ...]:
+        return jax.jit(jax.grad(lambda x, w: ejk.linear_cross_entropy(
+            x, w, jnp.asarray(labels), reduction=reduction, cfg=_gif_choice(), **options), argnums=(0, 1)))(x, w)
+
+    _, want_dx, want_dw = _float64_loss_and_grads(x, w, labels, reduction="sum", **options)
+    dx, dw = grads("sum")
+    np.testing.assert_allclose(np.asarray(dx, np.float64), want_dx, rtol=2e-5, atol=2e-5)
+    np.testing.assert_allclose(np.asarray(dw, np.float64), want_dw, rtol=2e-5, atol=2e-5)
+    monkeypatch.setattr(gif, "PROPORTIONAL_TOLERANCE", -1.0)  # no cotangent passes the check
+    assert all(bool(jnp.isnan(g).all()) for g in grads("mean"))
+
+
+def test_grad_in_forward_refuses_reduction_none_naming_chunked() -> None:
+    x, w, labels = jnp.ones((4, 3)), jnp.ones((3, 5)), jnp.zeros((4,), jnp.int32)
+    reason = gif.capability(x=x, w=w, labels=labels, reduction="none")
+    assert reason is not None and "xla/any:chunked" in reason
+    assert gif.capability(x=x, w=w, labels=labels, reduction="sum") is None
+    with pytest.raises(ValueError, match=r"grad_in_forward: reduction='none' .*xla/any:chunked"):
+        ejk.linear_cross_entropy(x, w, labels, reduction="none", cfg=_gif_choice())
+    explained = ejk.explain("linear_cross_entropy", x, w, labels, reduction="none")
+    (report,) = [r for r in explained.implementations if r.label == "xla/any:grad_in_forward"]
+    assert report.status != "chosen" and "xla/any:chunked" in str(report.reason)
+
+
+class _H100:
+    """What JAX's device object says of an H100, for the device fingerprint the rankings match."""
+
+    platform = "gpu"
+    device_kind = "NVIDIA H100 80GB HBM3"
+
+
+@pytest.mark.parametrize(("options", "chosen"), [
+    ({}, "xla/any:grad_in_forward"), ({"reduction": "sum", "z_loss": 1e-4}, "xla/any:grad_in_forward"),
+    ({"z_loss": 1e-4, "label_smoothing": 0.1, "logit_soft_cap": 30.0}, "xla/any:grad_in_forward"),
+    ({"reduction": "none"}, "xla/any:chunked"), ({"reduction": "none", "z_loss": 1e-4}, "xla/any:chunked"),
+])
+def test_the_h100_ranking_sends_reduction_none_to_chunked(options: dict[str, Any], chosen: str) -> None:
+    """The shipped H100 pack ranks grad_in_forward first for bfloat16; its gate sends per-token losses on."""
+    executor = ejk.Executor(ejk.ConfigSelectorChain(policy=ejk.AutotunePolicy(autotune=False), persist=False),
+                            device=_H100())
+    assert executor.device_fingerprint() == "gpu|NVIDIA_H100_80GB_HBM3"
+    args = (jax.ShapeDtypeStruct((4096, 256), jnp.bfloat16), jax.ShapeDtypeStruct((256, 32000), jnp.bfloat16),
+            jax.ShapeDtypeStruct((4096,), jnp.int32))
+    found = ejk.explain("linear_cross_entropy", *args, executor=executor, **options)
+    assert get_op("linear_cross_entropy").kernel.cfg_label(found.chosen) == chosen, found
+    assert found.ranking is not None and "nvidia_h100" in found.ranking
 
 
 def test_grad_in_forward_conformance() -> None:
     from ejk.testing import LINEAR_CROSS_ENTROPY_CASES as CASES
 
-    assert check_linear_cross_entropy("xla", dtypes=(jnp.float32,), cfg=_gif_choice(), cases=CASES[:4]) == 4
+    cases = [case for case in CASES if case[4].get("reduction") != "none"]  # refused (see below)
+    assert check_linear_cross_entropy("xla", dtypes=(jnp.float32,), cfg=_gif_choice(), cases=cases[:4]) == 4
 
 
 def test_grad_in_forward_no_tokens_and_an_undifferentiated_call() -> None:

@@ -358,18 +358,30 @@ def _matmul(workload: Workload, inputs: tuple[Any, ...]) -> Prepared:
 
 
 def _unfused_cross_entropy(with_optax: bool) -> Callable[[Workload, tuple[Any, ...]], Prepared]:
-    """``x @ w`` materialised (the matmul's dtype, cast to float32 as training code does), then the loss."""
+    """``x @ w`` materialised (the matmul's dtype, cast to float32 as training code does), then the loss,
+    with the case's label smoothing and z-loss (``z · lse²``) when it has them."""
 
     def build(workload: Workload, inputs: tuple[Any, ...]) -> Prepared:
         x, w, labels = inputs
+        options = workload.kwargs()
+        smoothing, z_loss = float(options.get("label_smoothing", 0.0)), float(options.get("z_loss", 0.0))
 
         def fn(x: jax.Array, w: jax.Array) -> jax.Array:
             logits = (x @ w).astype(jnp.float32)
+            lse = jax.nn.logsumexp(logits, axis=1)
             if with_optax:
                 optax = importlib.import_module("optax")
-                return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()  # type: ignore[no-any-return]
-            picked = jnp.take_along_axis(logits, labels[:, None], axis=1)[:, 0]
-            return jnp.mean(jax.nn.logsumexp(logits, axis=1) - picked)
+                per_token = optax.softmax_cross_entropy_with_integer_labels(logits, labels)
+                if smoothing:
+                    per_token = (1.0 - smoothing) * per_token + smoothing * (lse - jnp.mean(logits, axis=1))
+            else:
+                picked = jnp.take_along_axis(logits, labels[:, None], axis=1)[:, 0]
+                per_token = lse - (1.0 - smoothing) * picked
+                if smoothing:
+                    per_token = per_token - smoothing * jnp.mean(logits, axis=1)
+            if z_loss:
+                per_token = per_token + z_loss * jnp.square(lse)
+            return jnp.mean(per_token)
 
         return Prepared(fn=fn, args=(x, w), diff=(0, 1))
 
@@ -458,7 +470,8 @@ for _baseline in (
     Baseline(name="a @ b", op="matmul", build=_matmul, note="jnp.matmul at default precision"),
     Baseline(name="x @ w + optax", op="linear_cross_entropy", build=_unfused_cross_entropy(True),
              unsupported=_optax_unsupported,
-             note="logits = x @ w materialised, optax.softmax_cross_entropy_with_integer_labels(float32 logits)"),
+             note="logits = x @ w materialised, optax.softmax_cross_entropy_with_integer_labels(float32 logits) "
+                  "(+ smoothing and z-loss terms in jnp when the case has them)"),
     Baseline(name="x @ w + jnp log-softmax", op="linear_cross_entropy", build=_unfused_cross_entropy(False),
              note="logits = x @ w materialised, float32 logsumexp minus the label's logit (XLA fuses the loss)"),
     Baseline(name="XLA-fused expression", op="rms_norm", build=_rms_norm_expression,

@@ -76,7 +76,7 @@ def parse_case(spec: str) -> Case:
     - ``decode:SEQSxCTX[:q=1,hq=32,hkv=8,d=128,page=64]``
     - ``moe:GxKxNxM[:skewed]`` (experts, k, n, tokens)
     - ``matmul:MxKxN``
-    - ``lce:TxHxV`` (tokens, hidden, vocabulary)
+    - ``lce:TxHxV[:zloss][,smooth]`` (tokens, hidden, vocabulary; z-loss 1e-4, label smoothing 0.1)
     - ``rmsnorm:RxD[:residual]`` (rows, width; ``residual=`` passed)
 
     Raises:

@@ -9,18 +9,25 @@ and the two gradient products ``dx_c = dz_c @ wᵀ`` and ``dw += x_cᵀ @ dz_c``
 differentiation it runs the chunked implementation's forward pass (one product).
 
 Which cotangent the forward pass assumes: the op layer builds the loss from the statistics
-``(lse, z_label, z_sum)``; with ``reduction="mean"`` or ``"sum"`` and no z-loss their cotangents are
-``d_lse = s·α``, ``d_z_label = −(1 − ε)·s·α``, ``d_z_sum = −(ε / V)·s·α`` for one scalar ``s``, where
-``α`` is 1 over the number of tokens whose label is in ``[0, V)`` for those tokens and 0 for the
-others (the op layer passes the tokens it ignores as out-of-vocabulary labels). The forward pass
-saves ``dx₀, dw₀`` for ``dz = α·(softmax − onehot(label))`` (times ``1 − (z / cap)²`` under a soft
-cap). The backward pass reads ``s`` off the cotangents and checks that ``d_lse`` is ``s·α`` (to a
-relative ``2⁻²⁰``) at run time; then ``dx = s·dx₀``, ``dw = s·dw₀`` plus the exact terms of the rest
-of the cotangent: ``(d_z_label + s·α)·onehot(label)`` (label smoothing; a gather of ``w``'s label
-columns and a scatter-add into ``dw``) and ``d_z_sum`` (a rank-one term). Any other cotangent —
-a z-loss (``d_lse`` depends on ``lse``), ``reduction="none"`` with a per-token cotangent, a vocabulary
-shard's share of the log-sum-exp, label smoothing under a soft cap — takes the chunked backward
-pass (logits recomputed: correct, and slower than the chunked implementation alone).
+``(lse, z_label, z_sum)`` and passes the loss options (``reduction``, ``label_smoothing`` ``ε``,
+``z_loss`` ``ζ``) to this implementation. With ``reduction="mean"`` or ``"sum"`` their cotangents are
+``d_lse = s·α·(1 + 2ζ·lse)``, ``d_z_label = −(1 − ε)·s·α``, ``d_z_sum = −(ε / V)·s·α`` for one scalar
+``s`` (the loss's cotangent), where ``α`` is 1 (``"sum"``) or 1 over the number of tokens whose
+label is in ``[0, V)`` (``"mean"``) for those tokens and 0 for the others (the op layer passes the
+tokens it ignores as out-of-vocabulary labels). The forward pass saves ``dx₀, dw₀`` for
+``dz = α·((1 + 2ζ·lse)·softmax − (1 − ε)·onehot(label) − ε / V)`` (times ``1 − (z / cap)²`` under a
+soft cap): the whole loss, z-loss, label smoothing and soft cap included. The backward pass reads
+``s`` off ``d_lse`` and checks at run time that ``d_lse`` is ``s·α·(1 + 2ζ·lse)`` (to a relative
+``2⁻²⁰``); then ``dx = s·dx₀``, ``dw = s·dw₀``, plus the exact terms of whatever else the cotangent
+holds: ``(d_z_label + (1 − ε)·s·α)·onehot(label)`` (a gather of ``w``'s label columns and a scatter-add
+into ``dw``, skipped where it is below ``2⁻²⁰`` of ``d_z_label``) and ``d_z_sum + (ε / V)·s·α`` (a
+rank-one term, likewise skipped). Any other cotangent (an extra ``z_sum`` term under a soft cap,
+which is not rank-one there; a caller of this VJP other than the op layer) takes the chunked backward
+pass (logits recomputed: correct, and slower than the chunked implementation alone). The capability
+gate refuses ``reduction="none"``, whose per-token cotangents the saved gradients cannot serve: the
+per-token losses, and each shard of a vocabulary-parallel ``w`` (the op's shard rule calls the shards
+so, their share of the log-sum-exp's cotangent being per token); ``platform="auto"`` then takes the
+next implementation (``xla/any:chunked``).
 
 Precision: ``dw`` is accumulated over the token chunks in ``w``'s dtype — each chunk's product
 ``x_cᵀ @ dz_c`` is added to it inside the matmul (cuBLAS's ``beta = 1``: float32 accumulation of
@@ -52,7 +59,7 @@ from jax import lax
 from ejk.plugin import VJP, cotangent_like, positive_int, varying_like
 from ejk_xla import _linear_cross_entropy as chunked
 
-__all__ = ["RESIDUALS", "GradInForwardConfig", "config_space", "heuristic_config", "linear_cross_entropy",
+__all__ = ["RESIDUALS", "GradInForwardConfig", "capability", "config_space", "heuristic_config", "linear_cross_entropy",
            "linear_cross_entropy_bwd", "linear_cross_entropy_fwd", "vjp"]
 
 Precision = str | tuple[str, str]
@@ -90,21 +97,41 @@ class GradInForwardConfig:
     backward: chunked.LinearCrossEntropyConfig | None = None
 
 
-def _weights(labels: jax.Array, vocab: int) -> tuple[jax.Array, jax.Array]:
-    """``(inside, α)``: which labels are in ``[0, vocab)``, and 1 over their count there (0 elsewhere)."""
+def capability(*, reduction: str = "mean", **_: Any) -> str | None:
+    """Refuses ``reduction="none"`` (the per-token losses, or a vocabulary shard's statistics): its
+    per-token cotangent is not the one the forward pass assumes."""
+    if reduction == "none":
+        return ("reduction='none' (per-token losses, or one vocabulary shard of a vocabulary-parallel w) gives "
+                "each token its own cotangent, which the gradients computed in the forward pass do not serve "
+                "(its backward would recompute the logits: 6 products); xla/any:chunked runs such calls with 4")
+    return None
+
+
+def _weights(labels: jax.Array, vocab: int, reduction: str) -> tuple[jax.Array, jax.Array]:
+    """``(inside, α)``: which labels are in ``[0, vocab)``, and each token's weight in the loss: 1 over
+    their count there for ``"mean"``, 1 there otherwise, 0 elsewhere."""
     inside = (labels >= 0) & (labels < vocab)
+    if reduction != "mean":
+        return inside, inside.astype(jnp.float32)
     count = jnp.maximum(jnp.sum(inside.astype(jnp.float32)), 1.0)
     return inside, jnp.where(inside, 1.0 / count, 0.0)
 
 
-@functools.partial(jax.jit, static_argnames=("block_t", "cap", "precision", "logits"))
+def _lse_weighted(values: jax.Array, lse: jax.Array, z_loss: float) -> jax.Array:
+    """``values · (1 + 2ζ·lse)``: the z-loss's factor on the log-sum-exp's cotangent (none without z-loss)."""
+    return values * (1.0 + (2.0 * z_loss) * lse) if z_loss else values
+
+
+@functools.partial(jax.jit, static_argnames=("block_t", "cap", "precision", "logits", "reduction",
+                                             "label_smoothing", "z_loss"))
 def _forward_and_gradients(x: jax.Array, w: jax.Array, labels: jax.Array, *, block_t: int, cap: float | None,
-                           precision: Precision, logits: str) -> tuple[Statistics, jax.Array, jax.Array]:
+                           precision: Precision, logits: str, reduction: str, label_smoothing: float,
+                           z_loss: float) -> tuple[Statistics, jax.Array, jax.Array]:
     t, v = x.shape[0], w.shape[1]
     dtype = jnp.promote_types(x.dtype, w.dtype)
     w_c = w.astype(dtype)
     labels = labels.astype(jnp.int32)
-    _, alpha = _weights(labels, v)
+    _, alpha = _weights(labels, v, reduction)
     row_starts = chunked._chunk_starts(t, block_t)
     nominal_rows = jnp.arange(row_starts.shape[0], dtype=jnp.int32) * block_t
     columns = jnp.arange(v, dtype=jnp.int32)[None, :]
@@ -131,7 +158,11 @@ def _forward_and_gradients(x: jax.Array, w: jax.Array, labels: jax.Array, *, blo
         else:
             z_sum_c = jnp.sum(z, axis=1)
         a = jnp.where(fresh, take(alpha), 0.0)[:, None]
-        dz = a * (jnp.exp(z - lse_c[:, None]) - (columns == label[:, None]).astype(jnp.float32))
+        p = _lse_weighted(jnp.exp(z - lse_c[:, None]), lse_c[:, None], z_loss)
+        target = (columns == label[:, None]).astype(jnp.float32)
+        if label_smoothing:  # (1 − ε)·onehot + ε / V
+            target = (1.0 - label_smoothing) * target + label_smoothing / v
+        dz = a * (p - target)
         if cap is not None:
             dz = dz * (1.0 - jnp.square(z / cap))
         dz = dz.astype(dtype)
@@ -168,11 +199,14 @@ def _block_t(x: Any, w: Any, cfg: GradInForwardConfig | None) -> tuple[int, Grad
 def linear_cross_entropy(
     x: jax.Array, w: jax.Array, labels: jax.Array, *, logit_soft_cap: float | None = None,
     precision: Precision = ("highest", "highest"), cfg: GradInForwardConfig | None = None,
+    reduction: str = "mean", label_smoothing: float = 0.0, z_loss: float = 0.0,
 ) -> Statistics:
     """Per-token ``(lse, z_label, z_sum)`` of ``x @ w`` (soft-capped), each ``[T]`` float32.
 
-    Not differentiated, this is the chunked implementation's forward pass (its heuristic config).
+    Not differentiated, this is the chunked implementation's forward pass (its heuristic config);
+    the loss options matter only to the differentiated call.
     """
+    del reduction, label_smoothing, z_loss
     backward = None if cfg is None else cfg.backward
     return chunked.linear_cross_entropy(x, w, labels, logit_soft_cap=logit_soft_cap, precision=precision,
                                         cfg=backward)
@@ -181,29 +215,34 @@ def linear_cross_entropy(
 def linear_cross_entropy_fwd(
     x: jax.Array, w: jax.Array, labels: jax.Array, *, logit_soft_cap: float | None = None,
     precision: Precision = ("highest", "highest"), cfg: GradInForwardConfig | None = None,
+    reduction: str = "mean", label_smoothing: float = 0.0, z_loss: float = 0.0,
 ) -> tuple[Statistics, tuple[jax.Array, ...]]:
-    """``((lse, z_label, z_sum), (x, w, labels, lse, z_label, dx₀, dw₀))``: statistics and gradients at once."""
+    """``((lse, z_label, z_sum), (x, w, labels, lse, z_label, dx₀, dw₀))``: statistics and, at once, the
+    gradients of the loss ``reduction``, ``label_smoothing`` and ``z_loss`` make of them."""
     block_t, cfg = _block_t(x, w, cfg)
     if block_t == 0:  # no tokens
         empty = jnp.zeros((0,), jnp.float32)
         return (empty, empty, empty), (x, w, labels, empty, empty, jnp.zeros_like(x), jnp.zeros_like(w))
     stats, dx, dw = _forward_and_gradients(x, w, labels, block_t=block_t, cap=logit_soft_cap, precision=precision,
-                                           logits=cfg.logits)
+                                           logits=cfg.logits, reduction=reduction,
+                                           label_smoothing=float(label_smoothing), z_loss=float(z_loss))
     return stats, (x, w, labels, stats[0], stats[1], dx, dw)
 
 
-def _scale(labels: jax.Array, vocab: int, d_lse: jax.Array, d_sum: jax.Array,
-           cap: float | None) -> tuple[jax.Array, jax.Array]:
-    """``(s, fast)``: the scalar of ``d_lse = s·α`` and whether the saved gradients serve the cotangent."""
-    inside, alpha = _weights(labels, vocab)
-    first = jnp.argmax(inside)
-    any_inside = jnp.any(inside)
-    s = jnp.where(any_inside, d_lse[first] / jnp.where(any_inside, alpha[first], 1.0), 0.0)
+def _scale(d_lse: jax.Array, assumed: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """``(s, fast)``: the scalar of ``d_lse = s·assumed``, and whether ``d_lse`` is that (to a relative
+    :data:`PROPORTIONAL_TOLERANCE`). ``s`` is read where ``assumed`` is largest (0 where it is 0 everywhere)."""
+    k = jnp.argmax(jnp.abs(assumed))
+    s = jnp.where(assumed[k] != 0.0, d_lse[k] / jnp.where(assumed[k] != 0.0, assumed[k], 1.0), 0.0)
     bound = PROPORTIONAL_TOLERANCE * jnp.max(jnp.abs(d_lse))
-    fast = jnp.all(jnp.abs(d_lse - s * alpha) <= bound)
-    if cap is not None:  # the cotangent of z_sum times 1 − (z / cap)² is not rank-one
-        fast = fast & jnp.all(d_sum == 0.0)
-    return s, fast
+    return s, jnp.all(jnp.abs(d_lse - s * assumed) <= bound)
+
+
+def _beyond(extra: jax.Array, cotangent: jax.Array) -> jax.Array:
+    """``extra`` (what a cotangent holds beyond the assumed one), 0 where all of it is rounding: within
+    :data:`PROPORTIONAL_TOLERANCE` of the cotangent's largest entry."""
+    small = jnp.all(jnp.abs(extra) <= PROPORTIONAL_TOLERANCE * jnp.max(jnp.abs(cotangent)))
+    return jnp.where(small, 0.0, extra)
 
 
 def _saved_gradients(x: jax.Array, w: jax.Array, labels: jax.Array, dx0: jax.Array, dw0: jax.Array, s: jax.Array,
@@ -228,6 +267,7 @@ def _saved_gradients(x: jax.Array, w: jax.Array, labels: jax.Array, dx0: jax.Arr
 def linear_cross_entropy_bwd(
     residuals: tuple[jax.Array, ...], cotangents: tuple[Any, Any, Any], *, logit_soft_cap: float | None = None,
     precision: Precision = ("highest", "highest"), cfg: GradInForwardConfig | None = None,
+    reduction: str = "mean", label_smoothing: float = 0.0, z_loss: float = 0.0,
 ) -> tuple[jax.Array, jax.Array, None]:
     """``(dx, dw, None)``: the saved gradients scaled, or the chunked backward pass for another cotangent."""
     x, w, labels, lse, z_label, dx0, dw0 = residuals
@@ -235,12 +275,17 @@ def linear_cross_entropy_bwd(
         return cotangent_like(jnp.zeros_like(x), x), cotangent_like(jnp.zeros_like(w), w), None
     d_lse, d_label, d_sum = (jnp.zeros_like(lse) if d is None else d.astype(jnp.float32) for d in cotangents)
     labels = labels.astype(jnp.int32)
-    s, fast = _scale(labels, w.shape[1], d_lse, d_sum, logit_soft_cap)
-    inside, alpha = _weights(labels, w.shape[1])
-    # What the onehot term's cotangent adds to the −s·α the saved gradients hold (label smoothing).
-    extra = jnp.where(inside, d_label + s * alpha, 0.0)
+    vocab, smoothing = w.shape[1], float(label_smoothing)
+    inside, alpha = _weights(labels, vocab, reduction)
+    s, fast = _scale(d_lse, _lse_weighted(alpha, lse, float(z_loss)))
+    weight = s * alpha  # the loss's cotangent per token, as the saved gradients assume it
+    # What the cotangents of the onehot and z_sum terms hold beyond what the saved gradients do.
+    extra = _beyond(jnp.where(inside, d_label + (1.0 - smoothing) * weight, 0.0), d_label)
     if logit_soft_cap is not None:
         extra = extra * (1.0 - jnp.square(z_label / logit_soft_cap))
+    extra_sum = _beyond(d_sum + (smoothing / vocab) * weight, d_sum)
+    if logit_soft_cap is not None:  # the cotangent of z_sum times 1 − (z / cap)² is not rank-one
+        fast = fast & jnp.all(extra_sum == 0.0)
     block_t, block_v = chunked._blocks(x, w, None if cfg is None else cfg.backward)
 
     def recomputed() -> tuple[jax.Array, jax.Array]:
@@ -248,7 +293,7 @@ def linear_cross_entropy_bwd(
                                     cap=logit_soft_cap, precision=precision)
         return dx, dw
 
-    saved = functools.partial(_saved_gradients, x, w, labels, dx0, dw0, s, extra, d_sum)
+    saved = functools.partial(_saved_gradients, x, w, labels, dx0, dw0, s, extra, extra_sum)
     branches: list[Callable[[], tuple[jax.Array, jax.Array]]] = [
         functools.partial(saved, onehot=False), functools.partial(saved, onehot=True), recomputed]
     which = jnp.where(fast, jnp.where(jnp.any(extra != 0.0), 1, 0), 2)

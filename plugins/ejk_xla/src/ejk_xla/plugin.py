@@ -69,8 +69,8 @@ def ejk_register_kernels(register: RegisterKernels) -> None:
     # Three products instead of four when differentiated; below the chunked one until measured (ranking packs).
     gif = _lce_grad_in_forward
     register("linear_cross_entropy", *portable, priority=-1, tier=fallback, name="grad_in_forward",
-             cfg_type=gif.GradInForwardConfig, config_space=gif.config_space, heuristic=gif.heuristic_config,
-             vjp=gif.vjp)(gif.linear_cross_entropy)
+             cfg_type=gif.GradInForwardConfig, capability=gif.capability, config_space=gif.config_space,
+             heuristic=gif.heuristic_config, vjp=gif.vjp)(gif.linear_cross_entropy)
     # XLA fuses a row-wise norm well: the baseline a GPU kernel must beat.
     register("rms_norm", *portable, tier=vendor, name="fused", cfg_type=norm.RmsNormConfig,
              config_space=norm.config_space, heuristic=norm.heuristic_config, vjp=norm.vjp)(norm.rms_norm)

@@ -3,7 +3,8 @@
 FLOPs: the logits' product ``2·T·H·V``; forward + backward 3x (the gradients' two products; the
 recomputation of the logits in the backward pass is not counted as useful work). Runs at
 ``precision="default"``, the backend's fast path, as ``x @ w`` does by default. Labels are
-uniform over the vocabulary, none ignored.
+uniform over the vocabulary, none ignored. The loss is the plain mean unless the spec asks for
+z-loss (``zloss``: ``z_loss=1e-4``, PaLM's weight) or label smoothing (``smooth``: ``0.1``).
 """
 
 from __future__ import annotations
@@ -15,9 +16,13 @@ import attrs
 import jax
 import jax.numpy as jnp
 
-from ejk.ops._workload import TFLOPS, Case, OpBench, Workload, dims, int_options, normal
+from ejk.ops._workload import TFLOPS, Case, OpBench, Workload, dims, normal
 
-__all__ = ["BENCH", "LinearCrossEntropyCase", "LinearCrossEntropyWorkload"]
+__all__ = ["BENCH", "LABEL_SMOOTHING", "Z_LOSS", "LinearCrossEntropyCase", "LinearCrossEntropyWorkload"]
+
+#: The z-loss weight of a ``zloss`` case and the smoothing of a ``smooth`` one.
+Z_LOSS = 1e-4
+LABEL_SMOOTHING = 0.1
 
 
 @attrs.frozen(kw_only=True)
@@ -29,14 +34,22 @@ class LinearCrossEntropyCase(Case):
     tokens: int
     hidden: int
     vocab: int
+    #: With ``z_loss`` = :data:`Z_LOSS`.
+    z_loss: bool = False
+    #: With ``label_smoothing`` = :data:`LABEL_SMOOTHING`.
+    smoothing: bool = False
+
+    @property
+    def _options(self) -> str:
+        return "".join((" zloss" if self.z_loss else "", " smooth" if self.smoothing else ""))
 
     @property
     def label(self) -> str:
-        return f"T={self.tokens} H={self.hidden} V={self.vocab}"
+        return f"T={self.tokens} H={self.hidden} V={self.vocab}{self._options}"
 
     @property
     def series(self) -> str:
-        return f"T={self.tokens} H={self.hidden}"
+        return f"T={self.tokens} H={self.hidden}{self._options}"
 
     @property
     def x(self) -> int:
@@ -56,7 +69,9 @@ class LinearCrossEntropyWorkload(Workload):
                 normal(kw, (c.hidden, c.vocab), self.dtype, 1 / math.sqrt(c.hidden)), labels)
 
     def kwargs(self) -> dict[str, Any]:
-        return {"precision": "default"}
+        c = self.case
+        return {"precision": "default", **({"z_loss": Z_LOSS} if c.z_loss else {}),
+                **({"label_smoothing": LABEL_SMOOTHING} if c.smoothing else {})}
 
     def out_shape(self) -> tuple[int, ...]:
         return ()
@@ -70,10 +85,17 @@ class LinearCrossEntropyWorkload(Workload):
 
 
 def _parse(text: str, options: dict[str, str], spec: str) -> LinearCrossEntropyCase:
-    """``lce:TxHxV``."""
+    """``lce:TxHxV[:zloss][,smooth]``: z-loss 1e-4 and label smoothing 0.1 when named."""
     t, h, v = dims(text, 3, "TxHxV (tokens x hidden x vocab), e.g. 16384x4096x131072")
-    int_options(options, (), spec)
-    return LinearCrossEntropyCase(tokens=t, hidden=h, vocab=v)
+    flags = {}
+    for name in ("zloss", "smooth"):
+        value = options.pop(name, None)
+        if value:
+            raise ValueError(f"--shapes {spec!r}: {name} is a flag and takes no value ({name}={value} given)")
+        flags[name] = value is not None
+    if options:
+        raise ValueError(f"--shapes {spec!r}: unknown option(s) {', '.join(sorted(options))}; allowed: zloss, smooth")
+    return LinearCrossEntropyCase(tokens=t, hidden=h, vocab=v, z_loss=flags["zloss"], smoothing=flags["smooth"])
 
 
 BENCH = OpBench(

@@ -5,6 +5,11 @@ asked), chunk by chunk: the log-sum-exp, the label's logit and the sum of the lo
 assembled from them here, in plain ``jnp`` on ``[T]`` vectors, so that every implementation gets
 label smoothing, z-loss, ignored tokens and reductions right by construction, and a vocabulary
 split over devices only has to combine the statistics (``_shard``).
+
+The loss options (``reduction``, ``label_smoothing``, ``z_loss``) reach the implementations too, as
+advisory extension arguments (:data:`LOSS_OPTIONS`): an implementation that names them may use them
+(ejk-xla's ``grad_in_forward`` computes the gradients of that loss in its forward pass); one that
+does not is called without them and stays correct, since its statistics do not depend on them.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from ejk._contract import Extension
 from ejk.ops._base import ImplChoice, OpKernel, get_default_executor, run_op
 from ejk.ops._check_common import as_array, matmul_precision
 from ejk.ops._definition import define_op
@@ -25,12 +31,18 @@ from ejk.ops._linear_cross_entropy._check import (
 )
 from ejk.ops._matmul._op import DEFAULT_PRECISION
 
-__all__ = ["DEFINITION", "KERNEL", "LINEAR_CROSS_ENTROPY_RESIDUALS", "LinearCrossEntropyKernel",
+__all__ = ["DEFINITION", "KERNEL", "LINEAR_CROSS_ENTROPY_RESIDUALS", "LOSS_OPTIONS", "LinearCrossEntropyKernel",
            "linear_cross_entropy", "loss_from_statistics", "statistics_output"]
 
 #: Residual format of the implementations' custom VJPs: ``(x, w, labels, lse)``, ``lse`` the
 #: per-token natural log-sum-exp ``[T]`` float32 (see docs/KERNEL_CONTRACT.md).
 LINEAR_CROSS_ENTROPY_RESIDUALS = "linear_cross_entropy:x+w+labels+lse"
+
+#: The loss options, passed to the implementations that name them (advisory: the statistics an
+#: implementation returns do not depend on them, so one that does not name them is never refused).
+LOSS_OPTIONS = (Extension("reduction", legacy="mean", since="0.2.0", advisory=True),
+                Extension("label_smoothing", legacy=0.0, since="0.2.0", advisory=True),
+                Extension("z_loss", legacy=0.0, since="0.2.0", advisory=True))
 
 
 class LinearCrossEntropyKernel(OpKernel):
@@ -40,6 +52,7 @@ class LinearCrossEntropyKernel(OpKernel):
     version = "1"
     array_names = ("x", "w", "labels")
     positional = 3
+    extensions = LOSS_OPTIONS
 
     def normalize(
         self, x: Any, w: Any, labels: Any, *, ignore_index: Any = -100, reduction: Any = "mean",
@@ -47,12 +60,13 @@ class LinearCrossEntropyKernel(OpKernel):
         precision: Any = DEFAULT_PRECISION,
     ) -> tuple[tuple[Any, ...], dict[str, Any]]:
         op = "linear_cross_entropy"
-        ignore, _, _, _, cap = check_loss_options(ignore_index=ignore_index, reduction=reduction,
-                                                  label_smoothing=label_smoothing, z_loss=z_loss,
-                                                  logit_soft_cap=logit_soft_cap)
+        ignore, reduce, smoothing, z_weight, cap = check_loss_options(
+            ignore_index=ignore_index, reduction=reduction, label_smoothing=label_smoothing, z_loss=z_loss,
+            logit_soft_cap=logit_soft_cap)
         x, w, labels = as_array(op, "x", x), as_array(op, "w", w), as_array(op, "labels", labels)
         check_linear_cross_entropy_args(x, w, labels, ignore_index=ignore)
-        return (x, w, labels), {"logit_soft_cap": cap, "precision": matmul_precision(op, precision)}
+        return (x, w, labels), {"logit_soft_cap": cap, "precision": matmul_precision(op, precision),
+                                "reduction": reduce, "label_smoothing": smoothing, "z_loss": z_weight}
 
 
 KERNEL = LinearCrossEntropyKernel()
@@ -154,7 +168,8 @@ def linear_cross_entropy(
     ignore, reduce, smoothing, z_weight, _ = check_loss_options(
         ignore_index=ignore_index, reduction=reduction, label_smoothing=label_smoothing, z_loss=z_loss,
         logit_soft_cap=logit_soft_cap)
-    arrays, static = KERNEL.normalize(x, w, labels, ignore_index=ignore, logit_soft_cap=logit_soft_cap,
+    arrays, static = KERNEL.normalize(x, w, labels, ignore_index=ignore, reduction=reduce,
+                                      label_smoothing=smoothing, z_loss=z_weight, logit_soft_cap=logit_soft_cap,
                                       precision=precision)
     arrays = _ignored_out_of_vocabulary(arrays, ignore)
     lse, z_label, z_sum = run_op(KERNEL, arrays, static, platform, cfg)

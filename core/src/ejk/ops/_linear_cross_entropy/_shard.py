@@ -12,7 +12,10 @@ is built from them after the sharded call, so splitting only has to combine stat
   ``z_label`` and ``z_sum`` by ``psum``. Only ``3·T`` floats move; nothing of size ``T·V`` or
   ``H·V`` does. Gradients follow through the collectives: each shard's backward gets its share
   ``exp(lse_shard − lse)`` of the log-sum-exp's cotangent, and ``dx`` is summed over the shards
-  by the transpose of the replicated ``x``.
+  by the transpose of the replicated ``x``. That share differs per token, so each shard's call is
+  told ``reduction="none"`` (the loss options are advisory, see ``_op``): an implementation that
+  would assume the cotangent of a mean or a sum (ejk-xla's ``grad_in_forward``) refuses it, and
+  ``platform="auto"`` takes one that does not.
 
 A split hidden dim (``x`` dim 1 / ``w`` dim 0) is gathered first: partial logits cannot go through
 the log-sum-exp.
@@ -62,7 +65,7 @@ def _vocab_body(vocab: Axes) -> Any:
             shifted = labels - first.astype(labels.dtype)
             # Labels whose shift would wrap (never a real class of this shard) stay out of range.
             shifted = jnp.where((labels >= first) & (labels < first + w.shape[1]), shifted, -1)
-            lse, z_label, z_sum = call(x, w, shifted)
+            lse, z_label, z_sum = call(x, w, shifted, reduction="none")  # a per-token cotangent (above)
             return combine_vocab_shards(lse, z_label, z_sum, vocab)
 
         return local

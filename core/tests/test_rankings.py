@@ -254,12 +254,13 @@ def test_the_h100_pack_orders_packed_d128_attention_by_its_mask() -> None:
         return tuple(found[0].order) if found else None
 
     assert order(jnp.bfloat16, 128, causal=False) == order(jnp.float16, 128, "fwd", causal=False) == (
-        "xla/gpu:cudnn", "triton/gpu:flash")
-    assert order(jnp.bfloat16, 128) == order(jnp.bfloat16, 128, "fwd") == ("triton/gpu:flash", "xla/gpu:cudnn")
+        "pallas/gpu:mosaic", "xla/gpu:cudnn", "triton/gpu:flash")
+    assert order(jnp.bfloat16, 128) == order(jnp.bfloat16, 128, "fwd") == (
+        "pallas/gpu:mosaic", "triton/gpu:flash", "xla/gpu:cudnn")
     assert order(jnp.bfloat16, 64) is None and order(jnp.float32, 128) is None
 
 
-def test_the_h100_pack_keeps_differentiated_segment_ids_on_triton() -> None:
+def test_the_h100_pack_sends_differentiated_d128_segment_ids_to_mosaic() -> None:
     (h100,) = [load_pack(str(p)) for p in sorted(CORE_PACKS_DIR.glob("*.json"))]
     device = "gpu|NVIDIA_H100_80GB_HBM3|cc=9.0"
     q = jax.ShapeDtypeStruct((1, 32768, 16, 128), jnp.bfloat16)
@@ -270,8 +271,7 @@ def test_the_h100_pack_keeps_differentiated_segment_ids_on_triton() -> None:
         return next(r for r in h100.rankings["flash_attention"] if r.orders(mode) and r.applies(device, call)).order[0]
 
     ids = jax.ShapeDtypeStruct((1, 32768), jnp.int32)
-    assert first("fwd+bwd", ids) == "triton/gpu:segments" and first("fwd+bwd", None) == "xla/gpu:cudnn"
-    # pallas/gpu:mosaic_segments (session 5) has not run on a GPU yet: after the measured kernels
+    assert first("fwd+bwd", ids) == "pallas/gpu:mosaic_segments" and first("fwd+bwd", None) == "xla/gpu:cudnn"
     assert first("fwd", ids) == "xla/gpu:cudnn" and first("fwd", None) == "pallas/gpu:mosaic"
     assert first("fwd", ids, kv_heads=4) == "triton/gpu:segments"
 

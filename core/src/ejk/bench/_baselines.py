@@ -410,10 +410,26 @@ def _rms_norm_expression(workload: Workload, inputs: tuple[Any, ...]) -> Prepare
 
 
 def _scale_only(workload: Workload, inputs: tuple[Any, ...]) -> Prepared:
-    """``x * scale`` (and ``h = x + residual``): RMSNorm's bytes without its row statistics."""
+    """``x * scale`` (and ``h = x + residual``): RMSNorm's bytes without its row statistics.
 
+    Its backward reads what RMSNorm's reads (``x`` saved by the forward, and ``dy``) and writes ``dx`` (and
+    ``dscale``), from behind an optimization barrier: XLA must not fuse it with the forward and read ``x``
+    once for both, which a training step, whose backward runs long after, cannot do either."""
+
+    @jax.custom_vjp
     def scaled(x: jax.Array, scale: jax.Array) -> jax.Array:
         return x * scale.astype(x.dtype)
+
+    def forward(x: jax.Array, scale: jax.Array) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
+        return scaled(x, scale), jax.lax.optimization_barrier((x, scale))
+
+    def backward(saved: tuple[jax.Array, jax.Array], dy: jax.Array) -> tuple[jax.Array, jax.Array]:
+        x, scale = saved
+        dx = dy * scale.astype(dy.dtype)
+        dscale = jnp.sum((dy.astype(jnp.float32) * x.astype(jnp.float32)).reshape(-1, x.shape[-1]), axis=0)
+        return dx, dscale.astype(scale.dtype)
+
+    scaled.defvjp(forward, backward)
 
     def with_residual(x: jax.Array, scale: jax.Array, residual: jax.Array) -> tuple[jax.Array, jax.Array]:
         h = x + residual

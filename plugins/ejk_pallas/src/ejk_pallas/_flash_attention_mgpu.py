@@ -60,7 +60,7 @@ from ejk.config.validators import int_in, one_of, one_of_str
 from ejk.devices import sm_count as _sm_count
 from ejk.ops import sinks_backward, without_residuals
 from ejk.tiling import cdiv as _cdiv
-from ejk.tiling import persistent_ctas, snake_owner
+from ejk.tiling import persistent_ctas
 from ejk_pallas import _env
 from ejk_pallas import _flash_attention as _fa
 from ejk_pallas import _flash_attention_mgpu_bwd as _bwd
@@ -334,28 +334,6 @@ def _item_blocks(mask: _Mask, bq: int, bk: int, nq: int, nk: int) -> np.ndarray:
     with jax.ensure_compile_time_eval():  # concrete values inside a trace
         lo, _, _, hi = _key_blocks(mask, jnp.asarray(row0), bq, bk, nk)
     return np.broadcast_to(np.asarray(hi) - np.asarray(lo), (nq,)).astype(np.int64)
-
-
-def _ctas_for_unknown_diagonals(sms: int, items: int, nq: int) -> int:
-    """A persistent CTA count for causal packed sequences, whose lengths are known only at run time.
-
-    A sequence of ``p`` query blocks costs ``1 .. p`` blocks (plus one) from its first block to its
-    last; the count is the one of ``sms - 12 .. sms`` whose worst busiest CTA over sequences of every
-    power-of-two block count up to ``nq`` is least, so that no packing deals one CTA the diagonals of
-    every round (132 CTAs on sequences of 16 blocks give each CTA the same 4 positions).
-    """
-    periods = [2**k for k in range(1, max(1, nq).bit_length()) if nq % 2**k == 0] or [1]
-
-    def worst(ctas: int) -> float:
-        spans = []
-        for p in periods:
-            cost = np.resize(np.arange(2, p + 2, dtype=np.float64), items)
-            spans.append(float(np.bincount(snake_owner(items, ctas), weights=cost).max()) / cost.sum())
-        return max(spans)
-
-    if items <= sms:
-        return max(1, items)
-    return min(range(sms, max(sms - 12, 1) - 1, -1), key=lambda c: (worst(c), -c))
 
 
 def _snake(j: Any, cta: Any, ctas: int) -> Any:
@@ -770,13 +748,10 @@ def _forward_impl(q: Any, k: Any, v: Any, *, cfg: MosaicFlashAttentionConfig, ca
     elif interpret:
         ctas = min(items, _INTERPRET_CTAS)
     else:
-        # One unit a work item beside its key blocks: its Q, softmax tail and store. Segment ids only take blocks
-        # away from the static mask's, so its counts still shape the work; per-row offsets (packed sequences)
-        # move the causal diagonal to places known only at run time.
-        if segments is not None and segments[2] is not None and mask.right is not None:
-            ctas = _ctas_for_unknown_diagonals(_sm_count(), items, nq)
-        else:
-            ctas = persistent_ctas(_sm_count(), items, _item_blocks(mask, bq, bk, nq, nk) + 1)
+        # One unit a work item beside its key blocks: its Q, softmax tail and store. With segments the blocks are
+        # known only at run time: equal costs (one CTA per SM).
+        costs = np.ones(nq, np.int64) if segments is not None else _item_blocks(mask, bq, bk, nq, nk) + 1
+        ctas = persistent_ctas(_sm_count(), items, costs)
     st = _Static(mask=mask, scale=float(softmax_scale),
                  cap=logits_soft_cap, dtype=jnp.dtype(q.dtype), d=d, bq=bq, bk=bk,
                  steps=min(cfg.max_concurrent_steps, nk), nq=nq, nk=nk, group=hq // hkv,
@@ -1017,10 +992,10 @@ def dense_capability(q: Any, k: Any, v: Any, *, causal: bool = False, softmax_sc
                      sliding_window: tuple[int, int] | None = None, logits_soft_cap: float | None = None,
                      q_segment_ids: Any = None, kv_segment_ids: Any = None, bias: Any = None) -> str | None:
     """:func:`capability` for calls without segment ids (``pallas/gpu:mosaic``): segment-id calls go to
-    ``pallas/gpu:mosaic_segments``, registered apart until its kernels have run on a GPU."""
+    ``pallas/gpu:mosaic_segments``, the same kernels registered apart (rankings order them on their own)."""
     if q_segment_ids is not None:
-        return ("segment ids run on pallas/gpu:mosaic_segments (not yet validated on a GPU: platform='auto' "
-                "takes it last; cfg=ImplChoice('pallas', 'gpu', 'mosaic_segments') forces it)")
+        return ("segment ids run on pallas/gpu:mosaic_segments (the same kernels; "
+                "cfg=ImplChoice('pallas', 'gpu', 'mosaic_segments') forces it)")
     return capability(q, k, v, bias=bias)
 
 

@@ -16,9 +16,11 @@ Each line prints GB/s and its share of the device's HBM peak (``--peak-gbs``, de
     python3 benchmarks/bench_bandwidth_ceiling.py [--rows 16384] [--d 4096]
 """
 
+# ruff: noqa: N803 (Triton kernels name their compile-time constants in capitals)
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 from typing import Any
 
@@ -28,7 +30,7 @@ import triton.language as tl
 
 
 @triton.jit
-def _copy(x_ptr, y_ptr, n, BLOCK: tl.constexpr, HINTS: tl.constexpr):  # type: ignore[no-untyped-def]
+def _copy(x_ptr, y_ptr, n, BLOCK: tl.constexpr, HINTS: tl.constexpr):
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
     if HINTS:
@@ -39,7 +41,7 @@ def _copy(x_ptr, y_ptr, n, BLOCK: tl.constexpr, HINTS: tl.constexpr):  # type: i
 
 
 @triton.jit
-def _read2_write1(x_ptr, dy_ptr, dx_ptr, n, BLOCK: tl.constexpr, HINTS: tl.constexpr):  # type: ignore[no-untyped-def]
+def _read2_write1(x_ptr, dy_ptr, dx_ptr, n, BLOCK: tl.constexpr, HINTS: tl.constexpr):
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
     if HINTS:
@@ -51,7 +53,7 @@ def _read2_write1(x_ptr, dy_ptr, dx_ptr, n, BLOCK: tl.constexpr, HINTS: tl.const
 
 
 @triton.jit
-def _rms_fwd(x_ptr, s_ptr, y_ptr, inv_ptr, ROWS: tl.constexpr, D: tl.constexpr, BLOCK_R: tl.constexpr,  # type: ignore[no-untyped-def]
+def _rms_fwd(x_ptr, s_ptr, y_ptr, inv_ptr, ROWS: tl.constexpr, D: tl.constexpr, BLOCK_R: tl.constexpr,
              HINTS: tl.constexpr):
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     cols = tl.arange(0, D)
@@ -71,7 +73,7 @@ def _rms_fwd(x_ptr, s_ptr, y_ptr, inv_ptr, ROWS: tl.constexpr, D: tl.constexpr, 
 
 
 @triton.jit
-def _rms_bwd(x_ptr, s_ptr, inv_ptr, dy_ptr, dx_ptr, part_ptr, ROWS: tl.constexpr, D: tl.constexpr,  # type: ignore[no-untyped-def]
+def _rms_bwd(x_ptr, s_ptr, inv_ptr, dy_ptr, dx_ptr, part_ptr, ROWS: tl.constexpr, D: tl.constexpr,
              BLOCK_R: tl.constexpr, PROGRAMS: tl.constexpr, HINTS: tl.constexpr):
     pid = tl.program_id(0)
     cols = tl.arange(0, D)
@@ -129,24 +131,23 @@ def main() -> None:
     for block in (1024, 4096, 8192, 16384):
         for hints in (False, True):
             grid = (triton.cdiv(n, block),)
-            emit("triton copy", *_gbs(2 * one, lambda: _copy[grid](x, y, n, BLOCK=block, HINTS=hints, num_warps=8)),
-                 block=block, hints=hints)
-            emit("triton read2 write1",
-                 *_gbs(3 * one, lambda: _read2_write1[grid](x, dy, y, n, BLOCK=block, HINTS=hints, num_warps=8)),
-                 block=block, hints=hints)
+            emit("triton copy", *_gbs(2 * one, functools.partial(_copy[grid], x, y, n, BLOCK=block, HINTS=hints,
+                                                                 num_warps=8)), block=block, hints=hints)
+            emit("triton read2 write1", *_gbs(3 * one, functools.partial(
+                _read2_write1[grid], x, dy, y, n, BLOCK=block, HINTS=hints, num_warps=8)), block=block, hints=hints)
     for block_r, warps in ((1, 4), (1, 8), (2, 8), (2, 16), (4, 16)):
         for hints in (False, True):
             grid = (rows // block_r,)
-            emit("triton rms fwd", *_gbs(2 * one, lambda: _rms_fwd[grid](x, s, y, inv, ROWS=rows, D=d, BLOCK_R=block_r,
-                                                                          HINTS=hints, num_warps=warps)),
+            emit("triton rms fwd", *_gbs(2 * one, functools.partial(
+                _rms_fwd[grid], x, s, y, inv, ROWS=rows, D=d, BLOCK_R=block_r, HINTS=hints, num_warps=warps)),
                  block_r=block_r, warps=warps, hints=hints)
     for block_r, warps, per_sm in ((1, 8, 2), (1, 8, 4), (2, 16, 1), (1, 4, 4), (2, 8, 2)):
         for hints in (False, True):
             programs = sms * per_sm
             part = torch.empty(programs, d, device="cuda", dtype=torch.float32)
-            emit("triton rms bwd", *_gbs(3 * one, lambda: _rms_bwd[(programs,)](
-                x, s, inv, dy, y, part, ROWS=rows, D=d, BLOCK_R=block_r, PROGRAMS=programs, HINTS=hints,
-                num_warps=warps)), block_r=block_r, warps=warps, per_sm=per_sm, hints=hints)
+            emit("triton rms bwd", *_gbs(3 * one, functools.partial(
+                _rms_bwd[(programs,)], x, s, inv, dy, y, part, ROWS=rows, D=d, BLOCK_R=block_r, PROGRAMS=programs,
+                HINTS=hints, num_warps=warps)), block_r=block_r, warps=warps, per_sm=per_sm, hints=hints)
 
 
 if __name__ == "__main__":

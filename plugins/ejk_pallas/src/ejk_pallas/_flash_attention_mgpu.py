@@ -25,9 +25,10 @@ them with a per-row offset for the causal / window test, ``_varlen_attention_mgp
 query only when their ids are equal. The producer streams each key block's ids with its K tile (TMA, into
 a ring of twice the K/V ring's slots, so that they land before the softmax) and the consumers read them
 as a column vector of the logits' layout on the blocks they mask; the query rows' ids (and offsets) land
-with Q and stay in registers as row vectors. The key blocks of each CTA and consumer come from a small int32 array computed in XLA before the launch
-(``_segment_blocks``: per-block extremes of ids and positions) and read as scalars at run time: only
-blocks whose ids can meet the rows' are loaded, and wholly visible blocks skip the mask.
+with Q and stay in registers as row vectors. The key blocks of each CTA and consumer come from a small
+int32 array computed in XLA before the launch (``_segment_blocks``: per-block extremes of ids and
+positions) and read as scalars at run time: only blocks whose ids can meet the rows' are loaded, and
+wholly visible blocks skip the mask.
 
 The forward saves the residuals of ``ejk_pallas._flash_attention`` (:data:`RESIDUALS`: inputs,
 output and base-2 log-sum-exp). :func:`backward` runs the Mosaic GPU backward of

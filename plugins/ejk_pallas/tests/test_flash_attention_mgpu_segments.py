@@ -219,10 +219,16 @@ def test_segment_ranges_hold_every_visible_block(window: tuple[int | None, int] 
 
 
 def test_token_segments() -> None:
-    q_ids, k_ids, q_off = va.token_segments(_offsets([3, 0, 2]), _offsets([1, 4, 3]), 7, 9)
+    q_ids, k_ids, q_off, (k_lo, k_hi) = va.token_segments(_offsets([3, 0, 2]), _offsets([1, 4, 3]), 7, 9)
     np.testing.assert_array_equal(q_ids, [0, 0, 0, 2, 2, -1, -1])
     np.testing.assert_array_equal(k_ids, [0, 1, 1, 1, 1, 2, 2, 2, -2])
     np.testing.assert_array_equal(q_off[:5], [-2, -2, -2, 3, 3])  # cu_k[s+1] - cu_q[s+1]
+    # Each row's keys: exactly those whose id is the row's (empty for rows of no sequence).
+    for i, row_id in enumerate(np.asarray(q_ids)):
+        keys = np.flatnonzero(np.asarray(k_ids) == row_id) if row_id >= 0 else np.array([], int)
+        np.testing.assert_array_equal(np.arange(k_lo[i], k_hi[i]), keys)
+    _, _, _, (lo0, hi0) = va.token_segments(_offsets([]), _offsets([]), 3, 2)  # no sequences: every range empty
+    assert not np.any(np.asarray(hi0) - np.asarray(lo0))
 
 
 def test_gates_and_registration() -> None:

@@ -188,6 +188,20 @@ class _Static:
     #: Per-row offsets replace the static ``mask.offset`` of the causal / window test (``qinfo_ref``'s second row:
     #: query row ``i`` sees key ``j`` iff ``i + off[i] - left <= j <= i + off[i] + right``): packed sequences.
     row_offsets: bool = False
+    #: Segments given as each query row's key range ``[lo, hi)`` (``qinfo_ref``'s first two rows) instead of ids:
+    #: packed sequences, whose keys are contiguous. No key ids are streamed; the test is two compares with the
+    #: column index, as the causal one.
+    key_ranges: bool = False
+
+    @property
+    def key_ids(self) -> bool:
+        """Whether each key block's ids stream beside it (segments given as ids)."""
+        return self.segments and not self.key_ranges
+
+    @property
+    def info_rows(self) -> int:
+        """Rows of ``qinfo_ref``: the ids or the key range, then the offsets if any."""
+        return (2 if self.key_ranges else 1) + int(self.row_offsets)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -264,8 +278,8 @@ def _visible(st: _Static, row0: Any, col0: Any, shape: tuple[int, int], rows_inf
              kseg: Any = None) -> Any:
     """Boolean visibility of a ``[rows, keys]`` tile (bottom-right aligned masks, see ``_Mask``).
 
-    With segments, ``rows_info`` holds the rows' ids (and their offsets with ``st.row_offsets``) as row vectors
-    and ``kseg`` the keys' ids as a column vector.
+    With segments, ``rows_info`` holds the rows' ids, or with ``st.key_ranges`` their key ranges' bounds (and
+    their offsets with ``st.row_offsets``), as row vectors, and ``kseg`` the keys' ids as a column vector.
     """
     _, plgpu = _mods()
     wgmma = plgpu.Layout.WGMMA
@@ -274,7 +288,7 @@ def _visible(st: _Static, row0: Any, col0: Any, shape: tuple[int, int], rows_inf
     mask = st.mask
     offset: Any = mask.offset
     if st.row_offsets:
-        rows = rows + lax.broadcast_in_dim(rows_info[1], shape, [0])
+        rows = rows + lax.broadcast_in_dim(rows_info[st.info_rows - 1], shape, [0])
         offset = 0
     conds = []
     if st.ragged_keys:
@@ -283,7 +297,10 @@ def _visible(st: _Static, row0: Any, col0: Any, shape: tuple[int, int], rows_inf
         conds.append(cols <= rows + (offset + mask.right))
     if mask.left is not None:
         conds.append(cols >= rows + (offset - mask.left))
-    if st.segments:
+    if st.key_ranges:
+        conds.append(cols >= lax.broadcast_in_dim(rows_info[0], shape, [0]))
+        conds.append(cols < lax.broadcast_in_dim(rows_info[1], shape, [0]))
+    elif st.segments:
         conds.append(lax.broadcast_in_dim(rows_info[0], shape, [0]) == lax.broadcast_in_dim(kseg, shape, [1]))
     return functools.reduce(jnp.logical_and, conds) if conds else None
 
@@ -368,8 +385,8 @@ def _kernel(q_ref: Any, k_ref: Any, v_ref: Any, sink_ref: Any, seg_refs: Any, ou
         turn = scoped
     # Segments: the query rows' ids (and offsets) land with Q, each key block's ids with its K tile.
     none: tuple[Any, ...] = (None, None, None)
-    qinfo_smem, kseg_smem = extra_smem if st.segments else none[:2]
-    qinfo_ready, kseg_ready = extra_ready if st.segments else none[:2]
+    qinfo_smem, kseg_smem = (*extra_smem, None)[:2] if st.segments else none[:2]
+    qinfo_ready, kseg_ready = (*extra_ready, None)[:2] if st.segments else none[:2]
     qinfo_ref, kseg_ref, ranges_ref = seg_refs if st.segments else none
     wg = lax.axis_index("wg")
     cta = lax.axis_index("cta")
@@ -394,7 +411,7 @@ def _kernel(q_ref: Any, k_ref: Any, v_ref: Any, sink_ref: Any, seg_refs: Any, ou
         return _key_blocks(st.mask, r0, _ROWS, st.bk, st.nk)
 
     def seg_wait(s: Any) -> None:  # a key block's ids (id slot s) have landed (every phase awaited, masked or not)
-        if st.segments:
+        if st.key_ids:
             plgpu.barrier_wait(kseg_ready.at[s])
 
     def k_tile(s: Any) -> Any:
@@ -440,7 +457,7 @@ def _kernel(q_ref: Any, k_ref: Any, v_ref: Any, sink_ref: Any, seg_refs: Any, ou
             rows_info: tuple[Any, ...] = ()
             if st.segments:  # the rows' ids (and offsets), held in registers for the item
                 plgpu.barrier_wait(qinfo_ready.at[wg])
-                rows_info = tuple(_row_vector(qinfo_smem.at[buf, wg, r], st) for r in range(1 + st.row_offsets))
+                rows_info = tuple(_row_vector(qinfo_smem.at[buf, wg, r], st) for r in range(st.info_rows))
                 plgpu.commit_smem()  # order these generic reads before a later TMA refills the buffer
             if st.ctas < st.items:  # several items a CTA (persistent, two Q tiles)
                 # The last item's output and lse stores have read their tiles: the next Q may go to the
@@ -463,7 +480,7 @@ def _kernel(q_ref: Any, k_ref: Any, v_ref: Any, sink_ref: Any, seg_refs: Any, ou
 
                 def vis() -> Any:  # the key block's ids are read from its slot (held until its V is released)
                     kseg = None
-                    if st.segments:
+                    if st.key_ids:
                         kseg = _col_vector(kseg_smem.at[id_slot(t)], st)
                         plgpu.commit_smem()  # order the generic id reads before the TMA refills the slot
                     return _visible(st, r0, t * st.bk, (bw, st.bk), rows_info, kseg)
@@ -644,7 +661,7 @@ def _kernel(q_ref: Any, k_ref: Any, v_ref: Any, sink_ref: Any, seg_refs: Any, ou
                 if reused:  # the slot's last block has been released by every consumer
                     plgpu.barrier_wait(k_free.at[s])
                 plgpu.copy_gmem_to_smem(k_ref.at[block], k_tile(s), k_ready.at[s])
-                if st.segments:
+                if st.key_ids:
                     # The ids land with K, as the softmax reads them before P·V waits for V. Their ring has
                     # 2·steps slots: this one's last ids (block n - 2·steps) were read in a softmax before that
                     # block's V was released, which the refill of V of block n - steps awaited.
@@ -691,8 +708,8 @@ def _entry(*refs: Any, st: _Static) -> None:
     consumers = st.bq // _ROWS
     transforms = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
     # The query rows' ids (and offsets), as Q; each key block's ids, with K, in a ring twice as deep.
-    segs = (plgpu.SMEM((st.q_buffers, consumers, 1 + st.row_offsets, _ROWS), jnp.int32),
-            plgpu.SMEM((2 * st.steps, st.bk), jnp.int32)) if st.segments else ()
+    segs = ((plgpu.SMEM((st.q_buffers, consumers, st.info_rows, _ROWS), jnp.int32),
+             *((plgpu.SMEM((2 * st.steps, st.bk), jnp.int32),) if st.key_ids else ())) if st.segments else ())
     smem = (
         plgpu.SMEM((st.q_buffers, consumers, _ROWS, st.d), st.dtype, transforms=transforms),  # Q, then O
         plgpu.SMEM((2 * st.steps, st.bk, st.d), st.dtype, transforms=transforms),  # K and V rings
@@ -701,8 +718,8 @@ def _entry(*refs: Any, st: _Static) -> None:
     )
     ready = (plgpu.Barrier(num_barriers=st.steps), plgpu.Barrier(num_barriers=st.steps),
              plgpu.Barrier(num_barriers=consumers),
-             *((plgpu.Barrier(num_barriers=consumers), plgpu.Barrier(num_barriers=2 * st.steps)) if st.segments
-               else ()))
+             *((plgpu.Barrier(num_barriers=consumers),) if st.segments else ()),
+             *((plgpu.Barrier(num_barriers=2 * st.steps),) if st.key_ids else ()))
     free = (plgpu.Barrier(num_arrivals=consumers, num_barriers=st.steps),) * 2
     pl.run_scoped(
         lambda *scoped: _kernel(q_ref, k_ref, v_ref, sink_ref, seg_refs, out_ref, lse_ref, scoped, st=st),
@@ -732,7 +749,10 @@ def _forward_impl(q: Any, k: Any, v: Any, *, cfg: MosaicFlashAttentionConfig, ca
     """``(out [B, Sq, Hq, D], lse [B, Hq, Sq] float32, base 2)``; ``sinks`` ``[Hq]`` join each row's final
     normalisation in the epilogue (the lse includes them). ``segments``: ``(q_ids [B, Sq], k_ids [B, Sk],
     q_off)`` int, a key visible to a query only when their ids are equal, ``q_off`` ``[B, Sq]`` (or ``None``)
-    each row's offset on the key axis for the causal / window test (replacing ``Sk - Sq``)."""
+    each row's offset on the key axis for the causal / window test (replacing ``Sk - Sq``); a fourth element
+    ``(k_lo, k_hi)`` (``[B, Sq]`` each) gives each row's keys as the range ``[k_lo, k_hi)`` instead, which must
+    be exactly the keys whose id is the row's (contiguous keys per id: packed sequences). The ids then only
+    bound the key blocks visited."""
     _, plgpu = _mods()
     batch, sq, hq, d = q.shape
     sk, hkv = k.shape[1], k.shape[2]
@@ -758,12 +778,15 @@ def _forward_impl(q: Any, k: Any, v: Any, *, cfg: MosaicFlashAttentionConfig, ca
                  steps=min(cfg.max_concurrent_steps, nk), nq=nq, nk=nk, group=hq // hkv,
                  ragged_keys=skp != sk, interpret=interpret, overlap=cfg.overlap, hq=hq, items=items, ctas=ctas,
                  q_buffers=2 if cfg.persistent else 1, sinks=sinks is not None, segments=segments is not None,
-                 row_offsets=segments is not None and segments[2] is not None)
+                 row_offsets=segments is not None and segments[2] is not None,
+                 key_ranges=segments is not None and len(segments) > 3)
     qp, kp, vp = _pad(q, 1, sqp), _pad(k, 1, skp), _pad(v, 1, skp)
     seg_args: tuple[Any, ...] = ()
     if segments is not None:
-        q_ids, k_ids, q_off = _segs.pad_segments(segments, sqp, skp)
-        qinfo = q_ids[:, None] if q_off is None else jnp.stack([q_ids, q_off], axis=1)
+        q_ids, k_ids, q_off = _segs.pad_segments(segments[:3], sqp, skp)
+        # Padded rows get the empty key range [0, 0).
+        info = [jnp.pad(b, ((0, 0), (0, sqp - sq))) for b in segments[3]] if st.key_ranges else [q_ids]
+        qinfo = jnp.stack([*info, *(() if q_off is None else (q_off,))], axis=1).astype(jnp.int32)
         seg_args = (qinfo, k_ids, _segment_ranges(q_ids, k_ids, q_off, mask, bq, bk))
     # The sinks as base-2 logits.
     extra = () if sinks is None else (sinks.astype(jnp.float32) * (1.0 / math.log(2.0)),)

@@ -40,9 +40,10 @@ _GRADIENT_PLATFORMS = ("triton", "xla")
 
 
 def token_segments(cu_seqlens_q: jax.Array, cu_seqlens_k: jax.Array, q_tokens: int,
-                   k_tokens: int) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """``(q_ids [Tq], k_ids [Tk], q_off [Tq])`` int32: each token's sequence index (``-1`` for query rows and
-    ``-2`` for keys of no sequence) and each query row's offset on the key axis, ``cu_k[s+1] - cu_q[s+1]``."""
+                   k_tokens: int) -> tuple[jax.Array, jax.Array, jax.Array, tuple[jax.Array, jax.Array]]:
+    """``(q_ids [Tq], k_ids [Tk], q_off [Tq], (k_lo [Tq], k_hi [Tq]))`` int32: each token's sequence index
+    (``-1`` for query rows and ``-2`` for keys of no sequence), each query row's offset on the key axis,
+    ``cu_k[s+1] - cu_q[s+1]``, and its sequence's keys ``[cu_k[s], cu_k[s+1])`` (empty for rows of none)."""
     cu_q = sanitize_offsets(cu_seqlens_q, q_tokens)
     cu_k = sanitize_offsets(cu_seqlens_k, k_tokens)
     n = cu_q.shape[0] - 1
@@ -55,9 +56,15 @@ def token_segments(cu_seqlens_q: jax.Array, cu_seqlens_k: jax.Array, q_tokens: i
 
     q_ids = seq_of(cu_q, q_tokens, -1)
     k_ids = seq_of(cu_k, k_tokens, -2)
-    s = jnp.clip(q_ids, 0, max(n - 1, 0)) + 1
-    q_off = (cu_k[s] - cu_q[s]).astype(jnp.int32) if n > 0 else jnp.zeros((q_tokens,), jnp.int32)
-    return q_ids, k_ids, q_off
+    if n == 0:
+        zeros = jnp.zeros((q_tokens,), jnp.int32)
+        return q_ids, k_ids, zeros, (zeros, zeros)
+    s = jnp.clip(q_ids, 0, n - 1) + 1
+    q_off = (cu_k[s] - cu_q[s]).astype(jnp.int32)
+    real = q_ids >= 0
+    k_lo = jnp.where(real, cu_k[s - 1], 0).astype(jnp.int32)
+    k_hi = jnp.where(real, cu_k[s], 0).astype(jnp.int32)
+    return q_ids, k_ids, q_off, (k_lo, k_hi)
 
 
 def _cfg(q: Any, k: Any, v: Any, opts: dict[str, Any]) -> _mg.MosaicFlashAttentionConfig:
@@ -72,8 +79,8 @@ def _mosaic(q: jax.Array, k: jax.Array, v: jax.Array, cu_q: jax.Array, cu_k: jax
             opts: dict[str, Any]) -> tuple[jax.Array, tuple[Any, ...]]:
     """``(out [Tq, Hq, Dv], (out4, lse2, segments))`` of the Mosaic GPU forward on one batch row."""
     tq, tk = q.shape[0], k.shape[0]
-    q_ids, k_ids, q_off = token_segments(cu_q, cu_k, tq, tk)
-    segments = (q_ids[None], k_ids[None], q_off[None])
+    q_ids, k_ids, q_off, (k_lo, k_hi) = token_segments(cu_q, cu_k, tq, tk)
+    segments = (q_ids[None], k_ids[None], q_off[None], (k_lo[None], k_hi[None]))
     out, lse = _mg._forward_impl(
         q[None], k[None], v[None], cfg=_cfg(q, k, v, opts), causal=opts["causal"],
         softmax_scale=opts["softmax_scale"], sliding_window=opts["sliding_window"],
@@ -129,7 +136,7 @@ def _varlen_bwd(opts: Any, residuals: Any, d_out: jax.Array) -> tuple[Any, ...]:
             q[None], k[None], v[None], out4, lse, d4, block_q=cfg.bwd_block_q, block_kv=cfg.bwd_block_kv,
             steps=cfg.bwd_max_concurrent_steps, causal=options["causal"], softmax_scale=options["softmax_scale"],
             sliding_window=options["sliding_window"], logits_soft_cap=options["logits_soft_cap"],
-            interpret_params=params, fused=False, segments=segments)
+            interpret_params=params, fused=False, segments=segments[:3])
         dq, dk, dv = dq[0], dk[0], dv[0]
         d_sinks = None if sinks is None else cotangent_like(sinks_cotangent(sinks, out4, lse, d4), sinks)
     zero = (jnp.zeros(cu_q.shape, jax.dtypes.float0), jnp.zeros(cu_k.shape, jax.dtypes.float0))

@@ -6,7 +6,9 @@ they are zeros; keys past it one no query has), and each query row carries its s
 key axis, ``cu_k[s+1] - cu_q[s+1]``, so the causal / window test is bottom-right aligned per sequence
 (``j <= i + cu_k[s+1] - cu_q[s+1]`` is ``p <= r + Sk_s - Sq_s`` for row ``r`` and key ``p`` of sequence
 ``s``). The key blocks each 64-row query block visits are computed from the ids before the kernel runs:
-only blocks of its own sequences (and inside the causal / window band) are loaded.
+only blocks of its own sequences (and inside the causal / window band) are loaded. Inside the forward
+kernel a row's keys are its sequence's range ``[cu_k[s], cu_k[s+1])``, tested against the column index as
+the causal bound is (no key ids are streamed: a sequence's keys are contiguous).
 
 Gradients: the Mosaic GPU backward's two kernels (dK / dV, then dQ) with the same segments, offsets and
 block ranges seen from both sides, where the config's backward is the Mosaic one (``backward="auto"`` on a

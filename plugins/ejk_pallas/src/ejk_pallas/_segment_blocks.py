@@ -41,9 +41,9 @@ def pad_segments(segments: tuple[Any, Any, Any], sqp: int, skp: int) -> tuple[An
 def _block_min(parts: list[Any], block: int) -> list[Any]:
     """The smallest of each of ``parts`` (``[B, L]`` arrays) per block of ``block`` along axis 1, taken in
     one reduction: on a GPU one kernel (these tiny arrays cost their launches, not their bytes)."""
-    x = jnp.stack(parts, axis=-1)
-    out = jnp.min(x.reshape(x.shape[0], x.shape[1] // block, block, len(parts)), axis=2)
-    return [out[..., i] for i in range(len(parts))]
+    x = jnp.stack(parts)  # the parts major, the block minor: one row reduction
+    out = jnp.min(x.reshape(len(parts), x.shape[1], x.shape[2] // block, block), axis=3)
+    return list(out)
 
 
 def block_visibility(q_ids: Any, k_ids: Any, q_off: Any, mask: _Mask, bq: int, bk: int) -> tuple[Any, Any]:
@@ -92,8 +92,8 @@ def block_ranges(some: Any, every: Any, consumers: int) -> jax.Array:
     blocks = jnp.arange(m, dtype=jnp.int32)
     # Each row's first and last block of each kind in one reduction (the last as minus the least negated).
     firsts = jnp.min(jnp.stack([jnp.where(some, blocks, m), jnp.where(some, -(blocks + 1), 0),
-                                jnp.where(every, blocks, m), jnp.where(every, -(blocks + 1), 0)], axis=-1), axis=2)
-    lo, hi, f_lo, f_hi = firsts[..., 0], -firsts[..., 1], firsts[..., 2], -firsts[..., 3]
+                                jnp.where(every, blocks, m), jnp.where(every, -(blocks + 1), 0)]), axis=3)
+    lo, hi, f_lo, f_hi = firsts[0], -firsts[1], firsts[2], -firsts[3]
     contiguous = jnp.sum(every, axis=2, dtype=jnp.int32) == f_hi - f_lo
     shape = (batch, n // consumers, consumers)
     lo, hi = lo.reshape(shape), hi.reshape(shape)

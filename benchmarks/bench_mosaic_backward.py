@@ -14,7 +14,6 @@ import argparse
 import functools
 import json
 import statistics
-import time
 from typing import Any
 
 SHAPES = [  # (label, B, S, Hq, Hkv, D, causal)
@@ -35,22 +34,6 @@ def flops(b: int, s: int, h: int, d: int, causal: bool) -> float:
 
 def emit(row: dict[str, Any]) -> None:
     print(json.dumps(row), flush=True)
-
-
-def _bench(fn: Any, *args: Any, reps: int = 7, calls: int = 5) -> float:
-    """Median ms per call of back-to-back calls (jitted ``fn``), after a warm-up."""
-    import jax
-
-    jax.block_until_ready(fn(*args))
-    jax.block_until_ready(fn(*args))
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            out = fn(*args)
-        jax.block_until_ready(out)
-        times.append((time.perf_counter() - t0) / calls * 1e3)
-    return statistics.median(times)
 
 
 def _torch_time(fn: Any) -> float:
@@ -182,6 +165,7 @@ def _check(n: int, b: int, sq: int, sk: int, hq: int, hkv: int, d: int, causal: 
 
 
 def _time_shape(label: str, b: int, s: int, hq: int, hkv: int, d: int, causal: bool) -> None:
+    import _harness
     import jax
     import jax.numpy as jnp
 
@@ -208,7 +192,7 @@ def _time_shape(label: str, b: int, s: int, hq: int, hkv: int, d: int, causal: b
         try:
             for mode, g, args, mult in (("fwd", jax.jit(fn), (q, k, v), 1.0),
                                         ("fwd+bwd", jax.jit(step), (q, k, v, do), 3.5)):
-                ms = _bench(g, *args)
+                ms = _harness.time_ms(g, args, reps=7)
                 emit({"shape": label, "mode": mode, "impl": name, "ms": round(ms, 4),
                       "tflops": round(f * mult / ms / 1e9, 1)})
         except Exception as exc:
@@ -229,7 +213,7 @@ def _time_shape(label: str, b: int, s: int, hq: int, hkv: int, d: int, causal: b
                                      block_kv=heur.bwd_block_kv, steps=2, interpret_params=None, fused=fused,
                                      **static)
 
-        ms = _bench(jax.jit(backward), res, do)
+        ms = _harness.time_ms(backward, (res, do), reps=7)
         emit({"shape": label, "mode": "bwd", "impl": f"mosaic {'fused' if fused else 'two-kernel'}",
               "ms": round(ms, 4), "tflops": round(f * 2.5 / ms / 1e9, 1)})
 

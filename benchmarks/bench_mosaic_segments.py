@@ -20,9 +20,9 @@ from __future__ import annotations
 import functools
 import json
 import sys
-import time
 from typing import Any
 
+import _harness
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -30,20 +30,6 @@ import numpy as np
 import ejk
 
 RAGGED_32K = (4096, 1024, 1024, 3072, 1024, 2048, 1536, 2560, 3584, 1024, 1536, 1536, 2048, 2048, 1792, 2816)
-
-
-def _bench(fn: Any, *args: Any, reps: int = 5, calls: int = 10) -> float:
-    """Median ms per call of back-to-back calls of the jitted ``fn``, after a warm-up."""
-    jax.block_until_ready(fn(*args))
-    jax.block_until_ready(fn(*args))
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            out = fn(*args)
-        jax.block_until_ready(out)
-        times.append((time.perf_counter() - t0) / calls * 1e3)
-    return float(np.median(times))
 
 
 def _choice(platform: str, implementation: str) -> ejk.ImplChoice:
@@ -61,7 +47,7 @@ def _row(label: str, f: Any, args: tuple[Any, ...], flops: float) -> None:
     row: dict[str, Any] = {"case": label}
     for mode, fn in (("fwd", jax.jit(f)), ("fwd+bwd", _fwd_bwd(f))):
         try:
-            ms = _bench(fn, *args)
+            ms = _harness.time_ms(fn, args, reps=5)
             row[f"{mode}_ms"] = round(ms, 4)
             row[f"{mode}_tflops"] = round(flops * (1 if mode == "fwd" else 3.5) / ms / 1e9, 1)
         except Exception as exc:  # a failing line is reported, the others still run

@@ -27,6 +27,7 @@ from ejk.testing import (
 from ejk_pallas import _env
 from ejk_pallas import _flash_attention_mgpu as mg
 from ejk_pallas import _flash_attention_mgpu_bwd as bwd
+from ejk_pallas import _segment_blocks as segs
 from ejk_pallas import _varlen_attention_mgpu as va
 from ejk_pallas._flash_attention import _make_mask
 from ejk_pallas._flash_attention_mgpu import MosaicFlashAttentionConfig as Config
@@ -79,11 +80,12 @@ def _check_segments(b: int, sq: int, sk: int, hq: int, hkv: int, d: int, q_ids: 
 
 
 @needs_kernels
-def test_packed_segments_values_and_grads() -> None:
-    """Packed sequences of odd lengths, id 1 in two separate runs, causal, GQA 2, ragged keys: the key blocks
-    of each query block come from the ids; gradients through the Triton-lowered Pallas backward (``"auto"`` in
-    interpret mode)."""
-    ids = _runs((0, 37), (1, 50), (2, 23), (1, 40), (3, 50))  # 200 tokens
+@pytest.mark.parametrize("packed", [True, False], ids=["sorted", "id-in-two-runs"])
+def test_packed_segments_values_and_grads(packed: bool) -> None:
+    """Packed sequences of odd lengths, causal, GQA 2, ragged keys, the ids sorted or with id 1 in two separate
+    runs: the key blocks of each query block come from the ids; gradients through the Triton-lowered Pallas
+    backward (``"auto"`` in interpret mode)."""
+    ids = _runs((0, 37), (1, 50), (2, 23), (3 if packed else 1, 40), (4, 50))  # 200 tokens
     _check_segments(1, 200, 200, 4, 2, 64, ids[None], ids[None], Config(block_q=128, block_kv=64), grads=True,
                     causal=True)
 
@@ -91,9 +93,9 @@ def test_packed_segments_values_and_grads() -> None:
 @needs_kernels
 def test_segments_overlap_persistent_window_and_rows_that_see_nothing() -> None:
     """The intra-warpgroup overlap on two persistent CTAs (items of several lengths), causal with a window,
-    GQA 2, Sq < Sk; rows 60..69 carry an id no key has (zeros); the second batch row's ids are shuffled
-    (unsorted: the blocks' id ranges overlap everywhere, the mask alone decides)."""
-    ids = _runs((0, 37), (1, 50), (2, 23), (1, 40), (3, 80))  # 230 keys
+    GQA 2, Sq < Sk; rows 60..69 carry an id no key has (zeros); the first batch row's ids are sorted, the
+    second's shuffled (unsorted: the blocks' id ranges overlap everywhere, the mask alone decides)."""
+    ids = _runs((0, 37), (1, 50), (2, 23), (3, 40), (4, 80))  # 230 keys
     perm = np.random.default_rng(1).permutation(230)
     q_ids = np.stack([ids[:150], ids[perm][:150]])
     q_ids[0, 60:70] = 9
@@ -201,8 +203,9 @@ def test_segment_ranges_hold_every_visible_block(window: tuple[int | None, int] 
     q_off = None
     if offsets:
         q_off = np.stack([np.repeat(np.arange(0, 12, 2), 64)] * 2).astype(np.int32)
-    ranges = np.asarray(mg._segment_ranges(jnp.asarray(q_ids), jnp.asarray(k_ids),
-                                           None if q_off is None else jnp.asarray(q_off), mask, bq, bk))
+    some_, every_ = segs.block_visibility(jnp.asarray(q_ids), jnp.asarray(k_ids),
+                                          None if q_off is None else jnp.asarray(q_off), mask, 64, bk)
+    ranges = np.asarray(segs.block_ranges(some_, every_, bq // 64))
     vis = _brute_visible(q_ids, k_ids, q_off, sq, sk, mask.left, mask.right)
     blocks = vis.reshape(2, sqp // 64, 64, skp // bk, bk)
     some, every = blocks.any(axis=(2, 4)), blocks.all(axis=(2, 4))
@@ -216,6 +219,47 @@ def test_segment_ranges_hold_every_visible_block(window: tuple[int | None, int] 
             assert every[b, w, lo_full:hi_full].all()
             if b == 0 and len(seen):
                 assert (lo, hi) == (seen[0], seen[-1] + 1)
+
+
+@pytest.mark.parametrize("window", [None, (None, 0), (40, 0), (30, 20)], ids=str)
+@pytest.mark.parametrize("offsets", [False, True], ids=["aligned", "row_offsets"])
+def test_range_block_ranges(window: tuple[int | None, int] | None, offsets: bool) -> None:
+    """Packed sequences' ranges: ``visible_bounds`` gives each row exactly its visible keys, and the block bounds
+    computed from them hold every visible block, tightly, and call wholly visible exactly the blocks that are
+    (one range's are contiguous: none of them is masked)."""
+    sq, sk, bk = 300, 330, 64
+    left, right = (None, None) if window is None else window
+    mask = _make_mask(sq, sk, right == 0 and left is None, None if left is None else (left, right), False)
+    sqp, skp = 384, 384
+    ids = _runs((0, 37), (1, 90), (2, 1), (3, 140), (4, 116))
+    q_row = ids[:sq].copy()
+    q_row[100:110] = 7  # an id no key has: an empty range
+    q_ids = np.pad(q_row, (0, sqp - sq), constant_values=-1)[None]
+    k_ids = np.pad(ids[:sk], (0, skp - sk), constant_values=-2)[None]
+    starts = {i: int(np.flatnonzero(ids[:sk] == i)[0]) for i in range(5)}
+    k_lo = np.array([[starts.get(int(i), 0) for i in q_ids[0]]], np.int32)
+    k_hi = np.array([[starts[int(i)] + int(np.sum(ids[:sk] == i)) if int(i) in starts else 0 for i in q_ids[0]]],
+                    np.int32)
+    q_off = np.repeat(np.arange(0, 12, 2), 64)[None].astype(np.int32) if offsets else None
+    lo, hi = segs.visible_bounds(jnp.asarray(k_lo), jnp.asarray(k_hi), None if q_off is None else jnp.asarray(q_off),
+                                 mask)
+    ranges = np.asarray(segs.range_block_ranges(lo, hi, mask, bk, 2))
+    lo, hi = np.asarray(lo), np.asarray(hi)
+    vis = _brute_visible(q_ids, k_ids, q_off, sq, sk, mask.left, mask.right)
+    for i in range(sq):
+        np.testing.assert_array_equal(np.arange(lo[0, i], hi[0, i]), np.flatnonzero(vis[0, i]))
+    blocks = vis.reshape(1, sqp // 64, 64, skp // bk, bk)
+    some, every = blocks.any(axis=(2, 4)), blocks.all(axis=(2, 4))
+    for w in range(sqp // 64):
+        lo_, lo_full, hi_full, hi_ = ranges[0, w // 2, w % 2]
+        cta_lo, cta_hi = ranges[0, w // 2, 2, :2]
+        assert cta_lo <= lo_ <= lo_full <= hi_full <= hi_ <= cta_hi
+        seen, full = np.flatnonzero(some[0, w]), np.flatnonzero(every[0, w])
+        if len(seen):
+            assert (lo_, hi_) == (seen[0], seen[-1] + 1), (w, seen, lo_, hi_)
+        assert every[0, w, lo_full:hi_full].all()
+        if len(full):
+            assert (lo_full, hi_full) == (full[0], full[-1] + 1), (w, full, lo_full, hi_full)
 
 
 def test_token_segments() -> None:

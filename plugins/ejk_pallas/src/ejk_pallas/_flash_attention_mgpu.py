@@ -28,7 +28,9 @@ as a column vector of the logits' layout on the blocks they mask; the query rows
 with Q and stay in registers as row vectors. The key blocks of each CTA and consumer come from a small
 int32 array computed in XLA before the launch (``_segment_blocks``: per-block extremes of ids and
 positions) and read as scalars at run time: only blocks whose ids can meet the rows' are loaded, and
-wholly visible blocks skip the mask.
+wholly visible blocks skip the mask. Packed sequences (``flash_attention_varlen``) pass each query row's
+visible keys as one range instead, the causal / window band folded in (``_Static.key_ranges``): the masked
+blocks then compare the column index with two bounds and nothing else.
 
 The forward saves the residuals of ``ejk_pallas._flash_attention`` (:data:`RESIDUALS`: inputs,
 output and base-2 log-sum-exp). :func:`backward` runs the Mosaic GPU backward of
@@ -185,12 +187,13 @@ class _Static:
     #: Segment ids: a key is visible to a query only when their ids are equal (``qinfo_ref`` holds the query rows'
     #: ids, ``kseg_ref`` the keys'); the key blocks each consumer visits come from ``ranges_ref`` at run time.
     segments: bool = False
-    #: Per-row offsets replace the static ``mask.offset`` of the causal / window test (``qinfo_ref``'s second row:
-    #: query row ``i`` sees key ``j`` iff ``i + off[i] - left <= j <= i + off[i] + right``): packed sequences.
+    #: Per-row offsets replace the static ``mask.offset`` of the id test's causal / window bounds (``qinfo_ref``'s
+    #: last row: query row ``i`` sees key ``j`` iff ``i + off[i] - left <= j <= i + off[i] + right``).
     row_offsets: bool = False
-    #: Segments given as each query row's key range ``[lo, hi)`` (``qinfo_ref``'s first two rows) instead of ids:
-    #: packed sequences, whose keys are contiguous. No key ids are streamed; the test is two compares with the
-    #: column index, as the causal one.
+    #: Segments given as each query row's visible keys ``[lo, hi)`` (``qinfo_ref``'s first two rows;
+    #: ``_segment_blocks.visible_bounds``: the sequence's keys cut to the causal / window band and to the real
+    #: keys) instead of ids: packed sequences, whose keys are contiguous. No key ids are streamed; the test is two
+    #: compares with the column index and nothing else.
     key_ranges: bool = False
 
     @property
@@ -200,7 +203,7 @@ class _Static:
 
     @property
     def info_rows(self) -> int:
-        """Rows of ``qinfo_ref``: the ids or the key range, then the offsets if any."""
+        """Rows of ``qinfo_ref``: the ids and / or the key range, then the offsets if any."""
         return (2 if self.key_ranges else 1) + int(self.row_offsets)
 
 
@@ -278,13 +281,17 @@ def _visible(st: _Static, row0: Any, col0: Any, shape: tuple[int, int], rows_inf
              kseg: Any = None) -> Any:
     """Boolean visibility of a ``[rows, keys]`` tile (bottom-right aligned masks, see ``_Mask``).
 
-    With segments, ``rows_info`` holds the rows' ids, or with ``st.key_ranges`` their key ranges' bounds (and
-    their offsets with ``st.row_offsets``), as row vectors, and ``kseg`` the keys' ids as a column vector.
+    With segments, ``rows_info`` holds the rows' ids and / or their visible keys' bounds (and their offsets with
+    ``st.row_offsets``), as row vectors (``_Static.info_rows``), and ``kseg`` the keys' ids as a column vector;
+    with ``st.key_ranges`` the bounds alone are tested (the mask is folded into them).
     """
     _, plgpu = _mods()
     wgmma = plgpu.Layout.WGMMA
-    rows = _cast(lax.broadcasted_iota(jnp.int32, shape, 0), wgmma, st) + row0
     cols = _cast(lax.broadcasted_iota(jnp.int32, shape, 1), wgmma, st) + col0
+    if st.key_ranges:
+        return ((cols >= lax.broadcast_in_dim(rows_info[0], shape, [0]))
+                & (cols < lax.broadcast_in_dim(rows_info[1], shape, [0])))
+    rows = _cast(lax.broadcasted_iota(jnp.int32, shape, 0), wgmma, st) + row0
     mask = st.mask
     offset: Any = mask.offset
     if st.row_offsets:
@@ -297,29 +304,25 @@ def _visible(st: _Static, row0: Any, col0: Any, shape: tuple[int, int], rows_inf
         conds.append(cols <= rows + (offset + mask.right))
     if mask.left is not None:
         conds.append(cols >= rows + (offset - mask.left))
-    if st.key_ranges:
-        conds.append(cols >= lax.broadcast_in_dim(rows_info[0], shape, [0]))
-        conds.append(cols < lax.broadcast_in_dim(rows_info[1], shape, [0]))
-    elif st.segments:
+    if st.segments:
         conds.append(lax.broadcast_in_dim(rows_info[0], shape, [0]) == lax.broadcast_in_dim(kseg, shape, [1]))
     return functools.reduce(jnp.logical_and, conds) if conds else None
 
 
-def _softmax_step(z: Any, m: Any, denom: Any, st: _Static, vis_at: Any) -> tuple[Any, Any, Any, Any]:
+def _softmax_step(z: Any, m: Any, denom: Any, st: _Static, mask_at: Any) -> tuple[Any, Any, Any, Any]:
     """One online-softmax update on raw ``q·k`` scores ``z`` (float32 ``[rows, keys]``).
 
-    ``vis_at`` is ``None`` for an unmasked block, else a function giving the block's visibility.
-    Returns ``(p, m_new, denom_new, alpha)``: probabilities (float32), the running max (base 2),
-    the running denominator and the factor that rescales the running output.
+    ``mask_at`` is ``None`` for an unmasked block, else a function that sets the logits the rows cannot
+    see to ``-inf``. Returns ``(p, m_new, denom_new, alpha)``: probabilities (float32), the running max
+    (base 2), the running denominator and the factor that rescales the running output.
     """
     z, c = _logits(z, st)
-    vis = None if vis_at is None else vis_at()
-    if vis is not None:
-        z = jnp.where(vis, z, -jnp.inf)
+    if mask_at is not None:
+        z = mask_at(z)
     row_max = z.max(axis=1)
     m_new = jnp.maximum(m, row_max * c if c != 1.0 else row_max)
     # A row may see no key yet: keep exp2 away from (-inf) - (-inf).
-    m_use = jnp.where(m_new == -jnp.inf, 0.0, m_new) if vis_at is not None else m_new
+    m_use = jnp.where(m_new == -jnp.inf, 0.0, m_new) if mask_at is not None else m_new
     alpha = jnp.exp2(m - m_use)
     zc = z * c if c != 1.0 else z
     p = jnp.exp2(zc - lax.broadcast_in_dim(m_use, z.shape, [0]))
@@ -368,12 +371,12 @@ def _items_of(cta: Any, items: int, ctas: int) -> Any:
     return rounds + takes_last.astype(jnp.int32)
 
 
-def _items_loop(mine: Any, body: Any, st: _Static) -> Any:
-    """``body(j, blocks)`` over this CTA's work items, ``blocks`` counting the key blocks streamed so far;
-    one plain call when every CTA has one item."""
+def _items_loop(mine: Any, body: Any, st: _Static, init: Any) -> Any:
+    """``carry = body(j, carry)`` over this CTA's work items from ``init`` (the carry counts the key blocks
+    streamed so far, with segments beside the next item's bounds); one plain call when every CTA has one item."""
     if st.ctas == st.items:
-        return body(jnp.int32(0), jnp.int32(0))
-    return lax.fori_loop(0, mine, body, jnp.int32(0))
+        return body(jnp.int32(0), init)
+    return lax.fori_loop(0, mine, body, init)
 
 
 def _kernel(q_ref: Any, k_ref: Any, v_ref: Any, sink_ref: Any, seg_refs: Any, out_ref: Any, lse_ref: Any,
@@ -397,18 +400,35 @@ def _kernel(q_ref: Any, k_ref: Any, v_ref: Any, sink_ref: Any, seg_refs: Any, ou
     def item_of(j: Any) -> tuple[Any, Any, Any]:
         return _item(_snake(j, cta, st.ctas), st)
 
-    def cta_blocks(batch: Any, row0: Any) -> tuple[Any, Any]:  # the key blocks of a CTA's rows
-        if st.segments:  # computed outside the kernel from the ids (:func:`_segment_ranges`)
-            qblk = lax.div(row0, jnp.array(st.bq, row0.dtype))
-            return ranges_ref[batch, qblk, consumers, 0], ranges_ref[batch, qblk, consumers, 1]
-        lo, _, _, hi = _key_blocks(st.mask, row0, st.bq, st.bk, st.nk)
-        return lo, hi
+    def segment_bounds(j: Any, *, of_consumer: bool) -> tuple[Any, ...]:
+        """Item ``j``'s loop bounds with segments, computed outside the kernel (:func:`_segment_args`): the
+        CTA's key blocks ``[lo, hi)``, then with ``of_consumer`` this consumer's four bounds. The items' loops
+        read them one item ahead (``j`` past the last item reads the last), so that their latency passes under
+        the item before instead of stalling the pipeline between items."""
+        batch, _, row0 = item_of(jnp.minimum(j, mine - 1))
+        qblk = lax.div(row0, jnp.array(st.bq, row0.dtype))
+        out = [ranges_ref[batch, qblk, consumers, 0], ranges_ref[batch, qblk, consumers, 1]]
+        if of_consumer:
+            out += [ranges_ref[batch, qblk, wg, i] for i in range(4)]
+        return tuple(out)
 
-    def consumer_blocks(batch: Any, row0: Any, r0: Any) -> tuple[Any, Any, Any, Any]:  # a consumer's key blocks
+    def first_carry(of_consumer: bool) -> Any:  # ``_items_loop``'s initial carry
+        return (jnp.int32(0), segment_bounds(jnp.int32(0), of_consumer=of_consumer)) if st.segments else jnp.int32(0)
+
+    def item_bounds(j: Any, carry: Any, *, of_consumer: bool) -> tuple[Any, Any, tuple[Any, ...]]:
+        """``(base, next, bounds)`` of item ``j``: the blocks streamed before it, what to carry to the next
+        item (with segments its bounds, read now) and this item's bounds, as ``segment_bounds`` orders them."""
         if st.segments:
-            qblk = lax.div(row0, jnp.array(st.bq, row0.dtype))
-            return tuple(ranges_ref[batch, qblk, wg, i] for i in range(4))
-        return _key_blocks(st.mask, r0, _ROWS, st.bk, st.nk)
+            base, bounds = carry
+            ahead = bounds if st.ctas == st.items else segment_bounds(j + 1, of_consumer=of_consumer)
+            return base, ahead, bounds
+        _, _, row0 = item_of(j)
+        lo, _, _, hi = _key_blocks(st.mask, row0, st.bq, st.bk, st.nk)
+        own = _key_blocks(st.mask, row0 + wg * _ROWS, _ROWS, st.bk, st.nk) if of_consumer else ()
+        return carry, None, (lo, hi, *own)
+
+    def next_carry(base: Any, ahead: Any) -> Any:
+        return (base, ahead) if st.segments else base
 
     def seg_wait(s: Any) -> None:  # a key block's ids (id slot s) have landed (every phase awaited, masked or not)
         if st.key_ids:
@@ -446,9 +466,12 @@ def _kernel(q_ref: Any, k_ref: Any, v_ref: Any, sink_ref: Any, seg_refs: Any, ou
                 plgpu.copy_gmem_to_smem(qinfo_ref.at[batch, :, pl.ds(row0 + wg * bw, bw)], qinfo_smem.at[buf, wg],
                                         qinfo_ready.at[wg])
 
-        def run_item(j: Any, base: Any) -> Any:
-            """Work item ``j`` of this CTA; ``base`` counts the key blocks its earlier items streamed."""
+        def run_item(j: Any, carry: Any) -> Any:
+            """Work item ``j`` of this CTA; the carry counts the key blocks its earlier items streamed (see
+            ``item_bounds``)."""
             batch, head, row0 = item_of(j)
+            base, ahead, bounds = item_bounds(j, carry, of_consumer=True)
+            lo, hi, w_lo, w_lo_full, w_hi_full, w_hi = bounds
             buf = lax.rem(j, jnp.array(st.q_buffers, j.dtype))
             q_smem = qo_smem.at[buf, wg]
             plgpu.barrier_wait(q_ready.at[wg])
@@ -465,8 +488,6 @@ def _kernel(q_ref: Any, k_ref: Any, v_ref: Any, sink_ref: Any, seg_refs: Any, ou
                 plgpu.wait_smem_to_gmem(0, wait_read_only=True)
                 _when(j + 1 < mine, lambda: load_q(j + 1, lax.rem(j + 1, jnp.array(st.q_buffers, j.dtype))))
             r0 = row0 + wg * bw
-            lo, hi = cta_blocks(batch, row0)
-            w_lo, w_lo_full, w_hi_full, w_hi = consumer_blocks(batch, row0, r0)
 
             def slot(t: Any) -> Any:
                 return lax.rem(base + t - lo, jnp.array(st.steps, jnp.int32))
@@ -474,18 +495,20 @@ def _kernel(q_ref: Any, k_ref: Any, v_ref: Any, sink_ref: Any, seg_refs: Any, ou
             def id_slot(t: Any) -> Any:  # the ids' ring is twice as deep: they land with K (see the producer)
                 return lax.rem(base + t - lo, jnp.array(2 * st.steps, jnp.int32))
 
-            def vis_at(t: Any, masked: bool) -> Any:
+            def mask_at(t: Any, masked: bool) -> Any:
+                """``None`` for an unmasked block ``t``, else what masks its logits (``_softmax_step``)."""
                 if not masked:
                     return None
 
-                def vis() -> Any:  # the key block's ids are read from its slot (held until its V is released)
+                def mask(z: Any) -> Any:  # the key block's ids are read from its slot (held until its V is released)
                     kseg = None
                     if st.key_ids:
                         kseg = _col_vector(kseg_smem.at[id_slot(t)], st)
                         plgpu.commit_smem()  # order the generic id reads before the TMA refills the slot
-                    return _visible(st, r0, t * st.bk, (bw, st.bk), rows_info, kseg)
+                    vis = _visible(st, r0, t * st.bk, (bw, st.bk), rows_info, kseg)
+                    return z if vis is None else jnp.where(vis, z, -jnp.inf)
 
-                return vis
+                return mask
 
             def step(t: Any, carry: Any, *, masked: bool) -> Any:
                 """Ping-pong step: ``S = Q·Kᵀ``, the softmax, then ``O += P·V``."""
@@ -505,7 +528,7 @@ def _kernel(q_ref: Any, k_ref: Any, v_ref: Any, sink_ref: Any, seg_refs: Any, ou
                     z = pl.run_scoped(qk, plgpu.ACC((bw, st.bk), jnp.float32))
                 plgpu.barrier_arrive(k_free.at[s])
                 seg_wait(id_slot(t))
-                p, m_new, denom, alpha = _softmax_step(z, m, denom, st, vis_at(t, masked))
+                p, m_new, denom, alpha = _softmax_step(z, m, denom, st, mask_at(t, masked))
                 p16 = p.astype(st.dtype)
                 acc = _scale_rows(acc, alpha)
                 acc, denom, m_new, p16 = lax.optimization_barrier((acc, denom, m_new, p16))
@@ -546,7 +569,7 @@ def _kernel(q_ref: Any, k_ref: Any, v_ref: Any, sink_ref: Any, seg_refs: Any, ou
                     pass_turn()
                     plgpu.barrier_arrive(k_free.at[s])
                     seg_wait(id_slot(t))
-                    p, m_new, denom, alpha = _softmax_step(z, m, denom, st, vis_at(t, masked))
+                    p, m_new, denom, alpha = _softmax_step(z, m, denom, st, mask_at(t, masked))
                 else:
                     def mmas(s_ref: Any, o_ref: Any) -> Any:
                         o_ref[...] = acc
@@ -556,7 +579,7 @@ def _kernel(q_ref: Any, k_ref: Any, v_ref: Any, sink_ref: Any, seg_refs: Any, ou
                         z = plgpu.wgmma_accumulator_load(s_ref, wait_n=1)  # S_t done; P·V may still run
                         plgpu.barrier_arrive(k_free.at[s])
                         seg_wait(id_slot(t))
-                        p_t, *rest = lax.optimization_barrier(_softmax_step(z, m, denom, st, vis_at(t, masked)))
+                        p_t, *rest = lax.optimization_barrier(_softmax_step(z, m, denom, st, mask_at(t, masked)))
                         # P_t goes to the registers of P_{t-1} only once the P·V MMA reading them is done
                         # (ptxas serialises every wgmma when registers a wgmma reads are written in flight).
                         return (*lax.optimization_barrier((o_ref[...], p_t)), *rest)
@@ -609,6 +632,7 @@ def _kernel(q_ref: Any, k_ref: Any, v_ref: Any, sink_ref: Any, seg_refs: Any, ou
                 _cast(jnp.zeros((bw,), jnp.float32), rows, st),
             )
             body = overlapped_step if st.overlap else step
+
             masked = functools.partial(body, masked=True)
             carry = _loop(lo, w_lo, skip, carry)
             if st.overlap:
@@ -631,7 +655,7 @@ def _kernel(q_ref: Any, k_ref: Any, v_ref: Any, sink_ref: Any, seg_refs: Any, ou
             plgpu.commit_smem()
             plgpu.copy_smem_to_gmem(q_smem, out_ref.at[batch, pl.ds(r0, bw), head])
             plgpu.copy_smem_to_gmem(lse_smem, lse_ref.at[batch, head, pl.ds(r0, bw)])
-            return base + (hi - lo)
+            return next_carry(base + (hi - lo), ahead)
 
         load_q(jnp.int32(0), 0)
         # The MMA turns and meets run on across items: the first turn is the first consumer's (the last
@@ -640,7 +664,7 @@ def _kernel(q_ref: Any, k_ref: Any, v_ref: Any, sink_ref: Any, seg_refs: Any, ou
             _when(wg == consumers - 1, lambda: plgpu.barrier_arrive(turn.at[0]))
         else:
             _when(wg == 1, sync)
-        _items_loop(mine, run_item, st)
+        _items_loop(mine, run_item, st, first_carry(True))
         # One meet (ping-pong: the second consumer's extra one) or turn pass (the last consumer's) is
         # left over: the first consumer observes it, so every barrier phase is awaited.
         _when(wg == 0, my_turn if st.overlap else sync)
@@ -649,10 +673,10 @@ def _kernel(q_ref: Any, k_ref: Any, v_ref: Any, sink_ref: Any, seg_refs: Any, ou
     def producer() -> None:
         plgpu.set_max_registers(_REGS[consumers][1], action="decrease")
 
-        def stream_item(j: Any, base: Any) -> Any:
-            batch, head, row0 = item_of(j)
+        def stream_item(j: Any, carry: Any) -> Any:
+            batch, head, _ = item_of(j)
             kv_head = lax.div(head, jnp.array(st.group, head.dtype))
-            lo, hi = cta_blocks(batch, row0)
+            base, ahead, (lo, hi) = item_bounds(j, carry, of_consumer=False)
 
             def load(t: Any, *, reused: bool) -> None:  # the ring's (base + t - lo)-th block
                 n = base + t - lo
@@ -683,9 +707,10 @@ def _kernel(q_ref: Any, k_ref: Any, v_ref: Any, sink_ref: Any, seg_refs: Any, ou
             split = jnp.clip(lo + st.steps - base, lo, hi)
             _loop(lo, split, fill, 0)
             _loop(split, hi, refill, 0)
-            return base + (hi - lo)
+            return next_carry(base + (hi - lo), ahead)
 
-        streamed = _items_loop(mine, stream_item, st)
+        streamed = _items_loop(mine, stream_item, st, first_carry(False))
+        streamed = streamed[0] if st.segments else streamed
 
         def drain(n: Any, carry: Any) -> Any:  # observe the last blocks' releases (every phase is awaited)
             s = lax.rem(n, jnp.array(st.steps, jnp.int32))
@@ -737,10 +762,19 @@ def interpret_params() -> Any:
     return InterpretGPUParams()
 
 
-def _segment_ranges(q_ids: Any, k_ids: Any, q_off: Any, mask: _Mask, bq: int, bk: int) -> Any:
-    """The forward's loop bounds (``_segment_blocks.block_ranges``): per CTA of ``bq`` query rows, its 64-row
-    consumers' key blocks of ``bk`` and their hull, ``[B, Sqp / bq, bq / 64 + 1, 4]``."""
-    return _segs.block_ranges(*_segs.block_visibility(q_ids, k_ids, q_off, mask, _ROWS, bk), bq // _ROWS)
+def _segment_args(segments: Any, st: _Static, sqp: int, skp: int) -> tuple[Any, ...]:
+    """The kernel's segment inputs: the rows' info ``[B, info_rows, Sqp]``, the key ids ``[B, Skp]`` and the loop
+    bounds (``_segment_blocks``: per CTA of ``bq`` query rows, its 64-row consumers' key blocks and their hull,
+    ``[B, Sqp / bq, bq / 64 + 1, 4]``)."""
+    mask, consumers = st.mask, st.bq // _ROWS
+    q_ids, k_ids, q_off = _segs.pad_segments(segments[:3], sqp, skp)
+    if st.key_ranges:  # packed sequences (padded rows: the empty range [0, 0))
+        k_lo, k_hi = (jnp.pad(b.astype(jnp.int32), ((0, 0), (0, sqp - mask.sq))) for b in segments[3])
+        lo, hi = _segs.visible_bounds(k_lo, k_hi, q_off, mask)
+        return jnp.stack([lo, hi], axis=1), k_ids, _segs.range_block_ranges(lo, hi, mask, st.bk, consumers)
+    ranges = _segs.block_ranges(*_segs.block_visibility(q_ids, k_ids, q_off, mask, _ROWS, st.bk), consumers)
+    qinfo = jnp.stack([q_ids, *(() if q_off is None else (q_off,))], axis=1).astype(jnp.int32)
+    return qinfo, k_ids, ranges
 
 
 def _forward_impl(q: Any, k: Any, v: Any, *, cfg: MosaicFlashAttentionConfig, causal: bool, softmax_scale: float,
@@ -751,8 +785,8 @@ def _forward_impl(q: Any, k: Any, v: Any, *, cfg: MosaicFlashAttentionConfig, ca
     q_off)`` int, a key visible to a query only when their ids are equal, ``q_off`` ``[B, Sq]`` (or ``None``)
     each row's offset on the key axis for the causal / window test (replacing ``Sk - Sq``); a fourth element
     ``(k_lo, k_hi)`` (``[B, Sq]`` each) gives each row's keys as the range ``[k_lo, k_hi)`` instead, which must
-    be exactly the keys whose id is the row's (contiguous keys per id: packed sequences). The ids then only
-    bound the key blocks visited."""
+    be exactly the keys whose id is the row's (contiguous keys per id: packed sequences); the ranges then also
+    give the key blocks visited."""
     _, plgpu = _mods()
     batch, sq, hq, d = q.shape
     sk, hkv = k.shape[1], k.shape[2]
@@ -778,16 +812,10 @@ def _forward_impl(q: Any, k: Any, v: Any, *, cfg: MosaicFlashAttentionConfig, ca
                  steps=min(cfg.max_concurrent_steps, nk), nq=nq, nk=nk, group=hq // hkv,
                  ragged_keys=skp != sk, interpret=interpret, overlap=cfg.overlap, hq=hq, items=items, ctas=ctas,
                  q_buffers=2 if cfg.persistent else 1, sinks=sinks is not None, segments=segments is not None,
-                 row_offsets=segments is not None and segments[2] is not None,
+                 row_offsets=segments is not None and segments[2] is not None and len(segments) == 3,
                  key_ranges=segments is not None and len(segments) > 3)
     qp, kp, vp = _pad(q, 1, sqp), _pad(k, 1, skp), _pad(v, 1, skp)
-    seg_args: tuple[Any, ...] = ()
-    if segments is not None:
-        q_ids, k_ids, q_off = _segs.pad_segments(segments[:3], sqp, skp)
-        # Padded rows get the empty key range [0, 0).
-        info = [jnp.pad(b, ((0, 0), (0, sqp - sq))) for b in segments[3]] if st.key_ranges else [q_ids]
-        qinfo = jnp.stack([*info, *(() if q_off is None else (q_off,))], axis=1).astype(jnp.int32)
-        seg_args = (qinfo, k_ids, _segment_ranges(q_ids, k_ids, q_off, mask, bq, bk))
+    seg_args = () if segments is None else _segment_args(segments, st, sqp, skp)
     # The sinks as base-2 logits.
     extra = () if sinks is None else (sinks.astype(jnp.float32) * (1.0 / math.log(2.0)),)
     kwargs: dict[str, Any] = {}

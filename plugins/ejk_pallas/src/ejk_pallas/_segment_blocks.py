@@ -8,10 +8,15 @@ sorted along each row (packed sequences), a superset otherwise (the kernels stil
 not wholly visible). :func:`block_ranges` turns a row of it into the loop bounds the kernels read at run
 time: for each 64-row consumer block the blocks ``lo <= lo_full <= hi_full <= hi`` (``[lo, hi)`` may hold
 visible pairs, ``[lo_full, hi_full)`` need no mask) and for each CTA of ``consumers`` such blocks their hull.
+
+Where each row's keys are one range ``[k_lo, k_hi)`` (packed sequences), :func:`visible_bounds` cuts it to the
+mask's band and :func:`range_block_ranges` gives the same loop bounds straight from those ranges: one block
+reduction instead of the per-block pairs.
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import jax
@@ -19,7 +24,8 @@ import jax.numpy as jnp
 
 from ejk_pallas._flash_attention import _Mask
 
-__all__ = ["PAD_K_ID", "PAD_Q_ID", "block_ranges", "block_visibility", "pad_segments"]
+__all__ = ["PAD_K_ID", "PAD_Q_ID", "block_ranges", "block_visibility", "pad_segments",
+           "range_block_ranges", "visible_bounds"]
 
 #: Ids of padded query rows and padded keys (never equal: padded rows see nothing, padded keys are seen by none).
 PAD_Q_ID, PAD_K_ID = -1, -2
@@ -88,26 +94,74 @@ def block_ranges(some: Any, every: Any, consumers: int) -> jax.Array:
     ``(lo, lo_full, hi_full, hi)`` and ``[..., consumers, :2]`` the CTA's ``[lo, hi)`` (their hull; an empty
     consumer gets the empty range at the CTA's ``lo``). Wholly visible blocks that are not contiguous are all
     masked."""
-    batch, n, m = some.shape
+    m = some.shape[2]
     blocks = jnp.arange(m, dtype=jnp.int32)
     # Each row's first and last block of each kind in one reduction (the last as minus the least negated).
     firsts = jnp.min(jnp.stack([jnp.where(some, blocks, m), jnp.where(some, -(blocks + 1), 0),
                                 jnp.where(every, blocks, m), jnp.where(every, -(blocks + 1), 0)]), axis=3)
     lo, hi, f_lo, f_hi = firsts[0], -firsts[1], firsts[2], -firsts[3]
     contiguous = jnp.sum(every, axis=2, dtype=jnp.int32) == f_hi - f_lo
+    return _pack(lo, hi, jnp.where(contiguous, f_lo, m), jnp.where(contiguous, f_hi, 0), consumers)
+
+
+def _pack(lo: Any, hi: Any, f_lo: Any, f_hi: Any, consumers: int) -> jax.Array:
+    """:func:`block_ranges`'s array from each consumer block's ``[lo, hi)`` (empty when ``lo >= hi``) and wholly
+    visible ``[f_lo, f_hi)`` (``[B, n]`` each), clipped so that ``lo <= lo_full <= hi_full <= hi``."""
+    batch, n = lo.shape
     shape = (batch, n // consumers, consumers)
     lo, hi = lo.reshape(shape), hi.reshape(shape)
-    cta_lo = jnp.min(lo, axis=2, keepdims=True)
-    cta_hi = jnp.max(hi, axis=2, keepdims=True)
+    # The hull as elementwise extremes of the few consumers (no reduction: XLA fuses this whole function).
+    cta_lo = functools.reduce(jnp.minimum, [lo[:, :, c:c + 1] for c in range(consumers)])
+    cta_hi = functools.reduce(jnp.maximum, [hi[:, :, c:c + 1] for c in range(consumers)])
     cta_lo = jnp.where(cta_lo >= cta_hi, 0, cta_lo)
     cta_hi = jnp.maximum(cta_hi, cta_lo)
     empty = lo >= hi
     lo = jnp.where(empty, cta_lo, lo)
     hi = jnp.where(empty, cta_lo, hi)
-    f_lo = jnp.clip(jnp.where(contiguous, f_lo, m).reshape(shape), lo, hi)
-    f_hi = jnp.clip(jnp.where(contiguous, f_hi, 0).reshape(shape), f_lo, hi)
+    f_lo = jnp.clip(f_lo.reshape(shape), lo, hi)
+    f_hi = jnp.clip(f_hi.reshape(shape), f_lo, hi)
     f_lo = jnp.where(f_hi > f_lo, f_lo, hi)
     f_hi = jnp.maximum(f_hi, f_lo)
-    per = jnp.stack([lo, f_lo, f_hi, hi], axis=-1)
-    cta = jnp.concatenate([cta_lo, cta_hi, cta_lo, cta_hi], axis=-1)[:, :, None, :]
-    return jnp.concatenate([per, cta], axis=2).astype(jnp.int32)
+    # One concatenate (one kernel): each bound with the CTA's appended as the last "consumer".
+    lo, f_lo, f_hi, hi = (jnp.concatenate([x, cta], axis=2) for x, cta in
+                          ((lo, cta_lo), (f_lo, cta_hi), (f_hi, cta_lo), (hi, cta_hi)))
+    return jnp.stack([lo, f_lo, f_hi, hi], axis=-1).astype(jnp.int32)
+
+
+def visible_bounds(k_lo: Any, k_hi: Any, q_off: Any, mask: _Mask) -> tuple[Any, Any]:
+    """Each row's visible keys ``[lo, hi)`` (int32 ``[B, Sqp]``): its key range ``[k_lo, k_hi)`` (padded rows
+    empty) cut to the keys that exist and to the causal / window band (row ``i`` at ``i + q_off[i]`` on the key
+    axis, or ``mask.offset`` when ``q_off`` is ``None``). A kernel then tests two bounds per key and nothing
+    else."""
+    rows = jnp.arange(k_lo.shape[1], dtype=jnp.int32)
+    pos = rows[None, :] + (mask.offset if q_off is None else q_off)
+    lo, hi = k_lo, jnp.minimum(k_hi, mask.sk)
+    if mask.left is not None:
+        lo = jnp.maximum(lo, pos - mask.left)
+    if mask.right is not None:
+        hi = jnp.minimum(hi, pos + mask.right + 1)
+    return lo.astype(jnp.int32), hi.astype(jnp.int32)
+
+
+def range_block_ranges(lo: Any, hi: Any, mask: _Mask, bk: int, consumers: int) -> jax.Array:
+    """:func:`block_ranges`'s array from each row's visible keys ``[lo, hi)`` (:func:`visible_bounds`; ``[B, Sqp]``
+    int32, never negative) for 64-row consumer blocks and key blocks of ``bk``.
+
+    A row's visible keys are one range, so a block's may-see blocks are the hull of its rows' ranges and its
+    wholly visible blocks lie in their intersection: one reduction of four extremes per block."""
+    batch, sqp = lo.shape
+    seen = (lo < hi) & (jnp.arange(sqp, dtype=jnp.int32) < mask.sq)[None, :]
+    # Per 64-row block, in one reduction: the least start and the greatest end of the rows that see a key (their
+    # hull), and the greatest start and least end of all rows (their intersection; a padded or blind row, taken
+    # as the range [0, 0), empties it).
+    parts = jnp.stack([jnp.where(seen, lo, _BIG), jnp.where(seen, -hi, _BIG), jnp.where(seen, -lo, 0),
+                       jnp.where(seen, hi, 0)])
+    u_lo, neg_u_hi, neg_i_lo, i_hi = parts.reshape(4, batch, sqp // 64, 64).min(axis=3)
+    u_hi, i_lo = -neg_u_hi, -neg_i_lo
+    some = u_lo < u_hi
+    first = jnp.where(some, u_lo // bk, 0)
+    last = jnp.where(some, (u_hi + bk - 1) // bk, 0)
+    f_lo = (i_lo + bk - 1) // bk  # the first block wholly inside every row's range
+    f_hi = i_hi // bk
+    return _pack(first, last, f_lo, f_hi, consumers)
+

@@ -5,10 +5,12 @@ batch row: a token's id is its sequence's index (query rows past the last offset
 they are zeros; keys past it one no query has), and each query row carries its sequence's offset on the
 key axis, ``cu_k[s+1] - cu_q[s+1]``, so the causal / window test is bottom-right aligned per sequence
 (``j <= i + cu_k[s+1] - cu_q[s+1]`` is ``p <= r + Sk_s - Sq_s`` for row ``r`` and key ``p`` of sequence
-``s``). The key blocks each 64-row query block visits are computed from the ids before the kernel runs:
-only blocks of its own sequences (and inside the causal / window band) are loaded. Inside the forward
-kernel a row's keys are its sequence's range ``[cu_k[s], cu_k[s+1])``, tested against the column index as
-the causal bound is (no key ids are streamed: a sequence's keys are contiguous).
+``s``). The forward takes each row's visible keys as one range instead: its sequence's keys
+``[cu_k[s], cu_k[s+1])`` cut to the causal / window band (``_segment_blocks.visible_bounds``), tested
+against the column index with two compares and nothing else (no key ids are streamed: a sequence's keys
+are contiguous); the key blocks each 64-row query block visits are the hull of its rows' ranges, computed
+before the kernel runs (only blocks of its own sequences, inside the band, are loaded). The backward
+computes its blocks from the ids.
 
 Gradients: the Mosaic GPU backward's two kernels (dK / dV, then dQ) with the same segments, offsets and
 block ranges seen from both sides, where the config's backward is the Mosaic one (``backward="auto"`` on a

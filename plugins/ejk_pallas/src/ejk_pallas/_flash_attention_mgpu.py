@@ -203,7 +203,7 @@ class _Static:
 
     @property
     def info_rows(self) -> int:
-        """Rows of ``qinfo_ref``: the ids and / or the key range, then the offsets if any."""
+        """Rows of ``qinfo_ref``: the ids (then the offsets if any), or the visible keys' bounds."""
         return (2 if self.key_ranges else 1) + int(self.row_offsets)
 
 
@@ -281,9 +281,9 @@ def _visible(st: _Static, row0: Any, col0: Any, shape: tuple[int, int], rows_inf
              kseg: Any = None) -> Any:
     """Boolean visibility of a ``[rows, keys]`` tile (bottom-right aligned masks, see ``_Mask``).
 
-    With segments, ``rows_info`` holds the rows' ids and / or their visible keys' bounds (and their offsets with
-    ``st.row_offsets``), as row vectors (``_Static.info_rows``), and ``kseg`` the keys' ids as a column vector;
-    with ``st.key_ranges`` the bounds alone are tested (the mask is folded into them).
+    With segments, ``rows_info`` holds the rows' ids (and their offsets with ``st.row_offsets``) as row vectors
+    and ``kseg`` the keys' ids as a column vector; with ``st.key_ranges`` it holds the rows' visible keys'
+    bounds instead, tested alone (the mask is folded into them).
     """
     _, plgpu = _mods()
     wgmma = plgpu.Layout.WGMMA
@@ -632,7 +632,6 @@ def _kernel(q_ref: Any, k_ref: Any, v_ref: Any, sink_ref: Any, seg_refs: Any, ou
                 _cast(jnp.zeros((bw,), jnp.float32), rows, st),
             )
             body = overlapped_step if st.overlap else step
-
             masked = functools.partial(body, masked=True)
             carry = _loop(lo, w_lo, skip, carry)
             if st.overlap:

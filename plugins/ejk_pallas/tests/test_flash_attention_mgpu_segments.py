@@ -298,6 +298,29 @@ def _lower(cfg: Config, d: int, offsets: bool, **opts: Any) -> None:
     assert "mosaic_gpu" in text
 
 
+@pytest.mark.parametrize("cfg", [Config(block_q=128, block_kv=128),
+                                 Config(block_q=128, block_kv=128, overlap=True, persistent=True)],
+                         ids=["pingpong", "overlap-persistent"])
+def test_varlen_forward_lowers_for_cuda_without_the_key_ids(cfg: Config) -> None:
+    """Packed sequences lower with each row's folded key range; the kernel takes no key ids then, so a
+    forward-only program does not compute them (the launch has one operand fewer than with segment ids)."""
+    q = jax.ShapeDtypeStruct((1, 3000, 8, 128), jnp.bfloat16)
+    k = jax.ShapeDtypeStruct((1, 3100, 2, 128), jnp.bfloat16)
+    cu_q, cu_k = jax.ShapeDtypeStruct((5,), jnp.int32), jax.ShapeDtypeStruct((5,), jnp.int32)
+
+    def f(q: Any, k: Any, v: Any, cu_q: Any, cu_k: Any) -> Any:
+        q_ids, k_ids, q_off, bounds = va.token_segments(cu_q, cu_k, 3000, 3100)
+        return mg._forward_impl(q, k, v, cfg=cfg, softmax_scale=0.1, interpret=False, logits_soft_cap=None,
+                                causal=True, sliding_window=None,
+                                segments=(q_ids[None], k_ids[None], q_off[None], tuple(b[None] for b in bounds)))
+
+    lowered = jax.jit(f).trace(q, k, k, cu_q, cu_k).lower(lowering_platforms=("cuda",))
+    calls = [line for line in lowered.as_text().splitlines() if "mosaic_gpu" in line and "custom_call" in line]
+    assert len(calls) == 1
+    # q, k, v, the rows' bounds and the block bounds: no key ids.
+    assert calls[0].split("(", 1)[1].split(")", 1)[0].count("%") == 5, calls[0][:400]
+
+
 @pytest.mark.parametrize("cfg,d,offsets", [
     (Config(block_q=128, block_kv=128), 128, False),
     (Config(block_q=128, block_kv=128, overlap=True, persistent=True), 128, True),

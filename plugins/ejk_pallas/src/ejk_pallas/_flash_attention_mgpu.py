@@ -727,7 +727,8 @@ def _entry(*refs: Any, st: _Static) -> None:
     pl, plgpu = _mods()
     q_ref, k_ref, v_ref, *rest = refs
     sink_ref = rest.pop(0) if st.sinks else None
-    seg_refs = (rest.pop(0), rest.pop(0), rest.pop(0)) if st.segments else None
+    # The key ids only when the kernel reads them (not with key ranges: their computation is then dead code).
+    seg_refs = (rest.pop(0), rest.pop(0) if st.key_ids else None, rest.pop(0)) if st.segments else None
     out_ref, lse_ref = rest
     consumers = st.bq // _ROWS
     transforms = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
@@ -762,15 +763,15 @@ def interpret_params() -> Any:
 
 
 def _segment_args(segments: Any, st: _Static, sqp: int, skp: int) -> tuple[Any, ...]:
-    """The kernel's segment inputs: the rows' info ``[B, info_rows, Sqp]``, the key ids ``[B, Skp]`` and the loop
-    bounds (``_segment_blocks``: per CTA of ``bq`` query rows, its 64-row consumers' key blocks and their hull,
-    ``[B, Sqp / bq, bq / 64 + 1, 4]``)."""
+    """The kernel's segment inputs: the rows' info ``[B, info_rows, Sqp]``, the key ids ``[B, Skp]`` (not with
+    ``st.key_ranges``) and the loop bounds (``_segment_blocks``: per CTA of ``bq`` query rows, its 64-row
+    consumers' key blocks and their hull, ``[B, Sqp / bq, bq / 64 + 1, 4]``)."""
     mask, consumers = st.mask, st.bq // _ROWS
     q_ids, k_ids, q_off = _segs.pad_segments(segments[:3], sqp, skp)
     if st.key_ranges:  # packed sequences (padded rows: the empty range [0, 0))
         k_lo, k_hi = (jnp.pad(b.astype(jnp.int32), ((0, 0), (0, sqp - mask.sq))) for b in segments[3])
         lo, hi = _segs.visible_bounds(k_lo, k_hi, q_off, mask)
-        return jnp.stack([lo, hi], axis=1), k_ids, _segs.range_block_ranges(lo, hi, mask, st.bk, consumers)
+        return jnp.stack([lo, hi], axis=1), _segs.range_block_ranges(lo, hi, mask, st.bk, consumers)
     ranges = _segs.block_ranges(*_segs.block_visibility(q_ids, k_ids, q_off, mask, _ROWS, st.bk), consumers)
     qinfo = jnp.stack([q_ids, *(() if q_off is None else (q_off,))], axis=1).astype(jnp.int32)
     return qinfo, k_ids, ranges

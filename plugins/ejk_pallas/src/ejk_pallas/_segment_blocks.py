@@ -149,14 +149,13 @@ def range_block_ranges(lo: Any, hi: Any, mask: _Mask, bk: int, consumers: int) -
 
     A row's visible keys are one range, so a block's may-see blocks are the hull of its rows' ranges and its
     wholly visible blocks lie in their intersection: one reduction of four extremes per block."""
-    batch, sqp = lo.shape
+    sqp = lo.shape[1]
     seen = (lo < hi) & (jnp.arange(sqp, dtype=jnp.int32) < mask.sq)[None, :]
     # Per 64-row block, in one reduction: the least start and the greatest end of the rows that see a key (their
     # hull), and the greatest start and least end of all rows (their intersection; a padded or blind row, taken
     # as the range [0, 0), empties it).
-    parts = jnp.stack([jnp.where(seen, lo, _BIG), jnp.where(seen, -hi, _BIG), jnp.where(seen, -lo, 0),
-                       jnp.where(seen, hi, 0)])
-    u_lo, neg_u_hi, neg_i_lo, i_hi = parts.reshape(4, batch, sqp // 64, 64).min(axis=3)
+    u_lo, neg_u_hi, neg_i_lo, i_hi = _block_min([jnp.where(seen, lo, _BIG), jnp.where(seen, -hi, _BIG),
+                                                 jnp.where(seen, -lo, 0), jnp.where(seen, hi, 0)], 64)
     u_hi, i_lo = -neg_u_hi, -neg_i_lo
     some = u_lo < u_hi
     first = jnp.where(some, u_lo // bk, 0)
@@ -164,4 +163,3 @@ def range_block_ranges(lo: Any, hi: Any, mask: _Mask, bk: int, consumers: int) -
     f_lo = (i_lo + bk - 1) // bk  # the first block wholly inside every row's range
     f_hi = i_hi // bk
     return _pack(first, last, f_lo, f_hi, consumers)
-

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import json
+import statistics
 import sys
 from typing import Any
 
@@ -28,6 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import ejk
+from ejk.config._device_clock import device_seconds_per_call
 
 RAGGED_32K = (4096, 1024, 1024, 3072, 1024, 2048, 1536, 2560, 3584, 1024, 1536, 1536, 2048, 2048, 1792, 2816)
 
@@ -37,19 +39,33 @@ def _choice(platform: str, implementation: str) -> ejk.ImplChoice:
 
 
 def _fwd_bwd(f: Any) -> Any:
-    def loss(q: Any, k: Any, v: Any) -> Any:
-        return jnp.sum(f(q, k, v).astype(jnp.float32))
+    def loss(q: Any, k: Any, v: Any, *index: Any) -> Any:
+        return jnp.sum(f(q, k, v, *index).astype(jnp.float32))
 
     return jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
 
 
+def _device_ms(fn: Any, args: tuple[Any, ...]) -> float | None:
+    """Median of 5 samples of 10 back-to-back calls on the GPU's own timeline (``None`` off a GPU)."""
+    compiled = jax.jit(fn).lower(*args).compile()
+    jax.block_until_ready(compiled(*args))
+    samples = [device_seconds_per_call(lambda: compiled(*args), 10) for _ in range(5)]
+    return None if None in samples else statistics.median(samples) * 1e3  # type: ignore[type-var]
+
+
 def _row(label: str, f: Any, args: tuple[Any, ...], flops: float) -> None:
+    """One JSON line: forward and forward+backward of ``f(q, k, v, *index)`` by the wall clock (``*_ms``) and on
+    the device timeline (``*_device_ms``). The segment ids or offsets in ``args[3:]`` are traced arguments, as a
+    user's are, so their block bounds are computed at run time and timed."""
     row: dict[str, Any] = {"case": label}
     for mode, fn in (("fwd", jax.jit(f)), ("fwd+bwd", _fwd_bwd(f))):
         try:
             ms = _harness.time_ms(fn, args, reps=5)
             row[f"{mode}_ms"] = round(ms, 4)
             row[f"{mode}_tflops"] = round(flops * (1 if mode == "fwd" else 3.5) / ms / 1e9, 1)
+            device = _device_ms(fn, args)
+            if device is not None:
+                row[f"{mode}_device_ms"] = round(device, 4)
         except Exception as exc:  # a failing line is reported, the others still run
             row[f"{mode}_error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
     print(json.dumps(row), flush=True)
@@ -58,6 +74,16 @@ def _row(label: str, f: Any, args: tuple[Any, ...], flops: float) -> None:
 def _max_diff(a: Any, b: Any) -> float:
     return max(float(jnp.max(jnp.abs(x.astype(jnp.float32) - y.astype(jnp.float32))))
                for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True))
+
+
+def _with_ids(f: Any) -> Any:
+    """``f(q, k, v, ids)``: one array of segment ids for both sides, a traced argument."""
+    return lambda q, k, v, ids: f(q, k, v, q_segment_ids=ids, kv_segment_ids=ids)
+
+
+def _with_offsets(f: Any) -> Any:
+    """``f(q, k, v, cu)``: the same packing on both sides, its offsets a traced argument."""
+    return lambda q, k, v, cu: f(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu)
 
 
 def quick() -> None:
@@ -71,16 +97,17 @@ def quick() -> None:
         flops = 4.0 * b * h * s * s * d / 2
         dense = functools.partial(ejk.flash_attention, causal=True, platform="pallas", cfg=mosaic)
         if b == 4:
-            seg = jnp.zeros((b, s), jnp.int32)
-            other = functools.partial(ejk.flash_attention, causal=True, q_segment_ids=seg, kv_segment_ids=seg,
-                                      platform="pallas", cfg=_choice("pallas", "mosaic_segments"))
-            args, name = (q, k, v), "[4,4096,16,128] causal mosaic, one segment per row"
+            args = (q, k, v, jnp.zeros((b, s), jnp.int32))
+            other = _with_ids(functools.partial(ejk.flash_attention, causal=True, platform="pallas",
+                                                cfg=_choice("pallas", "mosaic_segments")))
+            name = "[4,4096,16,128] causal mosaic, one segment per row"
             unpack: Any = lambda x: x  # noqa: E731
         else:
             cu = jnp.arange(b + 1, dtype=jnp.int32) * s
-            other = functools.partial(ejk.flash_attention_varlen, cu_seqlens_q=cu, cu_seqlens_k=cu, causal=True,
-                                      platform="pallas", cfg=mosaic)
-            args, name = tuple(x.reshape(b * s, h, d) for x in (q, k, v)), "varlen 16 x 2048 causal mosaic"
+            other = _with_offsets(functools.partial(ejk.flash_attention_varlen, causal=True, platform="pallas",
+                                                    cfg=mosaic))
+            args = (*(x.reshape(b * s, h, d) for x in (q, k, v)), cu)
+            name = "varlen 16 x 2048 causal mosaic"
             unpack = functools.partial(jnp.reshape, shape=(b, s, h, d))
         out_d, out_o = jax.jit(dense)(q, k, v), unpack(jax.jit(other)(*args))
         g_d = _fwd_bwd(dense)(q, k, v)
@@ -90,8 +117,8 @@ def quick() -> None:
         _row(f"dense [{b},{s},16,128] causal mosaic", dense, (q, k, v), flops)
         _row(name, other, args, flops)
         if b == 16:
-            f = functools.partial(ejk.flash_attention_varlen, cu_seqlens_q=cu, cu_seqlens_k=cu, causal=True,
-                                  platform="triton", cfg=_choice("triton", "flash"))
+            f = _with_offsets(functools.partial(ejk.flash_attention_varlen, causal=True, platform="triton",
+                                                cfg=_choice("triton", "flash")))
             _row("varlen 16 x 2048 causal triton/flash", f, args, flops)
 
 
@@ -105,11 +132,10 @@ def main() -> None:
          functools.partial(ejk.flash_attention, causal=True, platform="pallas", cfg=mosaic), (q, k, v), flops)
     for name, ids in (("one segment", np.zeros((b, s), np.int32)),
                       ("two segments", np.repeat(np.arange(2, dtype=np.int32), s // 2)[None].repeat(b, 0))):
-        seg = jnp.asarray(ids)
         for platform, impl in (("pallas", "mosaic_segments"), ("triton", "segments")):
-            f = functools.partial(ejk.flash_attention, causal=True, q_segment_ids=seg, kv_segment_ids=seg,
-                                  platform=platform, cfg=_choice(platform, impl))
-            _row(f"[4,4096,16,128] causal {platform}/{impl}, {name}", f, (q, k, v), flops)
+            f = _with_ids(functools.partial(ejk.flash_attention, causal=True, platform=platform,
+                                            cfg=_choice(platform, impl)))
+            _row(f"[4,4096,16,128] causal {platform}/{impl}, {name}", f, (q, k, v, jnp.asarray(ids)), flops)
 
     b, s = 16, 2048
     q, k, v = (jnp.asarray(rng.standard_normal((b, s, h, d)), jnp.bfloat16) for _ in range(3))
@@ -121,15 +147,15 @@ def main() -> None:
         cu = jnp.asarray(np.concatenate([[0], np.cumsum(lens)]), jnp.int32)
         work = 4.0 * h * d * sum(n * (n + 1) / 2 for n in lens)
         for platform, impl in (("pallas", "mosaic"), ("triton", "flash")):
-            f = functools.partial(ejk.flash_attention_varlen, cu_seqlens_q=cu, cu_seqlens_k=cu, causal=True,
-                                  platform=platform, cfg=_choice(platform, impl))
+            f = _with_offsets(functools.partial(ejk.flash_attention_varlen, causal=True, platform=platform,
+                                                cfg=_choice(platform, impl)))
             tag = "16 x 2048" if len(set(lens)) == 1 else "16 of 1k-4k"
-            _row(f"varlen {tag} (32k tokens) H16 D128 causal {platform}/{impl}", f, packed, work)
+            _row(f"varlen {tag} (32k tokens) H16 D128 causal {platform}/{impl}", f, (*packed, cu), work)
         seg = jnp.asarray(np.repeat(np.arange(len(lens), dtype=np.int32), lens)[None])
-        f = functools.partial(ejk.flash_attention, causal=True, q_segment_ids=seg, kv_segment_ids=seg,
-                              platform="pallas", cfg=_choice("pallas", "mosaic_segments"))
+        f = _with_ids(functools.partial(ejk.flash_attention, causal=True, platform="pallas",
+                                        cfg=_choice("pallas", "mosaic_segments")))
         _row(f"segment ids [1,32768,16,128] {len(lens)} packed causal mosaic", f,
-             tuple(x[None] for x in packed), work)
+             (*(x[None] for x in packed), seg), work)
 
 
 if __name__ == "__main__":

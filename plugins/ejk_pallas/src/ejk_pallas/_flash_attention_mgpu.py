@@ -22,9 +22,9 @@ GQA reads the kv head ``h // group`` (never repeated). Rows that see no key give
 
 Segment ids (``q_segment_ids`` / ``kv_segment_ids``; ``flash_attention_varlen`` maps packed sequences to
 them with a per-row offset for the causal / window test, ``_varlen_attention_mgpu``): a key is visible to a
-query only when their ids are equal. The producer streams each key block's ids with its K tile (TMA, into
-a ring of twice the K/V ring's slots, so that they land before the softmax) and the consumers read them
-as a column vector of the logits' layout on the blocks they mask; the query rows' ids (and offsets) land
+query only when their ids are equal. On the blocks it masks, a consumer loads the key block's ids from global
+memory as a column vector of the logits' layout, when the step starts (their latency passes under the step's
+barrier waits and ``Q·Kᵀ``; no ring, barrier or TMA for them); the query rows' ids (and offsets) land
 with Q and stay in registers as row vectors. The key blocks of each CTA and consumer come from a small
 int32 array computed in XLA before the launch (``_segment_blocks``: per-block extremes of ids and
 positions) and read as scalars at run time: only blocks whose ids can meet the rows' are loaded, and
@@ -269,12 +269,15 @@ def _cast(x: Any, layout: Any, st: _Static) -> Any:
 
 
 def _col_vector(ref: Any, st: _Static) -> Any:
-    """An int32 vector of a key block's columns from shared memory, in the column layout of the logits."""
+    """An int32 vector of a key block's columns from global memory, in the column layout of the logits (plain
+    loads: Mosaic GPU's optimized transfers reach shared memory only)."""
     if st.interpret:
         return ref[...]
     _, plgpu = _mods()
     layout = plgpu.Layout.WGMMA.reduce(0)
-    return plgpu.load(ref, (), layout=layout) if _bwd._load_takes_index() else plgpu.load(ref, layout=layout)
+    if _bwd._load_takes_index():
+        return plgpu.load(ref, (), layout=layout, optimized=False)
+    return plgpu.load(ref, layout=layout, optimized=False)
 
 
 def _visible(st: _Static, row0: Any, col0: Any, shape: tuple[int, int], rows_info: tuple[Any, ...] = (),
@@ -388,8 +391,8 @@ def _kernel(q_ref: Any, k_ref: Any, v_ref: Any, sink_ref: Any, seg_refs: Any, ou
         turn = scoped
     # Segments: the query rows' ids (and offsets) land with Q, each key block's ids with its K tile.
     none: tuple[Any, ...] = (None, None, None)
-    qinfo_smem, kseg_smem = (*extra_smem, None)[:2] if st.segments else none[:2]
-    qinfo_ready, kseg_ready = (*extra_ready, None)[:2] if st.segments else none[:2]
+    qinfo_smem = extra_smem[0] if st.segments else None
+    qinfo_ready = extra_ready[0] if st.segments else None
     qinfo_ref, kseg_ref, ranges_ref = seg_refs if st.segments else none
     wg = lax.axis_index("wg")
     cta = lax.axis_index("cta")
@@ -429,10 +432,6 @@ def _kernel(q_ref: Any, k_ref: Any, v_ref: Any, sink_ref: Any, seg_refs: Any, ou
 
     def next_carry(base: Any, ahead: Any) -> Any:
         return (base, ahead) if st.segments else base
-
-    def seg_wait(s: Any) -> None:  # a key block's ids (id slot s) have landed (every phase awaited, masked or not)
-        if st.key_ids:
-            plgpu.barrier_wait(kseg_ready.at[s])
 
     def k_tile(s: Any) -> Any:
         return kv_smem.at[s]
@@ -492,19 +491,15 @@ def _kernel(q_ref: Any, k_ref: Any, v_ref: Any, sink_ref: Any, seg_refs: Any, ou
             def slot(t: Any) -> Any:
                 return lax.rem(base + t - lo, jnp.array(st.steps, jnp.int32))
 
-            def id_slot(t: Any) -> Any:  # the ids' ring is twice as deep: they land with K (see the producer)
-                return lax.rem(base + t - lo, jnp.array(2 * st.steps, jnp.int32))
-
             def mask_at(t: Any, masked: bool) -> Any:
-                """``None`` for an unmasked block ``t``, else what masks its logits (``_softmax_step``)."""
+                """``None`` for an unmasked block ``t``, else what masks its logits (``_softmax_step``). Called
+                when the step starts: the key block's ids are loaded from global memory then, so that their
+                latency passes under the step's waits and ``Q·Kᵀ`` MMA."""
                 if not masked:
                     return None
+                kseg = _col_vector(kseg_ref.at[batch, pl.ds(t * st.bk, st.bk)], st) if st.key_ids else None
 
-                def mask(z: Any) -> Any:  # the key block's ids are read from its slot (held until its V is released)
-                    kseg = None
-                    if st.key_ids:
-                        kseg = _col_vector(kseg_smem.at[id_slot(t)], st)
-                        plgpu.commit_smem()  # order the generic id reads before the TMA refills the slot
+                def mask(z: Any) -> Any:
                     vis = _visible(st, r0, t * st.bk, (bw, st.bk), rows_info, kseg)
                     return z if vis is None else jnp.where(vis, z, -jnp.inf)
 
@@ -514,6 +509,7 @@ def _kernel(q_ref: Any, k_ref: Any, v_ref: Any, sink_ref: Any, seg_refs: Any, ou
                 """Ping-pong step: ``S = Q·Kᵀ``, the softmax, then ``O += P·V``."""
                 acc, m, denom = carry
                 s = slot(t)
+                mask = mask_at(t, masked)
                 plgpu.barrier_wait(k_ready.at[s])
 
                 if st.interpret:  # the interpreter's wgmma takes no transposed operand nor registers
@@ -527,8 +523,7 @@ def _kernel(q_ref: Any, k_ref: Any, v_ref: Any, sink_ref: Any, seg_refs: Any, ou
 
                     z = pl.run_scoped(qk, plgpu.ACC((bw, st.bk), jnp.float32))
                 plgpu.barrier_arrive(k_free.at[s])
-                seg_wait(id_slot(t))
-                p, m_new, denom, alpha = _softmax_step(z, m, denom, st, mask_at(t, masked))
+                p, m_new, denom, alpha = _softmax_step(z, m, denom, st, mask)
                 p16 = p.astype(st.dtype)
                 acc = _scale_rows(acc, alpha)
                 acc, denom, m_new, p16 = lax.optimization_barrier((acc, denom, m_new, p16))
@@ -556,6 +551,7 @@ def _kernel(q_ref: Any, k_ref: Any, v_ref: Any, sink_ref: Any, seg_refs: Any, ou
                 """
                 acc, m, denom, p_prev = carry
                 s, prev = slot(t), slot(t - 1)
+                mask = mask_at(t, masked)
                 first = t == w_lo
                 later = jnp.logical_not(first)
                 pv_tile = jnp.where(first, s, prev + st.steps).astype(jnp.int32)  # K_t's tile, else V_{t-1}'s
@@ -568,8 +564,7 @@ def _kernel(q_ref: Any, k_ref: Any, v_ref: Any, sink_ref: Any, seg_refs: Any, ou
                     acc = acc + jnp.dot(p_prev, kv_smem[pv_tile], preferred_element_type=jnp.float32)
                     pass_turn()
                     plgpu.barrier_arrive(k_free.at[s])
-                    seg_wait(id_slot(t))
-                    p, m_new, denom, alpha = _softmax_step(z, m, denom, st, mask_at(t, masked))
+                    p, m_new, denom, alpha = _softmax_step(z, m, denom, st, mask)
                 else:
                     def mmas(s_ref: Any, o_ref: Any) -> Any:
                         o_ref[...] = acc
@@ -578,8 +573,7 @@ def _kernel(q_ref: Any, k_ref: Any, v_ref: Any, sink_ref: Any, seg_refs: Any, ou
                         pass_turn()  # the other consumer issues while this one runs its softmax
                         z = plgpu.wgmma_accumulator_load(s_ref, wait_n=1)  # S_t done; P·V may still run
                         plgpu.barrier_arrive(k_free.at[s])
-                        seg_wait(id_slot(t))
-                        p_t, *rest = lax.optimization_barrier(_softmax_step(z, m, denom, st, mask_at(t, masked)))
+                        p_t, *rest = lax.optimization_barrier(_softmax_step(z, m, denom, st, mask))
                         # P_t goes to the registers of P_{t-1} only once the P·V MMA reading them is done
                         # (ptxas serialises every wgmma when registers a wgmma reads are written in flight).
                         return (*lax.optimization_barrier((o_ref[...], p_t)), *rest)
@@ -618,7 +612,6 @@ def _kernel(q_ref: Any, k_ref: Any, v_ref: Any, sink_ref: Any, seg_refs: Any, ou
                 plgpu.barrier_arrive(k_free.at[s])
                 issue_begin()
                 plgpu.barrier_wait(v_ready.at[s])
-                seg_wait(id_slot(t))
                 plgpu.barrier_arrive(v_free.at[s])
                 issue_end()
                 return carry
@@ -684,13 +677,6 @@ def _kernel(q_ref: Any, k_ref: Any, v_ref: Any, sink_ref: Any, seg_refs: Any, ou
                 if reused:  # the slot's last block has been released by every consumer
                     plgpu.barrier_wait(k_free.at[s])
                 plgpu.copy_gmem_to_smem(k_ref.at[block], k_tile(s), k_ready.at[s])
-                if st.key_ids:
-                    # The ids land with K, as the softmax reads them before P·V waits for V. Their ring has
-                    # 2·steps slots: this one's last ids (block n - 2·steps) were read in a softmax before that
-                    # block's V was released, which the refill of V of block n - steps awaited.
-                    i = lax.rem(n, jnp.array(2 * st.steps, jnp.int32))
-                    plgpu.copy_gmem_to_smem(kseg_ref.at[batch, pl.ds(t * st.bk, st.bk)], kseg_smem.at[i],
-                                            kseg_ready.at[i])
                 if reused:
                     plgpu.barrier_wait(v_free.at[s])
                 plgpu.copy_gmem_to_smem(v_ref.at[block], v_tile(s), v_ready.at[s])
@@ -732,9 +718,8 @@ def _entry(*refs: Any, st: _Static) -> None:
     out_ref, lse_ref = rest
     consumers = st.bq // _ROWS
     transforms = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
-    # The query rows' ids (and offsets), as Q; each key block's ids, with K, in a ring twice as deep.
-    segs = ((plgpu.SMEM((st.q_buffers, consumers, st.info_rows, _ROWS), jnp.int32),
-             *((plgpu.SMEM((2 * st.steps, st.bk), jnp.int32),) if st.key_ids else ())) if st.segments else ())
+    # The query rows' ids (and offsets), or their visible keys' bounds, land as Q does.
+    segs = (plgpu.SMEM((st.q_buffers, consumers, st.info_rows, _ROWS), jnp.int32),) if st.segments else ()
     smem = (
         plgpu.SMEM((st.q_buffers, consumers, _ROWS, st.d), st.dtype, transforms=transforms),  # Q, then O
         plgpu.SMEM((2 * st.steps, st.bk, st.d), st.dtype, transforms=transforms),  # K and V rings
@@ -743,8 +728,7 @@ def _entry(*refs: Any, st: _Static) -> None:
     )
     ready = (plgpu.Barrier(num_barriers=st.steps), plgpu.Barrier(num_barriers=st.steps),
              plgpu.Barrier(num_barriers=consumers),
-             *((plgpu.Barrier(num_barriers=consumers),) if st.segments else ()),
-             *((plgpu.Barrier(num_barriers=2 * st.steps),) if st.key_ids else ()))
+             *((plgpu.Barrier(num_barriers=consumers),) if st.segments else ()))
     free = (plgpu.Barrier(num_arrivals=consumers, num_barriers=st.steps),) * 2
     pl.run_scoped(
         lambda *scoped: _kernel(q_ref, k_ref, v_ref, sink_ref, seg_refs, out_ref, lse_ref, scoped, st=st),

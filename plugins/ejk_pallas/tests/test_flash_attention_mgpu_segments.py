@@ -11,6 +11,7 @@ import functools
 import importlib.util
 from typing import Any
 
+import attrs
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -243,7 +244,7 @@ def test_range_block_ranges(window: tuple[int | None, int] | None, offsets: bool
     q_off = np.repeat(np.arange(0, 12, 2), 64)[None].astype(np.int32) if offsets else None
     lo, hi = segs.visible_bounds(jnp.asarray(k_lo), jnp.asarray(k_hi), None if q_off is None else jnp.asarray(q_off),
                                  mask)
-    ranges = np.asarray(segs.range_block_ranges(lo, hi, mask, bk, 2))
+    ranges = np.asarray(segs.range_block_ranges(lo, hi, sq, bk, 2))
     lo, hi = np.asarray(lo), np.asarray(hi)
     vis = _brute_visible(q_ids, k_ids, q_off, sq, sk, mask.left, mask.right)
     for i in range(sq):
@@ -258,6 +259,42 @@ def test_range_block_ranges(window: tuple[int | None, int] | None, offsets: bool
         if len(seen):
             assert (lo_, hi_) == (seen[0], seen[-1] + 1), (w, seen, lo_, hi_)
         assert every[0, w, lo_full:hi_full].all()
+        if len(full):
+            assert (lo_full, hi_full) == (full[0], full[-1] + 1), (w, full, lo_full, hi_full)
+
+
+@pytest.mark.parametrize("window", [None, (None, 0), (40, 0), (30, 20)], ids=str)
+def test_key_visible_bounds(window: tuple[int | None, int] | None) -> None:
+    """The backward's key side of packed sequences (Sq != Sk per sequence, an empty one, padding): each key's
+    range is exactly the queries that see it, and the query blocks computed from those ranges for 64-key
+    consumers hold every visible block, tightly, and call wholly visible exactly the blocks that are."""
+    q_lens, k_lens = (37, 90, 1, 0, 140), (50, 80, 3, 10, 150)
+    sq, sk, sqp, skp, bq = sum(q_lens), sum(k_lens), 384, 384, 64
+    left, right = (None, None) if window is None else window
+    mask = _make_mask(sq, sk, right == 0 and left is None, None if left is None else (left, right), False)
+    cu_q, cu_k = (np.concatenate([[0], np.cumsum(n)]).astype(np.int32) for n in (q_lens, k_lens))
+    q_ids = np.pad(np.repeat(np.arange(5), q_lens), (0, sqp - sq), constant_values=-1)[None].astype(np.int32)
+    k_ids = np.pad(np.repeat(np.arange(5), k_lens), (0, skp - sk), constant_values=-2)[None].astype(np.int32)
+    off = cu_k[1:] - cu_q[1:]
+    q_off = np.where(q_ids >= 0, off[np.clip(q_ids, 0, 4)], 0).astype(np.int32)
+    real = k_ids >= 0
+    s = np.clip(k_ids, 0, 4)
+    q_lo, q_hi, k_off = (np.where(real, x, 0).astype(np.int32) for x in (cu_q[s], cu_q[s + 1], off[s]))
+    lo, hi = (np.asarray(x) for x in segs.key_visible_bounds(jnp.asarray(q_lo), jnp.asarray(q_hi),
+                                                             jnp.asarray(k_off), mask))
+    vis = _brute_visible(q_ids, k_ids, q_off, sq, sk, mask.left, mask.right)[0].T  # keys x queries
+    for j in range(skp):
+        np.testing.assert_array_equal(np.arange(lo[0, j], hi[0, j]), np.flatnonzero(vis[j]), err_msg=f"key {j}")
+    ranges = np.asarray(segs.range_block_ranges(jnp.asarray(lo), jnp.asarray(hi), sk, bq, 2))
+    blocks = vis.reshape(skp // 64, 64, sqp // bq, bq)
+    some, every = blocks.any(axis=(1, 3)), blocks.all(axis=(1, 3))
+    for w in range(skp // 64):
+        lo_, lo_full, hi_full, hi_ = ranges[0, w // 2, w % 2]
+        assert ranges[0, w // 2, 2, 0] <= lo_ <= lo_full <= hi_full <= hi_ <= ranges[0, w // 2, 2, 1]
+        seen, full = np.flatnonzero(some[w]), np.flatnonzero(every[w])
+        if len(seen):
+            assert (lo_, hi_) == (seen[0], seen[-1] + 1), (w, seen, lo_, hi_)
+        assert every[w, lo_full:hi_full].all()
         if len(full):
             assert (lo_full, hi_full) == (full[0], full[-1] + 1), (w, full, lo_full, hi_full)
 
@@ -283,6 +320,22 @@ def test_gates_and_registration() -> None:
     spec = ejk.kernel_registry.get_spec("flash_attention_varlen", platform="pallas", backend="gpu", name="mosaic")
     assert spec.label == "pallas/gpu:mosaic" and spec.cfg_type is Config
     assert isinstance(va.heuristic_config(q, k, k, causal=True), Config)
+
+
+def test_segment_ids_take_the_ping_pong(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``pallas/gpu:mosaic_segments``'s heuristic is the dense one without the overlap (whose consumers spill with
+    the key ids' vector); the registered spec uses it."""
+    from ejk_pallas import _env
+
+    monkeypatch.setattr(_env, "use_interpreter", lambda: False)
+    for d in (64, 128):
+        for options in (dict(causal=True), dict(causal=False)):
+            q = jax.ShapeDtypeStruct((4, 4096, 16, d), jnp.bfloat16)
+            dense, seg = mg.heuristic_config(q, q, q, **options), mg.segments_heuristic_config(q, q, q, **options)
+            assert not seg.overlap and seg.persistent and seg.block_q == 128
+            assert attrs.evolve(dense, block_q=128, overlap=False, max_concurrent_steps=seg.max_concurrent_steps) == seg
+    spec = ejk.kernel_registry.get_spec("flash_attention", platform="pallas", backend="gpu", name="mosaic_segments")
+    assert spec.heuristic is mg.segments_heuristic_config
 
 
 def _lower(cfg: Config, d: int, offsets: bool, **opts: Any) -> None:
@@ -345,6 +398,31 @@ def test_segments_backward_lowers_for_cuda(d: int, blocks: tuple[int, int], offs
 
     lowered = jax.jit(f).trace(q, k, k, q, lse, q, qs, ks, qs if offsets else None).lower(lowering_platforms=("cuda",))
     assert lowered.as_text().count("mosaic_gpu") >= 2  # the dK / dV and the dQ kernels
+
+
+@pytest.mark.parametrize("window", [None, (64, 0)], ids=["causal", "window"])
+def test_varlen_backward_lowers_for_cuda_with_ranges(window: tuple[int, int] | None,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """Packed sequences' gradients lower to the forward and the two backward kernels, which take the rows'
+    ranges instead of ids: no id ring, so each backward launch has one operand fewer than with segment ids."""
+    from ejk_pallas import _env
+
+    monkeypatch.setattr(_env, "use_interpreter", lambda: False)  # compiled for the GPU: the Mosaic backward
+    q = jax.ShapeDtypeStruct((3000, 8, 128), jnp.bfloat16)
+    k = jax.ShapeDtypeStruct((3100, 2, 128), jnp.bfloat16)
+    cu = jax.ShapeDtypeStruct((5,), jnp.int32)
+
+    def f(q: Any, k: Any, v: Any, cu_q: Any, cu_k: Any) -> Any:
+        out = va.flash_attention_varlen(q, k, v, cu_q, cu_k, sinks=None, causal=True, softmax_scale=0.1,
+                                        sliding_window=window, logits_soft_cap=None, max_seqlen_q=None,
+                                        max_seqlen_k=None, precision="default")
+        return jnp.sum(out.astype(jnp.float32))
+
+    lowered = jax.jit(jax.grad(f, argnums=(0, 1, 2))).trace(q, k, k, cu, cu).lower(lowering_platforms=("cuda",))
+    calls = [line for line in lowered.as_text().splitlines() if "mosaic_gpu" in line and "custom_call" in line]
+    assert len(calls) == 3
+    # q, k, v, dO, lse, delta, the rows' ranges and the block bounds.
+    assert [c.split("(", 1)[1].split(")", 1)[0].count("%") for c in calls[1:]] == [8, 8], [c[:300] for c in calls]
 
 
 def test_fused_backward_refuses_segments() -> None:

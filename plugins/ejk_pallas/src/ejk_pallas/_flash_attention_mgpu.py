@@ -389,10 +389,10 @@ def _kernel(q_ref: Any, k_ref: Any, v_ref: Any, sink_ref: Any, seg_refs: Any, ou
     # traced or a Python int, never a static index followed by a traced one).
     (qo_smem, kv_smem, lse_smem2, *extra_smem), (k_ready, v_ready, q_ready, *extra_ready), (k_free, v_free), sched, \
         turn = scoped
-    # Segments: the query rows' ids (and offsets) land with Q, each key block's ids with its K tile.
+    # Segments: the query rows' ids (and offsets), or their key ranges, land with Q.
     none: tuple[Any, ...] = (None, None, None)
-    qinfo_smem = extra_smem[0] if st.segments else None
-    qinfo_ready = extra_ready[0] if st.segments else None
+    qinfo_smem: Any = extra_smem[0] if st.segments else None
+    qinfo_ready: Any = extra_ready[0] if st.segments else None
     qinfo_ref, kseg_ref, ranges_ref = seg_refs if st.segments else none
     wg = lax.axis_index("wg")
     cta = lax.axis_index("cta")
@@ -755,7 +755,7 @@ def _segment_args(segments: Any, st: _Static, sqp: int, skp: int) -> tuple[Any, 
     if st.key_ranges:  # packed sequences (padded rows: the empty range [0, 0))
         k_lo, k_hi = (jnp.pad(b.astype(jnp.int32), ((0, 0), (0, sqp - mask.sq))) for b in segments[3])
         lo, hi = _segs.visible_bounds(k_lo, k_hi, q_off, mask)
-        return jnp.stack([lo, hi], axis=1), _segs.range_block_ranges(lo, hi, mask, st.bk, consumers)
+        return jnp.stack([lo, hi], axis=1), _segs.range_block_ranges(lo, hi, mask.sq, st.bk, consumers)
     ranges = _segs.block_ranges(*_segs.block_visibility(q_ids, k_ids, q_off, mask, _ROWS, st.bk), consumers)
     qinfo = jnp.stack([q_ids, *(() if q_off is None else (q_off,))], axis=1).astype(jnp.int32)
     return qinfo, k_ids, ranges
@@ -1139,5 +1139,20 @@ def heuristic_config(q: Any, k: Any, v: Any, *rest: Any, **options: Any) -> Mosa
     configs = _fitting(q)
     masked = bool(options.get("causal")) or options.get("sliding_window") is not None
     if int(q.shape[3]) <= 64 and masked:
-        return next(c for c in configs if c.block_q == 128 and not c.overlap and c.persistent)
+        return _ping_pong(configs)
     return configs[0]
+
+
+def _ping_pong(configs: list[MosaicFlashAttentionConfig]) -> MosaicFlashAttentionConfig:
+    return next(c for c in configs if c.block_q == 128 and not c.overlap and c.persistent)
+
+
+def segments_heuristic_config(q: Any, k: Any, v: Any, *rest: Any, **options: Any) -> MosaicFlashAttentionConfig:
+    """:func:`heuristic_config` for calls with segment ids (``pallas/gpu:mosaic_segments``): the ping-pong
+    (``overlap=False``) at every head dim. The overlap keeps a second accumulator and ``P`` tile in registers;
+    with the key ids' column vector beside them on masked blocks its consumers spill, every step paying for it
+    (``benchmarks/results/mosaic_segments_varlen_h100.md``, session 8)."""
+    cfg = heuristic_config(q, k, v, *rest, **options)
+    if _env.use_interpreter() or int(k.shape[1]) <= 64 or not cfg.overlap:
+        return cfg
+    return _ping_pong(_fitting(q))

@@ -101,6 +101,11 @@ class _Static:
     #: are streamed / held beside their tiles, the loop bounds read from a ranges array at run time.
     segments: bool = False
     row_offsets: bool = False
+    #: Packed sequences: each row of a consumer tile (a query in dQ, a key in dK / dV) sees one range of the
+    #: streamed axis, ``[lo, hi)`` (the causal / window band and the real rows folded in, see
+    #: ``_segment_blocks.visible_bounds`` / ``key_visible_bounds``), held as two vectors: a masked block compares
+    #: the streamed index with them and nothing else, and no ids are streamed.
+    key_ranges: bool = False
 
 
 def _mods() -> tuple[Any, Any]:
@@ -164,16 +169,21 @@ def _logits(s: Any, st: _Static) -> tuple[Any, Any]:
 
 
 def _visible(st: _Static, row0: Any, col0: Any, shape: tuple[int, int], *, rows_axis: int,
-             q_info: tuple[Any, ...] = (), k_ids: Any = None) -> Any:
+             q_info: tuple[Any, ...] = (), k_ids: Any = None, bounds: tuple[Any, ...] = ()) -> Any:
     """Visibility of a WGMMA tile whose ``rows_axis`` indexes queries from ``row0`` and other axis keys
     from ``col0`` (bottom-right aligned masks, see ``_Mask``); ``None`` when everything is visible.
 
     With segments, ``q_info`` holds the queries' ids (and offsets) and ``k_ids`` the keys' ids, vectors
-    along their axes."""
+    along their axes; with ``st.key_ranges``, ``bounds`` holds the tile rows' ``[lo, hi)`` on the streamed axis
+    (axis 1), tested alone."""
     _, plgpu = _mods()
     wgmma = plgpu.Layout.WGMMA
     rows = _cast(lax.broadcasted_iota(jnp.int32, shape, rows_axis), wgmma, st) + row0
     cols = _cast(lax.broadcasted_iota(jnp.int32, shape, 1 - rows_axis), wgmma, st) + col0
+    if st.key_ranges:
+        streamed = cols if rows_axis == 0 else rows
+        return ((streamed >= lax.broadcast_in_dim(bounds[0], shape, [0]))
+                & (streamed < lax.broadcast_in_dim(bounds[1], shape, [0])))
     mask = st.mask
     offset: Any = mask.offset
     if st.row_offsets:
@@ -324,6 +334,22 @@ def _consume(ring: _Ring, ready: tuple[Any, ...], free: Any, lo: Any, hi: Any, b
     return _loop(w_hi, hi, skip, carry)
 
 
+def _info_rows(st: _Static) -> int:
+    """Rows of the queries' info beside Q in the dQ kernel: ids (and offsets), or the key range's two bounds."""
+    return 2 if st.key_ranges else 1 + int(st.row_offsets)
+
+
+def _segment_refs(refs: tuple[Any, ...], st: _Static, *, keys: bool) -> tuple[Any, Any, Any]:
+    """``(queries' info, keys' ids, loop bounds)`` among a kernel's inputs (``None`` for those it does not take).
+    With key ranges the dK / dV kernel takes its keys' query ranges (in the ids' place) and the dQ kernel its
+    queries' key ranges (in the info's place), and neither the other side's."""
+    if not st.segments:
+        return None, None, None
+    if not st.key_ranges:
+        return refs[0], refs[1], refs[2]
+    return (None, refs[0], refs[1]) if keys else (refs[0], None, refs[1])
+
+
 # ----------------------------------------------------------------------------------------------
 # dK / dV
 # ----------------------------------------------------------------------------------------------
@@ -332,11 +358,11 @@ def _consume(ring: _Ring, ready: tuple[Any, ...], free: Any, lo: Any, hi: Any, b
 def _dkdv_kernel(q_ref: Any, k_ref: Any, v_ref: Any, do_ref: Any, lse_ref: Any, delta_ref: Any, *refs: Any,
                  st: _Static) -> None:
     pl, plgpu = _mods()
-    none: tuple[Any, ...] = (None, None, None)
-    qinfo_ref, kid_ref, ranges_ref = refs[:3] if st.segments else none
+    qinfo_ref, kid_ref, ranges_ref = _segment_refs(refs, st, keys=True)
     dk_ref, dv_ref, scoped = refs[-3:]
     (k_smem2, v_smem2, q_ring, do_ring, lse_ring, delta_ring, *seg_smem), ready, kv_ready, free = scoped
-    qinfo_ring, kid_smem2 = seg_smem if st.segments else none[:2]
+    # The keys' ids (or their query ranges) beside K; the queries' ids streamed with Q (not with key ranges).
+    qinfo_ring, kid_smem2 = (None, seg_smem[0]) if st.key_ranges else (*seg_smem, None, None)[:2]
     wg = lax.axis_index("wg")
     tile, kv_head, batch = _tile_of(st)
     col_cta = tile * _TILE
@@ -354,11 +380,15 @@ def _dkdv_kernel(q_ref: Any, k_ref: Any, v_ref: Any, do_ref: Any, lse_ref: Any, 
         block = (batch, pl.ds(col0, _ROWS), kv_head)
         copies = [(k_ref.at[block], k_smem), (v_ref.at[block], v_smem)]
         if st.segments:
-            copies.append((kid_ref.at[batch, pl.ds(col0, _ROWS)], kid_smem2.at[wg]))
+            keys = pl.ds(col0, _ROWS)
+            copies.append((kid_ref.at[batch, :, keys] if st.key_ranges else kid_ref.at[batch, keys], kid_smem2.at[wg]))
         _opening_copies(copies, kv_ready, wg)
-        k_ids = None
-        if st.segments:
+        k_ids, k_bounds = None, ()
+        if st.key_ranges:
+            k_bounds = tuple(_vector(kid_smem2.at[wg, r], 0, st) for r in range(2))
+        elif st.segments:
             k_ids = _vector(kid_smem2.at[wg], 0, st)
+        if st.segments:
             bounds = tuple(ranges_ref[batch, tile, wg, i] for i in range(4))
         else:
             bounds = _query_blocks(st.mask, col0, _ROWS, st.blk, st.n_blk)
@@ -371,8 +401,8 @@ def _dkdv_kernel(q_ref: Any, k_ref: Any, v_ref: Any, do_ref: Any, lse_ref: Any, 
             z, tanh = _logits(_mm(k_smem, q_s, shape, st, transpose_b=True), st)
             if masked:
                 q_info = tuple(_vector(qinfo_ring.at[s, r], 1, st) for r in range(1 + st.row_offsets)) \
-                    if st.segments else ()
-                vis = _visible(st, t * st.blk, col0, shape, rows_axis=1, q_info=q_info, k_ids=k_ids)
+                    if st.segments and not st.key_ranges else ()
+                vis = _visible(st, t * st.blk, col0, shape, rows_axis=1, q_info=q_info, k_ids=k_ids, bounds=k_bounds)
                 if vis is not None:
                     z = jnp.where(vis, z, -jnp.inf)
             lse = _vector(lse_ring.at[s], 1, st)
@@ -414,7 +444,7 @@ def _dkdv_kernel(q_ref: Any, k_ref: Any, v_ref: Any, do_ref: Any, lse_ref: Any, 
             plgpu.copy_gmem_to_smem(do_ref.at[batch, rows, h], do_ring.at[s], do_r.at[s])
             plgpu.copy_gmem_to_smem(lse_ref.at[batch, h, rows], lse_ring.at[s], lse_r.at[s])
             plgpu.copy_gmem_to_smem(delta_ref.at[batch, h, rows], delta_ring.at[s], delta_r.at[s])
-            if st.segments:
+            if st.segments and not st.key_ranges:
                 plgpu.copy_gmem_to_smem(qinfo_ref.at[batch, :, rows], qinfo_ring.at[s], seg_r[0].at[s])
 
         ring.produce(load, free)
@@ -431,11 +461,11 @@ def _dkdv_kernel(q_ref: Any, k_ref: Any, v_ref: Any, do_ref: Any, lse_ref: Any, 
 def _dq_kernel(q_ref: Any, k_ref: Any, v_ref: Any, do_ref: Any, lse_ref: Any, delta_ref: Any, *refs: Any,
                st: _Static) -> None:
     pl, plgpu = _mods()
-    none: tuple[Any, ...] = (None, None, None)
-    qinfo_ref, kid_ref, ranges_ref = refs[:3] if st.segments else none
+    qinfo_ref, kid_ref, ranges_ref = _segment_refs(refs, st, keys=False)
     dq_ref, scoped = refs[-2:]
     (q_smem2, do_smem2, lse_smem2, delta_smem2, k_ring, v_ring, *seg_smem), ready, row_ready, free = scoped
-    qinfo_smem2, kid_ring = seg_smem if st.segments else none[:2]
+    # The queries' ids and offsets (or their key ranges) beside Q; the keys' ids streamed with K (not with ranges).
+    qinfo_smem2, kid_ring = (*seg_smem, None, None)[:2]
     wg = lax.axis_index("wg")
     tile, head, batch = _tile_of(st)
     row_block = _q_block(tile, st.mask, st.n_tile)
@@ -461,7 +491,7 @@ def _dq_kernel(q_ref: Any, k_ref: Any, v_ref: Any, do_ref: Any, lse_ref: Any, de
         delta = _vector(delta_smem2.at[wg], 0, st)
         q_info: tuple[Any, ...] = ()
         if st.segments:
-            q_info = tuple(_vector(qinfo_smem2.at[wg, r], 0, st) for r in range(1 + st.row_offsets))
+            q_info = tuple(_vector(qinfo_smem2.at[wg, r], 0, st) for r in range(_info_rows(st)))
             bounds = tuple(ranges_ref[batch, row_block, wg, i] for i in range(4))
         else:
             bounds = _key_blocks(st.mask, row0, _ROWS, st.blk, st.n_blk)
@@ -472,10 +502,12 @@ def _dq_kernel(q_ref: Any, k_ref: Any, v_ref: Any, do_ref: Any, lse_ref: Any, de
             s_raw, dp = _mm_pair(q_smem, k_s, do_smem, v_s, shape, st)  # S = Q·Kᵀ, dP = dO·Vᵀ
             z, tanh = _logits(s_raw, st)
             if masked:
-                k_ids = _vector(kid_ring.at[s], 1, st) if st.segments else None
-                if st.segments:  # order the generic id reads before the TMA refills the slot
+                ids = st.segments and not st.key_ranges
+                k_ids = _vector(kid_ring.at[s], 1, st) if ids else None
+                if ids:  # order the generic id reads before the TMA refills the slot
                     plgpu.commit_smem()
-                vis = _visible(st, row0, t * st.blk, shape, rows_axis=0, q_info=q_info, k_ids=k_ids)
+                vis = _visible(st, row0, t * st.blk, shape, rows_axis=0, q_info=() if st.key_ranges else q_info,
+                               k_ids=k_ids, bounds=q_info if st.key_ranges else ())
                 if vis is not None:
                     z = jnp.where(vis, z, -jnp.inf)
             p = jnp.exp2(z - lax.broadcast_in_dim(lse, shape, [0]))
@@ -500,7 +532,7 @@ def _dq_kernel(q_ref: Any, k_ref: Any, v_ref: Any, do_ref: Any, lse_ref: Any, de
             block = (batch, pl.ds((lo + i) * st.blk, st.blk), kv_head)
             plgpu.copy_gmem_to_smem(k_ref.at[block], k_ring.at[s], k_r.at[s])
             plgpu.copy_gmem_to_smem(v_ref.at[block], v_ring.at[s], v_r.at[s])
-            if st.segments:
+            if st.segments and not st.key_ranges:
                 plgpu.copy_gmem_to_smem(kid_ref.at[batch, pl.ds((lo + i) * st.blk, st.blk)], kid_ring.at[s],
                                         seg_r[0].at[s])
 
@@ -776,6 +808,23 @@ def _launch(body: Any, st: _Static, *, outs: Any, grid: tuple[int, ...], names: 
                         thread_name="wg", compiler_params=params, **kwargs)
 
 
+def _range_args(segments: Any, mask: _Mask, sqp: int, skp: int, block_q: int,
+                block_kv: int) -> tuple[tuple[Any, Any], tuple[Any, Any]]:
+    """The two kernels' inputs for packed sequences: dK / dV's keys' query ranges ``[B, 2, Skp]`` and its query
+    blocks per 64-key consumer; dQ's queries' key ranges ``[B, 2, Sqp]`` and its key blocks per 64-row consumer
+    (``_segment_blocks``; padded rows and keys see nothing)."""
+    _, _, q_off, (k_lo, k_hi), (q_lo, q_hi, k_off) = segments
+
+    def pad(x: Any, to: int) -> Any:
+        return jnp.pad(x.astype(jnp.int32), ((0, 0), (0, to - x.shape[1])))
+
+    lo, hi = _segs.visible_bounds(pad(k_lo, sqp), pad(k_hi, sqp), pad(q_off, sqp), mask)
+    q_args = (jnp.stack([lo, hi], axis=1), _segs.range_block_ranges(lo, hi, mask.sq, block_kv, _CONSUMERS))
+    lo, hi = _segs.key_visible_bounds(pad(q_lo, skp), pad(q_hi, skp), pad(k_off, skp), mask)
+    kv_args = (jnp.stack([lo, hi], axis=1), _segs.range_block_ranges(lo, hi, mask.sk, block_q, _CONSUMERS))
+    return kv_args, q_args
+
+
 def backward_impl(q: Any, k: Any, v: Any, out: Any, lse: Any, d_out: Any, *, block_q: int, block_kv: int,
                   steps: int, causal: bool, softmax_scale: float, sliding_window: tuple[int, int] | None,
                   logits_soft_cap: float | None, interpret_params: Any, d_lse: Any = None,
@@ -788,7 +837,10 @@ def backward_impl(q: Any, k: Any, v: Any, out: Any, lse: Any, d_out: Any, *, blo
     with ``block_q`` query rows a step and dQ with ``block_kv`` keys a step. ``steps``: TMA ring slots;
     ``interpret_params``: Mosaic GPU interpret mode's parameters, or ``None`` to compile for the GPU.
     ``segments``: ``(q_ids [B, Sq], k_ids [B, Sk], q_off [B, Sq] | None)`` as the forward's (the two kernels
-    only: ``fused`` must be ``False``).
+    only: ``fused`` must be ``False``); packed sequences add ``(k_lo, k_hi)`` (``[B, Sq]``: each query's
+    sequence's keys, as the forward's) and ``(q_lo, q_hi, k_off)`` (``[B, Sk]``: each key's sequence's queries
+    and its offset ``Sk_s - Sq_s``), which must describe the same visibility as the ids: both kernels then test
+    ranges (``_Static.key_ranges``).
     """
     if segments is not None and fused:
         raise ValueError("the fused Mosaic GPU backward has no segment ids; use the two kernels (fused=False)")
@@ -801,7 +853,8 @@ def backward_impl(q: Any, k: Any, v: Any, out: Any, lse: Any, d_out: Any, *, blo
     common = dict(mask=mask, scale=float(softmax_scale),
                   cap=logits_soft_cap, dtype=dtype, d=d, group=hq // hkv, ragged_keys=skp != sk,
                   interpret=interpret_params is not None, segments=segments is not None,
-                  row_offsets=segments is not None and segments[2] is not None)
+                  row_offsets=segments is not None and segments[2] is not None and len(segments) == 3,
+                  key_ranges=segments is not None and len(segments) == 5)
     delta = jnp.einsum("bqhd,bqhd->bhq", out.astype(jnp.float32), d_out.astype(jnp.float32))
     if d_lse is not None:  # the natural-lse cotangent: d_logits = p · (dp - delta + d_lse)
         delta = delta - d_lse.astype(jnp.float32)
@@ -823,8 +876,10 @@ def backward_impl(q: Any, k: Any, v: Any, out: Any, lse: Any, d_out: Any, *, blo
     t = _tiles()
     kv_args: tuple[Any, ...] = ()
     q_args: tuple[Any, ...] = ()
-    rows = 1 + int(st_kv.row_offsets)
-    if segments is not None:
+    rows = _info_rows(st_kv)
+    if st_kv.key_ranges:
+        kv_args, q_args = _range_args(segments, mask, sqp, skp, block_q, block_kv)
+    elif segments is not None:
         q_ids, k_ids, q_off = _segs.pad_segments(segments, sqp, skp)
         qinfo = q_ids[:, None] if q_off is None else jnp.stack([q_ids, q_off], axis=1)
         # Key side: per CTA of 128 keys, its 64-key consumers' query blocks (the visibility transposed).
@@ -832,8 +887,11 @@ def backward_impl(q: Any, k: Any, v: Any, out: Any, lse: Any, d_out: Any, *, blo
         kv_args = (qinfo, k_ids, _segs.block_ranges(some.transpose(0, 2, 1), every.transpose(0, 2, 1), _CONSUMERS))
         q_args = (qinfo, k_ids, _segs.block_ranges(*_segs.block_visibility(q_ids, k_ids, q_off, mask, _ROWS,
                                                                           block_kv), _CONSUMERS))
-    seg_kv = (plgpu.SMEM((st_kv.steps, rows, block_q), jnp.int32),
-              plgpu.SMEM((_CONSUMERS, _ROWS), jnp.int32)) if segments is not None else ()
+    if st_kv.key_ranges:  # the keys' query ranges beside K
+        seg_kv: tuple[Any, ...] = (plgpu.SMEM((_CONSUMERS, 2, _ROWS), jnp.int32),)
+    else:  # the queries' ids streamed with Q, the keys' beside K
+        seg_kv = (plgpu.SMEM((st_kv.steps, rows, block_q), jnp.int32),
+                  plgpu.SMEM((_CONSUMERS, _ROWS), jnp.int32)) if segments is not None else ()
     smem_kv = (plgpu.SMEM((_CONSUMERS, _ROWS, d), dtype, transforms=t),
                plgpu.SMEM((_CONSUMERS, _ROWS, d), dtype, transforms=t),
                plgpu.SMEM((st_kv.steps, block_q, d), dtype, transforms=t),
@@ -842,7 +900,8 @@ def backward_impl(q: Any, k: Any, v: Any, out: Any, lse: Any, d_out: Any, *, blo
                plgpu.SMEM((st_kv.steps, block_q), jnp.float32),
                *seg_kv)
     dk, dv = _launch(_dkdv_kernel, st_kv, outs=(jax.ShapeDtypeStruct(kp.shape, dtype),) * 2,
-                     grid=(skp // _TILE * hkv * batch,), names=("cta",), smem=smem_kv, ready=4 + bool(seg_kv),
+                     grid=(skp // _TILE * hkv * batch,), names=("cta",), smem=smem_kv,
+                     ready=4 + (segments is not None and not st_kv.key_ranges),
                      interpret_params=interpret_params)(*args, *kv_args)
 
     st_q = _Static(blk=block_kv, steps=min(steps, skp // block_kv), n_blk=skp // block_kv, n_tile=sqp // _TILE,
@@ -853,9 +912,10 @@ def backward_impl(q: Any, k: Any, v: Any, out: Any, lse: Any, d_out: Any, *, blo
               plgpu.SMEM((_CONSUMERS, _ROWS), jnp.float32),
               plgpu.SMEM((st_q.steps, block_kv, d), dtype, transforms=t),
               plgpu.SMEM((st_q.steps, block_kv, d), dtype, transforms=t),
-              *((plgpu.SMEM((_CONSUMERS, rows, _ROWS), jnp.int32), plgpu.SMEM((st_q.steps, block_kv), jnp.int32))
-                if segments is not None else ()))
+              *((plgpu.SMEM((_CONSUMERS, rows, _ROWS), jnp.int32),) if segments is not None else ()),
+              *((plgpu.SMEM((st_q.steps, block_kv), jnp.int32),) if segments is not None and not st_q.key_ranges
+                else ()))
     dq = _launch(_dq_kernel, st_q, outs=jax.ShapeDtypeStruct(qp.shape, dtype), grid=(sqp // _TILE * hq * batch,),
-                 names=("cta",), smem=smem_q, ready=2 + (segments is not None), interpret_params=interpret_params
-                 )(*args, *q_args)
+                 names=("cta",), smem=smem_q, ready=2 + (segments is not None and not st_q.key_ranges),
+                 interpret_params=interpret_params)(*args, *q_args)
     return dq[:, :sq], dk[:, :sk], dv[:, :sk]

@@ -25,7 +25,7 @@ import jax.numpy as jnp
 from ejk_pallas._flash_attention import _Mask
 
 __all__ = ["PAD_K_ID", "PAD_Q_ID", "block_ranges", "block_visibility", "pad_segments",
-           "range_block_ranges", "visible_bounds"]
+           "key_visible_bounds", "range_block_ranges", "visible_bounds"]
 
 #: Ids of padded query rows and padded keys (never equal: padded rows see nothing, padded keys are seen by none).
 PAD_Q_ID, PAD_K_ID = -1, -2
@@ -143,14 +143,29 @@ def visible_bounds(k_lo: Any, k_hi: Any, q_off: Any, mask: _Mask) -> tuple[Any, 
     return lo.astype(jnp.int32), hi.astype(jnp.int32)
 
 
-def range_block_ranges(lo: Any, hi: Any, mask: _Mask, bk: int, consumers: int) -> jax.Array:
-    """:func:`block_ranges`'s array from each row's visible keys ``[lo, hi)`` (:func:`visible_bounds`; ``[B, Sqp]``
-    int32, never negative) for 64-row consumer blocks and key blocks of ``bk``.
+def key_visible_bounds(q_lo: Any, q_hi: Any, k_off: Any, mask: _Mask) -> tuple[Any, Any]:
+    """Each key's visible queries ``[lo, hi)`` (int32 ``[B, Skp]``), the transpose of :func:`visible_bounds`: its
+    sequence's queries ``[q_lo, q_hi)`` (padded keys empty) cut to the queries that exist and to the causal /
+    window band, key ``j`` of a sequence whose queries sit at ``i + k_off[j]`` on the key axis (``k_off`` its
+    ``Sk_s - Sq_s``). Query ``i`` sees key ``j`` iff ``i + off - left <= j <= i + off + right``."""
+    keys = jnp.arange(q_lo.shape[1], dtype=jnp.int32)[None, :]
+    at = keys - k_off  # the key's position on the query axis
+    lo, hi = q_lo, jnp.minimum(q_hi, mask.sq)
+    if mask.right is not None:
+        lo = jnp.maximum(lo, at - mask.right)
+    if mask.left is not None:
+        hi = jnp.minimum(hi, at + mask.left + 1)
+    return lo.astype(jnp.int32), hi.astype(jnp.int32)
+
+
+def range_block_ranges(lo: Any, hi: Any, rows: int, bk: int, consumers: int) -> jax.Array:
+    """:func:`block_ranges`'s array from each row's visible range ``[lo, hi)`` of the streamed axis
+    (:func:`visible_bounds` or :func:`key_visible_bounds`; ``[B, L]`` int32, never negative; rows from ``rows`` on
+    are padding) for 64-row consumer blocks and streamed blocks of ``bk``.
 
     A row's visible keys are one range, so a block's may-see blocks are the hull of its rows' ranges and its
     wholly visible blocks lie in their intersection: one reduction of four extremes per block."""
-    sqp = lo.shape[1]
-    seen = (lo < hi) & (jnp.arange(sqp, dtype=jnp.int32) < mask.sq)[None, :]
+    seen = (lo < hi) & (jnp.arange(lo.shape[1], dtype=jnp.int32) < rows)[None, :]
     # Per 64-row block, in one reduction: the least start and the greatest end of the rows that see a key (their
     # hull), and the greatest start and least end of all rows (their intersection; a padded or blind row, taken
     # as the range [0, 0), empties it).

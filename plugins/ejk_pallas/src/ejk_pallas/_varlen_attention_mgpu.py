@@ -9,8 +9,9 @@ key axis, ``cu_k[s+1] - cu_q[s+1]``, so the causal / window test is bottom-right
 ``[cu_k[s], cu_k[s+1])`` cut to the causal / window band (``_segment_blocks.visible_bounds``), tested
 against the column index with two compares and nothing else (no key ids are streamed: a sequence's keys
 are contiguous); the key blocks each 64-row query block visits are the hull of its rows' ranges, computed
-before the kernel runs (only blocks of its own sequences, inside the band, are loaded). The backward
-computes its blocks from the ids.
+before the kernel runs (only blocks of its own sequences, inside the band, are loaded). The backward's two
+kernels test ranges too: dQ each query's (the forward's), dK / dV each key's visible queries
+(:func:`key_queries`, ``_segment_blocks.key_visible_bounds``).
 
 Gradients: the Mosaic GPU backward's two kernels (dK / dV, then dQ) with the same segments, offsets and
 block ranges seen from both sides, where the config's backward is the Mosaic one (``backward="auto"`` on a
@@ -69,6 +70,23 @@ def token_segments(cu_seqlens_q: jax.Array, cu_seqlens_k: jax.Array, q_tokens: i
     k_lo = jnp.where(real, cu_k[s - 1], 0).astype(jnp.int32)
     k_hi = jnp.where(real, cu_k[s], 0).astype(jnp.int32)
     return q_ids, k_ids, q_off, (k_lo, k_hi)
+
+
+def key_queries(cu_seqlens_q: jax.Array, cu_seqlens_k: jax.Array, k_ids: jax.Array, q_tokens: int,
+                k_tokens: int) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """``(q_lo [Tk], q_hi [Tk], k_off [Tk])`` int32: each key's sequence's queries ``[cu_q[s], cu_q[s+1])`` and
+    its offset ``cu_k[s+1] - cu_q[s+1]`` (zeros for keys of no sequence), from :func:`token_segments`'s
+    ``k_ids``: the backward's key side of the ranges."""
+    cu_q = sanitize_offsets(cu_seqlens_q, q_tokens)
+    cu_k = sanitize_offsets(cu_seqlens_k, k_tokens)
+    n = cu_q.shape[0] - 1
+    if n == 0:
+        zeros = jnp.zeros((k_tokens,), jnp.int32)
+        return zeros, zeros, zeros
+    s = jnp.clip(k_ids, 0, n - 1) + 1
+    real = k_ids >= 0
+    return tuple(jnp.where(real, x, 0).astype(jnp.int32)  # type: ignore[return-value]
+                 for x in (cu_q[s - 1], cu_q[s], cu_k[s] - cu_q[s]))
 
 
 def _cfg(q: Any, k: Any, v: Any, opts: dict[str, Any]) -> _mg.MosaicFlashAttentionConfig:
@@ -136,11 +154,13 @@ def _varlen_bwd(opts: Any, residuals: Any, d_out: jax.Array) -> tuple[Any, ...]:
         cfg = _cfg(q, k, v, options)
         params = _mg.interpret_params() if _env.use_interpreter() else None
         d4 = d_out[None]
+        # Both kernels test ranges: each query's keys (the forward's) and each key's queries.
+        key_side = key_queries(cu_q, cu_k, segments[1][0], q.shape[0], k.shape[0])
         dq, dk, dv = _bwd.backward_impl(
             q[None], k[None], v[None], out4, lse, d4, block_q=cfg.bwd_block_q, block_kv=cfg.bwd_block_kv,
             steps=cfg.bwd_max_concurrent_steps, causal=options["causal"], softmax_scale=options["softmax_scale"],
             sliding_window=options["sliding_window"], logits_soft_cap=options["logits_soft_cap"],
-            interpret_params=params, fused=False, segments=segments[:3])
+            interpret_params=params, fused=False, segments=(*segments, tuple(x[None] for x in key_side)))
         dq, dk, dv = dq[0], dk[0], dv[0]
         d_sinks = None if sinks is None else cotangent_like(sinks_cotangent(sinks, out4, lse, d4), sinks)
     zero = (jnp.zeros(cu_q.shape, jax.dtypes.float0), jnp.zeros(cu_k.shape, jax.dtypes.float0))

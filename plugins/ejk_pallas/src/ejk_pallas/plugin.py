@@ -64,7 +64,7 @@ def ejk_register_kernels(register: RegisterKernels) -> None:
         # so that rankings order segment-id calls on their own measurements.
         register("flash_attention", Platform.PALLAS, backend, name="mosaic_segments",
                  cfg_type=mg.MosaicFlashAttentionConfig, config_space=mg.config_space,
-                 heuristic=mg.heuristic_config, capability=mg.segments_capability, vjp=mg_vjp)(mg.forward)
+                 heuristic=mg.segments_heuristic_config, capability=mg.segments_capability, vjp=mg_vjp)(mg.forward)
         va = _varlen_attention_mgpu
         register("flash_attention_varlen", Platform.PALLAS, backend, name="mosaic",
                  cfg_type=mg.MosaicFlashAttentionConfig, config_space=va.config_space,

@@ -10,6 +10,7 @@ Forward and forward+backward milliseconds, one JSON line each:
 
     python3 benchmarks/bench_mosaic_segments.py            # every line
     python3 benchmarks/bench_mosaic_segments.py --quick    # the two comparisons of issue 29 and checks
+    python3 benchmarks/bench_mosaic_segments.py --packed   # the packed 32k-token lines on Mosaic GPU only
 
 ``--quick`` also checks on the GPU that one segment per row gives the no-segment call's output and gradients,
 and that 16 packed sequences of 2048 give the dense [16, 2048] batch's (the same attention).
@@ -122,9 +123,18 @@ def quick() -> None:
             _row("varlen 16 x 2048 causal triton/flash", f, args, flops)
 
 
-def main() -> None:
+def main(packed_only: bool = False) -> None:
+    """Every line; with ``packed_only`` the packed 32k-token lines on Mosaic GPU alone (varlen and segment ids on
+    each packing, and the dense batch of the same work)."""
     rng = np.random.default_rng(0)
-    b, s, h, d = 4, 4096, 16, 128
+    h, d = 16, 128
+    if not packed_only:
+        _segment_id_lines(rng, h, d)
+    _packed_lines(rng, h, d, ("pallas",) if packed_only else ("pallas", "triton"))
+
+
+def _segment_id_lines(rng: np.random.Generator, h: int, d: int) -> None:
+    b, s = 4, 4096
     q, k, v = (jnp.asarray(rng.standard_normal((b, s, h, d)), jnp.bfloat16) for _ in range(3))
     flops = 4.0 * b * h * s * s * d / 2
     mosaic = _choice("pallas", "mosaic")
@@ -137,26 +147,31 @@ def main() -> None:
                                             cfg=_choice(platform, impl)))
             _row(f"[4,4096,16,128] causal {platform}/{impl}, {name}", f, (q, k, v, jnp.asarray(ids)), flops)
 
+
+
+def _packed_lines(rng: np.random.Generator, h: int, d: int, platforms: tuple[str, ...]) -> None:
     b, s = 16, 2048
     q, k, v = (jnp.asarray(rng.standard_normal((b, s, h, d)), jnp.bfloat16) for _ in range(3))
     flops = 4.0 * b * h * s * s * d / 2
+    mosaic = _choice("pallas", "mosaic")
     _row("dense [16,2048,16,128] causal mosaic",
          functools.partial(ejk.flash_attention, causal=True, platform="pallas", cfg=mosaic), (q, k, v), flops)
     packed = tuple(x.reshape(b * s, h, d) for x in (q, k, v))
     for lens in ((2048,) * 16, RAGGED_32K):
         cu = jnp.asarray(np.concatenate([[0], np.cumsum(lens)]), jnp.int32)
         work = 4.0 * h * d * sum(n * (n + 1) / 2 for n in lens)
-        for platform, impl in (("pallas", "mosaic"), ("triton", "flash")):
+        for platform, impl in (("pallas", "mosaic"), ("triton", "flash"))[:len(platforms)]:
             f = _with_offsets(functools.partial(ejk.flash_attention_varlen, causal=True, platform=platform,
                                                 cfg=_choice(platform, impl)))
             tag = "16 x 2048" if len(set(lens)) == 1 else "16 of 1k-4k"
             _row(f"varlen {tag} (32k tokens) H16 D128 causal {platform}/{impl}", f, (*packed, cu), work)
         seg = jnp.asarray(np.repeat(np.arange(len(lens), dtype=np.int32), lens)[None])
-        f = _with_ids(functools.partial(ejk.flash_attention, causal=True, platform="pallas",
-                                        cfg=_choice("pallas", "mosaic_segments")))
-        _row(f"segment ids [1,32768,16,128] {len(lens)} packed causal mosaic", f,
-             (*(x[None] for x in packed), seg), work)
+        for platform, impl in (("pallas", "mosaic_segments"), ("xla", "cudnn")):
+            f = _with_ids(functools.partial(ejk.flash_attention, causal=True, platform=platform,
+                                            cfg=_choice(platform, impl)))
+            _row(f"segment ids [1,32768,16,128] {len(lens)} packed causal {platform}/{impl}", f,
+                 (*(x[None] for x in packed), seg), work)
 
 
 if __name__ == "__main__":
-    quick() if "--quick" in sys.argv else main()
+    quick() if "--quick" in sys.argv else main(packed_only="--packed" in sys.argv)

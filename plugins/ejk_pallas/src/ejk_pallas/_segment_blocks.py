@@ -128,6 +128,16 @@ def _pack(lo: Any, hi: Any, f_lo: Any, f_hi: Any, consumers: int) -> jax.Array:
     return jnp.stack([lo, f_lo, f_hi, hi], axis=-1).astype(jnp.int32)
 
 
+def _band_cut(lo: Any, hi: Any, at: Any, limit: int, below: int | None, above: int | None) -> tuple[Any, Any]:
+    """``[lo, hi)`` cut to ``[0, limit)`` and to the band ``at - below <= x <= at + above`` (``None``: unbounded)."""
+    hi = jnp.minimum(hi, limit)
+    if below is not None:
+        lo = jnp.maximum(lo, at - below)
+    if above is not None:
+        hi = jnp.minimum(hi, at + above + 1)
+    return lo.astype(jnp.int32), hi.astype(jnp.int32)
+
+
 def visible_bounds(k_lo: Any, k_hi: Any, q_off: Any, mask: _Mask) -> tuple[Any, Any]:
     """Each row's visible keys ``[lo, hi)`` (int32 ``[B, Sqp]``): its key range ``[k_lo, k_hi)`` (padded rows
     empty) cut to the keys that exist and to the causal / window band (row ``i`` at ``i + q_off[i]`` on the key
@@ -135,27 +145,17 @@ def visible_bounds(k_lo: Any, k_hi: Any, q_off: Any, mask: _Mask) -> tuple[Any, 
     else."""
     rows = jnp.arange(k_lo.shape[1], dtype=jnp.int32)
     pos = rows[None, :] + (mask.offset if q_off is None else q_off)
-    lo, hi = k_lo, jnp.minimum(k_hi, mask.sk)
-    if mask.left is not None:
-        lo = jnp.maximum(lo, pos - mask.left)
-    if mask.right is not None:
-        hi = jnp.minimum(hi, pos + mask.right + 1)
-    return lo.astype(jnp.int32), hi.astype(jnp.int32)
+    return _band_cut(k_lo, k_hi, pos, mask.sk, mask.left, mask.right)
 
 
 def key_visible_bounds(q_lo: Any, q_hi: Any, k_off: Any, mask: _Mask) -> tuple[Any, Any]:
     """Each key's visible queries ``[lo, hi)`` (int32 ``[B, Skp]``), the transpose of :func:`visible_bounds`: its
     sequence's queries ``[q_lo, q_hi)`` (padded keys empty) cut to the queries that exist and to the causal /
     window band, key ``j`` of a sequence whose queries sit at ``i + k_off[j]`` on the key axis (``k_off`` its
-    ``Sk_s - Sq_s``). Query ``i`` sees key ``j`` iff ``i + off - left <= j <= i + off + right``."""
+    ``Sk_s - Sq_s``). Query ``i`` sees key ``j`` iff ``i + off - left <= j <= i + off + right``, so ``j - off - right
+    <= i <= j - off + left``."""
     keys = jnp.arange(q_lo.shape[1], dtype=jnp.int32)[None, :]
-    at = keys - k_off  # the key's position on the query axis
-    lo, hi = q_lo, jnp.minimum(q_hi, mask.sq)
-    if mask.right is not None:
-        lo = jnp.maximum(lo, at - mask.right)
-    if mask.left is not None:
-        hi = jnp.minimum(hi, at + mask.left + 1)
-    return lo.astype(jnp.int32), hi.astype(jnp.int32)
+    return _band_cut(q_lo, q_hi, keys - k_off, mask.sq, mask.right, mask.left)
 
 
 def range_block_ranges(lo: Any, hi: Any, rows: int, bk: int, consumers: int) -> jax.Array:

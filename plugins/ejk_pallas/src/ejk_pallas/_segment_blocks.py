@@ -11,7 +11,8 @@ visible pairs, ``[lo_full, hi_full)`` need no mask) and for each CTA of ``consum
 
 Where each row's keys are one range ``[k_lo, k_hi)`` (packed sequences), :func:`visible_bounds` cuts it to the
 mask's band and :func:`range_block_ranges` gives the same loop bounds straight from those ranges: one block
-reduction instead of the per-block pairs.
+reduction instead of the per-block pairs. :func:`key_visible_bounds` is the transpose, each key's visible
+queries, for the backward's dK / dV kernel.
 """
 
 from __future__ import annotations

@@ -30,7 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import ejk
-from ejk.config._device_clock import device_seconds_per_call
+from ejk.bench import device_seconds_per_call
 
 RAGGED_32K = (4096, 1024, 1024, 3072, 1024, 2048, 1536, 2560, 3584, 1024, 1536, 1536, 2048, 2048, 1792, 2816)
 

@@ -33,7 +33,7 @@ from ejk.bench._peaks import PEAKS, Peak, peak_for
 from ejk.bench._runner import Measurement, Options, run
 from ejk.bench._ssd_baseline import mamba2_chunked
 from ejk.bench._workloads import MODES, Workload, workload_for
-from ejk.config._device_clock import trace_gpu_events
+from ejk.config._device_clock import device_seconds_per_call, trace_gpu_events
 
 __all__ = [
     "BASELINES",
@@ -54,6 +54,7 @@ __all__ = [
     "Prepared",
     "Workload",
     "baselines_for",
+    "device_seconds_per_call",
     "mamba2_chunked",
     "environment",
     "parse_case",

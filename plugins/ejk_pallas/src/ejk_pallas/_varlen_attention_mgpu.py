@@ -64,12 +64,18 @@ def token_segments(cu_seqlens_q: jax.Array, cu_seqlens_k: jax.Array, q_tokens: i
     if n == 0:
         zeros = jnp.zeros((q_tokens,), jnp.int32)
         return q_ids, k_ids, zeros, (zeros, zeros)
-    s = jnp.clip(q_ids, 0, n - 1) + 1
-    q_off = (cu_k[s] - cu_q[s]).astype(jnp.int32)
-    real = q_ids >= 0
-    k_lo = jnp.where(real, cu_k[s - 1], 0).astype(jnp.int32)
-    k_hi = jnp.where(real, cu_k[s], 0).astype(jnp.int32)
+    k_lo, k_hi, q_off = _sequence_ranges(q_ids, cu_k, cu_q, cu_k)
     return q_ids, k_ids, q_off, (k_lo, k_hi)
+
+
+def _sequence_ranges(ids: jax.Array, cu_other: jax.Array, cu_q: jax.Array,
+                     cu_k: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """``(lo, hi, off)`` int32 per token of sequence ``ids`` (negative: none, all zeros): the sequence's range
+    ``[cu_other[s], cu_other[s+1])`` on the other axis and its offset ``cu_k[s+1] - cu_q[s+1]``."""
+    s = jnp.clip(ids, 0, cu_q.shape[0] - 2) + 1
+    real = ids >= 0
+    return tuple(jnp.where(real, x, 0).astype(jnp.int32)  # type: ignore[return-value]
+                 for x in (cu_other[s - 1], cu_other[s], cu_k[s] - cu_q[s]))
 
 
 def key_queries(cu_seqlens_q: jax.Array, cu_seqlens_k: jax.Array, k_ids: jax.Array, q_tokens: int,
@@ -79,14 +85,10 @@ def key_queries(cu_seqlens_q: jax.Array, cu_seqlens_k: jax.Array, k_ids: jax.Arr
     ``k_ids``: the backward's key side of the ranges."""
     cu_q = sanitize_offsets(cu_seqlens_q, q_tokens)
     cu_k = sanitize_offsets(cu_seqlens_k, k_tokens)
-    n = cu_q.shape[0] - 1
-    if n == 0:
+    if cu_q.shape[0] == 1:
         zeros = jnp.zeros((k_tokens,), jnp.int32)
         return zeros, zeros, zeros
-    s = jnp.clip(k_ids, 0, n - 1) + 1
-    real = k_ids >= 0
-    return tuple(jnp.where(real, x, 0).astype(jnp.int32)  # type: ignore[return-value]
-                 for x in (cu_q[s - 1], cu_q[s], cu_k[s] - cu_q[s]))
+    return _sequence_ranges(k_ids, cu_q, cu_q, cu_k)
 
 
 def _cfg(q: Any, k: Any, v: Any, opts: dict[str, Any]) -> _mg.MosaicFlashAttentionConfig:

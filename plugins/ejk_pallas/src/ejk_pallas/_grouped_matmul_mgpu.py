@@ -19,8 +19,12 @@ visit writes another group's rows. With the tile split by rows (``split="m"``), 
 the group skips its MMAs.
 
 ``transpose_rhs`` multiplies by ``rhs[g]ᵀ`` (``rhs`` read as ``[g, n, k]`` tiles, the MMA taking them
-transposed from shared memory): the backward's ``d lhs = d out · rhs[g]ᵀ``. ``d rhs`` comes from the
-Triton-lowered kernel of :mod:`ejk_pallas._grouped_matmul` (same residuals).
+transposed from shared memory): the backward's ``d lhs = d out · rhs[g]ᵀ``. ``d rhs = lhs_gᵀ · d out_g`` comes
+from :mod:`ejk_pallas._grouped_outer_mgpu` (the same kernel contracting over each group's rows).
+
+When the contraction's step count is a multiple of the ring's slots, each CTA chains the pipelines of its
+visits (``pipeline_state``): the memory warpgroup loads the next visit's first slices while the compute
+warpgroups still store the last one, instead of the ring draining at every visit.
 
 TMA fills out-of-bounds loads with zeros and clips stores, so ragged sizes need no masking; the swizzled
 tiling needs ``k`` and ``n`` to be multiples of 64 and ``m`` of 8 (at least one tile each): other sizes are
@@ -45,6 +49,7 @@ from ejk_pallas import _flash_attention_mgpu as _fa
 from ejk_pallas import _grouped_matmul as _tl
 from ejk_pallas import _matmul_mgpu as _mm
 from ejk_pallas._group_metadata import offsets
+from ejk_pallas._grouped_outer_mgpu import grouped_outer
 from ejk_pallas._mm import pad_to
 
 __all__ = [
@@ -78,14 +83,16 @@ class MosaicGroupedMatmulConfig:
         split: How the two compute warpgroups share a tile: ``"m"`` (64 rows each) or ``"n"`` (half the
             columns each, at least 64); a half holds at most 128x128 float32 accumulators.
         stages: Shared-memory slots of the TMA ring.
-        cluster: ``"n"``: CTA pairs take neighbouring column tiles of one item and share its ``lhs`` slices
-            (TMA multicast: each CTA reads half of them from L2); ``"none"``: no cluster.
+        cluster: ``"m"``: CTA pairs take two row tiles of one group at one column tile and share its ``rhs``
+            slices (TMA multicast: each CTA reads half of them from L2; a group with an odd tile count pairs its
+            last tile with an empty one); ``"n"``: CTA pairs take neighbouring column tiles of one item and share
+            its ``lhs`` slices; ``"none"``: no cluster.
         band: Width of the snake's bands, in column tiles (or tile pairs).
     """
 
     block_n: int = attrs.field(default=256, validator=one_of(64, 128, 192, 256))
     split: str = attrs.field(default="n", validator=one_of_str("m", "n"))
-    cluster: str = attrs.field(default="none", validator=one_of_str("none", "n"))
+    cluster: str = attrs.field(default="none", validator=one_of_str("none", "m", "n"))
     stages: int = attrs.field(default=3, validator=int_in(2, 8))
     band: int = attrs.field(default=8, validator=one_of(1, 2, 4, 8, 16, 32))
 
@@ -108,9 +115,10 @@ class _Static:
 
     cfg: MosaicGroupedMatmulConfig
     groups: int
-    items: int  # the work list's static length
+    items: int  # the work list's static length (item pairs with cluster "m")
     n_tiles: int  # column tiles (tile pairs with a cluster)
     k_steps: int
+    chained: bool  # one chained pipeline per CTA (needs k_steps a multiple of the ring's slots)
     transpose_rhs: bool
     out_dtype: Any
 
@@ -173,31 +181,40 @@ def _kernel(group_ref: Any, start_ref: Any, stop_ref: Any, count_ref: Any, x_gme
                              collective_axes=("cluster",) if cfg.cluster == "n" else ())
     b_spec = plgpu.BlockSpec((bn, bk) if st.transpose_rhs else (bk, bn),
                              (lambda k: (0, k)) if st.transpose_rhs else (lambda k: (k, 0)),
-                             transforms=in_transforms, memory_space=plgpu.SMEM)
+                             transforms=in_transforms, memory_space=plgpu.SMEM,
+                             collective_axes=("cluster",) if cfg.cluster == "m" else ())
     pipeline = _mm.warp_specialized(a_spec, b_spec, st.k_steps, cfg.stages)
     b0 = w_gmem.at[0, :bn, :bk] if st.transpose_rhs else w_gmem.at[0, :bk, :bn]
     part_smem = plgpu.SMEM((2, *_EPI), st.out_dtype)  # unswizzled: sliced at any row
 
     def scope(allocations: Any, out_smem: Any, part_smem: Any) -> None:
         wg = lax.axis_index("wg")
-        count = count_ref[0]
+        pair_items = 2 if cfg.cluster == "m" else 1
+        multiplied, total = count_ref[0] // pair_items, count_ref[1] // pair_items  # real groups' items; all
+        wg_rows = pl.ds(wg * wm, wm) if cfg.split == "m" else slice(None)
+        wg_cols = pl.ds(wg * wn, wn) if cfg.split == "n" else slice(None)
 
-        @plgpu.nd_loop((st.items * st.n_tiles,), collective_axes="cluster_grid")  # type: ignore[untyped-decorator]
-        def _item(info: Any) -> None:
-            (lin,) = info.index
-            item, j = plgpu.planar_snake(lin, (st.items, st.n_tiles), 1, cfg.band)
+        def visit(item: Any, j: Any) -> tuple[Any, ...]:
+            """``(group, lo, hi, row0, column tile, first row, store)`` of this CTA's share of a visit (an item or
+            item pair at a column tile or tile pair)."""
             if cfg.cluster == "n":  # both CTAs of a pair visit the same items (the multicast needs both)
                 j = j * 2 + lax.axis_index("cluster")
+            elif cfg.cluster == "m":  # both CTAs of a pair visit the same column tile of one group's two items
+                item = item * 2 + lax.axis_index("cluster")
             g, lo, hi = group_ref[item], start_ref[item], stop_ref[item]
             row0 = lax.div(lo, 8) * 8  # the tile's first row (TMA's swizzled tiling: rows of 8)
-            live = item < count
-            wg_rows = pl.ds(wg * wm, wm) if cfg.split == "m" else slice(None)
-            wg_cols = pl.ds(wg * wn, wn) if cfg.split == "n" else slice(None)
             first = row0 + wg * wm if cfg.split == "m" else row0
             dst = out_gmem.at[pl.ds(row0, bm), pl.ds(j * bn, bn)].at[wg_rows, wg_cols]
 
             def store(acc: Any) -> None:
                 _store_rows(acc, out_smem.at[wg], part_smem.at[wg], dst, first, lo, hi)
+
+            return g, lo, hi, row0, j, first, store
+
+        @plgpu.nd_loop((multiplied * st.n_tiles,), collective_axes="cluster_grid")  # type: ignore[untyped-decorator]
+        def _multiply(info: Any) -> None:
+            (lin,) = info.index
+            g, lo, hi, row0, j, first, store = visit(*_mm.snake(lin, multiplied, st.n_tiles, cfg.band))
 
             def mma(_: Any, a_smem: Any, b_smem: Any, acc_ref: Any) -> Any:
                 b_op = b_smem.at[wg_cols].transpose((1, 0)) if st.transpose_rhs else b_smem.at[:, wg_cols]
@@ -206,10 +223,8 @@ def _kernel(group_ref: Any, start_ref: Any, stop_ref: Any, count_ref: Any, x_gme
                     plgpu.wgmma(acc_ref, a_smem.at[wg_rows], b_op)
                     plgpu.wgmma_wait(0)
 
-                if cfg.split == "m":  # a warpgroup whose 64 rows miss the group has nothing to multiply
-                    pl.when((hi > first) & (lo < first + wm))(multiply)
-                else:
-                    multiply()
+                # A warpgroup whose rows miss the group (an empty item: all of them) has nothing to multiply.
+                pl.when((hi > jnp.maximum(lo, first)) & (lo < first + wm))(multiply)
                 return acc_ref
 
             def context(run_pipeline: Any) -> None:
@@ -222,13 +237,25 @@ def _kernel(group_ref: Any, start_ref: Any, stop_ref: Any, count_ref: Any, x_gme
             cols = pl.ds(j * bn, bn)
             b_src = w_gmem.at[g, cols, :] if st.transpose_rhs else w_gmem.at[g, :, cols]
 
-            @pl.when(live & (g < st.groups))  # type: ignore[untyped-decorator]
-            def _multiply() -> None:
-                pipeline(mma, context)(x_gmem.at[pl.ds(row0, bm), :], b_src, allocations=allocations)
+            def run(state: Any) -> None:
+                pipeline(mma, context, state)(x_gmem.at[pl.ds(row0, bm), :], b_src, allocations=allocations)
 
-            @pl.when(live & (g == st.groups) & (wg < 2))  # type: ignore[untyped-decorator]
-            def _zeros() -> None:  # rows past the sum: no MMA
-                store(jnp.zeros((wm, wn), st.out_dtype))
+            if not st.chained:
+                run(None)
+                return
+            # One chained pipeline per CTA: the memory warpgroup loads the next visit's first slices while the
+            # compute warpgroups finish this one (a lone visit runs unchained).
+            start, stop = info.local_index == 0, info.local_index == info.num_local_steps - 1
+            pl.when(start & stop)(lambda: run(None))
+            chain = plgpu.PipelinePipeline
+            state = jnp.where(start, int(chain.START), jnp.where(stop, int(chain.STOP), int(chain.STEADY)))
+            pl.when(jnp.logical_not(start & stop))(lambda: run(state))
+
+        @plgpu.nd_loop(((total - multiplied) * st.n_tiles,), collective_axes="cluster_grid")  # type: ignore[untyped-decorator]
+        def _zeros(info: Any) -> None:  # rows past the sum: no MMA
+            (lin,) = info.index
+            *_, store = visit(multiplied + lax.div(lin, st.n_tiles), lax.rem(lin, st.n_tiles))
+            pl.when(wg < 2)(lambda: store(jnp.zeros((wm, wn), st.out_dtype)))
 
         plgpu.wait_smem_to_gmem(0, wait_read_only=True)
 
@@ -237,24 +264,30 @@ def _kernel(group_ref: Any, start_ref: Any, stop_ref: Any, count_ref: Any, x_gme
                   collective_axes="wg")
 
 
-def _tiles(group_sizes: jax.Array, m: int) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+def _tiles(group_sizes: jax.Array, m: int, pair: int = 1) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
     """The work list: ``(group, start, stop, count)``. Item ``i`` covers rows ``start[i]:stop[i]`` of group
     ``group[i]``, inside the 128-row tile starting at ``start[i] // 8 * 8``: each group's rows are cut into tiles
     from its first row rounded down to a multiple of 8, and the rows past ``sum(group_sizes)`` form a last
-    pseudo-group ``g`` (zeros). ``count`` (``[1]``) items are real; the static length bounds them (each group
-    adds at most two tiles: its rounded-down head and its tail)."""
+    pseudo-group ``g`` (zeros), listed last. With ``pair = 2`` (CTA pairs sharing ``rhs``) each group's item
+    count is rounded up to even with an empty item (``start == stop``, both at the group's end), so the two
+    items of a pair always share a group. ``count`` (``[2]``): the real groups' items, then all real items; the
+    static length bounds them (each group adds at most two tiles, its rounded-down head and its tail, and
+    ``pair - 1`` empty items)."""
     groups = group_sizes.shape[0]
     offs = offsets(group_sizes, m)  # [g + 2]: the pseudo-group's rows end at m
     sizes = offs[1:] - offs[:-1]
     first_row = offs[:-1] // 8 * 8  # tiles start on rows of 8 (TMA's swizzled tiling)
     per_group = jnp.where(sizes > 0, (offs[1:] - first_row + _BLOCK_M - 1) // _BLOCK_M, 0)
-    ends = jnp.cumsum(per_group).astype(jnp.int32)
-    i = jnp.arange(cdiv(m, _BLOCK_M) + 2 * (groups + 1), dtype=jnp.int32)
+    slots = (per_group + pair - 1) // pair * pair
+    ends = jnp.cumsum(slots).astype(jnp.int32)  # [g + 1]
+    bound = cdiv(cdiv(m, _BLOCK_M) + (1 + pair) * (groups + 1), pair) * pair
+    i = jnp.arange(bound, dtype=jnp.int32)
     group = jnp.minimum(jnp.searchsorted(ends, i, side="right"), groups).astype(jnp.int32)
-    tile_row = first_row[group] + (i - (ends[group] - per_group[group])) * _BLOCK_M
-    start = jnp.maximum(tile_row, offs[group])
-    stop = jnp.minimum(tile_row + _BLOCK_M, offs[group + 1])
-    return group, start.astype(jnp.int32), stop.astype(jnp.int32), ends[-1:]
+    tile_row = first_row[group] + (i - (ends[group] - slots[group])) * _BLOCK_M
+    end = offs[group + 1]
+    start = jnp.minimum(jnp.maximum(tile_row, offs[group]), end)
+    stop = jnp.minimum(tile_row + _BLOCK_M, end)
+    return group, start.astype(jnp.int32), stop.astype(jnp.int32), ends[-2:]
 
 
 def grouped_product(x: jax.Array, w: jax.Array, group_sizes: jax.Array, *, transpose_rhs: bool, out_dtype: Any,
@@ -280,11 +313,12 @@ def grouped_product(x: jax.Array, w: jax.Array, group_sizes: jax.Array, *, trans
         mp, np_ = max(cdiv(m, 8) * 8, _BLOCK_M), max(cdiv(n, 64) * 64, bn)
     xp = pad_to(x, (mp, kp))
     wp = pad_to(w, (groups, np_, kp) if transpose_rhs else (groups, kp, np_))
-    group, start, stop, count = _tiles(group_sizes, m)
-    st = _Static(cfg=cfg, groups=groups, items=int(group.shape[0]), n_tiles=cdiv(cdiv(np_, bn), 2 if cfg.cluster == "n"
-                 else 1), k_steps=kp // _BLOCK_K,
+    pair = 1 if cfg.cluster == "none" else 2
+    group, start, stop, count = _tiles(group_sizes, m, pair if cfg.cluster == "m" else 1)
+    st = _Static(cfg=cfg, groups=groups, items=int(group.shape[0]) // (pair if cfg.cluster == "m" else 1),
+                 n_tiles=cdiv(cdiv(np_, bn), pair if cfg.cluster == "n" else 1), k_steps=kp // _BLOCK_K,
+                 chained=(kp // _BLOCK_K) % cfg.stages == 0,
                  transpose_rhs=transpose_rhs, out_dtype=jnp.dtype(out_dtype))
-    pair = 2 if cfg.cluster == "n" else 1
     clusters = min(st.items * st.n_tiles, _INTERPRET_CTAS if interpret else devices.sm_count() // pair)
     kwargs: dict[str, Any] = {"interpret": _fa.interpret_params()} if interpret else {}
     out: jax.Array = plgpu.kernel(
@@ -326,16 +360,14 @@ def forward(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array, *,
 def gradients(operands: tuple[jax.Array, ...], d_out: jax.Array, *, cfg: MosaicGroupedMatmulConfig | None = None,
               precision: str | tuple[str, str] = ("highest", "highest"),
               preferred_element_type: Any = None) -> tuple[jax.Array, jax.Array, None]:
-    """``(d lhs, d rhs, None)``: ``d lhs`` by this kernel (``rhs`` transposed in shared memory), ``d rhs`` by the
-    Triton-lowered kernel's ``lhsᵀ · d out`` per group (its heuristic tiles)."""
-    del preferred_element_type
+    """``(d lhs, d rhs, None)``: ``d lhs`` by this kernel (``rhs`` transposed in shared memory), ``d rhs`` by
+    :func:`ejk_pallas._grouped_outer_mgpu.grouped_outer` (its heuristic tiles)."""
+    del preferred_element_type, precision
     lhs, rhs, group_sizes = operands
     d_out = d_out.astype(lhs.dtype)
     d_lhs = grouped_product(d_out, rhs, group_sizes, transpose_rhs=True, out_dtype=lhs.dtype,
                             cfg=_resolve(cfg, d_out, jnp.swapaxes(rhs, 1, 2), group_sizes, lhs.dtype))
-    tl_cfg = _tl.heuristic_config(lhs, rhs, group_sizes)
-    d_rhs = _tl._grouped_outer(lhs, d_out, group_sizes, rhs.shape[0], out_dtype=rhs.dtype, precision=precision,
-                               cfg=tl_cfg)
+    d_rhs = grouped_outer(lhs, d_out, group_sizes, rhs.shape[0], out_dtype=rhs.dtype)
     return d_lhs, d_rhs, None
 
 
@@ -376,22 +408,24 @@ def smem_bytes(cfg: MosaicGroupedMatmulConfig, itemsize: int, out_itemsize: int)
     return ring + 2 * 2 * _EPI[0] * _EPI[1] * out_itemsize
 
 
-#: (block_n, split, cluster), the heuristic's first; each with the deepest ring (<= 6) that fits.
-_TILES = ((256, "n", "none"), (256, "m", "none"), (256, "n", "n"), (256, "m", "n"), (128, "n", "none"),
-          (128, "n", "n"), (192, "m", "none"), (64, "m", "none"))
+#: (block_n, split, cluster, band), the heuristic's first; each with the deepest ring (<= 6) that fits.
+_TILES = ((256, "m", "m", 8), (256, "n", "m", 8), (256, "n", "none", 2), (256, "m", "none", 2), (256, "n", "none", 8),
+          (256, "n", "m", 2), (256, "n", "n", 2), (256, "m", "n", 8), (128, "n", "none", 8), (128, "n", "n", 8),
+          (192, "m", "none", 8), (64, "m", "none", 8))
 
 
 def _fitting(lhs: Any, out_dtype: Any, clusters: bool = True) -> list[MosaicGroupedMatmulConfig]:
     itemsize, out_size = jnp.dtype(lhs.dtype).itemsize, jnp.dtype(out_dtype).itemsize
     found = []
-    for block_n, split, cluster in _TILES:
+    for block_n, split, cluster, band in _TILES:
         if cluster != "none" and not clusters:
             continue
         fits = [s for s in range(2, 7)
                 if smem_bytes(MosaicGroupedMatmulConfig(block_n=block_n, split=split, stages=s), itemsize,
                               out_size) <= _SMEM_BUDGET]
         if fits:
-            found.append(MosaicGroupedMatmulConfig(block_n=block_n, split=split, cluster=cluster, stages=max(fits)))
+            found.append(MosaicGroupedMatmulConfig(block_n=block_n, split=split, cluster=cluster, stages=max(fits),
+                                                   band=band))
     return found
 
 
@@ -411,9 +445,11 @@ def config_space(lhs: Any, rhs: Any, group_sizes: Any, *, preferred_element_type
 
 def heuristic_config(lhs: Any, rhs: Any, group_sizes: Any, *, preferred_element_type: Any = None,
                      **_: Any) -> MosaicGroupedMatmulConfig:
-    """256 columns split between the compute warpgroups, no cluster (CTA pairs sharing ``lhs`` measured no
-    faster on the H100), the deepest ring that fits (4 slots for 16-bit outputs); in interpret mode 64
-    columns, 64 rows a warpgroup and 2 slots (fewer simulated steps)."""
+    """128x256 tiles split by rows between the compute warpgroups, CTA pairs sharing ``rhs`` (fastest on the
+    H100 for 8 experts of 2048 rows and 256 experts of 512, forward and ``d lhs``:
+    ``benchmarks/results/grouped_matmul_moe_h100.md``), the deepest ring that fits (4 slots for 16-bit
+    outputs); in interpret mode (no clusters there) 64 columns, 64 rows a warpgroup and 2 slots (fewer
+    simulated steps)."""
     del rhs, group_sizes
     if _env.use_interpreter():
         return MosaicGroupedMatmulConfig(block_n=64, split="m", cluster="none", stages=2)

@@ -135,16 +135,30 @@ def _ignore(*_: Any, **__: Any) -> None:
 
 
 def warp_specialized(a_spec: Any, b_spec: Any, k_steps: int, stages: int) -> Any:
-    """``(mma_body, compute_context) -> pipeline``: the contraction's TMA ring over ``k_steps`` steps, fed by a
-    memory warpgroup to two compute warpgroups (``plgpu.emit_pipeline_warp_specialized``)."""
+    """``(mma_body, compute_context, state=None) -> pipeline``: the contraction's TMA ring over ``k_steps`` steps,
+    fed by a memory warpgroup to two compute warpgroups (``plgpu.emit_pipeline_warp_specialized``; ``state``:
+    its ``pipeline_state``, to chain the pipelines of consecutive tiles)."""
     _, plgpu = _fa._mods()
 
-    def pipeline(body: Any, context: Any) -> Any:
+    def pipeline(body: Any, context: Any, state: Any = None) -> Any:
         return plgpu.emit_pipeline_warp_specialized(
             body, grid=(k_steps,), memory_registers=_MEMORY_REGISTERS, in_specs=[a_spec, b_spec], wg_axis="wg",
-            num_compute_wgs=2, max_concurrent_steps=stages, compute_context=context)
+            num_compute_wgs=2, max_concurrent_steps=stages, compute_context=context, pipeline_state=state)
 
     return pipeline
+
+
+def snake(lin: Any, rows: Any, cols: int, band: int) -> tuple[Any, Any]:
+    """``(row, column)`` of the ``lin``-th tile of a ``[rows, cols]`` grid walked in bands of ``band`` columns, down
+    one band and up the next (``plgpu.planar_snake`` along columns, whose last, narrower band may not be empty:
+    jax's version divides by that band's width, which traps on a CPU when ``band`` divides ``cols``)."""
+    band_size = band * rows
+    first = lax.div(lin, band_size) * band
+    width = jnp.minimum(band, cols - first)
+    within = lin - first * rows
+    down = lax.div(within, width)
+    row = jnp.where(lax.rem(lax.div(first, band), 2) == 0, down, rows - 1 - down)
+    return row, first + lax.rem(within, width)
 
 
 def chunks(rows: int, cols: int) -> list[tuple[slice, slice]]:

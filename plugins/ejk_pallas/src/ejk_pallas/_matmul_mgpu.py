@@ -2,7 +2,7 @@
 
 A persistent, warp-specialised kernel. The grid holds as many CTAs (or CTA pairs, with a cluster) as the
 GPU has SMs; each walks the output tiles ``[block_m, block_n]`` of every batch in a banded snake order
-(``plgpu.planar_snake``: ``band`` tiles wide, so neighbouring tiles share rows of ``a`` and columns of
+(:func:`snake`: ``band`` tiles wide, so neighbouring tiles share rows of ``a`` and columns of
 ``b`` in L2). A CTA runs three warpgroups, built by ``plgpu.emit_pipeline_warp_specialized``:
 
 * a memory warpgroup that streams the tile's ``[block_m, 64]`` slice of ``a`` and ``[64, block_n]`` slice
@@ -65,7 +65,7 @@ _OUT_DTYPES = ("bfloat16", "float16", "float32")
 #: CTAs in interpret mode: two, so the persistent loop's stride is exercised.
 _INTERPRET_CTAS = 2
 #: The ``plgpu`` names the matmul kernels use beyond the common ones (their gates check this jax has them).
-PLGPU_API = ("wgmma_wait", "emit_pipeline_warp_specialized", "nd_loop", "planar_snake", "find_swizzle")
+PLGPU_API = ("wgmma_wait", "emit_pipeline_warp_specialized", "nd_loop", "find_swizzle")
 #: Largest float32 accumulator of one compute warpgroup (elements): 128 registers a thread.
 _MAX_ACC = 128 * 128
 
@@ -216,8 +216,10 @@ def _kernel(a_gmem: Any, b_gmem: Any, out_gmem: Any, *, st: _Static) -> None:
         def _tile(info: Any) -> None:
             (lin,) = info.index
             z = lax.div(lin, per_batch)
-            mi, ni = plgpu.planar_snake(lax.rem(lin, per_batch), (st.m_iters, st.n_iters),
-                                        1 if cfg.order == "n" else 0, cfg.band)
+            if cfg.order == "n":
+                mi, ni = snake(lax.rem(lin, per_batch), st.m_iters, st.n_iters, cfg.band)
+            else:
+                ni, mi = snake(lax.rem(lin, per_batch), st.n_iters, st.m_iters, cfg.band)
             if cfg.cluster == "m":
                 mi = mi * 2 + in_pair
             elif cfg.cluster == "n":

@@ -313,10 +313,11 @@ def grouped_product(x: jax.Array, w: jax.Array, group_sizes: jax.Array, *, trans
         mp, np_ = max(cdiv(m, 8) * 8, _BLOCK_M), max(cdiv(n, 64) * 64, bn)
     xp = pad_to(x, (mp, kp))
     wp = pad_to(w, (groups, np_, kp) if transpose_rhs else (groups, kp, np_))
-    pair = 1 if cfg.cluster == "none" else 2
-    group, start, stop, count = _tiles(group_sizes, m, pair if cfg.cluster == "m" else 1)
-    st = _Static(cfg=cfg, groups=groups, items=int(group.shape[0]) // (pair if cfg.cluster == "m" else 1),
-                 n_tiles=cdiv(cdiv(np_, bn), pair if cfg.cluster == "n" else 1), k_steps=kp // _BLOCK_K,
+    pair_m, pair_n = (2 if cfg.cluster == "m" else 1), (2 if cfg.cluster == "n" else 1)
+    pair = pair_m * pair_n
+    group, start, stop, count = _tiles(group_sizes, m, pair_m)
+    st = _Static(cfg=cfg, groups=groups, items=int(group.shape[0]) // pair_m,
+                 n_tiles=cdiv(cdiv(np_, bn), pair_n), k_steps=kp // _BLOCK_K,
                  chained=(kp // _BLOCK_K) % cfg.stages == 0,
                  transpose_rhs=transpose_rhs, out_dtype=jnp.dtype(out_dtype))
     clusters = min(st.items * st.n_tiles, _INTERPRET_CTAS if interpret else devices.sm_count() // pair)

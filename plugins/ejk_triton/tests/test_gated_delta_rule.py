@@ -98,6 +98,23 @@ def test_the_backward_splits_the_forward_chunks() -> None:
 
 
 @needs_kernels
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=["f32", "bf16"])
+def test_sixty_four_token_chunks(dtype: Any) -> None:
+    """The GPU heuristic's 64-token chunk: its inverse from four 16-token blocks (and a padded last chunk)."""
+    check_case(GdrCase(batch=1, length=100, heads=1, dk=16, dv=16, initial_state=True, l2norm=True), dtype,
+               GatedDeltaRuleConfig(chunk=64, block_v=16, output_block_v=16, num_warps=4, num_stages=1,
+                                    backward_chunk=16))
+
+
+@needs_kernels
+def test_the_backward_splits_k_into_blocks() -> None:
+    """``dq`` / ``dk`` / ``dW`` in two K blocks, whose ``gc`` gradients add up (the float32 GPU heuristic's case)."""
+    check_case(GdrCase(batch=1, length=40, heads=2, dk=32, dv=16, seqlens=(23, 17), initial_state=True),
+               jnp.float32, GatedDeltaRuleConfig(chunk=16, block_v=16, output_block_v=16, num_warps=4, num_stages=1,
+                                                 backward_chunk=16, backward_block_k=16))
+
+
+@needs_kernels
 def test_bfloat16_inputs() -> None:
     check_case(GdrCase(batch=1, length=20, heads=1, dk=16, dv=16, initial_state=True, l2norm=True), jnp.bfloat16, SMALL)
 
@@ -126,23 +143,28 @@ def test_vmap_runs_each_element() -> None:
 
 
 _AOT_SCRIPT = """
-import json, jax.numpy as jnp
+import json, jax, jax.numpy as jnp
 from ejk_triton._gated_delta_rule import compile_kernels, heuristic_config
-report = compile_kernels(128, 128, jnp.bfloat16, cfg=heuristic_config(None))
-print(json.dumps({name: info["shared"] for name, info in report.items()}))
+shared = {}
+for dtype in (jnp.bfloat16, jnp.float32):
+    cfg = heuristic_config(jax.ShapeDtypeStruct((1, 8, 32, 128), dtype))
+    report = compile_kernels(128, 128, dtype, cfg=cfg)
+    shared.update({f"{name} {jnp.dtype(dtype).name}": info["shared"] for name, info in report.items()})
+print(json.dumps(shared))
 """
 
 
 def test_kernels_compile_for_sm90_without_a_gpu(tmp_path: Any) -> None:
     """Every kernel of a forward and a backward compiles for sm_90 at K = V = 128 with the GPU heuristic's config
-    and fits an H100's shared memory (the interpreter runs what the compiler may refuse)."""
+    for bfloat16 and float32 inputs and fits an H100's shared memory (the interpreter runs what the compiler may
+    refuse)."""
     env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "EJK_TRITON_INTERPRET")}
     env.update(JAX_PLATFORMS="cpu", TRITON_CACHE_DIR=str(tmp_path / "triton-cache"))
     result = subprocess.run([sys.executable, "-c", _AOT_SCRIPT], capture_output=True, text=True, env=env,
-                            timeout=300)
+                            timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     shared = json.loads(result.stdout.strip().splitlines()[-1])
-    assert len(shared) == 7 and all(0 < size <= 227 * 1024 for size in shared.values()), shared
+    assert len(shared) == 18 and all(0 < size <= 227 * 1024 for size in shared.values()), shared
 
 
 def test_a_backward_chunk_above_the_forward_chunk_is_refused() -> None:

@@ -9,9 +9,12 @@
 #   tests      every GPU-marked test of every distribution (tools/gpu_tests.sh: per-test limits, one call)
 #   bench      `ejk bench` with its default presets (attention, decode, moe, matmul), device timeline
 #   PRESET     any other name: that preset of `ejk bench` (attention, decode, mla, moe, matmul, gdr, lce, ...),
-#              with every implementation's best config too
-#   torch      the torch baselines (fla, Liger, Cut Cross-Entropy: benchmarks/torch_baselines.py), their wheels
-#              carried in .basel/ (no dependencies: the host has torch, triton, einops, transformers)
+#              with every implementation's best config too (gdr, gla, ssd: fla's lines when its wheels are in
+#              .basel/)
+#   torch      the fused linear cross-entropy baselines on torch (Liger, Cut Cross-Entropy:
+#              benchmarks/torch_baselines.py)
+# Baseline wheels users compare with (flash-linear-attention + fla-core + einops, liger-kernel, cut-cross-entropy)
+# travel in .basel/ when present, installed without dependencies (the host has torch and triton).
 #   ring       ring attention on 1 vs 2 GPUs (a 2-GPU kind; NVLink multicast off)
 #   training   issue 30's attention shapes, fwd and fwd+bwd, every forward paired with every backward, torch SDPA
 #              baselines where torch imports; writes the measured rankings (fwd and fwd+bwd) as a config pack
@@ -26,6 +29,10 @@ if compgen -G ".whl-plot/*.whl" >/dev/null; then  # matplotlib for the plots of 
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl-plot/*.whl
 fi
 export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 EJK_CACHE_DIR=/tmp/ejk-cache
+if compgen -G ".basel/*.whl" >/dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/basel .basel/*.whl && \
+    export PYTHONPATH=$PYTHONPATH:/tmp/basel
+fi
 if [[ -d $HOME/cute-site ]]; then
   export PYTHONPATH=$HOME/cute-site/nvidia_cutlass_dsl/dsl_packages:$HOME/cute-site:$PYTHONPATH
 fi
@@ -36,8 +43,7 @@ for stage in "${@:-tests}"; do
     tests) OUT=$OUT bash tools/gpu_tests.sh || status=1 ;;
     bench) timeout 560 python3 -m ejk.cli bench --clock device --out "$OUT/bench" 2>&1 | tee "$OUT/bench.log" | tail -40 ;;
     torch)
-      python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/basel .basel/*.whl || status=1
-      PYTHONPATH=/tmp/basel timeout 560 python3 benchmarks/torch_baselines.py --out "$OUT/torch_baselines.jsonl" \
+      timeout 560 python3 benchmarks/torch_baselines.py --out "$OUT/torch_baselines.jsonl" \
         2>&1 | tee "$OUT/torch_baselines.log" | tail -40 ;;
     ring)
       export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1  # never NVLink multicast

@@ -1,12 +1,13 @@
-"""Baselines users compare ejk with, timed in torch on the GPU host: fla, Liger, Cut Cross-Entropy, torch.
+"""Fused linear cross-entropy baselines users compare ejk with, timed in torch on the GPU host: Liger, Cut
+Cross-Entropy and torch's unfused loss, with their peak memory.
 
-Run with the host's own python3 (torch, triton) and the baseline wheels on ``PYTHONPATH``
-(``flash-linear-attention``, ``fla-core``, ``liger-kernel``, ``cut-cross-entropy``). Prints one JSON
-line per measurement (``name``, ``shape``, ``ms`` the median of CUDA-event timings, ``peak_gib`` the
-extra device memory the call peaked at) and writes them all to ``--out``. Run it in its own process:
-JAX and torch do not share a GPU allocator.
+Run with the host's own python3 (torch, triton) and the baseline wheels on ``PYTHONPATH`` (``liger-kernel``,
+``cut-cross-entropy``). Prints one JSON line per measurement (``name``, ``shape``, ``ms`` the median of CUDA-event
+timings, ``peak_gib`` the extra device memory the call peaked at) and writes them all to ``--out``. Run it in its
+own process: JAX and torch do not share a GPU allocator. (fla's linear-attention kernels are ``ejk bench``
+baselines of ``gdr``, ``gla`` and ``ssd``, in the same process as ejk's lines.)
 
-    python3 benchmarks/torch_baselines.py --out results.jsonl [--only fla|lce|all]
+    python3 benchmarks/torch_baselines.py --out results.jsonl
 """
 
 from __future__ import annotations
@@ -62,43 +63,6 @@ def _fwd_bwd(fn: Callable[[], Any], inputs: list[torch.Tensor]) -> Callable[[], 
     return step
 
 
-def _linear_attention_layout(rows: list[dict[str, Any]], label: str, b: int, t: int, cu: list[int] | None) -> None:
-    from fla.ops.gated_delta_rule import chunk_gated_delta_rule
-    from fla.ops.gla import chunk_gla
-    from fla.ops.simple_gla import chunk_simple_gla
-
-    dev, dt, heads, dk = "cuda", torch.bfloat16, 32, 128
-    kw: dict[str, Any] = {} if cu is None else {"cu_seqlens": torch.tensor(cu, device=dev, dtype=torch.long)}
-
-    def make(*shape: int) -> torch.Tensor:
-        return torch.randn(*shape, device=dev, dtype=dt).requires_grad_()
-
-    q, k, v = make(b, t, heads, dk), make(b, t, heads, dk), make(b, t, heads, dk)
-    k_n = torch.nn.functional.normalize(k.detach().float(), dim=-1).to(dt).requires_grad_()
-    g_scalar = (-torch.rand(b, t, heads, device=dev) * 0.1).requires_grad_()
-    g_vec = (-torch.rand(b, t, heads, dk, device=dev) * 0.1).requires_grad_()
-    beta = torch.rand(b, t, heads, device=dev, dtype=dt).requires_grad_()
-    shape = f"{label} H{heads} K=V={dk}"
-    cases: list[tuple[str, Callable[[], Any], list[torch.Tensor]]] = [
-        ("fla gated_delta_rule", lambda: chunk_gated_delta_rule(q, k_n, v, g_scalar, beta, **kw),
-         [q, k_n, v, g_scalar, beta]),
-        ("fla gla", lambda: chunk_gla(q, k, v, g_vec, **kw), [q, k, v, g_vec]),
-        ("fla simple_gla", lambda: chunk_simple_gla(q, k, v, g_scalar, **kw), [q, k, v, g_scalar]),
-    ]
-    for name, fn, inputs in cases:
-        with torch.no_grad():
-            _emit(rows, f"{name} fwd", shape, fn)
-        _emit(rows, f"{name} fwd+bwd", shape, _fwd_bwd(fn, inputs))
-
-
-def linear_attention(rows: list[dict[str, Any]]) -> None:
-    """fla's chunked gated delta rule, GLA and simple GLA at Qwen3-Next-like sizes (32k tokens)."""
-    for label, b, t, cu in (("B1xT32768", 1, 32768, None), ("B8xT4096", 8, 4096, None),
-                            ("varlen 4k+8k+8k+12k", 1, 32768, [0, 4096, 12288, 20480, 32768])):
-        _linear_attention_layout(rows, label, b, t, cu)
-        torch.cuda.empty_cache()
-
-
 def _cross_entropy_vocab(rows: list[dict[str, Any]], tokens: int, hidden: int, vocab: int) -> None:
     dev, dt = "cuda", torch.bfloat16
     x = (torch.randn(tokens, hidden, device=dev, dtype=dt) * 0.5).requires_grad_()
@@ -133,18 +97,13 @@ def cross_entropy(rows: list[dict[str, Any]]) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=None, help="write every row as JSON lines here")
-    parser.add_argument("--only", choices=("all", "fla", "lce"), default="all")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("torch_baselines: no CUDA device", file=sys.stderr)
         return 2
     print(json.dumps({"device": torch.cuda.get_device_name(), "torch": torch.__version__}), flush=True)
     rows: list[dict[str, Any]] = []
-    if args.only in ("all", "fla"):
-        linear_attention(rows)
-        torch.cuda.empty_cache()
-    if args.only in ("all", "lce"):
-        cross_entropy(rows)
+    cross_entropy(rows)
     if args.out:
         with open(args.out, "w") as f:
             f.writelines(json.dumps(r) + "\n" for r in rows)

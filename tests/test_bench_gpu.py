@@ -12,6 +12,7 @@ from ejk import bench
 
 pytestmark = pytest.mark.gpu
 HAS_TORCH = importlib.util.find_spec("torch") is not None
+HAS_FLA = HAS_TORCH and importlib.util.find_spec("fla") is not None
 
 SHAPES = ["attention:2x1024x8x64:causal", "attention:2x1024x8x128:causal,kv=2", "decode:8x1024:hq=16,hkv=4",
           "decode:2x512:q=64,hq=16,hkv=4", "moe:8x256x256x2048", "moe:8x256x256x2048:skewed", "matmul:1024x1024x1024"]
@@ -27,7 +28,8 @@ def test_every_line_runs_on_the_gpu() -> None:
         if m.kind == "baseline":
             expected_skip = ((name == "jax pallas mha" and case == gqa)  # no GQA
                              or (name == "jax pallas paged" and "prefill" in case)  # decode only
-                             or (name.startswith("torch ") and not HAS_TORCH))
+                             or (name.startswith("torch ") and not HAS_TORCH)
+                             or (name.startswith("fla ") and not HAS_FLA))
             assert (m.status == "skipped") == expected_skip, m
         elif m.status != "ok":  # an ejk line that does not run says why: gate, or platform unavailable
             assert m.status == "skipped" and m.error, m
@@ -63,3 +65,16 @@ def test_torch_sdpa_baselines_run_beside_jax() -> None:
             assert m.max_abs_diff is not None and m.max_abs_diff < 0.1, m  # against jax.nn cudnn
     # JAX still runs after torch gave its memory back
     assert all(m.status == "ok" for m in found if m.name == "ejk auto")
+
+
+@pytest.mark.skipif(not HAS_FLA, reason="fla (flash-linear-attention, fla-core) is not installed")
+def test_fla_baselines_agree_with_ejk() -> None:
+    """fla's chunked kernels run beside ejk's recurrent ops, and the outputs agree (ssd through simple GLA)."""
+    policy = ejk.AutotunePolicy(warmup=1, repeats=3, min_sample_seconds=0.002, progress=False, persist=False)
+    shapes = bench.parse_shapes(["gdr:1x1024:h=4", "gla:2048x1024x4x128", "ssd:2048x1024x4x64:n=64"])
+    found = bench.run(shapes, bench.Options(policy=policy, modes=("fwd",), impls=("auto",), baselines=("fla",)))
+    fla_lines = [m for m in found if m.name.startswith("fla ")]
+    assert len(fla_lines) == 3 and all(m.status == "ok" for m in fla_lines), fla_lines
+    for m in found:
+        if m.name == "ejk auto":
+            assert m.status == "ok" and m.max_abs_diff is not None and m.max_abs_diff < 0.1, m

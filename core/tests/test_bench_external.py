@@ -91,3 +91,41 @@ def test_torch_baselines_say_why_they_cannot_run_here() -> None:
                                     baselines=("torch",), policy=QUICK))
     assert {m.name for m in found} == {"torch sdpa cudnn", "torch sdpa flash"}
     assert all(m.status == "skipped" and "NVIDIA GPU" in (m.error or "") for m in found)
+
+
+def test_fla_baselines_say_why_they_cannot_run_here() -> None:
+    """fla's chunked kernels stand beside the recurrent ops (``gated_delta_rule``, ``gla``, and ``ssd`` through
+    simple GLA); without an NVIDIA GPU they are skipped with the reason."""
+    for op, name in (("gated_delta_rule", "fla chunk_gated_delta_rule"), ("gla", "fla chunk_gla"),
+                     ("ssd", "fla chunk_simple_gla")):
+        assert name in [b.name for b in _baselines.baselines_for(op)]
+    found = bench.run(bench.parse_shapes(["gdr:1x32:h=2,k=16,v=16", "gla:64x32x2x16", "ssd:64x32x2x16:n=16"]),
+                      bench.Options(dtype="float32", modes=("fwd",), impls=("none",), baselines=("fla",),
+                                    policy=QUICK))
+    assert {m.name for m in found} == {"fla chunk_gated_delta_rule", "fla chunk_gla", "fla chunk_simple_gla"}
+    assert all(m.status == "skipped" and "NVIDIA GPU" in (m.error or "") for m in found)
+
+
+def test_the_ssd_maps_onto_simple_gla_exactly() -> None:
+    """The fla line's mapping of ``ssd`` (``q = C``, ``k = B``, ``v = dt·x``, ``g = dt·A``, scale 1, plus ``D·x``)
+    is the SSD: a step-by-step simple GLA on the mapped tensors gives ``ejk.ssd``'s output."""
+    from ejk.bench._fla import _ssd_as_simple_gla
+    from ejk.bench._workloads import workload_for
+
+    workload = workload_for(bench.parse_case("ssd:16x16x4x8:n=4,g=2"), jnp.float32)
+    inputs = workload.inputs()
+    (q, k, v, g), skip = _ssd_as_simple_gla(workload, inputs)
+
+    def step(state: jax.Array, t: tuple[jax.Array, ...]) -> tuple[jax.Array, jax.Array]:
+        q_t, k_t, v_t, g_t = t  # [H, N], [H, N], [H, P], [H]
+        state = state * jnp.exp(g_t)[:, None, None] + k_t[:, :, None] * v_t[:, None, :]
+        return state, jnp.einsum("hn,hnp->hp", q_t, state)
+
+    heads, n, p = q.shape[2], q.shape[3], v.shape[3]
+    _, out = jax.lax.scan(step, jnp.zeros((heads, n, p)), tuple(x[0] for x in (q, k, v, g)))
+    from ejk.testing import reference_ssd
+
+    options = workload.kwargs()
+    want = reference_ssd(*inputs, options["D"], options["dt_bias"], None, options["cu_seqlens"],
+                         dt_softplus=options["dt_softplus"])[0]
+    assert jnp.allclose(out[None] + skip, want, atol=1e-4, rtol=1e-4)

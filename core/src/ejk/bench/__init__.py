@@ -14,6 +14,7 @@ spread), written as a table, a JSON file, a markdown summary and PNG plots::
 
 from __future__ import annotations
 
+from ejk.bench import _fla  # noqa: F401  (registers the fla baselines of the recurrent ops)
 from ejk.bench._baselines import BASELINES, Baseline, Prepared, baselines_for, register_baseline
 from ejk.bench._cases import (
     PRESETS,

@@ -22,7 +22,7 @@ import jax
 
 from ejk.bench._cases import AttentionCase
 
-__all__ = ["BACKENDS", "TorchCall", "torch_sdpa", "torch_sdpa_unsupported"]
+__all__ = ["BACKENDS", "TorchCall", "torch_call", "torch_cuda_unsupported", "torch_sdpa", "torch_sdpa_unsupported"]
 
 #: The baselines: their ``torch.nn.attention.SDPBackend`` member by line name.
 BACKENDS = {"torch sdpa cudnn": "CUDNN_ATTENTION", "torch sdpa flash": "FLASH_ATTENTION"}
@@ -34,19 +34,32 @@ def _torch() -> Any:
     return torch
 
 
+def torch_cuda_unsupported() -> str | None:
+    """Why a torch baseline cannot run here: JAX not on an NVIDIA GPU, torch not importable, or no CUDA device
+    for torch (``None``: it can)."""
+    if jax.default_backend() != "gpu":
+        return "torch baselines run on an NVIDIA GPU (JAX's default backend here is not one)"
+    try:
+        torch = _torch()
+    except Exception as exc:
+        return f"torch is not importable ({type(exc).__name__}: {exc})"
+    if not torch.cuda.is_available():
+        return f"torch {torch.__version__} sees no CUDA device"
+    return None
+
+
 def torch_sdpa_unsupported(backend: str) -> Callable[[Any], str | None]:
     """Why the torch baseline ``backend`` cannot run a case here (``None``: it can)."""
 
     def unsupported(workload: Any) -> str | None:
-        if jax.default_backend() != "gpu":
-            return "torch's SDPA baselines run on an NVIDIA GPU (JAX's default backend here is not one)"
+        reason = torch_cuda_unsupported()
+        if reason is not None:
+            return reason
+        torch = _torch()
         try:
-            torch = _torch()
             from torch.nn.attention import SDPBackend
         except Exception as exc:
-            return f"torch is not importable ({type(exc).__name__}: {exc})"
-        if not torch.cuda.is_available():
-            return f"torch {torch.__version__} sees no CUDA device"
+            return f"torch {torch.__version__} has no torch.nn.attention ({type(exc).__name__}: {exc})"
         if not hasattr(SDPBackend, backend):
             return f"torch {torch.__version__} has no SDPBackend.{backend}"
         case = workload.case
@@ -95,6 +108,22 @@ class TorchCall:
         self._torch.cuda.empty_cache()
 
 
+def torch_call(torch: Any, leaves: tuple[Any, ...], mode: str, grad_out: Any, forward: Callable[[], Any],
+               to_jax: Callable[[Any], Any]) -> TorchCall:
+    """A :class:`TorchCall` of ``forward()`` (``mode`` ``"fwd"``: without autograd), or of ``forward()`` and
+    ``torch.autograd.grad`` of its output for ``grad_out`` with respect to ``leaves`` (which require grad)."""
+
+    def run() -> Any:
+        if mode == "fwd":
+            with torch.no_grad():
+                return forward()
+        out = forward()
+        torch.autograd.grad(out, leaves, grad_out)
+        return out
+
+    return TorchCall(run, torch, to_jax)
+
+
 def torch_sdpa(backend: str) -> Callable[[Any, tuple[Any, ...], str, Any], TorchCall]:
     """``build(workload, inputs, mode, cotangent)``: the torch line of SDPA backend ``backend``."""
 
@@ -110,29 +139,18 @@ def torch_sdpa(backend: str) -> Callable[[Any, tuple[Any, ...], str, Any], Torch
         def heads_first(x: Any) -> Any:  # [B, S, H, D] (JAX, through DLPack) -> [B, H, S, D] contiguous
             return torch.from_dlpack(x).transpose(1, 2).contiguous()
 
-        q, k, v = (heads_first(x) for x in inputs)
-        backward = mode != "fwd"
-        if backward:
-            q, k, v = (x.requires_grad_(True) for x in (q, k, v))
-            grad_out = heads_first(cotangent)
+        q, k, v = (heads_first(x).requires_grad_(mode != "fwd") for x in inputs)
+        grad_out = heads_first(cotangent) if mode != "fwd" else None
 
         def forward() -> Any:
             with sdpa_kernel(chosen):
                 return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=case.causal, **gqa)
-
-        def run() -> Any:
-            if not backward:
-                with torch.no_grad():
-                    return forward()
-            out = forward()
-            torch.autograd.grad(out, (q, k, v), grad_out)
-            return out
 
         def to_jax(out: Any) -> Any:
             from jax import dlpack
 
             return dlpack.from_dlpack(out.detach().transpose(1, 2).contiguous())
 
-        return TorchCall(run, torch, to_jax)
+        return torch_call(torch, (q, k, v), mode, grad_out, forward, to_jax)
 
     return build

@@ -52,6 +52,7 @@ if TYPE_CHECKING:
         gated_delta_rule_step,
         get_default_executor,
         gla,
+        gla_step,
         grouped_matmul,
         linear_cross_entropy,
         matmul,
@@ -61,6 +62,7 @@ if TYPE_CHECKING:
         run,
         set_default_executor,
         ssd,
+        ssd_step,
         use_executor,
     )
     from ejk.parallel import ring_attention
@@ -68,8 +70,8 @@ if TYPE_CHECKING:
 __version__ = installed_version("ejk-core") or "0+unknown"
 
 #: The dispatch API of :mod:`ejk.ops` that ``ejk`` serves too (imported on first access, like the ops).
-_FROM_OPS = {"ImplChoice", "explain", "gated_delta_rule_step", "get_default_executor", "run", "set_default_executor",
-             "use_executor"}
+_FROM_OPS = {"ImplChoice", "explain", "gated_delta_rule_step", "get_default_executor", "gla_step", "run",
+             "set_default_executor", "ssd_step", "use_executor"}
 
 #: Static typing sees the operations through the imports above; ``__all__`` lists them for tools. At run
 #: time ``ejk.<op>`` is read from the op definitions (a test keeps both lists equal to the built-in ops).
@@ -113,6 +115,7 @@ __all__ = [
     "get_invocations",
     "get_plugin_host",
     "gla",
+    "gla_step",
     "grouped_matmul",
     "hookimpl",
     "kernel_registry",
@@ -127,6 +130,7 @@ __all__ = [
     "run",
     "set_default_executor",
     "ssd",
+    "ssd_step",
     "use_executor",
 ]
 

@@ -43,7 +43,7 @@ from ejk.ops._flash_attention_varlen import (
 )
 from ejk.ops._gated_delta_rule import GatedDeltaRuleKernel, gated_delta_rule, gated_delta_rule_step
 from ejk.ops._generic import AlgorithmKernel, run
-from ejk.ops._gla import GLA_RESIDUALS, GlaKernel, gla
+from ejk.ops._gla import GLA_RESIDUALS, GlaKernel, gla, gla_step
 from ejk.ops._grouped_matmul import GroupedMatmulKernel, grouped_matmul
 from ejk.ops._linear_cross_entropy import (
     LINEAR_CROSS_ENTROPY_RESIDUALS,
@@ -60,7 +60,7 @@ from ejk.ops._ragged_paged_attention import (
 )
 from ejk.ops._residuals import without_residuals
 from ejk.ops._rms_norm import RMS_NORM_RESIDUALS, RmsNormKernel, rms_norm
-from ejk.ops._ssd import SSD_RESIDUALS, SsdKernel, ssd
+from ejk.ops._ssd import SSD_RESIDUALS, SsdKernel, ssd, ssd_step
 
 builtin_ops()  # defines every built-in op, including any not re-exported above
 
@@ -108,6 +108,7 @@ __all__ = [
     "get_default_executor",
     "get_op",
     "gla",
+    "gla_step",
     "grouped_matmul",
     "linear_cross_entropy",
     "matmul",
@@ -124,6 +125,7 @@ __all__ = [
     "sinks_backward",
     "sinks_cotangent",
     "ssd",
+    "ssd_step",
     "use_executor",
     "varlen_row_ranges",
     "with_natural_lse",

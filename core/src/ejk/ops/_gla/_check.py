@@ -11,8 +11,8 @@ import numpy as np
 from ejk.ops._check_arrays import concrete, listed, require_floating, require_integer, require_ndim, shape_of
 from ejk.ops._check_common import is_real
 
-__all__ = ["check_cu_seqlens", "check_gla_args", "check_gla_values", "check_offsets_values", "check_packed_values",
-           "check_state", "linear_scale"]
+__all__ = ["check_cu_seqlens", "check_gla_args", "check_gla_step_args", "check_gla_values", "check_offsets_values",
+           "check_packed_values", "check_state", "linear_scale"]
 
 
 def linear_scale(op: str, value: Any, head_dim: int) -> float:
@@ -114,6 +114,31 @@ def check_gla_args(q: Any, k: Any, v: Any, g: Any, *, scale: Any, initial_state:
     states = check_cu_seqlens(op, cu_seqlens, b, t)
     check_state(op, "initial_state", initial_state, (states, h, dk, vshape[3]),
                 "[N, H, K, V] (N = B, or the number of sequences with cu_seqlens)")
+    return linear_scale(op, scale, dk)
+
+
+def check_gla_step_args(q: Any, k: Any, v: Any, g: Any, state: Any, scale: Any) -> float:
+    """Validate ``gla_step``'s arguments (one token per batch row); returns the resolved scale.
+
+    Raises:
+        ValueError: naming the argument, its shape or dtype, and what it needs.
+    """
+    op = "gla_step"
+    b, h, dk = require_ndim(op, "q", q, 3, "[B, H, K]")
+    for name, x in (("k", k), ("g", g)):
+        got = require_ndim(op, name, x, 3, f"[B, H, K] = {(b, h, dk)}")
+        if got != (b, h, dk):
+            raise ValueError(f"{op}: {name} has shape {got} but needs q's shape [B, H, K] = {(b, h, dk)}")
+    vshape = require_ndim(op, "v", v, 3, f"[B, H, V] = [{b}, {h}, V]")
+    if vshape[:2] != (b, h):
+        raise ValueError(f"{op}: v has shape {vshape} but needs [B, H, V] = [{b}, {h}, V] (q's B, H)")
+    for name, x in (("q", q), ("k", k), ("v", v), ("g", g)):
+        require_floating(op, name, x)
+    needs = (b, h, dk, vshape[2])
+    got = require_ndim(op, "state", state, 4, f"[B, H, K, V] = {needs}")
+    if got != needs:
+        raise ValueError(f"{op}: state has shape {got} but needs [B, H, K, V] = {needs}")
+    require_floating(op, "state", state)
     return linear_scale(op, scale, dk)
 
 

@@ -12,11 +12,18 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-__all__ = ["reference_gla", "run_recurrence"]
+__all__ = ["gla_token", "reference_gla", "run_recurrence"]
 
 
 def _compute_dtype(*arrays: Any) -> Any:
     return jnp.result_type(jnp.float32, *(x.dtype for x in arrays if x is not None))
+
+
+def gla_token(state: jax.Array, q: jax.Array, k: jax.Array, v: jax.Array, g: jax.Array,
+              scale: float) -> tuple[jax.Array, jax.Array]:
+    """One token of GLA for every row: ``(S' = diag(exp(g)) S + k vᵀ, scale · S'ᵀ q)``; ``[..., H, K(, V)]``."""
+    state = jnp.exp(g)[..., None] * state + k[..., :, None] * v[..., None, :]
+    return state, scale * jnp.einsum("...hk,...hkv->...hv", q, state, precision="highest")
 
 
 def run_recurrence(
@@ -101,8 +108,7 @@ def reference_gla(
 
     def step(state: jax.Array, token: tuple[jax.Array, ...]) -> tuple[jax.Array, jax.Array]:
         qt, kt, vt, gt = token
-        state = jnp.exp(gt)[..., None] * state + kt[..., :, None] * vt[..., None, :]
-        return state, scale * jnp.einsum("rhk,rhkv->rhv", qt, state, precision="highest")
+        return gla_token(state, qt, kt, vt, gt, scale)
 
     inputs = tuple(x.astype(dtype) for x in (q, k, v, g))
     o, final = run_recurrence(step, inputs, init, cu_seqlens)

@@ -7,7 +7,7 @@ from typing import Any
 from ejk.ops._check_arrays import require_array, require_floating, require_ndim, shape_of
 from ejk.ops._gla._check import check_cu_seqlens, check_packed_values, check_state
 
-__all__ = ["check_ssd_args", "check_ssd_values"]
+__all__ = ["check_ssd_args", "check_ssd_step_args", "check_ssd_values"]
 
 
 def check_ssd_values(x: Any, *_: Any, cu_seqlens: Any = None, **__: Any) -> None:
@@ -15,28 +15,28 @@ def check_ssd_values(x: Any, *_: Any, cu_seqlens: Any = None, **__: Any) -> None
     check_packed_values("ssd", x, cu_seqlens)
 
 
-def check_ssd_args(x: Any, dt: Any, A: Any, B: Any, C: Any, *, D: Any, dt_bias: Any, dt_softplus: Any,  # noqa: N803
-                   initial_state: Any, cu_seqlens: Any) -> None:
-    """Validate ``ssd``'s arguments.
-
-    Raises:
-        ValueError: naming the argument, its shape, dtype or value, and what it needs.
-    """
-    op = "ssd"
-    b, t, h, p = require_ndim(op, "x", x, 4, "[b, T, H, P]")
-    got = require_ndim(op, "dt", dt, 3, f"[b, T, H] = {(b, t, h)}")
-    if got != (b, t, h):
-        raise ValueError(f"{op}: dt has shape {got} but needs [b, T, H] = {(b, t, h)} (x's first three dimensions)")
-    bshape = require_ndim(op, "B", B, 4, f"[b, T, G, N] = [{b}, {t}, G, N]")
-    if bshape[:2] != (b, t):
-        raise ValueError(f"{op}: B has shape {bshape} but needs [b, T, G, N] = [{b}, {t}, G, N] (x's b and T)")
-    groups, n = bshape[2], bshape[3]
+def _check_shared(op: str, lead: tuple[str, ...], x: Any, dt: Any, A: Any, B: Any, C: Any, D: Any,  # noqa: N803
+                  dt_bias: Any, dt_softplus: Any) -> tuple[int, int, int, int]:
+    """The checks ``ssd`` and ``ssd_step`` share, with ``lead`` the leading dimensions (``b, T`` or ``b``):
+    ``x [*lead, H, P]``, ``dt [*lead, H]``, ``B`` and ``C [*lead, G, N]`` with ``G`` dividing ``H``, ``A``,
+    ``D``, ``dt_bias [H]``, floating dtypes, a bool ``dt_softplus``. Returns ``(b, H, P, N)``."""
+    names, rank = ", ".join(lead), len(lead)
+    *head, h, p = require_ndim(op, "x", x, rank + 2, f"[{names}, H, P]")
+    got = require_ndim(op, "dt", dt, rank + 1, f"[{names}, H] = {(*head, h)}")
+    if got != (*head, h):
+        raise ValueError(f"{op}: dt has shape {got} but needs [{names}, H] = {(*head, h)} (x's leading dimensions "
+                         "and heads)")
+    where = ", ".join(str(d) for d in head)
+    bshape = require_ndim(op, "B", B, rank + 2, f"[{names}, G, N] = [{where}, G, N]")
+    if tuple(bshape[:rank]) != tuple(head):
+        raise ValueError(f"{op}: B has shape {bshape} but needs [{names}, G, N] = [{where}, G, N] (x's {names})")
+    groups, n = bshape[rank], bshape[rank + 1]
     if groups == 0 or h % groups:
         raise ValueError(f"{op}: B has {groups} groups but needs a number of groups G that divides the H={h} heads "
                          "(head h reads group h // (H // G))")
-    cshape = require_ndim(op, "C", C, 4, f"[b, T, G, N] = {bshape}")
+    cshape = require_ndim(op, "C", C, rank + 2, f"[{names}, G, N] = {bshape}")
     if cshape != bshape:
-        raise ValueError(f"{op}: C has shape {cshape} but needs B's shape [b, T, G, N] = {bshape}")
+        raise ValueError(f"{op}: C has shape {cshape} but needs B's shape [{names}, G, N] = {bshape}")
     for name, vec in (("A", A), ("D", D), ("dt_bias", dt_bias)):
         if vec is None and name != "A":
             continue
@@ -48,6 +48,32 @@ def check_ssd_args(x: Any, dt: Any, A: Any, B: Any, C: Any, *, D: Any, dt_bias: 
             require_floating(op, name, arr)
     if not isinstance(dt_softplus, bool):
         raise ValueError(f"{op}: dt_softplus is {dt_softplus!r} but needs a bool")
-    states = check_cu_seqlens(op, cu_seqlens, b, t)
-    check_state(op, "initial_state", initial_state, (states, h, p, n),
+    return head[0], h, p, n
+
+
+def check_ssd_args(x: Any, dt: Any, A: Any, B: Any, C: Any, *, D: Any, dt_bias: Any, dt_softplus: Any,  # noqa: N803
+                   initial_state: Any, cu_seqlens: Any) -> None:
+    """Validate ``ssd``'s arguments.
+
+    Raises:
+        ValueError: naming the argument, its shape, dtype or value, and what it needs.
+    """
+    b, h, p, n = _check_shared("ssd", ("b", "T"), x, dt, A, B, C, D, dt_bias, dt_softplus)
+    states = check_cu_seqlens("ssd", cu_seqlens, b, int(shape_of(x)[1]))
+    check_state("ssd", "initial_state", initial_state, (states, h, p, n),
                 "[N, H, P, N_state] (N = b, or the number of sequences with cu_seqlens)")
+
+
+def check_ssd_step_args(x: Any, dt: Any, A: Any, B: Any, C: Any, state: Any, *, D: Any,  # noqa: N803
+                        dt_bias: Any, dt_softplus: Any) -> None:
+    """Validate ``ssd_step``'s arguments (one token per batch row).
+
+    Raises:
+        ValueError: naming the argument, its shape, dtype or value, and what it needs.
+    """
+    op = "ssd_step"
+    needs = _check_shared(op, ("b",), x, dt, A, B, C, D, dt_bias, dt_softplus)
+    got = require_ndim(op, "state", state, 4, f"[b, H, P, N] = {needs}")
+    if got != needs:
+        raise ValueError(f"{op}: state has shape {got} but needs [b, H, P, N] = {needs}")
+    require_floating(op, "state", state)

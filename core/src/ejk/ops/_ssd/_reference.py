@@ -10,7 +10,7 @@ import jax.numpy as jnp
 
 from ejk.ops._gla._reference import run_recurrence
 
-__all__ = ["reference_ssd", "ssd_dt"]
+__all__ = ["reference_ssd", "ssd_dt", "ssd_token"]
 
 
 def ssd_dt(dt: jax.Array, dt_bias: jax.Array | None, dt_softplus: bool) -> jax.Array:
@@ -18,6 +18,15 @@ def ssd_dt(dt: jax.Array, dt_bias: jax.Array | None, dt_softplus: bool) -> jax.A
     if dt_bias is not None:
         dt = dt + dt_bias
     return jax.nn.softplus(dt) if dt_softplus else dt
+
+
+def ssd_token(state: jax.Array, x: jax.Array, dt: jax.Array, a: jax.Array, b: jax.Array,
+              c: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """One token of the SSD for every row, ``B`` and ``C`` already per head: ``(S' = exp(dt·a) S + dt x bᵀ,
+    S' c)`` with ``S [..., H, P, N]``, ``x [..., H, P]``, ``dt [..., H]``, ``a [H]``, ``b, c [..., H, N]``."""
+    decay = jnp.exp(dt * a)[..., None, None]
+    state = decay * state + (dt[..., None] * x)[..., :, None] * b[..., None, :]
+    return state, jnp.einsum("...hpn,...hn->...hp", state, c, precision="highest")
 
 
 def reference_ssd(
@@ -51,10 +60,7 @@ def reference_ssd(
 
     def step(state: jax.Array, token: tuple[jax.Array, ...]) -> tuple[jax.Array, jax.Array]:
         xt, dtt, bt, ct = token  # [r, H, P], [r, H], [r, G, N], [r, G, N]
-        bh, ch = bt[:, heads], ct[:, heads]
-        decay = jnp.exp(dtt * a)[..., None, None]
-        state = decay * state + (dtt[..., None] * xt)[..., :, None] * bh[..., None, :]
-        return state, jnp.einsum("rhpn,rhn->rhp", state, ch, precision="highest")
+        return ssd_token(state, xt, dtt, a, bt[:, heads], ct[:, heads])
 
     inputs = (x.astype(dtype), step_size, B.astype(dtype), C.astype(dtype))
     y, final = run_recurrence(step, inputs, init, cu_seqlens)

@@ -8,7 +8,8 @@ Tokens are laid out in rows of ``C``-token chunks (``[R, H, D]``, ``R = chunks·
 Forward, three launches:
 
 - ``gdr_prep_kernel`` (chunk, head): the cumulative log decay ``gc``, the unit lower-triangular
-  ``T = (I + strictly_lower(β k kᵀ Γ))⁻¹`` from 16-token blocks (all by products), ``W = T β e^gc k`` and ``U = T β v``;
+  ``T = (I + strictly_lower(β k kᵀ Γ))⁻¹`` from 16-token blocks (all by products), ``W = T β e^gc k``
+  and ``U = T β v``;
 - ``gdr_state_kernel`` (sequence·head, V block): the state entering each chunk,
   ``S ← e^{gc_C} S + kᵀ ((U − W S) e^{gc_C − gc})`` (kept in float32), and the final state;
 - ``gdr_output_kernel`` (chunk, head, V block): ``o = scale (e^gc ⊙ (q S) + lower(q kᵀ Γ)(U − W S))``.
@@ -17,13 +18,20 @@ Forward, three launches:
 take 16-bit operands with float32 sums for 16-bit inputs (what fla's kernels do); float32 inputs keep
 float32 throughout.
 
-Backward: the forward's first two launches again (the states are recomputed, not kept), then
-``gdr_state_bwd_kernel`` (sequence·head, V block) walks each sequence's chunks in reverse for the
-gradient of the state leaving every chunk and of the initial state, and ``gdr_local_bwd_kernel``
-(chunk, head) gives every chunk's ``dq, dk, dv, dβ, dg`` from the state entering it, the gradient
-of the state leaving it and ``dO`` (its ``(I + A)⁻¹`` recomputed, ``V`` in blocks). ``use_qk_l2norm``
-normalises ``q`` and ``k`` in XLA before the kernels (in float32, then back to the input dtype),
-differentiated by JAX.
+Backward, six launches (its own chunk, ``backward_chunk``):
+
+- the forward's first two again (nothing is kept from the forward), ``gdr_prep_t_kernel`` also storing
+  ``T`` and ``gdr_state_new_kernel`` every chunk's ``N = U − W S``;
+- ``gdr_dv_local_kernel`` (chunk, head, V block): the chunk's own part of ``dN``, ``scale Pᵀ dO``;
+- ``gdr_state_bwd_kernel`` (sequence·head, V block), chunks in reverse: the gradient ``dS'`` of the
+  state leaving every chunk, the chunk's whole ``dN``, and the initial state's gradient;
+- ``gdr_dqkw_kernel`` (K block, chunk, head): ``dq``, the ``k`` gradient through ``P`` and ``S'``,
+  ``dW = −dN Sᵀ`` and its K block's part of the ``gc`` gradient;
+- ``gdr_wy_bwd_kernel`` (chunk, head): the gradients through ``W``, ``U`` and ``T``: the rest of ``dk``,
+  ``dv``, ``dβ`` and of the ``gc`` gradient; ``dg`` is its reverse cumulative sum per chunk (XLA).
+
+``use_qk_l2norm`` normalises ``q`` and ``k`` in XLA before the kernels (in float32, then back to the
+input dtype), differentiated by JAX.
 """
 
 from __future__ import annotations
@@ -310,12 +318,12 @@ _FLOAT32 = GatedDeltaRuleConfig(block_v=32, output_block_v=64, num_stages=2, bac
 
 
 def config_space(q: Any, *_: Any, **__: Any) -> list[GatedDeltaRuleConfig]:
-    """Autotuning candidates: chunks of 64 and 32 tokens (the backward at the same chunk), state ``V`` blocks of
-    32 and 64, 4 or 8 warps for the forward, output blocks of 64 and 128; the heuristic's first."""
+    """Autotuning candidates: the heuristic's config (first) with chunks of 64 and 32 tokens (the backward at
+    the same chunk), state ``V`` blocks of 32 and 64, 4 or 8 warps for the forward, output blocks of 64 and 128."""
     if _env.interpreting_on_cpu():
         return [_INTERPRETER]
     first = heuristic_config(q)
-    space = [GatedDeltaRuleConfig(chunk=c, block_v=b, output_block_v=o, num_warps=w, backward_chunk=c)
+    space = [attrs.evolve(first, chunk=c, backward_chunk=c, block_v=b, output_block_v=o, num_warps=w)
              for c in (64, 32) for b in (32, 64) for w in (4, 8) for o in (64, 128)]
     return [first, *(c for c in space if c != first)]
 

@@ -79,7 +79,7 @@ class GatedDeltaRuleConfig:
     num_stages: int = attrs.field(default=3, validator=int_in(1, 4))
     backward_chunk: int = attrs.field(default=64, validator=one_of(16, 32, 64))
     backward_warps: int = attrs.field(default=8, validator=one_of(1, 2, 4, 8))
-    backward_block_k: int = attrs.field(default=128, validator=power_of_two(16))
+    backward_block_k: int = attrs.field(default=64, validator=power_of_two(16))
 
     def __attrs_post_init__(self) -> None:
         if self.backward_chunk > self.chunk:
@@ -314,7 +314,7 @@ def capability(q: Any, k: Any, v: Any, g: Any, beta: Any, initial_state: Any = N
 
 _INTERPRETER = GatedDeltaRuleConfig(chunk=16, block_v=16, output_block_v=16, num_warps=4, num_stages=1,
                                     backward_chunk=16)
-_FLOAT32 = GatedDeltaRuleConfig(block_v=32, output_block_v=64, num_stages=2, backward_block_k=64)
+_FLOAT32 = GatedDeltaRuleConfig(block_v=32, output_block_v=64, num_stages=2)
 
 
 def config_space(q: Any, *_: Any, **__: Any) -> list[GatedDeltaRuleConfig]:
@@ -330,10 +330,10 @@ def config_space(q: Any, *_: Any, **__: Any) -> list[GatedDeltaRuleConfig]:
 
 def heuristic_config(q: Any, *_: Any, **__: Any) -> GatedDeltaRuleConfig:
     """Chunks of 64 tokens forward and backward, ``V`` blocks of 64 for the sequential state kernels and 128 for
-    the output, 3 pipeline stages, 4 warps forward and 8 backward, the whole ``K`` per backward ``dq / dk``
-    program (the fastest measured on an H100 at Qwen3-Next sizes, no register spills); for float32 inputs
-    (tiles twice the size) ``V`` blocks of 32 and 64, 2 stages and ``K`` blocks of 64, which fit an H100's shared
-    memory. 16-token chunks and blocks in the interpreter mode (CPU)."""
+    the output, 3 pipeline stages, 4 warps forward and 8 backward, ``K`` blocks of 64 in the backward's
+    ``dq / dk`` kernel (the fastest measured on an H100 at Qwen3-Next sizes among the configs checked there
+    against float64, no register spills); for float32 inputs (tiles twice the size) ``V`` blocks of 32 and 64
+    and 2 stages, which fit an H100's shared memory. 16-token chunks and blocks in the interpreter mode (CPU)."""
     if _env.interpreting_on_cpu():
         return _INTERPRETER
     if q is not None and jnp.dtype(q.dtype) == jnp.float32:

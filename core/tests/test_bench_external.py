@@ -114,7 +114,7 @@ def test_the_ssd_maps_onto_simple_gla_exactly() -> None:
 
     workload = workload_for(bench.parse_case("ssd:16x16x4x8:n=4,g=2"), jnp.float32)
     inputs = workload.inputs()
-    (q, k, v, g), skip = _ssd_as_simple_gla(workload, inputs)
+    (q, k, v, g), skip = _ssd_as_simple_gla(inputs, workload.kwargs())
 
     def step(state: jax.Array, t: tuple[jax.Array, ...]) -> tuple[jax.Array, jax.Array]:
         q_t, k_t, v_t, g_t = t  # [H, N], [H, N], [H, P], [H]

@@ -15,6 +15,7 @@ line fails with fla's own message, and the other lines run.
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from typing import Any
 
@@ -34,8 +35,6 @@ FLA_KERNELS = {"gated_delta_rule": "fla.ops.gated_delta_rule.chunk_gated_delta_r
 
 def _kernel(op: str) -> Any:
     module, _, name = FLA_KERNELS[op].rpartition(".")
-    import importlib
-
     return getattr(importlib.import_module(module), name)
 
 
@@ -54,10 +53,10 @@ def _unsupported(op: str) -> Callable[[Workload], str | None]:
     return unsupported
 
 
-def _ssd_as_simple_gla(workload: Workload, inputs: tuple[Any, ...]) -> tuple[tuple[Any, ...], Any]:
-    """``(q, k, v, g)`` of the simple GLA that computes the SSD's ``y − D·x``, and ``D·x`` (float32)."""
+def _ssd_as_simple_gla(inputs: tuple[Any, ...], options: dict[str, Any]) -> tuple[tuple[Any, ...], Any]:
+    """``(q, k, v, g)`` of the simple GLA that computes the SSD's ``y − D·x``, and ``D·x`` (float32), from the
+    case's arrays and keyword arguments."""
     x, dt, a, b, c = inputs
-    options = workload.kwargs()
     step = dt.astype(jnp.float32) + options.get("dt_bias", 0.0)
     if options.get("dt_softplus", False):
         step = jax.nn.softplus(step)
@@ -85,7 +84,7 @@ def _call(op: str, workload: Workload, inputs: tuple[Any, ...], mode: str, cotan
     options = workload.kwargs()
     skip = None
     if op == "ssd":
-        inputs, skip = _ssd_as_simple_gla(workload, inputs)
+        inputs, skip = _ssd_as_simple_gla(inputs, options)
     tensors = [torch.from_dlpack(jnp.asarray(x)).contiguous() for x in inputs]
     if mode != "fwd":
         tensors = [t.requires_grad_(True) for t in tensors]

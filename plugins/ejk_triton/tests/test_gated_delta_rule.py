@@ -107,11 +107,13 @@ def test_sixty_four_token_chunks(dtype: Any) -> None:
 
 
 @needs_kernels
-def test_the_backward_splits_k_into_blocks() -> None:
-    """``dq`` / ``dk`` / ``dW`` in two K blocks, whose ``gc`` gradients add up (the float32 GPU heuristic's case)."""
+def test_k_is_split_into_blocks() -> None:
+    """K in blocks of 16: the state kernel's two halves, the output kernel's two steps, and the backward's
+    ``dq`` / ``dk`` / ``dW`` in two blocks, whose ``gc`` gradients add up (the float32 GPU heuristic's case)."""
     check_case(GdrCase(batch=1, length=40, heads=2, dk=32, dv=16, seqlens=(23, 17), initial_state=True),
-               jnp.float32, GatedDeltaRuleConfig(chunk=16, block_v=16, output_block_v=16, num_warps=4, num_stages=1,
-                                                 backward_chunk=16, backward_block_k=16))
+               jnp.float32, GatedDeltaRuleConfig(chunk=16, state_block_v=16, output_block_v=16, output_block_k=16,
+                                                 num_warps=4, num_stages=1, backward_chunk=16, block_v=16,
+                                                 backward_block_k=16))
 
 
 @needs_kernels

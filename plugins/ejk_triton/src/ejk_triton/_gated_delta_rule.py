@@ -10,9 +10,9 @@ Forward, three launches:
 - ``gdr_prep_kernel`` (chunk, head): the cumulative log decay ``gc``, the unit lower-triangular
   ``T = (I + strictly_lower(β k kᵀ Γ))⁻¹`` from 16-token blocks (all by products), ``W = T β e^gc k``
   and ``U = T β v``;
-- ``gdr_state_kernel`` (sequence·head, V block): the state entering each chunk,
-  ``S ← e^{gc_C} S + kᵀ ((U − W S) e^{gc_C − gc})`` (kept in float32), and the final state;
-- ``gdr_output_kernel`` (chunk, head, V block): ``o = scale (e^gc ⊙ (q S) + lower(q kᵀ Γ)(U − W S))``.
+- ``gdr_state_kernel`` (sequence·head, V block): the state entering each chunk and every chunk's
+  ``N = U − W S``, ``S ← e^{gc_C} S + kᵀ (N e^{gc_C − gc})`` (kept in float32), and the final state;
+- ``gdr_output_kernel`` (chunk, head, V block): ``o = scale (e^gc ⊙ (q S) + lower(q kᵀ Γ) N)``.
 
 ``W``, ``U`` and the per-chunk states are stored in the inputs' dtype, and the products that read them
 take 16-bit operands with float32 sums for 16-bit inputs (what fla's kernels do); float32 inputs keep
@@ -20,8 +20,8 @@ float32 throughout.
 
 Backward, six launches (its own chunk, ``backward_chunk``):
 
-- the forward's first two again (nothing is kept from the forward), ``gdr_prep_t_kernel`` also storing
-  ``T`` and ``gdr_state_new_kernel`` every chunk's ``N = U − W S``;
+- the forward's first two again at the backward's chunk (nothing is kept from the forward): ``T`` and
+  ``N`` are among their outputs;
 - ``gdr_dv_local_kernel`` (chunk, head, V block): the chunk's own part of ``dN``, ``scale Pᵀ dO``;
 - ``gdr_state_bwd_kernel`` (sequence·head, V block), chunks in reverse: the gradient ``dS'`` of the
   state leaving every chunk, the chunk's whole ``dN``, and the initial state's gradient;
@@ -61,24 +61,31 @@ class GatedDeltaRuleConfig:
     Attributes:
         chunk: Tokens per chunk of the forward (16, 32 or 64): the state kernels run ``T / chunk``
             sequential steps.
-        block_v: Columns of ``V`` per program of the state and gradient kernels (clamped to ``V``).
+        state_block_v: Columns of ``V`` per program of the state kernel (forward, and recomputed in the
+            backward; clamped to ``V``).
         output_block_v: Columns of ``V`` per program of the output kernel (clamped to ``V``).
-        num_warps: Warps per program of the forward kernels.
+        output_block_k: Rows of ``K`` per step of the output kernel's loop (clamped to ``K``).
+        prep_warps: Warps per program of the prep kernel (``T``, ``W``, ``U``; forward and backward).
+        num_warps: Warps per program of the state and output kernels.
         num_stages: Software-pipelining stages.
         backward_chunk: Tokens per chunk of the backward kernels (at most ``chunk``; the chunks of
             the forward's layout split evenly).
         backward_warps: Warps per program of the backward kernels.
+        block_v: Columns of ``V`` per program of the backward kernels (clamped to ``V``).
         backward_block_k: Columns of ``K`` per program of the backward's ``dq`` / ``dk`` / ``dW`` kernel (clamped to
             ``K``).
     """
 
     chunk: int = attrs.field(default=64, validator=one_of(16, 32, 64))
-    block_v: int = attrs.field(default=64, validator=power_of_two(16))
+    state_block_v: int = attrs.field(default=32, validator=power_of_two(16))
     output_block_v: int = attrs.field(default=128, validator=power_of_two(16))
+    output_block_k: int = attrs.field(default=64, validator=power_of_two(16))
+    prep_warps: int = attrs.field(default=2, validator=one_of(1, 2, 4, 8))
     num_warps: int = attrs.field(default=4, validator=one_of(1, 2, 4, 8))
     num_stages: int = attrs.field(default=3, validator=int_in(1, 4))
     backward_chunk: int = attrs.field(default=64, validator=one_of(16, 32, 64))
     backward_warps: int = attrs.field(default=8, validator=one_of(1, 2, 4, 8))
+    block_v: int = attrs.field(default=64, validator=power_of_two(16))
     backward_block_k: int = attrs.field(default=64, validator=power_of_two(16))
 
     def __attrs_post_init__(self) -> None:
@@ -103,14 +110,36 @@ def _layout(batch: int, length: int, cu_seqlens: jax.Array | None, chunk: int) -
     lens = cu[1:] - cu[:-1]
     cum = jnp.concatenate([jnp.zeros((1,), jnp.int32), jnp.cumsum((lens + chunk - 1) // chunk, dtype=jnp.int32)])
     chunks = cdiv(length, chunk) + sequences
+    # per chunk (a small array), then per row by gathers; tokens by inverting the rows' map (one scatter)
+    chunk_seq = jnp.clip(jnp.searchsorted(cum[1:], jnp.arange(chunks, dtype=jnp.int32), side="right"), 0,
+                         sequences - 1)
     rows = jnp.arange(chunks * chunk, dtype=jnp.int32)
-    seq = jnp.clip(jnp.searchsorted(cum[1:], rows // chunk, side="right"), 0, sequences - 1)
+    seq = jnp.repeat(chunk_seq, chunk, total_repeat_length=chunks * chunk)
     offset = rows - cum[seq] * chunk
     src = jnp.where((rows // chunk < cum[-1]) & (offset < lens[seq]), cu[seq] + offset, -1)
-    t = jnp.arange(length, dtype=jnp.int32)
-    tseq = jnp.clip(jnp.searchsorted(cu[1:], t, side="right"), 0, sequences - 1)
+    slot = jnp.zeros((length,), jnp.int32).at[jnp.where(src >= 0, src, length)].set(rows, mode="drop")
     cstart = jnp.concatenate([cum[:-1], jnp.full((1,), chunks, jnp.int32)])
-    return _Layout(chunks, cstart, cum[tseq] * chunk + t - cu[tseq], src)
+    return _Layout(chunks, cstart, slot, src)
+
+
+@jax.custom_vjp
+def _take(x: jax.Array, index: jax.Array, back: jax.Array) -> jax.Array:
+    """``x[index]`` along the first axis, zeros where ``index < 0``. ``back`` is the inverse map (``index[back[j]] = j``
+    wherever ``back[j] ≥ 0``, and every ``x`` row taken once), so the gradient is a gather too, not a scatter."""
+    picked = x[jnp.maximum(index, 0)]
+    return jnp.where((index >= 0).reshape(-1, *(1,) * (x.ndim - 1)), picked, jnp.zeros((), x.dtype))
+
+
+def _take_fwd(x: jax.Array, index: jax.Array, back: jax.Array) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
+    return _take(x, index, back), (index, back)
+
+
+def _take_bwd(res: tuple[jax.Array, jax.Array], dy: jax.Array) -> tuple[jax.Array, None, None]:
+    index, back = res
+    return _take(dy, back, index), None, None
+
+
+_take.defvjp(_take_fwd, _take_bwd)
 
 
 def _to_rows(x: jax.Array, layout: _Layout, chunk: int) -> jax.Array:
@@ -121,21 +150,25 @@ def _to_rows(x: jax.Array, layout: _Layout, chunk: int) -> jax.Array:
         if pad:
             x = jnp.pad(x, ((0, 0), (0, pad)) + ((0, 0),) * len(rest))
         return x.reshape(-1, *rest)
-    valid = (layout.src >= 0).reshape(-1, *(1,) * len(rest))
-    return jnp.where(valid, x[0][jnp.maximum(layout.src, 0)], jnp.zeros((), x.dtype))
+    assert layout.slot is not None
+    return _take(x[0], layout.src, layout.slot)
 
 
 def _from_rows(o: jax.Array, layout: _Layout, batch: int, length: int) -> jax.Array:
     if layout.slot is None:
         return o.reshape(batch, -1, *o.shape[1:])[:, :length]
-    return o[layout.slot][None]
+    assert layout.src is not None
+    return _take(o, layout.slot, layout.src)[None]
 
 
 class _Static(NamedTuple):
     scale: float
     chunk: int
-    block_v: int
+    state_block_v: int
     output_block_v: int
+    output_block_k: int
+    prep_warps: int
+    block_v: int
     num_warps: int
     num_stages: int
     prec: str
@@ -159,44 +192,39 @@ def _launch(name: str, *, inputs: tuple[jax.Array, ...], **args: Any) -> tuple[j
 
 
 def _prep_and_states(st: _Static, k: jax.Array, v: jax.Array, g: jax.Array, beta: jax.Array, init: jax.Array,
-                     cstart: jax.Array, *, backward: bool = False) -> tuple[jax.Array, ...]:
-    """``(w, u, gc, h, final)``: the prep kernel's outputs, the states entering each chunk and the final states;
-    for the ``backward``, ``(w, u, gc, h, t, new)`` (``T`` and every chunk's ``N = U − W S`` kept)."""
+                     cstart: jax.Array) -> tuple[jax.Array, ...]:
+    """``(w, gc, t, h, new, final)``: the prep kernel's ``W``, ``gc`` and ``T``; the states entering each chunk,
+    every chunk's ``N = U − W S`` and the final states."""
     rows, heads, dk, dv, bk = _shapes(k, v)
     chunks, sequences = rows // st.chunk, init.shape[0]
     bv_all = max(16, 1 << (dv - 1).bit_length())
-    bv = min(st.block_v, bv_all)
     f32 = jnp.float32
-    common = dict(num_warps=st.num_warps, num_stages=st.num_stages, H=heads, K=dk, V=dv, C=st.chunk, BK=bk,
-                  PREC=st.prec)
-    prep_out = [jax.ShapeDtypeStruct((rows, heads, dk), k.dtype), jax.ShapeDtypeStruct((rows, heads, dv), k.dtype),
-                jax.ShapeDtypeStruct((rows, heads), f32)]
-    if backward:
-        prep_out.append(jax.ShapeDtypeStruct((rows, heads, st.chunk), f32))
-    w, u, gc, *t = _launch("gdr_prep_t_kernel" if backward else "gdr_prep_kernel", grid=(chunks, heads),
-                           inputs=(k, v, g, beta), out_shapes=tuple(prep_out), **common, BV=bv_all,
-                           IN_PREC=st.in_prec)
-    state_out = [jax.ShapeDtypeStruct((chunks, heads, dk, dv), k.dtype),
-                 jax.ShapeDtypeStruct((sequences, heads, dk, dv), f32)]
-    if backward:
-        state_out.append(jax.ShapeDtypeStruct((rows, heads, dv), k.dtype))
-    h, final, *new = _launch("gdr_state_new_kernel" if backward else "gdr_state_kernel",
-                             grid=(sequences * heads, cdiv(dv, bv)), inputs=(w, u, k, gc, init, cstart),
-                             out_shapes=tuple(state_out), **common, BV=bv, HAS_INIT=True)
-    if backward:
-        return w, u, gc, h, t[0], new[0]
-    return w, u, gc, h, final
+    common = dict(num_stages=st.num_stages, H=heads, K=dk, V=dv, C=st.chunk, BK=bk, PREC=st.prec)
+    w, u, gc, t = _launch("gdr_prep_kernel", grid=(chunks, heads), inputs=(k, v, g, beta),
+                          out_shapes=(jax.ShapeDtypeStruct((rows, heads, dk), k.dtype),
+                                      jax.ShapeDtypeStruct((rows, heads, dv), k.dtype),
+                                      jax.ShapeDtypeStruct((rows, heads), f32),
+                                      jax.ShapeDtypeStruct((rows, heads, st.chunk), f32)),
+                          **common, num_warps=st.prep_warps, BV=bv_all, IN_PREC=st.in_prec)
+    bv = min(st.state_block_v, bv_all)
+    h, final, new = _launch("gdr_state_kernel", grid=(sequences * heads, cdiv(dv, bv)),
+                            inputs=(w, u, k, gc, init, cstart),
+                            out_shapes=(jax.ShapeDtypeStruct((chunks, heads, dk, dv), k.dtype),
+                                        jax.ShapeDtypeStruct((sequences, heads, dk, dv), f32),
+                                        jax.ShapeDtypeStruct((rows, heads, dv), k.dtype)),
+                            **common, num_warps=st.num_warps, BV=bv, HAS_INIT=True)
+    return w, gc, t, h, new, final
 
 
 def _forward_rows(st: _Static, q: jax.Array, k: jax.Array, v: jax.Array, g: jax.Array, beta: jax.Array,
                   init: jax.Array, cstart: jax.Array) -> tuple[jax.Array, jax.Array]:
     rows, heads, dk, dv, bk = _shapes(q, v)
-    w, u, gc, h, final = _prep_and_states(st, k, v, g, beta, init, cstart)
+    _, gc, _, h, new, final = _prep_and_states(st, k, v, g, beta, init, cstart)
     bv = min(st.output_block_v, max(16, 1 << (dv - 1).bit_length()))
     (o,) = _launch("gdr_output_kernel", grid=(rows // st.chunk, heads, cdiv(dv, bv)),
-                  inputs=(q, k, w, u, gc, h), out_shapes=(jax.ShapeDtypeStruct((rows, heads, dv), q.dtype),),
+                  inputs=(q, k, new, gc, h), out_shapes=(jax.ShapeDtypeStruct((rows, heads, dv), q.dtype),),
                   num_warps=st.num_warps, num_stages=st.num_stages, SCALE=st.scale, H=heads, K=dk, V=dv,
-                  C=st.chunk, BK=bk, BV=bv, PREC=st.prec, IN_PREC=st.in_prec)
+                  C=st.chunk, BK=min(bk, st.output_block_k), BV=bv, PREC=st.prec, IN_PREC=st.in_prec)
     return o, final
 
 
@@ -217,7 +245,7 @@ def _backward_rows(st: _Static, residuals: tuple[jax.Array, ...], cotangents: tu
     st = st._replace(chunk=st.backward_chunk)  # the forward's kernels recomputed at the forward's warps
     rows, heads, dk, dv, bk = _shapes(q, v)
     chunks, sequences, c = rows // st.chunk, init.shape[0], st.chunk
-    w, _, gc, h, t, new = _prep_and_states(st, k, v, g, beta, init, cstart, backward=True)
+    w, gc, t, h, new, _ = _prep_and_states(st, k, v, g, beta, init, cstart)
     st = st._replace(num_warps=st.backward_warps)
     bv = min(st.block_v, max(16, 1 << (dv - 1).bit_length()))
     f32, low = jnp.float32, k.dtype
@@ -285,10 +313,10 @@ def forward(
         q, k = _l2(q), _l2(k)
     layout = _layout(batch, length, cu_seqlens, cfg.chunk)
     dtype = q.dtype
-    st = _Static(scale=float(scale), chunk=cfg.chunk, block_v=cfg.block_v, output_block_v=cfg.output_block_v,
-                 num_warps=cfg.num_warps,
-                 num_stages=cfg.num_stages, prec=_dots.dot_precision(dtype, "highest" if dtype == jnp.float32
-                                                                       else "high"),
+    st = _Static(scale=float(scale), chunk=cfg.chunk, state_block_v=cfg.state_block_v,
+                 output_block_v=cfg.output_block_v, output_block_k=cfg.output_block_k, prep_warps=cfg.prep_warps,
+                 block_v=cfg.block_v, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+                 prec=_dots.dot_precision(dtype, "highest" if dtype == jnp.float32 else "high"),
                  in_prec=_dots.dot_precision(dtype, "highest"), backward_chunk=cfg.backward_chunk,
                  backward_warps=cfg.backward_warps, backward_block_k=cfg.backward_block_k)
     rows = [_to_rows(x, layout, cfg.chunk) for x in (q, k, v, g, beta)]
@@ -312,28 +340,30 @@ def capability(q: Any, k: Any, v: Any, g: Any, beta: Any, initial_state: Any = N
     return _dots.gate((("q", q), ("k", k), ("v", v)), (), int64_offsets=True)
 
 
-_INTERPRETER = GatedDeltaRuleConfig(chunk=16, block_v=16, output_block_v=16, num_warps=4, num_stages=1,
-                                    backward_chunk=16)
-_FLOAT32 = GatedDeltaRuleConfig(block_v=32, output_block_v=64, num_stages=2)
+_INTERPRETER = GatedDeltaRuleConfig(chunk=16, state_block_v=16, output_block_v=16, output_block_k=16, num_warps=4,
+                                    num_stages=1, backward_chunk=16, block_v=16)
+_FLOAT32 = GatedDeltaRuleConfig(output_block_v=64, output_block_k=32, prep_warps=8, num_stages=2, block_v=32)
 
 
 def config_space(q: Any, *_: Any, **__: Any) -> list[GatedDeltaRuleConfig]:
     """Autotuning candidates: the heuristic's config (first) with chunks of 64 and 32 tokens (the backward at
-    the same chunk), state ``V`` blocks of 32 and 64, 4 or 8 warps for the forward, output blocks of 64 and 128."""
+    the same chunk), state ``V`` blocks of 32 and 64, 4 or 8 warps for the state and output kernels, output
+    ``V`` blocks of 64 and 128."""
     if _env.interpreting_on_cpu():
         return [_INTERPRETER]
     first = heuristic_config(q)
-    space = [attrs.evolve(first, chunk=c, backward_chunk=c, block_v=b, output_block_v=o, num_warps=w)
+    space = [attrs.evolve(first, chunk=c, backward_chunk=c, state_block_v=b, output_block_v=o, num_warps=w)
              for c in (64, 32) for b in (32, 64) for w in (4, 8) for o in (64, 128)]
     return [first, *(c for c in space if c != first)]
 
 
 def heuristic_config(q: Any, *_: Any, **__: Any) -> GatedDeltaRuleConfig:
-    """Chunks of 64 tokens forward and backward, ``V`` blocks of 64 for the sequential state kernels and 128 for
-    the output, 3 pipeline stages, 4 warps forward and 8 backward, ``K`` blocks of 64 in the backward's
-    ``dq / dk`` kernel (the fastest measured on an H100 at Qwen3-Next sizes among the configs checked there
-    against float64, no register spills); for float32 inputs (tiles twice the size) ``V`` blocks of 32 and 64
-    and 2 stages, which fit an H100's shared memory. 16-token chunks and blocks in the interpreter mode (CPU)."""
+    """Chunks of 64 tokens forward and backward; ``V`` blocks of 32 for the sequential state kernel, 128 (with
+    ``K`` steps of 64) for the output and 64 for the backward; 2 warps for the prep kernel, 4 for the state
+    and output kernels and 8 for the backward; 3 pipeline stages; ``K`` blocks of 64 in the backward's
+    ``dq / dk`` kernel (the fastest measured per kernel on an H100 at Qwen3-Next sizes, no register spills);
+    for float32 inputs (tiles twice the size) smaller output and backward tiles and 2 stages, which fit an
+    H100's shared memory. 16-token chunks and blocks in the interpreter mode (CPU)."""
     if _env.interpreting_on_cpu():
         return _INTERPRETER
     if q is not None and jnp.dtype(q.dtype) == jnp.float32:
@@ -371,36 +401,34 @@ def compile_kernels(k_dim: int = 128, v_dim: int = 128, dtype: Any = jnp.bfloat1
     bv = min(cfg.block_v, bv_all)
     dtype = jnp.dtype(dtype)
     prec = _dots.dot_precision(dtype, "highest" if dtype == jnp.float32 else "high")
+    in_prec = _dots.dot_precision(dtype, "highest")
     x, f32, i32 = _ptr(dtype), _ptr(jnp.float32), _ptr(jnp.int32)
     module = kernels("_gdr_kernels")
     report = {}
-    phases = (("", cfg.chunk, cfg.num_warps), (" (backward)", cfg.backward_chunk, cfg.backward_warps))
-    for phase, chunk, warps in phases:
+    for phase, chunk in (("", cfg.chunk), (" (backward)", cfg.backward_chunk)):
         base = dict(H=32, K=k_dim, V=v_dim, C=chunk, BK=bk, PREC=prec)
-        inner = dict(base, IN_PREC=_dots.dot_precision(dtype, "highest"), BV=bv)
-        launches = {
-            "prep": ("gdr_prep_kernel", [x, x, f32, x, x, x, f32], dict(inner, BV=bv_all)),
-            "state": ("gdr_state_kernel", [x, x, x, f32, f32, i32, x, f32], dict(base, BV=bv, HAS_INIT=True)),
+        launches: dict[str, tuple[str, list[str], dict[str, Any], int]] = {
+            "prep": ("gdr_prep_kernel", [x, x, f32, x, x, x, f32, f32], dict(base, BV=bv_all, IN_PREC=in_prec),
+                     cfg.prep_warps),
+            "state": ("gdr_state_kernel", [x, x, x, f32, f32, i32, x, f32, x],
+                      dict(base, BV=min(cfg.state_block_v, bv_all), HAS_INIT=True), cfg.num_warps),
         }
         if phase:
             scaled = dict(base, SCALE=0.0884, BV=bv)
-            launches = {
-                "prep": ("gdr_prep_t_kernel", [x, x, f32, x, x, x, f32, f32],
-                         dict(inner, BV=bv_all)),
-                "state": ("gdr_state_new_kernel", [x, x, x, f32, f32, i32, x, f32, x],
-                          dict(base, BV=bv, HAS_INIT=True)),
+            warps = cfg.backward_warps
+            launches.update({
                 "dv_local": ("gdr_dv_local_kernel", [x, x, f32, x, x],
-                             {**{n: v for n, v in scaled.items() if n != "PREC"}, "IN_PREC": inner["IN_PREC"]}),
-                "state_bwd": ("gdr_state_bwd_kernel", [x, x, x, f32, x, x, f32, i32, x, x, f32], scaled),
+                             {**{n: v for n, v in scaled.items() if n != "PREC"}, "IN_PREC": in_prec}, warps),
+                "state_bwd": ("gdr_state_bwd_kernel", [x, x, x, f32, x, x, f32, i32, x, x, f32], scaled, warps),
                 "dqkw": ("gdr_dqkw_kernel", [x, x, x, f32, x, x, x, x, x, f32, x, f32],
-                         dict(scaled, BK=min(bk, cfg.backward_block_k), IN_PREC=inner["IN_PREC"])),
+                         dict(scaled, BK=min(bk, cfg.backward_block_k), IN_PREC=in_prec), warps),
                 "wy_bwd": ("gdr_wy_bwd_kernel", [x, x, x, f32, f32, x, x, f32, x, x, f32, f32],
-                           dict(inner, BV=bv)),
-            }
+                           dict(base, BV=bv, IN_PREC=in_prec), warps),
+            })
         else:
-            launches["output"] = ("gdr_output_kernel", [x, x, x, x, f32, x, x],
-                                  dict(inner, SCALE=0.0884, BV=min(cfg.output_block_v, bv_all)))
-        for name, (fn, pointers, consts) in launches.items():
-            recomputed = phase and name in ("prep", "state")  # the backward's forward kernels: the forward's warps
-            report[name + phase] = build(getattr(module, fn), pointers, consts, cfg.num_warps if recomputed else warps)
+            launches["output"] = ("gdr_output_kernel", [x, x, x, f32, x, x],
+                                  dict(base, SCALE=0.0884, BK=min(bk, cfg.output_block_k),
+                                       BV=min(cfg.output_block_v, bv_all), IN_PREC=in_prec), cfg.num_warps)
+        for name, (fn, pointers, consts, warps) in launches.items():
+            report[name + phase] = build(getattr(module, fn), pointers, consts, warps)
     return report

@@ -12,8 +12,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-__all__ = ["gdr_dqkw_kernel", "gdr_dv_local_kernel", "gdr_output_kernel", "gdr_prep_kernel", "gdr_prep_t_kernel",
-           "gdr_state_bwd_kernel", "gdr_state_kernel", "gdr_state_new_kernel", "gdr_wy_bwd_kernel"]
+__all__ = ["gdr_dqkw_kernel", "gdr_dv_local_kernel", "gdr_output_kernel", "gdr_prep_kernel", "gdr_state_bwd_kernel",
+           "gdr_state_kernel", "gdr_wy_bwd_kernel"]
 
 
 @triton.jit
@@ -42,14 +42,6 @@ def _decay(gc, C: tl.constexpr, STRICT: tl.constexpr):
 
 
 @triton.jit
-def _sub(ptr, c, h, j, H: tl.constexpr, D: tl.constexpr, C: tl.constexpr, BD: tl.constexpr, col0):
-    """Pointers and mask of rows ``16·j … 16·j + 15`` of chunk ``c``'s ``[C, BD]`` tile (int64 offsets)."""
-    rows = tl.cast(c, tl.int64) * C + j * 16 + tl.arange(0, 16)
-    cols = col0 + tl.arange(0, BD)
-    return ptr + (rows[:, None] * H + h) * D + cols[None, :], (cols < D)[None, :]
-
-
-@triton.jit
 def _inverse16(a):
     """``(I + a)⁻¹`` of a strictly lower-triangular ``[16, 16]`` ``a`` as ``(I − a)(I + a²)(I + a⁴)(I + a⁸)``
     (``a¹⁶ = 0``), with float32 products."""
@@ -64,223 +56,184 @@ def _inverse16(a):
 
 
 @triton.jit
-def _gates16(g_ptr, b_ptr, gc_ptr, c, h, j, offset, H: tl.constexpr, C: tl.constexpr):
-    """Sub-block ``j`` (16 tokens) of a chunk: ``gc`` (stored), ``β`` and the running sum of the log decays."""
-    rows = tl.cast(c, tl.int64) * C + j * 16 + tl.arange(0, 16)
-    g = tl.load(g_ptr + rows * H + h).to(tl.float32)
-    gc = tl.cumsum(g, 0) + offset
-    tl.store(gc_ptr + rows * H + h, gc)
-    return gc, tl.load(b_ptr + rows * H + h).to(tl.float32), offset + tl.sum(g, 0)
-
-
-@triton.jit
-def _load16(ptr, c, h, j, H: tl.constexpr, D: tl.constexpr, C: tl.constexpr, BD: tl.constexpr):
-    p, m = _sub(ptr, c, h, j, H, D, C, BD, 0)
-    return tl.load(p, mask=m, other=0.0)
-
-
-@triton.jit
-def _wu_term(t, k_ptr, v_ptr, c, h, j, gc, beta, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-             C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, LOW: tl.constexpr, PREC: tl.constexpr):
-    """``(t β e^gc k_j, t β v_j)`` for block ``t = T_ij`` (``k_j``, ``v_j`` read again: fewer live registers)."""
-    kb = (_load16(k_ptr, c, h, j, H, K, C, BK).to(tl.float32) * (beta * tl.exp(gc))[:, None]).to(LOW)
-    vb = (_load16(v_ptr, c, h, j, H, V, C, BV).to(tl.float32) * beta[:, None]).to(LOW)
-    t = t.to(LOW)
-    return tl.dot(t, kb, input_precision=PREC), tl.dot(t, vb, input_precision=PREC)
-
-
-@triton.jit
-def _a_block(k_i, k_j, gc_i, gc_j, beta_i, STRICT: tl.constexpr, IN_PREC: tl.constexpr):
-    """Block ``(i, j)`` of ``β k kᵀ Γ`` (``Γ_ij = e^{gc_i − gc_j}``), strictly lower when ``STRICT``."""
-    a = tl.dot(k_i, tl.trans(k_j), input_precision=IN_PREC) * beta_i[:, None]
-    if STRICT:
-        r = tl.arange(0, 16)
-        return tl.where(r[:, None] > r[None, :], a * tl.exp(gc_i[:, None] - gc_j[None, :]), 0.0)
-    return a * tl.exp(gc_i[:, None] - gc_j[None, :])
-
-
-@triton.jit
 def _mm(a, b, PREC: tl.constexpr):
     return tl.dot(a, b, input_precision=PREC)
 
 
 @triton.jit
-def _store_block(w_ptr, u_ptr, t_ptr, c, h, i: tl.constexpr, w, u, t0, t1, t2, t3, H: tl.constexpr, K: tl.constexpr,
-                 V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, STORE_T: tl.constexpr):
-    """Row block ``i`` of ``W`` and ``U`` (in ``w``'s dtype) and, when ``STORE_T``, of ``T`` (blocks ``t0 … t_i``,
-    float32, ``[R, H, C]``; the blocks above the diagonal are never stored nor read)."""
-    wp, wm = _sub(w_ptr, c, h, i, H, K, C, BK, 0)
-    tl.store(wp, w.to(w_ptr.dtype.element_ty), mask=wm)
-    up, um = _sub(u_ptr, c, h, i, H, V, C, BV, 0)
-    tl.store(up, u.to(u_ptr.dtype.element_ty), mask=um)
-    if STORE_T:
-        tp, _ = _sub(t_ptr, c, h, i, H, C, C, 16, 0)
-        tl.store(tp, t0)
-        if i >= 1:
-            tl.store(tp + 16, t1)
-        if i >= 2:
-            tl.store(tp + 32, t2)
-        if i >= 3:
-            tl.store(tp + 48, t3)
+def _block16(t_ptr, c, h, i: tl.constexpr, j: tl.constexpr, H: tl.constexpr, C: tl.constexpr):
+    """Pointers of block ``(i, j)`` (16 x 16) of chunk ``c``'s ``[C, C]`` matrix in a ``[R, H, C]`` array."""
+    rows = tl.cast(c, tl.int64) * C + i * 16 + tl.arange(0, 16)
+    return t_ptr + (rows[:, None] * H + h) * C + j * 16 + tl.arange(0, 16)[None, :]
 
 
 @triton.jit
-def _prep(k_ptr, v_ptr, g_ptr, b_ptr, w_ptr, u_ptr, gc_ptr, t_ptr, H: tl.constexpr, K: tl.constexpr,
-          V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr,
-          IN_PREC: tl.constexpr, STORE_T: tl.constexpr):
+def gdr_prep_kernel(k_ptr, v_ptr, g_ptr, b_ptr, w_ptr, u_ptr, gc_ptr, t_ptr, H: tl.constexpr, K: tl.constexpr,
+                    V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr,
+                    IN_PREC: tl.constexpr):
+    """Per (chunk, head): ``gc = cumsum(g)``, ``T = (I + A)⁻¹`` with ``A = strictly_lower(β k kᵀ Γ)`` (float32,
+    ``[R, H, C]``, zeros above the diagonal blocks), ``W = T β e^gc k`` and ``U = T β v`` (in ``w``'s dtype).
+
+    Three phases through ``t`` (the program's own rows, re-read after a barrier): ``A`` as one product; ``T``
+    from 16-token blocks, each diagonal block inverted by products (:func:`_inverse16`), the blocks below it
+    from ``T_ij = −T_ii Σ_{j≤m<i} A_im T_mj``; then ``W`` and ``U`` as ``[C, C] x [C, D]`` products.
+    ``C`` is 16, 32 or 64.
+    """
     c, h = tl.program_id(0), tl.program_id(1)
     LOW: tl.constexpr = w_ptr.dtype.element_ty
     NB: tl.constexpr = C // 16
-    k0 = _load16(k_ptr, c, h, 0, H, K, C, BK)
-    gc0, b0, off = _gates16(g_ptr, b_ptr, gc_ptr, c, h, 0, 0.0, H, C)
-    t00 = _inverse16(_a_block(k0, k0, gc0, gc0, b0, True, IN_PREC))
-    w, u = _wu_term(t00, k_ptr, v_ptr, c, h, 0, gc0, b0, H, K, V, C, BK, BV, LOW, PREC)
-    _store_block(w_ptr, u_ptr, t_ptr, c, h, 0, w, u, t00, t00, t00, t00, H, K, V, C, BK, BV, STORE_T)
+    i = tl.arange(0, C)
+    rows = tl.cast(c, tl.int64) * C + i
+    gc = tl.cumsum(tl.load(g_ptr + rows * H + h).to(tl.float32), 0)
+    tl.store(gc_ptr + rows * H + h, gc)
+    beta = tl.load(b_ptr + rows * H + h).to(tl.float32)
+    kp, km = _rows(k_ptr, c, h, H, K, C, BK, 0)
+    k = tl.load(kp, mask=km, other=0.0)
+    tp = t_ptr + (rows[:, None] * H + h) * C + i[None, :]
+    tl.store(tp, tl.dot(k, tl.trans(k), input_precision=IN_PREC) * beta[:, None] * _decay(gc, C, True))
+    tl.debug_barrier()  # A stored: read back as 16 x 16 blocks
+    t00 = _inverse16(tl.load(_block16(t_ptr, c, h, 0, 0, H, C)))
     if NB >= 2:
-        k1 = _load16(k_ptr, c, h, 1, H, K, C, BK)
-        gc1, b1, off = _gates16(g_ptr, b_ptr, gc_ptr, c, h, 1, off, H, C)
-        t11 = _inverse16(_a_block(k1, k1, gc1, gc1, b1, True, IN_PREC))
-        t10 = -_mm(t11, _mm(_a_block(k1, k0, gc1, gc0, b1, False, IN_PREC), t00, PREC), PREC)
-        w, u = _wu_term(t10, k_ptr, v_ptr, c, h, 0, gc0, b0, H, K, V, C, BK, BV, LOW, PREC)
-        w1, u1 = _wu_term(t11, k_ptr, v_ptr, c, h, 1, gc1, b1, H, K, V, C, BK, BV, LOW, PREC)
-        _store_block(w_ptr, u_ptr, t_ptr, c, h, 1, w + w1, u + u1, t10, t11, t11, t11, H, K, V, C, BK, BV, STORE_T)
+        a10 = tl.load(_block16(t_ptr, c, h, 1, 0, H, C))
+        a11 = tl.load(_block16(t_ptr, c, h, 1, 1, H, C))
     if NB >= 4:
-        k2 = _load16(k_ptr, c, h, 2, H, K, C, BK)
-        gc2, b2, off = _gates16(g_ptr, b_ptr, gc_ptr, c, h, 2, off, H, C)
-        a20 = _a_block(k2, k0, gc2, gc0, b2, False, IN_PREC)
-        a21 = _a_block(k2, k1, gc2, gc1, b2, False, IN_PREC)
-        t22 = _inverse16(_a_block(k2, k2, gc2, gc2, b2, True, IN_PREC))
+        a20 = tl.load(_block16(t_ptr, c, h, 2, 0, H, C))
+        a21 = tl.load(_block16(t_ptr, c, h, 2, 1, H, C))
+        a22 = tl.load(_block16(t_ptr, c, h, 2, 2, H, C))
+        a30 = tl.load(_block16(t_ptr, c, h, 3, 0, H, C))
+        a31 = tl.load(_block16(t_ptr, c, h, 3, 1, H, C))
+        a32 = tl.load(_block16(t_ptr, c, h, 3, 2, H, C))
+        a33 = tl.load(_block16(t_ptr, c, h, 3, 3, H, C))
+    tl.debug_barrier()  # every block of A read: T overwrites it
+    tl.store(_block16(t_ptr, c, h, 0, 0, H, C), t00)
+    if NB >= 2:
+        t11 = _inverse16(a11)
+        t10 = -_mm(t11, _mm(a10, t00, PREC), PREC)
+        tl.store(_block16(t_ptr, c, h, 1, 0, H, C), t10)
+        tl.store(_block16(t_ptr, c, h, 1, 1, H, C), t11)
+    if NB >= 4:
+        t22 = _inverse16(a22)
         t21 = -_mm(t22, _mm(a21, t11, PREC), PREC)
         t20 = -_mm(t22, _mm(a20, t00, PREC) + _mm(a21, t10, PREC), PREC)
-        w, u = _wu_term(t20, k_ptr, v_ptr, c, h, 0, gc0, b0, H, K, V, C, BK, BV, LOW, PREC)
-        w1, u1 = _wu_term(t21, k_ptr, v_ptr, c, h, 1, gc1, b1, H, K, V, C, BK, BV, LOW, PREC)
-        w2, u2 = _wu_term(t22, k_ptr, v_ptr, c, h, 2, gc2, b2, H, K, V, C, BK, BV, LOW, PREC)
-        _store_block(w_ptr, u_ptr, t_ptr, c, h, 2, w + w1 + w2, u + u1 + u2, t20, t21, t22, t22, H, K, V, C, BK,
-                     BV, STORE_T)
-        k3 = _load16(k_ptr, c, h, 3, H, K, C, BK)
-        gc3, b3, off = _gates16(g_ptr, b_ptr, gc_ptr, c, h, 3, off, H, C)
-        a30 = _a_block(k3, k0, gc3, gc0, b3, False, IN_PREC)
-        a31 = _a_block(k3, k1, gc3, gc1, b3, False, IN_PREC)
-        a32 = _a_block(k3, k2, gc3, gc2, b3, False, IN_PREC)
-        t33 = _inverse16(_a_block(k3, k3, gc3, gc3, b3, True, IN_PREC))
+        tl.store(_block16(t_ptr, c, h, 2, 0, H, C), t20)
+        tl.store(_block16(t_ptr, c, h, 2, 1, H, C), t21)
+        tl.store(_block16(t_ptr, c, h, 2, 2, H, C), t22)
+        t33 = _inverse16(a33)
         t32 = -_mm(t33, _mm(a32, t22, PREC), PREC)
         t31 = -_mm(t33, _mm(a31, t11, PREC) + _mm(a32, t21, PREC), PREC)
         t30 = -_mm(t33, _mm(a30, t00, PREC) + _mm(a31, t10, PREC) + _mm(a32, t20, PREC), PREC)
-        w, u = _wu_term(t30, k_ptr, v_ptr, c, h, 0, gc0, b0, H, K, V, C, BK, BV, LOW, PREC)
-        w1, u1 = _wu_term(t31, k_ptr, v_ptr, c, h, 1, gc1, b1, H, K, V, C, BK, BV, LOW, PREC)
-        w2, u2 = _wu_term(t32, k_ptr, v_ptr, c, h, 2, gc2, b2, H, K, V, C, BK, BV, LOW, PREC)
-        w3, u3 = _wu_term(t33, k_ptr, v_ptr, c, h, 3, gc3, b3, H, K, V, C, BK, BV, LOW, PREC)
-        _store_block(w_ptr, u_ptr, t_ptr, c, h, 3, w + w1 + w2 + w3, u + u1 + u2 + u3, t30, t31, t32, t33, H, K,
-                     V, C, BK, BV, STORE_T)
-
-
-@triton.jit
-def gdr_prep_kernel(k_ptr, v_ptr, g_ptr, b_ptr, w_ptr, u_ptr, gc_ptr, H: tl.constexpr, K: tl.constexpr,
-                    V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr,
-                    IN_PREC: tl.constexpr):
-    """Per (chunk, head): ``gc = cumsum(g)``, ``T = (I + strictly_lower(β k kᵀ Γ))⁻¹``, ``W = T β e^gc k`` and
-    ``U = T β v`` (stored in ``w``'s dtype).
-
-    ``T`` is built from 16-token blocks: each diagonal block inverted by products (:func:`_inverse16`), the
-    blocks below it from ``T_ij = −T_ii Σ_{j≤m<i} A_im T_mj``; ``C`` is 16, 32 or 64.
-    """
-    _prep(k_ptr, v_ptr, g_ptr, b_ptr, w_ptr, u_ptr, gc_ptr, gc_ptr, H, K, V, C, BK, BV, PREC, IN_PREC, False)
-
-
-@triton.jit
-def gdr_prep_t_kernel(k_ptr, v_ptr, g_ptr, b_ptr, w_ptr, u_ptr, gc_ptr, t_ptr, H: tl.constexpr, K: tl.constexpr,
-                      V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr,
-                      IN_PREC: tl.constexpr):
-    """:func:`gdr_prep_kernel` that also stores ``T`` (float32, lower blocks) for the backward."""
-    _prep(k_ptr, v_ptr, g_ptr, b_ptr, w_ptr, u_ptr, gc_ptr, t_ptr, H, K, V, C, BK, BV, PREC, IN_PREC, True)
+        tl.store(_block16(t_ptr, c, h, 3, 0, H, C), t30)
+        tl.store(_block16(t_ptr, c, h, 3, 1, H, C), t31)
+        tl.store(_block16(t_ptr, c, h, 3, 2, H, C), t32)
+        tl.store(_block16(t_ptr, c, h, 3, 3, H, C), t33)
+    tl.debug_barrier()  # T stored: W and U as products of the whole chunk
+    t = tl.load(tp, mask=(i[None, :] // 16) <= (i[:, None] // 16), other=0.0).to(LOW)
+    k = tl.load(kp, mask=km, other=0.0).to(tl.float32)
+    w = tl.dot(t, (k * (beta * tl.exp(gc))[:, None]).to(LOW), input_precision=PREC)
+    wp, _ = _rows(w_ptr, c, h, H, K, C, BK, 0)
+    tl.store(wp, w.to(w_ptr.dtype.element_ty), mask=km)
+    vp, vm = _rows(v_ptr, c, h, H, V, C, BV, 0)
+    v = tl.load(vp, mask=vm, other=0.0).to(tl.float32)
+    u = tl.dot(t, (v * beta[:, None]).to(LOW), input_precision=PREC)
+    up, _ = _rows(u_ptr, c, h, H, V, C, BV, 0)
+    tl.store(up, u.to(u_ptr.dtype.element_ty), mask=vm)
 
 
 @triton.jit
 def _state_tile(ptr, idx, h, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr,
-                BV: tl.constexpr, col0):
-    """Pointers and mask of the ``[BK, BV]`` tile (columns from ``col0``) of state ``idx`` of ``[·, H, K, V]``
-    (int64 offsets)."""
-    ik = tl.arange(0, BK)
+                BV: tl.constexpr, k0, col0):
+    """Pointers and mask of the ``[BK, BV]`` tile (rows from ``k0``, columns from ``col0``) of state ``idx`` of
+    ``[·, H, K, V]`` (int64 offsets)."""
+    ik = k0 + tl.arange(0, BK)
     iv = col0 + tl.arange(0, BV)
     offsets = ((tl.cast(idx, tl.int64) * H + h) * K + ik[:, None]) * V + iv[None, :]
     return ptr + offsets, (ik < K)[:, None] & (iv < V)[None, :]
 
 
 @triton.jit
-def _states(w_ptr, u_ptr, k_ptr, gc_ptr, init_ptr, cstart_ptr, h_ptr, final_ptr, n_ptr, H: tl.constexpr,
-            K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-            HAS_INIT: tl.constexpr, PREC: tl.constexpr, STORE_NEW: tl.constexpr):
+def _k_cols(ptr, c, h, H: tl.constexpr, K: tl.constexpr, C: tl.constexpr, HK: tl.constexpr, k0):
+    """Pointers and mask of chunk ``c``'s ``[HK, C]`` tile ``kᵀ`` (rows ``k0 …`` of ``K``) of a ``[R, H, K]`` array."""
+    rows = tl.cast(c, tl.int64) * C + tl.arange(0, C)
+    ik = k0 + tl.arange(0, HK)
+    return ptr + (rows[None, :] * H + h) * K + ik[:, None], (ik < K)[:, None]
+
+
+@triton.jit
+def gdr_state_kernel(w_ptr, u_ptr, k_ptr, gc_ptr, init_ptr, cstart_ptr, h_ptr, final_ptr, n_ptr, H: tl.constexpr,
+                     K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+                     HAS_INIT: tl.constexpr, PREC: tl.constexpr):
+    """Per (sequence·head, V block): the states entering each chunk of the sequence (stored in ``h``'s
+    dtype), every chunk's ``N = U − W S`` (in ``n``'s dtype), then the final state (float32).
+
+    ``S ← e^{gc_C} S + kᵀ (N e^{gc_C − gc})`` from ``init`` (or zeros) on the sequence's first chunk, the
+    state held as two halves of ``K`` rows (``BK ≥ 32``: two independent products per half-step); the
+    products take the stored dtype (16-bit inputs: 16-bit operands, float32 sums) and ``S`` stays float32.
+    """
     col0 = tl.program_id(1) * BV
     n, h = tl.program_id(0) // H, tl.program_id(0) % H
     c0, c1 = tl.load(cstart_ptr + n), tl.load(cstart_ptr + n + 1)
     low = w_ptr.dtype.element_ty
-    sp, sm = _state_tile(init_ptr, n, h, H, K, V, BK, BV, col0)
-    state = tl.zeros((BK, BV), tl.float32)
+    SPLIT: tl.constexpr = BK >= 32
+    HK: tl.constexpr = BK // 2 if SPLIT else BK
+    s1 = tl.zeros((HK, BV), tl.float32)
+    s2 = tl.zeros((HK, BV), tl.float32)
     if HAS_INIT:
-        state = tl.load(sp, mask=sm, other=0.0).to(tl.float32)
+        ip, im = _state_tile(init_ptr, n, h, H, K, V, HK, BV, 0, col0)
+        s1 = tl.load(ip, mask=im, other=0.0).to(tl.float32)
+        if SPLIT:
+            ip, im = _state_tile(init_ptr, n, h, H, K, V, HK, BV, HK, col0)
+            s2 = tl.load(ip, mask=im, other=0.0).to(tl.float32)
     for c in range(c0, c1):
-        hp, hm = _state_tile(h_ptr, c, h, H, K, V, BK, BV, col0)
-        tl.store(hp, state.to(h_ptr.dtype.element_ty), mask=hm)
-        wp, wm = _rows(w_ptr, c, h, H, K, C, BK, 0)
+        hp, hm = _state_tile(h_ptr, c, h, H, K, V, HK, BV, 0, col0)
+        tl.store(hp, s1.to(h_ptr.dtype.element_ty), mask=hm)
+        wp, wm = _rows(w_ptr, c, h, H, K, C, HK, 0)
+        ws = tl.dot(tl.load(wp, mask=wm, other=0.0), s1.to(low), input_precision=PREC)
+        if SPLIT:
+            hp, hm = _state_tile(h_ptr, c, h, H, K, V, HK, BV, HK, col0)
+            tl.store(hp, s2.to(h_ptr.dtype.element_ty), mask=hm)
+            wp, wm = _rows(w_ptr, c, h, H, K, C, HK, HK)
+            ws = tl.dot(tl.load(wp, mask=wm, other=0.0), s2.to(low), ws, input_precision=PREC)
         up, um = _rows(u_ptr, c, h, H, V, C, BV, col0)
-        kp, km = _rows(k_ptr, c, h, H, K, C, BK, 0)
-        new = (tl.load(up, mask=um, other=0.0).to(tl.float32)
-               - tl.dot(tl.load(wp, mask=wm, other=0.0), state.to(low), input_precision=PREC))
-        if STORE_NEW:
-            np_, nm = _rows(n_ptr, c, h, H, V, C, BV, col0)
-            tl.store(np_, new.to(n_ptr.dtype.element_ty), mask=nm)
+        new = tl.load(up, mask=um, other=0.0).to(tl.float32) - ws
+        np_, nm = _rows(n_ptr, c, h, H, V, C, BV, col0)
+        tl.store(np_, new.to(n_ptr.dtype.element_ty), mask=nm)
         gc, g_end = _gates(gc_ptr, c, h, H, C)
         new = (new * tl.exp(g_end - gc)[:, None]).to(low)
-        state = state * tl.exp(g_end) + tl.dot(tl.trans(tl.load(kp, mask=km, other=0.0).to(low)), new,
-                                               input_precision=PREC)
-    fp, fm = _state_tile(final_ptr, n, h, H, K, V, BK, BV, col0)
-    tl.store(fp, state, mask=fm)
+        decay = tl.exp(g_end)
+        kp, km = _k_cols(k_ptr, c, h, H, K, C, HK, 0)
+        s1 = tl.dot(tl.load(kp, mask=km, other=0.0).to(low), new, s1 * decay, input_precision=PREC)
+        if SPLIT:
+            kp, km = _k_cols(k_ptr, c, h, H, K, C, HK, HK)
+            s2 = tl.dot(tl.load(kp, mask=km, other=0.0).to(low), new, s2 * decay, input_precision=PREC)
+    fp, fm = _state_tile(final_ptr, n, h, H, K, V, HK, BV, 0, col0)
+    tl.store(fp, s1, mask=fm)
+    if SPLIT:
+        fp, fm = _state_tile(final_ptr, n, h, H, K, V, HK, BV, HK, col0)
+        tl.store(fp, s2, mask=fm)
 
 
 @triton.jit
-def gdr_state_kernel(w_ptr, u_ptr, k_ptr, gc_ptr, init_ptr, cstart_ptr, h_ptr, final_ptr, H: tl.constexpr,
-                     K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-                     HAS_INIT: tl.constexpr, PREC: tl.constexpr):
-    """Per (sequence·head, V block): the states entering each chunk of the sequence (stored in ``h``'s
-    dtype), then its final state (float32).
-
-    ``S ← e^{gc_C} S + kᵀ (N e^{gc_C − gc})`` with ``N = U − W S``, from ``init`` (or zeros) on the sequence's
-    first chunk; the products take the stored dtype (16-bit inputs: 16-bit operands, float32 sums) and ``S``
-    is kept in float32.
-    """
-    _states(w_ptr, u_ptr, k_ptr, gc_ptr, init_ptr, cstart_ptr, h_ptr, final_ptr, h_ptr, H, K, V, C, BK, BV,
-            HAS_INIT, PREC, False)
-
-
-@triton.jit
-def gdr_state_new_kernel(w_ptr, u_ptr, k_ptr, gc_ptr, init_ptr, cstart_ptr, h_ptr, final_ptr, n_ptr,
-                         H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr,
-                         BV: tl.constexpr, HAS_INIT: tl.constexpr, PREC: tl.constexpr):
-    """:func:`gdr_state_kernel` that also stores every chunk's ``N = U − W S`` (for the backward)."""
-    _states(w_ptr, u_ptr, k_ptr, gc_ptr, init_ptr, cstart_ptr, h_ptr, final_ptr, n_ptr, H, K, V, C, BK, BV,
-            HAS_INIT, PREC, True)
-
-
-@triton.jit
-def gdr_output_kernel(q_ptr, k_ptr, w_ptr, u_ptr, gc_ptr, h_ptr, o_ptr, SCALE: tl.constexpr, H: tl.constexpr,
+def gdr_output_kernel(q_ptr, k_ptr, n_ptr, gc_ptr, h_ptr, o_ptr, SCALE: tl.constexpr, H: tl.constexpr,
                       K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                       PREC: tl.constexpr, IN_PREC: tl.constexpr):
-    """Per (chunk, head, V block): ``o = scale (e^gc ⊙ (q S) + lower(q kᵀ Γ) (U − W S))``."""
+    """Per (chunk, head, V block): ``o = scale (e^gc ⊙ (q S) + lower(q kᵀ Γ) N)``, ``K`` walked in blocks of
+    ``BK`` (``q S`` and ``q kᵀ`` accumulated, the loads pipelined)."""
     c, h, col0 = tl.program_id(0), tl.program_id(1), tl.program_id(2) * BV
-    low = w_ptr.dtype.element_ty
-    qp, qm = _rows(q_ptr, c, h, H, K, C, BK, 0)
-    kp, km = _rows(k_ptr, c, h, H, K, C, BK, 0)
-    q = tl.load(qp, mask=qm, other=0.0)
+    low = n_ptr.dtype.element_ty
+    o = tl.zeros((C, BV), tl.float32)
+    attn = tl.zeros((C, C), tl.float32)
+    for kb in range(0, tl.cdiv(K, BK)):
+        qp, qm = _rows(q_ptr, c, h, H, K, C, BK, kb * BK)
+        kp, _ = _rows(k_ptr, c, h, H, K, C, BK, kb * BK)
+        q = tl.load(qp, mask=qm, other=0.0)
+        attn = tl.dot(q, tl.trans(tl.load(kp, mask=qm, other=0.0)), attn, input_precision=IN_PREC)
+        hp, hm = _state_tile(h_ptr, c, h, H, K, V, BK, BV, kb * BK, col0)
+        o = tl.dot(q.to(low), tl.load(hp, mask=hm, other=0.0), o, input_precision=PREC)
     gc, _ = _gates(gc_ptr, c, h, H, C)
-    attn = tl.dot(q, tl.trans(tl.load(kp, mask=km, other=0.0)), input_precision=IN_PREC) * _decay(gc, C, False)
-    hp, hm = _state_tile(h_ptr, c, h, H, K, V, BK, BV, col0)
-    state = tl.load(hp, mask=hm, other=0.0)
-    wp, wm = _rows(w_ptr, c, h, H, K, C, BK, 0)
-    up, um = _rows(u_ptr, c, h, H, V, C, BV, col0)
-    new = tl.load(up, mask=um, other=0.0).to(tl.float32) - tl.dot(tl.load(wp, mask=wm, other=0.0), state,
-                                                                   input_precision=PREC)
-    o = tl.dot(q.to(low), state, input_precision=PREC) * tl.exp(gc)[:, None]
-    o = SCALE * (o + tl.dot(attn.to(low), new.to(low), input_precision=PREC))
+    attn = attn * _decay(gc, C, False)
+    np_, nm = _rows(n_ptr, c, h, H, V, C, BV, col0)
+    new = tl.load(np_, mask=nm, other=0.0)
+    o = SCALE * (o * tl.exp(gc)[:, None] + tl.dot(attn.to(low), new, input_precision=PREC))
     op, om = _rows(o_ptr, c, h, H, V, C, BV, col0)
     tl.store(op, o.to(o_ptr.dtype.element_ty), mask=om)
 
@@ -318,11 +271,11 @@ def gdr_state_bwd_kernel(q_ptr, k_ptr, w_ptr, gc_ptr, do_ptr, dvl_ptr, dfinal_pt
     n, h = tl.program_id(0) // H, tl.program_id(0) % H
     c0, c1 = tl.load(cstart_ptr + n), tl.load(cstart_ptr + n + 1)
     low = w_ptr.dtype.element_ty
-    fp, fm = _state_tile(dfinal_ptr, n, h, H, K, V, BK, BV, col0)
+    fp, fm = _state_tile(dfinal_ptr, n, h, H, K, V, BK, BV, 0, col0)
     grad = tl.load(fp, mask=fm, other=0.0)
     for i in range(0, c1 - c0):
         c = c1 - 1 - i
-        hp, hm = _state_tile(dh_ptr, c, h, H, K, V, BK, BV, col0)
+        hp, hm = _state_tile(dh_ptr, c, h, H, K, V, BK, BV, 0, col0)
         tl.store(hp, grad.to(dh_ptr.dtype.element_ty), mask=hm)
         qp, qm = _rows(q_ptr, c, h, H, K, C, BK, 0)
         kp, km = _rows(k_ptr, c, h, H, K, C, BK, 0)
@@ -338,7 +291,7 @@ def gdr_state_bwd_kernel(q_ptr, k_ptr, w_ptr, gc_ptr, do_ptr, dvl_ptr, dfinal_pt
         grad = (grad * tl.exp(g_end)
                 + SCALE * tl.dot(tl.trans(tl.load(qp, mask=qm, other=0.0).to(low)), d_o, input_precision=PREC)
                 - tl.dot(tl.trans(tl.load(wp, mask=wm, other=0.0)), d_new.to(low), input_precision=PREC))
-    ip, im = _state_tile(dinit_ptr, n, h, H, K, V, BK, BV, col0)
+    ip, im = _state_tile(dinit_ptr, n, h, H, K, V, BK, BV, 0, col0)
     tl.store(ip, grad, mask=im)
 
 
@@ -463,3 +416,4 @@ def gdr_wy_bwd_kernel(k_ptr, v_ptr, b_ptr, gc_ptr, t_ptr, dw_ptr, dn_ptr, dkp_pt
     tl.store(dkp2, d_k.to(dk_ptr.dtype.element_ty), mask=km)
     tl.store(db_ptr + rows * H + h, d_beta)
     tl.store(dgc_ptr + rows * H + h, d_gc)
+

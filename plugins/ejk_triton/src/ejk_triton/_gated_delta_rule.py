@@ -1,16 +1,18 @@
 """``gated_delta_rule`` as Triton kernels: the chunked (WY / UT-transform) algorithm, forward and backward.
 
-Tokens are laid out in rows of ``C``-token chunks (``[R, H, D]``, ``R = chunks·C``): a batch row's
-``T`` is padded to a multiple of ``C`` (no copy when it already is one); packed sequences
-(``cu_seqlens``) are gathered so that each starts on a chunk boundary. Padding tokens have
-``k = v = β = g = 0`` and leave the state unchanged. ``cstart [N + 1]`` gives each sequence's chunks.
+The kernels read and write the caller's tokens in place (``[B·T, H, D]``: batch rows and packed
+sequences alike, no copy): each sequence is cut into ``C``-token chunks, its last one short, and a
+chunk's rows past its tokens are masked to ``k = v = β = g = 0`` (they leave the state unchanged).
+What passes between kernels sits in rows of whole chunks (``[R, H, ·]``, ``R = chunks·C``). The layout
+(:func:`_layout`) gives each chunk's first token and count, each sequence's chunks (``cstart [N + 1]``)
+and tokens (``seq [N + 1]``).
 
 Forward, three launches:
 
 - ``gdr_prep_kernel`` (chunk, head): the cumulative log decay ``gc``, the unit lower-triangular
   ``T = (I + strictly_lower(β k kᵀ Γ))⁻¹`` from 16-token blocks (all by products), ``W = T β e^gc k``
   and ``U = T β v``;
-- ``gdr_state_kernel`` (sequence·head, V block): the state entering each chunk and every chunk's
+- ``gdr_state_kernel`` (V block, sequence·head): the state entering each chunk and every chunk's
   ``N = U − W S``, ``S ← e^{gc_C} S + kᵀ (N e^{gc_C − gc})`` (kept in float32), and the final state;
 - ``gdr_output_kernel`` (chunk, head, V block): ``o = scale (e^gc ⊙ (q S) + lower(q kᵀ Γ) N)``.
 
@@ -23,7 +25,7 @@ Backward, six launches (its own chunk, ``backward_chunk``):
 - the forward's first two again at the backward's chunk (nothing is kept from the forward): ``T`` and
   ``N`` are among their outputs;
 - ``gdr_dv_local_kernel`` (chunk, head, V block): the chunk's own part of ``dN``, ``scale Pᵀ dO``;
-- ``gdr_state_bwd_kernel`` (sequence·head, V block), chunks in reverse: the gradient ``dS'`` of the
+- ``gdr_state_bwd_kernel`` (V block, sequence·head), chunks in reverse: the gradient ``dS'`` of the
   state leaving every chunk, the chunk's whole ``dN``, and the initial state's gradient;
 - ``gdr_dqkw_kernel`` (K block, chunk, head): ``dq``, the ``k`` gradient through ``P`` and ``S'``,
   ``dW = −dN Sᵀ`` and its K block's part of the ``gc`` gradient;
@@ -95,70 +97,39 @@ class GatedDeltaRuleConfig:
 
 
 class _Layout(NamedTuple):
-    chunks: int
-    cstart: jax.Array  # [N + 1] first chunk of each sequence (the last sequence owns the padding chunks)
-    slot: jax.Array | None  # [T] row of each token (packed sequences), None for the batch layout
-    src: jax.Array | None  # [R] token of each row, -1 for padding
+    """Chunks of one chunk size (all int32): ``cstart [N + 1]`` the first chunk of each sequence (the last
+    sequence owns the padding chunks), ``seq [N + 1]`` its first token, ``tok [2 · chunks]`` each chunk's first
+    token and token count (0 for a padding chunk), ``order [N]`` the sequences from the most chunks to the
+    fewest: the per-sequence kernels start the longest first (their time is the longest sequence's walk)."""
+
+    cstart: jax.Array
+    seq: jax.Array
+    tok: jax.Array
+    order: jax.Array
 
 
 def _layout(batch: int, length: int, cu_seqlens: jax.Array | None, chunk: int) -> _Layout:
+    """The chunks of ``batch`` rows of ``length`` tokens, or of the packed sequences of ``cu_seqlens``."""
     if cu_seqlens is None:
         per = cdiv(length, chunk)
-        return _Layout(batch * per, jnp.arange(batch + 1, dtype=jnp.int32) * per, None, None)
+        c = jnp.arange(batch * per, dtype=jnp.int32)
+        first = c // per * length + c % per * chunk
+        count = jnp.minimum(chunk, length - c % per * chunk)
+        return _Layout(jnp.arange(batch + 1, dtype=jnp.int32) * per, jnp.arange(batch + 1, dtype=jnp.int32) * length,
+                       jnp.stack([first, count], 1).reshape(-1), jnp.arange(batch, dtype=jnp.int32))
     cu = cu_seqlens.astype(jnp.int32)
     sequences = cu.shape[0] - 1
     lens = cu[1:] - cu[:-1]
     cum = jnp.concatenate([jnp.zeros((1,), jnp.int32), jnp.cumsum((lens + chunk - 1) // chunk, dtype=jnp.int32)])
-    chunks = cdiv(length, chunk) + sequences
-    # per chunk (a small array), then per row by gathers; tokens by inverting the rows' map (one scatter)
-    chunk_seq = jnp.clip(jnp.searchsorted(cum[1:], jnp.arange(chunks, dtype=jnp.int32), side="right"), 0,
-                         sequences - 1)
-    rows = jnp.arange(chunks * chunk, dtype=jnp.int32)
-    seq = jnp.repeat(chunk_seq, chunk, total_repeat_length=chunks * chunk)
-    offset = rows - cum[seq] * chunk
-    src = jnp.where((rows // chunk < cum[-1]) & (offset < lens[seq]), cu[seq] + offset, -1)
-    slot = jnp.zeros((length,), jnp.int32).at[jnp.where(src >= 0, src, length)].set(rows, mode="drop")
+    chunks = cdiv(length, chunk) + sequences  # a static bound on the sequences' chunks
+    c = jnp.arange(chunks, dtype=jnp.int32)
+    seq = jnp.clip(jnp.searchsorted(cum[1:], c, side="right", method="compare_all"), 0, sequences - 1)
+    start = (c - cum[seq]) * chunk
+    count = jnp.where(c < cum[-1], jnp.clip(lens[seq] - start, 0, chunk), 0)
+    first = jnp.where(count > 0, cu[seq] + start, 0)
     cstart = jnp.concatenate([cum[:-1], jnp.full((1,), chunks, jnp.int32)])
-    return _Layout(chunks, cstart, slot, src)
-
-
-@jax.custom_vjp
-def _take(x: jax.Array, index: jax.Array, back: jax.Array) -> jax.Array:
-    """``x[index]`` along the first axis, zeros where ``index < 0``. ``back`` is the inverse map (``index[back[j]] = j``
-    wherever ``back[j] ≥ 0``, and every ``x`` row taken once), so the gradient is a gather too, not a scatter."""
-    picked = x[jnp.maximum(index, 0)]
-    return jnp.where((index >= 0).reshape(-1, *(1,) * (x.ndim - 1)), picked, jnp.zeros((), x.dtype))
-
-
-def _take_fwd(x: jax.Array, index: jax.Array, back: jax.Array) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
-    return _take(x, index, back), (index, back)
-
-
-def _take_bwd(res: tuple[jax.Array, jax.Array], dy: jax.Array) -> tuple[jax.Array, None, None]:
-    index, back = res
-    return _take(dy, back, index), None, None
-
-
-_take.defvjp(_take_fwd, _take_bwd)
-
-
-def _to_rows(x: jax.Array, layout: _Layout, chunk: int) -> jax.Array:
-    """``[B, T, H, ...]`` → ``[R, H, ...]``."""
-    b, t, *rest = x.shape
-    if layout.src is None:
-        pad = layout.chunks // b * chunk - t
-        if pad:
-            x = jnp.pad(x, ((0, 0), (0, pad)) + ((0, 0),) * len(rest))
-        return x.reshape(-1, *rest)
-    assert layout.slot is not None
-    return _take(x[0], layout.src, layout.slot)
-
-
-def _from_rows(o: jax.Array, layout: _Layout, batch: int, length: int) -> jax.Array:
-    if layout.slot is None:
-        return o.reshape(batch, -1, *o.shape[1:])[:, :length]
-    assert layout.src is not None
-    return _take(o, layout.slot, layout.src)[None]
+    order = jnp.argsort(cstart[:-1] - cstart[1:], stable=True).astype(jnp.int32)
+    return _Layout(cstart, cu, jnp.stack([first, count], 1).reshape(-1), order)
 
 
 class _Static(NamedTuple):
@@ -179,8 +150,8 @@ class _Static(NamedTuple):
 
 
 def _shapes(q: jax.Array, v: jax.Array) -> tuple[int, int, int, int, int]:
-    rows, heads, dk = q.shape
-    return rows, heads, dk, v.shape[-1], max(16, 1 << (dk - 1).bit_length())
+    tokens, heads, dk = q.shape
+    return tokens, heads, dk, v.shape[-1], max(16, 1 << (dk - 1).bit_length())
 
 
 def _launch(name: str, *, inputs: tuple[jax.Array, ...], **args: Any) -> tuple[jax.Array, ...]:
@@ -192,23 +163,24 @@ def _launch(name: str, *, inputs: tuple[jax.Array, ...], **args: Any) -> tuple[j
 
 
 def _prep_and_states(st: _Static, k: jax.Array, v: jax.Array, g: jax.Array, beta: jax.Array, init: jax.Array,
-                     cstart: jax.Array) -> tuple[jax.Array, ...]:
+                     layout: _Layout) -> tuple[jax.Array, ...]:
     """``(w, gc, t, h, new, final)``: the prep kernel's ``W``, ``gc`` and ``T``; the states entering each chunk,
-    every chunk's ``N = U − W S`` and the final states."""
-    rows, heads, dk, dv, bk = _shapes(k, v)
-    chunks, sequences = rows // st.chunk, init.shape[0]
+    every chunk's ``N = U − W S`` and the final states (rows of ``st.chunk``-token chunks)."""
+    _, heads, dk, dv, bk = _shapes(k, v)
+    chunks, sequences = layout.tok.shape[0] // 2, init.shape[0]
+    rows = chunks * st.chunk
     bv_all = max(16, 1 << (dv - 1).bit_length())
     f32 = jnp.float32
     common = dict(num_stages=st.num_stages, H=heads, K=dk, V=dv, C=st.chunk, BK=bk, PREC=st.prec)
-    w, u, gc, t = _launch("gdr_prep_kernel", grid=(chunks, heads), inputs=(k, v, g, beta),
+    w, u, gc, t = _launch("gdr_prep_kernel", grid=(chunks, heads), inputs=(k, v, g, beta, layout.tok),
                           out_shapes=(jax.ShapeDtypeStruct((rows, heads, dk), k.dtype),
                                       jax.ShapeDtypeStruct((rows, heads, dv), k.dtype),
                                       jax.ShapeDtypeStruct((rows, heads), f32),
                                       jax.ShapeDtypeStruct((rows, heads, st.chunk), f32)),
                           **common, num_warps=st.prep_warps, BV=bv_all, IN_PREC=st.in_prec)
     bv = min(st.state_block_v, bv_all)
-    h, final, new = _launch("gdr_state_kernel", grid=(sequences * heads, cdiv(dv, bv)),
-                            inputs=(w, u, k, gc, init, cstart),
+    h, final, new = _launch("gdr_state_kernel", grid=(cdiv(dv, bv), sequences * heads),
+                            inputs=(w, u, k, gc, init, layout.cstart, layout.seq, layout.order),
                             out_shapes=(jax.ShapeDtypeStruct((chunks, heads, dk, dv), k.dtype),
                                         jax.ShapeDtypeStruct((sequences, heads, dk, dv), f32),
                                         jax.ShapeDtypeStruct((rows, heads, dv), k.dtype)),
@@ -216,46 +188,44 @@ def _prep_and_states(st: _Static, k: jax.Array, v: jax.Array, g: jax.Array, beta
     return w, gc, t, h, new, final
 
 
-def _forward_rows(st: _Static, q: jax.Array, k: jax.Array, v: jax.Array, g: jax.Array, beta: jax.Array,
-                  init: jax.Array, cstart: jax.Array) -> tuple[jax.Array, jax.Array]:
-    rows, heads, dk, dv, bk = _shapes(q, v)
-    _, gc, _, h, new, final = _prep_and_states(st, k, v, g, beta, init, cstart)
+def _forward_tokens(st: _Static, q: jax.Array, k: jax.Array, v: jax.Array, g: jax.Array, beta: jax.Array,
+                    init: jax.Array, layout: _Layout, backward_layout: _Layout) -> tuple[jax.Array, jax.Array]:
+    """``(o, final)``; ``backward_layout`` (the backward's chunks) is unused here."""
+    del backward_layout
+    tokens, heads, dk, dv, bk = _shapes(q, v)
+    _, gc, _, h, new, final = _prep_and_states(st, k, v, g, beta, init, layout)
     bv = min(st.output_block_v, max(16, 1 << (dv - 1).bit_length()))
-    (o,) = _launch("gdr_output_kernel", grid=(rows // st.chunk, heads, cdiv(dv, bv)),
-                  inputs=(q, k, new, gc, h), out_shapes=(jax.ShapeDtypeStruct((rows, heads, dv), q.dtype),),
+    (o,) = _launch("gdr_output_kernel", grid=(layout.tok.shape[0] // 2, heads, cdiv(dv, bv)),
+                  inputs=(q, k, new, gc, h, layout.tok),
+                  out_shapes=(jax.ShapeDtypeStruct((tokens, heads, dv), q.dtype),),
                   num_warps=st.num_warps, num_stages=st.num_stages, SCALE=st.scale, H=heads, K=dk, V=dv,
                   C=st.chunk, BK=min(bk, st.output_block_k), BV=bv, PREC=st.prec, IN_PREC=st.in_prec)
     return o, final
 
 
-def _reverse_cumsum(x: jax.Array, chunk: int) -> jax.Array:
-    """``[R, H]`` → each chunk's reverse cumulative sum (the gradient of ``g`` from that of ``gc``)."""
-    rows, heads = x.shape
-    x = x.reshape(rows // chunk, chunk, heads)
-    return jnp.flip(jnp.cumsum(jnp.flip(x, 1), axis=1), 1).reshape(rows, heads)
-
-
-def _backward_rows(st: _Static, residuals: tuple[jax.Array, ...], cotangents: tuple[jax.Array, jax.Array]
-                   ) -> tuple[Any, ...]:
-    """Recompute ``W, U, T``, the states and ``N``; then ``scale Pᵀ dO``, the reverse state pass (``dS'``, ``dN``),
-    ``dq`` / ``dk`` / ``dW`` per K block, and the gradients through ``W, U, T`` (see ``_gdr_kernels``)."""
-    q, k, v, g, beta, init, cstart = residuals
+def _backward_tokens(st: _Static, residuals: tuple[Any, ...], cotangents: tuple[jax.Array, jax.Array]
+                     ) -> tuple[Any, ...]:
+    """Recompute ``W, U, T``, the states and ``N`` (in the backward's chunks); then ``scale Pᵀ dO``, the reverse
+    state pass (``dS'``, ``dN``), ``dq`` / ``dk`` / ``dW`` per K block, and the gradients through ``W, U, T``
+    with ``dg`` (see ``_gdr_kernels``)."""
+    q, k, v, g, beta, init, forward_layout, layout = residuals
     d_o, d_final = cotangents
-    cstart = cstart * (st.chunk // st.backward_chunk)  # the same layout in smaller chunks
     st = st._replace(chunk=st.backward_chunk)  # the forward's kernels recomputed at the forward's warps
-    rows, heads, dk, dv, bk = _shapes(q, v)
-    chunks, sequences, c = rows // st.chunk, init.shape[0], st.chunk
-    w, gc, t, h, new, _ = _prep_and_states(st, k, v, g, beta, init, cstart)
+    _, heads, dk, dv, bk = _shapes(q, v)
+    chunks, sequences, c = layout.tok.shape[0] // 2, init.shape[0], st.chunk
+    rows = chunks * c
+    w, gc, t, h, new, _ = _prep_and_states(st, k, v, g, beta, init, layout)
     st = st._replace(num_warps=st.backward_warps)
     bv = min(st.block_v, max(16, 1 << (dv - 1).bit_length()))
     f32, low = jnp.float32, k.dtype
     d_o = d_o.astype(low)
     common = dict(num_warps=st.num_warps, num_stages=st.num_stages, H=heads, K=dk, V=dv, C=c)
-    (dvl,) = _launch("gdr_dv_local_kernel", grid=(chunks, heads, cdiv(dv, bv)), inputs=(q, k, gc, d_o),
+    (dvl,) = _launch("gdr_dv_local_kernel", grid=(chunks, heads, cdiv(dv, bv)), inputs=(q, k, gc, d_o, layout.tok),
                      out_shapes=(jax.ShapeDtypeStruct((rows, heads, dv), low),), **common, SCALE=st.scale, BK=bk,
                      BV=bv, IN_PREC=st.in_prec)
-    dh, dn, d_init = _launch("gdr_state_bwd_kernel", grid=(sequences * heads, cdiv(dv, bv)),
-                             inputs=(q, k, w, gc, d_o, dvl, d_final.astype(f32), cstart),
+    dh, dn, d_init = _launch("gdr_state_bwd_kernel", grid=(cdiv(dv, bv), sequences * heads),
+                             inputs=(q, k, w, gc, d_o, dvl, d_final.astype(f32), layout.cstart, layout.seq,
+                                     layout.order),
                              out_shapes=(jax.ShapeDtypeStruct((chunks, heads, dk, dv), low),
                                          jax.ShapeDtypeStruct((rows, heads, dv), low),
                                          jax.ShapeDtypeStruct((sequences, heads, dk, dv), f32)),
@@ -263,31 +233,31 @@ def _backward_rows(st: _Static, residuals: tuple[jax.Array, ...], cotangents: tu
     bk_part = min(bk, st.backward_block_k)
     k_blocks = cdiv(dk, bk_part)
     dq, dk_part, dw, dgc = _launch(
-        "gdr_dqkw_kernel", grid=(k_blocks, chunks, heads), inputs=(q, k, new, gc, h, dh, d_o, dn),
-        out_shapes=(jax.ShapeDtypeStruct((rows, heads, dk), q.dtype), jax.ShapeDtypeStruct((rows, heads, dk), f32),
+        "gdr_dqkw_kernel", grid=(k_blocks, chunks, heads), inputs=(q, k, new, gc, h, dh, d_o, dn, layout.tok),
+        out_shapes=(jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct((rows, heads, dk), f32),
                     jax.ShapeDtypeStruct((rows, heads, dk), low), jax.ShapeDtypeStruct((k_blocks, rows, heads), f32)),
         **common, SCALE=st.scale, BK=bk_part, BV=bv, PREC=st.prec, IN_PREC=st.in_prec)
-    dk_, dv_, db, dgc_wy = _launch(
-        "gdr_wy_bwd_kernel", grid=(chunks, heads), inputs=(k, v, beta, gc, t, dw, dn, dk_part),
-        out_shapes=(jax.ShapeDtypeStruct((rows, heads, dk), k.dtype), jax.ShapeDtypeStruct((rows, heads, dv), v.dtype),
-                    jax.ShapeDtypeStruct((rows, heads), f32), jax.ShapeDtypeStruct((rows, heads), f32)),
-        **common, BK=bk, BV=bv, PREC=st.prec, IN_PREC=st.in_prec)
-    dg = _reverse_cumsum(jnp.sum(dgc, 0) + dgc_wy, c)
-    dq, dk_, dv_, dg, db = (d.astype(x.dtype) for d, x in ((dq, q), (dk_, k), (dv_, v), (dg, g), (db, beta)))
-    return dq, dk_, dv_, dg, db, d_init.astype(init.dtype), np.zeros(residuals[6].shape, jax.dtypes.float0)
+    dk_, dv_, db, dg = _launch(
+        "gdr_wy_bwd_kernel", grid=(chunks, heads), inputs=(k, v, beta, gc, t, dw, dn, dk_part, dgc, layout.tok),
+        out_shapes=(jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype),
+                    jax.ShapeDtypeStruct(beta.shape, beta.dtype), jax.ShapeDtypeStruct(g.shape, g.dtype)),
+        **common, BK=bk, BV=bv, KB=k_blocks, PREC=st.prec, IN_PREC=st.in_prec)
+    no_gradient = tuple(jax.tree.map(lambda x: np.zeros(x.shape, jax.dtypes.float0), lay)
+                        for lay in (forward_layout, layout))
+    return dq, dk_, dv_, dg, db, d_init.astype(init.dtype), *no_gradient
 
 
 @partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _rows_op(st: _Static, q: jax.Array, k: jax.Array, v: jax.Array, g: jax.Array, beta: jax.Array,
-             init: jax.Array, cstart: jax.Array) -> tuple[jax.Array, jax.Array]:
-    return _forward_rows(st, q, k, v, g, beta, init, cstart)
+def _tokens_op(st: _Static, q: jax.Array, k: jax.Array, v: jax.Array, g: jax.Array, beta: jax.Array,
+               init: jax.Array, layout: _Layout, backward_layout: _Layout) -> tuple[jax.Array, jax.Array]:
+    return _forward_tokens(st, q, k, v, g, beta, init, layout, backward_layout)
 
 
-def _rows_fwd(st: _Static, *args: jax.Array) -> tuple[tuple[jax.Array, jax.Array], tuple[jax.Array, ...]]:
-    return _forward_rows(st, *args), args
+def _tokens_fwd(st: _Static, *args: Any) -> tuple[tuple[jax.Array, jax.Array], tuple[Any, ...]]:
+    return _forward_tokens(st, *args), args
 
 
-_rows_op.defvjp(_rows_fwd, _backward_rows)
+_tokens_op.defvjp(_tokens_fwd, _backward_tokens)
 
 
 def _l2(x: jax.Array) -> jax.Array:
@@ -319,10 +289,9 @@ def forward(
                  prec=_dots.dot_precision(dtype, "highest" if dtype == jnp.float32 else "high"),
                  in_prec=_dots.dot_precision(dtype, "highest"), backward_chunk=cfg.backward_chunk,
                  backward_warps=cfg.backward_warps, backward_block_k=cfg.backward_block_k)
-    rows = [_to_rows(x, layout, cfg.chunk) for x in (q, k, v, g, beta)]
-
-    o, final = _rows_op(st, *rows, init, layout.cstart)
-    return _from_rows(o, layout, batch, length), final
+    flat = [x.reshape(batch * length, *x.shape[2:]) for x in (q, k, v, g, beta)]
+    o, final = _tokens_op(st, *flat, init, layout, _layout(batch, length, cu_seqlens, cfg.backward_chunk))
+    return o.reshape(batch, length, heads, dv), final
 
 
 def capability(q: Any, k: Any, v: Any, g: Any, beta: Any, initial_state: Any = None, cu_seqlens: Any = None,
@@ -408,25 +377,26 @@ def compile_kernels(k_dim: int = 128, v_dim: int = 128, dtype: Any = jnp.bfloat1
     for phase, chunk in (("", cfg.chunk), (" (backward)", cfg.backward_chunk)):
         base = dict(H=32, K=k_dim, V=v_dim, C=chunk, BK=bk, PREC=prec)
         launches: dict[str, tuple[str, list[str], dict[str, Any], int]] = {
-            "prep": ("gdr_prep_kernel", [x, x, f32, x, x, x, f32, f32], dict(base, BV=bv_all, IN_PREC=in_prec),
+            "prep": ("gdr_prep_kernel", [x, x, f32, x, i32, x, x, f32, f32], dict(base, BV=bv_all, IN_PREC=in_prec),
                      cfg.prep_warps),
-            "state": ("gdr_state_kernel", [x, x, x, f32, f32, i32, x, f32, x],
+            "state": ("gdr_state_kernel", [x, x, x, f32, f32, i32, i32, i32, x, f32, x],
                       dict(base, BV=min(cfg.state_block_v, bv_all), HAS_INIT=True), cfg.num_warps),
         }
         if phase:
             scaled = dict(base, SCALE=0.0884, BV=bv)
             warps = cfg.backward_warps
             launches.update({
-                "dv_local": ("gdr_dv_local_kernel", [x, x, f32, x, x],
+                "dv_local": ("gdr_dv_local_kernel", [x, x, f32, x, i32, x],
                              {**{n: v for n, v in scaled.items() if n != "PREC"}, "IN_PREC": in_prec}, warps),
-                "state_bwd": ("gdr_state_bwd_kernel", [x, x, x, f32, x, x, f32, i32, x, x, f32], scaled, warps),
-                "dqkw": ("gdr_dqkw_kernel", [x, x, x, f32, x, x, x, x, x, f32, x, f32],
+                "state_bwd": ("gdr_state_bwd_kernel", [x, x, x, f32, x, x, f32, i32, i32, i32, x, x, f32], scaled,
+                              warps),
+                "dqkw": ("gdr_dqkw_kernel", [x, x, x, f32, x, x, x, x, i32, x, f32, x, f32],
                          dict(scaled, BK=min(bk, cfg.backward_block_k), IN_PREC=in_prec), warps),
-                "wy_bwd": ("gdr_wy_bwd_kernel", [x, x, x, f32, f32, x, x, f32, x, x, f32, f32],
-                           dict(base, BV=bv, IN_PREC=in_prec), warps),
+                "wy_bwd": ("gdr_wy_bwd_kernel", [x, x, x, f32, f32, x, x, f32, f32, i32, x, x, x, f32],
+                           dict(base, BV=bv, KB=cdiv(k_dim, min(bk, cfg.backward_block_k)), IN_PREC=in_prec), warps),
             })
         else:
-            launches["output"] = ("gdr_output_kernel", [x, x, x, f32, x, x],
+            launches["output"] = ("gdr_output_kernel", [x, x, x, f32, x, i32, x],
                                   dict(base, SCALE=0.0884, BK=min(bk, cfg.output_block_k),
                                        BV=min(cfg.output_block_v, bv_all), IN_PREC=in_prec), cfg.num_warps)
         for name, (fn, pointers, consts, warps) in launches.items():

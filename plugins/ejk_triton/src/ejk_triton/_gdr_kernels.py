@@ -1,10 +1,14 @@
 # mypy: disable-error-code="no-untyped-def,no-any-return,misc,untyped-decorator"
 """The Triton kernels of the chunked gated delta rule (see ``_gated_delta_rule`` for the algorithm).
 
-Tokens sit in rows of ``C``-token chunks: row ``r = chunk·C + i`` of a ``[R, H, D]`` array. Inputs
-first, outputs last, ``constexpr`` keywords (jax-triton's convention). ``PREC`` is ``tl.dot``'s
-``input_precision`` for products of float32 intermediates, ``IN_PREC`` for products of the inputs
-(16-bit inputs are multiplied in their dtype, exactly, into float32).
+The inputs (``q, k, v, g, β``), the output and their gradients keep the caller's tokens (``[N_tok, H, D]``,
+sequences one after another); a chunk is the ``n ≤ C`` tokens from ``t0`` (``_chunk_tokens``: per-chunk
+kernels read both from ``tok``; per-sequence kernels count ``t0 = bos + j·C`` from the sequence's bounds
+``seq``), the rows past ``n`` masked (zeros: they leave the state unchanged). Everything between kernels sits
+in rows of ``C``-token chunks: row ``r = chunk·C + i`` of a ``[R, H, D]`` array. Inputs first, outputs
+last, ``constexpr`` keywords (jax-triton's convention). ``PREC`` is ``tl.dot``'s ``input_precision`` for
+products of float32 intermediates, ``IN_PREC`` for products of the inputs (16-bit inputs are multiplied in
+their dtype, exactly, into float32).
 """
 
 from __future__ import annotations
@@ -23,6 +27,28 @@ def _rows(ptr, c, h, H: tl.constexpr, D: tl.constexpr, C: tl.constexpr, BD: tl.c
     rows = tl.cast(c, tl.int64) * C + tl.arange(0, C)
     cols = col0 + tl.arange(0, BD)
     return ptr + (rows[:, None] * H + h) * D + cols[None, :], (cols < D)[None, :]
+
+
+@triton.jit
+def _toks(ptr, t0, n, h, H: tl.constexpr, D: tl.constexpr, C: tl.constexpr, BD: tl.constexpr, col0):
+    """Pointers and mask of the ``[C, BD]`` tile of the ``n`` tokens from ``t0`` of a ``[N_tok, H, D]`` array
+    (columns from ``col0``; rows past ``n`` masked; int64 offsets)."""
+    i = tl.arange(0, C)
+    cols = col0 + tl.arange(0, BD)
+    return (ptr + ((t0 + i)[:, None] * H + h) * D + cols[None, :]), (i < n)[:, None] & (cols < D)[None, :]
+
+
+@triton.jit
+def _tok_vec(ptr, t0, n, h, H: tl.constexpr, C: tl.constexpr):
+    """Pointers and mask of the ``[C]`` values of the ``n`` tokens from ``t0`` of a ``[N_tok, H]`` array."""
+    i = tl.arange(0, C)
+    return ptr + (t0 + i) * H + h, i < n
+
+
+@triton.jit
+def _chunk_tokens(tok_ptr, c):
+    """Chunk ``c``'s first token (int64) and token count, from ``tok [2 · chunks]``."""
+    return tl.load(tok_ptr + 2 * c).to(tl.int64), tl.load(tok_ptr + 2 * c + 1)
 
 
 @triton.jit
@@ -68,7 +94,7 @@ def _block16(t_ptr, c, h, i: tl.constexpr, j: tl.constexpr, H: tl.constexpr, C: 
 
 
 @triton.jit
-def gdr_prep_kernel(k_ptr, v_ptr, g_ptr, b_ptr, w_ptr, u_ptr, gc_ptr, t_ptr, H: tl.constexpr, K: tl.constexpr,
+def gdr_prep_kernel(k_ptr, v_ptr, g_ptr, b_ptr, tok_ptr, w_ptr, u_ptr, gc_ptr, t_ptr, H: tl.constexpr, K: tl.constexpr,
                     V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr,
                     IN_PREC: tl.constexpr):
     """Per (chunk, head): ``gc = cumsum(g)``, ``T = (I + A)⁻¹`` with ``A = strictly_lower(β k kᵀ Γ)`` (float32,
@@ -84,10 +110,13 @@ def gdr_prep_kernel(k_ptr, v_ptr, g_ptr, b_ptr, w_ptr, u_ptr, gc_ptr, t_ptr, H: 
     NB: tl.constexpr = C // 16
     i = tl.arange(0, C)
     rows = tl.cast(c, tl.int64) * C + i
-    gc = tl.cumsum(tl.load(g_ptr + rows * H + h).to(tl.float32), 0)
+    t0, n = _chunk_tokens(tok_ptr, c)
+    gp, gm = _tok_vec(g_ptr, t0, n, h, H, C)
+    gc = tl.cumsum(tl.load(gp, mask=gm, other=0.0).to(tl.float32), 0)
     tl.store(gc_ptr + rows * H + h, gc)
-    beta = tl.load(b_ptr + rows * H + h).to(tl.float32)
-    kp, km = _rows(k_ptr, c, h, H, K, C, BK, 0)
+    bp, _ = _tok_vec(b_ptr, t0, n, h, H, C)
+    beta = tl.load(bp, mask=gm, other=0.0).to(tl.float32)
+    kp, km = _toks(k_ptr, t0, n, h, H, K, C, BK, 0)
     k = tl.load(kp, mask=km, other=0.0)
     tp = t_ptr + (rows[:, None] * H + h) * C + i[None, :]
     tl.store(tp, tl.dot(k, tl.trans(k), input_precision=IN_PREC) * beta[:, None] * _decay(gc, C, True))
@@ -130,13 +159,13 @@ def gdr_prep_kernel(k_ptr, v_ptr, g_ptr, b_ptr, w_ptr, u_ptr, gc_ptr, t_ptr, H: 
     t = tl.load(tp, mask=(i[None, :] // 16) <= (i[:, None] // 16), other=0.0).to(LOW)
     k = tl.load(kp, mask=km, other=0.0).to(tl.float32)
     w = tl.dot(t, (k * (beta * tl.exp(gc))[:, None]).to(LOW), input_precision=PREC)
-    wp, _ = _rows(w_ptr, c, h, H, K, C, BK, 0)
-    tl.store(wp, w.to(w_ptr.dtype.element_ty), mask=km)
-    vp, vm = _rows(v_ptr, c, h, H, V, C, BV, 0)
+    wp, wm = _rows(w_ptr, c, h, H, K, C, BK, 0)
+    tl.store(wp, w.to(w_ptr.dtype.element_ty), mask=wm)
+    vp, vm = _toks(v_ptr, t0, n, h, H, V, C, BV, 0)
     v = tl.load(vp, mask=vm, other=0.0).to(tl.float32)
     u = tl.dot(t, (v * beta[:, None]).to(LOW), input_precision=PREC)
-    up, _ = _rows(u_ptr, c, h, H, V, C, BV, 0)
-    tl.store(up, u.to(u_ptr.dtype.element_ty), mask=vm)
+    up, um = _rows(u_ptr, c, h, H, V, C, BV, 0)
+    tl.store(up, u.to(u_ptr.dtype.element_ty), mask=um)
 
 
 @triton.jit
@@ -151,27 +180,30 @@ def _state_tile(ptr, idx, h, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, 
 
 
 @triton.jit
-def _k_cols(ptr, c, h, H: tl.constexpr, K: tl.constexpr, C: tl.constexpr, HK: tl.constexpr, k0):
-    """Pointers and mask of chunk ``c``'s ``[HK, C]`` tile ``kᵀ`` (rows ``k0 …`` of ``K``) of a ``[R, H, K]`` array."""
-    rows = tl.cast(c, tl.int64) * C + tl.arange(0, C)
+def _k_cols(ptr, t0, n, h, H: tl.constexpr, K: tl.constexpr, C: tl.constexpr, HK: tl.constexpr, k0):
+    """Pointers and mask of the ``[HK, C]`` tile ``kᵀ`` (rows ``k0 …`` of ``K``) of the ``n`` tokens from ``t0``
+    of a ``[N_tok, H, K]`` array."""
+    i = tl.arange(0, C)
     ik = k0 + tl.arange(0, HK)
-    return ptr + (rows[None, :] * H + h) * K + ik[:, None], (ik < K)[:, None]
+    return ptr + ((t0 + i)[None, :] * H + h) * K + ik[:, None], (ik < K)[:, None] & (i < n)[None, :]
 
 
 @triton.jit
-def gdr_state_kernel(w_ptr, u_ptr, k_ptr, gc_ptr, init_ptr, cstart_ptr, h_ptr, final_ptr, n_ptr, H: tl.constexpr,
+def gdr_state_kernel(w_ptr, u_ptr, k_ptr, gc_ptr, init_ptr, cstart_ptr, seq_ptr, order_ptr, h_ptr, final_ptr, n_ptr,
+                     H: tl.constexpr,
                      K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                      HAS_INIT: tl.constexpr, PREC: tl.constexpr):
-    """Per (sequence·head, V block): the states entering each chunk of the sequence (stored in ``h``'s
-    dtype), every chunk's ``N = U − W S`` (in ``n``'s dtype), then the final state (float32).
+    """Per (V block, sequence·head; the sequences in ``order``): the states entering each chunk of the sequence
+    (stored in ``h``'s dtype), every chunk's ``N = U − W S`` (in ``n``'s dtype), then the final state (float32).
 
     ``S ← e^{gc_C} S + kᵀ (N e^{gc_C − gc})`` from ``init`` (or zeros) on the sequence's first chunk, the
     state held as two halves of ``K`` rows (``BK ≥ 32``: two independent products per half-step); the
     products take the stored dtype (16-bit inputs: 16-bit operands, float32 sums) and ``S`` stays float32.
     """
-    col0 = tl.program_id(1) * BV
-    n, h = tl.program_id(0) // H, tl.program_id(0) % H
+    col0 = tl.program_id(0) * BV
+    n, h = tl.load(order_ptr + tl.program_id(1) // H), tl.program_id(1) % H
     c0, c1 = tl.load(cstart_ptr + n), tl.load(cstart_ptr + n + 1)
+    bos, eos = tl.load(seq_ptr + n).to(tl.int64), tl.load(seq_ptr + n + 1).to(tl.int64)
     low = w_ptr.dtype.element_ty
     SPLIT: tl.constexpr = BK >= 32
     HK: tl.constexpr = BK // 2 if SPLIT else BK
@@ -200,10 +232,11 @@ def gdr_state_kernel(w_ptr, u_ptr, k_ptr, gc_ptr, init_ptr, cstart_ptr, h_ptr, f
         gc, g_end = _gates(gc_ptr, c, h, H, C)
         new = (new * tl.exp(g_end - gc)[:, None]).to(low)
         decay = tl.exp(g_end)
-        kp, km = _k_cols(k_ptr, c, h, H, K, C, HK, 0)
+        t0 = bos + (c - c0) * C
+        kp, km = _k_cols(k_ptr, t0, eos - t0, h, H, K, C, HK, 0)
         s1 = tl.dot(tl.load(kp, mask=km, other=0.0).to(low), new, s1 * decay, input_precision=PREC)
         if SPLIT:
-            kp, km = _k_cols(k_ptr, c, h, H, K, C, HK, HK)
+            kp, km = _k_cols(k_ptr, t0, eos - t0, h, H, K, C, HK, HK)
             s2 = tl.dot(tl.load(kp, mask=km, other=0.0).to(low), new, s2 * decay, input_precision=PREC)
     fp, fm = _state_tile(final_ptr, n, h, H, K, V, HK, BV, 0, col0)
     tl.store(fp, s1, mask=fm)
@@ -213,18 +246,19 @@ def gdr_state_kernel(w_ptr, u_ptr, k_ptr, gc_ptr, init_ptr, cstart_ptr, h_ptr, f
 
 
 @triton.jit
-def gdr_output_kernel(q_ptr, k_ptr, n_ptr, gc_ptr, h_ptr, o_ptr, SCALE: tl.constexpr, H: tl.constexpr,
+def gdr_output_kernel(q_ptr, k_ptr, n_ptr, gc_ptr, h_ptr, tok_ptr, o_ptr, SCALE: tl.constexpr, H: tl.constexpr,
                       K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                       PREC: tl.constexpr, IN_PREC: tl.constexpr):
     """Per (chunk, head, V block): ``o = scale (e^gc ⊙ (q S) + lower(q kᵀ Γ) N)``, ``K`` walked in blocks of
     ``BK`` (``q S`` and ``q kᵀ`` accumulated, the loads pipelined)."""
     c, h, col0 = tl.program_id(0), tl.program_id(1), tl.program_id(2) * BV
     low = n_ptr.dtype.element_ty
+    t0, n = _chunk_tokens(tok_ptr, c)
     o = tl.zeros((C, BV), tl.float32)
     attn = tl.zeros((C, C), tl.float32)
     for kb in range(0, tl.cdiv(K, BK)):
-        qp, qm = _rows(q_ptr, c, h, H, K, C, BK, kb * BK)
-        kp, _ = _rows(k_ptr, c, h, H, K, C, BK, kb * BK)
+        qp, qm = _toks(q_ptr, t0, n, h, H, K, C, BK, kb * BK)
+        kp, _ = _toks(k_ptr, t0, n, h, H, K, C, BK, kb * BK)
         q = tl.load(qp, mask=qm, other=0.0)
         attn = tl.dot(q, tl.trans(tl.load(kp, mask=qm, other=0.0)), attn, input_precision=IN_PREC)
         hp, hm = _state_tile(h_ptr, c, h, H, K, V, BK, BV, kb * BK, col0)
@@ -234,23 +268,24 @@ def gdr_output_kernel(q_ptr, k_ptr, n_ptr, gc_ptr, h_ptr, o_ptr, SCALE: tl.const
     np_, nm = _rows(n_ptr, c, h, H, V, C, BV, col0)
     new = tl.load(np_, mask=nm, other=0.0)
     o = SCALE * (o * tl.exp(gc)[:, None] + tl.dot(attn.to(low), new, input_precision=PREC))
-    op, om = _rows(o_ptr, c, h, H, V, C, BV, col0)
+    op, om = _toks(o_ptr, t0, n, h, H, V, C, BV, col0)
     tl.store(op, o.to(o_ptr.dtype.element_ty), mask=om)
 
 
 @triton.jit
-def gdr_dv_local_kernel(q_ptr, k_ptr, gc_ptr, do_ptr, dvl_ptr, SCALE: tl.constexpr, H: tl.constexpr,
+def gdr_dv_local_kernel(q_ptr, k_ptr, gc_ptr, do_ptr, tok_ptr, dvl_ptr, SCALE: tl.constexpr, H: tl.constexpr,
                         K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                         IN_PREC: tl.constexpr):
     """Per (chunk, head, V block): the part of ``dN`` the chunk's own outputs give, ``scale Pᵀ dO`` with
     ``P = lower(q kᵀ Γ)`` (stored in ``dvl``'s dtype)."""
     c, h, col0 = tl.program_id(0), tl.program_id(1), tl.program_id(2) * BV
-    qp, qm = _rows(q_ptr, c, h, H, K, C, BK, 0)
-    kp, km = _rows(k_ptr, c, h, H, K, C, BK, 0)
+    t0, n = _chunk_tokens(tok_ptr, c)
+    qp, qm = _toks(q_ptr, t0, n, h, H, K, C, BK, 0)
+    kp, km = _toks(k_ptr, t0, n, h, H, K, C, BK, 0)
     gc, _ = _gates(gc_ptr, c, h, H, C)
     p = tl.dot(tl.load(qp, mask=qm, other=0.0), tl.trans(tl.load(kp, mask=km, other=0.0)),
                input_precision=IN_PREC) * _decay(gc, C, False)
-    dp, dm = _rows(do_ptr, c, h, H, V, C, BV, col0)
+    dp, dm = _toks(do_ptr, t0, n, h, H, V, C, BV, col0)
     d_o = tl.load(dp, mask=dm, other=0.0)
     dvl = SCALE * tl.dot(tl.trans(p.to(d_o.dtype)), d_o, input_precision=IN_PREC)
     op, om = _rows(dvl_ptr, c, h, H, V, C, BV, col0)
@@ -258,18 +293,19 @@ def gdr_dv_local_kernel(q_ptr, k_ptr, gc_ptr, do_ptr, dvl_ptr, SCALE: tl.constex
 
 
 @triton.jit
-def gdr_state_bwd_kernel(q_ptr, k_ptr, w_ptr, gc_ptr, do_ptr, dvl_ptr, dfinal_ptr, cstart_ptr, dh_ptr, dn_ptr,
-                         dinit_ptr, SCALE: tl.constexpr, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-                         C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr):
-    """Per (sequence·head, V block), chunks in reverse: the gradient ``dS'`` of the state leaving each chunk
-    (stored in ``dh``'s dtype) and the chunk's ``dN`` (in ``dn``'s).
+def gdr_state_bwd_kernel(q_ptr, k_ptr, w_ptr, gc_ptr, do_ptr, dvl_ptr, dfinal_ptr, cstart_ptr, seq_ptr, order_ptr,
+                         dh_ptr, dn_ptr, dinit_ptr, SCALE: tl.constexpr, H: tl.constexpr, K: tl.constexpr,
+                         V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr):
+    """Per (V block, sequence·head; the sequences in ``order``), chunks in reverse: the gradient ``dS'`` of the
+    state leaving each chunk (stored in ``dh``'s dtype) and the chunk's ``dN`` (in ``dn``'s).
 
     ``dN = dvl + k̃ dS'`` with ``k̃ = k e^{gc_C − gc}``, and the state entering the chunk gets
     ``dS = scale qᵀ (e^gc ⊙ dO) + e^{gc_C} dS' − Wᵀ dN``; the first chunk's is the initial state's (float32).
     """
-    col0 = tl.program_id(1) * BV
-    n, h = tl.program_id(0) // H, tl.program_id(0) % H
+    col0 = tl.program_id(0) * BV
+    n, h = tl.load(order_ptr + tl.program_id(1) // H), tl.program_id(1) % H
     c0, c1 = tl.load(cstart_ptr + n), tl.load(cstart_ptr + n + 1)
+    bos, eos = tl.load(seq_ptr + n).to(tl.int64), tl.load(seq_ptr + n + 1).to(tl.int64)
     low = w_ptr.dtype.element_ty
     fp, fm = _state_tile(dfinal_ptr, n, h, H, K, V, BK, BV, 0, col0)
     grad = tl.load(fp, mask=fm, other=0.0)
@@ -277,10 +313,11 @@ def gdr_state_bwd_kernel(q_ptr, k_ptr, w_ptr, gc_ptr, do_ptr, dvl_ptr, dfinal_pt
         c = c1 - 1 - i
         hp, hm = _state_tile(dh_ptr, c, h, H, K, V, BK, BV, 0, col0)
         tl.store(hp, grad.to(dh_ptr.dtype.element_ty), mask=hm)
-        qp, qm = _rows(q_ptr, c, h, H, K, C, BK, 0)
-        kp, km = _rows(k_ptr, c, h, H, K, C, BK, 0)
+        t0 = bos + (c - c0) * C
+        qp, qm = _toks(q_ptr, t0, eos - t0, h, H, K, C, BK, 0)
+        kp, km = _toks(k_ptr, t0, eos - t0, h, H, K, C, BK, 0)
         wp, wm = _rows(w_ptr, c, h, H, K, C, BK, 0)
-        dp, dm = _rows(do_ptr, c, h, H, V, C, BV, col0)
+        dp, dm = _toks(do_ptr, t0, eos - t0, h, H, V, C, BV, col0)
         lp, lm = _rows(dvl_ptr, c, h, H, V, C, BV, col0)
         gc, g_end = _gates(gc_ptr, c, h, H, C)
         k_dec = (tl.load(kp, mask=km, other=0.0).to(tl.float32) * tl.exp(g_end - gc)[:, None]).to(low)
@@ -296,7 +333,8 @@ def gdr_state_bwd_kernel(q_ptr, k_ptr, w_ptr, gc_ptr, do_ptr, dvl_ptr, dfinal_pt
 
 
 @triton.jit
-def gdr_dqkw_kernel(q_ptr, k_ptr, n_ptr, gc_ptr, h_ptr, dh_ptr, do_ptr, dn_ptr, dq_ptr, dk_ptr, dw_ptr, dgc_ptr,
+def gdr_dqkw_kernel(q_ptr, k_ptr, n_ptr, gc_ptr, h_ptr, dh_ptr, do_ptr, dn_ptr, tok_ptr, dq_ptr, dk_ptr, dw_ptr,
+                    dgc_ptr,
                     SCALE: tl.constexpr, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr,
                     BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr, IN_PREC: tl.constexpr):
     """Per (K block, chunk, head): ``dq``, the ``k`` gradient through ``P`` and ``S'`` (float32), ``dW = −dN Sᵀ``
@@ -310,8 +348,9 @@ def gdr_dqkw_kernel(q_ptr, k_ptr, n_ptr, gc_ptr, h_ptr, dh_ptr, do_ptr, dn_ptr, 
     k0 = kb * BK
     i = tl.arange(0, C)
     low = q_ptr.dtype.element_ty
-    qp, qm = _rows(q_ptr, c, h, H, K, C, BK, k0)
-    kp, km = _rows(k_ptr, c, h, H, K, C, BK, k0)
+    t0, n = _chunk_tokens(tok_ptr, c)
+    qp, qm = _toks(q_ptr, t0, n, h, H, K, C, BK, k0)
+    kp, km = _toks(k_ptr, t0, n, h, H, K, C, BK, k0)
     q = tl.load(qp, mask=qm, other=0.0)
     k = tl.load(kp, mask=km, other=0.0)
     gc, g_end = _gates(gc_ptr, c, h, H, C)
@@ -330,7 +369,7 @@ def gdr_dqkw_kernel(q_ptr, k_ptr, n_ptr, gc_ptr, h_ptr, dh_ptr, do_ptr, dn_ptr, 
         d_state = tl.load(dh_ptr + offs, mask=sm, other=0.0)
         np_, nm = _rows(n_ptr, c, h, H, V, C, BV, col0)
         new = tl.load(np_, mask=nm, other=0.0)
-        dop, dom = _rows(do_ptr, c, h, H, V, C, BV, col0)
+        dop, dom = _toks(do_ptr, t0, n, h, H, V, C, BV, col0)
         d_o = tl.load(dop, mask=dom, other=0.0).to(low)
         dnp, dnm = _rows(dn_ptr, c, h, H, V, C, BV, col0)
         d_new = tl.load(dnp, mask=dnm, other=0.0)
@@ -352,53 +391,57 @@ def gdr_dqkw_kernel(q_ptr, k_ptr, n_ptr, gc_ptr, h_ptr, dh_ptr, do_ptr, dn_ptr, 
     d_gc = tl.sum(d_qs * qf, 1) + tl.sum(z, 1) - tl.sum(z, 0) - r
     d_gc += tl.where(i == C - 1, tl.sum(r, 0) + d_end * tl.exp(g_end), 0.0)
     rows = tl.cast(c, tl.int64) * C + i
-    dqp, _ = _rows(dq_ptr, c, h, H, K, C, BK, k0)
+    dqp, _ = _toks(dq_ptr, t0, n, h, H, K, C, BK, k0)
     tl.store(dqp, d_q.to(dq_ptr.dtype.element_ty), mask=qm)
-    dkp, _ = _rows(dk_ptr, c, h, H, K, C, BK, k0)
-    tl.store(dkp, d_k, mask=km)
+    dkp, rm = _rows(dk_ptr, c, h, H, K, C, BK, k0)
+    tl.store(dkp, d_k, mask=rm)
     dwp, _ = _rows(dw_ptr, c, h, H, K, C, BK, k0)
-    tl.store(dwp, d_w.to(dw_ptr.dtype.element_ty), mask=qm)
+    tl.store(dwp, d_w.to(dw_ptr.dtype.element_ty), mask=rm)
     tl.store(dgc_ptr + (kb * tl.num_programs(1) * C + rows) * H + h, d_gc)
 
 
 @triton.jit
-def gdr_wy_bwd_kernel(k_ptr, v_ptr, b_ptr, gc_ptr, t_ptr, dw_ptr, dn_ptr, dkp_ptr, dk_ptr, dv_ptr, db_ptr, dgc_ptr,
-                      H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr,
-                      BV: tl.constexpr, PREC: tl.constexpr, IN_PREC: tl.constexpr):
+def gdr_wy_bwd_kernel(k_ptr, v_ptr, b_ptr, gc_ptr, t_ptr, dw_ptr, dn_ptr, dkp_ptr, dgc_ptr, tok_ptr, dk_ptr, dv_ptr,
+                      db_ptr, dg_ptr, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr,
+                      BK: tl.constexpr, BV: tl.constexpr, KB: tl.constexpr, PREC: tl.constexpr,
+                      IN_PREC: tl.constexpr):
     """Per (chunk, head): the gradients through ``W = T β e^gc k``, ``U = T β v`` and ``T = (I + A)⁻¹``.
 
     ``dU = dN``; ``dT = dW (β e^gc k)ᵀ + dU (β v)ᵀ``, ``dA = −strictly_lower(Tᵀ dT Tᵀ)``; ``dk`` adds to the
-    partial ``dkp``; ``dv``, ``dβ`` and the ``gc`` gradient of these terms. The products take the inputs'
-    dtype (16-bit inputs: 16-bit operands, float32 sums). ``V`` is walked in blocks.
+    partial ``dkp``; ``dv``, ``dβ``, and ``dg``: the ``gc`` gradient of these terms plus the ``KB`` partial
+    ones of ``dgc [KB, R, H]``, summed backwards over the chunk (``gc`` is the chunk's cumulative sum). The
+    products take the inputs' dtype (16-bit inputs: 16-bit operands, float32 sums). ``V`` is walked in blocks.
     """
     c, h = tl.program_id(0), tl.program_id(1)
     i = tl.arange(0, C)
     rows = tl.cast(c, tl.int64) * C + i
     low = k_ptr.dtype.element_ty
-    kp, km = _rows(k_ptr, c, h, H, K, C, BK, 0)
+    t0, n = _chunk_tokens(tok_ptr, c)
+    kp, km = _toks(k_ptr, t0, n, h, H, K, C, BK, 0)
     k = tl.load(kp, mask=km, other=0.0)
     kf = k.to(tl.float32)
-    beta = tl.load(b_ptr + rows * H + h).to(tl.float32)
+    bp, bm = _tok_vec(b_ptr, t0, n, h, H, C)
+    beta = tl.load(bp, mask=bm, other=0.0).to(tl.float32)
     gc, _ = _gates(gc_ptr, c, h, H, C)
     e_gc = tl.exp(gc)
     tm = (i[None, :] // 16) <= (i[:, None] // 16)
     t = tl.load(t_ptr + (rows[:, None] * H + h) * C + i[None, :], mask=tm, other=0.0).to(low)
-    dwp, _ = _rows(dw_ptr, c, h, H, K, C, BK, 0)
-    d_w = tl.load(dwp, mask=km, other=0.0).to(low)
+    dwp, rm = _rows(dw_ptr, c, h, H, K, C, BK, 0)
+    d_w = tl.load(dwp, mask=rm, other=0.0).to(low)
     d_t = tl.dot(d_w, tl.trans((kf * (beta * e_gc)[:, None]).to(low)), input_precision=PREC)
     d_kb = tl.dot(tl.trans(t), d_w, input_precision=PREC)
     d_beta = tl.sum(d_kb * kf, 1) * e_gc
     d_gc = d_beta * beta
     for vb in range(0, tl.cdiv(V, BV)):
         col0 = vb * BV
-        vp, vm = _rows(v_ptr, c, h, H, V, C, BV, col0)
+        vp, vm = _toks(v_ptr, t0, n, h, H, V, C, BV, col0)
         v = tl.load(vp, mask=vm, other=0.0).to(tl.float32)
         np_, nm = _rows(dn_ptr, c, h, H, V, C, BV, col0)
         d_u = tl.load(np_, mask=nm, other=0.0).to(low)
         d_t += tl.dot(d_u, tl.trans((v * beta[:, None]).to(low)), input_precision=PREC)
         d_vb = tl.dot(tl.trans(t), d_u, input_precision=PREC)
-        dvp, dvm = _rows(dv_ptr, c, h, H, V, C, BV, col0)
-        tl.store(dvp, (d_vb * beta[:, None]).to(dv_ptr.dtype.element_ty), mask=dvm)
+        dvp = _toks(dv_ptr, t0, n, h, H, V, C, BV, col0)[0]
+        tl.store(dvp, (d_vb * beta[:, None]).to(dv_ptr.dtype.element_ty), mask=vm)
         d_beta += tl.sum(d_vb * v, 1)
     strict = _decay(gc, C, True)
     d_a = -tl.dot(tl.dot(tl.trans(t), d_t.to(low), input_precision=PREC).to(low), tl.trans(t), input_precision=PREC)
@@ -410,10 +453,14 @@ def gdr_wy_bwd_kernel(k_ptr, v_ptr, b_ptr, gc_ptr, t_ptr, dw_ptr, dn_ptr, dkp_pt
     d_gc += tl.sum(y, 1) - tl.sum(y, 0)
     m = d_kk * beta[:, None]
     pp, _ = _rows(dkp_ptr, c, h, H, K, C, BK, 0)
-    d_k = (tl.load(pp, mask=km, other=0.0) + d_kb * (beta * e_gc)[:, None]
+    d_k = (tl.load(pp, mask=rm, other=0.0) + d_kb * (beta * e_gc)[:, None]
            + tl.dot((m + tl.trans(m)).to(low), k, input_precision=PREC))
-    dkp2, _ = _rows(dk_ptr, c, h, H, K, C, BK, 0)
+    dkp2, _ = _toks(dk_ptr, t0, n, h, H, K, C, BK, 0)
     tl.store(dkp2, d_k.to(dk_ptr.dtype.element_ty), mask=km)
-    tl.store(db_ptr + rows * H + h, d_beta)
-    tl.store(dgc_ptr + rows * H + h, d_gc)
+    dbp, _ = _tok_vec(db_ptr, t0, n, h, H, C)
+    tl.store(dbp, d_beta.to(db_ptr.dtype.element_ty), mask=bm)
+    for kb in range(0, KB):
+        d_gc += tl.load(dgc_ptr + (kb * tl.num_programs(0) * C + rows) * H + h)
+    dgp, _ = _tok_vec(dg_ptr, t0, n, h, H, C)
+    tl.store(dgp, (tl.sum(d_gc, 0) - tl.cumsum(d_gc, 0) + d_gc).to(dg_ptr.dtype.element_ty), mask=bm)
 

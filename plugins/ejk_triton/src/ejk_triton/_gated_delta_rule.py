@@ -70,8 +70,7 @@ class GatedDeltaRuleConfig:
         prep_warps: Warps per program of the prep kernel (``T``, ``W``, ``U``; forward and backward).
         num_warps: Warps per program of the state and output kernels.
         num_stages: Software-pipelining stages.
-        backward_chunk: Tokens per chunk of the backward kernels (at most ``chunk``; the chunks of
-            the forward's layout split evenly).
+        backward_chunk: Tokens per chunk of the backward kernels (at most ``chunk``).
         backward_warps: Warps per program of the backward kernels.
         block_v: Columns of ``V`` per program of the backward kernels (clamped to ``V``).
         backward_block_k: Columns of ``K`` per program of the backward's ``dq`` / ``dk`` / ``dW`` kernel (clamped to

@@ -302,6 +302,20 @@ def test_out_of_memory_is_its_own_status() -> None:
     assert _runner._failure("run", ValueError("bad"))[0] == "failed"
 
 
+def test_a_failure_says_where_it_was_raised() -> None:
+    def inner() -> None:
+        raise RuntimeError("Could not create or locate cache dir")
+
+    try:
+        inner()
+    except RuntimeError as exc:
+        status, text = _runner._failure("run", exc)
+    assert status == "failed"
+    assert text.startswith("run failed: RuntimeError: Could not create or locate cache dir (at test_bench.py:")
+    assert " inner ← test_bench.py:" in text and "test_a_failure_says_where_it_was_raised)" in text
+    assert _runner._failure("run", ValueError("bad"))[1] == "run failed: ValueError: bad"  # never raised: no frames
+
+
 def test_headlines_and_markdown_of_measurements() -> None:
     def line(name: str, kind: str, rate: float, ratio: float) -> bench.Measurement:
         return bench.Measurement(op="matmul", case="8x8x8", series="square", x=8, mode="fwd", name=name, kind=kind,

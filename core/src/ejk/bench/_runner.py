@@ -147,8 +147,19 @@ def _selected(label: str, prefixes: Sequence[str] | None) -> bool:
     return prefixes is None or any(label.startswith(p) for p in prefixes)
 
 
+def _where(exc: BaseException, frames: int = 3) -> str:
+    """`` (at file:line function ← …)``: the innermost ``frames`` of ``exc``'s traceback, innermost first
+    (where a baseline's own library failed, which its message alone may not say); empty without one."""
+    import traceback
+
+    found = traceback.extract_tb(exc.__traceback__)[-frames:]
+    if not found:
+        return ""
+    return " (at " + " ← ".join(f"{os.path.basename(f.filename)}:{f.lineno} {f.name}" for f in reversed(found)) + ")"
+
+
 def _failure(stage: str, exc: BaseException) -> tuple[str, str]:
-    text = _error_text(stage, exc)
+    text = _error_text(stage, exc) + _where(exc)
     oom = "RESOURCE_EXHAUSTED" in text or "out of memory" in text.lower()
     return ("oom" if oom else "failed"), text
 

@@ -3,6 +3,7 @@ the wall clock without compiling, their output checked against the others', rele
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import jax
@@ -129,3 +130,35 @@ def test_the_ssd_maps_onto_simple_gla_exactly() -> None:
     want = reference_ssd(*inputs, options["D"], options["dt_bias"], None, options["cu_seqlens"],
                          dt_softplus=options["dt_softplus"])[0]
     assert jnp.allclose(out[None] + skip, want, atol=1e-4, rtol=1e-4)
+
+
+class _FakeTorch:
+    """What :func:`torch_call` uses of torch in the forward mode (no torch here)."""
+
+    class no_grad:  # noqa: N801 (torch's name)
+        def __enter__(self) -> None:
+            return None
+
+        def __exit__(self, *_: Any) -> None:
+            return None
+
+
+def test_a_call_needing_tritons_disk_cache_gets_a_directory_while_it_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """jax-triton empties TRITON_CACHE_DIR at import; fla's autotuner then fails unless its calls get one."""
+    from ejk.bench._torch import torch_call
+
+    seen: list[str | None] = []
+
+    def forward() -> str:
+        seen.append(os.environ.get("TRITON_CACHE_DIR"))
+        return "out"
+
+    monkeypatch.setenv("TRITON_CACHE_DIR", "")
+    call = torch_call(_FakeTorch(), (), "fwd", None, forward, lambda out: out, triton_disk_cache=True)
+    assert call().last == "out"
+    assert seen[-1] and os.path.isabs(seen[-1]) and os.environ["TRITON_CACHE_DIR"] == ""
+    torch_call(_FakeTorch(), (), "fwd", None, forward, lambda out: out)()
+    assert seen[-1] == ""  # a line that does not ask keeps jax-triton's setting
+    monkeypatch.setenv("TRITON_CACHE_DIR", "/somewhere/chosen")
+    torch_call(_FakeTorch(), (), "fwd", None, forward, lambda out: out, triton_disk_cache=True)()
+    assert seen[-1] == "/somewhere/chosen"  # a directory the user set is used as it is

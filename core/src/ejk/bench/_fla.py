@@ -107,7 +107,7 @@ def _call(op: str, workload: Workload, inputs: tuple[Any, ...], mode: str, cotan
         got = dlpack.from_dlpack(out.detach().contiguous())
         return got if skip is None else (got.astype(jnp.float32) + skip).astype(got.dtype)
 
-    return torch_call(torch, tuple(tensors), mode, grad_out, forward, to_jax)
+    return torch_call(torch, tuple(tensors), mode, grad_out, forward, to_jax, triton_disk_cache=True)
 
 
 _NOTES = {

@@ -15,6 +15,8 @@ line runs out of memory is reported ``oom``; lower ``XLA_PYTHON_CLIENT_MEM_FRACT
 
 from __future__ import annotations
 
+import os
+import tempfile
 from collections.abc import Callable
 from typing import Any
 
@@ -109,9 +111,14 @@ class TorchCall:
 
 
 def torch_call(torch: Any, leaves: tuple[Any, ...], mode: str, grad_out: Any, forward: Callable[[], Any],
-               to_jax: Callable[[Any], Any]) -> TorchCall:
+               to_jax: Callable[[Any], Any], *, triton_disk_cache: bool = False) -> TorchCall:
     """A :class:`TorchCall` of ``forward()`` (``mode`` ``"fwd"``: without autograd), or of ``forward()`` and
-    ``torch.autograd.grad`` of its output for ``grad_out`` with respect to ``leaves`` (which require grad)."""
+    ``torch.autograd.grad`` of its output for ``grad_out`` with respect to ``leaves`` (which require grad).
+
+    ``triton_disk_cache``: the call runs Triton kernels that need Triton's disk cache (an autotuner that keeps
+    its results there, as fla's does). jax-triton empties ``TRITON_CACHE_DIR`` when it is imported (it keeps
+    its compiled kernels itself), which makes Triton refuse such calls ("Could not create or locate cache
+    dir"); each run then sets it to a directory of its own and restores it after."""
 
     def run() -> Any:
         if mode == "fwd":
@@ -121,7 +128,19 @@ def torch_call(torch: Any, leaves: tuple[Any, ...], mode: str, grad_out: Any, fo
         torch.autograd.grad(out, leaves, grad_out)
         return out
 
-    return TorchCall(run, torch, to_jax)
+    if not triton_disk_cache:
+        return TorchCall(run, torch, to_jax)
+
+    def run_with_cache_dir() -> Any:
+        if os.environ.get("TRITON_CACHE_DIR") != "":
+            return run()
+        os.environ["TRITON_CACHE_DIR"] = os.path.join(tempfile.gettempdir(), "ejk-bench-triton-cache")
+        try:
+            return run()
+        finally:
+            os.environ["TRITON_CACHE_DIR"] = ""
+
+    return TorchCall(run_with_cache_dir, torch, to_jax)
 
 
 def torch_sdpa(backend: str) -> Callable[[Any, tuple[Any, ...], str, Any], TorchCall]:

@@ -16,6 +16,7 @@ import functools
 import os
 import statistics
 import time
+import traceback
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
@@ -150,8 +151,6 @@ def _selected(label: str, prefixes: Sequence[str] | None) -> bool:
 def _where(exc: BaseException, frames: int = 3) -> str:
     """`` (at file:line function ← …)``: the innermost ``frames`` of ``exc``'s traceback, innermost first
     (where a baseline's own library failed, which its message alone may not say); empty without one."""
-    import traceback
-
     found = traceback.extract_tb(exc.__traceback__)[-frames:]
     if not found:
         return ""

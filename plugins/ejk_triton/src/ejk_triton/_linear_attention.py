@@ -5,8 +5,8 @@ ejk-xla's, so either backward may follow either forward).
 Forward: a kernel per (chunk, head) for the chunk-local cumulative log gates; a state kernel per
 (sequence·head, K block, V block) walking the sequence chunk by chunk with the float32 state in
 registers, writing the state entering every chunk and the final state; for per-channel gates a kernel
-per (chunk, head) for the intra-chunk weights ``A`` (``[R, H, chunk]`` float32); then an output kernel
-per (chunk, V block, head), ``o = scale ((q ⊙ e^G) S + A v)``. Packed sequences (``cu_seqlens``) need no
+per (chunk, 16-token sub-block, head) for the intra-chunk weights ``A`` (``[R, H, chunk]`` float32); then
+an output kernel per (chunk, V block, head), ``o = scale ((q ⊙ e^G) S + A v)``. Packed sequences (``cu_seqlens``) need no
 layout: each program reads its offsets, no chunk crosses a sequence boundary. ``ssd`` is the same with a
 scalar gate (its ``A`` formed in the output kernel): ``q = C``, ``k = B`` (read per group), ``v = dt·x``
 and log gate ``dt·A``; the ``D`` skip connection is added after the launches.
@@ -14,8 +14,8 @@ and log gate ``dt·A``; the ``D`` skip connection is added after the launches.
 Backward (in ``backward_chunk`` chunks): the gates and state kernels again, a reverse kernel per
 (sequence·head, K block, V block) for the cotangent of the state leaving every chunk and the initial
 state's, the intra-chunk weights again, then per (chunk, K block, head) the state terms of ``dq``,
-``dk`` and ``dA = scale do vᵀ``, per (chunk, K block, head) the intra-chunk terms of ``dq``, ``dk``, and
-per (chunk, V block, head) ``dv``. The log gates' gradient is, per sequence, the suffix sum of
+``dk`` and ``dA = scale do vᵀ``, per (chunk, K block · sub-block, head) the intra-chunk terms of ``dq``,
+``dk``, and per (chunk, V block, head) ``dv``. The log gates' gradient is, per sequence, the suffix sum of
 ``q ⊙ dq - k ⊙ dk`` plus ``Σ_v S_T ⊙ dS_T`` (the final state's factor ``e^{G_T}``).
 ``ssd``'s backward is ``gla``'s (in float32) with each head's ``B`` / ``C`` and its scalar gate spread
 over the ``N`` channels, carried back to its inputs by JAX's VJP of that mapping.
@@ -53,6 +53,9 @@ class LinearAttentionConfig:
         block_v: State columns per program of the state kernels (more programs when smaller).
         output_block_v: Value columns per program of the forward's output kernel.
         num_warps: Warps per program.
+        intra_warps: Warps per program of the kernel of the intra-chunk weights (one per 16-row sub-block).
+        state_warps: Warps per program of the forward's state kernel (the sequential phase).
+        state_stages: Software-pipelining stages of the forward's state kernel.
         num_stages: Software-pipelining stages.
         backward_chunk: Tokens per chunk of the backward (its own states and state cotangents).
     """
@@ -62,8 +65,11 @@ class LinearAttentionConfig:
     block_v: int = attrs.field(default=64, validator=[power_of_two(16), int_in(16, 128)])
     output_block_v: int = attrs.field(default=128, validator=[power_of_two(16), int_in(16, 256)])
     num_warps: int = attrs.field(default=4, validator=[power_of_two(), int_in(1, 16)])
+    intra_warps: int = attrs.field(default=1, validator=[power_of_two(), int_in(1, 16)])
+    state_warps: int = attrs.field(default=8, validator=[power_of_two(), int_in(1, 16)])
+    state_stages: int = attrs.field(default=3, validator=int_in(1, 4))
     num_stages: int = attrs.field(default=2, validator=int_in(1, 4))
-    backward_chunk: int = attrs.field(default=32, validator=[power_of_two(16), int_in(16, 64)])
+    backward_chunk: int = attrs.field(default=64, validator=[power_of_two(16), int_in(16, 64)])
 
 
 #: The interpreter (CPU): two 16-token sub-blocks per forward chunk, one per backward chunk, small blocks.
@@ -83,9 +89,10 @@ def config_space(**call: Any) -> list[LinearAttentionConfig]:
 
 
 def heuristic_config(**call: Any) -> LinearAttentionConfig:
-    """What measured fastest on an H100 at 32k tokens, 32 heads, K = V = 128 (bfloat16): forward chunks of
-    64 tokens, backward chunks of 32, ``[64, 64]`` state blocks, 128-column output blocks, 4 warps (the
-    interpreter: see ``_INTERPRETER``)."""
+    """What measured fastest on an H100 at 32k tokens, 32 heads, K = V = 128 (bfloat16): chunks of 64 tokens
+    forward and backward, ``[64, 64]`` state blocks (8 warps, 3 stages in the forward), one warp per 16-row
+    sub-block of the intra-chunk weights, 128-column output blocks, 4 warps elsewhere (the interpreter: see
+    ``_INTERPRETER``)."""
     return _INTERPRETER if _env.interpreting_on_cpu() else LinearAttentionConfig()
 
 
@@ -166,17 +173,18 @@ def _recurrence(q: jax.Array, k: jax.Array, v: jax.Array, g: jax.Array, initial_
             inputs=(k, v, gc, h0, cu),
             out_shapes=(jax.ShapeDtypeStruct((slots, h, dk, dv), state_dtype),
                         jax.ShapeDtypeStruct((n, h, dk, dv), f32)),
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages, BK=state_k, HAS_H0=initial_state is not None,
+            num_warps=cfg.state_warps, num_stages=cfg.state_stages, BK=state_k, HAS_H0=initial_state is not None,
             **common)
         if not with_output:
             return final, gc, hs
         if scalar_gate:
             weights = jnp.zeros((1,), f32)  # the output kernel forms them
         else:
-            (weights,) = launch(module.gla_intra_fwd, grid=(slots, h), inputs=(q, k, gc, cu, seq),
+            sub = min(16, cfg.chunk)
+            (weights,) = launch(module.gla_intra_fwd, grid=(slots, cfg.chunk // sub, h), inputs=(q, k, gc, cu, seq),
                                 out_shapes=(jax.ShapeDtypeStruct((rows, h, cfg.chunk), f32),),
-                                num_warps=cfg.num_warps, num_stages=cfg.num_stages, T=t, H=h, HQK=hqk, K=dk,
-                                BT=cfg.chunk, BC=min(16, cfg.chunk), BK=block_k, VARLEN=cu_seqlens is not None,
+                                num_warps=cfg.intra_warps, num_stages=cfg.num_stages, T=t, H=h, HQK=hqk, K=dk,
+                                BT=cfg.chunk, BC=sub, BK=block_k, VARLEN=cu_seqlens is not None,
                                 PREC=common["PREC"])
         out_v = min(cfg.output_block_v, next_pow2(max(dv, 16)))
         (o,) = launch(module.linear_output_fwd, grid=(slots, cdiv(dv, out_v), h),
@@ -269,7 +277,8 @@ def gla_backward(residuals: tuple[Any, ...], d_out: Any, *, scale: float,
         common: dict[str, Any] = dict(
             num_warps=cfg.num_warps, num_stages=cfg.num_stages, T=t, H=h, K=dk, V=dv, BT=cfg.chunk,
             SCALE=float(scale), VARLEN=cu_seqlens is not None, PREC=_dots.dot_precision(q.dtype, "high"))
-        intra: dict[str, Any] = dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages, T=t, H=h, K=dk, BT=cfg.chunk,
+        sub = min(16, cfg.chunk)
+        intra: dict[str, Any] = dict(num_stages=cfg.num_stages, T=t, H=h, K=dk, BT=cfg.chunk, BC=sub,
                                      VARLEN=cu_seqlens is not None, PREC=common["PREC"])
 
         def run(q: jax.Array, k: jax.Array, v: jax.Array, g: jax.Array, d_o: jax.Array, d_final: jax.Array,
@@ -281,20 +290,20 @@ def gla_backward(residuals: tuple[Any, ...], d_out: Any, *, scale: float,
                 out_shapes=(jax.ShapeDtypeStruct(states.shape, states.dtype),
                             jax.ShapeDtypeStruct((n, h, dk, dv), f32)),
                 HQK=h, BK=state_k, BV=block_v, **common)
-            (weights,) = launch(module.gla_intra_fwd, grid=(slots, h), inputs=(q, k, gc, cu, seq),
+            (weights,) = launch(module.gla_intra_fwd, grid=(slots, cfg.chunk // sub, h), inputs=(q, k, gc, cu, seq),
                                 out_shapes=(jax.ShapeDtypeStruct((rows, h, cfg.chunk), f32),),
-                                HQK=h, BC=min(16, cfg.chunk), BK=block_k, **intra)
+                                num_warps=cfg.intra_warps, HQK=h, BK=block_k, **intra)
             d_q, d_k, d_a = launch(
                 module.gla_inter_bwd, grid=(slots, cdiv(dk, state_k), h),
                 inputs=(q, k, v, gc, d_o, states, d_states, cu, seq),
                 out_shapes=(jax.ShapeDtypeStruct((rows, h, dk), f32), jax.ShapeDtypeStruct((rows, h, dk), f32),
                             jax.ShapeDtypeStruct((rows, h, cfg.chunk), f32)),
                 BK=state_k, BV=block_v, **common)
-            d_q, d_k = launch(module.gla_intra_bwd, grid=(slots, cdiv(dk, state_k), h),
+            d_q, d_k = launch(module.gla_intra_bwd, grid=(slots, cdiv(dk, state_k) * (cfg.chunk // sub), h),
                               inputs=(q, k, gc, d_a, cu, seq, d_q, d_k),
                               out_shapes=(jax.ShapeDtypeStruct((rows, h, dk), f32),
                                           jax.ShapeDtypeStruct((rows, h, dk), f32)),
-                              BC=min(16, cfg.chunk), BK=state_k, **intra)
+                              num_warps=cfg.num_warps, BK=state_k, **intra)
             (d_v,) = launch(module.gla_dv_bwd, grid=(slots, cdiv(dv, block_v), h),
                             inputs=(k, gc, d_o, d_states, weights, cu, seq),
                             out_shapes=(jax.ShapeDtypeStruct((rows, h, dv), f32),),

@@ -116,52 +116,76 @@ def linear_states_fwd(k_ptr, v_ptr, gc_ptr, h0_ptr, cu_ptr, hs_ptr, ht_ptr,
 def gla_intra_fwd(q_ptr, k_ptr, gc_ptr, cu_ptr, seq_ptr, a_ptr,
                   T: tl.constexpr, H: tl.constexpr, HQK: tl.constexpr, K: tl.constexpr, BT: tl.constexpr,
                   BC: tl.constexpr, BK: tl.constexpr, VARLEN: tl.constexpr, PREC: tl.constexpr):
-    """Per (chunk slot, head), per-channel gates: the chunk's intra-chunk weights
-    ``A_ij = Σ_k q_ik k_jk e^{G_ik - G_jk}`` (``j <= i``, zero above) into ``a [R, H, BT]`` (float32; row ``i``
-    of a chunk at token ``i``, column ``j`` at the chunk's ``j``-th token). By sub-blocks of ``BC`` rows: an
-    earlier sub-block through one product whose exponents are split at the row sub-block's first token
-    (both factors ``<= 0``), the diagonal sub-block exactly, one key row at a time."""
+    """Per (chunk slot, sub-block of ``BC`` rows, head), per-channel gates: the sub-block's rows of the
+    chunk's intra-chunk weights ``A_ij = Σ_k q_ik k_jk e^{G_ik - G_jk}`` (``j <= i``) into ``a [R, H, BT]``
+    (float32; row ``i`` of a chunk at token ``i``, column ``j`` at the chunk's ``j``-th token). An earlier
+    sub-block through one product whose exponents are split at the row sub-block's first token (both
+    factors ``<= 0``); the diagonal sub-block's lower-left quadrant the same way, split at its middle row,
+    and its two diagonal quadrants exactly, one key row of each at a time. Entries above the diagonal are
+    left unwritten: every reader masks them."""
     slot = tl.program_id(0).to(tl.int64)
-    h = tl.program_id(1).to(tl.int64)
+    i = tl.program_id(1)
+    h = tl.program_id(2).to(tl.int64)
     n = tl.load(seq_ptr + slot).to(tl.int64)
     hqk = h // (H // HQK)
     bos, eos = _bounds(cu_ptr, n, T, VARLEN)
     start = bos + (slot - bos // BT - n) * BT  # at or past eos for a slot no chunk uses: nothing is stored
-    dt = q_ptr.dtype.element_ty
-    ks = tl.arange(0, BK)
-    k_ok = ks < K
-    cs = tl.arange(0, BC)
-    for i in tl.static_range(0, BT // BC):
-        first = start + i * BC
+    first = start + i * BC
+    if first < eos:
+        dt = q_ptr.dtype.element_ty
+        ks = tl.arange(0, BK)
+        k_ok = ks < K
+        cs = tl.arange(0, BC)
         rows = first + cs
         t_ok = rows < eos
         mask = t_ok[:, None] & k_ok[None, :]
         q = tl.load(q_ptr + (rows[:, None] * HQK + hqk) * K + ks[None, :], mask=mask, other=0.0).to(tl.float32)
         g = tl.load(gc_ptr + (rows[:, None] * H + h) * K + ks[None, :], mask=mask, other=0.0)
         a_rows = (rows[:, None] * H + h) * BT
-        if i > 0:
-            ref = tl.load(gc_ptr + (first * H + h) * K + ks, mask=k_ok & (first < eos), other=0.0)
-            q_n = (q * tl.exp(tl.where(mask, g - ref[None, :], 0.0))).to(dt)
-            for j in tl.static_range(0, i):
-                cols = start + j * BC + cs  # before ``first``, so inside the sequence when ``first`` is
-                c_mask = (cols < eos)[:, None] & k_ok[None, :]
-                kj = tl.load(k_ptr + (cols[:, None] * HQK + hqk) * K + ks[None, :], mask=c_mask, other=0.0)
-                gj = tl.load(gc_ptr + (cols[:, None] * H + h) * K + ks[None, :], mask=c_mask, other=0.0)
-                k_n = (kj.to(tl.float32) * tl.exp(tl.where(c_mask, ref[None, :] - gj, 0.0))).to(dt)
-                block = tl.dot(q_n, tl.trans(k_n), input_precision=PREC)
-                tl.store(a_ptr + a_rows + (j * BC + cs)[None, :], block, mask=t_ok[:, None])
-        own = tl.zeros([BC, BC], tl.float32)
-        for j in range(0, BC):  # a runtime loop: its names differ from the unrolled loop's above
-            row_ok = k_ok & (first + j < eos)
-            k_row = tl.load(k_ptr + ((first + j) * HQK + hqk) * K + ks, mask=row_ok, other=0.0).to(tl.float32)
-            g_row = tl.load(gc_ptr + ((first + j) * H + h) * K + ks, mask=row_ok, other=0.0)
-            keep = ((cs >= j) & t_ok)[:, None] & k_ok[None, :]
-            w = tl.exp(tl.where(keep, g - g_row[None, :], _NEG_INF))
-            col = tl.sum(q * k_row[None, :] * w, 1)
-            own += tl.where(cs[None, :] == j, col[:, None], 0.0)
-        tl.store(a_ptr + a_rows + (i * BC + cs)[None, :], own, mask=t_ok[:, None])
-        for j in tl.static_range(i + 1, BT // BC):
-            tl.store(a_ptr + a_rows + (j * BC + cs)[None, :], tl.zeros([BC, BC], tl.float32), mask=t_ok[:, None])
+        ref = tl.load(gc_ptr + (first * H + h) * K + ks, mask=k_ok, other=0.0)
+        q_n = (q * tl.exp(tl.where(mask, g - ref[None, :], 0.0))).to(dt)
+        for j in range(0, i):
+            cols = start + j * BC + cs  # before ``first``, so inside the sequence
+            kj = tl.load(k_ptr + (cols[:, None] * HQK + hqk) * K + ks[None, :], mask=k_ok[None, :], other=0.0)
+            gj = tl.load(gc_ptr + (cols[:, None] * H + h) * K + ks[None, :], mask=k_ok[None, :], other=0.0)
+            k_n = (kj.to(tl.float32) * tl.exp(ref[None, :] - gj)).to(dt)
+            block = tl.dot(q_n, tl.trans(k_n), input_precision=PREC)
+            tl.store(a_ptr + a_rows + (j * BC + cs)[None, :], block, mask=t_ok[:, None])
+        # the lower-left quadrant through one product split at the middle row (both factors <= 0) ...
+        HB: tl.constexpr = BC // 2
+        mid_row = tl.minimum(first + HB, eos - 1)
+        ref_m = tl.load(gc_ptr + (mid_row * H + h) * K + ks, mask=k_ok, other=0.0)
+        k_d = tl.load(k_ptr + (rows[:, None] * HQK + hqk) * K + ks[None, :], mask=mask, other=0.0)
+        lower = (cs >= HB)[:, None]
+        q_m = tl.where(lower, q * tl.exp(tl.minimum(g - ref_m[None, :], 0.0)), 0.0).to(dt)
+        k_m = tl.where(lower, 0.0, k_d.to(tl.float32) * tl.exp(tl.minimum(ref_m[None, :] - g, 0.0))).to(dt)
+        quad = tl.dot(q_m, tl.trans(k_m), input_precision=PREC)
+        tl.store(a_ptr + a_rows + (i * BC + cs)[None, :], quad,
+                 mask=(t_ok & (cs >= HB))[:, None] & (cs < HB)[None, :])
+        # ... and the two diagonal quadrants exactly, a key row of each at a time
+        hs = tl.arange(0, HB)
+        top = first + hs
+        bot = first + HB + hs
+        top_ok = (top < eos)[:, None] & k_ok[None, :]
+        bot_ok = (bot < eos)[:, None] & k_ok[None, :]
+        q_t = tl.load(q_ptr + (top[:, None] * HQK + hqk) * K + ks[None, :], mask=top_ok, other=0.0).to(tl.float32)
+        g_t = tl.load(gc_ptr + (top[:, None] * H + h) * K + ks[None, :], mask=top_ok, other=0.0)
+        q_b = tl.load(q_ptr + (bot[:, None] * HQK + hqk) * K + ks[None, :], mask=bot_ok, other=0.0).to(tl.float32)
+        g_b = tl.load(gc_ptr + (bot[:, None] * H + h) * K + ks[None, :], mask=bot_ok, other=0.0)
+        col_t = (top * H + h) * BT + i * BC
+        col_b = (bot * H + h) * BT + i * BC + HB
+        for j in range(0, HB):
+            t_row_ok = k_ok & (first + j < eos)
+            kt_row = tl.load(k_ptr + ((first + j) * HQK + hqk) * K + ks, mask=t_row_ok, other=0.0).to(tl.float32)
+            gt_row = tl.load(gc_ptr + ((first + j) * H + h) * K + ks, mask=t_row_ok, other=0.0)
+            kb_row = tl.load(k_ptr + ((first + HB + j) * HQK + hqk) * K + ks, mask=k_ok & (first + HB + j < eos),
+                             other=0.0).to(tl.float32)
+            gb_row = tl.load(gc_ptr + ((first + HB + j) * H + h) * K + ks, mask=k_ok & (first + HB + j < eos),
+                             other=0.0)
+            c_t = tl.sum(q_t * kt_row[None, :] * tl.exp(tl.minimum(g_t - gt_row[None, :], 0.0)), 1)
+            c_b = tl.sum(q_b * kb_row[None, :] * tl.exp(tl.minimum(g_b - gb_row[None, :], 0.0)), 1)
+            tl.store(a_ptr + col_t + j, c_t, mask=(top < eos) & (hs >= j))
+            tl.store(a_ptr + col_b + j, c_b, mask=(bot < eos) & (hs >= j))
 
 
 @triton.jit
@@ -312,24 +336,25 @@ def gla_inter_bwd(q_ptr, k_ptr, v_ptr, gc_ptr, do_ptr, hs_ptr, dhs_ptr, cu_ptr, 
 def gla_intra_bwd(q_ptr, k_ptr, gc_ptr, da_ptr, cu_ptr, seq_ptr, dq0_ptr, dk0_ptr, dq_ptr, dk_ptr,
                   T: tl.constexpr, H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
                   BK: tl.constexpr, VARLEN: tl.constexpr, PREC: tl.constexpr):
-    """The backward's intra-chunk terms, per (chunk slot, K block, head), added to the state terms ``dq0`` /
-    ``dk0`` :func:`gla_inter_bwd` wrote: ``dq_i += Σ_{j<=i} dA_ij k_j ⊙ e^{G_i - G_j}`` and
-    ``dk_j += Σ_{i>=j} dA_ij q_i ⊙ e^{G_i - G_j}``, by sub-blocks of ``BC`` tokens: other sub-blocks through
-    products whose exponents are split at a row between the two (both factors ``<= 0``), the diagonal
-    sub-block one row at a time."""
+    """The backward's intra-chunk terms, per (chunk slot, K block · sub-block of ``BC`` tokens, head), added
+    to the state terms ``dq0`` / ``dk0`` :func:`gla_inter_bwd` wrote: ``dq_i += Σ_{j<=i} dA_ij k_j ⊙
+    e^{G_i - G_j}`` and ``dk_j += Σ_{i>=j} dA_ij q_i ⊙ e^{G_i - G_j}``: other sub-blocks through products
+    whose exponents are split at a row between the two (both factors ``<= 0``), the diagonal sub-block one
+    row at a time."""
+    NC: tl.constexpr = BT // BC
     slot = tl.program_id(0).to(tl.int64)
-    ik = tl.program_id(1)
+    ik = tl.program_id(1) // NC
+    i = tl.program_id(1) % NC
     h = tl.program_id(2).to(tl.int64)
     n = tl.load(seq_ptr + slot).to(tl.int64)
     bos, eos = _bounds(cu_ptr, n, T, VARLEN)
     start = bos + (slot - bos // BT - n) * BT
-    dt = q_ptr.dtype.element_ty
-    ks = ik * BK + tl.arange(0, BK)
-    k_ok = ks < K
-    cs = tl.arange(0, BC)
-    NC: tl.constexpr = BT // BC
-    for i in tl.static_range(0, NC):
-        first = start + i * BC
+    first = start + i * BC
+    if first < eos:
+        dt = q_ptr.dtype.element_ty
+        ks = ik * BK + tl.arange(0, BK)
+        k_ok = ks < K
+        cs = tl.arange(0, BC)
         rows = first + cs
         t_ok = rows < eos
         mask = t_ok[:, None] & k_ok[None, :]
@@ -338,33 +363,32 @@ def gla_intra_bwd(q_ptr, k_ptr, gc_ptr, da_ptr, cu_ptr, seq_ptr, dq0_ptr, dk0_pt
         da_rows = (rows[:, None] * H + h) * BT
         d_q = tl.zeros([BC, BK], tl.float32)
         d_k = tl.zeros([BC, BK], tl.float32)
-        if i > 0:  # dq from the earlier sub-blocks, split at this one's first row
-            ref = tl.load(gc_ptr + (first * H + h) * K + ks, mask=k_ok & (first < eos), other=0.0)
-            for j in tl.static_range(0, i):
-                cols = start + j * BC + cs
-                c_mask = (cols < eos)[:, None] & k_ok[None, :]
-                c_off = (cols[:, None] * H + h) * K + ks[None, :]
-                kj = tl.load(k_ptr + c_off, mask=c_mask, other=0.0).to(tl.float32)
-                gj = tl.load(gc_ptr + c_off, mask=c_mask, other=0.0)
-                k_n = (kj * tl.exp(tl.where(c_mask, ref[None, :] - gj, 0.0))).to(dt)
-                da = tl.load(da_ptr + da_rows + (j * BC + cs)[None, :], mask=t_ok[:, None], other=0.0)
-                d_q += tl.dot(da.to(dt), k_n, input_precision=PREC)
-            d_q *= tl.exp(tl.where(mask, g - ref[None, :], 0.0))
-        if i < NC - 1:  # dk from the later sub-blocks, split at this one's last row
-            mid = tl.minimum(first + BC, eos) - 1
-            ref_k = tl.load(gc_ptr + (mid * H + h) * K + ks, mask=k_ok & (first < eos), other=0.0)
-            for m in tl.static_range(i + 1, NC):
-                later = start + m * BC + cs
-                l_ok = later < eos
-                l_mask = l_ok[:, None] & k_ok[None, :]
-                l_off = (later[:, None] * H + h) * K + ks[None, :]
-                qm = tl.load(q_ptr + l_off, mask=l_mask, other=0.0).to(tl.float32)
-                gm = tl.load(gc_ptr + l_off, mask=l_mask, other=0.0)
-                q_n = (qm * tl.exp(tl.where(l_mask, gm - ref_k[None, :], 0.0))).to(dt)
-                da = tl.load(da_ptr + (later[:, None] * H + h) * BT + (i * BC + cs)[None, :], mask=l_ok[:, None],
-                             other=0.0)
-                d_k += tl.dot(tl.trans(da.to(dt)), q_n, input_precision=PREC)
-            d_k *= tl.exp(tl.where(mask, ref_k[None, :] - g, 0.0))
+        # dq from the earlier sub-blocks, split at this one's first row
+        ref = tl.load(gc_ptr + (first * H + h) * K + ks, mask=k_ok, other=0.0)
+        for j in range(0, i):
+            cols = start + j * BC + cs  # before ``first``, so inside the sequence
+            c_off = (cols[:, None] * H + h) * K + ks[None, :]
+            kj = tl.load(k_ptr + c_off, mask=k_ok[None, :], other=0.0).to(tl.float32)
+            gj = tl.load(gc_ptr + c_off, mask=k_ok[None, :], other=0.0)
+            k_n = (kj * tl.exp(ref[None, :] - gj)).to(dt)
+            da = tl.load(da_ptr + da_rows + (j * BC + cs)[None, :], mask=t_ok[:, None], other=0.0)
+            d_q += tl.dot(da.to(dt), k_n, input_precision=PREC)
+        d_q *= tl.exp(tl.where(mask, g - ref[None, :], 0.0))
+        # dk from the later sub-blocks, split at this one's last row
+        mid = tl.minimum(first + BC, eos) - 1
+        ref_k = tl.load(gc_ptr + (mid * H + h) * K + ks, mask=k_ok, other=0.0)
+        for m in range(i + 1, NC):
+            later = start + m * BC + cs
+            l_ok = later < eos
+            l_mask = l_ok[:, None] & k_ok[None, :]
+            l_off = (later[:, None] * H + h) * K + ks[None, :]
+            qm = tl.load(q_ptr + l_off, mask=l_mask, other=0.0).to(tl.float32)
+            gm = tl.load(gc_ptr + l_off, mask=l_mask, other=0.0)
+            q_n = (qm * tl.exp(tl.where(l_mask, gm - ref_k[None, :], 0.0))).to(dt)
+            da = tl.load(da_ptr + (later[:, None] * H + h) * BT + (i * BC + cs)[None, :], mask=l_ok[:, None],
+                         other=0.0)
+            d_k += tl.dot(tl.trans(da.to(dt)), q_n, input_precision=PREC)
+        d_k *= tl.exp(tl.where(mask, ref_k[None, :] - g, 0.0))
         for j in range(0, BC):  # the diagonal sub-block: key row first + j, query row first + j
             row = first + j
             row_ok = k_ok & (row < eos)

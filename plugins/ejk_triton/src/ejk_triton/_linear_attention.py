@@ -6,8 +6,8 @@ Forward: a kernel per (chunk, head) for the chunk-local cumulative log gates; a 
 (sequence·head, K block, V block) walking the sequence chunk by chunk with the float32 state in
 registers, writing the state entering every chunk and the final state; for per-channel gates a kernel
 per (chunk, 16-token sub-block, head) for the intra-chunk weights ``A`` (``[R, H, chunk]`` float32); then
-an output kernel per (chunk, V block, head), ``o = scale ((q ⊙ e^G) S + A v)``. Packed sequences (``cu_seqlens``) need no
-layout: each program reads its offsets, no chunk crosses a sequence boundary. ``ssd`` is the same with a
+an output kernel per (chunk, V block, head), ``o = scale ((q ⊙ e^G) S + A v)``. Packed sequences
+(``cu_seqlens``) need no layout: each program reads its offsets, no chunk crosses a sequence boundary. ``ssd`` is the same with a
 scalar gate (its ``A`` formed in the output kernel): ``q = C``, ``k = B`` (read per group), ``v = dt·x``
 and log gate ``dt·A``; the ``D`` skip connection is added after the launches.
 

@@ -7,9 +7,9 @@ Forward: a kernel per (chunk, head) for the chunk-local cumulative log gates; a 
 registers, writing the state entering every chunk and the final state; for per-channel gates a kernel
 per (chunk, 16-token sub-block, head) for the intra-chunk weights ``A`` (``[R, H, chunk]`` float32); then
 an output kernel per (chunk, V block, head), ``o = scale ((q ⊙ e^G) S + A v)``. Packed sequences
-(``cu_seqlens``) need no layout: each program reads its offsets, no chunk crosses a sequence boundary. ``ssd`` is the same with a
-scalar gate (its ``A`` formed in the output kernel): ``q = C``, ``k = B`` (read per group), ``v = dt·x``
-and log gate ``dt·A``; the ``D`` skip connection is added after the launches.
+(``cu_seqlens``) need no layout: each program reads its offsets, no chunk crosses a sequence boundary.
+``ssd`` is the same with a scalar gate (its ``A`` formed in the output kernel): ``q = C``, ``k = B`` (read
+per group), ``v = dt·x`` and log gate ``dt·A``; the ``D`` skip connection is added after the launches.
 
 Backward (in ``backward_chunk`` chunks): the gates and state kernels again, a reverse kernel per
 (sequence·head, K block, V block) for the cotangent of the state leaving every chunk and the initial

@@ -247,7 +247,16 @@ def _segment_suffix_sums(x: jax.Array, cu_seqlens: jax.Array | None) -> jax.Arra
 
 def gla_backward(residuals: tuple[Any, ...], d_out: Any, *, scale: float,
                  cfg: LinearAttentionConfig | None = None) -> tuple[Any, ...]:
-    """``gla``'s gradients from its operands, in ``backward_chunk`` chunks: the gates and state kernels again
+    """``gla``'s gradients from its operands, in their dtypes (see :func:`_gla_gradients`)."""
+    q, k, v, g, initial_state, _ = residuals
+    dq, dk, dv, dg, d_initial = _gla_gradients(residuals, d_out, scale=scale, cfg=cfg)
+    return (dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), dg.astype(g.dtype),
+            None if initial_state is None else d_initial.astype(initial_state.dtype), None)
+
+
+def _gla_gradients(residuals: tuple[Any, ...], d_out: Any, *, scale: float,
+                   cfg: LinearAttentionConfig | None) -> tuple[jax.Array, ...]:
+    """``gla``'s gradients ``(dq, dk, dv, dg, d_initial)`` in float32 from its operands, in ``backward_chunk`` chunks: the gates and state kernels again
     (the state entering every chunk), the reverse state-cotangent kernel, the intra-chunk weights again, then
     the parallel kernels for ``dq``, ``dk`` (state terms with ``dA``, then intra-chunk terms) and ``dv``;
     ``dg`` is the suffix sum of ``q ⊙ dq - k ⊙ dk`` over each sequence plus ``Σ_v S_T ⊙ dS_T`` (the final
@@ -322,8 +331,7 @@ def gla_backward(residuals: tuple[Any, ...], d_out: Any, *, scale: float,
     elif t:
         owner = jnp.minimum(jnp.searchsorted(cu_seqlens[1:], jnp.arange(t), side="right"), n - 1)
         d_gates = d_gates + final_term[owner][None]
-    return (dq.astype(q.dtype), dk_.astype(k.dtype), dv_.astype(v.dtype), d_gates.astype(g.dtype),
-            None if initial_state is None else d_initial.astype(initial_state.dtype), None)
+    return dq, dk_, dv_, d_gates, d_initial
 
 
 def ssd(x: jax.Array, dt: jax.Array, A: jax.Array, B: jax.Array, C: jax.Array,  # noqa: N803
@@ -347,27 +355,29 @@ def ssd_backward(residuals: tuple[Any, ...], d_out: Any, *, dt_softplus: bool,
                  cfg: LinearAttentionConfig | None = None) -> tuple[Any, ...]:
     """``ssd``'s gradients through ``gla``'s backward kernel: the recurrence is ``gla``'s with each head's
     ``B`` / ``C`` and its scalar log gate ``dt·A`` spread over the ``N`` channels (the same numbers), so
-    :func:`gla_backward` gives the cotangents of ``C``, ``B``, ``dt·x`` and the gates per head, and JAX's VJP
-    of that mapping carries them to ``x``, ``dt``, ``A``, ``B``, ``C`` and ``dt_bias``."""
+    :func:`_gla_gradients` gives the cotangents of ``C``, ``B``, ``dt·x`` and the gates per head (float32), and
+    JAX's VJP of that mapping carries them to ``x``, ``dt``, ``A``, ``B``, ``C`` and ``dt_bias``."""
     x, dt, A, B, C, D, dt_bias, initial_state, cu_seqlens = residuals  # noqa: N806
     d_y, d_final = d_out
     f32 = jnp.float32
     h, n = x.shape[2], B.shape[3]
-    heads = jnp.arange(h) // (h // B.shape[2])
+    per_group = h // B.shape[2]
 
     def as_gla(x: jax.Array, dt: jax.Array, a: jax.Array, b: jax.Array, c: jax.Array,
                bias: jax.Array | None) -> tuple[jax.Array, ...]:
         step = dt.astype(f32) + (0.0 if bias is None else bias.astype(f32))
         step = jax.nn.softplus(step) if dt_softplus else step
         gates = jnp.broadcast_to((step * a.astype(f32))[..., None], (*step.shape, n))
-        # float32 throughout: dA and ddt sum the gates' gradient, a difference of sums, over every token
-        return c[:, :, heads].astype(f32), b[:, :, heads].astype(f32), x.astype(f32) * step[..., None], gates
+        # float32 throughout: dA and ddt sum the gates' gradient, a difference of sums, over every token (16-bit
+        # operands failed the bf16 conformance check on dA); heads repeated, so that the VJP sums them
+        return (jnp.repeat(c.astype(f32), per_group, axis=2), jnp.repeat(b.astype(f32), per_group, axis=2),
+                x.astype(f32) * step[..., None], gates)
 
     (q, k, v, g), to_inputs = jax.vjp(as_gla, x, dt, A, B, C, dt_bias)
     init = None if initial_state is None else jnp.swapaxes(initial_state.astype(f32), -1, -2)
     d_final = None if d_final is None else jnp.swapaxes(d_final.astype(f32), -1, -2)
     d_y = jnp.zeros(x.shape, f32) if d_y is None else d_y.astype(f32)
-    dq, dk, dv, dg, d_init, _ = gla_backward((q, k, v, g, init, cu_seqlens), (d_y, d_final), scale=1.0, cfg=cfg)
+    dq, dk, dv, dg, d_init = _gla_gradients((q, k, v, g, init, cu_seqlens), (d_y, d_final), scale=1.0, cfg=cfg)
     dx, d_dt, d_a, d_b, d_c, d_bias = to_inputs((dq, dk, dv, dg))
     d_d = None
     if D is not None:

@@ -61,12 +61,15 @@ def test_configs_and_gate() -> None:
 
 def test_the_kernel_compiles_for_sm90_at_qwen3_next_sizes(tmp_path: Any) -> None:
     """Compiled for sm_90 (PTX, then a cubin by the ptxas Triton ships) in a process without the
-    interpreter: K = V = 128, the forward with per-channel and scalar gates; shared memory within an
-    H100's. The backward's kernels take minutes to compile on a 2-core machine: they are compiled and
-    run on the GPU host (``test_gpu_qwen3_next_like_layer``), or here with ``EJK_COMPILE_BACKWARD=1``."""
+    interpreter: K = V = 128, the forward with per-channel and scalar gates, ``ssd``'s backward (float32, as
+    it runs); shared memory within an H100's. ``gla``'s backward kernels take minutes to compile on a 2-core
+    machine: they are compiled and run on the GPU host (``test_gpu_qwen3_next_like_layer``), or here with
+    ``EJK_COMPILE_BACKWARD=1``."""
     backward = ", b(128, 128)['shared']" if os.environ.get("EJK_COMPILE_BACKWARD") == "1" else ""
-    code = ("from ejk_triton._aot import compile_gla_backward as b, compile_linear_recurrence as c; "
-            f"print(c(128, 128)['shared'], c(128, 128, scalar_gate=True, qk_heads=1)['shared']{backward})")
+    code = ("import jax.numpy as jnp; "
+            "from ejk_triton._aot import compile_gla_backward as b, compile_linear_recurrence as c; "
+            "print(c(128, 128)['shared'], c(128, 128, scalar_gate=True, qk_heads=1)['shared'], "
+            f"b(128, 128, jnp.float32, scalar_gate=True)['shared']{backward})")
     env = {k: v for k, v in os.environ.items() if k not in ("EJK_TRITON_INTERPRET", "TRITON_INTERPRET")}
     env.update(JAX_PLATFORMS="cpu", TRITON_CACHE_DIR=str(tmp_path / "triton-cache"))
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=900)
@@ -150,19 +153,20 @@ def test_gla_phases_against_float64(chunk: int) -> None:
         assert_close(a, w, jnp.float32, what=f"d{name}")
 
 
-def test_ssd_phases_against_float64() -> None:
-    """``ssd`` in chunks of 32 (16 in the backward; grouped B / C, packed with an empty sequence, initial
-    states): values, final states, every gradient."""
+@pytest.mark.parametrize(("backward_chunk", "p", "n"), [(16, 8, 16), (32, 20, 40)])
+def test_ssd_phases_against_float64(backward_chunk: int, p: int, n: int) -> None:
+    """``ssd`` in chunks of 32 (16 or 32 in the backward; one or several K and V blocks; grouped B / C, packed
+    with an empty sequence, initial states): values, final states, every gradient."""
     rng = np.random.default_rng(6)
     cu_seqlens = jnp.asarray([0, 35, 35, 41], jnp.int32)
-    x = jnp.asarray(rng.standard_normal((1, 41, 2, 8)), jnp.float32)
+    x = jnp.asarray(rng.standard_normal((1, 41, 2, p)), jnp.float32)
     dt = jnp.asarray(rng.standard_normal((1, 41, 2)), jnp.float32)
     a = -jnp.exp(jnp.asarray(rng.standard_normal(2), jnp.float32))
-    bb, cc = (jnp.asarray(rng.standard_normal((1, 41, 1, 16)), jnp.float32) for _ in range(2))
-    s0 = jnp.asarray(rng.standard_normal((3, 2, 8, 16)), jnp.float32)
+    bb, cc = (jnp.asarray(rng.standard_normal((1, 41, 1, n)), jnp.float32) for _ in range(2))
+    s0 = jnp.asarray(rng.standard_normal((3, 2, p, n)), jnp.float32)
     cot = (jnp.asarray(rng.standard_normal(x.shape), jnp.float32), jnp.asarray(rng.standard_normal(s0.shape),
                                                                                  jnp.float32))
-    cfg = LinearAttentionConfig(chunk=32, block_k=16, block_v=16, num_stages=1, backward_chunk=16)
+    cfg = LinearAttentionConfig(chunk=32, block_k=16, block_v=16, num_stages=1, backward_chunk=backward_chunk)
 
     def ours(*args: Any) -> Any:
         return ejk.ssd(*args[:5], initial_state=args[5], cu_seqlens=cu_seqlens, dt_softplus=True,

@@ -306,9 +306,10 @@ def compile_linear_recurrence(k: int, v: int, dtype: Any = jnp.bfloat16, *, scal
 
 
 def compile_gla_backward(k: int, v: int, dtype: Any = jnp.bfloat16, *, heads: int = 32, cfg: Any = None,
-                         varlen: bool = True, arch: int = 90) -> dict[str, int]:
-    """Compile ``gla``'s backward kernels (the reverse state cotangents, the state terms and ``dA``, the
-    intra-chunk terms, ``dv``) at the backward's chunk for a state ``[k, v]`` and ``dtype`` inputs, for ``arch``.
+                         varlen: bool = True, scalar_gate: bool = False, arch: int = 90) -> dict[str, int]:
+    """Compile the recurrence's backward kernels at the backward's chunk for a state ``[k, v]`` and ``dtype``
+    inputs, for ``arch``: ``gla``'s (the reverse state cotangents, the state terms and ``dA``, the intra-chunk
+    terms, ``dv``) or, with ``scalar_gate``, ``ssd``'s (the reverse state cotangents, ``dq`` / ``dk``, ``dv``).
 
     Returns:
         The largest shared memory of them in bytes, warps and stages.
@@ -326,16 +327,25 @@ def compile_gla_backward(k: int, v: int, dtype: Any = jnp.bfloat16, *, heads: in
                   SCALE=k ** -0.5, VARLEN=varlen, PREC=_dots.dot_precision(dtype, "high"))
     intra = dict(T=4096, H=heads, K=k, BT=cfg.backward_chunk, BC=min(16, cfg.backward_chunk), VARLEN=varlen,
                  PREC=common["PREC"])
-    built = [
-        _compile(_linear_kernels.linear_dstates_bwd, [x, f32, x, f32, i32, x, f32],
-                 dict(common, HQK=heads, BK=state_k), cfg.num_warps, cfg.num_stages, arch),
-        _compile(_linear_kernels.gla_inter_bwd, [x, x, x, f32, x, x, x, i32, i32, f32, f32, f32],
-                 dict(common, BK=state_k), cfg.num_warps, cfg.num_stages, arch),
-        _compile(_linear_kernels.gla_intra_bwd, [x, x, f32, f32, i32, i32, f32, f32, f32, f32],
-                 dict(intra, BK=state_k), cfg.num_warps, cfg.num_stages, arch),
-        _compile(_linear_kernels.gla_dv_bwd, [x, f32, x, x, f32, i32, i32, f32],
-                 dict(common, BK=block_k), cfg.num_warps, cfg.num_stages, arch),
-    ]
+    built = [_compile(_linear_kernels.linear_dstates_bwd, [x, f32, x, f32, i32, x, f32],
+                      dict(common, HQK=heads, BK=state_k, SCALAR_GATE=scalar_gate), cfg.num_warps, cfg.num_stages,
+                      arch)]
+    if scalar_gate:
+        built += [
+            _compile(_linear_kernels.scalar_dqk_bwd, [x, x, x, f32, x, x, x, i32, i32, f32, f32],
+                     dict(common, BK=state_k), cfg.num_warps, cfg.num_stages, arch),
+            _compile(_linear_kernels.scalar_dv_bwd, [x, x, f32, x, x, i32, i32, f32],
+                     dict(common, BK=block_k), cfg.num_warps, cfg.num_stages, arch),
+        ]
+    else:
+        built += [
+            _compile(_linear_kernels.gla_inter_bwd, [x, x, x, f32, x, x, x, i32, i32, f32, f32, f32],
+                     dict(common, BK=state_k), cfg.num_warps, cfg.num_stages, arch),
+            _compile(_linear_kernels.gla_intra_bwd, [x, x, f32, f32, i32, i32, f32, f32, f32, f32],
+                     dict(intra, BK=state_k), cfg.num_warps, cfg.num_stages, arch),
+            _compile(_linear_kernels.gla_dv_bwd, [x, f32, x, x, f32, i32, i32, f32],
+                     dict(common, BK=block_k), cfg.num_warps, cfg.num_stages, arch),
+        ]
     return dict(built[-1], shared=max(b["shared"] for b in built))
 
 

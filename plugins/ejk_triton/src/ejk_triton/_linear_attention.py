@@ -247,20 +247,22 @@ def _segment_suffix_sums(x: jax.Array, cu_seqlens: jax.Array | None) -> jax.Arra
 
 def gla_backward(residuals: tuple[Any, ...], d_out: Any, *, scale: float,
                  cfg: LinearAttentionConfig | None = None) -> tuple[Any, ...]:
-    """``gla``'s gradients from its operands, in their dtypes (see :func:`_gla_gradients`)."""
+    """``gla``'s gradients from its operands, in their dtypes (see :func:`_gradients`)."""
     q, k, v, g, initial_state, _ = residuals
-    dq, dk, dv, dg, d_initial = _gla_gradients(residuals, d_out, scale=scale, cfg=cfg)
+    dq, dk, dv, dg, d_initial = _gradients(residuals, d_out, scale=scale, scalar_gate=False, cfg=cfg)
     return (dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), dg.astype(g.dtype),
             None if initial_state is None else d_initial.astype(initial_state.dtype), None)
 
 
-def _gla_gradients(residuals: tuple[Any, ...], d_out: Any, *, scale: float,
-                   cfg: LinearAttentionConfig | None) -> tuple[jax.Array, ...]:
-    """``gla``'s gradients ``(dq, dk, dv, dg, d_initial)`` in float32 from its operands, in ``backward_chunk`` chunks: the gates and state kernels again
-    (the state entering every chunk), the reverse state-cotangent kernel, the intra-chunk weights again, then
-    the parallel kernels for ``dq``, ``dk`` (state terms with ``dA``, then intra-chunk terms) and ``dv``;
+def _gradients(residuals: tuple[Any, ...], d_out: Any, *, scale: float, scalar_gate: bool,
+               cfg: LinearAttentionConfig | None) -> tuple[jax.Array, ...]:
+    """The recurrence's gradients ``(dq, dk, dv, dg, d_initial)`` in float32 from its operands, in
+    ``backward_chunk`` chunks: the gates and state kernels again (the state entering every chunk), the reverse
+    state-cotangent kernel, then the parallel kernels. Per-channel gates: the intra-chunk weights again,
+    ``dq``, ``dk`` (state terms with ``dA``, then intra-chunk terms) and ``dv``. A scalar gate (``g [B, T,
+    H]``): ``dq`` and ``dk`` in one kernel, ``dv`` in another, the intra-chunk weights formed in both.
     ``dg`` is the suffix sum of ``q ⊙ dq - k ⊙ dk`` over each sequence plus ``Σ_v S_T ⊙ dS_T`` (the final
-    state's gate factor)."""
+    state's gate factor), summed over the channels for a scalar gate."""
     q, k, v, g, initial_state, cu_seqlens = residuals
     d_o, d_final = d_out
     base = cfg or heuristic_config()
@@ -270,8 +272,8 @@ def _gla_gradients(residuals: tuple[Any, ...], d_out: Any, *, scale: float,
     n = _states(b, cu_seqlens)
     f32 = jnp.float32
     d_final = jnp.zeros((n, h, dk, dv), f32) if d_final is None else d_final.astype(f32)
-    final, gc, states = _recurrence(q, k, v, g, initial_state, cu_seqlens, scale=scale, scalar_gate=False,
-                                       out_dtype=q.dtype, cfg=cfg, with_output=False)
+    final, gc, states = _recurrence(q, k, v, g, initial_state, cu_seqlens, scale=scale, scalar_gate=scalar_gate,
+                                    out_dtype=q.dtype, cfg=cfg, with_output=False)
     rows = b * t
     if t == 0:
         dq, dk_, dv_ = (jnp.zeros(x.shape, f32) for x in (q, k, v))
@@ -290,28 +292,35 @@ def _gla_gradients(residuals: tuple[Any, ...], d_out: Any, *, scale: float,
         intra: dict[str, Any] = dict(num_stages=cfg.num_stages, T=t, H=h, K=dk, BT=cfg.chunk, BC=sub,
                                      VARLEN=cu_seqlens is not None, PREC=common["PREC"])
 
-        def run(q: jax.Array, k: jax.Array, v: jax.Array, g: jax.Array, d_o: jax.Array, d_final: jax.Array,
-                cu: jax.Array, gc: jax.Array, states: jax.Array, seq: jax.Array) -> tuple[jax.Array, ...]:
+        def run(q: jax.Array, k: jax.Array, v: jax.Array, d_o: jax.Array, d_final: jax.Array, cu: jax.Array,
+                gc: jax.Array, states: jax.Array, seq: jax.Array) -> tuple[jax.Array, ...]:
             module = kernels("_linear_kernels")
             d_states, d_initial = launch(
                 module.linear_dstates_bwd, grid=(n * h, cdiv(dk, state_k), cdiv(dv, block_v)),
                 inputs=(q, gc, d_o, d_final, cu),
                 out_shapes=(jax.ShapeDtypeStruct(states.shape, states.dtype),
                             jax.ShapeDtypeStruct((n, h, dk, dv), f32)),
-                HQK=h, BK=state_k, BV=block_v, **common)
+                HQK=h, BK=state_k, BV=block_v, SCALAR_GATE=scalar_gate, **common)
+            per_token = (jax.ShapeDtypeStruct((rows, h, dk), f32), jax.ShapeDtypeStruct((rows, h, dk), f32))
+            if scalar_gate:
+                d_q, d_k = launch(module.scalar_dqk_bwd, grid=(slots, cdiv(dk, state_k), h),
+                                  inputs=(q, k, v, gc, d_o, states, d_states, cu, seq), out_shapes=per_token,
+                                  BK=state_k, BV=block_v, **common)
+                (d_v,) = launch(module.scalar_dv_bwd, grid=(slots, cdiv(dv, block_v), h),
+                                inputs=(q, k, gc, d_o, d_states, cu, seq),
+                                out_shapes=(jax.ShapeDtypeStruct((rows, h, dv), f32),), BK=block_k, BV=block_v,
+                                **common)
+                return d_q, d_k, d_v, d_initial
             (weights,) = launch(module.gla_intra_fwd, grid=(slots, cfg.chunk // sub, h), inputs=(q, k, gc, cu, seq),
                                 out_shapes=(jax.ShapeDtypeStruct((rows, h, cfg.chunk), f32),),
                                 num_warps=cfg.intra_warps, HQK=h, BK=block_k, **intra)
             d_q, d_k, d_a = launch(
                 module.gla_inter_bwd, grid=(slots, cdiv(dk, state_k), h),
                 inputs=(q, k, v, gc, d_o, states, d_states, cu, seq),
-                out_shapes=(jax.ShapeDtypeStruct((rows, h, dk), f32), jax.ShapeDtypeStruct((rows, h, dk), f32),
-                            jax.ShapeDtypeStruct((rows, h, cfg.chunk), f32)),
+                out_shapes=(*per_token, jax.ShapeDtypeStruct((rows, h, cfg.chunk), f32)),
                 BK=state_k, BV=block_v, **common)
             d_q, d_k = launch(module.gla_intra_bwd, grid=(slots, cdiv(dk, state_k) * (cfg.chunk // sub), h),
-                              inputs=(q, k, gc, d_a, cu, seq, d_q, d_k),
-                              out_shapes=(jax.ShapeDtypeStruct((rows, h, dk), f32),
-                                          jax.ShapeDtypeStruct((rows, h, dk), f32)),
+                              inputs=(q, k, gc, d_a, cu, seq, d_q, d_k), out_shapes=per_token,
                               num_warps=cfg.num_warps, BK=state_k, **intra)
             (d_v,) = launch(module.gla_dv_bwd, grid=(slots, cdiv(dv, block_v), h),
                             inputs=(k, gc, d_o, d_states, weights, cu, seq),
@@ -319,13 +328,15 @@ def _gla_gradients(residuals: tuple[Any, ...], d_out: Any, *, scale: float,
                             BK=block_k, BV=block_v, **common)
             return d_q, d_k, d_v, d_initial
 
-        flat = [x.reshape(rows, h, x.shape[3]) for x in (q, k, v.astype(q.dtype), g, d_o)]
+        flat = [x.reshape(rows, h, x.shape[3]) for x in (q, k, v.astype(q.dtype), d_o)]
         dq, dk_, dv_, d_initial = sequential_vmap(run)(*flat, d_final, cu, gc, states,
                                                        _slot_sequences(b, t, cu_seqlens, cfg.chunk))
         dq, dk_, dv_ = (x.reshape(b, t, h, x.shape[2]) for x in (dq, dk_, dv_))
     gate_terms = q.astype(f32) * dq - k.astype(f32) * dk_
-    d_gates = _segment_suffix_sums(gate_terms, cu_seqlens)
     final_term = jnp.sum(final * d_final, axis=-1)  # [N, H, K]
+    if scalar_gate:
+        gate_terms, final_term = jnp.sum(gate_terms, axis=-1), jnp.sum(final_term, axis=-1)
+    d_gates = _segment_suffix_sums(gate_terms, cu_seqlens)
     if cu_seqlens is None:
         d_gates = d_gates + final_term[:, None]
     elif t:
@@ -353,31 +364,31 @@ def ssd(x: jax.Array, dt: jax.Array, A: jax.Array, B: jax.Array, C: jax.Array,  
 
 def ssd_backward(residuals: tuple[Any, ...], d_out: Any, *, dt_softplus: bool,
                  cfg: LinearAttentionConfig | None = None) -> tuple[Any, ...]:
-    """``ssd``'s gradients through ``gla``'s backward kernel: the recurrence is ``gla``'s with each head's
-    ``B`` / ``C`` and its scalar log gate ``dt·A`` spread over the ``N`` channels (the same numbers), so
-    :func:`_gla_gradients` gives the cotangents of ``C``, ``B``, ``dt·x`` and the gates per head (float32), and
-    JAX's VJP of that mapping carries them to ``x``, ``dt``, ``A``, ``B``, ``C`` and ``dt_bias``."""
+    """``ssd``'s gradients: the recurrence is ``gla``'s with each head's ``B`` / ``C`` as ``k`` / ``q``,
+    ``dt·x`` as ``v`` and one log gate ``dt·A`` for all ``N`` channels, so :func:`_gradients` (scalar gate)
+    gives their cotangents per head (float32), and JAX's VJP of that mapping carries them to ``x``, ``dt``,
+    ``A``, ``B``, ``C`` and ``dt_bias``."""
     x, dt, A, B, C, D, dt_bias, initial_state, cu_seqlens = residuals  # noqa: N806
     d_y, d_final = d_out
     f32 = jnp.float32
-    h, n = x.shape[2], B.shape[3]
+    h = x.shape[2]
     per_group = h // B.shape[2]
 
     def as_gla(x: jax.Array, dt: jax.Array, a: jax.Array, b: jax.Array, c: jax.Array,
                bias: jax.Array | None) -> tuple[jax.Array, ...]:
         step = dt.astype(f32) + (0.0 if bias is None else bias.astype(f32))
         step = jax.nn.softplus(step) if dt_softplus else step
-        gates = jnp.broadcast_to((step * a.astype(f32))[..., None], (*step.shape, n))
         # float32 throughout: dA and ddt sum the gates' gradient, a difference of sums, over every token (16-bit
         # operands failed the bf16 conformance check on dA); heads repeated, so that the VJP sums them
         return (jnp.repeat(c.astype(f32), per_group, axis=2), jnp.repeat(b.astype(f32), per_group, axis=2),
-                x.astype(f32) * step[..., None], gates)
+                x.astype(f32) * step[..., None], step * a.astype(f32))
 
     (q, k, v, g), to_inputs = jax.vjp(as_gla, x, dt, A, B, C, dt_bias)
     init = None if initial_state is None else jnp.swapaxes(initial_state.astype(f32), -1, -2)
     d_final = None if d_final is None else jnp.swapaxes(d_final.astype(f32), -1, -2)
     d_y = jnp.zeros(x.shape, f32) if d_y is None else d_y.astype(f32)
-    dq, dk, dv, dg, d_init = _gla_gradients((q, k, v, g, init, cu_seqlens), (d_y, d_final), scale=1.0, cfg=cfg)
+    dq, dk, dv, dg, d_init = _gradients((q, k, v, g, init, cu_seqlens), (d_y, d_final), scale=1.0, scalar_gate=True,
+                                        cfg=cfg)
     dx, d_dt, d_a, d_b, d_c, d_bias = to_inputs((dq, dk, dv, dg))
     d_d = None
     if D is not None:

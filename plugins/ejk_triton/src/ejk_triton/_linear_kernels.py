@@ -238,11 +238,11 @@ def linear_output_fwd(q_ptr, k_ptr, v_ptr, gc_ptr, hs_ptr, a_ptr, cu_ptr, seq_pt
 def linear_dstates_bwd(q_ptr, gc_ptr, do_ptr, dht_ptr, cu_ptr, dhs_ptr, dh0_ptr,
                        T: tl.constexpr, H: tl.constexpr, HQK: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                        BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, SCALE: tl.constexpr,
-                       VARLEN: tl.constexpr, PREC: tl.constexpr):
+                       SCALAR_GATE: tl.constexpr, VARLEN: tl.constexpr, PREC: tl.constexpr):
     """The backward's sequential phase, per (sequence·head, K block, V block), chunks in reverse: the
     cotangent of the state leaving every chunk (``dS ← e^{G_last} ⊙ dS + scale (q ⊙ e^G)ᵀ do`` across a
-    chunk), from the final state's, then the initial state's. Per-channel chunk-local cumulative
-    gates ``[R, H, K]``."""
+    chunk), from the final state's, then the initial state's. Chunk-local cumulative gates ``[R, H, K]``
+    (per channel) or ``[R, H]`` (``SCALAR_GATE``)."""
     nh = tl.program_id(0).to(tl.int64)
     ik = tl.program_id(1)
     iv = tl.program_id(2)
@@ -269,13 +269,20 @@ def linear_dstates_bwd(q_ptr, gc_ptr, do_ptr, dht_ptr, cu_ptr, dhs_ptr, dh0_ptr,
         t_ok = rows < eos
         qk_mask = t_ok[:, None] & k_ok[None, :]
         q = tl.load(q_ptr + (rows[:, None] * HQK + hqk) * K + ks[None, :], mask=qk_mask, other=0.0)
-        cum = tl.load(gc_ptr + (rows[:, None] * H + h) * K + ks[None, :], mask=qk_mask, other=0.0)
         end = tl.minimum(first + BT, eos) - 1
-        last = tl.load(gc_ptr + (end * H + h) * K + ks, mask=k_ok, other=0.0)
         do = tl.load(do_ptr + (rows[:, None] * H + h) * V + vs[None, :], mask=t_ok[:, None] & v_ok[None, :],
                      other=0.0)
-        q_in = (q.to(tl.float32) * tl.exp(cum) * SCALE).to(dt)
-        d_state = d_state * tl.exp(last)[:, None] + tl.dot(tl.trans(q_in), do.to(dt), input_precision=PREC)
+        if SCALAR_GATE:
+            cum = tl.load(gc_ptr + rows * H + h, mask=t_ok, other=0.0)
+            last = tl.load(gc_ptr + end * H + h)
+            q_in = (q.to(tl.float32) * (tl.exp(cum) * SCALE)[:, None]).to(dt)
+            d_state = d_state * tl.exp(last)
+        else:
+            cum = tl.load(gc_ptr + (rows[:, None] * H + h) * K + ks[None, :], mask=qk_mask, other=0.0)
+            last = tl.load(gc_ptr + (end * H + h) * K + ks, mask=k_ok, other=0.0)
+            q_in = (q.to(tl.float32) * tl.exp(cum) * SCALE).to(dt)
+            d_state = d_state * tl.exp(last)[:, None]
+        d_state += tl.dot(tl.trans(q_in), do.to(dt), input_precision=PREC)
     tl.store(dh0_ptr + nh * K * V + tile, d_state, mask=tile_mask)
 
 
@@ -443,3 +450,97 @@ def gla_dv_bwd(k_ptr, gc_ptr, do_ptr, dhs_ptr, a_ptr, cu_ptr, seq_ptr, dv_ptr,
     d_v = tl.dot(k_out, d_state, input_precision=PREC) + tl.dot(tl.trans((a * SCALE).to(dt)), do,
                                                                  input_precision=PREC)
     tl.store(dv_ptr + tv_off, d_v, mask=tv_mask)
+
+
+@triton.jit
+def scalar_dqk_bwd(q_ptr, k_ptr, v_ptr, gc_ptr, do_ptr, hs_ptr, dhs_ptr, cu_ptr, seq_ptr, dq_ptr, dk_ptr,
+                   T: tl.constexpr, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
+                   BK: tl.constexpr, BV: tl.constexpr, SCALE: tl.constexpr, VARLEN: tl.constexpr,
+                   PREC: tl.constexpr):
+    """A scalar gate's ``dq`` and ``dk`` per (chunk slot, K block, head), V walked in blocks of ``BV``
+    (float32): with ``D_ij = e^{G_i - G_j}`` (``j <= i``) and ``dA = scale (do vᵀ) ⊙ D``,
+    ``dq = scale (do Sᵀ) e^G + dA k`` and ``dk = (v dS'ᵀ) e^{G_last - G} + dAᵀ q``, from the state entering
+    the chunk ``S`` and the cotangent of the state leaving it ``dS'``."""
+    slot = tl.program_id(0).to(tl.int64)
+    ik = tl.program_id(1)
+    h = tl.program_id(2).to(tl.int64)
+    n = tl.load(seq_ptr + slot).to(tl.int64)
+    bos, eos = _bounds(cu_ptr, n, T, VARLEN)
+    start = bos + (slot - bos // BT - n) * BT
+    if start < eos:
+        dt = q_ptr.dtype.element_ty
+        ks = ik * BK + tl.arange(0, BK)
+        k_ok = ks < K
+        ts = tl.arange(0, BT)
+        rows = start + ts
+        t_ok = rows < eos
+        tk_mask = t_ok[:, None] & k_ok[None, :]
+        tk_off = (rows[:, None] * H + h) * K + ks[None, :]
+        d_q = tl.zeros([BT, BK], tl.float32)
+        d_k = tl.zeros([BT, BK], tl.float32)
+        d_a = tl.zeros([BT, BT], tl.float32)
+        state_base = (slot * H + h) * K * V
+        for v0 in range(0, V, BV):
+            vs = v0 + tl.arange(0, BV)
+            v_ok = vs < V
+            tv_off = (rows[:, None] * H + h) * V + vs[None, :]
+            tv_mask = t_ok[:, None] & v_ok[None, :]
+            do = tl.load(do_ptr + tv_off, mask=tv_mask, other=0.0).to(dt)
+            v = tl.load(v_ptr + tv_off, mask=tv_mask, other=0.0).to(dt)
+            state_off = state_base + ks[:, None] * V + vs[None, :]
+            state_mask = k_ok[:, None] & v_ok[None, :]
+            state = tl.load(hs_ptr + state_off, mask=state_mask, other=0.0).to(dt)
+            d_state = tl.load(dhs_ptr + state_off, mask=state_mask, other=0.0).to(dt)
+            d_q += tl.dot(do, tl.trans(state), input_precision=PREC)
+            d_k += tl.dot(v, tl.trans(d_state), input_precision=PREC)
+            d_a += tl.dot(do, tl.trans(v), input_precision=PREC)
+        cum = tl.load(gc_ptr + rows * H + h, mask=t_ok, other=0.0)
+        last = tl.load(gc_ptr + (tl.minimum(start + BT, eos) - 1) * H + h)
+        keep = (ts[:, None] >= ts[None, :]) & t_ok[:, None]
+        d_a = (d_a * SCALE * tl.exp(tl.where(keep, cum[:, None] - cum[None, :], _NEG_INF))).to(dt)
+        q = tl.load(q_ptr + tk_off, mask=tk_mask, other=0.0).to(dt)
+        k = tl.load(k_ptr + tk_off, mask=tk_mask, other=0.0).to(dt)
+        d_q = d_q * (SCALE * tl.exp(cum))[:, None] + tl.dot(d_a, k, input_precision=PREC)
+        d_k = d_k * tl.exp(tl.where(t_ok, last - cum, 0.0))[:, None] + tl.dot(tl.trans(d_a), q, input_precision=PREC)
+        tl.store(dq_ptr + tk_off, d_q, mask=tk_mask)
+        tl.store(dk_ptr + tk_off, d_k, mask=tk_mask)
+
+
+@triton.jit
+def scalar_dv_bwd(q_ptr, k_ptr, gc_ptr, do_ptr, dhs_ptr, cu_ptr, seq_ptr, dv_ptr,
+                  T: tl.constexpr, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
+                  BK: tl.constexpr, BV: tl.constexpr, SCALE: tl.constexpr, VARLEN: tl.constexpr, PREC: tl.constexpr):
+    """A scalar gate's ``dv`` per (chunk slot, V block, head) (float32): ``dv = (k e^{G_last - G}) dS' +
+    scale ((q kᵀ) ⊙ D)ᵀ do`` with ``D_ij = e^{G_i - G_j}`` (``j <= i``)."""
+    slot = tl.program_id(0).to(tl.int64)
+    iv = tl.program_id(1)
+    h = tl.program_id(2).to(tl.int64)
+    n = tl.load(seq_ptr + slot).to(tl.int64)
+    bos, eos = _bounds(cu_ptr, n, T, VARLEN)
+    start = bos + (slot - bos // BT - n) * BT
+    if start < eos:
+        dt = k_ptr.dtype.element_ty
+        ks = tl.arange(0, BK)
+        k_ok = ks < K
+        vs = iv * BV + tl.arange(0, BV)
+        v_ok = vs < V
+        ts = tl.arange(0, BT)
+        rows = start + ts
+        t_ok = rows < eos
+        tk_mask = t_ok[:, None] & k_ok[None, :]
+        tk_off = (rows[:, None] * H + h) * K + ks[None, :]
+        q = tl.load(q_ptr + tk_off, mask=tk_mask, other=0.0).to(dt)
+        k = tl.load(k_ptr + tk_off, mask=tk_mask, other=0.0)
+        cum = tl.load(gc_ptr + rows * H + h, mask=t_ok, other=0.0)
+        last = tl.load(gc_ptr + (tl.minimum(start + BT, eos) - 1) * H + h)
+        keep = (ts[:, None] >= ts[None, :]) & t_ok[:, None]
+        a = tl.dot(q, tl.trans(k.to(dt)), input_precision=PREC) * (
+            SCALE * tl.exp(tl.where(keep, cum[:, None] - cum[None, :], _NEG_INF)))
+        k_out = (k.to(tl.float32) * tl.exp(tl.where(t_ok, last - cum, 0.0))[:, None]).to(dt)
+        d_state = tl.load(dhs_ptr + (slot * H + h) * K * V + ks[:, None] * V + vs[None, :],
+                          mask=k_ok[:, None] & v_ok[None, :], other=0.0).to(dt)
+        tv_off = (rows[:, None] * H + h) * V + vs[None, :]
+        tv_mask = t_ok[:, None] & v_ok[None, :]
+        do = tl.load(do_ptr + tv_off, mask=tv_mask, other=0.0).to(dt)
+        d_v = tl.dot(k_out, d_state, input_precision=PREC) + tl.dot(tl.trans(a.to(dt)), do, input_precision=PREC)
+        tl.store(dv_ptr + tv_off, d_v, mask=tv_mask)

@@ -387,14 +387,14 @@ def ssd_backward(residuals: tuple[Any, ...], d_out: Any, *, dt_softplus: bool,
     init = None if initial_state is None else jnp.swapaxes(initial_state.astype(f32), -1, -2)
     d_final = None if d_final is None else jnp.swapaxes(d_final.astype(f32), -1, -2)
     d_y = jnp.zeros(x.shape, f32) if d_y is None else d_y.astype(f32)
-    dq, dk, dv, dg, d_init = _gradients((q, k, v, g, init, cu_seqlens), (d_y, d_final), scale=1.0, scalar_gate=True,
-                                        cfg=cfg)
+    dq, dk, dv, dg, d_state = _gradients((q, k, v, g, init, cu_seqlens), (d_y, d_final), scale=1.0,
+                                         scalar_gate=True, cfg=cfg)
     dx, d_dt, d_a, d_b, d_c, d_bias = to_inputs((dq, dk, dv, dg))
     d_d = None
     if D is not None:
         dx = dx + (D.astype(f32)[:, None] * d_y).astype(dx.dtype)
         d_d = jnp.sum(d_y * x.astype(f32), axis=(0, 1, 3)).astype(D.dtype)
-    d_init = None if initial_state is None else jnp.swapaxes(d_init, -1, -2).astype(initial_state.dtype)
+    d_init = None if initial_state is None else jnp.swapaxes(d_state, -1, -2).astype(initial_state.dtype)
     return dx, d_dt, d_a, d_b, d_c, d_d, d_bias, d_init, None
 
 

@@ -9,7 +9,8 @@ per (chunk, 16-token sub-block, head) for the intra-chunk weights ``A`` (``[R, H
 an output kernel per (chunk, V block, head), ``o = scale ((q ⊙ e^G) S + A v)``. Packed sequences
 (``cu_seqlens``) need no layout: each program reads its offsets, no chunk crosses a sequence boundary.
 ``ssd`` is the same with a scalar gate (its ``A`` formed in the output kernel): ``q = C``, ``k = B`` (read
-per group), ``v = dt·x`` and log gate ``dt·A``; the ``D`` skip connection is added after the launches.
+per group), ``v = dt·x`` (formed by the kernels from ``x`` and ``dt``) and log gate ``dt·A``; the output
+kernel adds the ``D`` skip connection.
 
 Backward (in ``backward_chunk`` chunks): the gates and state kernels again, a reverse kernel per
 (sequence·head, K block, V block) for the cotangent of the state leaving every chunk and the initial
@@ -135,11 +136,13 @@ def ssd_capability(x: Any, dt: Any, A: Any, B: Any, C: Any, D: Any = None, dt_bi
 
 def _recurrence(q: jax.Array, k: jax.Array, v: jax.Array, g: jax.Array, initial_state: jax.Array | None,
                 cu_seqlens: jax.Array | None, *, scale: float, scalar_gate: bool, out_dtype: Any,
-                cfg: LinearAttentionConfig, with_output: bool = True, state_dtype: Any = None) -> tuple[jax.Array, ...]:
+                cfg: LinearAttentionConfig, with_output: bool = True, state_dtype: Any = None,
+                row_scale: jax.Array | None = None, skip: jax.Array | None = None) -> tuple[jax.Array, ...]:
     """The forward kernels on ``q, k [B, T, HQK, K]``, ``v [B, T, H, V]``, ``g [B, T, H(, K)]``:
     ``(o, final states, chunk-local cumulative gates [B·T, H(, K)], states entering every chunk)``, the
-    latter at the slots :func:`_chunk_slots` counts, in the inputs' dtype; without ``with_output`` (the
-    state kernel only) the same less ``o``."""
+    latter at the slots :func:`_chunk_slots` counts, in ``state_dtype`` (default: the inputs'); without
+    ``with_output`` (the state kernel only) the same less ``o``. With ``row_scale [B, T, H]`` (float32) the
+    values are ``v`` times it, rounded to ``q``'s dtype; with ``skip [H]`` (float32) ``o`` adds ``skip · v``."""
     b, t, hqk, dk = q.shape
     h, dv = v.shape[2], v.shape[3]
     n = _states(b, cu_seqlens)
@@ -154,7 +157,8 @@ def _recurrence(q: jax.Array, k: jax.Array, v: jax.Array, g: jax.Array, initial_
     block_v = min(cfg.block_v, next_pow2(max(dv, 16)))
     state_k = min(cfg.block_k, block_k)
     rows = b * t
-    v = v.astype(q.dtype)  # the products run in the inputs' dtype
+    if row_scale is None:
+        v = v.astype(q.dtype)  # the products run in the inputs' dtype (the kernels round scaled rows)
     cu = (jnp.zeros((1,), jnp.int32) if cu_seqlens is None else cu_seqlens.astype(jnp.int32))
     sequences = _slot_sequences(b, t, cu_seqlens, cfg.chunk)
     common: dict[str, Any] = dict(T=t, H=h, HQK=hqk, K=dk, V=dv, BT=cfg.chunk, BV=block_v, SCALAR_GATE=scalar_gate,
@@ -162,7 +166,7 @@ def _recurrence(q: jax.Array, k: jax.Array, v: jax.Array, g: jax.Array, initial_
     gates = g.reshape(rows, *g.shape[2:])
 
     def run(q: jax.Array, k: jax.Array, v: jax.Array, g: jax.Array, h0: jax.Array, cu: jax.Array,
-            seq: jax.Array) -> tuple[jax.Array, ...]:
+            seq: jax.Array, rs: jax.Array, skip_h: jax.Array) -> tuple[jax.Array, ...]:
         module = kernels("_linear_kernels")
         (gc,) = launch(module.linear_cumsum, grid=(slots, h), inputs=(g, cu, seq),
                        out_shapes=(jax.ShapeDtypeStruct(g.shape, f32),), num_warps=cfg.num_warps, num_stages=1,
@@ -170,11 +174,11 @@ def _recurrence(q: jax.Array, k: jax.Array, v: jax.Array, g: jax.Array, initial_
                        VARLEN=cu_seqlens is not None)
         hs, final = launch(
             module.linear_states_fwd, grid=(n * h, cdiv(dk, state_k), cdiv(dv, block_v)),
-            inputs=(k, v, gc, h0, cu),
+            inputs=(k, v, gc, h0, cu, rs),
             out_shapes=(jax.ShapeDtypeStruct((slots, h, dk, dv), state_dtype),
                         jax.ShapeDtypeStruct((n, h, dk, dv), f32)),
             num_warps=cfg.state_warps, num_stages=cfg.state_stages, BK=state_k, HAS_H0=initial_state is not None,
-            **common)
+            ROW_SCALE=row_scale is not None, **common)
         if not with_output:
             return final, gc, hs
         if scalar_gate:
@@ -188,15 +192,17 @@ def _recurrence(q: jax.Array, k: jax.Array, v: jax.Array, g: jax.Array, initial_
                                 PREC=common["PREC"])
         out_v = min(cfg.output_block_v, next_pow2(max(dv, 16)))
         (o,) = launch(module.linear_output_fwd, grid=(slots, cdiv(dv, out_v), h),
-                      inputs=(q, k, v, gc, hs, weights, cu, seq),
+                      inputs=(q, k, v, gc, hs, weights, cu, seq, rs, skip_h),
                       out_shapes=(jax.ShapeDtypeStruct((rows, h, dv), out_dtype),),
                       num_warps=cfg.num_warps, num_stages=cfg.num_stages, BK=block_k, SCALE=float(scale),
-                      **dict(common, BV=out_v))
+                      ROW_SCALE=row_scale is not None, HAS_SKIP=skip is not None, **dict(common, BV=out_v))
         return o, final, gc, hs
 
     h0 = jnp.zeros((1,), f32) if initial_state is None else initial_state.astype(f32)
+    rs = jnp.zeros((1,), f32) if row_scale is None else row_scale.astype(f32).reshape(rows, h)
+    skip_h = jnp.zeros((1,), f32) if skip is None else skip.astype(f32)
     outs = sequential_vmap(run)(q.reshape(rows, hqk, dk), k.reshape(rows, hqk, dk), v.reshape(rows, h, dv), gates,
-                                h0, cu, sequences)
+                                h0, cu, sequences, rs, skip_h)
     if not with_output:
         return outs
     o, *rest = outs
@@ -354,12 +360,9 @@ def ssd(x: jax.Array, dt: jax.Array, A: jax.Array, B: jax.Array, C: jax.Array,  
     step = dt.astype(f32) + (0.0 if dt_bias is None else dt_bias.astype(f32))
     step = jax.nn.softplus(step) if dt_softplus else step
     init = None if initial_state is None else jnp.swapaxes(initial_state.astype(f32), -1, -2)  # [N, H, Ns, P]
-    values = (x.astype(f32) * step[..., None]).astype(C.dtype)
-    y, final, *_ = _recurrence(C, B, values, step * A.astype(f32), init, cu_seqlens, scale=1.0, scalar_gate=True,
-                              out_dtype=f32, cfg=cfg or heuristic_config())
-    if D is not None:
-        y = y + D.astype(f32)[:, None] * x.astype(f32)
-    return y.astype(x.dtype), jnp.swapaxes(final, -1, -2)
+    y, final, *_ = _recurrence(C, B, x, step * A.astype(f32), init, cu_seqlens, scale=1.0, scalar_gate=True,
+                              out_dtype=x.dtype, cfg=cfg or heuristic_config(), row_scale=step, skip=D)
+    return y, jnp.swapaxes(final, -1, -2)
 
 
 def ssd_backward(residuals: tuple[Any, ...], d_out: Any, *, dt_softplus: bool,

@@ -39,6 +39,16 @@ def _bounds(cu_ptr, n, T: tl.constexpr, VARLEN: tl.constexpr):
 
 
 @triton.jit
+def _row_scaled(v, rs_ptr, rows, t_ok, H: tl.constexpr, h, ROW_SCALE: tl.constexpr):
+    """``v`` with each row times its factor ``rs [R, H]`` (float32), rounded back to ``v``'s dtype (as a
+    product formed outside and stored would be), or ``v`` as it is."""
+    if ROW_SCALE:
+        factor = tl.load(rs_ptr + rows * H + h, mask=t_ok, other=0.0)
+        v = (v.to(tl.float32) * factor[:, None]).to(v.dtype)
+    return v
+
+
+@triton.jit
 def linear_cumsum(g_ptr, cu_ptr, seq_ptr, gc_ptr,
                   T: tl.constexpr, H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
                   SCALAR_GATE: tl.constexpr, VARLEN: tl.constexpr):
@@ -62,12 +72,14 @@ def linear_cumsum(g_ptr, cu_ptr, seq_ptr, gc_ptr,
 
 
 @triton.jit
-def linear_states_fwd(k_ptr, v_ptr, gc_ptr, h0_ptr, cu_ptr, hs_ptr, ht_ptr,
+def linear_states_fwd(k_ptr, v_ptr, gc_ptr, h0_ptr, cu_ptr, rs_ptr, hs_ptr, ht_ptr,
                       T: tl.constexpr, H: tl.constexpr, HQK: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                       BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, SCALAR_GATE: tl.constexpr,
-                      HAS_H0: tl.constexpr, VARLEN: tl.constexpr, PREC: tl.constexpr):
+                      HAS_H0: tl.constexpr, VARLEN: tl.constexpr, PREC: tl.constexpr,
+                      ROW_SCALE: tl.constexpr = False):
     """Phase (b), per (sequence·head, K block, V block): the state entering every chunk of the sequence
-    (from the chunk-local cumulative gates :func:`linear_cumsum` wrote), then its final state."""
+    (from the chunk-local cumulative gates :func:`linear_cumsum` wrote), then its final state. ``ROW_SCALE``:
+    ``v``'s rows times ``rs [R, H]`` (see :func:`_row_scaled`)."""
     nh = tl.program_id(0).to(tl.int64)
     ik = tl.program_id(1)
     iv = tl.program_id(2)
@@ -98,6 +110,7 @@ def linear_states_fwd(k_ptr, v_ptr, gc_ptr, h0_ptr, cu_ptr, hs_ptr, ht_ptr,
         k = tl.load(k_ptr + (rows[:, None] * HQK + hqk) * K + ks[None, :], mask=qk_mask, other=0.0)
         v = tl.load(v_ptr + (rows[:, None] * H + h) * V + vs[None, :], mask=t_ok[:, None] & v_ok[None, :],
                     other=0.0)
+        v = _row_scaled(v, rs_ptr, rows, t_ok, H, h, ROW_SCALE)
         if SCALAR_GATE:
             cum = tl.load(gc_ptr + rows * H + h, mask=t_ok, other=0.0)
             last = tl.load(gc_ptr + end * H + h)
@@ -189,14 +202,16 @@ def gla_intra_fwd(q_ptr, k_ptr, gc_ptr, cu_ptr, seq_ptr, a_ptr,
 
 
 @triton.jit
-def linear_output_fwd(q_ptr, k_ptr, v_ptr, gc_ptr, hs_ptr, a_ptr, cu_ptr, seq_ptr, o_ptr,
+def linear_output_fwd(q_ptr, k_ptr, v_ptr, gc_ptr, hs_ptr, a_ptr, cu_ptr, seq_ptr, rs_ptr, skip_ptr, o_ptr,
                       T: tl.constexpr, H: tl.constexpr, HQK: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                       BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, SCALE: tl.constexpr,
-                      SCALAR_GATE: tl.constexpr, VARLEN: tl.constexpr, PREC: tl.constexpr):
+                      SCALAR_GATE: tl.constexpr, VARLEN: tl.constexpr, PREC: tl.constexpr,
+                      ROW_SCALE: tl.constexpr = False, HAS_SKIP: tl.constexpr = False):
     """Phase (c), per (chunk slot, V block, head): the chunk's output from the state entering it and its
     own tokens, ``scale ((q ⊙ e^G) S + A v)``. A scalar gate forms the ``[BT, BT]`` intra-chunk weights
     ``A`` here (``k_ptr`` read, ``a_ptr`` not); per-channel gates read those :func:`gla_intra_fwd` wrote
-    (``a_ptr`` read, ``k_ptr`` not)."""
+    (``a_ptr`` read, ``k_ptr`` not). ``ROW_SCALE``: ``v``'s rows times ``rs [R, H]`` (see :func:`_row_scaled`);
+    ``HAS_SKIP``: plus ``skip[h]`` times ``v`` as read."""
     slot = tl.program_id(0).to(tl.int64)
     iv = tl.program_id(1)
     h = tl.program_id(2).to(tl.int64)
@@ -229,8 +244,11 @@ def linear_output_fwd(q_ptr, k_ptr, v_ptr, gc_ptr, hs_ptr, a_ptr, cu_ptr, seq_pt
         weights = tl.load(a_ptr + (rows[:, None] * H + h) * BT + ts[None, :], mask=keep, other=0.0)
         q_in = (q.to(tl.float32) * tl.exp(cum)).to(dt)
     v = tl.load(v_ptr + (rows[:, None] * H + h) * V + vs[None, :], mask=t_ok[:, None] & v_ok[None, :], other=0.0)
-    out = tl.dot(q_in, state, input_precision=PREC) + tl.dot(weights.to(dt), v.to(dt), input_precision=PREC)
-    tl.store(o_ptr + (rows[:, None] * H + h) * V + vs[None, :], (out * SCALE).to(o_ptr.dtype.element_ty),
+    v_in = _row_scaled(v, rs_ptr, rows, t_ok, H, h, ROW_SCALE).to(dt)
+    out = (tl.dot(q_in, state, input_precision=PREC) + tl.dot(weights.to(dt), v_in, input_precision=PREC)) * SCALE
+    if HAS_SKIP:
+        out += tl.load(skip_ptr + h) * v.to(tl.float32)
+    tl.store(o_ptr + (rows[:, None] * H + h) * V + vs[None, :], out.to(o_ptr.dtype.element_ty),
              mask=t_ok[:, None] & v_ok[None, :])
 
 

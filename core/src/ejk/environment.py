@@ -15,7 +15,9 @@ Values are read when they are needed, never at import time.
 
 from __future__ import annotations
 
+import functools
 import os
+from collections.abc import Callable
 
 __all__ = [
     "EJK_AUTOTUNE",
@@ -31,6 +33,7 @@ __all__ = [
     "cache_dir",
     "name_list",
     "raw",
+    "raw_reader",
     "record_enabled",
     "stamp_mode",
     "trace_hooks",
@@ -68,6 +71,14 @@ def raw(name: str) -> object:
     if key is None:
         key = _encoded_names[name] = _environ_encode(name)
     return _environ_store.get(key)
+
+
+def raw_reader(name: str) -> Callable[[], object]:
+    """A function returning :func:`raw` of ``name``, three times cheaper to call (the eager fast path
+    reads a few variables on every call)."""
+    if not isinstance(_environ_store, dict) or _environ_encode is None:
+        return functools.partial(os.environ.get, name)
+    return functools.partial(_environ_store.get, _environ_encode(name))
 
 
 def name_list(variable: str) -> frozenset[str] | None:

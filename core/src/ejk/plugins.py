@@ -48,6 +48,7 @@ import attrs
 import pluggy
 
 from ejk import _hooktrace, environment, hookspecs
+from ejk._epoch import bump
 from ejk.registry import (
     LOAD_LOCK,
     KernelRegistry,
@@ -164,6 +165,16 @@ def _describe(exc: BaseException) -> str:
     return "".join(traceback.format_exception_only(type(exc), exc)).strip()
 
 
+class _PluginManager(pluggy.PluginManager):
+    """pluggy's manager, bumping ejk's epoch on every plugin registered, through :class:`PluginHost` or
+    directly: its ``ejk_choose_config`` hook ends the reuse of decisions (one unregistered ends none)."""
+
+    def register(self, plugin: Any, name: str | None = None) -> str | None:
+        registered = super().register(plugin, name)
+        bump()
+        return registered
+
+
 class PluginHost:
     """A pluggy plugin manager plus the report of what loaded, bound to one registry.
 
@@ -174,7 +185,7 @@ class PluginHost:
 
     def __init__(self, registry: KernelRegistry | None = None, *, load_entry_points: bool = True) -> None:
         self.registry = registry if registry is not None else KernelRegistry()
-        self.pm = pluggy.PluginManager(ENTRY_POINT_GROUP)
+        self.pm: pluggy.PluginManager = _PluginManager(ENTRY_POINT_GROUP)
         self.pm.add_hookspecs(hookspecs)
         self.plugins: dict[str, PluginInfo] = {}
         self._device_facts: dict[Any, dict[str, str]] = {}

@@ -18,6 +18,7 @@ from typing import Any, Literal, TypeVar
 import attrs
 
 from ejk import _contract
+from ejk._epoch import bump
 from ejk._kernel_spec import (
     PORTABLE_DISTRIBUTION,
     VJP,
@@ -126,6 +127,11 @@ class KernelRegistry:
         reuses a decision only while it is unchanged)."""
         return self._version
 
+    def _changed(self) -> None:
+        """Count a change of the implementations (made, under the lock): reused decisions are checked again."""
+        self._version += 1
+        bump()
+
     def set_loader(self, loader: Callable[[KernelRegistry], None], *, clear: bool = False) -> None:
         """Run ``loader`` on the next query (again, after a reset); ``clear`` first removes every
         implementation."""
@@ -134,12 +140,12 @@ class KernelRegistry:
                 self._registry.clear()
             self._loader = loader
             self._loaded = False
-            self._version += 1
+            self._changed()
 
     def touch(self) -> None:
         """Note a change made to the registry from outside its methods (e.g. emptied on reset)."""
         with self._lock:
-            self._version += 1
+            self._changed()
 
     # -- loading ---------------------------------------------------------------------------
 
@@ -314,7 +320,7 @@ class KernelRegistry:
         with self._lock:
             specs.append(spec)
             specs.sort(key=default_order)  # stable: equal tiers and priorities keep registration order
-            self._version += 1
+            self._changed()
         return True
 
     def _check_unchecked(self) -> None:
@@ -340,7 +346,7 @@ class KernelRegistry:
                 specs = self._registry.get(spec.algorithm, [])
                 if spec in specs:
                     specs.remove(spec)
-            self._version += 1
+            self._changed()
         for spec, message in refused:
             try:
                 self._refuse(spec, message, KernelContractError)
@@ -359,7 +365,7 @@ class KernelRegistry:
                     self._registry[algo] = keep
                 else:
                     del self._registry[algo]
-            self._version += 1
+            self._changed()
         return removed
 
     # -- lookup ----------------------------------------------------------------------------

@@ -13,6 +13,8 @@ from typing import Any, Generic, TypeVar
 
 import jax
 
+from ejk._epoch import bump
+
 __all__ = ["CacheKey", "ConfigCache", "active_overlays", "overlay_cache", "overlay_lookup"]
 
 Cfg = TypeVar("Cfg")
@@ -152,6 +154,7 @@ class ConfigCache(Generic[Cfg]):
         with self._lock:
             self._data[(dev, op_id, call_key)] = cfg
             self._version += 1
+        bump()
 
     def keys(self) -> list[CacheKey]:
         """A snapshot of every stored key."""
@@ -168,6 +171,7 @@ class ConfigCache(Generic[Cfg]):
         with self._lock:
             self._data.clear()
             self._version += 1
+        bump()
 
     def size(self) -> int:
         """The number of stored entries."""

@@ -29,6 +29,7 @@ from typing import Any, Generic, TypeVar
 import filelock
 
 from ejk import environment
+from ejk._epoch import bump
 from ejk._versions import core_versions
 from ejk.config._cache_names import cache_file_name, op_id_of_file_name
 from ejk.config.cache_file import (
@@ -225,6 +226,11 @@ class PersistentCache(Generic[Cfg]):
             return memo[2]
         return self.fingerprint()
 
+    def recheck_in(self) -> float:
+        """Seconds until :meth:`recent_fingerprint` looks at the file again (``0``: at its next call)."""
+        memo = self._fingerprint_memo
+        return 0.0 if memo is None else max(0.0, memo[0] + RECHECK_S - time.monotonic())
+
     def _report_stale(self, entry: CacheEntry, reason: str) -> None:
         key = (entry.device, entry.op_id, entry.call_key)
         with self._lock:
@@ -300,6 +306,7 @@ class PersistentCache(Generic[Cfg]):
                 self._unsaved[(entry.device, entry.op_id, entry.call_key)] = entry
             self._version += 1
             self._flush()
+        bump()
 
     def remove(self, device: str, op_id: str, call_key: str) -> bool:
         """Delete one entry; returns whether it existed."""

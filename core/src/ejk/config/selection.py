@@ -7,6 +7,7 @@ Every decision is reported as a :class:`SelectionEvent` to an optional callback 
 from __future__ import annotations
 
 import logging
+import math
 import os
 import threading
 from collections.abc import Callable
@@ -15,16 +16,18 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 import attrs
 
 from ejk import environment
+from ejk._epoch import bump
 from ejk.config.cache import ConfigCache, active_overlays, overlay_lookup
 from ejk.config.persistent import PersistentCache, cache_file_name
 from ejk.config.tuning import AutotunePolicy, TuneResult, autotune
 from ejk.errors import ConfigSelectionError, FrozenConfigMissError
+from ejk.execution.kernel import state_tracked
 
 if TYPE_CHECKING:
     from ejk.execution.kernel import Invocation, Kernel
     from ejk.plugins import PluginHost
 
-__all__ = ["TIERS", "ConfigSelectorChain", "SelectionEvent"]
+__all__ = ["TIERS", "ConfigSelectorChain", "Reuse", "SelectionEvent"]
 
 Cfg = TypeVar("Cfg")
 logger = logging.getLogger("ejk.selection")
@@ -73,6 +76,30 @@ def best_by_label(kernel: Kernel[Any, Any], result: TuneResult[Any]) -> dict[str
     return best
 
 
+class Reuse:
+    """A reusable decision's check (what :meth:`ConfigSelectorChain.choose_reusable` returns with it): calling
+    it says whether the decision still holds, and reports the reuse."""
+
+    __slots__ = ("_chain", "_check", "_kernel", "_persistent")
+
+    def __init__(self, check: Callable[[], bool], chain: ConfigSelectorChain[Any], kernel: Kernel[Any, Any],
+                 persistent: PersistentCache[Any] | None = None) -> None:
+        self._check, self._chain, self._kernel, self._persistent = check, chain, kernel, persistent
+
+    def __call__(self) -> bool:
+        return self._check()
+
+    def settled(self) -> float:
+        """For how many seconds a ``True`` answer stays ``True``, with nothing to report, while ejk's epoch
+        (:mod:`ejk._epoch`), the context's overlay stack and ``EJK_AUTOTUNE`` stay unchanged: ``0`` while
+        reuses are reported (``on_event``, the debug log) or the kernel's selection state is not tracked
+        (:func:`~ejk.execution.kernel.tracked_state`); for a decision taken on a miss, until the
+        persistent file (its directory's variables with it) is to be looked at again."""
+        if self._chain.on_event is not None or logger.isEnabledFor(logging.DEBUG) or not state_tracked(self._kernel):
+            return 0.0
+        return math.inf if self._persistent is None else self._persistent.recheck_in()
+
+
 class ConfigSelectorChain(Generic[Cfg]):
     """The default :class:`~ejk.ConfigChooser`.
 
@@ -113,6 +140,10 @@ class ConfigSelectorChain(Generic[Cfg]):
         self._heuristics: dict[tuple[str, str, str], Cfg] = {}
         self._tune_lock = threading.Lock()
         self._version = 0  # bumped by clear_memory (decisions made before are not reused)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        super().__setattr__(name, value)
+        bump()  # what a reused decision's check reads: cache, policy, on_event, hook host, clear_memory's version
 
     # -- collaborators -----------------------------------------------------------------------
 
@@ -212,7 +243,7 @@ class ConfigSelectorChain(Generic[Cfg]):
         reports the reuse as :meth:`choose` would have (the same :class:`SelectionEvent` to
         ``on_event`` and the log). A plugin hook's decision is never reused (the hook is asked
         on every call); persistent and autotune decisions fill the memory cache, so the next
-        call decides again, from memory, and that decision is reused.
+        call decides again, from memory, and that decision is reused. The check is a :class:`Reuse`.
         """
         if type(self).choose is not ConfigSelectorChain.choose:  # a subclass decides in its own choose
             return self.choose(inv, kernel), None
@@ -230,7 +261,7 @@ class ConfigSelectorChain(Generic[Cfg]):
             def override_valid() -> bool:  # an explicit cfg is validated again when the kernel changed
                 return kernel.selection_state() == kernel_state and replay_override()
 
-            return cfg, override_valid
+            return cfg, Reuse(override_valid, self, kernel)
         if tier not in ("overlay", "memory", "heuristic") or self._has_choose_hook():
             return cfg, None
         replay = self._replay(event)
@@ -247,7 +278,7 @@ class ConfigSelectorChain(Generic[Cfg]):
                 return False
             return replay()
 
-        return cfg, still_valid
+        return cfg, Reuse(still_valid, self, kernel, persistent if on_miss else None)
 
     def _replay(self, event: SelectionEvent) -> Callable[[], bool]:
         """Report ``event`` again, as a reused decision (to ``on_event`` and the debug log)."""

@@ -20,6 +20,7 @@ from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
 import jax
 
 from ejk import environment
+from ejk._epoch import bump
 from ejk.execution.device import device_fingerprint
 from ejk.execution.kernel import Invocation, Kernel, bind_kernel, make_call_key, static_key
 from ejk.invocations import record_invocation
@@ -45,6 +46,9 @@ class ConfigChooser(Protocol[Cfg]):
     (as :meth:`ejk.ConfigSelectorChain.choose_reusable` does): ``still_valid`` (or ``None``)
     is called instead of choosing again on later identical eager calls, and returns ``False``
     once the decision may have changed. A chooser with ``choose`` alone is asked every call.
+    The eager fast path of the public ops calls ``still_valid`` on every call too, unless it has a
+    ``settled()`` method (as :class:`ejk.config.selection.Reuse` has): then only when ejk's epoch
+    (:mod:`ejk._epoch`) or the context changed, or the seconds ``settled()`` gave passed.
     """
 
     def choose(self, inv: Invocation[Cfg], kernel: Kernel[Cfg, Any]) -> Cfg: ...
@@ -155,6 +159,10 @@ class Executor(Generic[Cfg, Out]):
         self._device_fingerprint: str | None = None
         self._bound = functools.lru_cache(maxsize=_BOUND_CACHE_SIZE)(self._build_keyed)
         self._fast: dict[Any, _FastEntry] = {}
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        super().__setattr__(name, value)
+        bump()  # e.g. another chooser: a reused decision is its old chooser's
 
     # -- building blocks -----------------------------------------------------------------------
 

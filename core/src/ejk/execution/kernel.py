@@ -26,6 +26,20 @@ __all__ = ["Invocation", "Kernel", "abstract_args", "bind_kernel", "make_call_ke
 
 Cfg = TypeVar("Cfg")
 Out = TypeVar("Out")
+F = TypeVar("F", bound=Callable[..., Any])
+_TRACKED_STATES: set[Callable[..., Any]] = set()
+
+
+def tracked_state(method: F) -> F:
+    """Mark an implementation of :meth:`Kernel.selection_state` whose every change bumps ejk's epoch
+    (:mod:`ejk._epoch`): the eager fast path reuses its decisions without asking it each call."""
+    _TRACKED_STATES.add(method)
+    return method
+
+
+def state_tracked(kernel: Any) -> bool:
+    """Whether ``kernel.selection_state()`` changes only with ejk's epoch (see :func:`tracked_state`)."""
+    return type(kernel).selection_state in _TRACKED_STATES
 
 
 def _is_array(leaf: Any) -> bool:
@@ -238,10 +252,12 @@ class Kernel(Generic[Cfg, Out]):
         """
         return None
 
+    @tracked_state
     def selection_state(self) -> Any:
         """A value that changes whenever this kernel's answers to selection may change (which
         configs are usable, its heuristics): a decision is reused only while it is equal.
-        Default ``None``: the answers depend on the invocation alone."""
+        Default ``None``: the answers depend on the invocation alone. An override is asked on
+        every reuse, unless decorated with :func:`tracked_state`."""
         return None
 
     def cfg_label(self, cfg: Cfg) -> str | None:

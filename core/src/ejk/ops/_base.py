@@ -19,6 +19,7 @@ import attrs
 import jax
 
 from ejk._contract import Extension, fit_call, gate_reason, takes
+from ejk._epoch import bump
 from ejk._pairing import paired_backward, pairing_candidates
 from ejk._versions import installed_version
 from ejk.config.packs import pack_rankings
@@ -26,7 +27,7 @@ from ejk.config.selection import ConfigSelectorChain
 from ejk.config.serialization import from_jsonable, to_jsonable
 from ejk.errors import KernelContractError, KernelNotFoundError
 from ejk.execution.executor import Executor
-from ejk.execution.kernel import Invocation, Kernel, abstract_args
+from ejk.execution.kernel import Invocation, Kernel, abstract_args, tracked_state
 from ejk.ops._eager import eager_key, remember, run_eager
 from ejk.ops._training import pairing_order, training_choice, training_rankings
 from ejk.parallel._vma import varying_like
@@ -171,6 +172,16 @@ class OpKernel(Kernel[ImplChoice, Any]):
         self.registry = registry if registry is not None else kernel_registry
         self._derived: tuple[tuple[int, int], list[KernelSpec]] | None = None
         self._outputs: dict[Any, Any] = {}
+
+    @property
+    def registry(self) -> KernelRegistry:
+        """Where the implementations are; another one changes :meth:`selection_state` (and bumps ejk's epoch)."""
+        return self._registry
+
+    @registry.setter
+    def registry(self, registry: KernelRegistry) -> None:
+        self._registry = registry
+        bump()
 
     def normalize(self, *args: Any, **kwargs: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
         """Validate the public function's arguments (without ``platform`` / ``cfg``) and return
@@ -504,6 +515,7 @@ class OpKernel(Kernel[ImplChoice, Any]):
         """A candidate whose implementation cannot run the call is never compiled."""
         return self.unusable_reason(inv, cfg)
 
+    @tracked_state
     def selection_state(self) -> Any:
         """The registry's version: registering or removing implementations ends reuse."""
         return (id(self.registry), self.registry.version)

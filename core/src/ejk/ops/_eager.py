@@ -3,48 +3,75 @@
 A public op called outside ``jax.jit`` validates its arguments, looks at their shardings, asks the
 Executor (which keys the call, asks the chooser whether its decision holds, binds the kernel) and
 then runs a cached jitted function. This module remembers, per call signature, the Executor's
-fast-path entry of the last full call, and runs its function directly while that Executor is still the
-current one, its chooser unchanged, and the entry's ``still_valid()`` holds (the chooser's own check:
-registry, caches, overlays, policy, hooks, the persistent file) — at two levels:
+fast-path entry of the last full call, and runs its function directly while its decision holds —
+at two levels:
 
-- :func:`run_op` (every op): keyed by the validated call — each array's type, shape, dtype and
-  sharding, the static arguments, ``platform``, ``cfg`` — it skips the sharding look-up and the
-  Executor's dispatch;
+- :func:`run_op` (every op): keyed by the validated call — each concrete array's abstract value
+  (shape, dtype, weak type) and, unless it lies on one device, its sharding; the static arguments,
+  ``platform``, ``cfg`` — it skips the sharding look-up and the Executor's dispatch;
 - :func:`eager_fast_path`, the decorator of every built-in op's public function: keyed by the raw
-  arguments and the JAX settings validation reads (``jax_default_matmul_precision``, dtype promotion,
-  x64), it skips the validation of shapes, dtypes and static arguments too, runs the op's checks of
-  array values (``values=``) unless the arrays are those already checked, and either the kernel's
-  jitted function or, for a function doing more (array work of its own, an output dropped), the whole
-  function jitted once (its decisions captured while tracing it).
+  arguments — arrays as above, each other value with its type (plain values: numbers, strings,
+  tuples, dtypes, classes, enum members, attrs configs) — and the JAX settings validation reads
+  (``jax_default_matmul_precision``, dtype promotion, x64), it skips the validation of shapes,
+  dtypes and static arguments too, runs the op's checks of array values (``values=``) unless the
+  arrays are those already checked, and either the kernel's jitted function or, for a function
+  doing more (array work of its own, an output dropped), the whole function jitted once (its
+  decisions captured while tracing it).
 
-Both include ``EJKERNEL_OPS_STAMP``. Only concrete arrays take them (under a trace the cost does not
-recur), not while calls are recorded (``EJKERNEL_OPS_RECORD``: the Executor records every call), and
-not for calls that ran sharded.
+Whether a decision holds is asked of the chooser (the Executor's entry's ``still_valid()``: registry,
+caches, overlays, policy, hooks, the persistent file; it also reports the reuse) once, then not
+again while nothing it depends on changed: ejk's epoch (:mod:`ejk._epoch`, bumped by every change
+ejk makes to them), the context's Executor and overlay stack, ``EJK_AUTOTUNE`` and, for a decision
+taken on a miss, the time until the persistent file is to be looked at again (another process may
+write it; the cache directory's variables are read with it). A decision whose check may change
+otherwise (a chooser or a kernel selection state of its own) or reports something (``on_event``,
+the ``ejk.selection`` debug log) is asked on every call (see :meth:`ejk.config.selection.Reuse.settled`).
+
+Both keys include ``EJKERNEL_OPS_STAMP``. Only concrete arrays take them (under a trace the cost does
+not recur), not while calls are recorded (``EJKERNEL_OPS_RECORD``: the Executor records every call),
+and not for calls that ran sharded.
 """
 
 from __future__ import annotations
 
+import enum
 import functools
+import logging
+import math
 import threading
+import time
 import weakref
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 import jax
+import numpy as np
 
 from ejk import environment
+from ejk._epoch import EPOCH
+from ejk.config.cache import active_overlays
+from ejk.config.selection import logger as selection_log
 from ejk.execution.executor import _fast_token
 
 __all__ = ["eager_fast_path", "eager_key", "remember", "run_eager"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 _SIZE = 4096
-#: a validated call's key -> (executor, its fast-path entry, None); a raw call's key -> its :class:`_Raw`
+#: a validated call's key -> its :class:`_Decisions`; a raw call's key -> its :class:`_Raw`
 _MEMO: dict[Any, Any] = {}
 _ArrayImpl: type | None = None
 _UNTRACEABLE: set[Any] = set()  # raw calls whose whole function failed to trace: they stay on the full path
-_SCALARS = (bool, int, float, str, type(None))
 _pending = threading.local()
+_SINGLE_DEVICE = jax.sharding.SingleDeviceSharding
+_stamp_env = environment.raw_reader(environment.EJKERNEL_OPS_STAMP)
+_record_env = environment.raw_reader(environment.EJKERNEL_OPS_RECORD)
+_autotune_env = environment.raw_reader(environment.EJK_AUTOTUNE)
+#: What validation reads besides the arguments (``precision=None``, dtype promotion, x64): JAX's settings
+_precision, _promotion, _x64 = jax.default_matmul_precision, jax.numpy_dtype_promotion, jax.enable_x64
+_UNSTAMPED = (-1, None, None, None, 0.0)  # matches no call: the decisions are asked first
+#: How :func:`_raw_key` keys a value, by its type (memoised by :func:`_kind`; 0: it does not)
+_ARRAY, _PLAIN, _FLOAT, _TUPLE = 1, 2, 3, 4
+_KINDS: dict[type, int] = {}
 
 
 def _array_type() -> type:
@@ -59,36 +86,32 @@ def _array_type() -> type:
     return _ArrayImpl
 
 
+def _array_part(x: Any) -> Any:
+    """A concrete array's part of a key: its abstract value (shape, dtype, weak type) and, unless it lies on
+    one device (which one changes nothing of the call), its sharding. ``AttributeError``: an array being
+    traced (e.g. under an Explicit mesh)."""
+    aval, sharding = x.aval, x.sharding
+    return aval if type(sharding) is _SINGLE_DEVICE else (aval, sharding)
+
+
 def _append_array(parts: list[Any], x: Any, array_type: Any) -> bool:
     if x is None:
         parts.append(None)
     elif type(x) is array_type:
         try:
-            sharding = x.sharding
-        except AttributeError:  # an array being traced (e.g. under an Explicit mesh): the full path
+            parts.append(_array_part(x))
+        except AttributeError:  # an array being traced: the full path
             return False
-        parts.append(x.shape)
-        parts.append(x.dtype)
-        parts.append(sharding)
     else:
         return False
     return True
 
 
-def _hashable(parts: list[Any]) -> Any:
-    key = tuple(parts)
-    try:
-        hash(key)
-    except TypeError:
-        return None
-    return key
-
-
 def eager_key(kernel: Any, arrays: tuple[Any, ...], static: dict[str, Any], platform: Any, cfg: Any) -> Any:
     """The key of a validated call (``run_op``'s arguments), or ``None`` when it cannot take the fast
-    path (a tracer, a host value, an unhashable argument)."""
+    path (a tracer, a host value). It may be unhashable (an unhashable static argument)."""
     array_type = _ArrayImpl or _array_type()
-    parts: list[Any] = [id(kernel), platform, environment.raw(environment.EJKERNEL_OPS_STAMP)]
+    parts: list[Any] = [id(kernel), platform, _stamp_env()]
     for x in arrays:
         if not _append_array(parts, x, array_type):
             return None
@@ -97,38 +120,139 @@ def eager_key(kernel: Any, arrays: tuple[Any, ...], static: dict[str, Any], plat
         parts.append(_fast_token(value))
     if cfg is not None:
         parts.append(_fast_token(cfg))
-    return _hashable(parts)
+    return tuple(parts)
+
+
+def _kind(cls: type) -> int:
+    """How :func:`_raw_key` keys a value of type ``cls`` (once ``_ArrayImpl`` is known; memoised)."""
+    kind = _KINDS.get(cls)
+    if kind is None:
+        if cls is _ArrayImpl:
+            kind = _ARRAY
+        elif cls is float:
+            kind = _FLOAT
+        elif cls is tuple:
+            kind = _TUPLE
+        elif (cls in (bool, int, str, type(None)) or issubclass(cls, (type, enum.Enum, np.dtype))
+              or hasattr(cls, "__attrs_attrs__")):  # immutable values, equal when they act alike (attrs: configs)
+            kind = _PLAIN
+        else:
+            kind = 0
+        _KINDS[cls] = kind
+    return kind
 
 
 def _raw_key(kernel: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    """The key of a public function's raw call: its arrays (concrete only) and plain Python values."""
-    array_type = _ArrayImpl or _array_type()
-    config = jax.config  # what validation reads besides the arguments (precision=None, dtype promotion, x64)
-    parts: list[Any] = ["raw", id(kernel), environment.raw(environment.EJKERNEL_OPS_STAMP),
-                        config.jax_default_matmul_precision, config.jax_numpy_dtype_promotion,  # type: ignore[attr-defined]
-                        config.jax_enable_x64]  # type: ignore[attr-defined]
-    for value in (*args, *kwargs.values()):
-        if type(value) in _SCALARS or type(value) is tuple:
-            parts.append(_fast_token(value))
-        elif not _append_array(parts, value, array_type):
-            if not hasattr(value, "__attrs_attrs__"):  # a config object (attrs, hashable) may key a call
+    """The key of a public function's raw call (``None``: the call cannot take the fast path; the key may
+    still be unhashable, e.g. a tuple holding an array)."""
+    if _ArrayImpl is None and _array_type() is type(None):
+        return None
+    parts: list[Any] = [kernel, _stamp_env(), _precision.value, _promotion.value, _x64.value]
+    append = parts.append
+    for value in (*args, *kwargs.values()) if kwargs else args:
+        cls = type(value)
+        kind = _KINDS.get(cls) or _kind(cls)
+        if kind == _ARRAY:  # _array_part, inlined
+            try:
+                aval, sharding = value.aval, value.sharding
+            except AttributeError:  # an array being traced: the full path
                 return None
-            parts.append(_fast_token(value))
-    parts.extend(kwargs)
-    return _hashable(parts)
+            append(aval if type(sharding) is _SINGLE_DEVICE else (aval, sharding))
+        elif kind == _PLAIN:  # two parts: a type, then the value (no array part starts with a type)
+            append(cls)
+            append(value)
+        elif kind == _FLOAT:
+            append(cls)
+            append(value.hex())  # 0.0 and -0.0 differ; nan equals itself
+        elif kind == _TUPLE:
+            append(_fast_token(value))
+        else:
+            return None
+    if kwargs:
+        append(tuple(kwargs))
+    return tuple(parts)
+
+
+class _Decisions:
+    """The decisions behind a remembered call — ``(executor, its fast-path entry)`` pairs — and the
+    ``stamp`` under which they were last confirmed: ``(epoch, overlays, executor, EJK_AUTOTUNE,
+    until)``."""
+
+    __slots__ = ("decisions", "stamp")
+
+    def __init__(self, decisions: tuple[tuple[Any, Any], ...]) -> None:
+        self.decisions = decisions
+        self.stamp: tuple[Any, ...] = _UNSTAMPED  # asked at the first reuse: nothing is known of the time between
+
+    def holds(self, current: Callable[[], Any]) -> bool:
+        """Whether every decision still holds (``current()``: the Executor in use): at once while nothing
+        they depend on changed since they were confirmed, else asked again."""
+        stamp = self.stamp
+        if (stamp[0] == EPOCH[0] and stamp[1] is active_overlays() and stamp[2] is current()
+                and stamp[3] is _autotune_env() and time.monotonic() < stamp[4]
+                and not selection_log.isEnabledFor(logging.DEBUG)):
+            return True
+        return self._confirm(current)
+
+    def _confirm(self, current: Callable[[], Any]) -> bool:
+        """Ask each decision's check (it reports the reuse); when all hold, stamp what they were asked
+        under, taken before asking (a change meanwhile ends the stamp), for as long as all are settled."""
+        epoch, overlays, executor, autotune = EPOCH[0], active_overlays(), current(), _autotune_env()
+        settled = math.inf
+        for owner, entry in self.decisions:
+            check = entry.still_valid
+            if owner is not executor or entry.chooser is not executor.chooser or not check():
+                return False
+            settle = getattr(check, "settled", None)  # the chain's Reuse; any other check is asked every call
+            settled = min(settled, 0.0 if settle is None else settle())
+        stamped = settled > 0
+        self.stamp = (epoch, overlays, executor, autotune, time.monotonic() + settled) if stamped else _UNSTAMPED
+        return True
+
+
+class _Raw(_Decisions):
+    """A decorated public function's remembered call: ``fn`` (the kernel's jitted function, or the whole
+    public function jitted; ``None``: the whole function is jitted at the next call) takes the raw
+    call's values at ``picks`` (``-1``: ``None``) — when ``pad`` is not ``None``, the positional
+    arguments as given, then ``pad``."""
+
+    __slots__ = ("checked", "fn", "pad", "picks")
+
+    def __init__(self, decisions: tuple[tuple[Any, Any], ...], fn: Callable[..., Any] | None,
+                 picks: tuple[int, ...], n_positional: int, values: tuple[Any, ...]) -> None:
+        super().__init__(decisions)
+        self.fn, self.picks = fn, picks
+        plain = picks[:n_positional] == tuple(range(n_positional)) and set(picks[n_positional:]) <= {-1}
+        self.pad = (None,) * (len(picks) - n_positional) if plain else None
+        self.checked = _refs(values)
+
+    def values_checked(self, values: tuple[Any, ...]) -> bool:
+        """Whether the values of these arrays were checked already: the arrays of the last call whose
+        values passed, the same objects (arrays are immutable), in the same places (the key keeps the
+        places of arrays)."""
+        return all(ref() is values[i] for i, ref in self.checked)
+
+
+def _refs(values: tuple[Any, ...]) -> tuple[tuple[int, Any], ...]:
+    """The positions of the arrays among ``values``, with weak references to them."""
+    array_type = _ArrayImpl
+    return tuple((i, weakref.ref(v)) for i, v in enumerate(values) if type(v) is array_type)
 
 
 def run_eager(key: Any, values: Sequence[Any], current: Callable[[], Any]) -> tuple[bool, Any]:
     """``(True, output)`` when the validated call of ``key`` (:func:`eager_key`) ran on the fast path;
     else ``(False, None)``: take the full path. ``values``: the call's arrays; ``current()``: the
     Executor the call would use."""
-    found = _MEMO.get(key) if key is not None else None
-    if found is None or environment.raw(environment.EJKERNEL_OPS_RECORD) is not None:
+    try:
+        found = _MEMO.get(key) if key is not None else None
+    except TypeError:  # an unhashable static argument
         return False, None
-    executor, entry, _ = found
-    if current() is not executor or entry.chooser is not executor.chooser or not entry.still_valid():
+    if found is None or _record_env() is not None:
+        return False, None
+    if not found.holds(current):
         _MEMO.pop(key, None)
         return False, None
+    executor, entry = found.decisions[0]
     _remember_raw(executor, entry, tuple(values))  # a decorated function's call that led here
     return True, entry.fn(*values)
 
@@ -146,36 +270,11 @@ def remember(key: Any, executor: Any, entry: Any, arrays: tuple[Any, ...]) -> No
     if len(_MEMO) >= _SIZE:
         _MEMO.clear()  # bounded; the next calls fill it again
     if key is not None:
-        _MEMO[key] = (executor, entry, None)
+        try:
+            _MEMO[key] = _Decisions(((executor, entry),))
+        except TypeError:  # an unhashable static argument: not remembered
+            pass
     _remember_raw(executor, entry, arrays)
-
-
-class _Raw:
-    """A decorated public function's remembered call: the decisions behind it (``(executor, entry)``
-    pairs, all still valid for the fast path to run), ``fn`` (the kernel's jitted function, or the
-    whole public function jitted) and ``picks``, the positions of ``fn``'s arguments among the raw
-    call's values (``-1``: ``None``). ``fn is None``: the whole function is jitted at the next call."""
-
-    __slots__ = ("checked", "decisions", "fn", "picks")
-
-    def __init__(self, decisions: tuple[tuple[Any, Any], ...], fn: Callable[..., Any] | None,
-                 picks: tuple[int, ...], values: tuple[Any, ...]) -> None:
-        self.decisions, self.fn, self.picks = decisions, fn, picks
-        self.checked = _refs(values)
-
-    def values_checked(self, values: tuple[Any, ...]) -> bool:
-        """Whether the values of these arrays were checked already: the arrays of the last call whose
-        values passed, the same objects (arrays are immutable), in the same places."""
-        checked = self.checked
-        if len(checked) != len(values):
-            return False
-        return all(ref is None or ref() is value for ref, value in zip(checked, values, strict=True))
-
-
-def _refs(values: tuple[Any, ...]) -> tuple[Any, ...]:
-    """Weak references to the arrays among ``values`` (``None`` for the other values)."""
-    array_type = _ArrayImpl
-    return tuple(weakref.ref(v) if type(v) is array_type else None for v in values)
 
 
 def _remember_raw(executor: Any, entry: Any, arrays: tuple[Any, ...]) -> None:
@@ -187,24 +286,18 @@ def _remember_raw(executor: Any, entry: Any, arrays: tuple[Any, ...]) -> None:
     if raw is None:
         return
     _pending.call = None
-    kernel, raw_key, values, whole = raw
+    kernel, raw_key, args, kwargs, whole = raw
     if kernel is not entry.kernel:
         return
+    values = (*args, *kwargs.values())
     positions = {id(v): i for i, v in enumerate(values)}
-    picks = tuple(-1 if x is None else positions.get(id(x), -2) for x in arrays)
+    picks = tuple(-1 if x is None else i if i < len(values) and values[i] is x else positions.get(id(x), -2)
+                  for i, x in enumerate(arrays))  # an array passed twice: its own place first
     if whole or -2 in picks:  # array work around the kernel, or arrays converted by the validation
         if raw_key not in _UNTRACEABLE:
-            _MEMO[raw_key] = _Raw(((executor, entry),), None, (), values)
+            _MEMO[raw_key] = _Raw(((executor, entry),), None, (), len(args), values)
     else:
-        _MEMO[raw_key] = _Raw(((executor, entry),), entry.fn, picks, values)
-
-
-def _valid(found: _Raw, current: Callable[[], Any]) -> bool:
-    executor = current()
-    for owner, entry in found.decisions:
-        if owner is not executor or entry.chooser is not executor.chooser or not entry.still_valid():
-            return False
-    return True
+        _MEMO[raw_key] = _Raw(((executor, entry),), entry.fn, picks, len(args), values)
 
 
 def _jit_whole(function: Callable[..., Any], values: tuple[Any, ...], names: tuple[str, ...],
@@ -247,21 +340,17 @@ def eager_fast_path(kernel: Any, current: Callable[[], Any], *, values: Callable
         @functools.wraps(function)
         def public(*args: Any, **kwargs: Any) -> Any:
             key = _raw_key(kernel, args, kwargs)
+            try:
+                found = _MEMO.get(key) if key is not None else None
+            except TypeError:  # an unhashable argument: never remembered
+                key = found = None
             if key is None:
                 return function(*args, **kwargs)
-            all_values = (*args, *kwargs.values())
-            found = _MEMO.get(key)
-            if type(found) is _Raw and environment.raw(environment.EJKERNEL_OPS_RECORD) is None:
-                if _valid(found, current):
-                    if values is not None and not found.values_checked(all_values):
-                        values(*args, **kwargs)
-                        found.checked = _refs(all_values)
-                    fn = found.fn
-                    if fn is None:
-                        return _compile_whole(key, function, args, kwargs)
-                    return fn(*[None if i < 0 else all_values[i] for i in found.picks])
+            if type(found) is _Raw and _record_env() is None:
+                if found.holds(current):
+                    return _run(found, key, function, values, args, kwargs)
                 _MEMO.pop(key, None)
-            _pending.call = (kernel, key, all_values, whole)
+            _pending.call = (kernel, key, args, kwargs, whole)
             try:
                 return function(*args, **kwargs)
             finally:
@@ -270,6 +359,23 @@ def eager_fast_path(kernel: Any, current: Callable[[], Any], *, values: Callable
         return public  # type: ignore[return-value]
 
     return decorate
+
+
+def _run(found: _Raw, key: Any, function: Callable[..., Any], values: Callable[..., None] | None,
+         args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """Run the remembered call ``found`` of ``function`` (its values checked first, unless checked already)."""
+    if values is not None:
+        given = (*args, *kwargs.values())
+        if not found.values_checked(given):
+            values(*args, **kwargs)
+            found.checked = _refs(given)
+    fn, pad = found.fn, found.pad
+    if fn is None:
+        return _compile_whole(key, function, args, kwargs)
+    if pad is not None:
+        return fn(*args, *pad)
+    given = (*args, *kwargs.values(), None)  # -1 picks the None
+    return fn(*[given[i] for i in found.picks])
 
 
 def _compile_whole(key: Any, function: Callable[..., Any], args: tuple[Any, ...],
@@ -291,8 +397,7 @@ def _compile_whole(key: Any, function: Callable[..., Any], args: tuple[Any, ...]
     finally:
         _pending.captured = None
     if captured and None not in captured:
-        _MEMO[key] = _Raw(tuple(captured), jitted, positions, values)
+        _MEMO[key] = _Raw(tuple(captured), jitted, positions, len(args), values)
     else:
         _MEMO.pop(key, None)
     return out
-

@@ -234,7 +234,8 @@ def test_the_shipped_packs_are_valid_and_cover_the_h100() -> None:
     (h100,) = [load_pack(str(p)) for p in sorted(CORE_PACKS_DIR.glob("*.json"))]
     assert h100.problems == () and h100.entries == {}
     assert set(h100.rankings) == {"flash_attention", "flash_attention_lse", "flash_attention_varlen", "matmul",
-                                  "grouped_matmul", "ragged_paged_attention", "linear_cross_entropy", "rms_norm"}
+                                  "grouped_matmul", "ragged_paged_attention", "linear_cross_entropy", "rms_norm",
+                                  "ssd"}
     for op, rankings in h100.rankings.items():
         arguments = set(inspect.signature(getattr(ejk, op)).parameters)
         for ranking in rankings:
@@ -258,6 +259,19 @@ def test_the_h100_pack_orders_packed_d128_attention_by_its_mask() -> None:
     assert order(jnp.bfloat16, 128) == order(jnp.bfloat16, 128, "fwd") == (
         "pallas/gpu:mosaic", "triton/gpu:flash", "xla/gpu:cudnn")
     assert order(jnp.bfloat16, 64) is None and order(jnp.float32, 128) is None
+
+
+def test_the_h100_pack_trains_ssd_on_triton_s_forward_and_xla_s_backward() -> None:
+    (h100,) = [load_pack(str(p)) for p in sorted(CORE_PACKS_DIR.glob("*.json"))]
+    device = "gpu|NVIDIA_H100_80GB_HBM3|cc=9.0"
+
+    def found(mode: str, dtype: Any) -> list[Any]:
+        call = {"x": jax.ShapeDtypeStruct((1, 32768, 32, 128), dtype)}
+        return [r for r in h100.rankings["ssd"] if r.orders(mode) and r.applies(device, call)]
+
+    (training,) = found("fwd+bwd", jnp.bfloat16)
+    assert training.order[0] == "triton/gpu:chunked+xla/any:chunked"
+    assert not found("fwd", jnp.bfloat16) and not found("fwd+bwd", jnp.float32)  # forward: the registry's order
 
 
 def test_the_h100_pack_sends_d128_segment_ids_to_mosaic() -> None:

@@ -11,6 +11,7 @@ import sys
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -60,3 +61,19 @@ def make_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Cal
     yield make
     for name in names:
         sys.modules.pop(name, None)
+
+
+@pytest.fixture
+def matmul_validations(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """One entry per ``ejk.matmul`` call that took the full path (its arguments validated)."""
+    from ejk.ops._matmul._op import MATMUL
+
+    count: list[int] = []
+    normalize = MATMUL.normalize
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        count.append(1)
+        return normalize(*args, **kwargs)
+
+    monkeypatch.setattr(MATMUL, "normalize", counted)
+    return count

@@ -52,27 +52,14 @@ def traced(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
     set_default_executor(None)
 
 
-@pytest.fixture
-def validations(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    count: list[int] = []
-    normalize = MATMUL.normalize
-
-    def counted(*args: Any, **kwargs: Any) -> Any:
-        count.append(1)
-        return normalize(*args, **kwargs)
-
-    monkeypatch.setattr(MATMUL, "normalize", counted)
-    return count
-
-
-def test_an_identical_call_skips_validation_and_dispatch(traced: list[str], validations: list[int]) -> None:
+def test_an_identical_call_skips_validation_and_dispatch(traced: list[str], matmul_validations: list[int]) -> None:
     for _ in range(4):
         np.testing.assert_allclose(ejk.matmul(A, B), 8.0)
-    assert traced == ["first"] and len(validations) == 1
+    assert traced == ["first"] and len(matmul_validations) == 1
     np.testing.assert_allclose(ejk.matmul(A, B, platform="fake"), 8.0)  # another call signature: validated
-    assert len(validations) == 2
+    assert len(matmul_validations) == 2
     ejk.matmul(A[:2], B)  # other shapes: validated, traced again
-    assert len(validations) == 3 and traced == ["first"] * 3  # (platform="fake" binds its own function)
+    assert len(matmul_validations) == 3 and traced == ["first"] * 3  # (platform="fake" binds its own function)
     with pytest.raises(ValueError, match="matmul"):  # a bad call is validated every time
         ejk.matmul(A, A)
     with pytest.raises(ValueError, match="matmul"):
@@ -88,7 +75,7 @@ def test_a_new_decision_ends_the_reuse(traced: list[str]) -> None:
     assert traced == ["first", "second"]
 
 
-def test_another_executor_decides_for_itself(traced: list[str], validations: list[int]) -> None:
+def test_another_executor_decides_for_itself(traced: list[str], matmul_validations: list[int]) -> None:
     ejk.matmul(A, B)
     ejk.matmul(A, B)
     events: list[Any] = []
@@ -96,10 +83,10 @@ def test_another_executor_decides_for_itself(traced: list[str], validations: lis
                                                     on_event=events.append))
     with ejk.use_executor(executor):
         ejk.matmul(A, B)
-    assert len(events) == 1 and len(validations) == 2
+    assert len(events) == 1 and len(matmul_validations) == 2
     ejk.matmul(A, B)  # back to the default Executor: its decision is looked up again (one entry per call)
     ejk.matmul(A, B)
-    assert len(validations) == 3 and traced == ["first", "first"]
+    assert len(matmul_validations) == 3 and traced == ["first", "first"]
 
 
 def test_recorded_calls_are_all_recorded(traced: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
@@ -113,24 +100,24 @@ def test_recorded_calls_are_all_recorded(traced: list[str], monkeypatch: pytest.
     assert sum(len(calls) for calls in get_invocations().values()) == 1  # recorded (one call signature)
 
 
-def test_traced_and_host_inputs_take_the_full_path(traced: list[str], validations: list[int]) -> None:
+def test_traced_and_host_inputs_take_the_full_path(traced: list[str], matmul_validations: list[int]) -> None:
     jitted = jax.jit(lambda a, b: ejk.matmul(a, b))
     jitted(A, B)
     jitted(A + 1, B)
     np.testing.assert_allclose(ejk.matmul(np.ones((4, 8), np.float32), np.ones((8, 4), np.float32)), 8.0)
     np.testing.assert_allclose(ejk.matmul(np.ones((4, 8), np.float32), np.ones((8, 4), np.float32)), 8.0)
-    assert len(validations) == 3  # one trace, two host calls (converted: never keyed by their values)
+    assert len(matmul_validations) == 3  # one trace, two host calls (converted: never keyed by their values)
 
 
-def test_jax_settings_that_validation_reads_key_the_call(traced: list[str], validations: list[int]) -> None:
+def test_jax_settings_that_validation_reads_key_the_call(traced: list[str], matmul_validations: list[int]) -> None:
     ejk.matmul(A, B, precision=None)
     with jax.default_matmul_precision("highest"):  # precision=None reads it: validated again
         ejk.matmul(A, B, precision=None)
     ejk.matmul(A, B, precision=None)
-    assert len(validations) == 2
+    assert len(matmul_validations) == 2
 
 
-def test_a_first_call_under_jit_leaves_the_fast_path_working(traced: list[str], validations: list[int],
+def test_a_first_call_under_jit_leaves_the_fast_path_working(traced: list[str], matmul_validations: list[int],
                                                              monkeypatch: pytest.MonkeyPatch) -> None:
     from ejk.ops import _eager
 
@@ -138,4 +125,4 @@ def test_a_first_call_under_jit_leaves_the_fast_path_working(traced: list[str], 
     jax.jit(lambda a, b: ejk.matmul(a, b))(A, B)
     for _ in range(3):
         ejk.matmul(A, B)
-    assert len(validations) == 2
+    assert len(matmul_validations) == 2

@@ -305,6 +305,35 @@ def linear_dstates_bwd(q_ptr, gc_ptr, do_ptr, dht_ptr, cu_ptr, dhs_ptr, dh0_ptr,
 
 
 @triton.jit
+def _state_terms(do_ptr, v_ptr, hs_ptr, dhs_ptr, state_base, rows, t_ok, h, ks, k_ok, with_da,
+                 H: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+                 PREC: tl.constexpr):
+    """A chunk's ``(do Sᵀ, v dS'ᵀ, do vᵀ)`` (float32; the last only ``with_da``, else zeros), V walked in blocks
+    of ``BV``, from the state entering it ``S`` and the cotangent of the state leaving it ``dS'`` (``[K, V]``
+    at ``state_base``)."""
+    dt = v_ptr.dtype.element_ty
+    d_q = tl.zeros([BT, BK], tl.float32)
+    d_k = tl.zeros([BT, BK], tl.float32)
+    d_a = tl.zeros([BT, BT], tl.float32)
+    for v0 in range(0, V, BV):
+        vs = v0 + tl.arange(0, BV)
+        v_ok = vs < V
+        tv_off = (rows[:, None] * H + h) * V + vs[None, :]
+        tv_mask = t_ok[:, None] & v_ok[None, :]
+        do = tl.load(do_ptr + tv_off, mask=tv_mask, other=0.0).to(dt)
+        v = tl.load(v_ptr + tv_off, mask=tv_mask, other=0.0).to(dt)
+        state_off = state_base + ks[:, None] * V + vs[None, :]
+        state_mask = k_ok[:, None] & v_ok[None, :]
+        state = tl.load(hs_ptr + state_off, mask=state_mask, other=0.0).to(dt)
+        d_state = tl.load(dhs_ptr + state_off, mask=state_mask, other=0.0).to(dt)
+        d_q += tl.dot(do, tl.trans(state), input_precision=PREC)
+        d_k += tl.dot(v, tl.trans(d_state), input_precision=PREC)
+        if with_da:
+            d_a += tl.dot(do, tl.trans(v), input_precision=PREC)
+    return d_q, d_k, d_a
+
+
+@triton.jit
 def gla_inter_bwd(q_ptr, k_ptr, v_ptr, gc_ptr, do_ptr, hs_ptr, dhs_ptr, cu_ptr, seq_ptr, dq_ptr, dk_ptr, da_ptr,
                   T: tl.constexpr, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
                   BK: tl.constexpr, BV: tl.constexpr, SCALE: tl.constexpr, VARLEN: tl.constexpr,
@@ -320,7 +349,6 @@ def gla_inter_bwd(q_ptr, k_ptr, v_ptr, gc_ptr, do_ptr, hs_ptr, dhs_ptr, cu_ptr, 
     bos, eos = _bounds(cu_ptr, n, T, VARLEN)
     start = bos + (slot - bos // BT - n) * BT
     end = tl.minimum(start + BT, eos)
-    dt = q_ptr.dtype.element_ty
     ks = ik * BK + tl.arange(0, BK)
     k_ok = ks < K
     ts = tl.arange(0, BT)
@@ -328,25 +356,8 @@ def gla_inter_bwd(q_ptr, k_ptr, v_ptr, gc_ptr, do_ptr, hs_ptr, dhs_ptr, cu_ptr, 
     t_ok = rows < eos
     tk_mask = t_ok[:, None] & k_ok[None, :]
     tk_off = (rows[:, None] * H + h) * K + ks[None, :]
-    d_q = tl.zeros([BT, BK], tl.float32)
-    d_k = tl.zeros([BT, BK], tl.float32)
-    d_a = tl.zeros([BT, BT], tl.float32)
-    state_base = (slot * H + h) * K * V
-    for v0 in range(0, V, BV):
-        vs = v0 + tl.arange(0, BV)
-        v_ok = vs < V
-        tv_off = (rows[:, None] * H + h) * V + vs[None, :]
-        tv_mask = t_ok[:, None] & v_ok[None, :]
-        do = tl.load(do_ptr + tv_off, mask=tv_mask, other=0.0).to(dt)
-        v = tl.load(v_ptr + tv_off, mask=tv_mask, other=0.0).to(dt)
-        state_off = state_base + ks[:, None] * V + vs[None, :]
-        state_mask = k_ok[:, None] & v_ok[None, :]
-        state = tl.load(hs_ptr + state_off, mask=state_mask, other=0.0).to(dt)
-        d_state = tl.load(dhs_ptr + state_off, mask=state_mask, other=0.0).to(dt)
-        d_q += tl.dot(do, tl.trans(state), input_precision=PREC)
-        d_k += tl.dot(v, tl.trans(d_state), input_precision=PREC)
-        if ik == 0:
-            d_a += tl.dot(do, tl.trans(v), input_precision=PREC)
+    d_q, d_k, d_a = _state_terms(do_ptr, v_ptr, hs_ptr, dhs_ptr, (slot * H + h) * K * V, rows, t_ok, h, ks, k_ok,
+                                 ik == 0, H, V, BT, BK, BV, PREC)
     cum = tl.load(gc_ptr + tk_off, mask=tk_mask, other=0.0)
     last = tl.load(gc_ptr + ((end - 1) * H + h) * K + ks, mask=k_ok & (start < eos), other=0.0)
     tl.store(dq_ptr + tk_off, d_q * SCALE * tl.exp(cum), mask=tk_mask)
@@ -494,24 +505,8 @@ def scalar_dqk_bwd(q_ptr, k_ptr, v_ptr, gc_ptr, do_ptr, hs_ptr, dhs_ptr, cu_ptr,
         t_ok = rows < eos
         tk_mask = t_ok[:, None] & k_ok[None, :]
         tk_off = (rows[:, None] * H + h) * K + ks[None, :]
-        d_q = tl.zeros([BT, BK], tl.float32)
-        d_k = tl.zeros([BT, BK], tl.float32)
-        d_a = tl.zeros([BT, BT], tl.float32)
-        state_base = (slot * H + h) * K * V
-        for v0 in range(0, V, BV):
-            vs = v0 + tl.arange(0, BV)
-            v_ok = vs < V
-            tv_off = (rows[:, None] * H + h) * V + vs[None, :]
-            tv_mask = t_ok[:, None] & v_ok[None, :]
-            do = tl.load(do_ptr + tv_off, mask=tv_mask, other=0.0).to(dt)
-            v = tl.load(v_ptr + tv_off, mask=tv_mask, other=0.0).to(dt)
-            state_off = state_base + ks[:, None] * V + vs[None, :]
-            state_mask = k_ok[:, None] & v_ok[None, :]
-            state = tl.load(hs_ptr + state_off, mask=state_mask, other=0.0).to(dt)
-            d_state = tl.load(dhs_ptr + state_off, mask=state_mask, other=0.0).to(dt)
-            d_q += tl.dot(do, tl.trans(state), input_precision=PREC)
-            d_k += tl.dot(v, tl.trans(d_state), input_precision=PREC)
-            d_a += tl.dot(do, tl.trans(v), input_precision=PREC)
+        d_q, d_k, d_a = _state_terms(do_ptr, v_ptr, hs_ptr, dhs_ptr, (slot * H + h) * K * V, rows, t_ok, h, ks,
+                                     k_ok, True, H, V, BT, BK, BV, PREC)
         cum = tl.load(gc_ptr + rows * H + h, mask=t_ok, other=0.0)
         last = tl.load(gc_ptr + (tl.minimum(start + BT, eos) - 1) * H + h)
         keep = (ts[:, None] >= ts[None, :]) & t_ok[:, None]

@@ -5,10 +5,13 @@ from __future__ import annotations
 import importlib.util
 
 import jax
+import jax.numpy as jnp
 import pytest
 
 import ejk
 from ejk import bench
+from ejk.bench._cases import parse_case
+from ejk.bench._workloads import workload_for
 
 pytestmark = pytest.mark.gpu
 HAS_TORCH = importlib.util.find_spec("torch") is not None
@@ -69,12 +72,23 @@ def test_torch_sdpa_baselines_run_beside_jax() -> None:
 
 @pytest.mark.skipif(not HAS_FLA, reason="fla (flash-linear-attention, fla-core) is not installed")
 def test_fla_baselines_agree_with_ejk() -> None:
-    """fla's chunked kernels run beside ejk's recurrent ops, and the outputs agree (ssd through simple GLA)."""
+    """fla's chunked kernels run beside ejk's recurrent ops, and the outputs agree (ssd through simple GLA)
+    within 2% of the output's largest magnitude (bfloat16 outputs of SSD reach 14 here, where one unit in
+    the last place is 0.06)."""
+    specs = ["gdr:1x1024:h=4", "gla:2048x1024x4x128", "ssd:2048x1024x4x64:n=64"]
     policy = ejk.AutotunePolicy(warmup=1, repeats=3, min_sample_seconds=0.002, progress=False, persist=False)
-    shapes = bench.parse_shapes(["gdr:1x1024:h=4", "gla:2048x1024x4x128", "ssd:2048x1024x4x64:n=64"])
-    found = bench.run(shapes, bench.Options(policy=policy, modes=("fwd",), impls=("auto",), baselines=("fla",)))
+    found = bench.run(bench.parse_shapes(specs), bench.Options(policy=policy, modes=("fwd",), impls=("auto",),
+                                                               baselines=("fla",)))
     fla_lines = [m for m in found if m.name.startswith("fla ")]
-    assert len(fla_lines) == 3 and all(m.status == "ok" for m in fla_lines), fla_lines
+    summary = [(m.op, m.name, m.status, m.max_abs_diff, (m.error or "")[:300]) for m in found]
+    assert len(fla_lines) == 3 and all(m.status == "ok" for m in fla_lines), summary
+    largest = {}
+    for spec in specs:
+        workload = workload_for(parse_case(spec), jnp.bfloat16)
+        out = workload.call(platform="xla")(*workload.inputs())
+        largest[workload.case.op] = float(jnp.max(jnp.abs(jnp.asarray(out[0] if isinstance(out, tuple) else out,
+                                                                        jnp.float32))))
     for m in found:
         if m.name == "ejk auto":
-            assert m.status == "ok" and m.max_abs_diff is not None and m.max_abs_diff < 0.1, m
+            assert m.status == "ok" and m.max_abs_diff is not None, summary
+            assert m.max_abs_diff <= 0.02 * max(largest[m.op], 1.0), (largest, summary)

@@ -18,8 +18,9 @@ state's, the intra-chunk weights again, then per (chunk, K block, head) the stat
 ``dk`` and ``dA = scale do vᵀ``, per (chunk, K block · sub-block, head) the intra-chunk terms of ``dq``,
 ``dk``, and per (chunk, V block, head) ``dv``. The log gates' gradient is, per sequence, the suffix sum of
 ``q ⊙ dq - k ⊙ dk`` plus ``Σ_v S_T ⊙ dS_T`` (the final state's factor ``e^{G_T}``).
-``ssd``'s backward is ``gla``'s (in float32) with each head's ``B`` / ``C`` and its scalar gate spread
-over the ``N`` channels, carried back to its inputs by JAX's VJP of that mapping.
+``ssd``'s backward (float32, with ``B`` / ``C`` repeated per head) has scalar-gate kernels of its own
+after the reverse state pass: ``dq`` and ``dk`` in one, ``dv`` in another, each forming the intra-chunk
+weights; JAX's VJP of the mapping carries the cotangents back to its inputs.
 """
 
 from __future__ import annotations

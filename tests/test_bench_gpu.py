@@ -10,8 +10,6 @@ import pytest
 
 import ejk
 from ejk import bench
-from ejk.bench._cases import parse_case
-from ejk.bench._workloads import workload_for
 
 pytestmark = pytest.mark.gpu
 HAS_TORCH = importlib.util.find_spec("torch") is not None
@@ -84,7 +82,7 @@ def test_fla_baselines_agree_with_ejk() -> None:
     assert len(fla_lines) == 3 and all(m.status == "ok" for m in fla_lines), summary
     largest = {}
     for spec in specs:
-        workload = workload_for(parse_case(spec), jnp.bfloat16)
+        workload = bench.workload_for(bench.parse_case(spec), jnp.bfloat16)
         out = workload.call(platform="xla")(*workload.inputs())
         largest[workload.case.op] = float(jnp.max(jnp.abs(jnp.asarray(out[0] if isinstance(out, tuple) else out,
                                                                         jnp.float32))))

@@ -31,7 +31,7 @@ PACKAGE = "ejk"
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("foundations", ("ejk.errors", "ejk._versions", "ejk.environment", "ejk._console", "ejk._hooktrace",
                      "ejk.tolerances", "ejk.tiling", "ejk.devices", "ejk.interpreter", "ejk.config.validators",
-                     "ejk.config.serialization", "ejk.parallel._vma")),
+                     "ejk.config.serialization", "ejk.parallel._vma", "ejk._epoch")),
     ("registry", ("ejk._kernel_spec", "ejk._contract", "ejk._pairing", "ejk.registry", "ejk.hookspecs",
                   "ejk._operand_vjp")),
     ("plugin host", ("ejk.plugins",)),

@@ -375,8 +375,9 @@ def gla_intra_bwd(q_ptr, k_ptr, gc_ptr, da_ptr, cu_ptr, seq_ptr, dq0_ptr, dk0_pt
     """The backward's intra-chunk terms, per (chunk slot, K block · sub-block of ``BC`` tokens, head), added
     to the state terms ``dq0`` / ``dk0`` :func:`gla_inter_bwd` wrote: ``dq_i += Σ_{j<=i} dA_ij k_j ⊙
     e^{G_i - G_j}`` and ``dk_j += Σ_{i>=j} dA_ij q_i ⊙ e^{G_i - G_j}``: other sub-blocks through products
-    whose exponents are split at a row between the two (both factors ``<= 0``), the diagonal sub-block one
-    row at a time."""
+    whose exponents are split at a row between the two (both factors ``<= 0``); the diagonal sub-block's
+    lower-left quadrant the same way, split at its middle row, its two diagonal quadrants exactly, one row at
+    a time (added to what the rest stored, after a barrier)."""
     NC: tl.constexpr = BT // BC
     slot = tl.program_id(0).to(tl.int64)
     ik = tl.program_id(1) // NC
@@ -425,21 +426,52 @@ def gla_intra_bwd(q_ptr, k_ptr, gc_ptr, da_ptr, cu_ptr, seq_ptr, dq0_ptr, dk0_pt
                          other=0.0)
             d_k += tl.dot(tl.trans(da.to(dt)), q_n, input_precision=PREC)
         d_k *= tl.exp(tl.where(mask, ref_k[None, :] - g, 0.0))
-        for j in range(0, BC):  # the diagonal sub-block: key row first + j, query row first + j
-            row = first + j
-            row_ok = k_ok & (row < eos)
-            r_off = (row * H + h) * K + ks
-            kr = tl.load(k_ptr + r_off, mask=row_ok, other=0.0).to(tl.float32)
-            qr = tl.load(q_ptr + r_off, mask=row_ok, other=0.0).to(tl.float32)
-            gr = tl.load(gc_ptr + r_off, mask=row_ok, other=0.0)
-            da_col = tl.load(da_ptr + da_rows + i * BC + j, mask=t_ok[:, None], other=0.0)  # [BC, 1]: dA[:, j]
-            da_row = tl.load(da_ptr + (row * H + h) * BT + i * BC + cs, mask=(cs <= j) & (row < eos), other=0.0)
-            later_rows = ((cs >= j) & t_ok)[:, None] & k_ok[None, :]
-            earlier_rows = ((cs <= j) & t_ok)[:, None] & k_ok[None, :]
-            d_q += da_col * kr[None, :] * tl.exp(tl.where(later_rows, g - gr[None, :], _NEG_INF))
-            d_k += da_row[:, None] * qr[None, :] * tl.exp(tl.where(earlier_rows, gr[None, :] - g, _NEG_INF))
+        # the diagonal sub-block's lower-left quadrant through products split at its middle row (both factors
+        # <= 0) ...
+        HB: tl.constexpr = BC // 2
+        mid_row = tl.minimum(first + HB, eos - 1)
+        ref_m = tl.load(gc_ptr + (mid_row * H + h) * K + ks, mask=k_ok, other=0.0)
+        lower = (cs >= HB)[:, None]
+        q_d = tl.load(q_ptr + off, mask=mask, other=0.0).to(tl.float32)
+        k_d = tl.load(k_ptr + off, mask=mask, other=0.0).to(tl.float32)
+        da_d = tl.load(da_ptr + da_rows + (i * BC + cs)[None, :], mask=t_ok[:, None], other=0.0)
+        da_ll = tl.where(lower & (cs < HB)[None, :], da_d, 0.0).to(dt)
+        to_mid = tl.exp(tl.minimum(g - ref_m[None, :], 0.0))  # rows at or after the middle row
+        from_mid = tl.exp(tl.minimum(ref_m[None, :] - g, 0.0))  # rows before it
+        k_m = tl.where(lower, 0.0, k_d * from_mid).to(dt)
+        q_m = tl.where(lower, q_d * to_mid, 0.0).to(dt)
+        d_q += tl.where(lower, tl.dot(da_ll, k_m, input_precision=PREC) * to_mid, 0.0)
+        d_k += tl.where(lower, 0.0, tl.dot(tl.trans(da_ll), q_m, input_precision=PREC) * from_mid)
         tl.store(dq_ptr + off, tl.load(dq0_ptr + off, mask=mask, other=0.0) + d_q, mask=mask)
         tl.store(dk_ptr + off, tl.load(dk0_ptr + off, mask=mask, other=0.0) + d_k, mask=mask)
+        tl.debug_barrier()
+        # ... and its two diagonal quadrants exactly, one row of each at a time, added to what was stored
+        hs = tl.arange(0, HB)
+        for half in tl.static_range(0, 2):
+            h_rows = first + half * HB + hs
+            h_ok = h_rows < eos
+            h_mask = h_ok[:, None] & k_ok[None, :]
+            h_off = (h_rows[:, None] * H + h) * K + ks[None, :]
+            g_h = tl.load(gc_ptr + h_off, mask=h_mask, other=0.0)
+            da_h = (h_rows[:, None] * H + h) * BT + i * BC + half * HB
+            dq_h = tl.zeros([HB, BK], tl.float32)
+            dk_h = tl.zeros([HB, BK], tl.float32)
+            for j in range(0, HB):
+                row = first + half * HB + j
+                row_ok = k_ok & (row < eos)
+                r_off = (row * H + h) * K + ks
+                kr = tl.load(k_ptr + r_off, mask=row_ok, other=0.0).to(tl.float32)
+                qr = tl.load(q_ptr + r_off, mask=row_ok, other=0.0).to(tl.float32)
+                gr = tl.load(gc_ptr + r_off, mask=row_ok, other=0.0)
+                da_col = tl.load(da_ptr + da_h + j, mask=h_ok[:, None], other=0.0)  # [HB, 1]: dA[:, j]
+                da_row = tl.load(da_ptr + (row * H + h) * BT + i * BC + half * HB + hs, mask=(hs <= j) & (row < eos),
+                                 other=0.0)
+                later_rows = ((hs >= j) & h_ok)[:, None] & k_ok[None, :]
+                earlier_rows = ((hs <= j) & h_ok)[:, None] & k_ok[None, :]
+                dq_h += da_col * kr[None, :] * tl.exp(tl.where(later_rows, g_h - gr[None, :], _NEG_INF))
+                dk_h += da_row[:, None] * qr[None, :] * tl.exp(tl.where(earlier_rows, gr[None, :] - g_h, _NEG_INF))
+            tl.store(dq_ptr + h_off, tl.load(dq_ptr + h_off, mask=h_mask, other=0.0) + dq_h, mask=h_mask)
+            tl.store(dk_ptr + h_off, tl.load(dk_ptr + h_off, mask=h_mask, other=0.0) + dk_h, mask=h_mask)
 
 
 @triton.jit

@@ -61,15 +61,15 @@ def test_configs_and_gate() -> None:
 
 def test_the_kernel_compiles_for_sm90_at_qwen3_next_sizes(tmp_path: Any) -> None:
     """Compiled for sm_90 (PTX, then a cubin by the ptxas Triton ships) in a process without the
-    interpreter: K = V = 128, the forward with per-channel and scalar gates, ``ssd``'s backward (float32, as
-    it runs); shared memory within an H100's. ``gla``'s backward kernels take minutes to compile on a 2-core
-    machine: they are compiled and run on the GPU host (``test_gpu_qwen3_next_like_layer``), or here with
-    ``EJK_COMPILE_BACKWARD=1``."""
+    interpreter: K = V = 128, the forward with per-channel and scalar gates, ``ssd``'s backward (bfloat16
+    operands, float32 states, one group of ``B`` / ``C``, as it runs); shared memory within an H100's.
+    ``gla``'s backward kernels take minutes to compile on a 2-core machine: they are compiled and run on the GPU
+    host (``test_gpu_qwen3_next_like_layer``), or here with ``EJK_COMPILE_BACKWARD=1``."""
     backward = ", b(128, 128)['shared']" if os.environ.get("EJK_COMPILE_BACKWARD") == "1" else ""
     code = ("import jax.numpy as jnp; "
             "from ejk_triton._aot import compile_gla_backward as b, compile_linear_recurrence as c; "
             "print(c(128, 128)['shared'], c(128, 128, scalar_gate=True, qk_heads=1)['shared'], "
-            f"b(128, 128, jnp.float32, scalar_gate=True)['shared']{backward})")
+            f"b(128, 128, scalar_gate=True, qk_heads=1)['shared']{backward})")
     env = {k: v for k, v in os.environ.items() if k not in ("EJK_TRITON_INTERPRET", "TRITON_INTERPRET")}
     env.update(JAX_PLATFORMS="cpu", TRITON_CACHE_DIR=str(tmp_path / "triton-cache"))
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=900)

@@ -306,11 +306,14 @@ def compile_linear_recurrence(k: int, v: int, dtype: Any = jnp.bfloat16, *, scal
     return dict(output, shared=max(states["shared"], output["shared"]))
 
 
-def compile_gla_backward(k: int, v: int, dtype: Any = jnp.bfloat16, *, heads: int = 32, cfg: Any = None,
-                         varlen: bool = True, scalar_gate: bool = False, arch: int = 90) -> dict[str, int]:
+def compile_gla_backward(k: int, v: int, dtype: Any = jnp.bfloat16, *, heads: int = 32, qk_heads: int | None = None,
+                         cfg: Any = None, varlen: bool = True, scalar_gate: bool = False,
+                         arch: int = 90) -> dict[str, int]:
     """Compile the recurrence's backward kernels at the backward's chunk for a state ``[k, v]`` and ``dtype``
     inputs, for ``arch``: ``gla``'s (the reverse state cotangents, the state terms and ``dA``, the intra-chunk
-    terms, ``dv``) or, with ``scalar_gate``, ``ssd``'s (the reverse state cotangents, ``dq`` / ``dk``, ``dv``).
+    terms, ``dv``) or, with ``scalar_gate``, ``ssd``'s (float32 states; the reverse state cotangents, ``dq`` /
+    ``dk`` / ``dg`` with ``v = dt·x`` formed in the kernel, ``dx`` with the ``D`` skip connection; ``qk_heads``
+    groups of ``B`` / ``C``).
 
     Returns:
         The largest shared memory of them in bytes, warps and stages.
@@ -328,15 +331,17 @@ def compile_gla_backward(k: int, v: int, dtype: Any = jnp.bfloat16, *, heads: in
                   SCALE=k ** -0.5, VARLEN=varlen, PREC=_dots.dot_precision(dtype, "high"))
     intra = dict(T=4096, H=heads, K=k, BT=cfg.backward_chunk, BC=min(16, cfg.backward_chunk), VARLEN=varlen,
                  PREC=common["PREC"])
-    built = [_compile(_linear_kernels.linear_dstates_bwd, [x, f32, x, f32, i32, x, f32],
-                      dict(common, HQK=heads, BK=state_k, SCALAR_GATE=scalar_gate), cfg.num_warps, cfg.num_stages,
+    hqk = qk_heads or heads
+    state = f32 if scalar_gate else x
+    built = [_compile(_linear_kernels.linear_dstates_bwd, [x, f32, x, f32, i32, state, f32],
+                      dict(common, HQK=hqk, BK=state_k, SCALAR_GATE=scalar_gate), cfg.num_warps, cfg.num_stages,
                       arch)]
     if scalar_gate:
         built += [
-            _compile(_linear_kernels.scalar_dqk_bwd, [x, x, x, f32, x, x, x, i32, i32, f32, f32],
-                     dict(common, BK=state_k), cfg.num_warps, cfg.num_stages, arch),
-            _compile(_linear_kernels.scalar_dv_bwd, [x, x, f32, x, x, i32, i32, f32],
-                     dict(common, BK=block_k), cfg.num_warps, cfg.num_stages, arch),
+            _compile(_linear_kernels.scalar_dqk_bwd, [x, x, x, f32, x, f32, f32, i32, i32, f32, f32, f32, f32],
+                     dict(common, HQK=hqk, BK=state_k, ROW_SCALE=True), cfg.num_warps, cfg.num_stages, arch),
+            _compile(_linear_kernels.scalar_dx_bwd, [x, x, x, f32, x, f32, i32, i32, f32, f32, x, f32, f32],
+                     dict(common, HQK=hqk, BK=block_k, HAS_SKIP=True), cfg.num_warps, cfg.num_stages, arch),
         ]
     else:
         built += [

@@ -138,10 +138,10 @@ def ssd_capability(x: Any, dt: Any, A: Any, B: Any, C: Any, D: Any = None, dt_bi
 def _recurrence(q: jax.Array, k: jax.Array, v: jax.Array, g: jax.Array, initial_state: jax.Array | None,
                 cu_seqlens: jax.Array | None, *, scale: float, scalar_gate: bool, out_dtype: Any,
                 cfg: LinearAttentionConfig, with_output: bool = True, row_scale: jax.Array | None = None,
-                skip: jax.Array | None = None) -> tuple[jax.Array, ...]:
+                skip: jax.Array | None = None, state_dtype: Any = None) -> tuple[jax.Array, ...]:
     """The forward kernels on ``q, k [B, T, HQK, K]``, ``v [B, T, H, V]``, ``g [B, T, H(, K)]``:
     ``(o, final states, chunk-local cumulative gates [B·T, H(, K)], states entering every chunk)``, the
-    latter at the slots :func:`_chunk_slots` counts, in the inputs' dtype; without
+    latter at the slots :func:`_chunk_slots` counts, in ``state_dtype`` (default: the inputs'); without
     ``with_output`` (the state kernel only) the same less ``o``. With ``row_scale [B, T, H]`` (float32) the
     values are ``v`` times it, rounded to ``q``'s dtype; with ``skip [H]`` (float32) ``o`` adds ``skip · v``."""
     b, t, hqk, dk = q.shape
@@ -149,7 +149,7 @@ def _recurrence(q: jax.Array, k: jax.Array, v: jax.Array, g: jax.Array, initial_
     n = _states(b, cu_seqlens)
     f32 = jnp.float32
     slots = _chunk_slots(b * t, n, cfg.chunk)
-    state_dtype = q.dtype
+    state_dtype = state_dtype or q.dtype
     if t == 0:
         init = jnp.zeros((n, h, dk, dv), f32) if initial_state is None else initial_state.astype(f32)
         empty = (init, jnp.zeros((0, h, *g.shape[3:]), f32), jnp.zeros((slots, h, dk, dv), state_dtype))
@@ -256,100 +256,175 @@ def gla_backward(residuals: tuple[Any, ...], d_out: Any, *, scale: float,
                  cfg: LinearAttentionConfig | None = None) -> tuple[Any, ...]:
     """``gla``'s gradients from its operands, in their dtypes (see :func:`_gradients`)."""
     q, k, v, g, initial_state, _ = residuals
-    dq, dk, dv, dg, d_initial = _gradients(residuals, d_out, scale=scale, scalar_gate=False, cfg=cfg)
+    dq, dk, dv, dg, d_initial = _gradients(residuals, d_out, scale=scale, cfg=cfg)
     return (dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), dg.astype(g.dtype),
             None if initial_state is None else d_initial.astype(initial_state.dtype), None)
 
 
-def _gradients(residuals: tuple[Any, ...], d_out: Any, *, scale: float, scalar_gate: bool,
-               cfg: LinearAttentionConfig | None) -> tuple[jax.Array, ...]:
-    """The recurrence's gradients ``(dq, dk, dv, dg, d_initial)`` in float32 from its operands, in
-    ``backward_chunk`` chunks: the gates and state kernels again (the state entering every chunk), the reverse
-    state-cotangent kernel, then the parallel kernels. Per-channel gates: the intra-chunk weights again,
-    ``dq``, ``dk`` (state terms with ``dA``, then intra-chunk terms) and ``dv``. A scalar gate (``g [B, T,
-    H]``): ``dq`` and ``dk`` in one kernel, ``dv`` in another, the intra-chunk weights formed in both.
-    ``dg`` is the suffix sum of ``q ⊙ dq - k ⊙ dk`` over each sequence plus ``Σ_v S_T ⊙ dS_T`` (the final
-    state's gate factor), summed over the channels for a scalar gate."""
-    q, k, v, g, initial_state, cu_seqlens = residuals
-    d_o, d_final = d_out
+@attrs.frozen
+class _Backward:
+    """What every backward kernel of one call shares: sizes, blocks, offsets, the constexprs."""
+
+    cfg: LinearAttentionConfig  # with ``chunk`` = the backward's chunk
+    rows: int
+    states: int
+    slots: int
+    block_k: int  # all of K, padded
+    state_k: int  # K rows per program of the state-sized kernels
+    block_v: int
+    cu: jax.Array
+    sequences: jax.Array
+    common: dict[str, Any]
+
+
+def _backward(q: jax.Array, v: jax.Array, cu_seqlens: jax.Array | None, scale: float,
+              cfg: LinearAttentionConfig | None) -> _Backward:
     base = cfg or heuristic_config()
     cfg = attrs.evolve(base, chunk=base.backward_chunk)
+    b, t, _, dk = q.shape
+    h, dv = v.shape[2], v.shape[3]
+    n = _states(b, cu_seqlens)
+    block_k = next_pow2(max(dk, 16))
+    return _Backward(
+        cfg=cfg, rows=b * t, states=n, slots=_chunk_slots(b * t, n, cfg.chunk), block_k=block_k,
+        state_k=min(cfg.block_k, block_k), block_v=min(cfg.block_v, next_pow2(max(dv, 16))),
+        cu=jnp.zeros((1,), jnp.int32) if cu_seqlens is None else cu_seqlens.astype(jnp.int32),
+        sequences=_slot_sequences(b, t, cu_seqlens, cfg.chunk),
+        common=dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages, T=t, H=h, HQK=q.shape[2], K=dk, V=dv,
+                    BT=cfg.chunk, SCALE=float(scale), VARLEN=cu_seqlens is not None,
+                    PREC=_dots.dot_precision(q.dtype, "high")))
+
+
+def _state_cotangents(plan: _Backward, q: jax.Array, gc: jax.Array, d_o: jax.Array, d_final: jax.Array,
+                      states: jax.Array, *, scalar_gate: bool) -> tuple[jax.Array, jax.Array]:
+    """The reverse state pass: the cotangent of the state leaving every chunk (``states``' layout and dtype)
+    and the initial state's (float32)."""
+    c = plan.common
+    d_states, d_initial = launch(
+        kernels("_linear_kernels").linear_dstates_bwd,
+        grid=(plan.states * c["H"], cdiv(c["K"], plan.state_k), cdiv(c["V"], plan.block_v)),
+        inputs=(q, gc, d_o, d_final, plan.cu),
+        out_shapes=(jax.ShapeDtypeStruct(states.shape, states.dtype),
+                    jax.ShapeDtypeStruct((plan.states, c["H"], c["K"], c["V"]), jnp.float32)),
+        BK=plan.state_k, BV=plan.block_v, SCALAR_GATE=scalar_gate, **c)
+    return d_states, d_initial
+
+
+def _gradients(residuals: tuple[Any, ...], d_out: Any, *, scale: float,
+               cfg: LinearAttentionConfig | None) -> tuple[jax.Array, ...]:
+    """``gla``'s gradients ``(dq, dk, dv, dg, d_initial)`` in float32 from its operands, in ``backward_chunk``
+    chunks: the gates and state kernels again (the state entering every chunk), the reverse state-cotangent
+    kernel, the intra-chunk weights again, ``dq``, ``dk`` (state terms with ``dA``, then intra-chunk terms)
+    and ``dv``. ``dg`` is the suffix sum of ``q ⊙ dq - k ⊙ dk`` over each sequence plus ``Σ_v S_T ⊙ dS_T``
+    (the final state's gate factor)."""
+    q, k, v, g, initial_state, cu_seqlens = residuals
+    d_o, d_final = d_out
+    plan = _backward(q, v, cu_seqlens, scale, cfg)
+    cfg = plan.cfg
     b, t, h, dk = q.shape
     dv = v.shape[3]
-    n = _states(b, cu_seqlens)
     f32 = jnp.float32
-    d_final = jnp.zeros((n, h, dk, dv), f32) if d_final is None else d_final.astype(f32)
-    final, gc, states = _recurrence(q, k, v, g, initial_state, cu_seqlens, scale=scale, scalar_gate=scalar_gate,
+    d_final = jnp.zeros((plan.states, h, dk, dv), f32) if d_final is None else d_final.astype(f32)
+    final, gc, states = _recurrence(q, k, v, g, initial_state, cu_seqlens, scale=scale, scalar_gate=False,
                                     out_dtype=q.dtype, cfg=cfg, with_output=False)
-    rows = b * t
     if t == 0:
-        dq, dk_, dv_ = (jnp.zeros(x.shape, f32) for x in (q, k, v))
-        d_initial = d_final
-    else:
-        d_o = jnp.zeros(v.shape, q.dtype) if d_o is None else d_o.astype(q.dtype)
-        block_k = next_pow2(max(dk, 16))
-        block_v = min(cfg.block_v, next_pow2(max(dv, 16)))
-        state_k = min(cfg.block_k, block_k)
-        slots = _chunk_slots(rows, n, cfg.chunk)
-        cu = jnp.zeros((1,), jnp.int32) if cu_seqlens is None else cu_seqlens.astype(jnp.int32)
-        common: dict[str, Any] = dict(
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages, T=t, H=h, K=dk, V=dv, BT=cfg.chunk,
-            SCALE=float(scale), VARLEN=cu_seqlens is not None, PREC=_dots.dot_precision(q.dtype, "high"))
-        sub = min(16, cfg.chunk)
-        intra: dict[str, Any] = dict(num_stages=cfg.num_stages, T=t, H=h, K=dk, BT=cfg.chunk, BC=sub,
-                                     VARLEN=cu_seqlens is not None, PREC=common["PREC"])
+        return (*(jnp.zeros(x.shape, f32) for x in (q, k, v, g)), d_final)
+    d_o = jnp.zeros(v.shape, q.dtype) if d_o is None else d_o.astype(q.dtype)
+    common, rows, slots = plan.common, plan.rows, plan.slots
+    sub = min(16, cfg.chunk)
+    plain = {name: x for name, x in common.items() if name != "HQK"}  # q and k have v's heads
+    intra = {name: common[name] for name in ("num_stages", "T", "H", "K", "BT", "VARLEN", "PREC")}
+    per_token = (jax.ShapeDtypeStruct((rows, h, dk), f32), jax.ShapeDtypeStruct((rows, h, dk), f32))
 
-        def run(q: jax.Array, k: jax.Array, v: jax.Array, d_o: jax.Array, d_final: jax.Array, cu: jax.Array,
-                gc: jax.Array, states: jax.Array, seq: jax.Array) -> tuple[jax.Array, ...]:
-            module = kernels("_linear_kernels")
-            d_states, d_initial = launch(
-                module.linear_dstates_bwd, grid=(n * h, cdiv(dk, state_k), cdiv(dv, block_v)),
-                inputs=(q, gc, d_o, d_final, cu),
-                out_shapes=(jax.ShapeDtypeStruct(states.shape, states.dtype),
-                            jax.ShapeDtypeStruct((n, h, dk, dv), f32)),
-                HQK=h, BK=state_k, BV=block_v, SCALAR_GATE=scalar_gate, **common)
-            per_token = (jax.ShapeDtypeStruct((rows, h, dk), f32), jax.ShapeDtypeStruct((rows, h, dk), f32))
-            if scalar_gate:
-                d_q, d_k = launch(module.scalar_dqk_bwd, grid=(slots, cdiv(dk, state_k), h),
-                                  inputs=(q, k, v, gc, d_o, states, d_states, cu, seq), out_shapes=per_token,
-                                  BK=state_k, BV=block_v, **common)
-                (d_v,) = launch(module.scalar_dv_bwd, grid=(slots, cdiv(dv, block_v), h),
-                                inputs=(q, k, gc, d_o, d_states, cu, seq),
-                                out_shapes=(jax.ShapeDtypeStruct((rows, h, dv), f32),), BK=block_k, BV=block_v,
-                                **common)
-                return d_q, d_k, d_v, d_initial
-            (weights,) = launch(module.gla_intra_fwd, grid=(slots, cfg.chunk // sub, h), inputs=(q, k, gc, cu, seq),
-                                out_shapes=(jax.ShapeDtypeStruct((rows, h, cfg.chunk), f32),),
-                                num_warps=cfg.intra_warps, HQK=h, BK=block_k, **intra)
-            d_q, d_k, d_a = launch(
-                module.gla_inter_bwd, grid=(slots, cdiv(dk, state_k), h),
-                inputs=(q, k, v, gc, d_o, states, d_states, cu, seq),
-                out_shapes=(*per_token, jax.ShapeDtypeStruct((rows, h, cfg.chunk), f32)),
-                BK=state_k, BV=block_v, **common)
-            d_q, d_k = launch(module.gla_intra_bwd, grid=(slots, cdiv(dk, state_k) * (cfg.chunk // sub), h),
-                              inputs=(q, k, gc, d_a, cu, seq, d_q, d_k), out_shapes=per_token,
-                              num_warps=cfg.num_warps, BK=state_k, **intra)
-            (d_v,) = launch(module.gla_dv_bwd, grid=(slots, cdiv(dv, block_v), h),
-                            inputs=(k, gc, d_o, d_states, weights, cu, seq),
-                            out_shapes=(jax.ShapeDtypeStruct((rows, h, dv), f32),),
-                            BK=block_k, BV=block_v, **common)
-            return d_q, d_k, d_v, d_initial
+    def run(q: jax.Array, k: jax.Array, v: jax.Array, d_o: jax.Array, d_final: jax.Array, cu: jax.Array,
+            gc: jax.Array, states: jax.Array, seq: jax.Array) -> tuple[jax.Array, ...]:
+        module = kernels("_linear_kernels")
+        d_states, d_initial = _state_cotangents(plan, q, gc, d_o, d_final, states, scalar_gate=False)
+        (weights,) = launch(module.gla_intra_fwd, grid=(slots, cfg.chunk // sub, h), inputs=(q, k, gc, cu, seq),
+                            out_shapes=(jax.ShapeDtypeStruct((rows, h, cfg.chunk), f32),),
+                            num_warps=cfg.intra_warps, HQK=h, BC=sub, BK=plan.block_k, **intra)
+        d_q, d_k, d_a = launch(
+            module.gla_inter_bwd, grid=(slots, cdiv(dk, plan.state_k), h),
+            inputs=(q, k, v, gc, d_o, states, d_states, cu, seq),
+            out_shapes=(*per_token, jax.ShapeDtypeStruct((rows, h, cfg.chunk), f32)),
+            BK=plan.state_k, BV=plan.block_v, **plain)
+        d_q, d_k = launch(module.gla_intra_bwd, grid=(slots, cdiv(dk, plan.state_k) * (cfg.chunk // sub), h),
+                          inputs=(q, k, gc, d_a, cu, seq, d_q, d_k), out_shapes=per_token,
+                          num_warps=cfg.num_warps, BC=sub, BK=plan.state_k, **intra)
+        (d_v,) = launch(module.gla_dv_bwd, grid=(slots, cdiv(dv, plan.block_v), h),
+                        inputs=(k, gc, d_o, d_states, weights, cu, seq),
+                        out_shapes=(jax.ShapeDtypeStruct((rows, h, dv), f32),),
+                        BK=plan.block_k, BV=plan.block_v, **plain)
+        return d_q, d_k, d_v, d_initial
 
-        flat = [x.reshape(rows, h, x.shape[3]) for x in (q, k, v.astype(q.dtype), d_o)]
-        dq, dk_, dv_, d_initial = sequential_vmap(run)(*flat, d_final, cu, gc, states,
-                                                       _slot_sequences(b, t, cu_seqlens, cfg.chunk))
-        dq, dk_, dv_ = (x.reshape(b, t, h, x.shape[2]) for x in (dq, dk_, dv_))
-    gate_terms = q.astype(f32) * dq - k.astype(f32) * dk_
+    flat = [x.reshape(rows, h, x.shape[3]) for x in (q, k, v.astype(q.dtype), d_o)]
+    dq, dk_, dv_, d_initial = sequential_vmap(run)(*flat, d_final, plan.cu, gc, states, plan.sequences)
+    dq, dk_, dv_ = (x.reshape(b, t, h, x.shape[2]) for x in (dq, dk_, dv_))
+    d_gates = _segment_suffix_sums(q.astype(f32) * dq - k.astype(f32) * dk_, cu_seqlens)
     final_term = jnp.sum(final * d_final, axis=-1)  # [N, H, K]
-    if scalar_gate:
-        gate_terms, final_term = jnp.sum(gate_terms, axis=-1), jnp.sum(final_term, axis=-1)
-    d_gates = _segment_suffix_sums(gate_terms, cu_seqlens)
     if cu_seqlens is None:
         d_gates = d_gates + final_term[:, None]
-    elif t:
-        owner = jnp.minimum(jnp.searchsorted(cu_seqlens[1:], jnp.arange(t), side="right"), n - 1)
+    else:
+        owner = jnp.minimum(jnp.searchsorted(cu_seqlens[1:], jnp.arange(t), side="right"), plan.states - 1)
         d_gates = d_gates + final_term[owner][None]
     return dq, dk_, dv_, d_gates, d_initial
+
+
+def _ssd_gradients(c: jax.Array, b: jax.Array, x: jax.Array, step: jax.Array, log_gates: jax.Array,
+                   skip: jax.Array | None, initial_state: jax.Array | None, cu_seqlens: jax.Array | None,
+                   d_y: jax.Array | None, d_final: jax.Array | None,
+                   cfg: LinearAttentionConfig | None) -> tuple[Any, ...]:
+    """The scalar-gate recurrence's gradients for ``ssd`` (``q = C``, ``k = B`` per group, ``v = x ⊙ step``,
+    one log gate per head and token; float32 chunk states), in ``backward_chunk`` chunks: the gates and state
+    kernels again, the reverse state-cotangent kernel, then ``dC`` / ``dB`` (summed over each group's heads)
+    with the log gates' gradient in one kernel and ``dx`` with ``step``'s share in another.
+
+    Returns:
+        ``(dC, dB [b, T, G, N] float32, dx [b, T, H, P] in x's dtype (skip term included), d step
+        [b, T, H] (the values' share), d log gates [b, T, H], d skip [H] or None, d initial state)``.
+    """
+    plan = _backward(c, x, cu_seqlens, 1.0, cfg)
+    bsz, t, groups, dn = c.shape
+    h, dp = x.shape[2], x.shape[3]
+    f32 = jnp.float32
+    d_final = jnp.zeros((plan.states, h, dn, dp), f32) if d_final is None else d_final.astype(f32)
+    _, gc, states = _recurrence(c, b, x, log_gates, initial_state, cu_seqlens, scale=1.0, scalar_gate=True,
+                                out_dtype=x.dtype, cfg=plan.cfg, with_output=False, row_scale=step,
+                                state_dtype=f32)
+    if t == 0:
+        zeros = (jnp.zeros(c.shape, f32), jnp.zeros(b.shape, f32), jnp.zeros(x.shape, x.dtype),
+                 jnp.zeros(step.shape, f32), jnp.zeros(step.shape, f32))
+        return (*zeros, None if skip is None else jnp.zeros(skip.shape, f32), d_final)
+    d_y = jnp.zeros(x.shape, c.dtype) if d_y is None else d_y.astype(c.dtype)
+    rows, slots, common = plan.rows, plan.slots, plan.common
+    k_blocks, v_blocks = cdiv(dn, plan.state_k), cdiv(dp, plan.block_v)
+    per_row = (rows, h)
+
+    def run(c: jax.Array, b: jax.Array, x: jax.Array, d_y: jax.Array, d_final: jax.Array, cu: jax.Array,
+            gc: jax.Array, states: jax.Array, seq: jax.Array, rs: jax.Array,
+            skip_h: jax.Array) -> tuple[jax.Array, ...]:
+        module = kernels("_linear_kernels")
+        d_states, d_initial = _state_cotangents(plan, c, gc, d_y, d_final, states, scalar_gate=True)
+        d_c, d_b, d_g = launch(module.scalar_dqk_bwd, grid=(slots, k_blocks, groups),
+                               inputs=(c, b, x, gc, d_y, states, d_states, cu, seq, rs),
+                               out_shapes=(jax.ShapeDtypeStruct((rows, groups, dn), f32),) * 2
+                               + (jax.ShapeDtypeStruct((*per_row, k_blocks), f32),),
+                               BK=plan.state_k, BV=plan.block_v, ROW_SCALE=True, **common)
+        d_x, d_r, d_skip = launch(module.scalar_dx_bwd, grid=(slots, v_blocks, h),
+                                  inputs=(c, b, x, gc, d_y, d_states, cu, seq, rs, skip_h),
+                                  out_shapes=(jax.ShapeDtypeStruct((rows, h, dp), x.dtype),
+                                              *(jax.ShapeDtypeStruct((*per_row, v_blocks), f32),) * 2),
+                                  BK=plan.block_k, BV=plan.block_v, HAS_SKIP=skip is not None, **common)
+        return d_c, d_b, d_x, d_r.sum(-1), d_g.sum(-1), d_skip.sum(-1), d_initial
+
+    skip_h = jnp.zeros((1,), f32) if skip is None else skip.astype(f32)
+    d_c, d_b, d_x, d_r, d_g, d_skip, d_initial = sequential_vmap(run)(
+        c.reshape(rows, groups, dn), b.reshape(rows, groups, dn), x.reshape(rows, h, dp), d_y.reshape(rows, h, dp),
+        d_final, plan.cu, gc, states, plan.sequences, step.astype(f32).reshape(rows, h), skip_h)
+    d_c, d_b = (d.reshape(bsz, t, groups, dn) for d in (d_c, d_b))
+    d_r, d_g, d_skip = (d.reshape(bsz, t, h) for d in (d_r, d_g, d_skip))
+    return (d_c, d_b, d_x.reshape(x.shape), d_r, d_g, None if skip is None else jnp.sum(d_skip, axis=(0, 1)),
+            d_initial)
 
 
 def ssd(x: jax.Array, dt: jax.Array, A: jax.Array, B: jax.Array, C: jax.Array,  # noqa: N803
@@ -368,39 +443,31 @@ def ssd(x: jax.Array, dt: jax.Array, A: jax.Array, B: jax.Array, C: jax.Array,  
 
 def ssd_backward(residuals: tuple[Any, ...], d_out: Any, *, dt_softplus: bool,
                  cfg: LinearAttentionConfig | None = None) -> tuple[Any, ...]:
-    """``ssd``'s gradients: the recurrence is ``gla``'s with each head's ``B`` / ``C`` as ``k`` / ``q``,
-    ``dt·x`` as ``v`` and one log gate ``dt·A`` for all ``N`` channels, so :func:`_gradients` (scalar gate)
-    gives their cotangents per head (float32), and JAX's VJP of that mapping carries them to ``x``, ``dt``,
-    ``A``, ``B``, ``C`` and ``dt_bias``."""
+    """``ssd``'s gradients: the recurrence is ``gla``'s with ``C`` / ``B`` as ``q`` / ``k`` (each group read by
+    its heads), ``dt·x`` as ``v`` (formed by the kernels) and one log gate ``dt·A`` for all ``N`` channels;
+    :func:`_ssd_gradients` gives the cotangents of ``C``, ``B``, ``x``, the step's share through the values,
+    the log gates and ``D``, carried to ``dt``, ``A`` and ``dt_bias`` here."""
     x, dt, A, B, C, D, dt_bias, initial_state, cu_seqlens = residuals  # noqa: N806
     d_y, d_final = d_out
     f32 = jnp.float32
-    h = x.shape[2]
-    per_group = h // B.shape[2]
+    operand = jnp.result_type(x.dtype, B.dtype, C.dtype)
 
-    def as_gla(x: jax.Array, dt: jax.Array, a: jax.Array, b: jax.Array, c: jax.Array,
-               bias: jax.Array | None) -> tuple[jax.Array, ...]:
+    def step_of(dt: jax.Array, bias: jax.Array | None) -> jax.Array:
         step = dt.astype(f32) + (0.0 if bias is None else bias.astype(f32))
-        step = jax.nn.softplus(step) if dt_softplus else step
-        # float32 throughout, the chunk states too: dA and ddt sum the gates' gradient, a difference of sums,
-        # over every token (16-bit operands or states put dA's error at 2% at 256 tokens, against 3e-6);
-        # heads repeated, so that the VJP sums them
-        return (jnp.repeat(c.astype(f32), per_group, axis=2), jnp.repeat(b.astype(f32), per_group, axis=2),
-                x.astype(f32) * step[..., None], step * a.astype(f32))
+        return jax.nn.softplus(step) if dt_softplus else step
 
-    (q, k, v, g), to_inputs = jax.vjp(as_gla, x, dt, A, B, C, dt_bias)
+    step, step_vjp = jax.vjp(step_of, dt, dt_bias)
+    a = A.astype(f32)
     init = None if initial_state is None else jnp.swapaxes(initial_state.astype(f32), -1, -2)
     d_final = None if d_final is None else jnp.swapaxes(d_final.astype(f32), -1, -2)
-    d_y = jnp.zeros(x.shape, f32) if d_y is None else d_y.astype(f32)
-    dq, dk, dv, dg, d_state = _gradients((q, k, v, g, init, cu_seqlens), (d_y, d_final), scale=1.0,
-                                         scalar_gate=True, cfg=cfg)
-    dx, d_dt, d_a, d_b, d_c, d_bias = to_inputs((dq, dk, dv, dg))
-    d_d = None
-    if D is not None:
-        dx = dx + (D.astype(f32)[:, None] * d_y).astype(dx.dtype)
-        d_d = jnp.sum(d_y * x.astype(f32), axis=(0, 1, 3)).astype(D.dtype)
+    d_c, d_b, dx, d_step, dg, d_d, d_state = _ssd_gradients(
+        C.astype(operand), B.astype(operand), x.astype(operand), step, step * a, D, init, cu_seqlens, d_y, d_final,
+        cfg)
+    d_dt, d_bias = step_vjp(d_step + dg * a)
     d_init = None if initial_state is None else jnp.swapaxes(d_state, -1, -2).astype(initial_state.dtype)
-    return dx, d_dt, d_a, d_b, d_c, d_d, d_bias, d_init, None
+    return (dx.astype(x.dtype), d_dt.astype(dt.dtype), jnp.sum(dg * step, axis=(0, 1)).astype(A.dtype),
+            d_b.astype(B.dtype), d_c.astype(C.dtype), None if D is None else d_d.astype(D.dtype),
+            None if dt_bias is None else d_bias.astype(dt_bias.dtype), d_init, None)
 
 
 def _with_cotangent_types(backward: Any) -> Any:

@@ -523,12 +523,11 @@ def scalar_dqk_bwd(q_ptr, k_ptr, v_ptr, gc_ptr, do_ptr, hs_ptr, dhs_ptr, cu_ptr,
                    dg_ptr, T: tl.constexpr, H: tl.constexpr, HQK: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, SCALE: tl.constexpr,
                    VARLEN: tl.constexpr, PREC: tl.constexpr, ROW_SCALE: tl.constexpr):
-    """A scalar gate's ``dq``, ``dk`` and log-gate gradient per (chunk slot, K block, q / k head), V walked in
-    blocks of ``BV`` (float32), the ``H / HQK`` heads reading the q / k head one after another (``dq`` / ``dk``
-    ``[R, HQK, K]`` summed over them). Per head, with ``D_ij = e^{G_i - G_j}`` (``j <= i``) and
+    """A scalar gate's ``dq``, ``dk`` and log-gate gradient per (chunk slot, K block, head), V walked in blocks
+    of ``BV`` (float32, ``dq`` / ``dk`` per head ``[R, H, K]``). With ``D_ij = e^{G_i - G_j}`` (``j <= i``) and
     ``dA = scale (do vᵀ) ⊙ D``: ``dq = scale (do Sᵀ) e^G + dA k`` and ``dk = (v dS'ᵀ) e^{G_last - G} + dAᵀ q``,
-    from the state entering the chunk ``S`` and the cotangent of the state leaving it ``dS'``; ``ROW_SCALE``:
-    ``v``'s rows times ``rs [R, H]``.
+    from the state entering the chunk ``S`` and the cotangent of the state leaving it ``dS'``; q / k head
+    ``h // (H // HQK)``; ``ROW_SCALE``: ``v``'s rows times ``rs [R, H]``.
 
     The log gate ``g_t`` scales every path from a token ``j < t`` to a reader ``i >= t``, so its gradient is
     the sum over those pairs, written ``dg [R, H, K blocks]`` (this K block's share; no difference of large
@@ -537,12 +536,13 @@ def scalar_dqk_bwd(q_ptr, k_ptr, v_ptr, gc_ptr, do_ptr, hs_ptr, dhs_ptr, cu_ptr,
     (``k_j · dk_j``'s state term); and ``e^{G_last} Σ S ⊙ dS'``, what passes through the whole chunk."""
     slot = tl.program_id(0).to(tl.int64)
     ik = tl.program_id(1)
-    hqk = tl.program_id(2).to(tl.int64)
+    h = tl.program_id(2).to(tl.int64)
     n = tl.load(seq_ptr + slot).to(tl.int64)
     bos, eos = _bounds(cu_ptr, n, T, VARLEN)
     start = bos + (slot - bos // BT - n) * BT
     if start < eos:
         dt = q_ptr.dtype.element_ty
+        hqk = h // (H // HQK)
         ks = ik * BK + tl.arange(0, BK)
         k_ok = ks < K
         ts = tl.arange(0, BT)
@@ -550,47 +550,38 @@ def scalar_dqk_bwd(q_ptr, k_ptr, v_ptr, gc_ptr, do_ptr, hs_ptr, dhs_ptr, cu_ptr,
         t_ok = rows < eos
         tk_mask = t_ok[:, None] & k_ok[None, :]
         qk_off = (rows[:, None] * HQK + hqk) * K + ks[None, :]
+        tk_off = (rows[:, None] * H + h) * K + ks[None, :]
+        d_q, d_k, d_a, sd = _state_terms(do_ptr, v_ptr, rs_ptr, hs_ptr, dhs_ptr, (slot * H + h) * K * V, rows, t_ok,
+                                         h, ks, k_ok, True, H, V, BT, BK, BV, PREC, ROW_SCALE, True)
+        cum = tl.load(gc_ptr + rows * H + h, mask=t_ok, other=0.0)
+        last = tl.load(gc_ptr + (tl.minimum(start + BT, eos) - 1) * H + h)
+        keep = (ts[:, None] >= ts[None, :]) & t_ok[:, None]
+        d_a = d_a * SCALE * tl.exp(tl.where(keep, cum[:, None] - cum[None, :], _NEG_INF))
         q = tl.load(q_ptr + qk_off, mask=tk_mask, other=0.0).to(dt)
         k = tl.load(k_ptr + qk_off, mask=tk_mask, other=0.0).to(dt)
-        scores = tl.dot(q, tl.trans(k), input_precision=PREC)
-        keep = (ts[:, None] >= ts[None, :]) & t_ok[:, None]
-        d_q_sum = tl.zeros([BT, BK], tl.float32)
-        d_k_sum = tl.zeros([BT, BK], tl.float32)
-        for head in range(0, H // HQK):
-            h = hqk * (H // HQK) + head
-            d_q, d_k, d_a, sd = _state_terms(do_ptr, v_ptr, rs_ptr, hs_ptr, dhs_ptr, (slot * H + h) * K * V, rows,
-                                             t_ok, h, ks, k_ok, True, H, V, BT, BK, BV, PREC, ROW_SCALE, True)
-            cum = tl.load(gc_ptr + rows * H + h, mask=t_ok, other=0.0)
-            last = tl.load(gc_ptr + (tl.minimum(start + BT, eos) - 1) * H + h)
-            d_a = d_a * SCALE * tl.exp(tl.where(keep, cum[:, None] - cum[None, :], _NEG_INF))
-            # the log gates' gradient, by the pairs of tokens each gate lies between
-            into = d_q * (SCALE * tl.exp(cum))[:, None]  # dq's state term
-            out_of = d_k * tl.exp(tl.where(t_ok, last - cum, 0.0))[:, None]  # dk's state term
-            read = tl.sum(into * q.to(tl.float32), 1)  # row i reads the state entering: gates t <= i
-            carried = tl.sum(out_of * k.to(tl.float32), 1)  # row j is carried out: gates t > j
-            pairs = d_a * scores
-            before = tl.cumsum(pairs, 1) - pairs  # [i, t]: Σ_{j < t} M_ij
-            inside = tl.sum(tl.where(ts[:, None] >= ts[None, :], before, 0.0), 0)
-            d_g = (inside + tl.sum(read, 0) - tl.cumsum(read, 0) + read + tl.cumsum(carried, 0) - carried
-                   + tl.exp(last) * sd)
-            tl.store(dg_ptr + (rows * H + h) * tl.num_programs(1) + ik, d_g, mask=t_ok)
-            d_a = d_a.to(dt)
-            d_q_sum += into + tl.dot(d_a, k, input_precision=PREC)
-            d_k_sum += out_of + tl.dot(tl.trans(d_a), q, input_precision=PREC)
-        tl.store(dq_ptr + qk_off, d_q_sum, mask=tk_mask)
-        tl.store(dk_ptr + qk_off, d_k_sum, mask=tk_mask)
+        # the log gates' gradient, by the pairs of tokens each gate lies between
+        into = d_q * (SCALE * tl.exp(cum))[:, None]  # dq's state term
+        out_of = d_k * tl.exp(tl.where(t_ok, last - cum, 0.0))[:, None]  # dk's state term
+        read = tl.sum(into * q.to(tl.float32), 1)  # row i reads the state entering: gates t <= i
+        carried = tl.sum(out_of * k.to(tl.float32), 1)  # row j is carried out: gates t > j
+        pairs = d_a * tl.dot(q, tl.trans(k), input_precision=PREC)
+        before = tl.cumsum(pairs, 1) - pairs  # [i, t]: Σ_{j < t} M_ij
+        inside = tl.sum(tl.where(ts[:, None] >= ts[None, :], before, 0.0), 0)
+        d_g = (inside + tl.sum(read, 0) - tl.cumsum(read, 0) + read + tl.cumsum(carried, 0) - carried
+               + tl.exp(last) * sd)
+        tl.store(dg_ptr + (rows * H + h) * tl.num_programs(1) + ik, d_g, mask=t_ok)
+        d_a = d_a.to(dt)
+        tl.store(dq_ptr + tk_off, into + tl.dot(d_a, k, input_precision=PREC), mask=tk_mask)
+        tl.store(dk_ptr + tk_off, out_of + tl.dot(tl.trans(d_a), q, input_precision=PREC), mask=tk_mask)
 
 
 @triton.jit
-def scalar_dx_bwd(q_ptr, k_ptr, x_ptr, gc_ptr, do_ptr, dhs_ptr, cu_ptr, seq_ptr, rs_ptr, skip_ptr, dx_ptr, dr_ptr,
-                  dskip_ptr, T: tl.constexpr, H: tl.constexpr, HQK: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+def scalar_dv_bwd(q_ptr, k_ptr, gc_ptr, do_ptr, dhs_ptr, cu_ptr, seq_ptr, dv_ptr,
+                  T: tl.constexpr, H: tl.constexpr, HQK: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                   BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, SCALE: tl.constexpr, VARLEN: tl.constexpr,
-                  PREC: tl.constexpr, HAS_SKIP: tl.constexpr):
-    """A scalar gate's value cotangent per (chunk slot, V block, head), for values ``v = x ⊙ r`` (``r = rs
-    [R, H]`` per row) and, with ``HAS_SKIP``, an output that adds ``skip[h] · x``: ``dv = (k e^{G_last - G}) dS'
-    + scale ((q kᵀ) ⊙ D)ᵀ do`` with ``D_ij = e^{G_i - G_j}`` (``j <= i``; q / k head ``h // (H // HQK)``),
-    stored as ``dx = dv r + skip[h] do`` (``x``'s dtype) and this V block's shares of ``dr = Σ_v dv x`` and
-    of the skip's ``Σ_v do x`` (``[R, H, V blocks]`` float32 each)."""
+                  PREC: tl.constexpr):
+    """A scalar gate's ``dv`` per (chunk slot, V block, head) (float32): ``dv = (k e^{G_last - G}) dS' +
+    scale ((q kᵀ) ⊙ D)ᵀ do`` with ``D_ij = e^{G_i - G_j}`` (``j <= i``); q / k head ``h // (H // HQK)``."""
     slot = tl.program_id(0).to(tl.int64)
     iv = tl.program_id(1)
     h = tl.program_id(2).to(tl.int64)
@@ -622,12 +613,4 @@ def scalar_dx_bwd(q_ptr, k_ptr, x_ptr, gc_ptr, do_ptr, dhs_ptr, cu_ptr, seq_ptr,
         tv_mask = t_ok[:, None] & v_ok[None, :]
         do = tl.load(do_ptr + tv_off, mask=tv_mask, other=0.0).to(dt)
         d_v = tl.dot(k_out, d_state, input_precision=PREC) + tl.dot(tl.trans(a.to(dt)), do, input_precision=PREC)
-        x = tl.load(x_ptr + tv_off, mask=tv_mask, other=0.0).to(tl.float32)
-        factor = tl.load(rs_ptr + rows * H + h, mask=t_ok, other=0.0)
-        d_x = d_v * factor[:, None]
-        share = (rows * H + h) * tl.num_programs(1) + iv
-        if HAS_SKIP:
-            d_x += tl.load(skip_ptr + h) * do.to(tl.float32)
-            tl.store(dskip_ptr + share, tl.sum(do.to(tl.float32) * x, 1), mask=t_ok)
-        tl.store(dx_ptr + tv_off, d_x.to(dx_ptr.dtype.element_ty), mask=tv_mask)
-        tl.store(dr_ptr + share, tl.sum(d_v * x, 1), mask=t_ok)
+        tl.store(dv_ptr + tv_off, d_v, mask=tv_mask)

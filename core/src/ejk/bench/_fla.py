@@ -9,8 +9,10 @@ of the mapped tensors. The ``D·x`` skip term is added after timing, for the out
 
 The lines are timed as the torch SDPA ones are (``ejk.bench._torch``). Inputs are JAX's buffers read through
 DLPack, already in fla's ``[B, T, H, D]`` layout; packed cases pass fla their offsets. fla refuses some kernels
-on some Triton versions: its gated delta rule backward needs Triton >= 3.7.1 on Hopper (fla issue #640). Such a
-line fails with fla's own message, and the other lines run.
+on some Triton versions: its gated backward (gated delta rule, GLA, simple GLA) needs Triton >= 3.7.1 on
+Hopper (fla issue #640). Such a line fails with fla's own message, and the other lines run; to time fla's lines
+on another Triton, run them in a process of their own (``--impl none --baseline fla``) with that Triton first in
+``PYTHONPATH`` (``benchmarks/pack_triton_for_fla.sh`` packs one for the GPU host).
 """
 
 from __future__ import annotations

@@ -18,9 +18,11 @@ state's, the intra-chunk weights again, then per (chunk, K block, head) the stat
 ``dk`` and ``dA = scale do vᵀ``, per (chunk, K block · sub-block, head) the intra-chunk terms of ``dq``,
 ``dk``, and per (chunk, V block, head) ``dv``. The log gates' gradient is, per sequence, the suffix sum of
 ``q ⊙ dq - k ⊙ dk`` plus ``Σ_v S_T ⊙ dS_T`` (the final state's factor ``e^{G_T}``).
-``ssd``'s backward (float32, with ``B`` / ``C`` repeated per head) has scalar-gate kernels of its own
-after the reverse state pass: ``dq`` and ``dk`` in one, ``dv`` in another, each forming the intra-chunk
-weights; JAX's VJP of the mapping carries the cotangents back to its inputs.
+``ssd``'s backward (operands in their dtype, ``B`` / ``C`` read per group, float32 chunk states) has
+scalar-gate kernels of its own after the reverse state pass: ``dq``, ``dk`` and the log gates' gradient (from
+the token pairs each gate lies between, no suffix sums) in one, ``dv`` in another, each forming the
+intra-chunk weights; XLA sums ``dq`` / ``dk`` over each group's heads and carries the rest to ``x``, ``dt``,
+``A``, ``D`` and ``dt_bias``.
 """
 
 from __future__ import annotations

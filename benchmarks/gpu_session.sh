@@ -20,6 +20,10 @@
 #              baselines where torch imports; writes the measured rankings (fwd and fwd+bwd) as a config pack
 #              ($OUT/bench_training/rankings_pack.json) to merge into core/src/ejk/config/shipped_packs/
 #   overhead   eager overhead of every op's public call over jax.jit of the same call (tiny shapes)
+#   fla        fla's lines alone (gated delta rule, GLA, SSD; FLA_MODE, default fwd+bwd; FLA_SHAPES, default the
+#              presets), in a process of their own on the Triton that benchmarks/pack_triton_for_fla.sh packed
+#              into .fla-triton/ (fla's backward needs Triton >= 3.7.1 on Hopper; ejk's lines keep the host's).
+#              fla autotunes each new shape for about 140 s: name two or three shapes per call.
 # Results go to $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -61,6 +65,16 @@ for stage in "${@:-tests}"; do
       timeout 560 python3 -m ejk.cli bench --overhead --impl auto --mode fwd --shapes \
         "attention:1x128x4x64:causal;matmul:16x64x64;moe:4x64x64x256;decode:2x256" --out "$OUT/bench_overhead" \
         2>&1 | tee "$OUT/bench_overhead.log" | tail -40 ;;
+    fla)
+      (
+        if [[ -f .fla-triton/triton.tar.xz ]]; then
+          mkdir -p /tmp/fla-triton && tar xJf .fla-triton/triton.tar.xz -C /tmp/fla-triton
+          export PYTHONPATH=/tmp/fla-triton:$PYTHONPATH TRITON_CACHE_DIR=/tmp/fla-triton-cache
+        fi
+        timeout 560 python3 -m ejk.cli bench gdr gla ssd ${FLA_SHAPES:+--shapes "$FLA_SHAPES"} \
+          --mode "${FLA_MODE:-fwd+bwd}" --impl none --baseline fla --clock device --out "$OUT/bench_fla" 2>&1 \
+          | tee "$OUT/bench_fla.log" | tail -40
+      ) ;;
     *)
       timeout 560 python3 -m ejk.cli bench "$stage" --best-config --clock device --out "$OUT/bench_$stage" 2>&1 \
         | tee "$OUT/bench_$stage.log" | tail -40 ;;

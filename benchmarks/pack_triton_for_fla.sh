@@ -8,10 +8,10 @@
 # .fla-triton/triton.tar.xz (about 48 MiB for 3.7.1).
 #
 # Usage (here):  bash benchmarks/pack_triton_for_fla.sh [VERSION (3.7.1)] [PYTHON (312)]
-# On the host:   mkdir -p /tmp/fla-triton && tar xJf .fla-triton/triton.tar.xz -C /tmp/fla-triton
-#                PYTHONPATH=/tmp/fla-triton:<ejk and fla> TRITON_CACHE_DIR=/tmp/fla-triton-cache \
-#                  python3 -m ejk.cli bench gla ... --impl none --baseline fla
-# (fla's lines only: ejk's lines run in another process, on the host's Triton.)
+# On the host:   FLA_SHAPES="gla:32768x4096x32x128;ssd:32768x32768x32x128" bash benchmarks/gpu_session.sh fla
+#                (carry .whl, .basel with fla's wheels, and .fla-triton). By hand: unpack it to a folder put
+#                first in PYTHONPATH, give Triton a cache folder of its own (TRITON_CACHE_DIR), and run
+#                `ejk bench ... --impl none --baseline fla`: fla's lines only, ejk's in another process.
 set -euo pipefail
 version=${1:-3.7.1}
 python=${2:-312}

@@ -39,6 +39,16 @@ def _bounds(cu_ptr, n, T: tl.constexpr, VARLEN: tl.constexpr):
 
 
 @triton.jit
+def _slot_chunk(seq_ptr, cu_ptr, slot, T: tl.constexpr, BT: tl.constexpr, VARLEN: tl.constexpr):
+    """Chunk slot ``slot``'s first row and its sequence's end row (int64): sequence ``n = seq[slot]`` starting
+    at row ``bos`` owns slots from ``bos // BT + n`` on. A slot no chunk uses starts at or past the end, so its
+    program stores nothing."""
+    n = tl.load(seq_ptr + slot).to(tl.int64)
+    bos, eos = _bounds(cu_ptr, n, T, VARLEN)
+    return bos + (slot - bos // BT - n) * BT, eos
+
+
+@triton.jit
 def _row_scaled(v, rs_ptr, rows, t_ok, H: tl.constexpr, h, ROW_SCALE: tl.constexpr):
     """``v`` with each row times its factor ``rs [R, H]`` (float32), rounded back to ``v``'s dtype (as a
     product formed outside and stored would be), or ``v`` as it is."""
@@ -55,9 +65,7 @@ def linear_cumsum(g_ptr, cu_ptr, seq_ptr, gc_ptr,
     """Phase (a), per (chunk slot, head): the chunk-local cumulative log gates (float32)."""
     slot = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1).to(tl.int64)
-    n = tl.load(seq_ptr + slot).to(tl.int64)
-    bos, eos = _bounds(cu_ptr, n, T, VARLEN)
-    start = bos + (slot - bos // BT - n) * BT  # at or past eos for a slot no chunk uses: nothing is stored
+    start, eos = _slot_chunk(seq_ptr, cu_ptr, slot, T, BT, VARLEN)
     rows = start + tl.arange(0, BT)
     t_ok = rows < eos
     if SCALAR_GATE:
@@ -139,10 +147,8 @@ def gla_intra_fwd(q_ptr, k_ptr, gc_ptr, cu_ptr, seq_ptr, a_ptr,
     slot = tl.program_id(0).to(tl.int64)
     i = tl.program_id(1)
     h = tl.program_id(2).to(tl.int64)
-    n = tl.load(seq_ptr + slot).to(tl.int64)
     hqk = h // (H // HQK)
-    bos, eos = _bounds(cu_ptr, n, T, VARLEN)
-    start = bos + (slot - bos // BT - n) * BT  # at or past eos for a slot no chunk uses: nothing is stored
+    start, eos = _slot_chunk(seq_ptr, cu_ptr, slot, T, BT, VARLEN)
     first = start + i * BC
     if first < eos:
         dt = q_ptr.dtype.element_ty
@@ -215,10 +221,8 @@ def linear_output_fwd(q_ptr, k_ptr, v_ptr, gc_ptr, hs_ptr, a_ptr, cu_ptr, seq_pt
     slot = tl.program_id(0).to(tl.int64)
     iv = tl.program_id(1)
     h = tl.program_id(2).to(tl.int64)
-    n = tl.load(seq_ptr + slot).to(tl.int64)
     hqk = h // (H // HQK)
-    bos, eos = _bounds(cu_ptr, n, T, VARLEN)
-    start = bos + (slot - bos // BT - n) * BT  # at or past eos for a slot no chunk uses: nothing is stored
+    start, eos = _slot_chunk(seq_ptr, cu_ptr, slot, T, BT, VARLEN)
     dt = q_ptr.dtype.element_ty
     ks = tl.arange(0, BK)
     vs = iv * BV + tl.arange(0, BV)
@@ -350,9 +354,7 @@ def gla_inter_bwd(q_ptr, k_ptr, v_ptr, gc_ptr, do_ptr, hs_ptr, dhs_ptr, cu_ptr, 
     slot = tl.program_id(0).to(tl.int64)
     ik = tl.program_id(1)
     h = tl.program_id(2).to(tl.int64)
-    n = tl.load(seq_ptr + slot).to(tl.int64)
-    bos, eos = _bounds(cu_ptr, n, T, VARLEN)
-    start = bos + (slot - bos // BT - n) * BT
+    start, eos = _slot_chunk(seq_ptr, cu_ptr, slot, T, BT, VARLEN)
     end = tl.minimum(start + BT, eos)
     ks = ik * BK + tl.arange(0, BK)
     k_ok = ks < K
@@ -388,9 +390,7 @@ def gla_intra_bwd(q_ptr, k_ptr, gc_ptr, da_ptr, cu_ptr, seq_ptr, dq0_ptr, dk0_pt
     ik = tl.program_id(1) // NC
     i = tl.program_id(1) % NC
     h = tl.program_id(2).to(tl.int64)
-    n = tl.load(seq_ptr + slot).to(tl.int64)
-    bos, eos = _bounds(cu_ptr, n, T, VARLEN)
-    start = bos + (slot - bos // BT - n) * BT
+    start, eos = _slot_chunk(seq_ptr, cu_ptr, slot, T, BT, VARLEN)
     first = start + i * BC
     if first < eos:
         dt = q_ptr.dtype.element_ty
@@ -488,9 +488,7 @@ def gla_dv_bwd(k_ptr, gc_ptr, do_ptr, dhs_ptr, a_ptr, cu_ptr, seq_ptr, dv_ptr,
     slot = tl.program_id(0).to(tl.int64)
     iv = tl.program_id(1)
     h = tl.program_id(2).to(tl.int64)
-    n = tl.load(seq_ptr + slot).to(tl.int64)
-    bos, eos = _bounds(cu_ptr, n, T, VARLEN)
-    start = bos + (slot - bos // BT - n) * BT
+    start, eos = _slot_chunk(seq_ptr, cu_ptr, slot, T, BT, VARLEN)
     end = tl.minimum(start + BT, eos)
     dt = k_ptr.dtype.element_ty
     ks = tl.arange(0, BK)
@@ -537,9 +535,7 @@ def scalar_dqk_bwd(q_ptr, k_ptr, v_ptr, gc_ptr, do_ptr, hs_ptr, dhs_ptr, cu_ptr,
     slot = tl.program_id(0).to(tl.int64)
     ik = tl.program_id(1)
     h = tl.program_id(2).to(tl.int64)
-    n = tl.load(seq_ptr + slot).to(tl.int64)
-    bos, eos = _bounds(cu_ptr, n, T, VARLEN)
-    start = bos + (slot - bos // BT - n) * BT
+    start, eos = _slot_chunk(seq_ptr, cu_ptr, slot, T, BT, VARLEN)
     if start < eos:
         dt = q_ptr.dtype.element_ty
         hqk = h // (H // HQK)
@@ -585,9 +581,7 @@ def scalar_dv_bwd(q_ptr, k_ptr, gc_ptr, do_ptr, dhs_ptr, cu_ptr, seq_ptr, dv_ptr
     slot = tl.program_id(0).to(tl.int64)
     iv = tl.program_id(1)
     h = tl.program_id(2).to(tl.int64)
-    n = tl.load(seq_ptr + slot).to(tl.int64)
-    bos, eos = _bounds(cu_ptr, n, T, VARLEN)
-    start = bos + (slot - bos // BT - n) * BT
+    start, eos = _slot_chunk(seq_ptr, cu_ptr, slot, T, BT, VARLEN)
     if start < eos:
         dt = k_ptr.dtype.element_ty
         ks = tl.arange(0, BK)

@@ -312,7 +312,8 @@ def compile_gla_backward(k: int, v: int, dtype: Any = jnp.bfloat16, *, heads: in
     """Compile the recurrence's backward kernels at the backward's chunk for a state ``[k, v]`` and ``dtype``
     inputs, for ``arch``: ``gla``'s (the reverse state cotangents, the state terms and ``dA``, the intra-chunk
     terms, ``dv``) or, with ``scalar_gate``, ``ssd``'s (float32 states; the reverse state cotangents, ``dq`` /
-    ``dk`` / ``dg`` with ``v = dt·x`` formed in the kernel, ``dv``; ``qk_heads`` groups of ``B`` / ``C``).
+    ``dk`` / ``dg`` with ``v = dt·x`` formed in the kernel, ``dx`` with the ``D`` skip connection; ``qk_heads``
+    groups of ``B`` / ``C``).
 
     Returns:
         The largest shared memory of them in bytes, warps and stages.
@@ -339,8 +340,8 @@ def compile_gla_backward(k: int, v: int, dtype: Any = jnp.bfloat16, *, heads: in
         built += [
             _compile(_linear_kernels.scalar_dqk_bwd, [x, x, x, f32, x, f32, f32, i32, i32, f32, f32, f32, f32],
                      dict(common, HQK=hqk, BK=state_k, ROW_SCALE=True), cfg.num_warps, cfg.num_stages, arch),
-            _compile(_linear_kernels.scalar_dv_bwd, [x, x, f32, x, f32, i32, i32, f32],
-                     dict(common, HQK=hqk, BK=block_k), cfg.num_warps, cfg.num_stages, arch),
+            _compile(_linear_kernels.scalar_dx_bwd, [x, x, x, f32, x, f32, i32, i32, f32, f32, x, f32, f32],
+                     dict(common, HQK=hqk, BK=block_k, HAS_SKIP=True), cfg.num_warps, cfg.num_stages, arch),
         ]
     else:
         built += [

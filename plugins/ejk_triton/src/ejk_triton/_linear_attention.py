@@ -379,12 +379,12 @@ def _ssd_gradients(c: jax.Array, b: jax.Array, x: jax.Array, step: jax.Array, lo
     """The scalar-gate recurrence's gradients for ``ssd`` (``q = C``, ``k = B`` per group, ``v = x ⊙ step``,
     one log gate per head and token; float32 chunk states), in ``backward_chunk`` chunks: the gates and state
     kernels again, the reverse state-cotangent kernel, then ``dq`` / ``dk`` per head with the log gates'
-    gradient in one kernel and ``dv`` in another; ``dC`` / ``dB`` sum each group's heads, ``dv`` gives ``dx``
-    and ``step``'s share.
+    gradient in one kernel, ``dx`` with ``D``'s and ``step``'s shares in another; ``dC`` / ``dB`` sum each
+    group's heads.
 
     Returns:
-        ``(dC, dB [b, T, G, N] float32, dx [b, T, H, P] float32 (skip term included), d step [b, T, H] (the
-        values' share), d log gates [b, T, H], d skip [H] or None, d initial state)``.
+        ``(dC, dB [b, T, G, N] float32, dx [b, T, H, P] in x's dtype (skip term included), d step [b, T, H]
+        (the values' share), d log gates [b, T, H], d skip [H] or None, d initial state)``.
     """
     plan = _backward(c, x, cu_seqlens, 1.0, cfg)
     bsz, t, groups, dn = c.shape
@@ -395,42 +395,39 @@ def _ssd_gradients(c: jax.Array, b: jax.Array, x: jax.Array, step: jax.Array, lo
                                 out_dtype=x.dtype, cfg=plan.cfg, with_output=False, row_scale=step,
                                 state_dtype=f32)
     if t == 0:
-        zeros = (jnp.zeros(c.shape, f32), jnp.zeros(b.shape, f32), jnp.zeros(x.shape, f32),
+        zeros = (jnp.zeros(c.shape, f32), jnp.zeros(b.shape, f32), jnp.zeros(x.shape, x.dtype),
                  jnp.zeros(step.shape, f32), jnp.zeros(step.shape, f32))
         return (*zeros, None if skip is None else jnp.zeros(skip.shape, f32), d_final)
     d_y = jnp.zeros(x.shape, f32) if d_y is None else d_y
     rows, slots, common = plan.rows, plan.slots, plan.common
-    k_blocks = cdiv(dn, plan.state_k)
+    k_blocks, v_blocks = cdiv(dn, plan.state_k), cdiv(dp, plan.block_v)
     per_head = jax.ShapeDtypeStruct((rows, h, dn), f32)
 
     def run(c: jax.Array, b: jax.Array, x: jax.Array, d_y: jax.Array, d_final: jax.Array, cu: jax.Array,
-            gc: jax.Array, states: jax.Array, seq: jax.Array, rs: jax.Array) -> tuple[jax.Array, ...]:
+            gc: jax.Array, states: jax.Array, seq: jax.Array, rs: jax.Array,
+            skip_h: jax.Array) -> tuple[jax.Array, ...]:
         module = kernels("_linear_kernels")
         d_states, d_initial = _state_cotangents(plan, c, gc, d_y, d_final, states, scalar_gate=True)
         d_q, d_k, d_g = launch(module.scalar_dqk_bwd, grid=(slots, k_blocks, h),
                                inputs=(c, b, x, gc, d_y, states, d_states, cu, seq, rs),
                                out_shapes=(per_head, per_head, jax.ShapeDtypeStruct((rows, h, k_blocks), f32)),
                                BK=plan.state_k, BV=plan.block_v, ROW_SCALE=True, **common)
-        (d_v,) = launch(module.scalar_dv_bwd, grid=(slots, cdiv(dp, plan.block_v), h),
-                        inputs=(c, b, gc, d_y, d_states, cu, seq),
-                        out_shapes=(jax.ShapeDtypeStruct((rows, h, dp), f32),), BK=plan.block_k,
-                        BV=plan.block_v, **common)
-        return d_q, d_k, d_v, d_g.sum(-1), d_initial
+        d_x, d_r, d_skip = launch(module.scalar_dx_bwd, grid=(slots, v_blocks, h),
+                                  inputs=(c, b, x, gc, d_y, d_states, cu, seq, rs, skip_h),
+                                  out_shapes=(jax.ShapeDtypeStruct((rows, h, dp), x.dtype),
+                                              *(jax.ShapeDtypeStruct((rows, h, v_blocks), f32),) * 2),
+                                  BK=plan.block_k, BV=plan.block_v, HAS_SKIP=skip is not None, **common)
+        return d_q, d_k, d_x, d_r.sum(-1), d_g.sum(-1), d_skip.sum(-1), d_initial
 
-    d_q, d_k, d_v, d_g, d_initial = sequential_vmap(run)(
+    skip_h = jnp.zeros((1,), f32) if skip is None else skip.astype(f32)
+    d_q, d_k, dx, d_r, d_g, d_skip, d_initial = sequential_vmap(run)(
         c.reshape(rows, groups, dn), b.reshape(rows, groups, dn), x.reshape(rows, h, dp),
         d_y.astype(c.dtype).reshape(rows, h, dp), d_final, plan.cu, gc, states, plan.sequences,
-        step.astype(f32).reshape(rows, h))
+        step.astype(f32).reshape(rows, h), skip_h)
     per_group = (bsz, t, groups, h // groups, dn)
     d_c, d_b = (jnp.sum(d.reshape(per_group), axis=3) for d in (d_q, d_k))
-    d_v = d_v.reshape(x.shape)
-    xf = x.astype(f32)
-    dx = d_v * step[..., None]
-    d_skip = None
-    if skip is not None:
-        dx = dx + skip.astype(f32)[:, None] * d_y.astype(f32)
-        d_skip = jnp.sum(d_y.astype(f32) * xf, axis=(0, 1, 3))
-    return d_c, d_b, dx, jnp.sum(d_v * xf, axis=-1), d_g.reshape(bsz, t, h), d_skip, d_initial
+    d_skip = None if skip is None else jnp.sum(d_skip.reshape(bsz, t, h), axis=(0, 1))
+    return (d_c, d_b, dx.reshape(x.shape), d_r.reshape(bsz, t, h), d_g.reshape(bsz, t, h), d_skip, d_initial)
 
 
 def ssd(x: jax.Array, dt: jax.Array, A: jax.Array, B: jax.Array, C: jax.Array,  # noqa: N803

@@ -572,12 +572,15 @@ def scalar_dqk_bwd(q_ptr, k_ptr, v_ptr, gc_ptr, do_ptr, hs_ptr, dhs_ptr, cu_ptr,
 
 
 @triton.jit
-def scalar_dv_bwd(q_ptr, k_ptr, gc_ptr, do_ptr, dhs_ptr, cu_ptr, seq_ptr, dv_ptr,
-                  T: tl.constexpr, H: tl.constexpr, HQK: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+def scalar_dx_bwd(q_ptr, k_ptr, x_ptr, gc_ptr, do_ptr, dhs_ptr, cu_ptr, seq_ptr, rs_ptr, skip_ptr, dx_ptr, dr_ptr,
+                  dskip_ptr, T: tl.constexpr, H: tl.constexpr, HQK: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                   BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, SCALE: tl.constexpr, VARLEN: tl.constexpr,
-                  PREC: tl.constexpr):
-    """A scalar gate's ``dv`` per (chunk slot, V block, head) (float32): ``dv = (k e^{G_last - G}) dS' +
-    scale ((q kᵀ) ⊙ D)ᵀ do`` with ``D_ij = e^{G_i - G_j}`` (``j <= i``); q / k head ``h // (H // HQK)``."""
+                  PREC: tl.constexpr, HAS_SKIP: tl.constexpr):
+    """A scalar gate's value cotangent per (chunk slot, V block, head), for values ``v = x ⊙ r`` (``r = rs
+    [R, H]`` per row) and, with ``HAS_SKIP``, an output that adds ``skip[h] · x``: ``dv = (k e^{G_last - G}) dS'
+    + scale ((q kᵀ) ⊙ D)ᵀ do`` with ``D_ij = e^{G_i - G_j}`` (``j <= i``; q / k head ``h // (H // HQK)``),
+    stored as ``dx = dv r + skip[h] do`` (``x``'s dtype) and this V block's shares of ``dr = Σ_v dv x`` and
+    of the skip's ``Σ_v do x`` (``[R, H, V blocks]`` float32 each)."""
     slot = tl.program_id(0).to(tl.int64)
     iv = tl.program_id(1)
     h = tl.program_id(2).to(tl.int64)
@@ -607,4 +610,12 @@ def scalar_dv_bwd(q_ptr, k_ptr, gc_ptr, do_ptr, dhs_ptr, cu_ptr, seq_ptr, dv_ptr
         tv_mask = t_ok[:, None] & v_ok[None, :]
         do = tl.load(do_ptr + tv_off, mask=tv_mask, other=0.0).to(dt)
         d_v = tl.dot(k_out, d_state, input_precision=PREC) + tl.dot(tl.trans(a.to(dt)), do, input_precision=PREC)
-        tl.store(dv_ptr + tv_off, d_v, mask=tv_mask)
+        x = tl.load(x_ptr + tv_off, mask=tv_mask, other=0.0).to(tl.float32)
+        factor = tl.load(rs_ptr + rows * H + h, mask=t_ok, other=0.0)
+        d_x = d_v * factor[:, None]
+        share = (rows * H + h) * tl.num_programs(1) + iv
+        if HAS_SKIP:
+            d_x += tl.load(skip_ptr + h) * do.to(tl.float32)
+            tl.store(dskip_ptr + share, tl.sum(do.to(tl.float32) * x, 1), mask=t_ok)
+        tl.store(dx_ptr + tv_off, d_x.to(dx_ptr.dtype.element_ty), mask=tv_mask)
+        tl.store(dr_ptr + share, tl.sum(d_v * x, 1), mask=t_ok)

@@ -32,8 +32,8 @@ Backward, six launches (its own chunk, ``backward_chunk``):
 - ``gdr_wy_bwd_kernel`` (chunk, head): the gradients through ``W``, ``U`` and ``T``: the rest of ``dk``,
   ``dv``, ``dβ`` and of the ``gc`` gradient; ``dg`` is its reverse cumulative sum per chunk (XLA).
 
-``use_qk_l2norm`` normalises ``q`` and ``k`` in XLA before the kernels (in float32, then back to the
-input dtype), differentiated by JAX.
+``use_qk_l2norm`` normalises ``q`` and ``k`` before the kernels (``_l2norm_kernels``: float32 sums, back to the
+input dtype; its backward recomputes the norms).
 """
 
 from __future__ import annotations
@@ -45,7 +45,6 @@ import attrs
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax import lax
 
 from ejk.plugin import cdiv, int_in, one_of, power_of_two
 from ejk_triton import _dots, _env
@@ -75,6 +74,11 @@ class GatedDeltaRuleConfig:
         block_v: Columns of ``V`` per program of the backward kernels (clamped to ``V``).
         backward_block_k: Columns of ``K`` per program of the backward's ``dq`` / ``dk`` / ``dW`` kernel (clamped to
             ``K``).
+        state_bwd_block_v: Columns of ``V`` per program of the backward's reverse state pass (clamped to ``V``).
+        state_bwd_warps: Warps per program of the reverse state pass.
+        dv_local_block_v: Columns of ``V`` per program of the backward's ``scale Pᵀ dO`` kernel (clamped to
+            ``V``; each program forms ``P`` once).
+        wy_warps: Warps per program of the backward's kernel through ``W``, ``U`` and ``T``.
     """
 
     chunk: int = attrs.field(default=64, validator=one_of(16, 32, 64))
@@ -88,6 +92,10 @@ class GatedDeltaRuleConfig:
     backward_warps: int = attrs.field(default=8, validator=one_of(1, 2, 4, 8))
     block_v: int = attrs.field(default=64, validator=power_of_two(16))
     backward_block_k: int = attrs.field(default=64, validator=power_of_two(16))
+    state_bwd_block_v: int = attrs.field(default=32, validator=power_of_two(16))
+    state_bwd_warps: int = attrs.field(default=4, validator=one_of(1, 2, 4, 8))
+    dv_local_block_v: int = attrs.field(default=128, validator=power_of_two(16))
+    wy_warps: int = attrs.field(default=4, validator=one_of(1, 2, 4, 8))
 
     def __attrs_post_init__(self) -> None:
         if self.backward_chunk > self.chunk:
@@ -146,6 +154,10 @@ class _Static(NamedTuple):
     backward_chunk: int
     backward_warps: int
     backward_block_k: int
+    state_bwd_block_v: int
+    state_bwd_warps: int
+    dv_local_block_v: int
+    wy_warps: int
 
 
 def _shapes(q: jax.Array, v: jax.Array) -> tuple[int, int, int, int, int]:
@@ -215,32 +227,37 @@ def _backward_tokens(st: _Static, residuals: tuple[Any, ...], cotangents: tuple[
     rows = chunks * c
     w, gc, t, h, new, _ = _prep_and_states(st, k, v, g, beta, init, layout)
     st = st._replace(num_warps=st.backward_warps)
-    bv = min(st.block_v, max(16, 1 << (dv - 1).bit_length()))
+    bv_all = max(16, 1 << (dv - 1).bit_length())
+    bv = min(st.block_v, bv_all)
     f32, low = jnp.float32, k.dtype
     d_o = d_o.astype(low)
-    common = dict(num_warps=st.num_warps, num_stages=st.num_stages, H=heads, K=dk, V=dv, C=c)
-    (dvl,) = _launch("gdr_dv_local_kernel", grid=(chunks, heads, cdiv(dv, bv)), inputs=(q, k, gc, d_o, layout.tok),
-                     out_shapes=(jax.ShapeDtypeStruct((rows, heads, dv), low),), **common, SCALE=st.scale, BK=bk,
-                     BV=bv, IN_PREC=st.in_prec)
-    dh, dn, d_init = _launch("gdr_state_bwd_kernel", grid=(cdiv(dv, bv), sequences * heads),
+    common = dict(num_stages=st.num_stages, H=heads, K=dk, V=dv, C=c)
+    bv_local = min(st.dv_local_block_v, bv_all)
+    (dvl,) = _launch("gdr_dv_local_kernel", grid=(chunks, heads, cdiv(dv, bv_local)),
+                     inputs=(q, k, gc, d_o, layout.tok), out_shapes=(jax.ShapeDtypeStruct((rows, heads, dv), low),),
+                     **common, num_warps=st.num_warps,
+                     SCALE=st.scale, BK=bk, BV=bv_local, IN_PREC=st.in_prec)
+    bv_state = min(st.state_bwd_block_v, bv_all)
+    dh, dn, d_init = _launch("gdr_state_bwd_kernel", grid=(cdiv(dv, bv_state), sequences * heads),
                              inputs=(q, k, w, gc, d_o, dvl, d_final.astype(f32), layout.cstart, layout.seq,
                                      layout.order),
                              out_shapes=(jax.ShapeDtypeStruct((chunks, heads, dk, dv), low),
                                          jax.ShapeDtypeStruct((rows, heads, dv), low),
                                          jax.ShapeDtypeStruct((sequences, heads, dk, dv), f32)),
-                             **common, SCALE=st.scale, BK=bk, BV=bv, PREC=st.prec)
+                             **common, num_warps=st.state_bwd_warps, SCALE=st.scale, BK=bk, BV=bv_state,
+                             PREC=st.prec)
     bk_part = min(bk, st.backward_block_k)
     k_blocks = cdiv(dk, bk_part)
     dq, dk_part, dw, dgc = _launch(
         "gdr_dqkw_kernel", grid=(k_blocks, chunks, heads), inputs=(q, k, new, gc, h, dh, d_o, dn, layout.tok),
         out_shapes=(jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct((rows, heads, dk), f32),
                     jax.ShapeDtypeStruct((rows, heads, dk), low), jax.ShapeDtypeStruct((k_blocks, rows, heads), f32)),
-        **common, SCALE=st.scale, BK=bk_part, BV=bv, PREC=st.prec, IN_PREC=st.in_prec)
+        **common, num_warps=st.num_warps, SCALE=st.scale, BK=bk_part, BV=bv, PREC=st.prec, IN_PREC=st.in_prec)
     dk_, dv_, db, dg = _launch(
         "gdr_wy_bwd_kernel", grid=(chunks, heads), inputs=(k, v, beta, gc, t, dw, dn, dk_part, dgc, layout.tok),
         out_shapes=(jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype),
                     jax.ShapeDtypeStruct(beta.shape, beta.dtype), jax.ShapeDtypeStruct(g.shape, g.dtype)),
-        **common, BK=bk, BV=bv, KB=k_blocks, PREC=st.prec, IN_PREC=st.in_prec)
+        **common, num_warps=st.wy_warps, BK=bk, BV=bv, KB=k_blocks, PREC=st.prec, IN_PREC=st.in_prec)
     no_gradient = tuple(jax.tree.map(lambda x: np.zeros(x.shape, jax.dtypes.float0), lay)
                         for lay in (forward_layout, layout))
     return dq, dk_, dv_, dg, db, d_init.astype(init.dtype), *no_gradient
@@ -259,9 +276,36 @@ def _tokens_fwd(st: _Static, *args: Any) -> tuple[tuple[jax.Array, jax.Array], t
 _tokens_op.defvjp(_tokens_fwd, _backward_tokens)
 
 
+def _l2_launch(name: str, x: jax.Array, *more: jax.Array) -> jax.Array:
+    """Kernel ``name`` of ``_l2norm_kernels`` over the rows of ``x`` (``[..., D]``), output shaped like ``x``."""
+    d = x.shape[-1]
+    rows = x.size // d
+    block = 64
+
+    def run(*xs: jax.Array) -> tuple[jax.Array, ...]:
+        return launch(getattr(kernels("_l2norm_kernels"), name), grid=(cdiv(rows, block),), inputs=xs,
+                      out_shapes=(jax.ShapeDtypeStruct(x.shape, x.dtype),), num_warps=4, num_stages=1, ROWS=rows,
+                      D=d, BR=block, BD=max(16, 1 << (d - 1).bit_length()), EPS=_EPS)
+
+    return sequential_vmap(run)(x, *more)[0]
+
+
+@jax.custom_vjp
 def _l2(x: jax.Array) -> jax.Array:
-    x32 = x.astype(jnp.float32)
-    return (x32 * lax.rsqrt(jnp.sum(x32 * x32, axis=-1, keepdims=True) + _EPS)).astype(x.dtype)
+    """``x / sqrt(Σ x² + 1e-6)`` per row (float32 sums, in ``x``'s dtype): one read and one write (the backward
+    reads ``x`` and ``dy``, writes ``dx``), where XLA's fusion reads ``x`` twice."""
+    return _l2_launch("l2norm_fwd_kernel", x)
+
+
+def _l2_fwd(x: jax.Array) -> tuple[jax.Array, jax.Array]:
+    return _l2(x), x
+
+
+def _l2_bwd(x: jax.Array, dy: jax.Array) -> tuple[jax.Array]:
+    return (_l2_launch("l2norm_bwd_kernel", x, dy.astype(x.dtype)),)
+
+
+_l2.defvjp(_l2_fwd, _l2_bwd)
 
 
 def forward(
@@ -287,7 +331,9 @@ def forward(
                  block_v=cfg.block_v, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
                  prec=_dots.dot_precision(dtype, "highest" if dtype == jnp.float32 else "high"),
                  in_prec=_dots.dot_precision(dtype, "highest"), backward_chunk=cfg.backward_chunk,
-                 backward_warps=cfg.backward_warps, backward_block_k=cfg.backward_block_k)
+                 backward_warps=cfg.backward_warps, backward_block_k=cfg.backward_block_k,
+                 state_bwd_block_v=cfg.state_bwd_block_v, state_bwd_warps=cfg.state_bwd_warps,
+                 dv_local_block_v=cfg.dv_local_block_v, wy_warps=cfg.wy_warps)
     flat = [x.reshape(batch * length, *x.shape[2:]) for x in (q, k, v, g, beta)]
     o, final = _tokens_op(st, *flat, init, layout, _layout(batch, length, cu_seqlens, cfg.backward_chunk))
     return o.reshape(batch, length, heads, dv), final
@@ -309,8 +355,10 @@ def capability(q: Any, k: Any, v: Any, g: Any, beta: Any, initial_state: Any = N
 
 
 _INTERPRETER = GatedDeltaRuleConfig(chunk=16, state_block_v=16, output_block_v=16, output_block_k=16, num_warps=4,
-                                    num_stages=1, backward_chunk=16, block_v=16)
-_FLOAT32 = GatedDeltaRuleConfig(output_block_v=64, output_block_k=32, prep_warps=8, num_stages=2, block_v=32)
+                                    num_stages=1, backward_chunk=16, block_v=16, state_bwd_block_v=16,
+                                    dv_local_block_v=16)
+_FLOAT32 = GatedDeltaRuleConfig(output_block_v=64, output_block_k=32, prep_warps=8, num_stages=2, block_v=32,
+                                state_bwd_warps=8, dv_local_block_v=32, wy_warps=8)
 
 
 def config_space(q: Any, *_: Any, **__: Any) -> list[GatedDeltaRuleConfig]:
@@ -326,9 +374,10 @@ def config_space(q: Any, *_: Any, **__: Any) -> list[GatedDeltaRuleConfig]:
 
 
 def heuristic_config(q: Any, *_: Any, **__: Any) -> GatedDeltaRuleConfig:
-    """Chunks of 64 tokens forward and backward; ``V`` blocks of 32 for the sequential state kernel, 128 (with
-    ``K`` steps of 64) for the output and 64 for the backward; 2 warps for the prep kernel, 4 for the state
-    and output kernels and 8 for the backward; 3 pipeline stages; ``K`` blocks of 64 in the backward's
+    """Chunks of 64 tokens forward and backward; ``V`` blocks of 32 for the sequential state kernels (forward
+    and reverse), 128 (with ``K`` steps of 64) for the output and the backward's ``scale Pᵀ dO``, 64 for the
+    other backward kernels; 2 warps for the prep kernel, 4 for the state, reverse state, output and WY-gradient
+    kernels, 8 for the other backward kernels; 3 pipeline stages; ``K`` blocks of 64 in the backward's
     ``dq / dk`` kernel (the fastest measured per kernel on an H100 at Qwen3-Next sizes, no register spills);
     for float32 inputs (tiles twice the size) smaller output and backward tiles and 2 stages, which fit an
     H100's shared memory. 16-token chunks and blocks in the interpreter mode (CPU)."""
@@ -386,13 +435,15 @@ def compile_kernels(k_dim: int = 128, v_dim: int = 128, dtype: Any = jnp.bfloat1
             warps = cfg.backward_warps
             launches.update({
                 "dv_local": ("gdr_dv_local_kernel", [x, x, f32, x, i32, x],
-                             {**{n: v for n, v in scaled.items() if n != "PREC"}, "IN_PREC": in_prec}, warps),
-                "state_bwd": ("gdr_state_bwd_kernel", [x, x, x, f32, x, x, f32, i32, i32, i32, x, x, f32], scaled,
-                              warps),
+                             {**{n: v for n, v in scaled.items() if n != "PREC"}, "IN_PREC": in_prec,
+                              "BV": min(cfg.dv_local_block_v, bv_all)}, warps),
+                "state_bwd": ("gdr_state_bwd_kernel", [x, x, x, f32, x, x, f32, i32, i32, i32, x, x, f32],
+                              dict(scaled, BV=min(cfg.state_bwd_block_v, bv_all)), cfg.state_bwd_warps),
                 "dqkw": ("gdr_dqkw_kernel", [x, x, x, f32, x, x, x, x, i32, x, f32, x, f32],
                          dict(scaled, BK=min(bk, cfg.backward_block_k), IN_PREC=in_prec), warps),
                 "wy_bwd": ("gdr_wy_bwd_kernel", [x, x, x, f32, f32, x, x, f32, f32, i32, x, x, x, f32],
-                           dict(base, BV=bv, KB=cdiv(k_dim, min(bk, cfg.backward_block_k)), IN_PREC=in_prec), warps),
+                           dict(base, BV=bv, KB=cdiv(k_dim, min(bk, cfg.backward_block_k)), IN_PREC=in_prec),
+                           cfg.wy_warps),
             })
         else:
             launches["output"] = ("gdr_output_kernel", [x, x, x, f32, x, i32, x],

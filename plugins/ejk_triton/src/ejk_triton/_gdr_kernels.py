@@ -293,6 +293,18 @@ def gdr_dv_local_kernel(q_ptr, k_ptr, gc_ptr, do_ptr, tok_ptr, dvl_ptr, SCALE: t
 
 
 @triton.jit
+def _state_bwd_half(grad, q_ptr, w_ptr, d_o, neg_d_new, g_end, t0, n, c, h, H: tl.constexpr, K: tl.constexpr,
+                    C: tl.constexpr, HK: tl.constexpr, k0, PREC: tl.constexpr):
+    """Rows ``k0 … k0 + HK`` of the gradient of the state entering the chunk, ``e^{gc_C} dS' + qᵀ d_o − Wᵀ dN``
+    (``d_o = scale e^gc ⊙ dO``, ``neg_d_new = −dN``)."""
+    low = w_ptr.dtype.element_ty
+    qp, qm = _k_cols(q_ptr, t0, n, h, H, K, C, HK, k0)
+    wp, wm = _rows(w_ptr, c, h, H, K, C, HK, k0)
+    grad = tl.dot(tl.load(qp, mask=qm, other=0.0).to(low), d_o, grad * tl.exp(g_end), input_precision=PREC)
+    return tl.dot(tl.trans(tl.load(wp, mask=wm, other=0.0)), neg_d_new, grad, input_precision=PREC)
+
+
+@triton.jit
 def gdr_state_bwd_kernel(q_ptr, k_ptr, w_ptr, gc_ptr, do_ptr, dvl_ptr, dfinal_ptr, cstart_ptr, seq_ptr, order_ptr,
                          dh_ptr, dn_ptr, dinit_ptr, SCALE: tl.constexpr, H: tl.constexpr, K: tl.constexpr,
                          V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr):
@@ -301,35 +313,51 @@ def gdr_state_bwd_kernel(q_ptr, k_ptr, w_ptr, gc_ptr, do_ptr, dvl_ptr, dfinal_pt
 
     ``dN = dvl + k̃ dS'`` with ``k̃ = k e^{gc_C − gc}``, and the state entering the chunk gets
     ``dS = scale qᵀ (e^gc ⊙ dO) + e^{gc_C} dS' − Wᵀ dN``; the first chunk's is the initial state's (float32).
+    The gradient is held as two halves of ``K`` rows (``BK ≥ 32``), as the forward's state kernel holds ``S``.
     """
     col0 = tl.program_id(0) * BV
     n, h = tl.load(order_ptr + tl.program_id(1) // H), tl.program_id(1) % H
     c0, c1 = tl.load(cstart_ptr + n), tl.load(cstart_ptr + n + 1)
     bos, eos = tl.load(seq_ptr + n).to(tl.int64), tl.load(seq_ptr + n + 1).to(tl.int64)
     low = w_ptr.dtype.element_ty
-    fp, fm = _state_tile(dfinal_ptr, n, h, H, K, V, BK, BV, 0, col0)
-    grad = tl.load(fp, mask=fm, other=0.0)
+    SPLIT: tl.constexpr = BK >= 32
+    HK: tl.constexpr = BK // 2 if SPLIT else BK
+    fp, fm = _state_tile(dfinal_ptr, n, h, H, K, V, HK, BV, 0, col0)
+    g1 = tl.load(fp, mask=fm, other=0.0)
+    g2 = tl.zeros((HK, BV), tl.float32)
+    if SPLIT:
+        fp, fm = _state_tile(dfinal_ptr, n, h, H, K, V, HK, BV, HK, col0)
+        g2 = tl.load(fp, mask=fm, other=0.0)
     for i in range(0, c1 - c0):
         c = c1 - 1 - i
-        hp, hm = _state_tile(dh_ptr, c, h, H, K, V, BK, BV, 0, col0)
-        tl.store(hp, grad.to(dh_ptr.dtype.element_ty), mask=hm)
         t0 = bos + (c - c0) * C
-        qp, qm = _toks(q_ptr, t0, eos - t0, h, H, K, C, BK, 0)
-        kp, km = _toks(k_ptr, t0, eos - t0, h, H, K, C, BK, 0)
-        wp, wm = _rows(w_ptr, c, h, H, K, C, BK, 0)
-        dp, dm = _toks(do_ptr, t0, eos - t0, h, H, V, C, BV, col0)
-        lp, lm = _rows(dvl_ptr, c, h, H, V, C, BV, col0)
         gc, g_end = _gates(gc_ptr, c, h, H, C)
-        k_dec = (tl.load(kp, mask=km, other=0.0).to(tl.float32) * tl.exp(g_end - gc)[:, None]).to(low)
-        d_new = tl.load(lp, mask=lm, other=0.0).to(tl.float32) + tl.dot(k_dec, grad.to(low), input_precision=PREC)
+        k_decay = tl.exp(g_end - gc)
+        hp, hm = _state_tile(dh_ptr, c, h, H, K, V, HK, BV, 0, col0)
+        tl.store(hp, g1.to(dh_ptr.dtype.element_ty), mask=hm)
+        kp, km = _toks(k_ptr, t0, eos - t0, h, H, K, C, HK, 0)
+        k_dec = (tl.load(kp, mask=km, other=0.0).to(tl.float32) * k_decay[:, None]).to(low)
+        lp, lm = _rows(dvl_ptr, c, h, H, V, C, BV, col0)
+        d_new = tl.dot(k_dec, g1.to(low), tl.load(lp, mask=lm, other=0.0).to(tl.float32), input_precision=PREC)
+        if SPLIT:
+            hp, hm = _state_tile(dh_ptr, c, h, H, K, V, HK, BV, HK, col0)
+            tl.store(hp, g2.to(dh_ptr.dtype.element_ty), mask=hm)
+            kp, km = _toks(k_ptr, t0, eos - t0, h, H, K, C, HK, HK)
+            k_dec = (tl.load(kp, mask=km, other=0.0).to(tl.float32) * k_decay[:, None]).to(low)
+            d_new = tl.dot(k_dec, g2.to(low), d_new, input_precision=PREC)
         np_, nm = _rows(dn_ptr, c, h, H, V, C, BV, col0)
         tl.store(np_, d_new.to(dn_ptr.dtype.element_ty), mask=nm)
-        d_o = (tl.load(dp, mask=dm, other=0.0).to(tl.float32) * tl.exp(gc)[:, None]).to(low)
-        grad = (grad * tl.exp(g_end)
-                + SCALE * tl.dot(tl.trans(tl.load(qp, mask=qm, other=0.0).to(low)), d_o, input_precision=PREC)
-                - tl.dot(tl.trans(tl.load(wp, mask=wm, other=0.0)), d_new.to(low), input_precision=PREC))
-    ip, im = _state_tile(dinit_ptr, n, h, H, K, V, BK, BV, 0, col0)
-    tl.store(ip, grad, mask=im)
+        dp, dm = _toks(do_ptr, t0, eos - t0, h, H, V, C, BV, col0)
+        d_o = (tl.load(dp, mask=dm, other=0.0).to(tl.float32) * (SCALE * tl.exp(gc))[:, None]).to(low)
+        d_new = (-d_new).to(low)
+        g1 = _state_bwd_half(g1, q_ptr, w_ptr, d_o, d_new, g_end, t0, eos - t0, c, h, H, K, C, HK, 0, PREC)
+        if SPLIT:
+            g2 = _state_bwd_half(g2, q_ptr, w_ptr, d_o, d_new, g_end, t0, eos - t0, c, h, H, K, C, HK, HK, PREC)
+    ip, im = _state_tile(dinit_ptr, n, h, H, K, V, HK, BV, 0, col0)
+    tl.store(ip, g1, mask=im)
+    if SPLIT:
+        ip, im = _state_tile(dinit_ptr, n, h, H, K, V, HK, BV, HK, col0)
+        tl.store(ip, g2, mask=im)
 
 
 @triton.jit

@@ -426,8 +426,8 @@ def _ssd_gradients(c: jax.Array, b: jax.Array, x: jax.Array, step: jax.Array, lo
         step.astype(f32).reshape(rows, h), skip_h)
     per_group = (bsz, t, groups, h // groups, dn)
     d_c, d_b = (jnp.sum(d.reshape(per_group), axis=3) for d in (d_q, d_k))
-    d_skip = None if skip is None else jnp.sum(d_skip.reshape(bsz, t, h), axis=(0, 1))
-    return (d_c, d_b, dx.reshape(x.shape), d_r.reshape(bsz, t, h), d_g.reshape(bsz, t, h), d_skip, d_initial)
+    d_d = None if skip is None else jnp.sum(d_skip.reshape(bsz, t, h), axis=(0, 1))
+    return (d_c, d_b, dx.reshape(x.shape), d_r.reshape(bsz, t, h), d_g.reshape(bsz, t, h), d_d, d_initial)
 
 
 def ssd(x: jax.Array, dt: jax.Array, A: jax.Array, B: jax.Array, C: jax.Array,  # noqa: N803

@@ -22,7 +22,7 @@ import pytest
 import ejk
 from ejk.testing import FAST_COMPILE, GdrCase, assert_close, gdr_inputs, reference_gated_delta_rule
 from ejk_triton import _env
-from ejk_triton._gated_delta_rule import GatedDeltaRuleConfig, capability
+from ejk_triton._gated_delta_rule import GatedDeltaRuleConfig, _l2, capability
 
 ON_GPU = _env.nvidia_gpu()[0]
 needs_kernels = pytest.mark.skipif(not (ON_GPU or _env.interpret_mode()),
@@ -142,6 +142,27 @@ def test_vmap_runs_each_element() -> None:
     q, k, v, g, beta, _ = gdr_inputs(GdrCase(batch=2, length=16, heads=1, dk=16, dv=16), jnp.float32)
     batched = jax.vmap(lambda *xs: ejk.gated_delta_rule(*(x[None] for x in xs), platform="triton", cfg=SMALL)[0][0])
     assert_close(batched(q, k, v, g, beta), reference_gated_delta_rule(q, k, v, g, beta)[0], jnp.float32)
+
+
+@needs_kernels
+@pytest.mark.parametrize("width", [16, 48, 256])
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=["f32", "bf16"])
+def test_l2_norm_kernels_against_float64(width: int, dtype: Any) -> None:
+    """``use_qk_l2norm``'s row kernels (rows not a multiple of a block, widths not a power of two, a zero row):
+    values and gradient against the float64 expression."""
+    x = jax.random.normal(jax.random.key(0), (3, 7, 2, width), jnp.float32).at[1, 2, 0].set(0.0).astype(dtype)
+    ct = jax.random.normal(jax.random.key(1), x.shape, jnp.float32).astype(dtype)
+
+    def want(x: Any) -> Any:
+        return x / np.sqrt(np.sum(x * x, axis=-1, keepdims=True) + 1e-6)
+
+    x64, ct64 = np.asarray(x, np.float64), np.asarray(ct, np.float64)
+    got, vjp = jax.vjp(_l2, x)
+    assert got.dtype == x.dtype
+    assert_close(got, want(x64), dtype)
+    y = want(x64)
+    r = 1.0 / np.sqrt(np.sum(x64 * x64, axis=-1, keepdims=True) + 1e-6)
+    assert_close(vjp(ct)[0], r * (ct64 - y * np.sum(y * ct64, axis=-1, keepdims=True)), dtype, what="dx")
 
 
 _AOT_SCRIPT = """

@@ -235,8 +235,7 @@ def _backward_tokens(st: _Static, residuals: tuple[Any, ...], cotangents: tuple[
     bv_local = min(st.dv_local_block_v, bv_all)
     (dvl,) = _launch("gdr_dv_local_kernel", grid=(chunks, heads, cdiv(dv, bv_local)),
                      inputs=(q, k, gc, d_o, layout.tok), out_shapes=(jax.ShapeDtypeStruct((rows, heads, dv), low),),
-                     **common, num_warps=st.num_warps,
-                     SCALE=st.scale, BK=bk, BV=bv_local, IN_PREC=st.in_prec)
+                     **common, num_warps=st.num_warps, SCALE=st.scale, BK=bk, BV=bv_local, IN_PREC=st.in_prec)
     bv_state = min(st.state_bwd_block_v, bv_all)
     dh, dn, d_init = _launch("gdr_state_bwd_kernel", grid=(cdiv(dv, bv_state), sequences * heads),
                              inputs=(q, k, w, gc, d_o, dvl, d_final.astype(f32), layout.cstart, layout.seq,
@@ -280,12 +279,13 @@ def _l2_launch(name: str, x: jax.Array, *more: jax.Array) -> jax.Array:
     """Kernel ``name`` of ``_l2norm_kernels`` over the rows of ``x`` (``[..., D]``), output shaped like ``x``."""
     d = x.shape[-1]
     rows = x.size // d
-    block = 64
+    bd = max(16, 1 << (d - 1).bit_length())
+    block = min(128, 8192 // bd)  # rows per program: 8192 elements (64 rows of 128)
 
     def run(*xs: jax.Array) -> tuple[jax.Array, ...]:
         return launch(getattr(kernels("_l2norm_kernels"), name), grid=(cdiv(rows, block),), inputs=xs,
                       out_shapes=(jax.ShapeDtypeStruct(x.shape, x.dtype),), num_warps=4, num_stages=1, ROWS=rows,
-                      D=d, BR=block, BD=max(16, 1 << (d - 1).bit_length()), EPS=_EPS)
+                      D=d, BR=block, BD=bd, EPS=_EPS)
 
     return sequential_vmap(run)(x, *more)[0]
 

@@ -349,10 +349,10 @@ def gdr_state_bwd_kernel(q_ptr, k_ptr, w_ptr, gc_ptr, do_ptr, dvl_ptr, dfinal_pt
         tl.store(np_, d_new.to(dn_ptr.dtype.element_ty), mask=nm)
         dp, dm = _toks(do_ptr, t0, eos - t0, h, H, V, C, BV, col0)
         d_o = (tl.load(dp, mask=dm, other=0.0).to(tl.float32) * (SCALE * tl.exp(gc))[:, None]).to(low)
-        d_new = (-d_new).to(low)
-        g1 = _state_bwd_half(g1, q_ptr, w_ptr, d_o, d_new, g_end, t0, eos - t0, c, h, H, K, C, HK, 0, PREC)
+        neg_d_new = (-d_new).to(low)  # negated in float32 (the interpreter holds bfloat16 as raw bits)
+        g1 = _state_bwd_half(g1, q_ptr, w_ptr, d_o, neg_d_new, g_end, t0, eos - t0, c, h, H, K, C, HK, 0, PREC)
         if SPLIT:
-            g2 = _state_bwd_half(g2, q_ptr, w_ptr, d_o, d_new, g_end, t0, eos - t0, c, h, H, K, C, HK, HK, PREC)
+            g2 = _state_bwd_half(g2, q_ptr, w_ptr, d_o, neg_d_new, g_end, t0, eos - t0, c, h, H, K, C, HK, HK, PREC)
     ip, im = _state_tile(dinit_ptr, n, h, H, K, V, HK, BV, 0, col0)
     tl.store(ip, g1, mask=im)
     if SPLIT:

@@ -402,6 +402,7 @@ def _ssd_gradients(c: jax.Array, b: jax.Array, x: jax.Array, step: jax.Array, lo
     rows, slots, common = plan.rows, plan.slots, plan.common
     k_blocks, v_blocks = cdiv(dn, plan.state_k), cdiv(dp, plan.block_v)
     per_head = jax.ShapeDtypeStruct((rows, h, dn), f32)
+    shares = jax.ShapeDtypeStruct((rows, h, v_blocks), f32)  # each V block's share of a per-row sum
 
     def run(c: jax.Array, b: jax.Array, x: jax.Array, d_y: jax.Array, d_final: jax.Array, cu: jax.Array,
             gc: jax.Array, states: jax.Array, seq: jax.Array, rs: jax.Array,
@@ -414,8 +415,8 @@ def _ssd_gradients(c: jax.Array, b: jax.Array, x: jax.Array, step: jax.Array, lo
                                BK=plan.state_k, BV=plan.block_v, ROW_SCALE=True, **common)
         d_x, d_r, d_skip = launch(module.scalar_dx_bwd, grid=(slots, v_blocks, h),
                                   inputs=(c, b, x, gc, d_y, d_states, cu, seq, rs, skip_h),
-                                  out_shapes=(jax.ShapeDtypeStruct((rows, h, dp), x.dtype),
-                                              *(jax.ShapeDtypeStruct((rows, h, v_blocks), f32),) * 2),
+                                  out_shapes=(jax.ShapeDtypeStruct((rows, h, dp), x.dtype), shares,
+                                              shares if skip is not None else jax.ShapeDtypeStruct((1,), f32)),
                                   BK=plan.block_k, BV=plan.block_v, HAS_SKIP=skip is not None, **common)
         return d_q, d_k, d_x, d_r.sum(-1), d_g.sum(-1), d_skip.sum(-1), d_initial
 

@@ -311,8 +311,8 @@ def gdr_state_bwd_kernel(q_ptr, k_ptr, w_ptr, gc_ptr, do_ptr, dvl_ptr, dfinal_pt
     """Per (V block, sequence·head; the sequences in ``order``), chunks in reverse: the gradient ``dS'`` of the
     state leaving each chunk (stored in ``dh``'s dtype) and the chunk's ``dN`` (in ``dn``'s).
 
-    ``dN = dvl + k̃ dS'`` with ``k̃ = k e^{gc_C − gc}``, and the state entering the chunk gets
-    ``dS = scale qᵀ (e^gc ⊙ dO) + e^{gc_C} dS' − Wᵀ dN``; the first chunk's is the initial state's (float32).
+    ``dN = dvl + e^{gc_C − gc} ⊙ (k dS')`` (the decay applied to the product's rows), and the state entering
+    the chunk gets ``dS = scale qᵀ (e^gc ⊙ dO) + e^{gc_C} dS' − Wᵀ dN``; the first chunk's is the initial state's (float32).
     The gradient is held as two halves of ``K`` rows (``BK ≥ 32``), as the forward's state kernel holds ``S``.
     """
     col0 = tl.program_id(0) * BV
@@ -336,15 +336,14 @@ def gdr_state_bwd_kernel(q_ptr, k_ptr, w_ptr, gc_ptr, do_ptr, dvl_ptr, dfinal_pt
         hp, hm = _state_tile(dh_ptr, c, h, H, K, V, HK, BV, 0, col0)
         tl.store(hp, g1.to(dh_ptr.dtype.element_ty), mask=hm)
         kp, km = _toks(k_ptr, t0, eos - t0, h, H, K, C, HK, 0)
-        k_dec = (tl.load(kp, mask=km, other=0.0).to(tl.float32) * k_decay[:, None]).to(low)
-        lp, lm = _rows(dvl_ptr, c, h, H, V, C, BV, col0)
-        d_new = tl.dot(k_dec, g1.to(low), tl.load(lp, mask=lm, other=0.0).to(tl.float32), input_precision=PREC)
+        k_ds = tl.dot(tl.load(kp, mask=km, other=0.0).to(low), g1.to(low), input_precision=PREC)
         if SPLIT:
             hp, hm = _state_tile(dh_ptr, c, h, H, K, V, HK, BV, HK, col0)
             tl.store(hp, g2.to(dh_ptr.dtype.element_ty), mask=hm)
             kp, km = _toks(k_ptr, t0, eos - t0, h, H, K, C, HK, HK)
-            k_dec = (tl.load(kp, mask=km, other=0.0).to(tl.float32) * k_decay[:, None]).to(low)
-            d_new = tl.dot(k_dec, g2.to(low), d_new, input_precision=PREC)
+            k_ds = tl.dot(tl.load(kp, mask=km, other=0.0).to(low), g2.to(low), k_ds, input_precision=PREC)
+        lp, lm = _rows(dvl_ptr, c, h, H, V, C, BV, col0)
+        d_new = k_ds * k_decay[:, None] + tl.load(lp, mask=lm, other=0.0).to(tl.float32)
         np_, nm = _rows(dn_ptr, c, h, H, V, C, BV, col0)
         tl.store(np_, d_new.to(dn_ptr.dtype.element_ty), mask=nm)
         dp, dm = _toks(do_ptr, t0, eos - t0, h, H, V, C, BV, col0)

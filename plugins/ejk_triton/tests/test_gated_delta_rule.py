@@ -22,7 +22,7 @@ import pytest
 import ejk
 from ejk.testing import FAST_COMPILE, GdrCase, assert_close, gdr_inputs, reference_gated_delta_rule
 from ejk_triton import _env
-from ejk_triton._gated_delta_rule import GatedDeltaRuleConfig, _l2, capability
+from ejk_triton._gated_delta_rule import _FLOAT32, GatedDeltaRuleConfig, _l2, capability, config_space, heuristic_config
 
 ON_GPU = _env.nvidia_gpu()[0]
 needs_kernels = pytest.mark.skipif(not (ON_GPU or _env.interpret_mode()),
@@ -173,6 +173,10 @@ for dtype in (jnp.bfloat16, jnp.float32):
     cfg = heuristic_config(jax.ShapeDtypeStruct((1, 8, 32, 128), dtype))
     report = compile_kernels(128, 128, dtype, cfg=cfg)
     shared.update({f"{name} {jnp.dtype(dtype).name}": info["shared"] for name, info in report.items()})
+many = jax.ShapeDtypeStruct((8, 4096, 32, 128), jnp.bfloat16)  # the state kernel's wider V blocks
+cfg = heuristic_config(many, many)
+assert cfg.state_block_v == 64, cfg
+shared["gdr_state_kernel wide"] = compile_kernels(128, 128, jnp.bfloat16, cfg=cfg)["state"]["shared"]
 print(json.dumps(shared))
 """
 
@@ -187,7 +191,7 @@ def test_kernels_compile_for_sm90_without_a_gpu(tmp_path: Any) -> None:
                             timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     shared = json.loads(result.stdout.strip().splitlines()[-1])
-    assert len(shared) == 18 and all(0 < size <= 227 * 1024 for size in shared.values()), shared
+    assert len(shared) == 19 and all(0 < size <= 227 * 1024 for size in shared.values()), shared
 
 
 def test_a_backward_chunk_above_the_forward_chunk_is_refused() -> None:
@@ -221,3 +225,21 @@ def test_long_sequences_are_accepted() -> None:
         gate = jax.ShapeDtypeStruct((1, tokens, 32), jnp.float32)
         reason = capability(qk, qk, qk, gate, gate)
         assert reason is None or "GPU" in reason, reason
+
+
+def test_the_state_kernel_widens_with_many_sequences(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a GPU (132 SMs without one), 32 heads, V = 128: the forward state kernel's V blocks of 32 up to four
+    programs per SM, 64 from eight sequences (batched or packed), never wider than V; float32 keeps its tiles."""
+    monkeypatch.setattr(_env, "interpret_mode", lambda: False)
+
+    def block(batch: int, length: int, dv: int = 128, cu: Any = None, dtype: Any = jnp.bfloat16) -> int:
+        q = jax.ShapeDtypeStruct((batch, length, 32, 128), dtype)
+        v = jax.ShapeDtypeStruct((batch, length, 32, dv), dtype)
+        cfg = heuristic_config(q, v, cu)
+        assert config_space(q, v, cu)[0] == cfg
+        return cfg.state_block_v
+
+    assert block(1, 32768) == block(4, 8192) == 32
+    assert block(8, 4096) == block(1, 32768, cu=jax.ShapeDtypeStruct((9,), jnp.int32)) == 64
+    assert block(64, 512) == 128 and block(64, 512, dv=64) == 64
+    assert block(8, 4096, dtype=jnp.float32) == _FLOAT32.state_block_v

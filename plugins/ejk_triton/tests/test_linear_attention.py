@@ -15,7 +15,15 @@ import pytest
 
 import ejk
 from ejk.testing import assert_close, check_gla, check_ssd, reference_gla, reference_ssd
-from ejk_triton._linear_attention import LinearAttentionConfig, capability, config_space, heuristic_config
+from ejk_triton import _env
+from ejk_triton._linear_attention import (
+    LinearAttentionConfig,
+    capability,
+    config_space,
+    heuristic_config,
+    ssd_config_space,
+    ssd_heuristic_config,
+)
 
 
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=["f32", "bf16"])
@@ -28,14 +36,16 @@ def test_ssd_conformance(dtype: Any) -> None:
     assert check_ssd("triton", dtypes=(dtype,)) == 4
 
 
-def test_a_config_with_several_column_blocks_and_odd_k() -> None:
+@pytest.mark.parametrize("state_blocks", [(16, 16), (32, 64)], ids=["narrow", "forward-wider"])
+def test_a_config_with_several_column_blocks_and_odd_k(state_blocks: tuple[int, int]) -> None:
     rng = np.random.default_rng(0)
     q, k = (jnp.asarray(rng.standard_normal((1, 45, 1, 20)), jnp.float32) for _ in range(2))
     v = jnp.asarray(rng.standard_normal((1, 45, 1, 40)), jnp.float32)
     g = jax.nn.log_sigmoid(jnp.asarray(rng.standard_normal((1, 45, 1, 20)), jnp.float32) + 1.0)
-    # several column blocks, K not a power of 2, two sub-blocks per chunk in the forward and the backward
-    cfg = LinearAttentionConfig(chunk=32, block_k=16, block_v=16, output_block_v=16, num_stages=1,
-                                backward_chunk=32)
+    # several column blocks, K not a power of 2, two sub-blocks per chunk in the forward and the backward; the
+    # forward's state tiles as the backward's, or wider (one block of all K, V)
+    cfg = LinearAttentionConfig(chunk=32, state_block_k=state_blocks[0], state_block_v=state_blocks[1], block_k=16,
+                                block_v=16, output_block_v=16, num_stages=1, backward_chunk=32)
     o, state = ejk.gla(q, k, v, g, output_final_state=True, platform="triton", cfg=cfg)
     want_o, want_state = reference_gla(q, k, v, g)
     assert_close(o, want_o, jnp.float32)
@@ -53,22 +63,55 @@ def test_a_config_with_several_column_blocks_and_odd_k() -> None:
 
 def test_configs_and_gate() -> None:
     assert heuristic_config() in config_space()
+    assert ssd_heuristic_config() in ssd_config_space()
     f64 = jax.ShapeDtypeStruct((1, 4, 1, 8), jnp.float64)
     assert "float64" in str(capability(f64, f64, f64, f64))
     wide = jax.ShapeDtypeStruct((1, 4, 1, 512), jnp.bfloat16)
     assert "at most 256" in str(capability(wide, wide, wide, wide))
 
 
+def test_the_forward_state_tiles_widen_with_many_sequences(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a GPU (132 SMs without one), 32 heads: [64, 64] forward state tiles for one sequence or four (at most
+    four programs per SM); from eight sequences, batched or packed, twice as wide in V (gla) or N (ssd)."""
+    monkeypatch.setattr(_env, "interpret_mode", lambda: False)
+
+    def sds(*shape: int, dtype: Any = jnp.bfloat16) -> Any:
+        return jax.ShapeDtypeStruct(shape, dtype)
+
+    def gla_tiles(batch: int, length: int, cu: Any = None) -> tuple[int, int]:
+        cfg = heuristic_config(q=sds(batch, length, 32, 128), v=sds(batch, length, 32, 128), cu_seqlens=cu)
+        assert cfg in config_space(q=sds(batch, length, 32, 128), v=sds(batch, length, 32, 128), cu_seqlens=cu)
+        return cfg.state_block_k, cfg.state_block_v
+
+    def ssd_tiles(batch: int, length: int, cu: Any = None) -> tuple[int, int]:
+        cfg = ssd_heuristic_config(x=sds(batch, length, 32, 128), B=sds(batch, length, 1, 128), cu_seqlens=cu)
+        space = ssd_config_space(x=sds(batch, length, 32, 128), B=sds(batch, length, 1, 128), cu_seqlens=cu)
+        assert space[0] == cfg and all((c.state_block_k, c.state_block_v) == (cfg.state_block_k, cfg.state_block_v)
+                                       for c in space)
+        return cfg.state_block_k, cfg.state_block_v
+
+    assert gla_tiles(1, 32768) == gla_tiles(4, 8192) == (64, 64) == ssd_tiles(1, 32768) == ssd_tiles(4, 8192)
+    assert gla_tiles(8, 4096) == gla_tiles(1, 32768, sds(9, dtype=jnp.int32)) == (64, 128)
+    assert ssd_tiles(8, 4096) == ssd_tiles(1, 32768, sds(9, dtype=jnp.int32)) == (128, 64)
+    assert gla_tiles(64, 512) == (64, 128)  # no wider than V
+    small = heuristic_config(q=sds(8, 4096, 32, 32), v=sds(8, 4096, 32, 32))
+    assert (small.state_block_k, small.state_block_v) == (64, 64)  # one tile already
+
+
 def test_the_kernel_compiles_for_sm90_at_qwen3_next_sizes(tmp_path: Any) -> None:
     """Compiled for sm_90 (PTX, then a cubin by the ptxas Triton ships) in a process without the
-    interpreter: K = V = 128, the forward with per-channel and scalar gates, ``ssd``'s backward (bfloat16
+    interpreter: K = V = 128, the forward with per-channel and scalar gates (each also with the state tiles of
+    many sequences, twice as wide), ``ssd``'s backward (bfloat16
     operands, float32 states, one group of ``B`` / ``C``, as it runs); shared memory within an H100's.
     ``gla``'s backward kernels take minutes to compile on a 2-core machine: they are compiled and run on the GPU
     host (``test_gpu_qwen3_next_like_layer``), or here with ``EJK_COMPILE_BACKWARD=1``."""
     backward = ", b(128, 128)['shared']" if os.environ.get("EJK_COMPILE_BACKWARD") == "1" else ""
     code = ("import jax.numpy as jnp; "
             "from ejk_triton._aot import compile_gla_backward as b, compile_linear_recurrence as c; "
+            "from ejk_triton._linear_attention import LinearAttentionConfig as C; "
             "print(c(128, 128)['shared'], c(128, 128, scalar_gate=True, qk_heads=1)['shared'], "
+            "c(128, 128, cfg=C(state_block_v=128))['shared'], "
+            "c(128, 128, scalar_gate=True, qk_heads=1, cfg=C(state_block_k=128))['shared'], "
             f"b(128, 128, scalar_gate=True, qk_heads=1)['shared']{backward})")
     env = {k: v for k, v in os.environ.items() if k not in ("EJK_TRITON_INTERPRET", "TRITON_INTERPRET")}
     env.update(JAX_PLATFORMS="cpu", TRITON_CACHE_DIR=str(tmp_path / "triton-cache"))

@@ -289,11 +289,11 @@ def compile_linear_recurrence(k: int, v: int, dtype: Any = jnp.bfloat16, *, scal
     block_k = next_pow2(max(k, 16))
     x, f32, i32 = _ptr(dtype), _ptr(jnp.float32), _ptr(jnp.int32)
     common = dict(T=4096, H=heads, HQK=qk_heads or heads, K=k, V=v, BT=cfg.chunk,
-                  BV=min(cfg.block_v, next_pow2(max(v, 16))), SCALAR_GATE=scalar_gate, VARLEN=varlen,
+                  BV=min(cfg.state_block_v, next_pow2(max(v, 16))), SCALAR_GATE=scalar_gate, VARLEN=varlen,
                   PREC=_dots.dot_precision(dtype, "high"))
     # ssd's: v = dt·x formed in the kernels, the D skip connection added by the output kernel
     states = _compile(_linear_kernels.linear_states_fwd, [x, x, f32, f32, i32, f32, x, f32],
-                      dict(common, BK=min(cfg.block_k, block_k), HAS_H0=True, ROW_SCALE=scalar_gate),
+                      dict(common, BK=min(cfg.state_block_k, block_k), HAS_H0=True, ROW_SCALE=scalar_gate),
                       cfg.state_warps, cfg.state_stages, arch)
     output = _compile(_linear_kernels.linear_output_fwd, [x, x, x, f32, x, f32, i32, i32, f32, f32, x],
                       dict(common, BV=min(cfg.output_block_v, next_pow2(max(v, 16))), BK=block_k, SCALE=k ** -0.5,

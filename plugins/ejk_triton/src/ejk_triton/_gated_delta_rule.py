@@ -46,8 +46,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ejk.plugin import cdiv, int_in, one_of, power_of_two
-from ejk_triton import _dots, _env
+from ejk.plugin import cdiv, int_in, next_pow2, one_of, power_of_two
+from ejk_triton import _device, _dots, _env
 from ejk_triton._launch import kernels, launch, sequential_vmap
 
 __all__ = ["GatedDeltaRuleConfig", "capability", "config_space", "forward", "heuristic_config"]
@@ -314,7 +314,7 @@ def forward(
     cfg: GatedDeltaRuleConfig | None = None,
 ) -> tuple[jax.Array, jax.Array]:
     """``(o [B, T, H, V] in q.dtype, final_state [N, H, K, V] float32)``; differentiable in every floating input."""
-    cfg = cfg or heuristic_config(q)
+    cfg = cfg or heuristic_config(q, v, cu_seqlens)
     batch, length, heads, dk = q.shape
     dv = v.shape[-1]
     sequences = batch if cu_seqlens is None else cu_seqlens.shape[0] - 1
@@ -361,31 +361,39 @@ _FLOAT32 = GatedDeltaRuleConfig(output_block_v=64, output_block_k=32, prep_warps
                                 state_bwd_warps=8, dv_local_block_v=32, wy_warps=8)
 
 
-def config_space(q: Any, *_: Any, **__: Any) -> list[GatedDeltaRuleConfig]:
+def config_space(q: Any, v: Any = None, cu_seqlens: Any = None, **__: Any) -> list[GatedDeltaRuleConfig]:
     """Autotuning candidates: the heuristic's config (first) with chunks of 64 and 32 tokens (the backward at
     the same chunk), state ``V`` blocks of 32 and 64, 4 or 8 warps for the state and output kernels, output
     ``V`` blocks of 64 and 128."""
     if _env.interpreting_on_cpu():
         return [_INTERPRETER]
-    first = heuristic_config(q)
+    first = heuristic_config(q, v, cu_seqlens)
     space = [attrs.evolve(first, chunk=c, backward_chunk=c, state_block_v=b, output_block_v=o, num_warps=w)
              for c in (64, 32) for b in (32, 64) for w in (4, 8) for o in (64, 128)]
     return [first, *(c for c in space if c != first)]
 
 
-def heuristic_config(q: Any, *_: Any, **__: Any) -> GatedDeltaRuleConfig:
+def heuristic_config(q: Any, v: Any = None, cu_seqlens: Any = None, **__: Any) -> GatedDeltaRuleConfig:
     """Chunks of 64 tokens forward and backward; ``V`` blocks of 32 for the sequential state kernels (forward
-    and reverse), 128 (with ``K`` steps of 64) for the output and the backward's ``scale Pᵀ dO``, 64 for the
-    other backward kernels; 2 warps for the prep kernel, 4 for the state, reverse state, output and WY-gradient
-    kernels, 8 for the other backward kernels; 3 pipeline stages; ``K`` blocks of 64 in the backward's
-    ``dq / dk`` kernel (the fastest measured per kernel on an H100 at Qwen3-Next sizes, no register spills);
-    for float32 inputs (tiles twice the size) smaller output and backward tiles and 2 stages, which fit an
-    H100's shared memory. 16-token chunks and blocks in the interpreter mode (CPU)."""
+    and reverse; the forward's widened while its programs exceed four per SM, see
+    :func:`ejk_triton._device.widened_block`), 128 (with ``K`` steps of 64) for the output and the backward's
+    ``scale Pᵀ dO``, 64 for the other backward kernels; 2 warps for the prep kernel, 4 for the state, reverse
+    state, output and WY-gradient kernels, 8 for the other backward kernels; 3 pipeline stages; ``K`` blocks of
+    64 in the backward's ``dq / dk`` kernel (the fastest measured per kernel on an H100 at Qwen3-Next sizes, no
+    register spills); for float32 inputs (tiles twice the size) smaller output and backward tiles and 2 stages,
+    which fit an H100's shared memory. 16-token chunks and blocks in the interpreter mode (CPU)."""
     if _env.interpreting_on_cpu():
         return _INTERPRETER
     if q is not None and jnp.dtype(q.dtype) == jnp.float32:
         return _FLOAT32
-    return GatedDeltaRuleConfig()
+    base = GatedDeltaRuleConfig()
+    if q is None or v is None:
+        return base
+    heads, dv = int(v.shape[2]), int(v.shape[3])
+    sequences = int(q.shape[0]) if cu_seqlens is None else int(cu_seqlens.shape[0]) - 1
+    block = _device.widened_block(base.state_block_v, max(next_pow2(dv), base.state_block_v),
+                                  lambda bv: sequences * heads * cdiv(dv, bv))
+    return attrs.evolve(base, state_block_v=block)
 
 
 def compile_kernels(k_dim: int = 128, v_dim: int = 128, dtype: Any = jnp.bfloat16, *,

@@ -312,7 +312,8 @@ def gdr_state_bwd_kernel(q_ptr, k_ptr, w_ptr, gc_ptr, do_ptr, dvl_ptr, dfinal_pt
     state leaving each chunk (stored in ``dh``'s dtype) and the chunk's ``dN`` (in ``dn``'s).
 
     ``dN = dvl + e^{gc_C − gc} ⊙ (k dS')`` (the decay applied to the product's rows), and the state entering
-    the chunk gets ``dS = scale qᵀ (e^gc ⊙ dO) + e^{gc_C} dS' − Wᵀ dN``; the first chunk's is the initial state's (float32).
+    the chunk gets ``dS = scale qᵀ (e^gc ⊙ dO) + e^{gc_C} dS' − Wᵀ dN``; the first chunk's is the initial
+    state's (float32).
     The gradient is held as two halves of ``K`` rows (``BK ≥ 32``), as the forward's state kernel holds ``S``.
     """
     col0 = tl.program_id(0) * BV

@@ -35,11 +35,11 @@ import jax.numpy as jnp
 
 from ejk.plugin import GLA_RESIDUALS, SSD_RESIDUALS, VJP, cdiv, cotangent_like, int_in, next_pow2, power_of_two
 from ejk_triton import _dots, _env
-from ejk_triton._device import compute_capability_reason
+from ejk_triton._device import compute_capability_reason, widened_block
 from ejk_triton._launch import kernels, launch, sequential_vmap
 
 __all__ = ["LinearAttentionConfig", "capability", "config_space", "gla", "gla_vjp", "heuristic_config", "ssd",
-           "ssd_capability", "ssd_vjp"]
+           "ssd_capability", "ssd_config_space", "ssd_heuristic_config", "ssd_vjp"]
 
 _DTYPES = ("bfloat16", "float16", "float32")
 #: The state ``[K, block_v]`` lives in registers: K (the state's row count) is bounded.
@@ -53,8 +53,10 @@ class LinearAttentionConfig:
     Attributes:
         chunk: Tokens per chunk of the forward: the state kernel runs ``T / chunk`` sequential steps and
             stores the state entering every chunk; the other kernels run every chunk at once.
-        block_k: State rows per program of the state kernels (forward and backward).
-        block_v: State columns per program of the state kernels (more programs when smaller).
+        state_block_k: State rows per program of the forward's state kernel.
+        state_block_v: State columns per program of the forward's state kernel (more programs when smaller).
+        block_k: State rows per program of the backward's state-sized kernels.
+        block_v: State columns per program of the backward's state-sized kernels.
         output_block_v: Value columns per program of the forward's output kernel.
         num_warps: Warps per program.
         intra_warps: Warps per program of the kernel of the intra-chunk weights (one per 16-row sub-block).
@@ -65,6 +67,8 @@ class LinearAttentionConfig:
     """
 
     chunk: int = attrs.field(default=64, validator=[power_of_two(16), int_in(16, 64)])
+    state_block_k: int = attrs.field(default=64, validator=[power_of_two(16), int_in(16, 256)])
+    state_block_v: int = attrs.field(default=64, validator=[power_of_two(16), int_in(16, 256)])
     block_k: int = attrs.field(default=64, validator=[power_of_two(16), int_in(16, 256)])
     block_v: int = attrs.field(default=64, validator=[power_of_two(16), int_in(16, 128)])
     output_block_v: int = attrs.field(default=128, validator=[power_of_two(16), int_in(16, 256)])
@@ -77,27 +81,70 @@ class LinearAttentionConfig:
 
 
 #: The interpreter (CPU): two 16-token sub-blocks per forward chunk, one per backward chunk, small blocks.
-_INTERPRETER = LinearAttentionConfig(chunk=32, block_k=16, block_v=16, output_block_v=16, num_stages=1,
-                                     backward_chunk=16)
+_INTERPRETER = LinearAttentionConfig(chunk=32, state_block_k=16, state_block_v=16, block_k=16, block_v=16,
+                                     output_block_v=16, num_stages=1, backward_chunk=16)
 
 
 def config_space(**call: Any) -> list[LinearAttentionConfig]:
     """Autotuning candidates: forward chunks of 64 and 32, backward chunks of 32 and 64, state column blocks
-    of 64 and 32 (128-column output blocks), 4 or 8 warps; the heuristic's first."""
+    of 64 and 32 (128-column output blocks), 4 or 8 warps; the heuristic's first (its forward state tiles in
+    every candidate)."""
     if _env.interpreting_on_cpu():
         return [_INTERPRETER]
-    first = heuristic_config()
-    space = [LinearAttentionConfig(chunk=c, block_v=bv, num_warps=w, backward_chunk=bc)
+    first = heuristic_config(**call)
+    space = [attrs.evolve(first, chunk=c, block_v=bv, num_warps=w, backward_chunk=bc)
              for c in (64, 32) for bc in (32, 64) for bv in (64, 32) for w in (4, 8)]
     return [first, *(c for c in space if c != first)]
 
 
-def heuristic_config(**call: Any) -> LinearAttentionConfig:
+def ssd_config_space(**call: Any) -> list[LinearAttentionConfig]:
+    """:func:`config_space` with :func:`ssd_heuristic_config` first."""
+    if _env.interpreting_on_cpu():
+        return [_INTERPRETER]
+    first = ssd_heuristic_config(**call)
+    space = (attrs.evolve(c, state_block_k=first.state_block_k, state_block_v=first.state_block_v)
+             for c in config_space())
+    return [first, *(c for c in space if c != first)]
+
+
+def heuristic_config(q: Any = None, v: Any = None, cu_seqlens: Any = None, **_: Any) -> LinearAttentionConfig:
     """What measured fastest on an H100 at 32k tokens, 32 heads, K = V = 128 (bfloat16): chunks of 64 tokens
-    forward and backward, ``[64, 64]`` state blocks (8 warps, 3 stages in the forward), one warp per 16-row
-    sub-block of the intra-chunk weights, 128-column output blocks, 4 warps elsewhere (the interpreter: see
-    ``_INTERPRETER``)."""
-    return _INTERPRETER if _env.interpreting_on_cpu() else LinearAttentionConfig()
+    forward and backward, ``[64, 64]`` state blocks (8 warps, 3 stages in the forward; the forward's twice as
+    wide in ``V`` where its programs exceed four per SM, see :func:`ejk_triton._device.widened_block`), one warp
+    per 16-row sub-block of the intra-chunk weights, 128-column output blocks, 4 warps elsewhere (the
+    interpreter: see ``_INTERPRETER``)."""
+    if _env.interpreting_on_cpu():
+        return _INTERPRETER
+    base = LinearAttentionConfig()
+    if q is None or v is None:
+        return base
+    return _widened(base, _states(int(q.shape[0]), cu_seqlens), int(v.shape[2]), int(q.shape[3]),
+                    int(v.shape[3]), rows=False)
+
+
+def ssd_heuristic_config(x: Any = None, B: Any = None, cu_seqlens: Any = None,  # noqa: N803
+                         **_: Any) -> LinearAttentionConfig:
+    """:func:`heuristic_config` for the SSD (state ``[N, P]``): where the forward's state kernel would exceed
+    four programs per SM its blocks are twice as tall (``N``), as measured fastest on an H100."""
+    if _env.interpreting_on_cpu():
+        return _INTERPRETER
+    base = LinearAttentionConfig()
+    if x is None or B is None:
+        return base
+    return _widened(base, _states(int(x.shape[0]), cu_seqlens), int(x.shape[2]), int(B.shape[3]),
+                    int(x.shape[3]), rows=True)
+
+
+def _widened(cfg: LinearAttentionConfig, sequences: int, heads: int, dk: int, dv: int, *,
+             rows: bool) -> LinearAttentionConfig:
+    """``cfg`` with the forward state kernel's rows (``rows``) or columns widened by
+    :func:`ejk_triton._device.widened_block` for ``sequences x heads`` states of ``[dk, dv]``."""
+    bk, bv = cfg.state_block_k, cfg.state_block_v
+    if rows:
+        bk = widened_block(bk, max(next_pow2(dk), bk), lambda b: sequences * heads * cdiv(dk, b) * cdiv(dv, bv))
+    else:
+        bv = widened_block(bv, max(next_pow2(dv), bv), lambda b: sequences * heads * cdiv(dk, bk) * cdiv(dv, b))
+    return attrs.evolve(cfg, state_block_k=bk, state_block_v=bv)
 
 
 def _device_reason() -> str | None:
@@ -157,8 +204,8 @@ def _recurrence(q: jax.Array, k: jax.Array, v: jax.Array, g: jax.Array, initial_
         empty = (init, jnp.zeros((0, h, *g.shape[3:]), f32), jnp.zeros((slots, h, dk, dv), state_dtype))
         return (jnp.zeros((b, 0, h, dv), out_dtype), *empty) if with_output else empty
     block_k = next_pow2(max(dk, 16))
-    block_v = min(cfg.block_v, next_pow2(max(dv, 16)))
-    state_k = min(cfg.block_k, block_k)
+    block_v = min(cfg.state_block_v, next_pow2(max(dv, 16)))
+    state_k = min(cfg.state_block_k, block_k)
     rows = b * t
     if row_scale is None:
         v = v.astype(q.dtype)  # the products run in the inputs' dtype (the kernels round scaled rows)
@@ -233,7 +280,7 @@ def gla(q: jax.Array, k: jax.Array, v: jax.Array, g: jax.Array, initial_state: j
         cfg: LinearAttentionConfig | None = None) -> tuple[jax.Array, jax.Array]:
     """``ejk.gla``'s forward: ``(o, final_state)``."""
     o, final, *_ = _recurrence(q, k, v, g, initial_state, cu_seqlens, scale=scale, scalar_gate=False,
-                              out_dtype=q.dtype, cfg=cfg or heuristic_config())
+                              out_dtype=q.dtype, cfg=cfg or heuristic_config(q, v, cu_seqlens))
     return o, final
 
 
@@ -280,8 +327,7 @@ class _Backward:
 
 
 def _backward(q: jax.Array, v: jax.Array, cu_seqlens: jax.Array | None, scale: float,
-              cfg: LinearAttentionConfig | None) -> _Backward:
-    base = cfg or heuristic_config()
+              base: LinearAttentionConfig) -> _Backward:
     cfg = attrs.evolve(base, chunk=base.backward_chunk)
     b, t, _, dk = q.shape
     h, dv = v.shape[2], v.shape[3]
@@ -321,7 +367,7 @@ def _gradients(residuals: tuple[Any, ...], d_out: Any, *, scale: float,
     (the final state's gate factor)."""
     q, k, v, g, initial_state, cu_seqlens = residuals
     d_o, d_final = d_out
-    plan = _backward(q, v, cu_seqlens, scale, cfg)
+    plan = _backward(q, v, cu_seqlens, scale, cfg or heuristic_config(q, v, cu_seqlens))
     cfg = plan.cfg
     b, t, h, dk = q.shape
     dv = v.shape[3]
@@ -386,7 +432,7 @@ def _ssd_gradients(c: jax.Array, b: jax.Array, x: jax.Array, step: jax.Array, lo
         ``(dC, dB [b, T, G, N] float32, dx [b, T, H, P] in x's dtype (skip term included), d step [b, T, H]
         (the values' share), d log gates [b, T, H], d skip [H] or None, d initial state)``.
     """
-    plan = _backward(c, x, cu_seqlens, 1.0, cfg)
+    plan = _backward(c, x, cu_seqlens, 1.0, cfg or ssd_heuristic_config(x, b, cu_seqlens))
     bsz, t, groups, dn = c.shape
     h, dp = x.shape[2], x.shape[3]
     f32 = jnp.float32
@@ -441,7 +487,8 @@ def ssd(x: jax.Array, dt: jax.Array, A: jax.Array, B: jax.Array, C: jax.Array,  
     step = jax.nn.softplus(step) if dt_softplus else step
     init = None if initial_state is None else jnp.swapaxes(initial_state.astype(f32), -1, -2)  # [N, H, Ns, P]
     y, final, *_ = _recurrence(C, B, x, step * A.astype(f32), init, cu_seqlens, scale=1.0, scalar_gate=True,
-                              out_dtype=x.dtype, cfg=cfg or heuristic_config(), row_scale=step, skip=D)
+                              out_dtype=x.dtype, cfg=cfg or ssd_heuristic_config(x, B, cu_seqlens), row_scale=step,
+                              skip=D)
     return y, jnp.swapaxes(final, -1, -2)
 
 

@@ -95,7 +95,7 @@ def ejk_register_kernels(register: RegisterKernels) -> None:
                  config_space=la.config_space, heuristic=la.heuristic_config, capability=la.capability,
                  vjp=la.gla_vjp)(la.gla)
         register("ssd", Platform.TRITON, backend, priority=PRIORITY, name="chunked", cfg_type=la.LinearAttentionConfig,
-                 config_space=la.config_space, heuristic=la.heuristic_config, capability=la.ssd_capability,
+                 config_space=la.ssd_config_space, heuristic=la.ssd_heuristic_config, capability=la.ssd_capability,
                  vjp=la.ssd_vjp)(la.ssd)
 
 

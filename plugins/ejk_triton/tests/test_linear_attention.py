@@ -59,6 +59,21 @@ def test_a_config_with_several_column_blocks_and_odd_k(state_blocks: tuple[int, 
     want = jax.grad(loss(reference_gla), argnums=(0, 1, 2, 3))(q, k, v, g)
     for name, a, b in zip("qkvg", got, want, strict=True):
         assert_close(a, b, jnp.float32, what=f"d{name}")
+    # ssd with the same tiles: state [N = 20, P = 40], two groups of B / C
+    x = jnp.asarray(rng.standard_normal((1, 45, 2, 40)), jnp.float32)
+    dt = jnp.asarray(rng.standard_normal((1, 45, 2)), jnp.float32) - 1.0
+    a = -jnp.exp(jnp.asarray(rng.standard_normal(2), jnp.float32))
+    bb, cc = (jnp.asarray(rng.standard_normal((1, 45, 2, 20)) * 0.3, jnp.float32) for _ in range(2))
+    y, state = ejk.ssd(x, dt, a, bb, cc, dt_softplus=True, output_final_state=True, platform="triton", cfg=cfg)
+    want_y, want_state = reference_ssd(x, dt, a, bb, cc, None, None, None, None, dt_softplus=True)
+    assert_close(y, want_y, jnp.float32)
+    assert_close(state, want_state, jnp.float32)
+    got = jax.grad(lambda *z: (ejk.ssd(*z, dt_softplus=True, platform="triton", cfg=cfg)[0] * jnp.cos(x)).sum(),
+                   argnums=(0, 1, 2, 3, 4))(x, dt, a, bb, cc)
+    want = jax.grad(lambda *z: (reference_ssd(*z, None, None, None, None, dt_softplus=True)[0] * jnp.cos(x)).sum(),
+                    argnums=(0, 1, 2, 3, 4))(x, dt, a, bb, cc)
+    for name, a_got, a_want in zip(("x", "dt", "A", "B", "C"), got, want, strict=True):
+        assert_close(a_got, a_want, jnp.float32, what=f"ssd d{name}")
 
 
 def test_configs_and_gate() -> None:
@@ -71,16 +86,17 @@ def test_configs_and_gate() -> None:
 
 
 def test_the_forward_state_tiles_widen_with_many_sequences(monkeypatch: pytest.MonkeyPatch) -> None:
-    """On a GPU (132 SMs without one), 32 heads: [64, 64] forward state tiles for one sequence or four (at most
-    four programs per SM); from eight sequences, batched or packed, twice as wide in V (gla) or N (ssd)."""
+    """On a GPU (132 SMs without one), 32 heads, K = V = N = P = 128: gla's forward state tiles [64, 64] up to
+    four programs per SM, twice as wide in V from eight sequences (batched or packed); ssd's twice as tall in N,
+    then twice as wide in P, while they exceed one and a half programs per SM."""
     monkeypatch.setattr(_env, "interpret_mode", lambda: False)
 
     def sds(*shape: int, dtype: Any = jnp.bfloat16) -> Any:
         return jax.ShapeDtypeStruct(shape, dtype)
 
-    def gla_tiles(batch: int, length: int, cu: Any = None) -> tuple[int, int]:
-        cfg = heuristic_config(q=sds(batch, length, 32, 128), v=sds(batch, length, 32, 128), cu_seqlens=cu)
-        assert cfg in config_space(q=sds(batch, length, 32, 128), v=sds(batch, length, 32, 128), cu_seqlens=cu)
+    def gla_tiles(batch: int, length: int, cu: Any = None, d: int = 128) -> tuple[int, int]:
+        cfg = heuristic_config(q=sds(batch, length, 32, d), v=sds(batch, length, 32, d), cu_seqlens=cu)
+        assert cfg in config_space(q=sds(batch, length, 32, d), v=sds(batch, length, 32, d), cu_seqlens=cu)
         return cfg.state_block_k, cfg.state_block_v
 
     def ssd_tiles(batch: int, length: int, cu: Any = None) -> tuple[int, int]:
@@ -90,12 +106,13 @@ def test_the_forward_state_tiles_widen_with_many_sequences(monkeypatch: pytest.M
                                        for c in space)
         return cfg.state_block_k, cfg.state_block_v
 
-    assert gla_tiles(1, 32768) == gla_tiles(4, 8192) == (64, 64) == ssd_tiles(1, 32768) == ssd_tiles(4, 8192)
-    assert gla_tiles(8, 4096) == gla_tiles(1, 32768, sds(9, dtype=jnp.int32)) == (64, 128)
-    assert ssd_tiles(8, 4096) == ssd_tiles(1, 32768, sds(9, dtype=jnp.int32)) == (128, 64)
-    assert gla_tiles(64, 512) == (64, 128)  # no wider than V
-    small = heuristic_config(q=sds(8, 4096, 32, 32), v=sds(8, 4096, 32, 32))
-    assert (small.state_block_k, small.state_block_v) == (64, 64)  # one tile already
+    packed = sds(9, dtype=jnp.int32)
+    assert gla_tiles(1, 32768) == gla_tiles(4, 8192) == (64, 64)
+    assert gla_tiles(8, 4096) == gla_tiles(1, 32768, packed) == gla_tiles(64, 512) == (64, 128)  # no wider than V
+    assert gla_tiles(8, 4096, d=32) == (64, 64)  # one tile of the whole state already
+    assert ssd_tiles(1, 32768) == (64, 64)
+    assert ssd_tiles(2, 16384) == (128, 64)
+    assert ssd_tiles(4, 8192) == ssd_tiles(8, 4096) == ssd_tiles(1, 32768, packed) == (128, 128)
 
 
 def test_the_kernel_compiles_for_sm90_at_qwen3_next_sizes(tmp_path: Any) -> None:
@@ -111,7 +128,7 @@ def test_the_kernel_compiles_for_sm90_at_qwen3_next_sizes(tmp_path: Any) -> None
             "from ejk_triton._linear_attention import LinearAttentionConfig as C; "
             "print(c(128, 128)['shared'], c(128, 128, scalar_gate=True, qk_heads=1)['shared'], "
             "c(128, 128, cfg=C(state_block_v=128))['shared'], "
-            "c(128, 128, scalar_gate=True, qk_heads=1, cfg=C(state_block_k=128))['shared'], "
+            "c(128, 128, scalar_gate=True, qk_heads=1, cfg=C(state_block_k=128, state_block_v=128))['shared'], "
             f"b(128, 128, scalar_gate=True, qk_heads=1)['shared']{backward})")
     env = {k: v for k, v in os.environ.items() if k not in ("EJK_TRITON_INTERPRET", "TRITON_INTERPRET")}
     env.update(JAX_PLATFORMS="cpu", TRITON_CACHE_DIR=str(tmp_path / "triton-cache"))

@@ -17,8 +17,6 @@ __all__ = ["compute_capability", "compute_capability_reason", "persistent_progra
 
 #: Programs of a persistent kernel in the interpreter (each still walks several items).
 _INTERPRETER_PROGRAMS = 3
-#: Programs per SM a sequential state kernel may launch before its blocks widen (see :func:`widened_block`).
-_STATE_PROGRAMS_PER_SM = 4
 
 compute_capability = devices.compute_capability
 sm_count = devices.sm_count
@@ -41,13 +39,14 @@ def persistent_programs(work: int, per_sm: int = 1) -> int:
     return max(1, min(wanted, work))
 
 
-def widened_block(block: int, widest: int, programs: Callable[[int], int]) -> int:
-    """``block`` doubled (up to ``widest``) while ``programs(block)`` exceeds four programs per SM.
+def widened_block(block: int, widest: int, programs: Callable[[int], int], per_sm: float) -> int:
+    """``block`` doubled (up to ``widest``) while ``programs(block)`` exceeds ``per_sm`` programs per SM.
 
     For the sequential state kernels of the linear recurrences: one program walks every chunk of a sequence,
     so at few sequences narrow blocks are what fill the GPU, while at many sequences and heads they queue in
-    waves (measured: ``benchmarks/results/linear_attention_h100.md`` and ``gated_delta_rule_h100.md``).
+    waves and each re-reads its chunks' inputs (measured: ``benchmarks/results/linear_attention_h100.md`` and
+    ``gated_delta_rule_h100.md``).
     """
-    while block < widest and programs(block) > _STATE_PROGRAMS_PER_SM * sm_count():
+    while block < widest and programs(block) > per_sm * sm_count():
         block *= 2
     return block

@@ -392,7 +392,7 @@ def heuristic_config(q: Any, v: Any = None, cu_seqlens: Any = None, **__: Any) -
     heads, dv = int(v.shape[2]), int(v.shape[3])
     sequences = int(q.shape[0]) if cu_seqlens is None else int(cu_seqlens.shape[0]) - 1
     block = _device.widened_block(base.state_block_v, max(next_pow2(dv), base.state_block_v),
-                                  lambda bv: sequences * heads * cdiv(dv, bv))
+                                  lambda bv: sequences * heads * cdiv(dv, bv), per_sm=4)
     return attrs.evolve(base, state_block_v=block)
 
 

@@ -110,41 +110,37 @@ def ssd_config_space(**call: Any) -> list[LinearAttentionConfig]:
 def heuristic_config(q: Any = None, v: Any = None, cu_seqlens: Any = None, **_: Any) -> LinearAttentionConfig:
     """What measured fastest on an H100 at 32k tokens, 32 heads, K = V = 128 (bfloat16): chunks of 64 tokens
     forward and backward, ``[64, 64]`` state blocks (8 warps, 3 stages in the forward; the forward's twice as
-    wide in ``V`` where its programs exceed four per SM, see :func:`ejk_triton._device.widened_block`), one warp
-    per 16-row sub-block of the intra-chunk weights, 128-column output blocks, 4 warps elsewhere (the
+    wide in ``V`` where its programs would exceed four per SM, see :func:`ejk_triton._device.widened_block`),
+    one warp per 16-row sub-block of the intra-chunk weights, 128-column output blocks, 4 warps elsewhere (the
     interpreter: see ``_INTERPRETER``)."""
     if _env.interpreting_on_cpu():
         return _INTERPRETER
     base = LinearAttentionConfig()
     if q is None or v is None:
         return base
-    return _widened(base, _states(int(q.shape[0]), cu_seqlens), int(v.shape[2]), int(q.shape[3]),
-                    int(v.shape[3]), rows=False)
+    sequences, heads, dk, dv = _states(int(q.shape[0]), cu_seqlens), int(v.shape[2]), int(q.shape[3]), int(v.shape[3])
+    bk = base.state_block_k
+    bv = widened_block(base.state_block_v, max(next_pow2(dv), base.state_block_v),
+                       lambda b: sequences * heads * cdiv(dk, bk) * cdiv(dv, b), per_sm=4)
+    return attrs.evolve(base, state_block_v=bv)
 
 
 def ssd_heuristic_config(x: Any = None, B: Any = None, cu_seqlens: Any = None,  # noqa: N803
                          **_: Any) -> LinearAttentionConfig:
-    """:func:`heuristic_config` for the SSD (state ``[N, P]``): where the forward's state kernel would exceed
-    four programs per SM its blocks are twice as tall (``N``), as measured fastest on an H100."""
+    """:func:`heuristic_config` for the SSD (state ``[N, P]``), whose forward state kernel ran fastest on an H100
+    at about one program per SM: its blocks twice as tall (``N``), then twice as wide (``P``), while its programs
+    would exceed one and a half per SM (a single wave, with room for GPUs of fewer SMs at one sequence)."""
     if _env.interpreting_on_cpu():
         return _INTERPRETER
     base = LinearAttentionConfig()
     if x is None or B is None:
         return base
-    return _widened(base, _states(int(x.shape[0]), cu_seqlens), int(x.shape[2]), int(B.shape[3]),
-                    int(x.shape[3]), rows=True)
-
-
-def _widened(cfg: LinearAttentionConfig, sequences: int, heads: int, dk: int, dv: int, *,
-             rows: bool) -> LinearAttentionConfig:
-    """``cfg`` with the forward state kernel's rows (``rows``) or columns widened by
-    :func:`ejk_triton._device.widened_block` for ``sequences x heads`` states of ``[dk, dv]``."""
-    bk, bv = cfg.state_block_k, cfg.state_block_v
-    if rows:
-        bk = widened_block(bk, max(next_pow2(dk), bk), lambda b: sequences * heads * cdiv(dk, b) * cdiv(dv, bv))
-    else:
-        bv = widened_block(bv, max(next_pow2(dv), bv), lambda b: sequences * heads * cdiv(dk, bk) * cdiv(dv, b))
-    return attrs.evolve(cfg, state_block_k=bk, state_block_v=bv)
+    sequences, heads, dn, dp = _states(int(x.shape[0]), cu_seqlens), int(x.shape[2]), int(B.shape[3]), int(x.shape[3])
+    bv = base.state_block_v
+    bk = widened_block(base.state_block_k, max(next_pow2(dn), base.state_block_k),
+                       lambda b: sequences * heads * cdiv(dn, b) * cdiv(dp, bv), per_sm=1.5)
+    bv = widened_block(bv, max(next_pow2(dp), bv), lambda b: sequences * heads * cdiv(dn, bk) * cdiv(dp, b), per_sm=1.5)
+    return attrs.evolve(base, state_block_k=bk, state_block_v=bv)
 
 
 def _device_reason() -> str | None:

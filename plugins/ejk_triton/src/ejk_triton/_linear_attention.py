@@ -27,6 +27,7 @@ intra-chunk weights; XLA sums ``dq`` / ``dk`` over each group's heads and carrie
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import attrs
@@ -113,16 +114,7 @@ def heuristic_config(q: Any = None, v: Any = None, cu_seqlens: Any = None, **_: 
     wide in ``V`` where its programs would exceed four per SM, see :func:`ejk_triton._device.widened_block`),
     one warp per 16-row sub-block of the intra-chunk weights, 128-column output blocks, 4 warps elsewhere (the
     interpreter: see ``_INTERPRETER``)."""
-    if _env.interpreting_on_cpu():
-        return _INTERPRETER
-    base = LinearAttentionConfig()
-    if q is None or v is None:
-        return base
-    sequences, heads, dk, dv = _states(int(q.shape[0]), cu_seqlens), int(v.shape[2]), int(q.shape[3]), int(v.shape[3])
-    bk = base.state_block_k
-    bv = widened_block(base.state_block_v, max(next_pow2(dv), base.state_block_v),
-                       lambda b: sequences * heads * cdiv(dk, bk) * cdiv(dv, b), per_sm=4)
-    return attrs.evolve(base, state_block_v=bv)
+    return _for_call(None if q is None else int(q.shape[3]), v, cu_seqlens, widen=("state_block_v",), per_sm=4)
 
 
 def ssd_heuristic_config(x: Any = None, B: Any = None, cu_seqlens: Any = None,  # noqa: N803
@@ -130,17 +122,31 @@ def ssd_heuristic_config(x: Any = None, B: Any = None, cu_seqlens: Any = None,  
     """:func:`heuristic_config` for the SSD (state ``[N, P]``), whose forward state kernel ran fastest on an H100
     at about one program per SM: its blocks twice as tall (``N``), then twice as wide (``P``), while its programs
     would exceed one and a half per SM (a single wave, with room for GPUs of fewer SMs at one sequence)."""
+    return _for_call(None if B is None else int(B.shape[3]), x, cu_seqlens, widen=("state_block_k", "state_block_v"),
+                     per_sm=1.5)
+
+
+def _for_call(dk: int | None, v: Any, cu_seqlens: Any, *, widen: tuple[str, ...],
+              per_sm: float) -> LinearAttentionConfig:
+    """The default config with the forward state kernel's tiles (the fields ``widen``, in order) widened by
+    :func:`ejk_triton._device.widened_block` for a state ``[dk, V]`` per sequence and head of ``v [B, T, H, V]``;
+    the interpreter's config on a CPU."""
     if _env.interpreting_on_cpu():
         return _INTERPRETER
     base = LinearAttentionConfig()
-    if x is None or B is None:
+    if dk is None or v is None:
         return base
-    sequences, heads, dn, dp = _states(int(x.shape[0]), cu_seqlens), int(x.shape[2]), int(B.shape[3]), int(x.shape[3])
-    bv = base.state_block_v
-    bk = widened_block(base.state_block_k, max(next_pow2(dn), base.state_block_k),
-                       lambda b: sequences * heads * cdiv(dn, b) * cdiv(dp, bv), per_sm=1.5)
-    bv = widened_block(bv, max(next_pow2(dp), bv), lambda b: sequences * heads * cdiv(dn, bk) * cdiv(dp, b), per_sm=1.5)
-    return attrs.evolve(base, state_block_k=bk, state_block_v=bv)
+    sequences, heads, dv = _states(int(v.shape[0]), cu_seqlens), int(v.shape[2]), int(v.shape[3])
+    tiles = {"state_block_k": base.state_block_k, "state_block_v": base.state_block_v}
+    sizes = {"state_block_k": dk, "state_block_v": dv}
+
+    def programs(field: str) -> Any:
+        return lambda block: sequences * heads * math.prod(
+            cdiv(sizes[name], block if name == field else tiles[name]) for name in tiles)
+
+    for field in widen:
+        tiles[field] = widened_block(tiles[field], max(next_pow2(sizes[field]), tiles[field]), programs(field), per_sm)
+    return attrs.evolve(base, **tiles)
 
 
 def _device_reason() -> str | None:

@@ -308,6 +308,11 @@ def _l2_bwd(x: jax.Array, dy: jax.Array) -> tuple[jax.Array]:
 _l2.defvjp(_l2_fwd, _l2_bwd)
 
 
+def _sequences(batch: int, cu_seqlens: Any) -> int:
+    """Sequences of a call: the batch, or ``len(cu_seqlens) - 1`` when packed."""
+    return batch if cu_seqlens is None else int(cu_seqlens.shape[0]) - 1
+
+
 def forward(
     q: jax.Array, k: jax.Array, v: jax.Array, g: jax.Array, beta: jax.Array, initial_state: jax.Array | None = None,
     cu_seqlens: jax.Array | None = None, *, scale: float, use_qk_l2norm: bool,
@@ -317,7 +322,7 @@ def forward(
     cfg = cfg or heuristic_config(q, v, cu_seqlens)
     batch, length, heads, dk = q.shape
     dv = v.shape[-1]
-    sequences = batch if cu_seqlens is None else cu_seqlens.shape[0] - 1
+    sequences = _sequences(batch, cu_seqlens)
     init = (jnp.zeros((sequences, heads, dk, dv), jnp.float32) if initial_state is None
             else initial_state.astype(jnp.float32))
     if length == 0 or sequences == 0:
@@ -390,7 +395,7 @@ def heuristic_config(q: Any, v: Any = None, cu_seqlens: Any = None, **__: Any) -
     if q is None or v is None:
         return base
     heads, dv = int(v.shape[2]), int(v.shape[3])
-    sequences = int(q.shape[0]) if cu_seqlens is None else int(cu_seqlens.shape[0]) - 1
+    sequences = _sequences(int(q.shape[0]), cu_seqlens)
     block = _device.widened_block(base.state_block_v, max(next_pow2(dv), base.state_block_v),
                                   lambda bv: sequences * heads * cdiv(dv, bv), per_sm=4)
     return attrs.evolve(base, state_block_v=block)

@@ -86,9 +86,8 @@ def test_configs_and_gate() -> None:
 
 
 def test_the_forward_state_tiles_widen_with_many_sequences(monkeypatch: pytest.MonkeyPatch) -> None:
-    """On a GPU (132 SMs without one), 32 heads, K = V = N = P = 128: gla's forward state tiles [64, 64] up to
-    four programs per SM, twice as wide in V from eight sequences (batched or packed); ssd's twice as tall in N,
-    then twice as wide in P, while they exceed one and a half programs per SM."""
+    """On a GPU (132 SMs without one), 32 heads, K = V = N = P = 128: the forward state tiles [64, 64] at one
+    sequence, doubled (gla: in V, then K; ssd: in N, then P) while they exceed one and a half programs per SM."""
     monkeypatch.setattr(_env, "interpret_mode", lambda: False)
 
     def sds(*shape: int, dtype: Any = jnp.bfloat16) -> Any:
@@ -107,8 +106,10 @@ def test_the_forward_state_tiles_widen_with_many_sequences(monkeypatch: pytest.M
         return cfg.state_block_k, cfg.state_block_v
 
     packed = sds(9, dtype=jnp.int32)
-    assert gla_tiles(1, 32768) == gla_tiles(4, 8192) == (64, 64)
-    assert gla_tiles(8, 4096) == gla_tiles(1, 32768, packed) == gla_tiles(64, 512) == (64, 128)  # no wider than V
+    assert gla_tiles(1, 32768) == (64, 64)
+    assert gla_tiles(2, 16384) == (64, 128)
+    assert gla_tiles(4, 8192) == gla_tiles(8, 4096) == gla_tiles(1, 32768, packed) == (128, 128)
+    assert gla_tiles(64, 512) == (128, 128)  # no wider than the state
     assert gla_tiles(8, 4096, d=32) == (64, 64)  # one tile of the whole state already
     assert ssd_tiles(1, 32768) == (64, 64)
     assert ssd_tiles(2, 16384) == (128, 64)

@@ -17,6 +17,8 @@ __all__ = ["compute_capability", "compute_capability_reason", "persistent_progra
 
 #: Programs of a persistent kernel in the interpreter (each still walks several items).
 _INTERPRETER_PROGRAMS = 3
+#: The sequential state kernels' programs per SM before their blocks widen (:func:`widened_block`).
+_STATE_PROGRAMS_PER_SM = 1.5
 
 compute_capability = devices.compute_capability
 sm_count = devices.sm_count
@@ -39,14 +41,15 @@ def persistent_programs(work: int, per_sm: int = 1) -> int:
     return max(1, min(wanted, work))
 
 
-def widened_block(block: int, widest: int, programs: Callable[[int], int], per_sm: float) -> int:
-    """``block`` doubled (up to ``widest``) while ``programs(block)`` exceeds ``per_sm`` programs per SM.
+def widened_block(block: int, widest: int, programs: Callable[[int], int]) -> int:
+    """``block`` doubled (up to ``widest``) while ``programs(block)`` exceeds one and a half programs per SM.
 
     For the sequential state kernels of the linear recurrences: one program walks every chunk of a sequence,
     so at few sequences narrow blocks are what fill the GPU, while at many sequences and heads they queue in
-    waves and each re-reads its chunks' inputs (measured: ``benchmarks/results/linear_attention_h100.md`` and
-    ``gated_delta_rule_h100.md``).
+    waves and each re-reads its chunks' inputs. They ran fastest at about one program per SM, a single wave;
+    the slack keeps one sequence's tiles on GPUs of fewer SMs (measured:
+    ``benchmarks/results/linear_attention_h100.md`` and ``gated_delta_rule_h100.md``).
     """
-    while block < widest and programs(block) > per_sm * sm_count():
+    while block < widest and programs(block) > _STATE_PROGRAMS_PER_SM * sm_count():
         block *= 2
     return block

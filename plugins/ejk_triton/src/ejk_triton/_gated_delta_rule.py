@@ -362,6 +362,8 @@ def capability(q: Any, k: Any, v: Any, g: Any, beta: Any, initial_state: Any = N
 _INTERPRETER = GatedDeltaRuleConfig(chunk=16, state_block_v=16, output_block_v=16, output_block_k=16, num_warps=4,
                                     num_stages=1, backward_chunk=16, block_v=16, state_bwd_block_v=16,
                                     dv_local_block_v=16)
+#: The forward state kernel's widest ``V`` block (:func:`heuristic_config`).
+_WIDEST_STATE_BLOCK_V = 64
 _FLOAT32 = GatedDeltaRuleConfig(output_block_v=64, output_block_k=32, prep_warps=8, num_stages=2, block_v=32,
                                 state_bwd_warps=8, dv_local_block_v=32, wy_warps=8)
 
@@ -380,13 +382,13 @@ def config_space(q: Any, v: Any = None, cu_seqlens: Any = None, **__: Any) -> li
 
 def heuristic_config(q: Any, v: Any = None, cu_seqlens: Any = None, **__: Any) -> GatedDeltaRuleConfig:
     """Chunks of 64 tokens forward and backward; ``V`` blocks of 32 for the sequential state kernels (forward
-    and reverse; the forward's widened while its programs exceed four per SM, see
-    :func:`ejk_triton._device.widened_block`), 128 (with ``K`` steps of 64) for the output and the backward's
-    ``scale Pᵀ dO``, 64 for the other backward kernels; 2 warps for the prep kernel, 4 for the state, reverse
-    state, output and WY-gradient kernels, 8 for the other backward kernels; 3 pipeline stages; ``K`` blocks of
-    64 in the backward's ``dq / dk`` kernel (the fastest measured per kernel on an H100 at Qwen3-Next sizes, no
-    register spills); for float32 inputs (tiles twice the size) smaller output and backward tiles and 2 stages,
-    which fit an H100's shared memory. 16-token chunks and blocks in the interpreter mode (CPU)."""
+    and reverse; the forward's doubled, up to 64, by :func:`ejk_triton._device.widened_block`: 128 was no
+    faster), 128 (with ``K`` steps of 64) for the output and the backward's ``scale Pᵀ dO``, 64 for the other
+    backward kernels; 2 warps for the prep kernel, 4 for the state, reverse state, output and WY-gradient
+    kernels, 8 for the other backward kernels; 3 pipeline stages; ``K`` blocks of 64 in the backward's
+    ``dq / dk`` kernel (the fastest measured per kernel on an H100 at Qwen3-Next sizes, no register spills);
+    for float32 inputs (tiles twice the size) smaller output and backward tiles and 2 stages, which fit an
+    H100's shared memory. 16-token chunks and blocks in the interpreter mode (CPU)."""
     if _env.interpreting_on_cpu():
         return _INTERPRETER
     if q is not None and jnp.dtype(q.dtype) == jnp.float32:
@@ -396,8 +398,8 @@ def heuristic_config(q: Any, v: Any = None, cu_seqlens: Any = None, **__: Any) -
         return base
     heads, dv = int(v.shape[2]), int(v.shape[3])
     sequences = _sequences(int(q.shape[0]), cu_seqlens)
-    block = _device.widened_block(base.state_block_v, max(next_pow2(dv), base.state_block_v),
-                                  lambda bv: sequences * heads * cdiv(dv, bv), per_sm=4)
+    widest = max(min(next_pow2(dv), _WIDEST_STATE_BLOCK_V), base.state_block_v)
+    block = _device.widened_block(base.state_block_v, widest, lambda bv: sequences * heads * cdiv(dv, bv))
     return attrs.evolve(base, state_block_v=block)
 
 

@@ -110,25 +110,21 @@ def ssd_config_space(**call: Any) -> list[LinearAttentionConfig]:
 
 def heuristic_config(q: Any = None, v: Any = None, cu_seqlens: Any = None, **_: Any) -> LinearAttentionConfig:
     """What measured fastest on an H100 at 32k tokens, 32 heads, K = V = 128 (bfloat16): chunks of 64 tokens
-    forward and backward, ``[64, 64]`` state blocks (8 warps, 3 stages in the forward; the forward's twice as
-    wide in ``V`` where its programs would exceed four per SM, see :func:`ejk_triton._device.widened_block`),
-    one warp per 16-row sub-block of the intra-chunk weights, 128-column output blocks, 4 warps elsewhere (the
-    interpreter: see ``_INTERPRETER``)."""
-    return _for_call(None if q is None else int(q.shape[3]), v, cu_seqlens, widen=("state_block_v",), per_sm=4)
+    forward and backward, ``[64, 64]`` state blocks (8 warps, 3 stages in the forward; the forward's widened
+    where its programs would exceed one wave, see :func:`_for_call`), one warp per 16-row sub-block of the
+    intra-chunk weights, 128-column output blocks, 4 warps elsewhere (the interpreter: see ``_INTERPRETER``)."""
+    return _for_call(None if q is None else int(q.shape[3]), v, cu_seqlens, widen=("state_block_v", "state_block_k"))
 
 
 def ssd_heuristic_config(x: Any = None, B: Any = None, cu_seqlens: Any = None,  # noqa: N803
                          **_: Any) -> LinearAttentionConfig:
-    """:func:`heuristic_config` for the SSD (state ``[N, P]``), whose forward state kernel ran fastest on an H100
-    at about one program per SM: its blocks twice as tall (``N``), then twice as wide (``P``), while its programs
-    would exceed one and a half per SM (a single wave, with room for GPUs of fewer SMs at one sequence)."""
-    return _for_call(None if B is None else int(B.shape[3]), x, cu_seqlens, widen=("state_block_k", "state_block_v"),
-                     per_sm=1.5)
+    """:func:`heuristic_config` for the SSD (state ``[N, P]``), whose forward state kernel widens its blocks
+    in ``N`` first, then in ``P`` (GLA's: ``V`` first), as measured fastest on an H100."""
+    return _for_call(None if B is None else int(B.shape[3]), x, cu_seqlens, widen=("state_block_k", "state_block_v"))
 
 
-def _for_call(dk: int | None, v: Any, cu_seqlens: Any, *, widen: tuple[str, ...],
-              per_sm: float) -> LinearAttentionConfig:
-    """The default config with the forward state kernel's tiles (the fields ``widen``, in order) widened by
+def _for_call(dk: int | None, v: Any, cu_seqlens: Any, *, widen: tuple[str, ...]) -> LinearAttentionConfig:
+    """The default config with the forward state kernel's tiles (the fields ``widen``, in order) doubled by
     :func:`ejk_triton._device.widened_block` for a state ``[dk, V]`` per sequence and head of ``v [B, T, H, V]``;
     the interpreter's config on a CPU."""
     if _env.interpreting_on_cpu():
@@ -145,7 +141,7 @@ def _for_call(dk: int | None, v: Any, cu_seqlens: Any, *, widen: tuple[str, ...]
             cdiv(sizes[name], block if name == field else tiles[name]) for name in tiles)
 
     for field in widen:
-        tiles[field] = widened_block(tiles[field], max(next_pow2(sizes[field]), tiles[field]), programs(field), per_sm)
+        tiles[field] = widened_block(tiles[field], max(next_pow2(sizes[field]), tiles[field]), programs(field))
     return attrs.evolve(base, **tiles)
 
 

@@ -16,6 +16,7 @@ from ejk_pallas import (
     _matmul,
     _matmul_mgpu,
     _matmul_tpu,
+    _mla_attention_mgpu,
     _paged_attention,
     _paged_attention_tpu,
     _varlen_attention_mgpu,
@@ -40,6 +41,8 @@ PAGED_PRIORITY = 6
 MATMUL_PRIORITY = -6
 #: matmul, Mosaic GPU (Hopper only): first among the GEMM kernels.
 MOSAIC_MATMUL_PRIORITY = -4
+#: mla_paged_attention, Mosaic GPU (Hopper only): after ejk-triton's kernel until a ranking pack measures it.
+MOSAIC_MLA_PRIORITY = 2
 
 
 #: The flash backwards take the lse cotangent too: ejk.flash_attention_lse comes with them.
@@ -100,6 +103,10 @@ def _register_ops(register: RegisterKernels) -> None:
         register("grouped_matmul", Platform.PALLAS, backend, priority=OPS_PRIORITY, name="triton_lowered",
                  cfg_type=gmm.GroupedMatmulConfig, config_space=gmm.config_space, heuristic=gmm.heuristic_config,
                  capability=gmm.capability, vjp=gmm.vjp)(gmm.forward)
+        mla = _mla_attention_mgpu
+        register("mla_paged_attention", Platform.PALLAS, backend, priority=MOSAIC_MLA_PRIORITY, name="mosaic",
+                 cfg_type=mla.MosaicMlaConfig, config_space=mla.config_space, heuristic=mla.heuristic_config,
+                 capability=mla.capability)(mla.mla_paged_attention)
         register("grouped_matmul", Platform.PALLAS, backend, priority=MOSAIC_GMM_PRIORITY, name="mosaic",
                  cfg_type=mgmm.MosaicGroupedMatmulConfig, config_space=mgmm.config_space,
                  heuristic=mgmm.heuristic_config, capability=mgmm.capability, vjp=mgmm.vjp)(mgmm.forward)

@@ -191,6 +191,7 @@ def test_configs_fit_shared_memory_and_split_small_batches(monkeypatch: pytest.M
     space = config_space(*_deepseek(), v_head_dim=512)
     assert space[0] == big and len(set(space)) == len(space)
     assert all(mla.smem_bytes(c, 576) <= mla._fa._SMEM_BUDGET and c.block_kv == 32 for c in space)
+    assert {c.stages for c in space} == {2, 3}  # four blocks do not fit with Mosaic's own ~3 KiB
     wide = config_space(*_deepseek(dk=192), v_head_dim=128)
     assert {c.block_kv for c in wide} == {32, 64}
     with pytest.raises(ValueError):

@@ -105,7 +105,9 @@ class _Static:
 
 def smem_bytes(cfg: MosaicMlaConfig, dk: int, itemsize: int = 2) -> int:
     """Shared memory (bytes) of a config: the Q tile (then the output's), the key ring, the two probability
-    tiles and the rows' statistics."""
+    tiles and the rows' statistics. Mosaic GPU adds about 3 KiB (barriers, alignment): at 576 key dims a ring of
+    four 32-key blocks needs 233,552 bytes, past Hopper's 232,448 (its lowering says so), so ejk's budget keeps
+    4 KiB spare."""
     return ((_ROWS * dk + cfg.stages * cfg.block_kv * dk + _CONSUMERS * _ROWS * cfg.block_kv) * itemsize
             + (2 * _CONSUMERS + 1) * _ROWS * 4)
 

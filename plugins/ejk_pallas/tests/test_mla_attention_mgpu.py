@@ -36,7 +36,7 @@ needs_kernel = pytest.mark.skipif(not RUNS, reason="needs a Hopper GPU, or EJK_P
 in_process = pytest.mark.skipif(not ON_GPU and _FEW_CORES and os.environ.get(_CHILD) != "1",
                                 reason="fewer than 4 cores: run by test_interpreted_in_a_child_process")
 
-SCENARIOS: dict[str, tuple[dict[str, Any], MosaicMlaConfig, dict[str, Any]]] = {
+SCENARIOS: dict[str, tuple[dict[str, Any], MosaicMlaConfig | None, dict[str, Any]]] = {
     # decode over ragged contexts: 70 keys (a pair and a half of 32-key blocks), one key, none
     "decode": ({"kv_lens": (70, 1, 0), "page": 32}, MosaicMlaConfig(stages=3), {}),
     # the same through split-KV with the shallowest ring (the producer waits for every release)
@@ -48,6 +48,8 @@ SCENARIOS: dict[str, tuple[dict[str, Any], MosaicMlaConfig, dict[str, Any]]] = {
                        {"causal": False, "softmax_scale": 0.05}),
     # blocks of 64 keys (pages of 128: two blocks a page), two splits
     "blocks_of_64": ({"kv_lens": (200, 65), "page": 128}, MosaicMlaConfig(block_kv=64, stages=2, num_splits=2), {}),
+    # float16, the heuristic's config (cfg=None)
+    "float16_heuristic": ({"kv_lens": (97, 31), "sq": 2, "page": 32, "dtype": jnp.float16}, None, {}),
 }
 
 
@@ -118,7 +120,7 @@ def test_interpreted_in_a_child_process() -> None:
         except subprocess.TimeoutExpired:
             continue
         assert done.returncode == 0, done.stdout[-8000:] + done.stderr[-3000:]
-        assert "7 passed" in done.stdout, done.stdout[-3000:]
+        assert "8 passed" in done.stdout, done.stdout[-3000:]
         return
     pytest.skip("the Mosaic GPU interpreter stalled twice on this machine")
 

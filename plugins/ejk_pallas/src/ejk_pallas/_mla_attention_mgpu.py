@@ -112,7 +112,7 @@ def smem_bytes(cfg: MosaicMlaConfig, dk: int, itemsize: int = 2) -> int:
             + (2 * _CONSUMERS + 1) * _ROWS * 4)
 
 
-def _tail_pairs(q: jax.Array, kv_pages: jax.Array, kv_lens: jax.Array, page_indices: jax.Array,
+def _tail_pairs(kv_pages: jax.Array, kv_lens: jax.Array, page_indices: jax.Array,
                 pair: int) -> tuple[jax.Array, jax.Array]:
     """``(tails [B, pair, Dk], start [B])``: the pair of key blocks that holds each sequence's last key
     (positions ``start .. start + pair``), positions at or past ``kv_len`` zeroed."""
@@ -123,7 +123,7 @@ def _tail_pairs(q: jax.Array, kv_pages: jax.Array, kv_lens: jax.Array, page_indi
     slot = jnp.clip(pos // page, 0, pages_per_seq - 1)
     pages = jnp.clip(jnp.take_along_axis(page_indices.astype(jnp.int32), slot, axis=1), 0, kv_pages.shape[0] - 1)
     rows = kv_pages[pages, pos % page]
-    return jnp.where((pos < lens[:, None])[..., None], rows, jnp.zeros((), rows.dtype)).astype(q.dtype), start
+    return jnp.where((pos < lens[:, None])[..., None], rows, jnp.zeros((), rows.dtype)), start
 
 
 def _load(ref: Any, layout: Any, **options: Any) -> Any:
@@ -315,7 +315,7 @@ def _launch(q: jax.Array, kv_pages: jax.Array, kv_lens: jax.Array, page_indices:
                  scale=scale, interpret=interpret)
     q_rows = jnp.pad(q.reshape(batch, rows, dk), ((0, 0), (0, padded - rows), (0, 0)))
     kv_lens = jnp.minimum(kv_lens.astype(jnp.int32), st.pages_per_seq * st.page)  # the table's capacity
-    tails, tail_start = _tail_pairs(q, kv_pages, kv_lens, page_indices, st.pair)
+    tails, tail_start = _tail_pairs(kv_pages, kv_lens, page_indices, st.pair)
     limits, cta_hi = _row_limits(kv_lens, sq=st.sq, hq=st.hq, padded=padded, causal=causal)
     kwargs: dict[str, Any] = {}
     if interpret:

@@ -171,13 +171,15 @@ def _kernel(refs: tuple[Any, ...], scoped: Any, *, st: _Static) -> None:
             _fa._when(i >= st.stages, lambda: plgpu.barrier_wait(free.at[s]))
             key0 = (2 * lo_p + i) * st.bk
 
+            # whole blocks by index (Mosaic GPU cannot prove a dynamic row offset a multiple of the tiling)
             def from_pages() -> None:
                 page = jnp.clip(pidx_ref[b, key0 // st.page], 0, st.num_pages - 1)
-                plgpu.copy_gmem_to_smem(kv_ref.at[page, pl.ds(lax.rem(key0, st.page), st.bk)], ring.at[s],
-                                        ready.at[s])
+                block = lax.div(lax.rem(key0, jnp.int32(st.page)), jnp.int32(st.bk))
+                plgpu.copy_gmem_to_smem(kv_ref.at[page, block], ring.at[s], ready.at[s])
 
             def from_tail() -> None:
-                plgpu.copy_gmem_to_smem(tail_ref.at[b, pl.ds(key0 - tail_start, st.bk)], ring.at[s], ready.at[s])
+                block = lax.div(key0 - tail_start, jnp.int32(st.bk))
+                plgpu.copy_gmem_to_smem(tail_ref.at[b, block], ring.at[s], ready.at[s])
 
             pl.when(key0 < tail_start)(from_pages)
             pl.when(key0 >= tail_start)(from_tail)
@@ -330,7 +332,8 @@ def _launch(q: jax.Array, kv_pages: jax.Array, kv_lens: jax.Array, page_indices:
         thread_name="wg",
         compiler_params=plgpu.CompilerParams(approx_math=True),
         **kwargs,
-    )(q_rows, kv_pages, tails, limits, cta_hi, tail_start, page_indices.astype(jnp.int32))
+    )(q_rows, kv_pages.reshape(st.num_pages, st.page // st.bk, st.bk, dk), tails.reshape(batch, 2, st.bk, dk),
+      limits, cta_hi, tail_start, page_indices.astype(jnp.int32))
     merged: jax.Array
     if st.splits == 1:
         merged = out[0]

@@ -59,6 +59,9 @@ _REGS = (232, 40)
 #: The widest accumulator a consumer holds: ``64 × 256`` float32 (half of DeepSeek's 512 value dims).
 _MAX_HALF_DV = 256
 _MAX_SPLITS = 64
+#: Hopper's shared memory per CTA, and what the barriers and alignment take beyond :func:`smem_bytes`.
+_SMEM_LIMIT = 227 * 1024
+_SMEM_SPARE = 1024
 
 
 @attrs.frozen(kw_only=True)
@@ -105,9 +108,9 @@ class _Static:
 
 def smem_bytes(cfg: MosaicMlaConfig, dk: int, itemsize: int = 2) -> int:
     """Shared memory (bytes) of a config: the Q tile (then the output's), the key ring, the two probability
-    tiles and the rows' statistics. Mosaic GPU adds about 3 KiB (barriers, alignment): at 576 key dims a ring of
-    four 32-key blocks needs 233,552 bytes, past Hopper's 232,448 (its lowering says so), so ejk's budget keeps
-    4 KiB spare."""
+    tiles and the rows' statistics. The barriers and their alignment add under 1 KiB (``_SMEM_SPARE``): at 576
+    key dims a ring of four 32-key blocks takes 231,520 bytes of Hopper's 232,448. No reduction crosses warps
+    (the row statistics reduce within each warp's rows), so the kernel reserves no reduction scratch."""
     return ((_ROWS * dk + cfg.stages * cfg.block_kv * dk + _CONSUMERS * _ROWS * cfg.block_kv) * itemsize
             + (2 * _CONSUMERS + 1) * _ROWS * 4)
 
@@ -330,7 +333,7 @@ def _launch(q: jax.Array, kv_pages: jax.Array, kv_lens: jax.Array, page_indices:
         grid_names=("rb", "sp", "b"),
         num_threads=_CONSUMERS + 1,
         thread_name="wg",
-        compiler_params=plgpu.CompilerParams(approx_math=True),
+        compiler_params=plgpu.CompilerParams(approx_math=True, reduction_scratch_bytes=0),
         **kwargs,
     )(q_rows, kv_pages.reshape(st.num_pages, st.page // st.bk, st.bk, dk), tails.reshape(batch, 2, st.bk, dk),
       limits, cta_hi, tail_start, page_indices.astype(jnp.int32))
@@ -421,7 +424,7 @@ def capability(q: Any, kv_pages: Any, kv_lens: Any, page_indices: Any, *, v_head
 def _fitting(dk: int, page: int) -> list[MosaicMlaConfig]:
     return [cfg for bk in (32, 64) for stages in range(2, 9)
             if page % bk == 0 and smem_bytes(cfg := MosaicMlaConfig(block_kv=bk, stages=stages), dk)
-            <= _fa._SMEM_BUDGET]
+            + _SMEM_SPARE <= _SMEM_LIMIT]
 
 
 def _splits(q: Any, kv_pages: Any, page_indices: Any, bk: int) -> int:

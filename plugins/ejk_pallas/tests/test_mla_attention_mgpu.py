@@ -217,3 +217,26 @@ def test_gpu_deepseek_shapes(sq: int, hq: int, lens: tuple[int, ...]) -> None:
     out = ejk.mla_paged_attention(*args, v_head_dim=512, platform="pallas")
     want = ejk.mla_paged_attention(*args, v_head_dim=512, platform="xla")
     assert_close(out, want, jnp.bfloat16, what=f"sq {sq} hq {hq}")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_GPU, reason="needs a Hopper GPU (the interpret mode has no cluster barriers)")
+@pytest.mark.parametrize("cluster", [2, 4])
+def test_gpu_clusters_multicast_the_keys(cluster: int) -> None:
+    """Clusters of row blocks share each key block by multicast: the same values as without."""
+    args = mla_batch(2, kv_lens=(4096, 1, 0, 3001), sq=2, hq=128, dk=576, page=64, dtype=jnp.bfloat16)
+    out = ejk.mla_paged_attention(*args, v_head_dim=512, platform="pallas", cfg=MosaicMlaConfig(cluster=cluster))
+    want = ejk.mla_paged_attention(*args, v_head_dim=512, platform="xla")
+    assert_close(out, want, jnp.bfloat16, what=f"cluster {cluster}")
+
+
+@pytest.mark.parametrize("cluster", [2, 4])
+def test_clusters_lower_for_cuda(cluster: int) -> None:
+    args = (S((128, 2, 128, 576), jnp.bfloat16), S((128 * 64, 64, 576), jnp.bfloat16), S((128,), jnp.int32),
+            S((128, 64), jnp.int32))
+
+    def f(*a: Any) -> Any:
+        return mla._launch(*a, v_head_dim=512, scale=576 ** -0.5, causal=True,
+                           cfg=MosaicMlaConfig(stages=3, cluster=cluster), interpret=False)
+
+    assert "mosaic_gpu" in jax.jit(f).trace(*args).lower(lowering_platforms=("cuda",)).as_text()

@@ -73,11 +73,16 @@ class MosaicMlaConfig:
             multiple of it.
         stages: Key blocks the ring holds (at least the two of a step; more let the producer run ahead).
         num_splits: CTAs that share one row block's keys (split-KV), merged afterwards.
+        cluster: CTAs of neighbouring row blocks of one sequence launched as a cluster: each key block is read
+            once for all of them and multicast into their shared memories (their rings advance together, each
+            slot refilled once every CTA's consumers released it). 1 (no cluster), 2 or 4; not yet in the
+            config space (no GPU run has checked it).
     """
 
     block_kv: int = attrs.field(default=32, validator=one_of(32, 64))
     stages: int = attrs.field(default=3, validator=int_in(2, 8))
     num_splits: int = attrs.field(default=1, validator=int_in(1, _MAX_SPLITS))
+    cluster: int = attrs.field(default=1, validator=one_of(1, 2, 4))
 
 
 @attrs.frozen
@@ -88,6 +93,7 @@ class _Static:
     bk: int
     stages: int
     splits: int
+    cluster: int
     sq: int
     hq: int
     page: int
@@ -142,22 +148,26 @@ def _cast(x: Any, layout: Any, interpret: bool) -> Any:
     return x if interpret else _fa._mods()[1].layout_cast(x, layout)
 
 
-def _row_limits(kv_lens: jax.Array, *, sq: int, hq: int, padded: int, causal: bool) -> tuple[jax.Array, jax.Array]:
-    """``(limits [B, padded], hi [B, padded / 64])`` int32: the keys each row sees (``j < limit``) and those
-    the last row of each CTA sees (a CTA's key range). Padding rows see what the last token's rows see."""
+def _row_limits(kv_lens: jax.Array, *, sq: int, hq: int, padded: int, causal: bool,
+                group: int = _ROWS) -> tuple[jax.Array, jax.Array]:
+    """``(limits [B, padded], hi [B, padded / group])`` int32: the keys each row sees (``j < limit``) and those
+    the last row of each group of ``group`` rows sees (the key range of a CTA, or of a cluster's CTAs). Padding
+    rows see what the last token's rows see."""
     lens = kv_lens.astype(jnp.int32)[:, None]
     token = jnp.minimum(jnp.arange(padded, dtype=jnp.int32) // hq, sq - 1)[None, :]
     limits = jnp.clip(lens - sq + token + 1, 0, lens) if causal else jnp.broadcast_to(lens, (lens.shape[0], padded))
-    return limits, limits[:, _ROWS - 1::_ROWS]
+    return limits, limits[:, group - 1::group]
 
 
 def _kernel(refs: tuple[Any, ...], scoped: Any, *, st: _Static) -> None:
     pl, plgpu = _fa._mods()
     q_ref, kv_ref, tail_ref, lim_ref, hi_ref, start_ref, pidx_ref, out_ref, lse_ref = refs
     (q_smem, ring, p_smem, stats, lse_smem), (ready, q_ready), free, meet = scoped
-    wg, rb, sp, b = (lax.axis_index(n) for n in ("wg", "rb", "sp", "b"))
+    wg, group, sp, b = (lax.axis_index(n) for n in ("wg", "rb", "sp", "b"))
+    rb = group * st.cluster + (lax.axis_index("cluster") if st.cluster > 1 else 0)
     r0 = rb * _ROWS
-    pairs = lax.div(hi_ref[b, rb] + (st.pair - 1), jnp.int32(st.pair))
+    collective = {"collective_axes": "cluster"} if st.cluster > 1 else {}
+    pairs = lax.div(hi_ref[b, group] + (st.pair - 1), jnp.int32(st.pair))  # the cluster's keys
     per = lax.div(pairs + (st.splits - 1), jnp.int32(st.splits))
     lo_p = jnp.minimum(sp * per, pairs)
     n = jnp.minimum(lo_p + per, pairs) - lo_p  # the CTA's steps
@@ -178,11 +188,11 @@ def _kernel(refs: tuple[Any, ...], scoped: Any, *, st: _Static) -> None:
             def from_pages() -> None:
                 page = jnp.clip(pidx_ref[b, key0 // st.page], 0, st.num_pages - 1)
                 block = lax.div(lax.rem(key0, jnp.int32(st.page)), jnp.int32(st.bk))
-                plgpu.copy_gmem_to_smem(kv_ref.at[page, block], ring.at[s], ready.at[s])
+                plgpu.copy_gmem_to_smem(kv_ref.at[page, block], ring.at[s], ready.at[s], **collective)
 
             def from_tail() -> None:
                 block = lax.div(key0 - tail_start, jnp.int32(st.bk))
-                plgpu.copy_gmem_to_smem(tail_ref.at[b, block], ring.at[s], ready.at[s])
+                plgpu.copy_gmem_to_smem(tail_ref.at[b, block], ring.at[s], ready.at[s], **collective)
 
             pl.when(key0 < tail_start)(from_pages)
             pl.when(key0 >= tail_start)(from_tail)
@@ -301,7 +311,10 @@ def _entry(*refs: Any, st: _Static) -> None:
         plgpu.SMEM((_ROWS,), jnp.float32),  # the rows' log-sum-exp
     )
     ready = (plgpu.Barrier(num_barriers=st.stages), plgpu.Barrier(num_barriers=1))
-    free = plgpu.Barrier(num_arrivals=_CONSUMERS, num_barriers=st.stages)
+    if st.cluster > 1:  # a slot is refilled (by multicast) once the consumers of every CTA released it
+        free = plgpu.ClusterBarrier(collective_axes=("cluster",), num_arrivals=_CONSUMERS, num_barriers=st.stages)
+    else:
+        free = plgpu.Barrier(num_arrivals=_CONSUMERS, num_barriers=st.stages)
     pl.run_scoped(lambda *scoped: _kernel(refs, scoped, st=st), smem, ready, free,
                   plgpu.Barrier(num_arrivals=_CONSUMERS), collective_axes="wg")
 
@@ -312,16 +325,17 @@ def _launch(q: jax.Array, kv_pages: jax.Array, kv_lens: jax.Array, page_indices:
     _, plgpu = _fa._mods()
     batch, sq, hq, dk = q.shape
     rows = sq * hq
-    padded = _cdiv(rows, _ROWS) * _ROWS
+    padded = _cdiv(rows, _ROWS * cfg.cluster) * _ROWS * cfg.cluster
     interpret = _env.use_interpreter() if interpret is None else interpret
     st = _Static(dtype=jnp.dtype(q.dtype), dk=int(dk), dv=int(v_head_dim), bk=cfg.block_kv, stages=cfg.stages,
-                 splits=cfg.num_splits, sq=int(sq), hq=int(hq), page=int(kv_pages.shape[1]),
+                 splits=cfg.num_splits, cluster=cfg.cluster, sq=int(sq), hq=int(hq), page=int(kv_pages.shape[1]),
                  pages_per_seq=int(page_indices.shape[1]), num_pages=int(kv_pages.shape[0]), causal=causal,
                  scale=scale, interpret=interpret)
     q_rows = jnp.pad(q.reshape(batch, rows, dk), ((0, 0), (0, padded - rows), (0, 0)))
     kv_lens = jnp.minimum(kv_lens.astype(jnp.int32), st.pages_per_seq * st.page)  # the table's capacity
     tails, tail_start = _tail_pairs(kv_pages, kv_lens, page_indices, st.pair)
-    limits, cta_hi = _row_limits(kv_lens, sq=st.sq, hq=st.hq, padded=padded, causal=causal)
+    limits, group_hi = _row_limits(kv_lens, sq=st.sq, hq=st.hq, padded=padded, causal=causal,
+                                   group=_ROWS * st.cluster)
     kwargs: dict[str, Any] = {}
     if interpret:
         kwargs["interpret"] = _fa.interpret_params()
@@ -329,14 +343,15 @@ def _launch(q: jax.Array, kv_pages: jax.Array, kv_lens: jax.Array, page_indices:
         functools.partial(_entry, st=st),
         out_type=(jax.ShapeDtypeStruct((st.splits, batch, padded, st.dv), q.dtype),
                   jax.ShapeDtypeStruct((st.splits, batch, padded), jnp.float32)),
-        grid=(padded // _ROWS, st.splits, batch),
+        grid=(padded // (_ROWS * st.cluster), st.splits, batch),
         grid_names=("rb", "sp", "b"),
+        **({"cluster": (st.cluster,), "cluster_names": ("cluster",)} if st.cluster > 1 else {}),
         num_threads=_CONSUMERS + 1,
         thread_name="wg",
         compiler_params=plgpu.CompilerParams(approx_math=True, reduction_scratch_bytes=0),
         **kwargs,
     )(q_rows, kv_pages.reshape(st.num_pages, st.page // st.bk, st.bk, dk), tails.reshape(batch, 2, st.bk, dk),
-      limits, cta_hi, tail_start, page_indices.astype(jnp.int32))
+      limits, group_hi, tail_start, page_indices.astype(jnp.int32))
     merged: jax.Array
     if st.splits == 1:
         merged = out[0]

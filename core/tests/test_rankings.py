@@ -235,7 +235,7 @@ def test_the_shipped_packs_are_valid_and_cover_the_h100() -> None:
     assert h100.problems == () and h100.entries == {}
     assert set(h100.rankings) == {"flash_attention", "flash_attention_lse", "flash_attention_varlen", "matmul",
                                   "grouped_matmul", "ragged_paged_attention", "linear_cross_entropy", "rms_norm",
-                                  "ssd"}
+                                  "ssd", "mla_paged_attention"}
     for op, rankings in h100.rankings.items():
         arguments = set(inspect.signature(getattr(ejk, op)).parameters)
         for ranking in rankings:
@@ -243,6 +243,20 @@ def test_the_shipped_packs_are_valid_and_cover_the_h100() -> None:
             assert not ranking.applies("gpu|NVIDIA_A100-SXM4-80GB|cc=8.0", {})
             named = {c.argument for c in ranking.when} | {c.divisor.argument for c in ranking.when if c.divisor}
             assert named <= arguments, (op, named - arguments)
+
+
+def test_the_h100_pack_puts_the_mosaic_mla_kernel_first_from_128_rows_a_sequence() -> None:
+    (h100,) = [load_pack(str(p)) for p in sorted(CORE_PACKS_DIR.glob("*.json"))]
+    device = "gpu|NVIDIA_H100_80GB_HBM3|cc=9.0"
+
+    def order(sq: int, hq: int, dk: int = 576) -> tuple[str, ...] | None:
+        call = {"q": jax.ShapeDtypeStruct((64, sq, hq, dk), jnp.bfloat16),
+                "kv_lens": jax.ShapeDtypeStruct((64,), jnp.int32)}
+        found = [r for r in h100.rankings["mla_paged_attention"] if r.orders("fwd") and r.applies(device, call)]
+        return tuple(found[0].order) if found else None
+
+    assert order(1, 128) == order(2, 64) == order(2, 128) == ("pallas/gpu:mosaic", "triton/gpu:mla")
+    assert order(1, 16) is None and order(1, 64) is None and order(2, 128, dk=192) is None
 
 
 def test_the_h100_pack_orders_packed_d128_attention_by_its_mask() -> None:

@@ -165,9 +165,9 @@ def test_blocks_of_64_lower_for_cuda() -> None:
 
 
 def _deepseek(batch: int = 128, sq: int = 2, hq: int = 128, page: int = 64, dtype: Any = jnp.bfloat16,
-              dk: int = 576) -> tuple[Any, ...]:
-    return (S((batch, sq, hq, dk), dtype), S((batch * 64, page, dk), dtype), S((batch,), jnp.int32),
-            S((batch, 64), jnp.int32))
+              dk: int = 576, pages: int = 64) -> tuple[Any, ...]:
+    return (S((batch, sq, hq, dk), dtype), S((batch * pages, page, dk), dtype), S((batch,), jnp.int32),
+            S((batch, pages), jnp.int32))
 
 
 def test_capability_names_what_it_refuses(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -186,16 +186,24 @@ def test_capability_names_what_it_refuses(monkeypatch: pytest.MonkeyPatch) -> No
 
 def test_configs_fit_shared_memory_and_split_small_batches(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(mla, "_sm_count", lambda: 132)
+    monkeypatch.setattr(mla._env, "use_interpreter", lambda: False)
     big = heuristic_config(*_deepseek(), v_head_dim=512)
-    assert big == MosaicMlaConfig(block_kv=32, stages=4, num_splits=1)  # 512 CTAs fill the GPU
+    assert big == MosaicMlaConfig(block_kv=32, stages=4, num_splits=1, cluster=2)  # 512 CTAs, pairs multicast
     small = heuristic_config(*_deepseek(batch=4, sq=1, hq=16), v_head_dim=512)
-    assert small.num_splits == 16  # 4 CTAs x 16 splits, each keeping 4 of the 64 steps of 4096 keys
+    assert small.num_splits == 16 and small.cluster == 1  # 4 CTAs x 16, each keeping 4 of 64 steps of 4096 keys
+    # 64 CTAs of 128 steps: two splits (one wave of 128 CTAs), not four (two waves of 32 steps take as long)
+    assert heuristic_config(*_deepseek(batch=64, sq=1, hq=16, pages=128), v_head_dim=512).num_splits == 2
     space = config_space(*_deepseek(), v_head_dim=512)
     assert space[0] == big and len(set(space)) == len(space)
     assert all(mla.smem_bytes(c, 576) + mla._SMEM_SPARE <= mla._SMEM_LIMIT and c.block_kv == 32 for c in space)
     assert {c.stages for c in space} == {2, 3, 4}  # four blocks of 32 keys fit, two of 64 do not
+    assert {c.cluster for c in space} == {1, 2, 4}  # four row blocks a sequence
+    assert {c.cluster for c in config_space(*_deepseek(hq=64, sq=1), v_head_dim=512)} == {1}
     wide = config_space(*_deepseek(dk=192), v_head_dim=128)
     assert {c.block_kv for c in wide} == {32, 64}
+    monkeypatch.setattr(mla._env, "use_interpreter", lambda: True)
+    assert heuristic_config(*_deepseek(), v_head_dim=512).cluster == 1
+    assert {c.cluster for c in config_space(*_deepseek(), v_head_dim=512)} == {1}
     with pytest.raises(ValueError):
         MosaicMlaConfig(block_kv=16)
 

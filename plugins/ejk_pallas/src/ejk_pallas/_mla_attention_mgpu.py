@@ -75,8 +75,8 @@ class MosaicMlaConfig:
         num_splits: CTAs that share one row block's keys (split-KV), merged afterwards.
         cluster: CTAs of neighbouring row blocks of one sequence launched as a cluster: each key block is read
             once for all of them and multicast into their shared memories (their rings advance together, each
-            slot refilled once every CTA's consumers released it). 1 (no cluster), 2 or 4; not yet in the
-            config space (no GPU run has checked it).
+            slot refilled once every CTA's consumers released it). 1 (no cluster), 2 or 4; the rows are padded
+            to ``64 · cluster``. GPU only (the interpret mode has no cluster barriers).
     """
 
     block_kv: int = attrs.field(default=32, validator=one_of(32, 64))
@@ -327,6 +327,9 @@ def _launch(q: jax.Array, kv_pages: jax.Array, kv_lens: jax.Array, page_indices:
     rows = sq * hq
     padded = _cdiv(rows, _ROWS * cfg.cluster) * _ROWS * cfg.cluster
     interpret = _env.use_interpreter() if interpret is None else interpret
+    if interpret and cfg.cluster > 1:
+        raise ValueError(f"MosaicMlaConfig(cluster={cfg.cluster}) needs a GPU: the Mosaic GPU interpret mode has no "
+                         "cluster barriers (use cluster=1 there)")
     st = _Static(dtype=jnp.dtype(q.dtype), dk=int(dk), dv=int(v_head_dim), bk=cfg.block_kv, stages=cfg.stages,
                  splits=cfg.num_splits, cluster=cfg.cluster, sq=int(sq), hq=int(hq), page=int(kv_pages.shape[1]),
                  pages_per_seq=int(page_indices.shape[1]), num_pages=int(kv_pages.shape[0]), causal=causal,
@@ -443,31 +446,46 @@ def _fitting(dk: int, page: int) -> list[MosaicMlaConfig]:
 
 
 def _splits(q: Any, kv_pages: Any, page_indices: Any, bk: int) -> int:
-    """The fewest splits (powers of two) that give every SM a CTA, while each keeps at least four steps of the
-    longest context the page table allows."""
+    """None where the CTAs fill the SMs; else the splits (powers of two) whose waves of CTAs take the fewest
+    steps in all (the fewest splits among equals), each split keeping at least four steps of the longest
+    context the page table allows."""
     batch, sq, hq, _ = (int(n) for n in q.shape)
     ctas = batch * _cdiv(sq * hq, _ROWS)
     steps = _cdiv(int(page_indices.shape[1]) * int(kv_pages.shape[1]), 2 * bk)
-    splits = 1
-    while ctas * splits < _sm_count() and steps // (2 * splits) >= 4 and splits < _MAX_SPLITS:
-        splits *= 2
-    return splits
+    if ctas >= _sm_count():
+        return 1
+    options = [1 << k for k in range(_MAX_SPLITS.bit_length()) if (1 << k) <= _MAX_SPLITS
+               and (k == 0 or _cdiv(steps, 1 << k) >= 4)]
+    return min(options, key=lambda s: (_cdiv(ctas * s, _sm_count()) * _cdiv(steps, s), s))
+
+
+def _cluster(q: Any) -> int:
+    """Two CTAs a cluster where a sequence has two row blocks or more (their key blocks multicast: half the
+    reads), on a GPU (the interpret mode has no cluster barriers)."""
+    _, sq, hq, _ = (int(n) for n in q.shape)
+    return 2 if sq * hq > _ROWS and not _env.use_interpreter() else 1
 
 
 def heuristic_config(q: Any, kv_pages: Any, kv_lens: Any = None, page_indices: Any = None, *, v_head_dim: int = 0,
                      **_: Any) -> MosaicMlaConfig:
-    """Blocks of 32 keys, the deepest ring that fits (at most 4 blocks), and the splits of :func:`_splits`."""
+    """Blocks of 32 keys, the deepest ring that fits (at most 4 blocks), the splits of :func:`_splits` and the
+    cluster of :func:`_cluster`."""
     fitting = [cfg for cfg in _fitting(int(q.shape[3]), int(kv_pages.shape[1])) if cfg.block_kv == 32]
     stages = max([cfg.stages for cfg in fitting if cfg.stages <= 4], default=2)
-    return MosaicMlaConfig(block_kv=32, stages=stages, num_splits=_splits(q, kv_pages, page_indices, 32))
+    return MosaicMlaConfig(block_kv=32, stages=stages, num_splits=_splits(q, kv_pages, page_indices, 32),
+                           cluster=_cluster(q))
 
 
 def config_space(q: Any, kv_pages: Any, kv_lens: Any = None, page_indices: Any = None, *, v_head_dim: int = 0,
                  **_: Any) -> list[MosaicMlaConfig]:
     """The heuristic's config first, then every fitting block and ring (up to 4 blocks) at its splits and at
-    twice and half as many."""
+    twice and half as many, each without a cluster and in clusters of as many CTAs as a sequence has row blocks
+    (2 or 4; on a GPU)."""
     first = heuristic_config(q, kv_pages, kv_lens, page_indices, v_head_dim=v_head_dim)
     splits = sorted({max(1, first.num_splits // 2), first.num_splits, min(_MAX_SPLITS, 2 * first.num_splits)})
-    space = [attrs.evolve(cfg, num_splits=s) for cfg in _fitting(int(q.shape[3]), int(kv_pages.shape[1]))
-             if cfg.stages <= 4 for s in splits]
+    row_blocks = _cdiv(int(q.shape[1]) * int(q.shape[2]), _ROWS)
+    clusters = [1] if _env.use_interpreter() else [c for c in (1, 2, 4) if c <= row_blocks]
+    space = [attrs.evolve(cfg, num_splits=s, cluster=c)
+             for cfg in _fitting(int(q.shape[3]), int(kv_pages.shape[1])) if cfg.stages <= 4
+             for s in splits for c in clusters]
     return [first, *(cfg for cfg in space if cfg != first)]

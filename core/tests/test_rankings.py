@@ -245,7 +245,7 @@ def test_the_shipped_packs_are_valid_and_cover_the_h100() -> None:
             assert named <= arguments, (op, named - arguments)
 
 
-def test_the_h100_pack_puts_the_mosaic_mla_kernel_first_from_128_rows_a_sequence() -> None:
+def test_the_h100_pack_puts_the_mosaic_mla_kernel_first_from_64_rows_a_sequence() -> None:
     (h100,) = [load_pack(str(p)) for p in sorted(CORE_PACKS_DIR.glob("*.json"))]
     device = "gpu|NVIDIA_H100_80GB_HBM3|cc=9.0"
 
@@ -255,8 +255,8 @@ def test_the_h100_pack_puts_the_mosaic_mla_kernel_first_from_128_rows_a_sequence
         found = [r for r in h100.rankings["mla_paged_attention"] if r.orders("fwd") and r.applies(device, call)]
         return tuple(found[0].order) if found else None
 
-    assert order(1, 128) == order(2, 64) == order(2, 128) == ("pallas/gpu:mosaic", "triton/gpu:mla")
-    assert order(1, 16) is None and order(1, 64) is None and order(2, 128, dk=192) is None
+    assert order(1, 64) == order(1, 128) == order(2, 128) == ("pallas/gpu:mosaic", "triton/gpu:mla")
+    assert order(1, 16) is None and order(2, 16) is None and order(2, 128, dk=192) is None
 
 
 def test_the_h100_pack_orders_packed_d128_attention_by_its_mask() -> None:

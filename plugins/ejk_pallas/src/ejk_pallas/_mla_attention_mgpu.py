@@ -15,6 +15,10 @@ takes 64 query rows of one sequence and runs three warpgroups:
 * one producer that streams the key blocks with TMA from the pages into a ring of ``stages`` slots (a "ready"
   barrier per slot that the TMA completes, a "free" barrier per slot that both consumers arrive on).
 
+The row blocks of one sequence read the same keys: with ``cluster`` 2 or 4 the CTAs of neighbouring row blocks
+launch as a cluster, each key block is read once and multicast into all their rings, and a slot is refilled once
+the consumers of every CTA in the cluster released it (a cluster barrier).
+
 Rows are ``(token, head)`` pairs, ``token · Hq + head``, padded to 64. A causal row of token ``i`` sees keys
 ``j <= kv_len - Sq + i``; the CTA streams the keys its last row sees and masks the logits per row. The pair of
 key blocks that holds a sequence's last key is gathered by XLA before the launch with the positions past

@@ -41,7 +41,8 @@ PAGED_PRIORITY = 6
 MATMUL_PRIORITY = -6
 #: matmul, Mosaic GPU (Hopper only): first among the GEMM kernels.
 MOSAIC_MATMUL_PRIORITY = -4
-#: mla_paged_attention, Mosaic GPU (Hopper only): after ejk-triton's kernel until a ranking pack measures it.
+#: mla_paged_attention, Mosaic GPU (Hopper only): after ejk-triton's kernel by priority; the H100 pack ranks it first
+#: from 64 query rows a sequence (benchmarks/results/mla_decode_h100.md).
 MOSAIC_MLA_PRIORITY = 2
 
 

@@ -450,7 +450,7 @@ def _fitting(dk: int, page: int) -> list[MosaicMlaConfig]:
 
 
 def _splits(q: Any, kv_pages: Any, page_indices: Any, bk: int) -> int:
-    """None where the CTAs fill the SMs; else the splits (powers of two) whose waves of CTAs take the fewest
+    """One where the CTAs fill the SMs; else the splits (powers of two) whose waves of CTAs take the fewest
     steps in all (the fewest splits among equals), each split keeping at least four steps of the longest
     context the page table allows."""
     batch, sq, hq, _ = (int(n) for n in q.shape)

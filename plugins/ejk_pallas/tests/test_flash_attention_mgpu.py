@@ -140,7 +140,7 @@ needs_cores = pytest.mark.skipif(_FEW_CORES and os.environ.get(_CHILD) != "1",
 _CHILD_TESTS = ("test_matches_reference", "test_overlap_matches_reference", "test_no_races_and_lse_residual",
                 "test_persistent_matches_reference", "test_persistent_has_no_races", "test_sinks_join_the_epilogue",
                 "test_mosaic_backward_matches_reference", "test_mosaic_backward_no_races")
-_CHILD_COUNT = 17
+_CHILD_COUNT = 18
 #: Child processes (each runs its share of the tests one after another): pytest-xdist runs them side by side.
 _CHILD_SHARDS = 2
 #: The most seconds one test may take in a child before it counts as stalled (and a child to start its first test).
@@ -171,6 +171,9 @@ CASES = [
     # Triton-lowered backward of a chosen config (same residual format).
     (Case(b=2, sq=64, sk=256, hq=1, hkv=1, d=128, block_kv=128),
      FlashAttentionConfig(block_q=64, block_k=64, bwd_block_q=32, bwd_block_k=64)),
+    # DeepSeek's prefill head dims, q/k 192 and v 128 (two rings, the output in 8-row bands), causal with
+    # Sq < Sk and ragged keys; gradients through the Triton-lowered backward.
+    (Case(sq=70, sk=130, hq=2, hkv=1, d=192, dv=128, causal=True), None),
 ]
 
 
@@ -542,8 +545,13 @@ def test_gate(monkeypatch: pytest.MonkeyPatch) -> None:
     q, k, v = _abstract(1, 256, 256, 4, 2, 128)
     assert "float32 not supported" in (mg.capability(*_abstract(1, 16, 16, 2, 2, 64, jnp.float32)) or "")
     assert "share one dtype" in (mg.capability(q, k, _abstract(1, 256, 256, 4, 2, 128, jnp.float16)[2]) or "")
-    assert "head_dim 96 not supported" in (mg.capability(*_abstract(1, 16, 16, 2, 2, 96)) or "")
-    assert "v head_dim 64 differs" in (mg.capability(*_abstract(1, 16, 16, 2, 2, 128, dv=64)) or "")
+    assert "q/k 96, v 96 not supported" in (mg.capability(*_abstract(1, 16, 16, 2, 2, 96)) or "")
+    for d, dv in ((64, 32), (192, 192), (128, 192), (256, 128)):
+        assert f"q/k {d}, v {dv} not supported" in (mg.capability(*_abstract(1, 16, 16, 2, 2, d, dv=dv)) or "")
+    monkeypatch.setattr(mg, "hopper_reason", lambda *api: None)
+    for d, dv in ((192, 128), (128, 64), (192, 64)):  # a narrower v: DeepSeek's prefill
+        assert mg.capability(*_abstract(1, 16, 16, 2, 2, d, dv=dv)) is None
+    monkeypatch.undo()
     seg = jax.ShapeDtypeStruct((1, 256), jnp.int32)
     assert mg.capability(q, k, v, q_segment_ids=seg, kv_segment_ids=seg) == mg.capability(q, k, v)
     assert "bias" in (mg.capability(q, k, v, bias=jax.ShapeDtypeStruct((1, 4, 256, 256), jnp.bfloat16)) or "")
@@ -646,8 +654,8 @@ MASKS: dict[str, dict[str, Any]] = {
 
 
 def _lower(cfg: MosaicFlashAttentionConfig, d: int, dtype: Any, mask: dict[str, Any], sq: int = 1000,
-           sk: int = 1100) -> str:
-    q, k, v = _abstract(2, sq, sk, 8, 2, d, dtype)
+           sk: int = 1100, dv: int | None = None) -> str:
+    q, k, v = _abstract(2, sq, sk, 8, 2, d, dtype, dv)
 
     def f(q: Any, k: Any, v: Any) -> Any:
         return mg._forward_impl(q, k, v, cfg=cfg, softmax_scale=d ** -0.5, interpret=False, **mask)
@@ -667,6 +675,34 @@ def _all_configs(d: int) -> list[MosaicFlashAttentionConfig]:
                          f"{'p' if x.persistent else ''}")
 def test_every_config_lowers_for_cuda(d: int, cfg: MosaicFlashAttentionConfig) -> None:
     _lower(cfg, d, jnp.bfloat16, MASKS["causal_window_cap"])
+
+
+def test_a_narrower_v_runs_without_segments_and_ranks_last() -> None:
+    """A narrower v (not yet run on a GPU): segment ids and packed sequences refuse it, and auto's heuristics tier
+    takes ``pallas/gpu:mosaic`` last for it."""
+    from ejk_pallas import _varlen_attention_mgpu as va
+    from ejk_pallas import plugin
+
+    q, k, v = _abstract(1, 256, 256, 4, 2, 192, dv=128)
+    seg = jax.ShapeDtypeStruct((1, 256), jnp.int32)
+    assert "narrower v runs without them" in (mg.segments_capability(q, k, v, q_segment_ids=seg,
+                                                                     kv_segment_ids=seg) or "")
+    packed = [jax.ShapeDtypeStruct(x.shape[1:], x.dtype) for x in (q, k, v)]
+    assert "narrower v runs without them" in (va.capability(*packed) or "")
+    assert plugin._mosaic_rank(q=q, k=k, v=v, causal=True) == plugin.MOSAIC_NARROW_V_RANK
+    assert plugin._mosaic_rank(q=q, k=k, v=k) == plugin.MOSAIC_GPU_PRIORITY
+
+
+def test_a_narrower_v_lowers_for_cuda_in_every_config() -> None:
+    """DeepSeek's prefill, q/k 192 and v 128: every fitting config (none with the overlap) lowers."""
+    configs = mg._fitting(jax.ShapeDtypeStruct((1, 1, 1, 192), jnp.bfloat16),
+                          jax.ShapeDtypeStruct((1, 1, 1, 128), jnp.bfloat16))
+    assert configs and not any(c.overlap for c in configs)
+    assert all(mg.smem_bytes(c, 192, 2, 128) <= mg._SMEM_BUDGET for c in configs)
+    for cfg in configs:
+        _lower(cfg, 192, jnp.bfloat16, MASKS["causal"], dv=128)
+    with pytest.raises(ValueError, match="overlap=True needs v's head dim"):
+        _lower(MosaicFlashAttentionConfig(overlap=True), 192, jnp.bfloat16, MASKS["causal"], dv=128)
 
 
 @pytest.mark.parametrize("persistent", [False, True], ids=["per_item", "persistent"])
@@ -781,6 +817,19 @@ def test_gpu_every_config_runs() -> None:
                         block_q=cfg.block_q, steps=cfg.max_concurrent_steps, overlap=cfg.overlap,
                         persistent=cfg.persistent)
             check_case(case if d == 128 else attrs.evolve(case, causal=False, window=(300, 100)), grads=False)
+
+
+@pytest.mark.gpu
+@needs_hopper
+def test_gpu_narrow_v_in_every_config() -> None:
+    """DeepSeek's prefill head dims (q/k 192, v 128), causal, GQA 2, ragged: every fitting config's forward, and
+    the gradients through the Triton-lowered backward under the heuristic's."""
+    q, k, v = _abstract(1, 1000, 1000, 4, 2, 192, dv=128)
+    for cfg in mg.config_space(q, k, v):
+        case = Case(b=1, sq=1000, sk=1000, hq=4, hkv=2, d=192, dv=128, causal=True, block_kv=cfg.block_kv,
+                    block_q=cfg.block_q, steps=cfg.max_concurrent_steps, persistent=cfg.persistent)
+        check_case(case, grads=False)
+    check_case(Case(b=2, sq=777, sk=1234, hq=4, hkv=2, d=192, dv=128, causal=True, block_kv=128), impl=choice())
 
 
 @pytest.mark.gpu

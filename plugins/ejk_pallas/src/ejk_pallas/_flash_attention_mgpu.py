@@ -87,6 +87,8 @@ __all__ = [
 _LOG2E = math.log2(math.e)
 _DTYPES = ("bfloat16", "float16")
 _HEAD_DIMS = (64, 128)
+#: Q / K head dims that take a narrower V (DeepSeek's prefill: 192 / 128), and those V head dims.
+_NARROW_V_HEAD_DIMS = ((128, 192), (64, 128))
 #: Query rows of a consumer warpgroup (one 64-row WGMMA tile); ``block_q / 64`` consumers per CTA.
 _ROWS = 64
 #: Consumer warpgroups of the ping-pong (``overlap=False``), whose meets pair exactly two.
@@ -166,6 +168,9 @@ class _Static:
     cap: float | None
     dtype: Any
     d: int
+    #: V's head dim (at most ``d``): K and V then have rings of their own, and the output leaves Q's tile in
+    #: 8-row bands (a ``[64, dv]`` column slice of the ``[64, d]`` tile is contiguous only by bands).
+    dv: int
     bq: int
     bk: int
     steps: int
@@ -387,8 +392,13 @@ def _kernel(q_ref: Any, k_ref: Any, v_ref: Any, sink_ref: Any, seg_refs: Any, ou
     pl, plgpu = _mods()
     # One ring of 2 * steps tiles: K of slot s at s, V of slot s at steps + s (every index into it is
     # traced or a Python int, never a static index followed by a traced one).
-    (qo_smem, kv_smem, lse_smem2, *extra_smem), (k_ready, v_ready, q_ready, *extra_ready), (k_free, v_free), sched, \
+    (qo_smem, rings, lse_smem2, *extra_smem), (k_ready, v_ready, q_ready, *extra_ready), (k_free, v_free), sched, \
         turn = scoped
+    # With V narrower than K, two rings (the overlap, which indexes one ring, is then off).
+    kv_smem: Any = rings if st.dv == st.d else None
+    k_smem: Any
+    v_smem: Any
+    k_smem, v_smem = (None, None) if st.dv == st.d else rings
     # Segments: the query rows' ids (and offsets), or their key ranges, land with Q.
     none: tuple[Any, ...] = (None, None, None)
     qinfo_smem: Any = extra_smem[0] if st.segments else None
@@ -434,10 +444,16 @@ def _kernel(q_ref: Any, k_ref: Any, v_ref: Any, sink_ref: Any, seg_refs: Any, ou
         return (base, ahead) if st.segments else base
 
     def k_tile(s: Any) -> Any:
-        return kv_smem.at[s]
+        return kv_smem.at[s] if kv_smem is not None else k_smem.at[s]
 
     def v_tile(s: Any) -> Any:
-        return kv_smem.at[s + st.steps]
+        return kv_smem.at[s + st.steps] if kv_smem is not None else v_smem.at[s]
+
+    def k_value(s: Any) -> Any:  # interpret mode
+        return kv_smem[s] if kv_smem is not None else k_smem[s]
+
+    def v_value(s: Any) -> Any:  # interpret mode
+        return kv_smem[s + st.steps] if kv_smem is not None else v_smem[s]
 
     def sync() -> None:  # both consumers meet: staggers one's softmax against the other's MMAs
         plgpu.barrier_arrive(sched)
@@ -513,7 +529,7 @@ def _kernel(q_ref: Any, k_ref: Any, v_ref: Any, sink_ref: Any, seg_refs: Any, ou
                 plgpu.barrier_wait(k_ready.at[s])
 
                 if st.interpret:  # the interpreter's wgmma takes no transposed operand nor registers
-                    z = jnp.dot(q_smem[...], kv_smem[s].T, preferred_element_type=jnp.float32)
+                    z = jnp.dot(q_smem[...], k_value(s).T, preferred_element_type=jnp.float32)
                     sync()
                 else:
                     def qk(acc_ref: Any) -> Any:
@@ -532,7 +548,7 @@ def _kernel(q_ref: Any, k_ref: Any, v_ref: Any, sink_ref: Any, seg_refs: Any, ou
                 plgpu.barrier_wait(sched)
 
                 if st.interpret:
-                    acc = acc + jnp.dot(p16, kv_smem[s + st.steps], preferred_element_type=jnp.float32)
+                    acc = acc + jnp.dot(p16, v_value(s), preferred_element_type=jnp.float32)
                 else:  # the MMA accumulates into the running output in place
                     def pv(acc_ref: Any) -> None:
                         plgpu.wgmma(acc_ref, p16, v_tile(s))
@@ -579,7 +595,7 @@ def _kernel(q_ref: Any, k_ref: Any, v_ref: Any, sink_ref: Any, seg_refs: Any, ou
                         return (*lax.optimization_barrier((o_ref[...], p_t)), *rest)
 
                     acc, p, m_new, denom, alpha = pl.run_scoped(
-                        mmas, plgpu.ACC((bw, st.bk), jnp.float32), plgpu.ACC((bw, st.d), jnp.float32))
+                        mmas, plgpu.ACC((bw, st.bk), jnp.float32), plgpu.ACC((bw, st.dv), jnp.float32))
                 pl.when(later)(lambda: plgpu.barrier_arrive(v_free.at[prev]))
                 return _scale_rows(acc, alpha), m_new, denom, p.astype(st.dtype)
 
@@ -593,7 +609,7 @@ def _kernel(q_ref: Any, k_ref: Any, v_ref: Any, sink_ref: Any, seg_refs: Any, ou
 
                 def pv(a: Any) -> Any:
                     if st.interpret:
-                        return a + jnp.dot(p_prev, kv_smem[last + st.steps], preferred_element_type=jnp.float32)
+                        return a + jnp.dot(p_prev, v_value(last), preferred_element_type=jnp.float32)
 
                     def mma(acc_ref: Any) -> None:
                         plgpu.wgmma(acc_ref, p_prev, v_tile(last))
@@ -618,7 +634,7 @@ def _kernel(q_ref: Any, k_ref: Any, v_ref: Any, sink_ref: Any, seg_refs: Any, ou
 
             rows = plgpu.Layout.WGMMA.reduce(1)
             carry = (
-                _cast(jnp.zeros((bw, st.d), jnp.float32), plgpu.Layout.WGMMA, st),
+                _cast(jnp.zeros((bw, st.dv), jnp.float32), plgpu.Layout.WGMMA, st),
                 # With a sink the running max starts at it: the sink's term of the denominator is then
                 # e^(sink - m) at the end, with no rescaling (the rows' statistics stay in base 2).
                 _cast(jnp.full((bw,), -jnp.inf if sink is None else sink, jnp.float32), rows, st),
@@ -642,10 +658,15 @@ def _kernel(q_ref: Any, k_ref: Any, v_ref: Any, sink_ref: Any, seg_refs: Any, ou
             safe = jnp.where(empty, 1.0, denom)
             weight = 1.0 / safe
             acc = acc * lax.broadcast_in_dim(weight, acc.shape, [0])
-            q_smem[...] = acc.astype(st.dtype)  # Q's tile holds the output (every Q·Kᵀ MMA is done)
+            o_smem = q_smem if st.dv == st.d else q_smem.at[:, pl.ds(0, st.dv)]
+            o_smem[...] = acc.astype(st.dtype)  # Q's tile holds the output (every Q·Kᵀ MMA is done)
             lse_smem[...] = jnp.where(empty, jnp.inf, m + jnp.log(safe) * (1.0 / math.log(2.0)))
             plgpu.commit_smem()
-            plgpu.copy_smem_to_gmem(q_smem, out_ref.at[batch, pl.ds(r0, bw), head])
+            if st.dv == st.d:
+                plgpu.copy_smem_to_gmem(q_smem, out_ref.at[batch, pl.ds(r0, bw), head])
+            else:  # contiguous 8-row bands of the output's columns
+                for band in range(0, bw, 8):
+                    plgpu.copy_smem_to_gmem(o_smem.at[pl.ds(band, 8)], out_ref.at[batch, pl.ds(r0 + band, 8), head])
             plgpu.copy_smem_to_gmem(lse_smem, lse_ref.at[batch, head, pl.ds(r0, bw)])
             return next_carry(base + (hi - lo), ahead)
 
@@ -722,7 +743,10 @@ def _entry(*refs: Any, st: _Static) -> None:
     segs = (plgpu.SMEM((st.q_buffers, consumers, st.info_rows, _ROWS), jnp.int32),) if st.segments else ()
     smem = (
         plgpu.SMEM((st.q_buffers, consumers, _ROWS, st.d), st.dtype, transforms=transforms),  # Q, then O
-        plgpu.SMEM((2 * st.steps, st.bk, st.d), st.dtype, transforms=transforms),  # K and V rings
+        # K and V rings: one of 2 * steps tiles, or two when V is narrower
+        plgpu.SMEM((2 * st.steps, st.bk, st.d), st.dtype, transforms=transforms) if st.dv == st.d else
+        (plgpu.SMEM((st.steps, st.bk, st.d), st.dtype, transforms=transforms),
+         plgpu.SMEM((st.steps, st.bk, st.dv), st.dtype, transforms=transforms)),
         plgpu.SMEM((consumers, _ROWS), jnp.float32),
         *segs,
     )
@@ -773,8 +797,11 @@ def _forward_impl(q: Any, k: Any, v: Any, *, cfg: MosaicFlashAttentionConfig, ca
     give the key blocks visited."""
     _, plgpu = _mods()
     batch, sq, hq, d = q.shape
-    sk, hkv = k.shape[1], k.shape[2]
+    sk, hkv, dv = k.shape[1], k.shape[2], v.shape[3]
     bq, bk = cfg.block_q, cfg.block_kv
+    if dv != d and cfg.overlap:
+        raise ValueError(f"MosaicFlashAttentionConfig: overlap=True needs v's head dim equal to q's ({dv} != {d}); "
+                         "use overlap=False")
     if bq // _ROWS > 2 and d > 64:
         raise ValueError(f"MosaicFlashAttentionConfig: block_q={bq} (three consumer warpgroups of {_REGS[3][0]} "
                          f"registers) supports head_dim 64, not {d}; use block_q=128")
@@ -792,7 +819,7 @@ def _forward_impl(q: Any, k: Any, v: Any, *, cfg: MosaicFlashAttentionConfig, ca
         costs = np.ones(nq, np.int64) if segments is not None else _item_blocks(mask, bq, bk, nq, nk) + 1
         ctas = persistent_ctas(_sm_count(), items, costs)
     st = _Static(mask=mask, scale=float(softmax_scale),
-                 cap=logits_soft_cap, dtype=jnp.dtype(q.dtype), d=d, bq=bq, bk=bk,
+                 cap=logits_soft_cap, dtype=jnp.dtype(q.dtype), d=d, dv=dv, bq=bq, bk=bk,
                  steps=min(cfg.max_concurrent_steps, nk), nq=nq, nk=nk, group=hq // hkv,
                  ragged_keys=skp != sk, interpret=interpret, overlap=cfg.overlap, hq=hq, items=items, ctas=ctas,
                  q_buffers=2 if cfg.persistent else 1, sinks=sinks is not None, segments=segments is not None,
@@ -810,7 +837,7 @@ def _forward_impl(q: Any, k: Any, v: Any, *, cfg: MosaicFlashAttentionConfig, ca
         kwargs["interpret"] = params
     out, lse = plgpu.kernel(
         functools.partial(_entry, st=st),
-        out_type=(jax.ShapeDtypeStruct((batch, sqp, hq, d), q.dtype),
+        out_type=(jax.ShapeDtypeStruct((batch, sqp, hq, dv), q.dtype),
                   jax.ShapeDtypeStruct((batch, hq, sqp), jnp.float32)),
         grid=(ctas,),
         grid_names=("cta",),
@@ -894,7 +921,7 @@ def _backward(
     segments = None if q_seg is None or kv_seg is None else (q_seg, kv_seg, None)
     if cfg is None:  # no config (``ImplChoice`` without one, or a pairing): this call's heuristic one
         cfg = heuristic_config(q, k, v, causal=causal, sliding_window=sliding_window)
-    why_not = _mosaic_backward_refusal(cfg, int(q.shape[3]), jnp.dtype(q.dtype).itemsize)
+    why_not = _mosaic_backward_refusal(cfg, int(q.shape[3]), jnp.dtype(q.dtype).itemsize, int(v.shape[3]))
     if why_not is not None:
         if isinstance(cfg, MosaicFlashAttentionConfig) and cfg.backward == "mosaic":
             raise ValueError(f"MosaicFlashAttentionConfig.backward='mosaic': {why_not}")
@@ -947,10 +974,12 @@ def fused_backward(cfg: MosaicFlashAttentionConfig, d: int, itemsize: int = 2) -
     return d <= 64 and _bwd.fused_smem_bytes(d, cfg.bwd_max_concurrent_steps, itemsize) <= _SMEM_BUDGET
 
 
-def _mosaic_backward_refusal(cfg: Any, d: int, itemsize: int) -> str | None:
+def _mosaic_backward_refusal(cfg: Any, d: int, itemsize: int, dv: int | None = None) -> str | None:
     """Why :func:`backward` does not run the Mosaic GPU backward under ``cfg``, or ``None`` when it does."""
     if not isinstance(cfg, MosaicFlashAttentionConfig) or cfg.backward == "triton_lowered":
         return "the Triton-lowered backward was asked for"
+    if dv is not None and dv != d:
+        return f"the Mosaic GPU backward needs v's head dim equal to q's ({dv} != {d})"
     if cfg.backward == "auto" and _env.use_interpreter():
         return "interpret mode runs the Triton-lowered backward unless backward='mosaic' is asked for"
     need = bwd_smem_bytes(cfg, d, itemsize)
@@ -1001,7 +1030,9 @@ def capability(
 ) -> str | None:
     """Why this implementation cannot run a call, or ``None`` when it can (abstract arguments suffice).
 
-    Supported: bfloat16 / float16 q, k, v with one head dim of 64 or 128 for q, k and v; any
+    Supported: bfloat16 / float16 q, k, v with one head dim of 64 or 128 for q, k and v, or q / k of 128 or
+    192 with a narrower v of 64 or 128 (DeepSeek's prefill, 192 / 128: K and V in rings of their own, no
+    overlap, the Triton-lowered backward); any
     lengths (padded to the blocks); GQA / MQA; causal; sliding windows; soft cap; segment ids (key blocks
     whose ids cannot meet a query block's are skipped, forward and backward; the Mosaic backward's two kernels).
     Not supported: bias, float32, other head dims. Needs a Hopper GPU (compute capability 9.0:
@@ -1015,10 +1046,10 @@ def capability(
     if len(dtypes) > 1:
         return f"q, k, v must share one dtype (got {', '.join(sorted(dtypes))})"
     d, dv = int(q.shape[3]), int(v.shape[3])
-    if d != dv:
-        return f"v head_dim {dv} differs from head_dim {d} (mosaic_gpu needs them equal)"
-    if d not in _HEAD_DIMS:
-        return f"head_dim {d} not supported (mosaic_gpu: 64 or 128)"
+    if not _head_dims_supported(d, dv):
+        return (f"head dims q/k {d}, v {dv} not supported (mosaic_gpu: 64 or 128 for all three, or q/k "
+                f"{' or '.join(map(str, _NARROW_V_HEAD_DIMS[0]))} with a narrower v of "
+                f"{' or '.join(map(str, _NARROW_V_HEAD_DIMS[1]))})")
     if bias is not None:
         return "bias not supported by mosaic_gpu"
     return hopper_reason()
@@ -1038,10 +1069,19 @@ def dense_capability(q: Any, k: Any, v: Any, *, causal: bool = False, softmax_sc
 def segments_capability(q: Any, k: Any, v: Any, *, causal: bool = False, softmax_scale: float | None = None,
                         sliding_window: tuple[int, int] | None = None, logits_soft_cap: float | None = None,
                         q_segment_ids: Any = None, kv_segment_ids: Any = None, bias: Any = None) -> str | None:
-    """:func:`capability` for calls with segment ids (``pallas/gpu:mosaic_segments``)."""
+    """:func:`capability` for calls with segment ids (``pallas/gpu:mosaic_segments``); a narrower v runs without
+    them only."""
     if q_segment_ids is None:
         return "calls without segment ids run on pallas/gpu:mosaic"
+    if narrow_v(q, v):
+        return "segment ids need v's head dim equal to q's on mosaic_gpu (a narrower v runs without them)"
     return capability(q, k, v, q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids, bias=bias)
+
+
+def narrow_v(q: Any, v: Any) -> bool:
+    """Whether a call's v is narrower than q (two rings: see :attr:`_Static.dv`); not yet run on a GPU, so the
+    registration ranks such calls after every other implementation (``ejk_pallas.plugin``)."""
+    return int(v.shape[-1]) != int(q.shape[-1])
 
 
 def hopper_reason(*api: str) -> str | None:
@@ -1066,10 +1106,18 @@ def hopper_reason(*api: str) -> str | None:
     return None
 
 
-def smem_bytes(cfg: MosaicFlashAttentionConfig, d: int, itemsize: int) -> int:
-    """Shared memory (bytes) of a config: the Q/O tiles, the K and V rings and the lse rows."""
+def _head_dims_supported(d: int, dv: int) -> bool:
+    return (d == dv and d in _HEAD_DIMS) or (dv < d and d in _NARROW_V_HEAD_DIMS[0]
+                                             and dv in _NARROW_V_HEAD_DIMS[1])
+
+
+def smem_bytes(cfg: MosaicFlashAttentionConfig, d: int, itemsize: int, dv: int | None = None) -> int:
+    """Shared memory (bytes) of a config: the Q/O tiles, the K and V rings (V ``dv`` wide, default ``d``) and
+    the lse rows."""
     q_tiles = 2 if cfg.persistent else 1
-    return (q_tiles * cfg.block_q * d + 2 * cfg.max_concurrent_steps * cfg.block_kv * d) * itemsize + cfg.block_q * 4
+    dv = d if dv is None else dv
+    return ((q_tiles * cfg.block_q * d + cfg.max_concurrent_steps * cfg.block_kv * (d + dv)) * itemsize
+            + cfg.block_q * 4)
 
 
 def bwd_smem_bytes(cfg: MosaicFlashAttentionConfig, d: int, itemsize: int) -> int:
@@ -1102,13 +1150,17 @@ _CANDIDATES: dict[int, tuple[tuple[int, int, int, bool, bool], ...]] = {
 _BWD_TILES = {64: (128, 128), 128: (64, 128)}
 
 
-def _fitting(q: Any) -> list[MosaicFlashAttentionConfig]:
+def _fitting(q: Any, v: Any = None) -> list[MosaicFlashAttentionConfig]:
+    """The head dim's candidates that fit shared memory; with a narrower ``v`` those of 128 without the overlap
+    (it indexes one K / V ring)."""
     d, itemsize = int(q.shape[3]), jnp.dtype(q.dtype).itemsize
+    dv = d if v is None else int(v.shape[3])
     head = 64 if d <= 64 else 128
     bq, bk = _BWD_TILES[head]
     configs = [MosaicFlashAttentionConfig(block_q=a, block_kv=b, max_concurrent_steps=c, overlap=o, persistent=p,
-                                          bwd_block_q=bq, bwd_block_kv=bk) for a, b, c, o, p in _CANDIDATES[head]]
-    return [c for c in configs if smem_bytes(c, d, itemsize) <= _SMEM_BUDGET]
+                                          bwd_block_q=bq, bwd_block_kv=bk) for a, b, c, o, p in _CANDIDATES[head]
+               if dv == d or not o]
+    return [c for c in configs if smem_bytes(c, d, itemsize, dv) <= _SMEM_BUDGET]
 
 
 def config_space(q: Any, k: Any, v: Any, *rest: Any, **__: Any) -> list[MosaicFlashAttentionConfig]:
@@ -1116,10 +1168,10 @@ def config_space(q: Any, k: Any, v: Any, *rest: Any, **__: Any) -> list[MosaicFl
 
     One config in interpret mode. Arguments: abstract ``q``, ``k``, ``v`` and the op's others (ignored).
     """
-    del k, v, rest
+    del k, rest
     if _env.use_interpreter():
-        return [heuristic_config(q, q, q)]
-    return _fitting(q)
+        return [heuristic_config(q, q, v)]
+    return _fitting(q, v)
 
 
 def heuristic_config(q: Any, k: Any, v: Any, *rest: Any, **options: Any) -> MosaicFlashAttentionConfig:
@@ -1133,10 +1185,10 @@ def heuristic_config(q: Any, k: Any, v: Any, *rest: Any, **options: Any) -> Mosa
     128 rows and 64 keys, one CTA per item, when the kv length fits in one block of 64 or in interpret
     mode (fewer interpreted steps wasted on padding). The Mosaic GPU backward's tiles by head dim:
     :data:`_BWD_TILES`."""
-    del v, rest
+    del rest
     if _env.use_interpreter() or int(k.shape[1]) <= 64:
         return MosaicFlashAttentionConfig(block_q=128, block_kv=64, max_concurrent_steps=2)
-    configs = _fitting(q)
+    configs = _fitting(q, v)
     masked = bool(options.get("causal")) or options.get("sliding_window") is not None
     if int(q.shape[3]) <= 64 and masked:
         return _ping_pong(configs)
@@ -1155,4 +1207,4 @@ def segments_heuristic_config(q: Any, k: Any, v: Any, *rest: Any, **options: Any
     cfg = heuristic_config(q, k, v, *rest, **options)
     if _env.use_interpreter() or int(k.shape[1]) <= 64 or not cfg.overlap:
         return cfg
-    return _ping_pong(_fitting(q))
+    return _ping_pong(_fitting(q, v))

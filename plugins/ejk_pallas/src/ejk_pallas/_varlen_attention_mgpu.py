@@ -214,8 +214,11 @@ def capability(q: Any, k: Any, v: Any, *_: Any, **__: Any) -> str | None:
     """Why this implementation cannot run a call, or ``None`` (abstract arguments suffice).
 
     Supported: what ``pallas/gpu:mosaic``'s ``flash_attention`` supports (bfloat16 / float16, one head dim of
-    64 or 128 for q, k and v, GQA, causal, windows, soft cap, sinks) on packed ``[T, H, D]`` tensors.
+    64 or 128 for q, k and v, GQA, causal, windows, soft cap, sinks) on packed ``[T, H, D]`` tensors; not a
+    narrower v (that runs on ``flash_attention``'s ``pallas/gpu:mosaic`` only).
     """
+    if _mg.narrow_v(q, v):
+        return "v's head dim must equal q's on mosaic_gpu's packed sequences (a narrower v runs without them)"
     return _mg.capability(_batched(q), _batched(k), _batched(v))
 
 

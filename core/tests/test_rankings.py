@@ -315,3 +315,20 @@ def test_the_h100_pack_sends_chunked_prefill_and_decode_to_different_kernels() -
 
     assert first(4) == "pallas/gpu:triton_lowered"  # decode: one query per sequence
     assert first(4 * 256) == "triton/gpu:paged"  # chunked prefill
+
+
+def test_the_h100_pack_runs_deepseek_prefill_on_the_mosaic_kernels() -> None:
+    """q/k 192 with v 128 (DeepSeek's prefill): Mosaic GPU first, forward and forward+backward; q/k/v 192 (which it
+    cannot run) and segment-id calls (which it refuses) keep cuDNN first."""
+    (h100,) = [load_pack(str(p)) for p in sorted(CORE_PACKS_DIR.glob("*.json"))]
+    device = "gpu|NVIDIA_H100_80GB_HBM3|cc=9.0"
+
+    def order(dv: int, mode: str) -> tuple[str, ...]:
+        call = {"q": jax.ShapeDtypeStruct((4, 4096, 16, 192), jnp.bfloat16),
+                "k": jax.ShapeDtypeStruct((4, 4096, 16, 192), jnp.bfloat16),
+                "v": jax.ShapeDtypeStruct((4, 4096, 16, dv), jnp.bfloat16), "causal": True}
+        return tuple(next(r for r in h100.rankings["flash_attention"] if r.orders(mode) and r.applies(device, call))
+                     .order)
+
+    assert order(128, "fwd")[:2] == order(128, "fwd+bwd")[:2] == ("pallas/gpu:mosaic", "xla/gpu:cudnn")
+    assert order(192, "fwd")[0] == order(192, "fwd+bwd")[0] == "xla/gpu:cudnn"

@@ -83,7 +83,7 @@ class Case(AttentionCase):
     def label_parts(self) -> list[str]:
         bwd = [] if self.mosaic_bwd is None else [f"mbwd{self.mosaic_bwd[0]}x{self.mosaic_bwd[1]}"]
         if self.mosaic_bwd is not None:
-            bwd.append("fused" if mg.fused_backward(self.cfg, self.d) else "two-kernel")
+            bwd.append("fused" if mg.fused_backward(self.cfg, self.d, 2, self.dv) else "two-kernel")
         return [*super().label_parts(), f"q{self.block_q}kv{self.block_kv}s{self.steps}",
                 *(["overlap"] if self.overlap else []), *(["persistent"] if self.persistent else []), *bwd]
 
@@ -140,7 +140,7 @@ needs_cores = pytest.mark.skipif(_FEW_CORES and os.environ.get(_CHILD) != "1",
 _CHILD_TESTS = ("test_matches_reference", "test_overlap_matches_reference", "test_no_races_and_lse_residual",
                 "test_persistent_matches_reference", "test_persistent_has_no_races", "test_sinks_join_the_epilogue",
                 "test_mosaic_backward_matches_reference", "test_mosaic_backward_no_races")
-_CHILD_COUNT = 18
+_CHILD_COUNT = 19
 #: Child processes (each runs its share of the tests one after another): pytest-xdist runs them side by side.
 _CHILD_SHARDS = 2
 #: The most seconds one test may take in a child before it counts as stalled (and a child to start its first test).
@@ -316,6 +316,9 @@ BWD_CASES = [
     Case(b=2, sq=64, sk=200, hq=1, hkv=1, d=128, block_kv=128, mosaic_bwd=(128, 128), deterministic=False),
     # Fused: Sq = 1 (decode-like: one real row, 127 padded), causal, GQA 2, a soft cap.
     Case(sq=1, sk=150, hq=2, hkv=1, causal=True, cap=20.0, mosaic_bwd=M64),
+    # DeepSeek's prefill head dims, q/k 192 and v 128: the two kernels (a narrower v's default), causal with
+    # Sq < Sk, ragged keys, GQA 2.
+    Case(sq=70, sk=130, hq=2, hkv=1, d=192, dv=128, causal=True, mosaic_bwd=M64),
 ]
 
 
@@ -481,7 +484,19 @@ def test_fused_backward_choice() -> None:
     assert "deterministic=False need" in (mg._mosaic_backward_refusal(three, 128, 2) or "")
     assert (bwd.fused_block(64), bwd.fused_block(128)) == (128, 64)
     for case in BWD_CASES + GPU_BWD_CASES:
-        assert mg.bwd_smem_bytes(case.cfg, case.d, 2) <= mg._SMEM_BUDGET, case
+        assert mg.bwd_smem_bytes(case.cfg, case.d, 2, case.dv) <= mg._SMEM_BUDGET, case
+    # A narrower v: the two kernels by default, the fused one refused (it shares one tile width).
+    assert not mg.fused_backward(MosaicFlashAttentionConfig(), 128, 2, 64)
+    assert "deterministic=True" in (mg._mosaic_backward_refusal(fused, 128, 2, 64) or "")
+    assert mg._mosaic_backward_refusal(MosaicFlashAttentionConfig(backward="mosaic", deterministic=True), 192, 2,
+                                       128) is None
+    assert bwd.smem_bytes(64, 2, 192, 2, 128) == 128 * 320 * 2 + 2 * 64 * (320 * 2 + 8)
+    with pytest.raises(ValueError, match="fused Mosaic GPU backward needs v's head dim"):
+        x = jnp.zeros((1, 8, 1, 192), jnp.bfloat16)
+        v = jnp.zeros((1, 8, 1, 128), jnp.bfloat16)
+        bwd.backward_impl(x, x, v, v, jnp.zeros((1, 1, 8)), v, block_q=64, block_kv=64, steps=2, causal=False,
+                          softmax_scale=1.0, sliding_window=None, logits_soft_cap=None, interpret_params=None,
+                          fused=True)
 
 
 def test_backward_without_config_runs_the_heuristic(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -677,11 +692,9 @@ def test_every_config_lowers_for_cuda(d: int, cfg: MosaicFlashAttentionConfig) -
     _lower(cfg, d, jnp.bfloat16, MASKS["causal_window_cap"])
 
 
-def test_a_narrower_v_runs_without_segments_and_ranks_last() -> None:
-    """A narrower v (not yet run on a GPU): segment ids and packed sequences refuse it, and auto's heuristics tier
-    takes ``pallas/gpu:mosaic`` last for it."""
+def test_a_narrower_v_runs_without_segments() -> None:
+    """A narrower v: segment ids and packed sequences refuse it (their kernels share one tile width)."""
     from ejk_pallas import _varlen_attention_mgpu as va
-    from ejk_pallas import plugin
 
     q, k, v = _abstract(1, 256, 256, 4, 2, 192, dv=128)
     seg = jax.ShapeDtypeStruct((1, 256), jnp.int32)
@@ -689,8 +702,6 @@ def test_a_narrower_v_runs_without_segments_and_ranks_last() -> None:
                                                                      kv_segment_ids=seg) or "")
     packed = [jax.ShapeDtypeStruct(x.shape[1:], x.dtype) for x in (q, k, v)]
     assert "narrower v runs without them" in (va.capability(*packed) or "")
-    assert plugin._mosaic_rank(q=q, k=k, v=v, causal=True) == plugin.MOSAIC_NARROW_V_RANK
-    assert plugin._mosaic_rank(q=q, k=k, v=k) == plugin.MOSAIC_GPU_PRIORITY
 
 
 def test_a_narrower_v_lowers_for_cuda_in_every_config() -> None:
@@ -714,16 +725,18 @@ def test_dtypes_and_masks_lower_for_cuda(dtype: str, mask: str, persistent: bool
 
 
 def _lower_bwd(d: int, dtype: Any, mask: dict[str, Any], blocks: tuple[int, int], steps: int = 2,
-               sq: int = 1000, sk: int = 1100, fused: bool = False, vmapped: bool = False) -> None:
+               sq: int = 1000, sk: int = 1100, fused: bool = False, vmapped: bool = False,
+               dv: int | None = None) -> None:
 
-    q, k, v = _abstract(2, sq, sk, 8, 2, d, dtype)
+    q, k, v = _abstract(2, sq, sk, 8, 2, d, dtype, dv)
+    out = jax.ShapeDtypeStruct((*q.shape[:3], v.shape[3]), dtype)
     lse = jax.ShapeDtypeStruct((2, 8, sq), jnp.float32)
 
     def f(q: Any, k: Any, v: Any, out: Any, lse: Any, do: Any) -> Any:
         return bwd.backward_impl(q, k, v, out, lse, do, block_q=blocks[0], block_kv=blocks[1], steps=steps,
                                  softmax_scale=d ** -0.5, interpret_params=None, fused=fused, **mask)
 
-    args: tuple[Any, ...] = (q, k, v, q, lse, q)
+    args: tuple[Any, ...] = (q, k, v, out, lse, out)
     if vmapped:  # a leading mapped axis of 3 (folded into the batch)
         args = tuple(jax.ShapeDtypeStruct((3, *a.shape), a.dtype) for a in args)
     fn = jax.vmap(f) if vmapped else f
@@ -735,6 +748,13 @@ def _lower_bwd(d: int, dtype: Any, mask: dict[str, Any], blocks: tuple[int, int]
 @pytest.mark.parametrize("blocks", [(64, 64), (128, 128)], ids=lambda b: f"{b[0]}x{b[1]}")
 def test_mosaic_backward_lowers_for_cuda(d: int, blocks: tuple[int, int]) -> None:
     _lower_bwd(d, jnp.bfloat16, MASKS["causal_window_cap"], blocks)
+
+
+@pytest.mark.parametrize("d,dv,blocks", [(192, 128, (64, 64)), (128, 64, (64, 128))], ids=str)
+def test_a_narrower_v_backward_lowers_for_cuda(d: int, dv: int, blocks: tuple[int, int]) -> None:
+    """The two kernels with v (dO, dV) narrower than q / k: DeepSeek's 192 / 128 at its tiles (_BWD_TILES)."""
+    assert mg._BWD_TILES[d] == blocks
+    _lower_bwd(d, jnp.bfloat16, MASKS["causal_window_cap"], blocks, dv=dv)
 
 
 @pytest.mark.parametrize("d", [64, 128])
@@ -797,6 +817,13 @@ GPU_BWD_CASES = [attrs.evolve(c, mosaic_bwd=M64) for c in GPU_CASES] + [
     # Two kernels at head dim 64 (the fused one is its default there).
     Case(b=2, sq=1024, sk=1024, hq=8, hkv=2, d=64, causal=True, block_kv=128, mosaic_bwd=(128, 128),
          deterministic=True),
+    # A narrower v (the two kernels): DeepSeek's 192 / 128 causal GQA 4, ragged with a window and soft cap and a
+    # 3-slot ring, rows that see nothing; 128 / 64.
+    Case(b=2, sq=1024, sk=1024, hq=8, hkv=2, d=192, dv=128, causal=True, block_kv=128, mosaic_bwd=M64),
+    Case(b=1, sq=777, sk=1234, hq=6, hkv=2, d=192, dv=128, causal=True, window=(200, 0), cap=20.0, mosaic_bwd=M64,
+         steps=3),
+    Case(b=1, sq=1500, sk=700, hq=4, hkv=1, d=192, dv=128, causal=True, mosaic_bwd=M64),
+    Case(b=1, sq=1000, sk=1000, hq=4, hkv=2, d=128, dv=64, causal=True, mosaic_bwd=(64, 128)),
 ]
 
 
@@ -823,7 +850,7 @@ def test_gpu_every_config_runs() -> None:
 @needs_hopper
 def test_gpu_narrow_v_in_every_config() -> None:
     """DeepSeek's prefill head dims (q/k 192, v 128), causal, GQA 2, ragged: every fitting config's forward, and
-    the gradients through the Triton-lowered backward under the heuristic's."""
+    the gradients through the heuristic's (the Mosaic GPU backward's two kernels)."""
     q, k, v = _abstract(1, 1000, 1000, 4, 2, 192, dv=128)
     for cfg in mg.config_space(q, k, v):
         case = Case(b=1, sq=1000, sk=1000, hq=4, hkv=2, d=192, dv=128, causal=True, block_kv=cfg.block_kv,

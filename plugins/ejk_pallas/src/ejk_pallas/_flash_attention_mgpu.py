@@ -921,7 +921,8 @@ def _backward(
     segments = None if q_seg is None or kv_seg is None else (q_seg, kv_seg, None)
     if cfg is None:  # no config (``ImplChoice`` without one, or a pairing): this call's heuristic one
         cfg = heuristic_config(q, k, v, causal=causal, sliding_window=sliding_window)
-    why_not = _mosaic_backward_refusal(cfg, int(q.shape[3]), jnp.dtype(q.dtype).itemsize, int(v.shape[3]))
+    d, dv, itemsize = int(q.shape[3]), int(v.shape[3]), jnp.dtype(q.dtype).itemsize
+    why_not = _mosaic_backward_refusal(cfg, d, itemsize, dv)
     if why_not is not None:
         if isinstance(cfg, MosaicFlashAttentionConfig) and cfg.backward == "mosaic":
             raise ValueError(f"MosaicFlashAttentionConfig.backward='mosaic': {why_not}")
@@ -939,7 +940,7 @@ def _backward(
         q, k, v, out, lse, d_out, block_q=cfg.bwd_block_q, block_kv=cfg.bwd_block_kv,
         steps=cfg.bwd_max_concurrent_steps, causal=causal, softmax_scale=softmax_scale,
         sliding_window=sliding_window, logits_soft_cap=logits_soft_cap, interpret_params=params, d_lse=d_lse,
-        fused=segments is None and fused_backward(cfg, int(q.shape[3]), jnp.dtype(q.dtype).itemsize),
+        fused=segments is None and fused_backward(cfg, d, itemsize, dv),
         segments=segments)
     return dq, dk, dv, None, None, None
 
@@ -965,29 +966,32 @@ _PLGPU_API = ("kernel", "SMEM", "Barrier", "ACC", "TilingTransform", "SwizzleTra
 _PLGPU_BWD_API = ("load", "Mesh")
 
 
-def fused_backward(cfg: MosaicFlashAttentionConfig, d: int, itemsize: int = 2) -> bool:
-    """Whether the Mosaic backward under ``cfg`` at head dim ``d`` is the fused kernel (see
-    :attr:`MosaicFlashAttentionConfig.deterministic`; ``None`` takes the two kernels where the fused one's
-    ``bwd_max_concurrent_steps`` slots would not fit in shared memory)."""
+def fused_backward(cfg: MosaicFlashAttentionConfig, d: int, itemsize: int = 2, dv: int | None = None) -> bool:
+    """Whether the Mosaic backward under ``cfg`` at head dims ``d`` (q / k) and ``dv`` (v, default ``d``) is the
+    fused kernel (see :attr:`MosaicFlashAttentionConfig.deterministic`; ``None`` takes the two kernels where the
+    fused one's ``bwd_max_concurrent_steps`` slots would not fit in shared memory, and for a narrower v)."""
     if cfg.deterministic is not None:
         return not cfg.deterministic
-    return d <= 64 and _bwd.fused_smem_bytes(d, cfg.bwd_max_concurrent_steps, itemsize) <= _SMEM_BUDGET
+    return (d <= 64 and (dv is None or dv == d)
+            and _bwd.fused_smem_bytes(d, cfg.bwd_max_concurrent_steps, itemsize) <= _SMEM_BUDGET)
 
 
 def _mosaic_backward_refusal(cfg: Any, d: int, itemsize: int, dv: int | None = None) -> str | None:
     """Why :func:`backward` does not run the Mosaic GPU backward under ``cfg``, or ``None`` when it does."""
     if not isinstance(cfg, MosaicFlashAttentionConfig) or cfg.backward == "triton_lowered":
         return "the Triton-lowered backward was asked for"
-    if dv is not None and dv != d:
-        return f"the Mosaic GPU backward needs v's head dim equal to q's ({dv} != {d})"
+    if dv is not None and dv != d and fused_backward(cfg, d, itemsize, dv):
+        return (f"the fused Mosaic GPU backward (deterministic=False) needs v's head dim equal to q's ({dv} != {d}); "
+                "use deterministic=True (the two kernels)")
     if cfg.backward == "auto" and _env.use_interpreter():
         return "interpret mode runs the Triton-lowered backward unless backward='mosaic' is asked for"
-    need = bwd_smem_bytes(cfg, d, itemsize)
+    need = bwd_smem_bytes(cfg, d, itemsize, dv)
     if need > _SMEM_BUDGET:
-        tiles = ("" if fused_backward(cfg, d, itemsize)
+        tiles = ("" if fused_backward(cfg, d, itemsize, dv)
                  else f"bwd_block_q={cfg.bwd_block_q}, bwd_block_kv={cfg.bwd_block_kv}, ")
+        dims = f"head_dim {d}" if dv is None or dv == d else f"head dims {d} / {dv}"
         return (f"{tiles}bwd_max_concurrent_steps={cfg.bwd_max_concurrent_steps}, deterministic={cfg.deterministic} "
-                f"need {need} bytes of shared memory at head_dim {d} (budget "
+                f"need {need} bytes of shared memory at {dims} (budget "
                 f"{_SMEM_BUDGET}); use fewer steps or smaller blocks")
     _, plgpu = _mods()
     missing = [name for name in _PLGPU_BWD_API if not hasattr(plgpu, name)]
@@ -1032,7 +1036,7 @@ def capability(
 
     Supported: bfloat16 / float16 q, k, v with one head dim of 64 or 128 for q, k and v, or q / k of 128 or
     192 with a narrower v of 64 or 128 (DeepSeek's prefill, 192 / 128: K and V in rings of their own, no
-    overlap, the Triton-lowered backward); any
+    overlap, the Mosaic backward's two kernels); any
     lengths (padded to the blocks); GQA / MQA; causal; sliding windows; soft cap; segment ids (key blocks
     whose ids cannot meet a query block's are skipped, forward and backward; the Mosaic backward's two kernels).
     Not supported: bias, float32, other head dims. Needs a Hopper GPU (compute capability 9.0:
@@ -1079,8 +1083,7 @@ def segments_capability(q: Any, k: Any, v: Any, *, causal: bool = False, softmax
 
 
 def narrow_v(q: Any, v: Any) -> bool:
-    """Whether a call's v is narrower than q (two rings: see :attr:`_Static.dv`); not yet run on a GPU, so the
-    registration ranks such calls after every other implementation (``ejk_pallas.plugin``)."""
+    """Whether a call's v is narrower than q (two rings: see :attr:`_Static.dv`)."""
     return int(v.shape[-1]) != int(q.shape[-1])
 
 
@@ -1120,13 +1123,13 @@ def smem_bytes(cfg: MosaicFlashAttentionConfig, d: int, itemsize: int, dv: int |
             + cfg.block_q * 4)
 
 
-def bwd_smem_bytes(cfg: MosaicFlashAttentionConfig, d: int, itemsize: int) -> int:
+def bwd_smem_bytes(cfg: MosaicFlashAttentionConfig, d: int, itemsize: int, dv: int | None = None) -> int:
     """Shared memory (bytes) of the Mosaic backward's (larger) kernel under ``cfg`` (``_bwd.fused_smem_bytes``,
-    or ``_bwd.smem_bytes`` when ``cfg.deterministic``)."""
-    if fused_backward(cfg, d, itemsize):
+    or ``_bwd.smem_bytes`` when ``cfg.deterministic``; v ``dv`` wide, default ``d``)."""
+    if fused_backward(cfg, d, itemsize, dv):
         return _bwd.fused_smem_bytes(d, cfg.bwd_max_concurrent_steps, itemsize)
-    return max(_bwd.smem_bytes(cfg.bwd_block_q, cfg.bwd_max_concurrent_steps, d, itemsize),
-               _bwd.smem_bytes(cfg.bwd_block_kv, cfg.bwd_max_concurrent_steps, d, itemsize))
+    return max(_bwd.smem_bytes(cfg.bwd_block_q, cfg.bwd_max_concurrent_steps, d, itemsize, dv),
+               _bwd.smem_bytes(cfg.bwd_block_kv, cfg.bwd_max_concurrent_steps, d, itemsize, dv))
 
 
 #: Candidates by head dim, the heuristic's choice first: (block_q, block_kv, max_concurrent_steps, overlap,
@@ -1145,9 +1148,9 @@ _CANDIDATES: dict[int, tuple[tuple[int, int, int, bool, bool], ...]] = {
 
 # The config space keeps ``backward="auto"`` (the Mosaic GPU backward on a GPU) with the head dim's
 # backward tiles.
-#: The Mosaic GPU backward's tiles by head dim, (bwd_block_q, bwd_block_kv), 2 slots: the fastest measured
-#: (benchmarks/results/kernel_defaults_h100.md).
-_BWD_TILES = {64: (128, 128), 128: (64, 128)}
+#: The Mosaic GPU backward's tiles by q / k head dim, (bwd_block_q, bwd_block_kv), 2 slots: the fastest measured
+#: (benchmarks/results/kernel_defaults_h100.md); at 192 (with v 128) the dQ kernel's 128-key steps do not fit.
+_BWD_TILES = {64: (128, 128), 128: (64, 128), 192: (64, 64)}
 
 
 def _fitting(q: Any, v: Any = None) -> list[MosaicFlashAttentionConfig]:
@@ -1156,7 +1159,7 @@ def _fitting(q: Any, v: Any = None) -> list[MosaicFlashAttentionConfig]:
     d, itemsize = int(q.shape[3]), jnp.dtype(q.dtype).itemsize
     dv = d if v is None else int(v.shape[3])
     head = 64 if d <= 64 else 128
-    bq, bk = _BWD_TILES[head]
+    bq, bk = _BWD_TILES[d]
     configs = [MosaicFlashAttentionConfig(block_q=a, block_kv=b, max_concurrent_steps=c, overlap=o, persistent=p,
                                           bwd_block_q=bq, bwd_block_kv=bk) for a, b, c, o, p in _CANDIDATES[head]
                if dv == d or not o]

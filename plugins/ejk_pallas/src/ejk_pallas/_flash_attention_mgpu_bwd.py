@@ -28,6 +28,9 @@ Deterministic (``deterministic=True``, the default at head dim 128): two kernels
   ``bwd_block_kv`` keys of K and V of the kv head ``h // group``; each consumer keeps its 64 rows of
   Q, dO, lse and delta and accumulates ``dQ += dS·K``.
 
+A v narrower than q / k (DeepSeek's prefill, 192 / 128) narrows V, dO and dV's tiles, rings and accumulator
+(the two kernels only); there the dK / dV kernel forms ``dSᵀ`` from the 16-bit ``Pᵀ`` (``_Static.p16``).
+
 Causal masks and sliding windows bound both loops to the blocks the CTA can see (fully masked blocks
 are never loaded); each consumer splits its own range into masked edge blocks and unmasked interior
 blocks and only passes the barriers of the CTA's blocks its rows cannot see. Ragged lengths are padded
@@ -69,15 +72,16 @@ _CONSUMER_REGS = 232
 _PRODUCER_REGS = 40
 
 
-def smem_bytes(block: int, steps: int, d: int, itemsize: int) -> int:
-    """Shared memory (bytes) of a backward kernel streaming ``block`` rows / keys in ``steps`` slots.
+def smem_bytes(block: int, steps: int, d: int, itemsize: int, dv: int | None = None) -> int:
+    """Shared memory (bytes) of a backward kernel streaming ``block`` rows / keys in ``steps`` slots (V, dO
+    and dV ``dv`` wide, default ``d``).
 
-    dK / dV: the consumers' K and V (reused for dK / dV) plus rings of Q, dO (``block x d``), lse and
-    delta (``block`` float32). dQ: the consumers' Q and dO plus rings of K and V and 2 x 128 float32
-    lse / delta rows (within the first's ``steps x block x 8`` bytes, so one formula bounds both).
+    dK / dV: the consumers' K and V (reused for dK / dV) plus rings of Q, dO, lse and delta (``block``
+    float32). dQ: the consumers' Q and dO plus rings of K and V and 2 x 128 float32 lse / delta rows
+    (within the first's ``steps x block x 8`` bytes, so one formula bounds both).
     """
-    tiles = 2 * _TILE * d * itemsize
-    return tiles + steps * block * (2 * d * itemsize + 2 * 4)
+    width = d + (d if dv is None else dv)
+    return _TILE * width * itemsize + steps * block * (width * itemsize + 2 * 4)
 
 
 @attrs.frozen(kw_only=True)
@@ -89,7 +93,13 @@ class _Static:
     cap: float | None
     dtype: Any
     d: int
+    #: V's head dim (dO's and dV's too; at most ``d``, DeepSeek's prefill: 128 beside 192): the dK / dV
+    #: kernel's dV accumulator and the V / dO tiles and rings are this wide.
+    dv: int
     blk: int  # rows (dK / dV) or keys (dQ) per streamed step
+    #: The dK / dV kernel forms ``dSᵀ`` from the 16-bit ``Pᵀ`` the dV MMA takes instead of the float32 one, so
+    #: one register tile fewer is live beside dK's and dV's accumulators (:func:`_p16`).
+    p16: bool = False
     steps: int
     n_blk: int  # streamed blocks in the padded length
     n_tile: int  # CTA tiles (128) in the padded length of the other axis
@@ -407,7 +417,10 @@ def _dkdv_kernel(q_ref: Any, k_ref: Any, v_ref: Any, do_ref: Any, lse_ref: Any, 
                     z = jnp.where(vis, z, -jnp.inf)
             lse = _vector(lse_ring.at[s], 1, st)
             p = jnp.exp2(z - lax.broadcast_in_dim(lse, shape, [1]))  # Pᵀ: keys x rows
-            dv, dp = _mma_and_mm(dv, p.astype(st.dtype), do_s, v_smem, do_s, shape, st)  # dV += Pᵀ·dO; dPᵀ = V·dOᵀ
+            p16 = p.astype(st.dtype)
+            dv, dp = _mma_and_mm(dv, p16, do_s, v_smem, do_s, shape, st)  # dV += Pᵀ·dO; dPᵀ = V·dOᵀ
+            if st.p16:  # dS from the 16-bit P: the float32 one is dead once rounded
+                p = p16.astype(jnp.float32)
             delta = _vector(delta_ring.at[s], 1, st)
             ds = p * (dp - lax.broadcast_in_dim(delta, shape, [1]))
             if tanh is not None:
@@ -419,8 +432,7 @@ def _dkdv_kernel(q_ref: Any, k_ref: Any, v_ref: Any, do_ref: Any, lse_ref: Any, 
         def head(g: Any, carry: Any) -> Any:
             return _consume(ring, (q_r, do_r, lse_r, delta_r, *seg_r), free, lo, hi, bounds, g * n - lo, step, carry)
 
-        zeros = _cast(jnp.zeros((_ROWS, st.d), jnp.float32), plgpu.Layout.WGMMA, st)
-        carry = (zeros, zeros)
+        carry = tuple(_cast(jnp.zeros((_ROWS, w), jnp.float32), plgpu.Layout.WGMMA, st) for w in (st.d, st.dv))
         dk, dv = head(0, carry) if st.group == 1 else lax.fori_loop(0, st.group, head, carry)
         k_smem[...] = (dk * st.scale).astype(st.dtype)
         v_smem[...] = dv.astype(st.dtype)
@@ -825,6 +837,13 @@ def _range_args(segments: Any, mask: _Mask, sqp: int, skp: int, block_q: int,
     return kv_args, q_args
 
 
+def _p16(d: int, dv: int) -> bool:
+    """Whether the dK / dV kernel forms ``dSᵀ`` from the 16-bit ``Pᵀ`` (:attr:`_Static.p16`): where dK's and dV's
+    float32 accumulators (``d + dv`` columns of 64 rows) leave a consumer's 232 registers too few to keep the
+    float32 one (ptxas spilled there). ``dSᵀ`` is rounded to 16 bits for its MMA anyway; this rounds ``P`` first."""
+    return d + dv > 256
+
+
 def backward_impl(q: Any, k: Any, v: Any, out: Any, lse: Any, d_out: Any, *, block_q: int, block_kv: int,
                   steps: int, causal: bool, softmax_scale: float, sliding_window: tuple[int, int] | None,
                   logits_soft_cap: float | None, interpret_params: Any, d_lse: Any = None,
@@ -835,7 +854,8 @@ def backward_impl(q: Any, k: Any, v: Any, out: Any, lse: Any, d_out: Any, *, blo
     ``fused``: one kernel (:func:`fused_block` rows a step, ``block_q`` / ``block_kv`` unused), dQ
     accumulated in float32 by TMA reduce-adds in no fixed order; else the two deterministic kernels, dK / dV
     with ``block_q`` query rows a step and dQ with ``block_kv`` keys a step. ``steps``: TMA ring slots;
-    ``interpret_params``: Mosaic GPU interpret mode's parameters, or ``None`` to compile for the GPU.
+    ``interpret_params``: Mosaic GPU interpret mode's parameters, or ``None`` to compile for the GPU. ``v`` (and
+    ``out``, ``d_out``) may have a narrower head dim than ``q`` / ``k`` (the two kernels only).
     ``segments``: ``(q_ids [B, Sq], k_ids [B, Sk], q_off [B, Sq] | None)`` as the forward's (the two kernels
     only: ``fused`` must be ``False``); packed sequences add ``(k_lo, k_hi)`` (``[B, Sq]``: each query's
     sequence's keys, as the forward's) and ``(q_lo, q_hi, k_off)`` (``[B, Sk]``: each key's sequence's queries
@@ -846,12 +866,16 @@ def backward_impl(q: Any, k: Any, v: Any, out: Any, lse: Any, d_out: Any, *, blo
         raise ValueError("the fused Mosaic GPU backward has no segment ids; use the two kernels (fused=False)")
     _, plgpu = _mods()
     batch, sq, hq, d = q.shape
+    dv_dim = v.shape[3]
+    if fused and dv_dim != d:
+        raise ValueError(f"the fused Mosaic GPU backward needs v's head dim equal to q's ({dv_dim} != {d}); use the "
+                         "two kernels (fused=False)")
     sk, hkv = k.shape[1], k.shape[2]
     sqp, skp = _cdiv(sq, _TILE) * _TILE, _cdiv(sk, _TILE) * _TILE
     dtype = jnp.dtype(q.dtype)
     mask = _make_mask(sq, sk, causal, sliding_window, False)
     common = dict(mask=mask, scale=float(softmax_scale),
-                  cap=logits_soft_cap, dtype=dtype, d=d, group=hq // hkv, ragged_keys=skp != sk,
+                  cap=logits_soft_cap, dtype=dtype, d=d, dv=dv_dim, group=hq // hkv, ragged_keys=skp != sk,
                   interpret=interpret_params is not None, segments=segments is not None,
                   row_offsets=segments is not None and segments[2] is not None and len(segments) == 3,
                   key_ranges=segments is not None and len(segments) == 5)
@@ -872,7 +896,7 @@ def backward_impl(q: Any, k: Any, v: Any, out: Any, lse: Any, d_out: Any, *, blo
         return (dq32[:, :sq] * st.scale).astype(dtype), dk[:, :sk], dv[:, :sk]
 
     st_kv = _Static(blk=block_q, steps=min(steps, sqp // block_q), n_blk=sqp // block_q, n_tile=skp // _TILE,
-                    heads=hkv, **common)
+                    heads=hkv, p16=_p16(d, dv_dim), **common)
     t = _tiles()
     kv_args: tuple[Any, ...] = ()
     q_args: tuple[Any, ...] = ()
@@ -893,13 +917,14 @@ def backward_impl(q: Any, k: Any, v: Any, out: Any, lse: Any, d_out: Any, *, blo
         seg_kv = (plgpu.SMEM((st_kv.steps, rows, block_q), jnp.int32),
                   plgpu.SMEM((_CONSUMERS, _ROWS), jnp.int32)) if segments is not None else ()
     smem_kv = (plgpu.SMEM((_CONSUMERS, _ROWS, d), dtype, transforms=t),
-               plgpu.SMEM((_CONSUMERS, _ROWS, d), dtype, transforms=t),
+               plgpu.SMEM((_CONSUMERS, _ROWS, dv_dim), dtype, transforms=t),
                plgpu.SMEM((st_kv.steps, block_q, d), dtype, transforms=t),
-               plgpu.SMEM((st_kv.steps, block_q, d), dtype, transforms=t),
+               plgpu.SMEM((st_kv.steps, block_q, dv_dim), dtype, transforms=t),
                plgpu.SMEM((st_kv.steps, block_q), jnp.float32),
                plgpu.SMEM((st_kv.steps, block_q), jnp.float32),
                *seg_kv)
-    dk, dv = _launch(_dkdv_kernel, st_kv, outs=(jax.ShapeDtypeStruct(kp.shape, dtype),) * 2,
+    kv_out = (jax.ShapeDtypeStruct(kp.shape, dtype), jax.ShapeDtypeStruct(vp.shape, dtype))
+    dk, dv = _launch(_dkdv_kernel, st_kv, outs=kv_out,
                      grid=(skp // _TILE * hkv * batch,), names=("cta",), smem=smem_kv,
                      ready=4 + (segments is not None and not st_kv.key_ranges),
                      interpret_params=interpret_params)(*args, *kv_args)
@@ -907,11 +932,11 @@ def backward_impl(q: Any, k: Any, v: Any, out: Any, lse: Any, d_out: Any, *, blo
     st_q = _Static(blk=block_kv, steps=min(steps, skp // block_kv), n_blk=skp // block_kv, n_tile=sqp // _TILE,
                    heads=hq, **common)
     smem_q = (plgpu.SMEM((_CONSUMERS, _ROWS, d), dtype, transforms=t),
-              plgpu.SMEM((_CONSUMERS, _ROWS, d), dtype, transforms=t),
+              plgpu.SMEM((_CONSUMERS, _ROWS, dv_dim), dtype, transforms=t),
               plgpu.SMEM((_CONSUMERS, _ROWS), jnp.float32),
               plgpu.SMEM((_CONSUMERS, _ROWS), jnp.float32),
               plgpu.SMEM((st_q.steps, block_kv, d), dtype, transforms=t),
-              plgpu.SMEM((st_q.steps, block_kv, d), dtype, transforms=t),
+              plgpu.SMEM((st_q.steps, block_kv, dv_dim), dtype, transforms=t),
               *((plgpu.SMEM((_CONSUMERS, rows, _ROWS), jnp.int32),) if segments is not None else ()),
               *((plgpu.SMEM((st_q.steps, block_kv), jnp.int32),) if segments is not None and not st_q.key_ranges
                 else ()))

@@ -5,8 +5,6 @@ Imports no Pallas module: kernels import ``jax.experimental.pallas`` when they a
 
 from __future__ import annotations
 
-from typing import Any
-
 from ejk.plugin import VJP, Platform, PlatformStatus, RegisterKernels, Tier, hookimpl
 from ejk_pallas import (
     _env,
@@ -43,9 +41,6 @@ PAGED_PRIORITY = 6
 MATMUL_PRIORITY = -6
 #: matmul, Mosaic GPU (Hopper only): first among the GEMM kernels.
 MOSAIC_MATMUL_PRIORITY = -4
-#: flash_attention, Mosaic GPU, with v narrower than q (DeepSeek's 192 / 128): after every other implementation
-#: in the heuristics tier until a GPU run measures it (``cfg=ImplChoice`` or ``platform="pallas"`` reach it).
-MOSAIC_NARROW_V_RANK = -100
 #: mla_paged_attention, Mosaic GPU (Hopper only): after ejk-triton's kernel by priority; the H100 pack ranks it first
 #: from 64 query rows a sequence (benchmarks/results/mla_decode_h100.md).
 MOSAIC_MLA_PRIORITY = 2
@@ -68,8 +63,7 @@ def ejk_register_kernels(register: RegisterKernels) -> None:
     for backend in _env.backends():
         register("flash_attention", Platform.PALLAS, backend, priority=MOSAIC_GPU_PRIORITY, name="mosaic",
                  cfg_type=mg.MosaicFlashAttentionConfig, config_space=mg.config_space,
-                 heuristic=mg.heuristic_config, capability=mg.dense_capability, vjp=mg_vjp,
-                 rank=_mosaic_rank)(mg.forward)
+                 heuristic=mg.heuristic_config, capability=mg.dense_capability, vjp=mg_vjp)(mg.forward)
         # Segment ids and packed sequences (segments with per-row offsets) on the same kernels, registered apart
         # so that rankings order segment-id calls on their own measurements.
         register("flash_attention", Platform.PALLAS, backend, name="mosaic_segments",
@@ -86,11 +80,6 @@ def ejk_register_kernels(register: RegisterKernels) -> None:
                  cfg_type=tpu.TpuFlashAttentionConfig, config_space=tpu.config_space, heuristic=tpu.heuristic_config,
                  capability=tpu.capability, vjp=tpu_vjp)(tpu.forward)
     _register_ops(register)
-
-
-def _mosaic_rank(q: Any, v: Any, **_: Any) -> int:
-    """The Mosaic GPU flash attention's order in its tier: its priority, or last for a narrower v."""
-    return MOSAIC_NARROW_V_RANK if _flash_attention_mgpu.narrow_v(q, v) else MOSAIC_GPU_PRIORITY
 
 
 def _tpu_backends() -> tuple[str, ...]:

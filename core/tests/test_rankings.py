@@ -230,8 +230,13 @@ def test_a_ratio_of_two_sizes_names_queries_per_sequence() -> None:
         Condition.parse("q.shape[0]/lens.shape[0]", {"min": 1}).holds(decode)
 
 
+def _shipped(name: str) -> Any:
+    return load_pack(str(CORE_PACKS_DIR / f"{name}.json"))
+
+
 def test_the_shipped_packs_are_valid_and_cover_the_h100() -> None:
-    (h100,) = [load_pack(str(p)) for p in sorted(CORE_PACKS_DIR.glob("*.json"))]
+    assert sorted(p.stem for p in CORE_PACKS_DIR.glob("*.json")) == ["nvidia_h100", "nvidia_h200"]
+    h100 = _shipped("nvidia_h100")
     assert h100.problems == () and h100.entries == {}
     assert set(h100.rankings) == {"flash_attention", "flash_attention_lse", "flash_attention_varlen", "matmul",
                                   "grouped_matmul", "ragged_paged_attention", "linear_cross_entropy", "rms_norm",
@@ -245,22 +250,36 @@ def test_the_shipped_packs_are_valid_and_cover_the_h100() -> None:
             assert named <= arguments, (op, named - arguments)
 
 
-def test_the_h100_pack_puts_the_mosaic_mla_kernel_first_from_64_rows_a_sequence() -> None:
-    (h100,) = [load_pack(str(p)) for p in sorted(CORE_PACKS_DIR.glob("*.json"))]
-    device = "gpu|NVIDIA_H100_80GB_HBM3|cc=9.0"
+@pytest.mark.parametrize(("name", "device"), [("nvidia_h100", "gpu|NVIDIA_H100_80GB_HBM3|cc=9.0"),
+                                              ("nvidia_h200", "gpu|NVIDIA_H200|cc=9.0")])
+def test_the_hopper_packs_put_the_mosaic_mla_kernel_first_from_64_rows_a_sequence(name: str, device: str) -> None:
+    pack = _shipped(name)
 
     def order(sq: int, hq: int, dk: int = 576) -> tuple[str, ...] | None:
         call = {"q": jax.ShapeDtypeStruct((64, sq, hq, dk), jnp.bfloat16),
                 "kv_lens": jax.ShapeDtypeStruct((64,), jnp.int32)}
-        found = [r for r in h100.rankings["mla_paged_attention"] if r.orders("fwd") and r.applies(device, call)]
+        found = [r for r in pack.rankings["mla_paged_attention"] if r.orders("fwd") and r.applies(device, call)]
         return tuple(found[0].order) if found else None
 
     assert order(1, 64) == order(1, 128) == order(2, 128) == ("pallas/gpu:mosaic", "triton/gpu:mla")
     assert order(1, 16) is None and order(2, 16) is None and order(2, 128, dk=192) is None
 
 
+def test_the_h200_pack_ranks_only_what_was_measured_on_an_h200() -> None:
+    """The H200 pack holds the rankings measured on an H200 (MLA decode); the H100 pack does not reach it."""
+    h200 = _shipped("nvidia_h200")
+    assert h200.problems == () and h200.entries == {} and set(h200.rankings) == {"mla_paged_attention"}
+    for rankings in h200.rankings.values():
+        for ranking in rankings:
+            assert ranking.source and "H200" in ranking.source
+            assert fnmatch.fnmatchcase("gpu|NVIDIA_H200|cc=9.0", ranking.device)
+            assert not fnmatch.fnmatchcase("gpu|NVIDIA_H100_80GB_HBM3|cc=9.0", ranking.device)
+    for ranking in _shipped("nvidia_h100").rankings["flash_attention"]:
+        assert not fnmatch.fnmatchcase("gpu|NVIDIA_H200|cc=9.0", ranking.device)
+
+
 def test_the_h100_pack_orders_packed_d128_attention_by_its_mask() -> None:
-    (h100,) = [load_pack(str(p)) for p in sorted(CORE_PACKS_DIR.glob("*.json"))]
+    h100 = _shipped("nvidia_h100")
     device = "gpu|NVIDIA_H100_80GB_HBM3|cc=9.0"
 
     def order(dtype: Any, head_dim: int, mode: str = "fwd+bwd", causal: bool = True) -> tuple[str, ...] | None:
@@ -276,7 +295,7 @@ def test_the_h100_pack_orders_packed_d128_attention_by_its_mask() -> None:
 
 
 def test_the_h100_pack_trains_ssd_on_triton() -> None:
-    (h100,) = [load_pack(str(p)) for p in sorted(CORE_PACKS_DIR.glob("*.json"))]
+    h100 = _shipped("nvidia_h100")
     device = "gpu|NVIDIA_H100_80GB_HBM3|cc=9.0"
 
     def found(mode: str, dtype: Any) -> list[Any]:
@@ -289,7 +308,7 @@ def test_the_h100_pack_trains_ssd_on_triton() -> None:
 
 
 def test_the_h100_pack_sends_d128_segment_ids_to_mosaic() -> None:
-    (h100,) = [load_pack(str(p)) for p in sorted(CORE_PACKS_DIR.glob("*.json"))]
+    h100 = _shipped("nvidia_h100")
     device = "gpu|NVIDIA_H100_80GB_HBM3|cc=9.0"
     q = jax.ShapeDtypeStruct((1, 32768, 16, 128), jnp.bfloat16)
 
@@ -305,7 +324,7 @@ def test_the_h100_pack_sends_d128_segment_ids_to_mosaic() -> None:
 
 
 def test_the_h100_pack_sends_chunked_prefill_and_decode_to_different_kernels() -> None:
-    (h100,) = [load_pack(str(p)) for p in sorted(CORE_PACKS_DIR.glob("*.json"))]
+    h100 = _shipped("nvidia_h100")
     device = "gpu|NVIDIA_H100_80GB_HBM3|cc=9.0"
 
     def first(q_rows: int) -> str:
@@ -320,7 +339,7 @@ def test_the_h100_pack_sends_chunked_prefill_and_decode_to_different_kernels() -
 def test_the_h100_pack_runs_deepseek_prefill_on_the_mosaic_kernels() -> None:
     """q/k 192 with v 128 (DeepSeek's prefill): Mosaic GPU first, forward and forward+backward; q/k/v 192 (which it
     cannot run) and segment-id calls (which it refuses) keep cuDNN first."""
-    (h100,) = [load_pack(str(p)) for p in sorted(CORE_PACKS_DIR.glob("*.json"))]
+    h100 = _shipped("nvidia_h100")
     device = "gpu|NVIDIA_H100_80GB_HBM3|cc=9.0"
 
     def order(dv: int, mode: str) -> tuple[str, ...]:

@@ -212,6 +212,15 @@ def _visible(st: _Static, row0: Any, col0: Any, shape: tuple[int, int], *, rows_
     return functools.reduce(jnp.logical_and, conds) if conds else None
 
 
+def _loop_zero(zeros: Any, wg: Any) -> Any:
+    """A zero the loop reads from shared memory each step (``zeros[wg]``, stored before the loop).
+
+    A consumer's own tiles (K and V in dK / dV, Q and dO in dQ) are the same every step: with a static index
+    their warpgroup-MMA descriptors are loop-invariant, and LLVM hoists them out of the loop, where they hold
+    registers (2 per k-step and operand) that ptxas then spills. Indexed by this zero they stay in the loop."""
+    return zeros[wg]
+
+
 def _mm(a: Any, b_ref: Any, shape: tuple[int, int], st: _Static, *, transpose_b: bool) -> Any:
     """``a · b`` (or ``a · bᵀ``) in float32 with ``a`` a shared-memory ref; a fresh accumulator."""
     pl, plgpu = _mods()
@@ -370,7 +379,7 @@ def _dkdv_kernel(q_ref: Any, k_ref: Any, v_ref: Any, do_ref: Any, lse_ref: Any, 
     pl, plgpu = _mods()
     qinfo_ref, kid_ref, ranges_ref = _segment_refs(refs, st, keys=True)
     dk_ref, dv_ref, scoped = refs[-3:]
-    (k_smem2, v_smem2, q_ring, do_ring, lse_ring, delta_ring, *seg_smem), ready, kv_ready, free = scoped
+    (k_smem2, v_smem2, q_ring, do_ring, lse_ring, delta_ring, *seg_smem), ready, kv_ready, free, zeros = scoped
     # The keys' ids (or their query ranges) beside K; the queries' ids streamed with Q (not with key ranges).
     qinfo_ring, kid_smem2 = (None, seg_smem[0]) if st.key_ranges else (*seg_smem, None, None)[:2]
     wg = lax.axis_index("wg")
@@ -405,10 +414,14 @@ def _dkdv_kernel(q_ref: Any, k_ref: Any, v_ref: Any, do_ref: Any, lse_ref: Any, 
         q_r, do_r, lse_r, delta_r, *seg_r = ready
         shape = (_ROWS, st.blk)
 
+        zeros[wg] = jnp.int32(0)
+
         def step(t: Any, s: Any, carry: Any, *, masked: bool) -> Any:
             dk, dv = carry
             q_s, do_s = q_ring.at[s], do_ring.at[s]
-            z, tanh = _logits(_mm(k_smem, q_s, shape, st, transpose_b=True), st)
+            mine = wg + _loop_zero(zeros, wg)  # K's and V's descriptors stay in the loop
+            k_op, v_op = k_smem2.at[mine], v_smem2.at[mine]
+            z, tanh = _logits(_mm(k_op, q_s, shape, st, transpose_b=True), st)
             if masked:
                 q_info = tuple(_vector(qinfo_ring.at[s, r], 1, st) for r in range(1 + st.row_offsets)) \
                     if st.segments and not st.key_ranges else ()
@@ -418,7 +431,7 @@ def _dkdv_kernel(q_ref: Any, k_ref: Any, v_ref: Any, do_ref: Any, lse_ref: Any, 
             lse = _vector(lse_ring.at[s], 1, st)
             p = jnp.exp2(z - lax.broadcast_in_dim(lse, shape, [1]))  # Pᵀ: keys x rows
             p16 = p.astype(st.dtype)
-            dv, dp = _mma_and_mm(dv, p16, do_s, v_smem, do_s, shape, st)  # dV += Pᵀ·dO; dPᵀ = V·dOᵀ
+            dv, dp = _mma_and_mm(dv, p16, do_s, v_op, do_s, shape, st)  # dV += Pᵀ·dO; dPᵀ = V·dOᵀ
             if st.p16:  # dS from the 16-bit P: the float32 one is dead once rounded
                 p = p16.astype(jnp.float32)
             delta = _vector(delta_ring.at[s], 1, st)
@@ -475,7 +488,7 @@ def _dq_kernel(q_ref: Any, k_ref: Any, v_ref: Any, do_ref: Any, lse_ref: Any, de
     pl, plgpu = _mods()
     qinfo_ref, kid_ref, ranges_ref = _segment_refs(refs, st, keys=False)
     dq_ref, scoped = refs[-2:]
-    (q_smem2, do_smem2, lse_smem2, delta_smem2, k_ring, v_ring, *seg_smem), ready, row_ready, free = scoped
+    (q_smem2, do_smem2, lse_smem2, delta_smem2, k_ring, v_ring, *seg_smem), ready, row_ready, free, zeros = scoped
     # The queries' ids and offsets (or their key ranges) beside Q; the keys' ids streamed with K (not with ranges).
     qinfo_smem2, kid_ring = (*seg_smem, None, None)[:2]
     wg = lax.axis_index("wg")
@@ -509,9 +522,12 @@ def _dq_kernel(q_ref: Any, k_ref: Any, v_ref: Any, do_ref: Any, lse_ref: Any, de
             bounds = _key_blocks(st.mask, row0, _ROWS, st.blk, st.n_blk)
         shape = (_ROWS, st.blk)
 
+        zeros[wg] = jnp.int32(0)
+
         def step(t: Any, s: Any, dq: Any, *, masked: bool) -> Any:
             k_s, v_s = k_ring.at[s], v_ring.at[s]
-            s_raw, dp = _mm_pair(q_smem, k_s, do_smem, v_s, shape, st)  # S = Q·Kᵀ, dP = dO·Vᵀ
+            mine = wg + _loop_zero(zeros, wg)  # Q's and dO's descriptors stay in the loop
+            s_raw, dp = _mm_pair(q_smem2.at[mine], k_s, do_smem2.at[mine], v_s, shape, st)  # S = Q·Kᵀ, dP = dO·Vᵀ
             z, tanh = _logits(s_raw, st)
             if masked:
                 ids = st.segments and not st.key_ranges
@@ -528,8 +544,8 @@ def _dq_kernel(q_ref: Any, k_ref: Any, v_ref: Any, do_ref: Any, lse_ref: Any, de
                 ds = ds * (1.0 - tanh * tanh)
             return _mma(dq, ds.astype(st.dtype), k_s, st)
 
-        zeros = _cast(jnp.zeros((_ROWS, st.d), jnp.float32), plgpu.Layout.WGMMA, st)
-        dq = _consume(ring, ready, free, lo, hi, bounds, -lo, step, zeros)
+        dq0 = _cast(jnp.zeros((_ROWS, st.d), jnp.float32), plgpu.Layout.WGMMA, st)
+        dq = _consume(ring, ready, free, lo, hi, bounds, -lo, step, dq0)
         q_smem[...] = (dq * st.scale).astype(st.dtype)
         plgpu.commit_smem()
         plgpu.copy_smem_to_gmem(q_smem, dq_ref.at[batch, rows, head])
@@ -574,7 +590,7 @@ def fused_smem_bytes(d: int, steps: int, itemsize: int) -> int:
             + _CONSUMERS * _ROWS * dq_cols * 4)
 
 
-def _dq_part(ds_slot: Any, k_smem2: Any, wg: Any, st: _Static) -> Any:
+def _dq_part(ds_slot: Any, k_smem2: Any, wg: Any, st: _Static, zero: Any = 0) -> Any:
     """This consumer's share of ``dQ = dS · K`` over the CTA's 128 keys (float32): rows ``64·wg`` to
     ``64·wg + 64`` of a 128-row step, or columns ``d/2·wg`` to ``d/2·wg + d/2`` of a 64-row step.
     ``ds_slot``: ``[consumers, 64 keys, block]`` (each consumer's ``dSᵀ``); ``k_smem2``: ``[consumers, 64, d]``."""
@@ -596,9 +612,9 @@ def _dq_part(ds_slot: Any, k_smem2: Any, wg: Any, st: _Static) -> Any:
     def body(acc: Any) -> Any:
         for c in range(_CONSUMERS):
             if by_rows:
-                a, b = ds_slot.at[c, :, pl.ds(wg * _ROWS, _ROWS)], k_smem2.at[c]
+                a, b = ds_slot.at[c, :, pl.ds(wg * _ROWS, _ROWS)], k_smem2.at[c + zero]
             else:
-                a, b = ds_slot.at[c], k_smem2.at[c, :, pl.ds(wg * half, half)]
+                a, b = ds_slot.at[c], k_smem2.at[c + zero, :, pl.ds(wg * half, half)]
             plgpu.wgmma(acc, a.transpose((1, 0)), b)
         return acc[...]
 
@@ -630,7 +646,8 @@ def _fused_kernel(q_ref: Any, k_ref: Any, v_ref: Any, do_ref: Any, lse_ref: Any,
         dk_ref, dv_ref, dq_ref, scoped = refs
     else:  # dQ: a zeroed float32 accumulator the TMA adds into
         dq_ref, dk_ref, dv_ref, scoped = refs
-    (k_smem2, v_smem2, q_ring, do_ring, lse_ring, delta_ring, ds_smem, dq_smem), ready, kv_ready, free, dsync = scoped
+    (k_smem2, v_smem2, q_ring, do_ring, lse_ring, delta_ring, ds_smem, dq_smem), ready, kv_ready, free, dsync, \
+        zeros = scoped
     wg = lax.axis_index("wg")
     tile, kv_head, batch = _tile_of(st)
     col_cta = tile * _TILE
@@ -675,7 +692,8 @@ def _fused_kernel(q_ref: Any, k_ref: Any, v_ref: Any, do_ref: Any, lse_ref: Any,
             def step(t: Any, s: Any, carry: Any, *, masked: bool) -> Any:
                 dk, dv = carry
                 q_s, do_s = q_ring.at[s], do_ring.at[s]
-                s_raw, dp = _mm_pair(k_smem, q_s, v_smem, do_s, shape, st)  # Sᵀ = K·Qᵀ, dPᵀ = V·dOᵀ
+                zero = _loop_zero(zeros, wg)  # K's and V's descriptors stay in the loop
+                s_raw, dp = _mm_pair(k_smem2.at[wg + zero], q_s, v_smem2.at[wg + zero], do_s, shape, st)  # Sᵀ, dPᵀ
                 z, tanh = _logits(s_raw, st)
                 if masked:
                     vis = _visible(st, t * st.blk, col0, shape, rows_axis=1)
@@ -691,13 +709,14 @@ def _fused_kernel(q_ref: Any, k_ref: Any, v_ref: Any, do_ref: Any, lse_ref: Any,
                 dk, dv = _mma2(dk, ds.astype(st.dtype), q_s, dv, p.astype(st.dtype), do_s, slot.at[wg], st)
                 plgpu.commit_smem()  # order the generic lse / delta reads before the TMA refills the slot
                 meet()  # both halves of the CTA's dSᵀ are in shared memory
-                store_dq(_dq_part(slot, k_smem2, wg, st), t)
+                store_dq(_dq_part(slot, k_smem2, wg, st, zero), t)
                 return dk, dv
 
             return _consume(ring, (q_r, do_r, lse_r, delta_r), free, lo, hi, bounds, base, step, carry)
 
-        zeros = _cast(jnp.zeros((_ROWS, st.d), jnp.float32), plgpu.Layout.WGMMA, st)
-        carry = (zeros, zeros)
+        zeros[wg] = jnp.int32(0)
+        acc0 = _cast(jnp.zeros((_ROWS, st.d), jnp.float32), plgpu.Layout.WGMMA, st)
+        carry = (acc0, acc0)
         dk, dv = head(0, carry) if st.group == 1 else lax.fori_loop(0, st.group, head, carry)
         meet()  # the other consumer's last dQ part has read this one's K
         k_smem[...] = (dk * st.scale).astype(st.dtype)
@@ -808,6 +827,7 @@ def _launch(body: Any, st: _Static, *, outs: Any, grid: tuple[int, ...], names: 
             plgpu.Barrier(num_barriers=_CONSUMERS * _OPENING_COPIES),
             plgpu.Barrier(num_arrivals=_CONSUMERS, num_barriers=st.steps),
             *((plgpu.Barrier(num_arrivals=_CONSUMERS),) if meet else ()),
+            plgpu.SMEM((_CONSUMERS,), jnp.int32),  # each consumer's zero (:func:`_loop_zero`)
             collective_axes="wg",
         )
 

@@ -283,11 +283,12 @@ class _EjkLines:
                     or other.vjp is None or other.vjp.paired or other.vjp.residuals != spec.vjp.residuals):
                 continue
             name = f"ejk {spec.label} + bwd {other.label}"
-            try:
-                backward = ImplChoice(platform=other.platform, backend=other.backend, implementation=other.name,
-                                      cfg=self.kernel.heuristic_of(other, self.inv))
+            backward = ImplChoice(platform=other.platform, backend=other.backend, implementation=other.name)
+            try:  # the gate first: a backward's heuristic may assume a call its gate refuses
+                skip = self.kernel.unusable_reason(self.inv, attrs.evolve(choice, backward=backward))
+                if skip is None:
+                    backward = attrs.evolve(backward, cfg=self.kernel.heuristic_of(other, self.inv))
                 paired = attrs.evolve(choice, backward=backward)
-                skip = self.kernel.unusable_reason(self.inv, paired)
             except Exception as exc:
                 yield _Line(name=name, kind="ejk", implementation=spec.label, modes=("fwd+bwd",),
                             skip=_error_text("backward pairing", exc))

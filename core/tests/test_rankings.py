@@ -266,17 +266,61 @@ def test_the_hopper_packs_put_the_mosaic_mla_kernel_first_from_64_rows_a_sequenc
 
 
 def test_the_h200_pack_ranks_only_what_was_measured_on_an_h200() -> None:
-    """The H200 pack holds the rankings measured on an H200 (MLA decode); the H100 pack does not reach it."""
+    """The H200 pack holds the rankings measured on an H200 (attention training shapes, MLA decode, paged decode and
+    prefill, 64-expert grouped matmuls); the H100 pack does not reach it."""
     h200 = _shipped("nvidia_h200")
-    assert h200.problems == () and h200.entries == {} and set(h200.rankings) == {"mla_paged_attention"}
-    for rankings in h200.rankings.values():
+    assert h200.problems == () and h200.entries == {}
+    assert set(h200.rankings) == {"flash_attention", "grouped_matmul", "mla_paged_attention", "ragged_paged_attention"}
+    for op, rankings in h200.rankings.items():
+        arguments = set(inspect.signature(getattr(ejk, op)).parameters)
         for ranking in rankings:
-            assert ranking.source and "H200" in ranking.source
+            assert ranking.source and "h200" in ranking.source.lower()
+            named = {c.argument for c in ranking.when} | {c.divisor.argument for c in ranking.when if c.divisor}
+            assert named <= arguments, (op, named - arguments)
             assert fnmatch.fnmatchcase("gpu|NVIDIA_H200|cc=9.0", ranking.device)
             assert not fnmatch.fnmatchcase("gpu|NVIDIA_H100_80GB_HBM3|cc=9.0", ranking.device)
     for rankings in _shipped("nvidia_h100").rankings.values():
         for ranking in rankings:
             assert not fnmatch.fnmatchcase("gpu|NVIDIA_H200|cc=9.0", ranking.device)
+
+
+def test_the_h200_pack_trains_d128_attention_on_cudnn_and_runs_its_forward_on_mosaic() -> None:
+    """Measured on an H200: Mosaic GPU's forward first at d64 / d128; differentiated, cuDNN at d128 and Mosaic GPU at
+    d64; cuDNN at d256. Calls with segment ids or a window were not measured there: no ranking covers them."""
+    h200 = _shipped("nvidia_h200")
+    device = "gpu|NVIDIA_H200|cc=9.0"
+
+    def first(mode: str, head_dim: int = 128, **options: Any) -> str | None:
+        q = jax.ShapeDtypeStruct((4, 4096, 16, head_dim), jnp.bfloat16)
+        call = {"q": q, "k": q, "causal": True, "q_segment_ids": None, "sliding_window": None, **options}
+        found = [r for r in h200.rankings["flash_attention"] if r.orders(mode) and r.applies(device, call)]
+        return found[0].order[0] if found else None
+
+    assert first("fwd") == first("fwd", 64) == first("fwd+bwd", 64) == "pallas/gpu:mosaic"
+    assert first("fwd+bwd") == first("fwd", 256) == first("fwd+bwd", 256) == "xla/gpu:cudnn"
+    ids = jax.ShapeDtypeStruct((4, 4096), jnp.int32)
+    assert first("fwd", q_segment_ids=ids) is None and first("fwd+bwd", sliding_window=(128, 0)) is None
+
+
+def test_the_h200_pack_sends_chunked_prefill_to_triton_and_small_expert_groups_to_triton() -> None:
+    h200 = _shipped("nvidia_h200")
+    device = "gpu|NVIDIA_H200|cc=9.0"
+
+    def paged(q_rows: int) -> str:
+        call = {"q": jax.ShapeDtypeStruct((q_rows, 32, 128), jnp.bfloat16),
+                "kv_lens": jax.ShapeDtypeStruct((4,), jnp.int32)}
+        return next(r for r in h200.rankings["ragged_paged_attention"] if r.applies(device, call)).order[0]
+
+    assert paged(4) == "pallas/gpu:triton_lowered" and paged(4 * 256) == "triton/gpu:paged"
+
+    def grouped(rows: int, experts: int, k: int) -> str | None:
+        call = {"lhs": jax.ShapeDtypeStruct((rows, k), jnp.bfloat16),
+                "rhs": jax.ShapeDtypeStruct((experts, k, 1536), jnp.bfloat16)}
+        found = [r for r in h200.rankings["grouped_matmul"] if r.applies(device, call)]
+        return found[0].order[0] if found else None
+
+    assert grouped(32768, 64, 2048) == grouped(8192, 64, 2048) == "triton/gpu:persistent"
+    assert grouped(16384, 8, 4096) is None and grouped(131072, 64, 2048) is None  # not measured on an H200
 
 
 def test_the_h100_pack_orders_packed_d128_attention_by_its_mask() -> None:

@@ -1,7 +1,8 @@
 """The Mosaic GPU attention backward on the GPU host (issue 30): the fused backward against a float32
 reference (and run twice: its dQ adds land in no fixed order); forward and forward+backward timings of
 jax's cuDNN and of ejk's Mosaic pair as ``ImplChoice(platform="pallas", backend="gpu",
-implementation="mosaic")`` without a config; at head dim 64 the backward alone, fused and two kernels.
+implementation="mosaic")`` without a config; the backward alone, fused and two kernels (which one
+``deterministic=None`` takes per head dim is decided from these lines).
 ``--torch``: torch SDPA's cuDNN backend, in its own process. One JSON line per measurement.
 
     python3 benchmarks/bench_mosaic_backward.py --check --time
@@ -115,6 +116,8 @@ def run_checks() -> bool:
     cases = [  # (B, Sq, Sk, Hq, Hkv, D, causal, window, cap)
         (1, 777, 1025, 4, 2, 64, False, (100, 50), 20.0),
         (2, 700, 900, 4, 1, 64, True, None, None),
+        (1, 640, 1000, 4, 2, 128, True, None, None),
+        (1, 512, 512, 2, 2, 128, False, None, 30.0),
     ]
     return all([_check(n, *case) for n, case in enumerate(cases)])
 
@@ -197,9 +200,7 @@ def _time_shape(label: str, b: int, s: int, hq: int, hkv: int, d: int, causal: b
                       "tflops": round(f * mult / ms / 1e9, 1)})
         except Exception as exc:
             emit({"shape": label, "impl": name, "error": f"{type(exc).__name__}: {str(exc)[:800]}"})
-    if d != 64:
-        return
-    # head dim 64: the backward alone (residuals precomputed), fused and the two kernels
+    # the backward alone (residuals precomputed), fused and the two kernels
     static: dict[str, Any] = dict(causal=causal, softmax_scale=d ** -0.5, sliding_window=None,
                                   logits_soft_cap=None)
     heur = mg.heuristic_config(q, k, v, causal=causal)

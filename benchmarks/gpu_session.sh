@@ -20,6 +20,8 @@
 #              baselines where torch imports; writes the measured rankings (fwd and fwd+bwd) as a config pack
 #              ($OUT/bench_training/rankings_pack.json) to merge into core/src/ejk/config/shipped_packs/
 #   overhead   eager overhead of every op's public call over jax.jit of the same call (tiny shapes)
+#   eager      that overhead split: ejk's Python alone, the remembered jitted function called directly
+#              (benchmarks/bench_eager_split.py)
 #   fla        fla's lines alone (gated delta rule, GLA, SSD; FLA_MODE, default fwd+bwd; FLA_SHAPES, default the
 #              presets), in a process of their own on the Triton that benchmarks/pack_triton_for_fla.sh packed
 #              into .fla-triton/ (fla's backward needs Triton >= 3.7.1 on Hopper; ejk's lines keep the host's).
@@ -65,6 +67,8 @@ for stage in "${@:-tests}"; do
       timeout 560 python3 -m ejk.cli bench --overhead --impl auto --mode fwd --shapes \
         "attention:1x128x4x64:causal;matmul:16x64x64;moe:4x64x64x256;decode:2x256" --out "$OUT/bench_overhead" \
         2>&1 | tee "$OUT/bench_overhead.log" | tail -40 ;;
+    eager)
+      OUT=$OUT timeout 560 python3 benchmarks/bench_eager_split.py 2>&1 | tee "$OUT/eager_split.log" | tail -20 ;;
     fla)
       (
         if [[ -f .fla-triton/triton.tar.xz ]]; then

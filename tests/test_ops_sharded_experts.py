@@ -1,5 +1,6 @@
 """Sharded inputs without ``shard_map``, eight CPU devices: grouped matmul by experts, rows and
-contraction; matmul with a sharded contraction; paged attention split by tokens.
+contraction (with and without its SwiGLU activation); matmul with a sharded contraction; paged
+attention split by tokens.
 
 One fresh interpreter (``--xla_force_host_platform_device_count=8``), 1-D and 2-D meshes with
 ``Explicit`` axes under ``jax.jit``. Forward and gradients are compared with the unsharded
@@ -37,23 +38,23 @@ CODE = textwrap.dedent(
     SIZES = [jnp.array(s, jnp.int32) for s in ([0, 5, 0, 7, 3, 0, 9, 0], [1, 2, 3, 4, 5, 6, 7, 4],
                                                 [0, 0, 0, 30, 0, 0, 0, 0])]
 
-    def loss(f, sizes):
-        return lambda l, r: (f(l, r, sizes) * weight).sum()
+    def loss(f, sizes, activation=None):
+        return lambda l, r: (f(l, r, sizes, activation=activation) * weight[: 4 if activation else 8]).sum()
 
-    def check(mesh, lhs_spec, rhs_spec, out_spec, local, grads=False, sizes_all=SIZES):
+    def check(mesh, lhs_spec, rhs_spec, out_spec, local, grads=False, sizes_all=SIZES, activation=None):
         put = lambda x, spec: jax.device_put(x, NamedSharding(mesh, spec))
         with jax.set_mesh(mesh):
             l, r = put(lhs, lhs_spec), put(rhs, rhs_spec)
-            f = jax.jit(ejk.grouped_matmul)
+            f = jax.jit(lambda l, r, sizes: ejk.grouped_matmul(l, r, sizes, activation=activation))
             clear_invocations()
             for sizes in sizes_all:
                 out = f(l, r, sizes)
                 assert out.sharding.spec == out_spec, (lhs_spec, rhs_spec, out.sharding.spec)
-                close(out, reference_grouped_matmul(lhs, rhs, sizes))
+                close(out, reference_grouped_matmul(lhs, rhs, sizes, activation=activation))
             assert shapes("grouped_matmul") == {local}, shapes("grouped_matmul")
             if grads:
-                g = jax.jit(jax.grad(loss(ejk.grouped_matmul, sizes_all[0]), argnums=(0, 1)))(l, r)
-                want = jax.grad(loss(reference_grouped_matmul, sizes_all[0]), argnums=(0, 1))(lhs, rhs)
+                g = jax.jit(jax.grad(loss(ejk.grouped_matmul, sizes_all[0], activation), argnums=(0, 1)))(l, r)
+                want = jax.grad(loss(reference_grouped_matmul, sizes_all[0], activation), argnums=(0, 1))(lhs, rhs)
                 for a, b in zip(g, want):
                     close(a, b)
 
@@ -71,6 +72,14 @@ CODE = textwrap.dedent(
     check(m2, P(), P(("x", "y")), P(None, None), ((32, 16), (1, 16, 8)), sizes_all=SIZES[:1])
     check(m2, P(), P("x", None, "y"), P(None, "y"), ((32, 16), (4, 16, 2)), grads=True, sizes_all=SIZES[:1])
     check(m2, P(None, "y"), P("x", "y"), P(None, None), ((32, 4), (4, 4, 8)), grads=True, sizes_all=SIZES[:1])
+
+    # activation="swiglu": experts and rows split as before; rhs's columns are gathered (a block would hold
+    # gate columns without their up columns); a split contraction sums the plain products, then gates.
+    check(m1, P("e"), P("e"), P("e", None), ((32, 16), (1, 16, 8)), grads=True, activation="swiglu")
+    check(m2, P(), P("x", None, "y"), P(None, None), ((32, 16), (4, 16, 8)), grads=True, sizes_all=SIZES[:1],
+          activation="swiglu")
+    check(m2, P(None, "y"), P("x", "y"), P(None, None), ((32, 4), (4, 4, 8)), grads=True, sizes_all=SIZES[:1],
+          activation="swiglu")
 
     with jax.set_mesh(m2):
         put = lambda x, *spec: jax.device_put(x, NamedSharding(m2, P(*spec)))

@@ -19,7 +19,9 @@ and are re-exported unchanged:
 - custom VJPs: :func:`operand_vjp` (a matmul-like VJP whose residuals are its operands, tagged
   :data:`MATMUL_RESIDUALS` / :data:`GROUPED_MATMUL_RESIDUALS`) and its halves :func:`saving_operands`
   and :func:`operand_cotangents`, the flash-attention residual format :data:`FLASH_RESIDUALS` /
-  :data:`FLASH_LSE_RESIDUALS` with :func:`without_residuals`, :func:`with_natural_lse`,
+  :data:`FLASH_LSE_RESIDUALS` with :func:`without_residuals`, the gated output of
+  ``grouped_matmul(..., activation=...)`` (:func:`gated_output`, :func:`gated_cotangent`, and
+  :func:`gated_gradients`, which turns a plain product's gradients into a gated call's), :func:`with_natural_lse`,
   :func:`natural_lse`, :data:`LSE2_INDEX`, the attention-sink helpers :func:`fold_sinks`,
   :func:`sinks_backward` and :func:`sinks_cotangent`, the linear cross-entropy and RMSNorm residual
   formats :data:`LINEAR_CROSS_ENTROPY_RESIDUALS` and :data:`RMS_NORM_RESIDUALS`, and the ``shard_map``
@@ -50,11 +52,15 @@ from ejk.ops import (
     FLASH_LSE_RESIDUALS,
     FLASH_RESIDUALS,
     GLA_RESIDUALS,
+    GROUPED_MATMUL_ACTIVATIONS,
     LINEAR_CROSS_ENTROPY_RESIDUALS,
     LSE2_INDEX,
     RMS_NORM_RESIDUALS,
     SSD_RESIDUALS,
     fold_sinks,
+    gated_cotangent,
+    gated_gradients,
+    gated_output,
     natural_lse,
     sanitize_offsets,
     sinks_backward,
@@ -72,6 +78,7 @@ __all__ = [
     "FLASH_LSE_RESIDUALS",
     "FLASH_RESIDUALS",
     "GLA_RESIDUALS",
+    "GROUPED_MATMUL_ACTIVATIONS",
     "GROUPED_MATMUL_RESIDUALS",
     "LINEAR_CROSS_ENTROPY_RESIDUALS",
     "LSE2_INDEX",
@@ -93,6 +100,9 @@ __all__ = [
     "devices",
     "fit_block",
     "fold_sinks",
+    "gated_cotangent",
+    "gated_gradients",
+    "gated_output",
     "hookimpl",
     "installed_version",
     "int_in",

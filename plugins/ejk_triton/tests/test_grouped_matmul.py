@@ -69,6 +69,7 @@ def check_against_reference(m: int, k: int, n: int, sizes: list[int], dtype: Any
 @needs_kernels
 def test_public_op_conformance() -> None:
     assert check_op("grouped_matmul", "triton") == 10
+    assert check_op("grouped_matmul", "triton", activation="swiglu") == 10
 
 
 @needs_kernels
@@ -86,6 +87,32 @@ def test_float16_with_float32_output_and_fast_precision() -> None:
 ], ids=str)
 def test_groups_over_several_tiles(m: int, k: int, n: int, sizes: list[int], dtype: str) -> None:
     check_against_reference(m, k, n, sizes, dtype)
+
+
+@needs_kernels
+@pytest.mark.parametrize(("m", "k", "n", "sizes", "dtype"), [
+    (64, 32, 64, [16, 16, 16, 16], "bfloat16"),  # equal groups; two output column tiles
+    (100, 24, 2 * 21, [0, 61, 3, 0, 20], "float32"),  # skewed, empty, 16 rows past the sum; n / 2 % 16 != 0
+    (45, 16, 2 * 10, [0, 0, 45], "float16"),  # every row in the last group; narrower than a tile
+], ids=str)
+def test_swiglu_in_the_epilogue_matches_the_reference(m: int, k: int, n: int, sizes: list[int], dtype: str) -> None:
+    out = check_against_reference(m, k, n, sizes, dtype, activation="swiglu")
+    assert out.shape == (m, n // 2)
+
+
+@needs_kernels
+def test_swiglu_walking_the_groups(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_grouped_matmul, "FLAT_GROUPS", 2)  # a fresh trace: shapes of no other test
+    check_against_reference(103, 24, 2 * 18, [0, 61, 3, 0, 20], "float32", activation="swiglu")
+
+
+def test_swiglu_configs_hold_two_products_a_tile() -> None:
+    lhs, rhs = jax.ShapeDtypeStruct((16384, 4096), jnp.bfloat16), jax.ShapeDtypeStruct((8, 4096, 28672), jnp.bfloat16)
+    args = _grouped_matmul.product_args(m=16384, n=28672, k=4096, groups=8, transpose_w=False, dtype=jnp.bfloat16,
+                                        out_dtype=jnp.bfloat16, precision="highest", cfg=SMALL, gated=True)
+    assert args["GATED"] and args["out_shapes"][0].shape == (16384, 14336)
+    plain, gated = _grouped_matmul._fitting(lhs, rhs), _grouped_matmul._fitting(lhs, rhs, gated=True)
+    assert max(c.block_n for c in plain) == 256 and gated and all(c.block_n <= 128 for c in gated)
 
 
 @needs_kernels
@@ -232,7 +259,8 @@ from ejk_triton._aot import compile_grouped_matmul, compile_matmul
 report = {"matmul 8192": compile_matmul(8192, 8192, 8192), "matmul odd f16": compile_matmul(40, 1000, 333, jnp.float16),
           "moe": compile_grouped_matmul(32768, 2048, 1536, 64),
           "moe many groups": compile_grouped_matmul(32768, 256, 256, 2048),
-          "moe f32 tf32": compile_grouped_matmul(1000, 100, 72, 8, jnp.float32, precision="default")}
+          "moe f32 tf32": compile_grouped_matmul(1000, 100, 72, 8, jnp.float32, precision="default"),
+          "moe swiglu": compile_grouped_matmul(16384, 4096, 2 * 14336, 8, activation="swiglu")}
 print(json.dumps(report))
 """
 
@@ -259,6 +287,8 @@ def test_kernels_compile_for_sm90_without_a_gpu(tmp_path: Any) -> None:
     moe = report["moe"]
     assert moe["forward"]["shared"] == moe["d_lhs"]["shared"] == ring(4, flattened=True)
     assert moe["d_rhs"]["shared"] == ring(4)
+    # The gated forward: 128-wide gate and up tiles a stage (256 columns of rhs), as the plain 128x256 ring.
+    assert report["moe swiglu"]["forward"]["shared"] == ring(4, flattened=True)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -276,6 +306,17 @@ def test_kernels_compile_for_sm90_without_a_gpu(tmp_path: Any) -> None:
 ], ids=str)
 def test_gpu_matches_reference(m: int, k: int, n: int, sizes: list[int], dtype: str) -> None:
     check_against_reference(m, k, n, sizes, dtype, cfg=None)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_GPU, reason="needs an NVIDIA GPU")
+@pytest.mark.parametrize(("m", "k", "n", "sizes", "dtype"), [
+    (4096, 1024, 2 * 768, [512] * 8, "bfloat16"),
+    (3000, 512, 2 * 500, [0, 1500, 7, 0, 1, 1300, 0, 0], "bfloat16"),  # n / 2 not a multiple of the tile
+    (777, 256, 2 * 128, [200, 300, 277], "float32"),
+], ids=str)
+def test_gpu_swiglu_matches_reference(m: int, k: int, n: int, sizes: list[int], dtype: str) -> None:
+    check_against_reference(m, k, n, sizes, dtype, cfg=None, activation="swiglu")
 
 
 @pytest.mark.gpu

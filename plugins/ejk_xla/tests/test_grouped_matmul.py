@@ -403,3 +403,39 @@ def test_precision_reaches_forward_and_backward(rng: np.random.Generator) -> Non
 def test_static_argument_errors(kwargs: dict[str, Any], match: str) -> None:
     with pytest.raises(ValueError, match=match):
         ejk.grouped_matmul(jnp.ones((4, 3)), jnp.ones((2, 3, 5)), jnp.array([1, 3], jnp.int32), **kwargs)
+
+
+# -- activation="swiglu" ------------------------------------------------------------------------
+
+
+@DTYPES
+def test_swiglu_values_and_gradients_match_the_reference(dtype: Any) -> None:
+    rng = np.random.default_rng(3)
+    lhs = jnp.asarray(rng.standard_normal((53, 12)), dtype)
+    rhs = jnp.asarray(rng.standard_normal((6, 12, 2 * 5)), dtype)
+    sizes = jnp.asarray([0, 20, 0, 0, 30, 0], jnp.int32)  # empty groups, 3 rows past the sum
+
+    def ours(a: jax.Array, b: jax.Array) -> jax.Array:
+        return ejk.grouped_matmul(a, b, sizes, activation="swiglu", platform="xla")
+
+    def ref(a: jax.Array, b: jax.Array) -> jax.Array:
+        return _plain_reference(a, b, sizes, activation="swiglu")
+
+    out, pullback = jax.vjp(ours, lhs, rhs)
+    want, ref_pullback = jax.vjp(ref, lhs, rhs)
+    close(out, want, dtype)
+    assert out.shape == (53, 5) and not np.asarray(out[50:]).any()
+    cot = jnp.asarray(rng.standard_normal(out.shape), dtype)
+    for got, exp in zip(pullback(cot), ref_pullback(cot), strict=True):
+        close(got, exp, dtype)
+
+
+def test_swiglu_conformance() -> None:
+    assert ejk.testing.check_op("grouped_matmul", "xla", activation="swiglu") == 10
+
+
+def test_swiglu_with_no_rows_or_groups_is_empty_and_half_as_wide() -> None:
+    assert grouped_matmul(jnp.ones((0, 4)), jnp.ones((2, 4, 6)), jnp.asarray([0, 0]),
+                          activation="swiglu").shape == (0, 3)
+    assert grouped_matmul(jnp.ones((5, 4)), jnp.ones((0, 4, 6)), jnp.zeros((0,), jnp.int32),
+                          activation="swiglu").shape == (5, 3)

@@ -312,9 +312,19 @@ def _dense_mla(workload: Workload, inputs: tuple[Any, ...]) -> Prepared:
 # -- grouped_matmul ----------------------------------------------------------------------------------
 
 
+def _gated(workload: Workload, out: jax.Array) -> jax.Array:
+    """A baseline's product gated as the case asks (``activation``), in XLA after the product."""
+    from ejk.ops import gated_output
+
+    activation = getattr(workload.case, "activation", None)
+    if activation is None:
+        return out
+    return gated_output(out.astype(jnp.float32), activation).astype(out.dtype)
+
+
 def _ragged_dot(workload: Workload, inputs: tuple[Any, ...]) -> Prepared:
     def fn(lhs: jax.Array, rhs: jax.Array, sizes: jax.Array) -> jax.Array:
-        return jax.lax.ragged_dot(lhs, rhs, sizes, precision=jax.lax.Precision.DEFAULT)
+        return _gated(workload, jax.lax.ragged_dot(lhs, rhs, sizes, precision=jax.lax.Precision.DEFAULT))
 
     return Prepared(fn=fn, args=inputs, diff=(0, 1))
 
@@ -327,9 +337,23 @@ def _dense_equal_groups(workload: Workload, inputs: tuple[Any, ...]) -> Prepared
     def fn(lhs: jax.Array, rhs: jax.Array) -> jax.Array:
         out = jnp.einsum("gtk,gkn->gtn", lhs.reshape(g, lhs.shape[0] // g, lhs.shape[1]), rhs,
                          precision=jax.lax.Precision.DEFAULT)
-        return out.reshape(lhs.shape[0], rhs.shape[2])
+        return _gated(workload, out.reshape(lhs.shape[0], rhs.shape[2]))
 
     return Prepared(fn=fn, args=(lhs, rhs), diff=(0, 1))
+
+
+def _unfused_gate(workload: Workload, inputs: tuple[Any, ...]) -> Prepared:
+    """ejk's plain grouped matmul (``platform="auto"``), then the activation in XLA: what fusing it saves."""
+    import ejk
+
+    def fn(lhs: jax.Array, rhs: jax.Array, sizes: jax.Array) -> jax.Array:
+        return _gated(workload, ejk.grouped_matmul(lhs, rhs, sizes, precision="default"))
+
+    return Prepared(fn=fn, args=inputs, diff=(0, 1))
+
+
+def _ungated_unsupported(workload: Workload) -> str | None:
+    return None if getattr(workload.case, "activation", None) else "the case has no activation"
 
 
 def _equal_groups_unsupported(workload: Workload) -> str | None:
@@ -478,7 +502,11 @@ for _baseline in (
              note="gather the pages, repeat kv heads, jax.nn.dot_product_attention(implementation='xla')"),
     Baseline(name="dense gather + einsum xla", op="mla_paged_attention", build=_dense_mla,
              note="gather the latents, einsum attention with float32 logits (xla)"),
-    Baseline(name="lax.ragged_dot", op="grouped_matmul", build=_ragged_dot, note="jax.lax.ragged_dot"),
+    Baseline(name="lax.ragged_dot", op="grouped_matmul", build=_ragged_dot,
+             note="jax.lax.ragged_dot (then the case's activation in XLA)"),
+    Baseline(name="ejk plain + activation", op="grouped_matmul", build=_unfused_gate,
+             unsupported=_ungated_unsupported,
+             note="ejk.grouped_matmul without the activation (auto), then the activation in XLA"),
     Baseline(name="dense einsum (equal groups)", op="grouped_matmul", build=_dense_equal_groups,
              unsupported=_equal_groups_unsupported, comparable=_equal_groups_comparable,
              note="einsum over [g, m/g, k] x [g, k, n]: the same FLOPs over equal groups "

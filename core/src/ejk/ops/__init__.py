@@ -44,7 +44,14 @@ from ejk.ops._flash_attention_varlen import (
 from ejk.ops._gated_delta_rule import GatedDeltaRuleKernel, gated_delta_rule, gated_delta_rule_step
 from ejk.ops._generic import AlgorithmKernel, run
 from ejk.ops._gla import GLA_RESIDUALS, GlaKernel, gla, gla_step
-from ejk.ops._grouped_matmul import GroupedMatmulKernel, grouped_matmul
+from ejk.ops._grouped_matmul import (
+    GROUPED_MATMUL_ACTIVATIONS,
+    GroupedMatmulKernel,
+    gated_cotangent,
+    gated_gradients,
+    gated_output,
+    grouped_matmul,
+)
 from ejk.ops._linear_cross_entropy import (
     LINEAR_CROSS_ENTROPY_RESIDUALS,
     LinearCrossEntropyKernel,
@@ -69,6 +76,7 @@ __all__ = [
     "FLASH_LSE_RESIDUALS",
     "FLASH_RESIDUALS",
     "GLA_RESIDUALS",
+    "GROUPED_MATMUL_ACTIVATIONS",
     "GROUPED_MATMUL_RESIDUALS",
     "LINEAR_CROSS_ENTROPY_RESIDUALS",
     "LSE2_INDEX",
@@ -103,8 +111,11 @@ __all__ = [
     "flash_attention_lse",
     "fold_sinks",
     "flash_attention_varlen",
+    "gated_cotangent",
     "gated_delta_rule",
     "gated_delta_rule_step",
+    "gated_gradients",
+    "gated_output",
     "get_default_executor",
     "get_op",
     "gla",

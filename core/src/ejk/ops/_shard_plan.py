@@ -46,7 +46,8 @@ class ShardPlan:
 
 
 #: ``rule(arrays, axes_of, size) -> ShardPlan | (in_specs, out_specs) | None`` (``None``: the op
-#: cannot be wrapped, call it as is).
+#: cannot be wrapped, call it as is). A rule whose specs depend on the op's static arguments takes
+#: them as a ``static`` keyword (a mapping): ``rule(arrays, axes_of, size, static=...)``.
 Rule = Callable[[tuple[Any, ...], AxesOf, Size], "ShardPlan | tuple[tuple[Any, ...], Any] | None"]
 
 

@@ -17,6 +17,7 @@ them as it can).
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -80,7 +81,8 @@ def run_sharded(rule: Rule | None, arrays: tuple[Any, ...], call: Callable[..., 
     def size(axes: Axes) -> int:
         return math.prod(int(mesh.shape[a]) for a in axes)
 
-    plan = rule(arrays, axes_of, size)
+    plan = (rule(arrays, axes_of, size, static=dict(static or {}))  # type: ignore[call-arg]
+            if _takes_static(rule) else rule(arrays, axes_of, size))
     if plan is None:
         return False, None
     if not isinstance(plan, ShardPlan):
@@ -102,6 +104,14 @@ def run_sharded(rule: Rule | None, arrays: tuple[Any, ...], call: Callable[..., 
     specs = tuple(plan.in_specs[i] for i in present)
     mapped = jax.shard_map(local, mesh=mesh, in_specs=specs, out_specs=plan.out_specs)
     return True, mapped(*(_placed(arrays[i], mesh, spec) for i, spec in zip(present, specs, strict=True)))
+
+
+def _takes_static(rule: Rule) -> bool:
+    """Whether ``rule`` takes the op's static arguments (a ``static`` keyword: its specs depend on them)."""
+    try:
+        return "static" in inspect.signature(rule).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 def _placed(x: Any, mesh: Any, spec: P) -> Any:

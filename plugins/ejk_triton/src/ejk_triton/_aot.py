@@ -171,8 +171,9 @@ def compile_matmul(m: int, n: int, k: int, dtype: Any = jnp.bfloat16, *, cfg: _m
 
 def compile_grouped_matmul(m: int, k: int, n: int, groups: int, dtype: Any = jnp.bfloat16, *,
                            cfg: _grouped_matmul.GroupedMatmulConfig | None = None, precision: Any = "highest",
-                           arch: int = 90) -> dict[str, dict[str, int]]:
-    """Compile the grouped matmul kernels for ``[m, k] x [groups, k, n]`` and its gradients, for ``arch``.
+                           activation: str | None = None, arch: int = 90) -> dict[str, dict[str, int]]:
+    """Compile the grouped matmul kernels for ``[m, k] x [groups, k, n]`` and its gradients, for ``arch``
+    (``activation``: the forward with that gated epilogue, out ``[m, n / 2]``).
 
     Returns:
         Per launch (``forward``, ``d_lhs`` with ``rhs`` read transposed, ``d_rhs``): shared
@@ -182,12 +183,12 @@ def compile_grouped_matmul(m: int, k: int, n: int, groups: int, dtype: Any = jnp
     from ejk_triton import _grouped_kernels as kernels
 
     lhs, rhs = jax.ShapeDtypeStruct((m, k), dtype), jax.ShapeDtypeStruct((groups, k, n), dtype)
-    cfg = cfg if cfg is not None else _grouped_matmul.heuristic_config(lhs, rhs, None)
+    cfg = cfg if cfg is not None else _grouped_matmul.heuristic_config(lhs, rhs, None, activation=activation)
     ptrs = [_ptr(dtype), _ptr(dtype), _ptr(jnp.int32), _ptr(dtype)]
     common = dict(groups=groups, dtype=dtype, out_dtype=dtype, precision=precision, cfg=cfg)
     return {
         "forward": _compile_launch(kernels.grouped_matmul_kernel, ptrs, _grouped_matmul.product_args(
-            m=m, n=n, k=k, transpose_w=False, **common), arch),
+            m=m, n=n, k=k, transpose_w=False, gated=activation is not None, **common), arch),
         "d_lhs": _compile_launch(kernels.grouped_matmul_kernel, ptrs, _grouped_matmul.product_args(
             m=m, n=k, k=n, transpose_w=True, **common), arch),
         "d_rhs": _compile_launch(kernels.grouped_outer_kernel, ptrs, _grouped_matmul.outer_args(

@@ -21,6 +21,9 @@ through ``constexpr`` element strides (a transposed ``rhs`` needs no copy); offs
   group's rows; an empty group's tiles are zeros.
 
 Products accumulate in float32 (``tl.dot`` with ``DOT_PREC``) and are rounded once on store.
+With ``GATED`` (``grouped_matmul(..., activation="swiglu")``) the forward's output has ``N_OUT = N / 2``
+columns: each output tile multiplies the same ``lhs`` tile by the gate columns and the up columns of
+``rhs`` (two accumulators) and stores ``silu(gate) · up``; the ``[m, N]`` product is never written.
 """
 
 from __future__ import annotations
@@ -55,17 +58,51 @@ def _tile_product(lhs_ptr, rhs_ptr, row0, row_end, group, tn,
 
 
 @triton.jit
+def _gated_tile_product(lhs_ptr, rhs_ptr, row0, row_end, group, tn,
+                        K: tl.constexpr, N_OUT: tl.constexpr, S_LM: tl.constexpr, S_LK: tl.constexpr,
+                        S_RG: tl.constexpr, S_RK: tl.constexpr, S_RN: tl.constexpr, BLOCK_M: tl.constexpr,
+                        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_PREC: tl.constexpr):
+    """``silu(gate) · up`` in float32 for output column tile ``tn``: ``gate`` and ``up`` the products of one
+    ``lhs`` tile with ``rhs[group]``'s columns ``tile tn`` and ``N_OUT + tile tn`` (one ``lhs`` load for both)."""
+    rows = row0 + tl.arange(0, BLOCK_M)
+    cols = tn * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    rows_ok = rows[:, None] < row_end
+    cols_ok = cols[None, :] < N_OUT
+    a_ptrs = lhs_ptr + rows[:, None] * S_LM + offs_k[None, :] * S_LK
+    g_ptrs = rhs_ptr + group * S_RG + offs_k[:, None] * S_RK + cols[None, :] * S_RN
+    u_ptrs = g_ptrs + N_OUT * S_RN
+    gate = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for kk in range(0, K, BLOCK_K):
+        a = load_tile(a_ptrs, rows_ok, offs_k[None, :] < K - kk, True, K % BLOCK_K != 0)
+        k_ok = offs_k[:, None] < K - kk
+        g = load_tile(g_ptrs, k_ok, cols_ok, K % BLOCK_K != 0, N_OUT % BLOCK_N != 0)
+        u = load_tile(u_ptrs, k_ok, cols_ok, K % BLOCK_K != 0, N_OUT % BLOCK_N != 0)
+        gate = tl.dot(a, g, gate, input_precision=DOT_PREC)
+        up = tl.dot(a, u, up, input_precision=DOT_PREC)
+        a_ptrs += BLOCK_K * S_LK
+        g_ptrs += BLOCK_K * S_RK
+        u_ptrs += BLOCK_K * S_RK
+    return gate * tl.sigmoid(gate) * up
+
+
+@triton.jit
 def _store_tile(lhs_ptr, rhs_ptr, out_ptr, row0, row_end, group, tn,
-                K: tl.constexpr, N: tl.constexpr, S_LM: tl.constexpr, S_LK: tl.constexpr, S_RG: tl.constexpr,
-                S_RK: tl.constexpr, S_RN: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                BLOCK_K: tl.constexpr, DOT_PREC: tl.constexpr):
+                K: tl.constexpr, N: tl.constexpr, N_OUT: tl.constexpr, S_LM: tl.constexpr, S_LK: tl.constexpr,
+                S_RG: tl.constexpr, S_RK: tl.constexpr, S_RN: tl.constexpr, BLOCK_M: tl.constexpr,
+                BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_PREC: tl.constexpr, GATED: tl.constexpr):
     """Computes and stores the output tile at rows ``row0 ..`` (below ``row_end``), column tile ``tn``."""
-    acc = _tile_product(lhs_ptr, rhs_ptr, row0, row_end, group, tn, K, N, S_LM, S_LK, S_RG, S_RK, S_RN,
-                        BLOCK_M, BLOCK_N, BLOCK_K, DOT_PREC)
+    if GATED:
+        acc = _gated_tile_product(lhs_ptr, rhs_ptr, row0, row_end, group, tn, K, N_OUT, S_LM, S_LK, S_RG, S_RK,
+                                  S_RN, BLOCK_M, BLOCK_N, BLOCK_K, DOT_PREC)
+    else:
+        acc = _tile_product(lhs_ptr, rhs_ptr, row0, row_end, group, tn, K, N, S_LM, S_LK, S_RG, S_RK, S_RN,
+                            BLOCK_M, BLOCK_N, BLOCK_K, DOT_PREC)
     offs_m = row0 + tl.arange(0, BLOCK_M)
     offs_n = tn * BLOCK_N + tl.arange(0, BLOCK_N)
-    mask = (offs_m[:, None] < row_end) & (offs_n[None, :] < N)
-    tl.store(out_ptr + offs_m[:, None] * N + offs_n[None, :], acc.to(out_ptr.dtype.element_ty), mask=mask)
+    mask = (offs_m[:, None] < row_end) & (offs_n[None, :] < N_OUT)
+    tl.store(out_ptr + offs_m[:, None] * N_OUT + offs_n[None, :], acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -91,9 +128,10 @@ def grouped_matmul_kernel(
     M: tl.constexpr, N: tl.constexpr, K: tl.constexpr, G: tl.constexpr,
     S_LM: tl.constexpr, S_LK: tl.constexpr, S_RG: tl.constexpr, S_RK: tl.constexpr, S_RN: tl.constexpr,
     PROGRAMS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    DOT_PREC: tl.constexpr, G_FLAT: tl.constexpr,
+    DOT_PREC: tl.constexpr, G_FLAT: tl.constexpr, GATED: tl.constexpr,
 ):
-    tiles_n: tl.constexpr = (N + BLOCK_N - 1) // BLOCK_N
+    N_OUT: tl.constexpr = N // 2 if GATED else N  # the output's columns
+    tiles_n: tl.constexpr = (N_OUT + BLOCK_N - 1) // BLOCK_N
     item = tl.program_id(0)
     if G_FLAT > 0:
         # The work list held in registers (``G_FLAT`` >= G, a power of two): each group's item
@@ -113,8 +151,9 @@ def grouped_matmul_kernel(
             start = tl.sum(tl.where(here, starts, 0), 0)
             end = tl.sum(tl.where(here, ends, 0), 0)
             _store_tile(lhs_ptr, rhs_ptr, out_ptr, start + (local // tiles_n) * BLOCK_M, end, group,
-                        local % tiles_n, K, N, S_LM, S_LK, S_RG, S_RK, S_RN, BLOCK_M, BLOCK_N, BLOCK_K, DOT_PREC)
-        _zero_tail(out_ptr, offsets_ptr, item + tl.cdiv(total - item, PROGRAMS) * PROGRAMS, total, M, N, G,
+                        local % tiles_n, K, N, N_OUT, S_LM, S_LK, S_RG, S_RK, S_RN, BLOCK_M, BLOCK_N, BLOCK_K,
+                        DOT_PREC, GATED)
+        _zero_tail(out_ptr, offsets_ptr, item + tl.cdiv(total - item, PROGRAMS) * PROGRAMS, total, M, N_OUT, G,
                    PROGRAMS, BLOCK_M, BLOCK_N)
     else:
         # Many groups: walk them, each program taking every PROGRAMS-th item.
@@ -126,10 +165,11 @@ def grouped_matmul_kernel(
             while item < before + items:
                 local = item - before
                 _store_tile(lhs_ptr, rhs_ptr, out_ptr, start + (local // tiles_n) * BLOCK_M, end, group,
-                            local % tiles_n, K, N, S_LM, S_LK, S_RG, S_RK, S_RN, BLOCK_M, BLOCK_N, BLOCK_K, DOT_PREC)
+                            local % tiles_n, K, N, N_OUT, S_LM, S_LK, S_RG, S_RK, S_RN, BLOCK_M, BLOCK_N, BLOCK_K,
+                            DOT_PREC, GATED)
                 item += PROGRAMS
             before += items
-        _zero_tail(out_ptr, offsets_ptr, item, before, M, N, G, PROGRAMS, BLOCK_M, BLOCK_N)
+        _zero_tail(out_ptr, offsets_ptr, item, before, M, N_OUT, G, PROGRAMS, BLOCK_M, BLOCK_N)
 
 
 @triton.jit

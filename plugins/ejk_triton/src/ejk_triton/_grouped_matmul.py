@@ -15,6 +15,10 @@ boundaries (``offsets`` ``[g + 1]``, sizes sanitised: negative sizes count as 0 
 
 Both backward products use the forward's ``precision`` (see ``_dots``) and accumulate in
 float32. Under ``jax.vmap`` the launches run once per mapped element.
+
+``activation="swiglu"`` fuses the gated activation into the forward's epilogue (two accumulators per
+output tile, the gate and up columns, ``N / 2`` output columns); its backward recomputes the product
+(``ejk.plugin.gated_gradients``) and runs the plain backward on the activation's cotangent.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from ejk.plugin import (
     GROUPED_MATMUL_RESIDUALS,
     cdiv,
     fit_block,
+    gated_gradients,
     int_in,
     one_of,
     operand_vjp,
@@ -105,16 +110,18 @@ def _flat_width(groups: int) -> int:
 
 
 def product_args(*, m: int, n: int, k: int, groups: int, transpose_w: bool, dtype: Any, out_dtype: Any,
-                 precision: Any, cfg: GroupedMatmulConfig) -> dict[str, Any]:
-    """``launch``'s arguments for ``grouped_matmul_kernel``: ``[m, k] x [g, k, n]`` (``[g, n, k]``: transposed)."""
-    bm, bn, bk = fit_block(cfg.block_m, m), fit_block(cfg.block_n, n), fit_block(cfg.block_k, k)
-    programs = _programs(cfg, m, n, groups, bm, bn)
+                 precision: Any, cfg: GroupedMatmulConfig, gated: bool = False) -> dict[str, Any]:
+    """``launch``'s arguments for ``grouped_matmul_kernel``: ``[m, k] x [g, k, n]`` (``[g, n, k]``: transposed);
+    ``gated``: the SwiGLU of the product's two column halves, out ``[m, n / 2]``."""
+    n_out = n // 2 if gated else n
+    bm, bn, bk = fit_block(cfg.block_m, m), fit_block(cfg.block_n, n_out), fit_block(cfg.block_k, k)
+    programs = _programs(cfg, m, n_out, groups, bm, bn)
     s_rk, s_rn = (1, k) if transpose_w else (n, 1)
     return dict(
-        grid=(programs,), out_shapes=(jax.ShapeDtypeStruct((m, n), out_dtype),), num_warps=cfg.num_warps,
+        grid=(programs,), out_shapes=(jax.ShapeDtypeStruct((m, n_out), out_dtype),), num_warps=cfg.num_warps,
         num_stages=cfg.num_stages, M=m, N=n, K=k, G=groups, S_LM=k, S_LK=1, S_RG=k * n, S_RK=s_rk, S_RN=s_rn,
         PROGRAMS=programs, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, DOT_PREC=_dots.dot_precision(dtype, precision),
-        G_FLAT=_flat_width(groups),
+        G_FLAT=_flat_width(groups), GATED=gated,
     )
 
 
@@ -130,19 +137,21 @@ def outer_args(*, m: int, n: int, k: int, groups: int, dtype: Any, out_dtype: An
 
 
 def _grouped_product(x: jax.Array, w: jax.Array, offsets: jax.Array, *, transpose_w: bool, out_dtype: Any,
-                     precision: Any, cfg: GroupedMatmulConfig) -> jax.Array:
+                     precision: Any, cfg: GroupedMatmulConfig, gated: bool = False) -> jax.Array:
     """``out[r] = x[r] @ w[group(r)]`` (``w[group(r)]ᵀ`` with ``transpose_w``); rows in no group are 0.
 
-    ``x`` is ``[m, a]``; ``w`` is ``[g, a, b]`` (``[g, b, a]`` with ``transpose_w``); out ``[m, b]``.
+    ``x`` is ``[m, a]``; ``w`` is ``[g, a, b]`` (``[g, b, a]`` with ``transpose_w``); out ``[m, b]``
+    (``gated``: the SwiGLU of the product's two column halves, ``[m, b / 2]``).
     """
     m, k = x.shape
     groups = w.shape[0]
     n = w.shape[1] if transpose_w else w.shape[2]
-    if m * n == 0 or groups == 0 or k == 0:  # nothing to write, no group owns a row, or empty sums
-        return jnp.zeros((m, n), out_dtype)
+    n_out = n // 2 if gated else n
+    if m * n_out == 0 or groups == 0 or k == 0:  # nothing to write, no group owns a row, or empty sums
+        return jnp.zeros((m, n_out), out_dtype)
     dtype = _dots.common_dtype(x, w)
     args = product_args(m=m, n=n, k=k, groups=groups, transpose_w=transpose_w, dtype=dtype, out_dtype=out_dtype,
-                        precision=precision, cfg=cfg)
+                        precision=precision, cfg=cfg, gated=gated)
 
     def run(lhs: jax.Array, rhs: jax.Array, offs: jax.Array) -> tuple[jax.Array, ...]:
         return launch(kernels("_grouped_kernels").grouped_matmul_kernel, inputs=(lhs, rhs, offs), **args)
@@ -173,8 +182,9 @@ def _grouped_outer(x: jax.Array, dy: jax.Array, offsets: jax.Array, groups: int,
 # ----------------------------------------------------------------------------------------------
 
 
-def _resolve(cfg: GroupedMatmulConfig | None, lhs: Any, rhs: Any, group_sizes: Any) -> GroupedMatmulConfig:
-    return heuristic_config(lhs, rhs, group_sizes) if cfg is None else cfg
+def _resolve(cfg: GroupedMatmulConfig | None, lhs: Any, rhs: Any, group_sizes: Any,
+             activation: str | None = None) -> GroupedMatmulConfig:
+    return heuristic_config(lhs, rhs, group_sizes, activation=activation) if cfg is None else cfg
 
 
 def forward(
@@ -184,6 +194,7 @@ def forward(
     *,
     precision: str | tuple[str, str] = ("highest", "highest"),
     preferred_element_type: Any = None,
+    activation: str | None = None,
     cfg: GroupedMatmulConfig | None = None,
 ) -> jax.Array:
     """Row-grouped matmul: consecutive row groups of ``lhs``, group ``i`` times ``rhs[i]``.
@@ -194,15 +205,17 @@ def forward(
         group_sizes: ``[g]`` integers (non-negative, ``sum <= m``); rows past the sum are zeros.
         precision: A pair of ``lax.Precision`` names (lhs, rhs), or one name; see ``_dots``.
         preferred_element_type: The output dtype; ``None`` means ``lhs.dtype``.
+        activation: ``None``, or ``"swiglu"``: ``silu(z[:, :n/2]) * z[:, n/2:]`` of the float32 product,
+            in the kernel's epilogue.
         cfg: Tiles; ``None`` means :func:`heuristic_config`.
 
     Returns:
-        ``[m, n]`` in ``preferred_element_type`` (float32 accumulation).
+        ``[m, n]`` in ``preferred_element_type`` (float32 accumulation; ``[m, n / 2]`` with an activation).
     """
     out_dtype = lhs.dtype if preferred_element_type is None else preferred_element_type
-    cfg = _resolve(cfg, lhs, rhs, group_sizes)
+    cfg = _resolve(cfg, lhs, rhs, group_sizes, activation)
     return _grouped_product(lhs, rhs, _offsets(group_sizes, lhs.shape[0]), transpose_w=False, out_dtype=out_dtype,
-                            precision=precision, cfg=cfg)
+                            precision=precision, cfg=cfg, gated=activation is not None)
 
 
 def gradients(
@@ -223,8 +236,9 @@ def gradients(
     return d_lhs, d_rhs, None
 
 
-#: The custom VJP: the operands are the residuals, :func:`gradients` the backward.
-vjp = operand_vjp(forward, gradients, GROUPED_MATMUL_RESIDUALS)
+#: The custom VJP: the operands are the residuals, :func:`gradients` the backward (a gated call's through
+#: ``gated_gradients``: the product recomputed, then the plain backward).
+vjp = operand_vjp(forward, gated_gradients(forward, gradients), GROUPED_MATMUL_RESIDUALS)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -233,15 +247,15 @@ vjp = operand_vjp(forward, gradients, GROUPED_MATMUL_RESIDUALS)
 
 
 def capability(lhs: Any, rhs: Any, group_sizes: Any, *, precision: Any = None,
-               preferred_element_type: Any = None) -> str | None:
+               preferred_element_type: Any = None, activation: str | None = None) -> str | None:
     """Why this implementation cannot run a call, or ``None`` when it can (abstract arguments suffice).
 
     Supported: any sizes (edges are masked; empty groups, rows past the sum, ``k = 0``),
     bfloat16 / float16 / float32 operands (mixed ones are cast to their common type), every
-    precision (see ``_dots``) and output dtype, operands and outputs below 2**30 elements.
-    Needs an NVIDIA GPU (compute capability 8.0+), except in the interpreter mode.
+    precision (see ``_dots``) and output dtype, operands and outputs below 2**30 elements, and
+    ``activation="swiglu"``. Needs an NVIDIA GPU (compute capability 8.0+), except in the interpreter mode.
     """
-    del precision
+    del precision, activation  # the op validated the activation and rhs's even columns
     if not jnp.issubdtype(group_sizes.dtype, jnp.integer):
         return f"group_sizes of dtype {jnp.dtype(group_sizes.dtype).name} not supported (integers only)"
     if preferred_element_type is not None and jnp.dtype(preferred_element_type).name not in _dots.DTYPES:
@@ -266,49 +280,60 @@ def _make(t: tuple[int, int, int, int, int]) -> GroupedMatmulConfig:
     return GroupedMatmulConfig(block_m=t[0], block_n=t[1], block_k=t[2], num_warps=t[3], num_stages=t[4])
 
 
-def _fitting(lhs: Any, rhs: Any) -> list[GroupedMatmulConfig]:
+def _fitting(lhs: Any, rhs: Any, gated: bool = False) -> list[GroupedMatmulConfig]:
+    """The dtype's tiles that fit shared memory. Gated (SwiGLU) tiles compute two ``block_n``-wide products
+    (gate and up) a tile: they keep tiles whose doubled width is in the table's range."""
     itemsize = _dots.common_dtype(lhs, rhs).itemsize
     table = [_make(t) for t in (_TILES_32 if itemsize == 4 else _TILES_16)]
+    if gated:
+        widest = max(c.block_n for c in table)
+        table = [c for c in table if 2 * c.block_n <= widest] or table
+    width = 2 if gated else 1
     limit = _device.smem_limit()
 
     def smem(c: GroupedMatmulConfig) -> int:
-        return _dots.smem_bytes(c.block_m, c.block_n, c.block_k, c.num_stages, itemsize, flattened=True)
+        return _dots.smem_bytes(c.block_m, width * c.block_n, c.block_k, c.num_stages, itemsize, flattened=True)
 
     return [c for c in table if smem(c) <= limit] or [min(table, key=smem)]
 
 
-def config_space(lhs: Any, rhs: Any, group_sizes: Any, **_: Any) -> list[GroupedMatmulConfig]:
+def config_space(lhs: Any, rhs: Any, group_sizes: Any, *, activation: str | None = None,
+                 **_: Any) -> list[GroupedMatmulConfig]:
     """Autotuning candidates: the dtype's tile table pruned by shared memory, the heuristic's first.
 
     Args:
         lhs: ``[m, k]`` (anything with ``.shape`` and ``.dtype``).
         rhs: ``[g, k, n]``.
         group_sizes: ``[g]``.
-        **_: Static arguments of the op, ignored.
+        activation: The op's; a gated call's tiles are half as wide (see :func:`_fitting`).
+        **_: The op's other static arguments, ignored.
     """
     if _env.interpreting_on_cpu():
         return [_INTERPRETER]
-    first = heuristic_config(lhs, rhs, group_sizes)
-    return [first, *(c for c in _fitting(lhs, rhs) if c != first)]
+    first = heuristic_config(lhs, rhs, group_sizes, activation=activation)
+    return [first, *(c for c in _fitting(lhs, rhs, activation is not None) if c != first)]
 
 
-def heuristic_config(lhs: Any, rhs: Any, group_sizes: Any, **_: Any) -> GroupedMatmulConfig:
+def heuristic_config(lhs: Any, rhs: Any, group_sizes: Any, *, activation: str | None = None,
+                     **_: Any) -> GroupedMatmulConfig:
     """A tile by shape and device, not timed here.
 
     Row tiles never straddle groups, so a tile much taller than the average group wastes work:
     the first fitting entry of the dtype's table (16-bit on Hopper: 128x256x64, 8 warps, 4
     stages) whose height is at most twice the average group (``m / g``, at least 64 rows)
     and whose tile count (at equal groups) covers the SMs; else the one with the most tiles.
-    In the interpreter mode (CPU), 16x32x32 tiles.
+    A gated call (``activation``) picks among tiles half as wide (two products a tile), counted
+    over its ``n / 2`` output columns. In the interpreter mode (CPU), 16x32x32 tiles.
 
     Args: as for :func:`config_space`.
     """
     del group_sizes
     if _env.interpreting_on_cpu():
         return _INTERPRETER
-    m, groups, n = int(lhs.shape[0]), max(int(rhs.shape[0]), 1), int(rhs.shape[2])
+    gated = activation is not None
+    m, groups, n = int(lhs.shape[0]), max(int(rhs.shape[0]), 1), int(rhs.shape[2]) // (2 if gated else 1)
     average = max(cdiv(m, groups), 1)
-    table = _fitting(lhs, rhs)
+    table = _fitting(lhs, rhs, gated)
     fitting = [c for c in table if c.block_m <= max(64, 2 * average)] or table[-1:]
 
     def tiles(c: GroupedMatmulConfig) -> int:

@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from ejk.plugin import cotangent_like, positive_int, varying_like
+from ejk.plugin import cotangent_like, gated_output, positive_int, varying_like
 
 __all__ = ["GroupedMatmulConfig", "config_space", "grouped_matmul", "heuristic_config"]
 
@@ -191,6 +191,7 @@ def grouped_matmul(
     *,
     precision: Precision = ("highest", "highest"),
     preferred_element_type: Any = None,
+    activation: str | None = None,
     cfg: GroupedMatmulConfig | None = None,
 ) -> jax.Array:
     """Row-grouped matmul: consecutive row groups of ``lhs``, group ``i`` times ``rhs[i]``.
@@ -206,21 +207,34 @@ def grouped_matmul(
         precision: A pair of ``jax.lax.Precision`` names (lhs, rhs), or one for both; used by
             the forward and the backward products.
         preferred_element_type: The output dtype; ``None`` means ``lhs.dtype``.
+        activation: ``None``, or ``"swiglu"`` (``ejk.grouped_matmul``'s gated output): applied to the
+            float32 product in the same program, differentiated by JAX through it.
         cfg: The config; ``None`` means :func:`heuristic_config` for these shapes.
 
     Returns:
-        ``[m, n]`` in ``preferred_element_type`` (float32 accumulation). Differentiable in
-        ``lhs`` and ``rhs`` (gradients in their dtypes); ``group_sizes`` gets no gradient.
+        ``[m, n]`` in ``preferred_element_type`` (float32 accumulation; ``[m, n / 2]`` with an
+        activation). Differentiable in ``lhs`` and ``rhs`` (gradients in their dtypes);
+        ``group_sizes`` gets no gradient.
     """
     cfg = heuristic_config(lhs, rhs, group_sizes) if cfg is None else cfg
     out_dtype = jnp.dtype(lhs.dtype if preferred_element_type is None else preferred_element_type)
     m = lhs.shape[0]
     groups, _, n = rhs.shape
     if m == 0 or n == 0 or groups == 0:
-        return jnp.zeros((m, n), out_dtype)
-    out: jax.Array = _grouped_matmul_jit(lhs, rhs, jnp.asarray(group_sizes, jnp.int32), min(cfg.block_m, m),
-                                         precision, out_dtype)
-    return out
+        return jnp.zeros((m, n if activation is None else n // 2), out_dtype)
+    sizes, block = jnp.asarray(group_sizes, jnp.int32), min(cfg.block_m, m)
+    if activation is None:
+        out: jax.Array = _grouped_matmul_jit(lhs, rhs, sizes, block, precision, out_dtype)
+        return out
+    gated: jax.Array = _gated(lhs, rhs, sizes, block, precision, out_dtype, activation)
+    return gated
+
+
+@functools.partial(jax.jit, static_argnums=(3, 4, 5, 6))  # the product and its activation: one program
+def _gated(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array, block: int, precision: Precision,
+           out_dtype: Any, activation: str) -> jax.Array:
+    z = _grouped_matmul(lhs, rhs, group_sizes, block, precision, jnp.dtype(jnp.float32))
+    return gated_output(z, activation).astype(out_dtype)
 
 
 def _next_power_of_two(x: int) -> int:

@@ -1,7 +1,9 @@
 """``grouped_matmul`` in ``ejk bench``: its cases, presets, ``--shapes`` syntax and work.
 
 FLOPs: ``2·m·k·n``; forward + backward 3x. Runs at ``precision="default"``, the backend's fast
-path, as ``a @ b`` does by default.
+path, as ``a @ b`` does by default. A gated case (``activation="swiglu"``, ``moe:...:swiglu``) has
+``n`` output columns and ``rhs [g, k, 2n]``: ``2·m·k·2n`` FLOPs (the backward's recomputed product
+not counted).
 """
 
 from __future__ import annotations
@@ -41,14 +43,23 @@ class MoeCase(Case):
     n: int
     tokens: int
     skewed: bool = False
+    activation: str | None = None  #: ``"swiglu"``: ``n`` output columns of ``rhs [g, k, 2n]``
 
     @property
     def label(self) -> str:
-        return f"g={self.experts} k={self.k} n={self.n} m={self.tokens} {'skewed' if self.skewed else 'equal'}"
+        return f"g={self.experts} k={self.k} n={self.n} m={self.tokens} {self._kind}"
 
     @property
     def series(self) -> str:
-        return f"g={self.experts} k={self.k} n={self.n} {'skewed' if self.skewed else 'equal'}"
+        return f"g={self.experts} k={self.k} n={self.n} {self._kind}"
+
+    @property
+    def _kind(self) -> str:
+        return ("skewed" if self.skewed else "equal") + (f" {self.activation}" if self.activation else "")
+
+    @property
+    def rhs_columns(self) -> int:
+        return 2 * self.n if self.activation else self.n
 
     @property
     def x(self) -> int:
@@ -72,28 +83,28 @@ class MoeWorkload(Workload):
         c = self.case
         kl, kr = jax.random.split(jax.random.key(seed))
         return (normal(kl, (c.tokens, c.k), self.dtype),
-                normal(kr, (c.experts, c.k, c.n), self.dtype, 1 / math.sqrt(c.k)),
+                normal(kr, (c.experts, c.k, c.rhs_columns), self.dtype, 1 / math.sqrt(c.k)),
                 jnp.asarray(self.group_sizes(seed)))
 
     def kwargs(self) -> dict[str, Any]:
-        return {"precision": "default"}
+        return {"precision": "default", **({"activation": self.case.activation} if self.case.activation else {})}
 
     def out_shape(self) -> tuple[int, ...]:
         return (self.case.tokens, self.case.n)
 
     def work(self, mode: str) -> tuple[float, str]:
         c = self.case
-        return 2.0 * c.tokens * c.k * c.n * (3.0 if mode == "fwd+bwd" else 1.0), TFLOPS
+        return 2.0 * c.tokens * c.k * c.rhs_columns * (3.0 if mode == "fwd+bwd" else 1.0), TFLOPS
 
 
 def _parse(text: str, options: dict[str, str], spec: str) -> MoeCase:
-    """``moe:GxKxNxM[:skewed]`` (experts, k, n, tokens)."""
+    """``moe:GxKxNxM[:skewed][:swiglu]`` (experts, k, n, tokens; ``swiglu``: ``n`` gated output columns)."""
     g, k, n, m = dims(text, 4, "GxKxNxM (experts, k, n, tokens), e.g. 64x2048x1536x32768")
-    skewed = "skewed" in options
-    options.pop("skewed", None)
-    options.pop("equal", None)
+    skewed, gated = "skewed" in options, "swiglu" in options
+    for flag in ("skewed", "equal", "swiglu"):
+        options.pop(flag, None)
     int_options(options, (), spec)
-    return MoeCase(experts=g, k=k, n=n, tokens=m, skewed=skewed)
+    return MoeCase(experts=g, k=k, n=n, tokens=m, skewed=skewed, activation="swiglu" if gated else None)
 
 
 BENCH = OpBench(
@@ -102,6 +113,9 @@ BENCH = OpBench(
              # Mixtral-like: 8 experts of an up projection, 16k tokens.
              *(MoeCase(experts=8, k=4096, n=14336, tokens=16384, skewed=s) for s in (False, True)),
              # DeepSeek-like: 256 experts k7168 n2048, top-8 routing of 16k tokens (131072 rows).
-             *(MoeCase(experts=256, k=7168, n=2048, tokens=8 * 16384, skewed=s) for s in (False, True))),
+             *(MoeCase(experts=256, k=7168, n=2048, tokens=8 * 16384, skewed=s) for s in (False, True)),
+             # The first matmul of a SwiGLU expert and its activation in one call (Mixtral-like, 64 experts).
+             MoeCase(experts=8, k=4096, n=14336, tokens=16384, activation="swiglu"),
+             MoeCase(experts=64, k=2048, n=1536, tokens=32768, skewed=True, activation="swiglu")),
     quick=(MoeCase(experts=4, k=32, n=32, tokens=64), MoeCase(experts=4, k=32, n=32, tokens=128, skewed=True)),
 )

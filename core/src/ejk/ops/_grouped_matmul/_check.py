@@ -8,7 +8,7 @@ import numpy as np
 
 from ejk.ops._check_arrays import concrete, listed, require_floating, require_integer, require_ndim
 
-__all__ = ["check_group_sizes", "check_grouped_matmul_args", "check_grouped_matmul_values"]
+__all__ = ["check_activation", "check_group_sizes", "check_grouped_matmul_args", "check_grouped_matmul_values"]
 
 
 def check_grouped_matmul_args(lhs: Any, rhs: Any, group_sizes: Any) -> None:
@@ -41,6 +41,24 @@ def check_grouped_matmul_args(lhs: Any, rhs: Any, group_sizes: Any) -> None:
     require_floating(op, "rhs", rhs)
     require_integer(op, "group_sizes", group_sizes)
     check_group_sizes(group_sizes, m)
+
+
+def check_activation(activation: Any, rhs: Any) -> str | None:
+    """``activation``: ``None`` or a name of :data:`GROUPED_MATMUL_ACTIVATIONS`; a gated one needs ``rhs``'s
+    columns to split in two halves (gate, up)."""
+    from ejk.ops._grouped_matmul._activation import GROUPED_MATMUL_ACTIVATIONS
+
+    if activation is None:
+        return None
+    if not isinstance(activation, str) or activation not in GROUPED_MATMUL_ACTIVATIONS:
+        raise ValueError(f"grouped_matmul: activation={activation!r} is not supported; pass None (the plain "
+                         f"product) or one of {GROUPED_MATMUL_ACTIVATIONS}")
+    n = rhs.shape[2]
+    if n % 2:
+        raise ValueError(f"grouped_matmul: activation={activation!r} needs rhs [groups, k, 2n] (the gate "
+                         f"columns [:n], then the up columns [n:]), but rhs has shape {tuple(rhs.shape)} with an "
+                         "odd number of columns")
+    return activation
 
 
 def check_grouped_matmul_values(lhs: Any, rhs: Any, group_sizes: Any, **_: Any) -> None:

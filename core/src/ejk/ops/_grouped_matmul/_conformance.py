@@ -23,21 +23,25 @@ def check_grouped_matmul(
     cfg: Any = None,
     precision: Any = "highest",
     preferred_element_type: Any = None,
+    activation: str | None = None,
 ) -> int:
     """``ejk.grouped_matmul`` on ``platform``: uneven, empty and trailing-row groups, with gradients.
 
-    ``precision`` and ``preferred_element_type`` go to both ``ejk.grouped_matmul`` and
-    :func:`reference_grouped_matmul`; the output must be ``[m, n]`` in
-    ``preferred_element_type`` (``lhs.dtype`` when ``None``).
+    ``precision``, ``preferred_element_type`` and ``activation`` go to both ``ejk.grouped_matmul`` and
+    :func:`reference_grouped_matmul`; the output must be ``[m, n]`` in ``preferred_element_type``
+    (``lhs.dtype`` when ``None``). With an activation ``rhs`` has ``2n`` columns.
     """
     options = {"precision": precision, "preferred_element_type": preferred_element_type}
+    if activation is not None:
+        options["activation"] = activation
+    widen = 1 if activation is None else 2
     cases = ((40, 16, 8, [10, 0, 25, 3]), (7, 4, 3, [7]), (33, 8, 5, [0, 0, 33, 0]), (1, 4, 2, [0, 1]),
              (12, 8, 8, [0, 0, 0]))
     for dtype in dtypes:
         for seed, (m, k, n, sizes) in enumerate(cases):
             rng = np.random.default_rng(seed)
             lhs = normal(rng, (m, k), dtype)
-            rhs = normal(rng, (len(sizes), k, n), dtype)
+            rhs = normal(rng, (len(sizes), k, widen * n), dtype)
             group_sizes = jnp.asarray(sizes, jnp.int32)
 
             def ours(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array = group_sizes) -> jax.Array:

@@ -24,6 +24,11 @@ different way (any combination, over distinct mesh axes):
   grouped rows are a prefix of it and any boundary works); no communication in the forward pass.
 - **contraction** (``k``): float32 partial products summed with ``psum``, then cast once.
 
+With an activation (``"swiglu"``) the columns are not split (a shard's block of ``rhs``'s ``2n``
+columns would hold gate columns without their up columns): they are gathered. Experts and rows
+split as above (a row in no group of the shard is zero, and so is its activation); a split
+contraction sums the plain float32 products first and applies the activation to the sum.
+
 Experts not divisible by the shard count cannot be laid out by JAX at all (it refuses uneven
 shardings); an axis the rule cannot use is dropped and that dim is gathered first (the plain path).
 """
@@ -37,6 +42,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ejk.ops._grouped_matmul._activation import gated_output
 from ejk.ops._shard_plan import Axes, AxesOf, Call, ShardPlan, Size, divides, spec
 
 __all__ = ["grouped_rule", "local_group_sizes"]
@@ -61,9 +67,11 @@ def local_group_sizes(group_sizes: jax.Array, rows: int, first_row: Any, first_g
     return (hi - lo).astype(group_sizes.dtype), offset
 
 
-def grouped_rule(arrays: tuple[Any, ...], axes_of: AxesOf, size: Size) -> ShardPlan:
+def grouped_rule(arrays: tuple[Any, ...], axes_of: AxesOf, size: Size, *,
+                 static: Mapping[str, Any] | None = None) -> ShardPlan:
     lhs, rhs, _ = arrays
     (m, k), (g, _, n) = lhs.shape, rhs.shape
+    gated = (static or {}).get("activation") is not None
     taken: set[str] = set()
 
     def pick(axes: Axes) -> Axes:
@@ -72,7 +80,7 @@ def grouped_rule(arrays: tuple[Any, ...], axes_of: AxesOf, size: Size) -> ShardP
         taken.update(axes)
         return axes
 
-    cols = pick(divides(size, axes_of(rhs, 2), n))
+    cols = () if gated else pick(divides(size, axes_of(rhs, 2), n))
     experts = pick(divides(size, axes_of(rhs, 0), g))
     row_axes = divides(size, axes_of(lhs, 0), m)
     scatter = bool(experts) and row_axes == experts
@@ -88,7 +96,11 @@ def grouped_rule(arrays: tuple[Any, ...], axes_of: AxesOf, size: Size) -> ShardP
 def _body(experts: Axes, rows: Axes, contract: Axes, scatter: bool) -> Any:
     def body(call: Call, static: Mapping[str, Any]) -> Any:
         out_dtype = np.dtype(static["preferred_element_type"])
-        partial = bool(contract) and out_dtype != np.float32  # sum float32 partials, round once
+        activation = static.get("activation") if contract else None  # applied after the sum
+        partial = bool(contract) and (out_dtype != np.float32 or activation is not None)  # float32 partials
+        overrides: dict[str, Any] = {"preferred_element_type": np.dtype(np.float32)} if partial else {}
+        if activation is not None:
+            overrides["activation"] = None
 
         def local(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array) -> jax.Array:
             if scatter:
@@ -99,8 +111,7 @@ def _body(experts: Axes, rows: Axes, contract: Axes, scatter: bool) -> Any:
             sizes, offset = local_group_sizes(group_sizes, m, first_row, first_group, g)
             if experts:  # this shard's groups first; the rows past them come out zero
                 lhs = jnp.roll(lhs, -offset, axis=0)
-            out: jax.Array = call(lhs, rhs, sizes,
-                                  **({"preferred_element_type": np.dtype(np.float32)} if partial else {}))
+            out: jax.Array = call(lhs, rhs, sizes, **overrides)
             if experts:
                 out = jnp.roll(out, offset, axis=0)
             if scatter:
@@ -108,7 +119,7 @@ def _body(experts: Axes, rows: Axes, contract: Axes, scatter: bool) -> Any:
                 out = jax.lax.psum_scatter(out, experts, scatter_dimension=0, tiled=True)
             elif experts or contract:
                 out = jax.lax.psum(out, contract + experts)
-            return out.astype(out_dtype)
+            return gated_output(out, activation).astype(out_dtype)
 
         return local
 

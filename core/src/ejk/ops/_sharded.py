@@ -17,6 +17,7 @@ them as it can).
 
 from __future__ import annotations
 
+import functools
 import inspect
 import math
 from collections.abc import Callable, Mapping
@@ -106,6 +107,7 @@ def run_sharded(rule: Rule | None, arrays: tuple[Any, ...], call: Callable[..., 
     return True, mapped(*(_placed(arrays[i], mesh, spec) for i, spec in zip(present, specs, strict=True)))
 
 
+@functools.lru_cache(maxsize=64)
 def _takes_static(rule: Rule) -> bool:
     """Whether ``rule`` takes the op's static arguments (a ``static`` keyword: its specs depend on them)."""
     try:

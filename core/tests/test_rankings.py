@@ -302,16 +302,9 @@ def test_the_h200_pack_trains_d128_attention_on_cudnn_and_runs_its_forward_on_mo
     assert first("fwd", q_segment_ids=ids) is None and first("fwd+bwd", sliding_window=(128, 0)) is None
 
 
-def test_the_h200_pack_sends_chunked_prefill_to_triton_and_small_expert_groups_to_triton() -> None:
+def test_the_h200_pack_sends_small_expert_groups_to_triton() -> None:
     h200 = _shipped("nvidia_h200")
     device = "gpu|NVIDIA_H200|cc=9.0"
-
-    def paged(q_rows: int) -> str:
-        call = {"q": jax.ShapeDtypeStruct((q_rows, 32, 128), jnp.bfloat16),
-                "kv_lens": jax.ShapeDtypeStruct((4,), jnp.int32)}
-        return next(r for r in h200.rankings["ragged_paged_attention"] if r.applies(device, call)).order[0]
-
-    assert paged(4) == "pallas/gpu:triton_lowered" and paged(4 * 256) == "triton/gpu:paged"
 
     def grouped(rows: int, experts: int, k: int) -> str | None:
         call = {"lhs": jax.ShapeDtypeStruct((rows, k), jnp.bfloat16),
@@ -368,14 +361,15 @@ def test_the_h100_pack_sends_d128_segment_ids_to_mosaic() -> None:
     assert first("fwd", ids, kv_heads=4) == "triton/gpu:segments"  # GQA: Mosaic's segment forward not measured
 
 
-def test_the_h100_pack_sends_chunked_prefill_and_decode_to_different_kernels() -> None:
-    h100 = _shipped("nvidia_h100")
-    device = "gpu|NVIDIA_H100_80GB_HBM3|cc=9.0"
+@pytest.mark.parametrize(("name", "device"), [("nvidia_h100", "gpu|NVIDIA_H100_80GB_HBM3|cc=9.0"),
+                                              ("nvidia_h200", "gpu|NVIDIA_H200|cc=9.0")])
+def test_the_hopper_packs_send_chunked_prefill_and_decode_to_different_kernels(name: str, device: str) -> None:
+    pack = _shipped(name)
 
     def first(q_rows: int) -> str:
         call = {"q": jax.ShapeDtypeStruct((q_rows, 32, 128), jnp.bfloat16),
                 "kv_lens": jax.ShapeDtypeStruct((4,), jnp.int32)}
-        return next(r for r in h100.rankings["ragged_paged_attention"] if r.applies(device, call)).order[0]
+        return next(r for r in pack.rankings["ragged_paged_attention"] if r.applies(device, call)).order[0]
 
     assert first(4) == "pallas/gpu:triton_lowered"  # decode: one query per sequence
     assert first(4 * 256) == "triton/gpu:paged"  # chunked prefill

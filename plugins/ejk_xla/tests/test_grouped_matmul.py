@@ -439,3 +439,14 @@ def test_swiglu_with_no_rows_or_groups_is_empty_and_half_as_wide() -> None:
                           activation="swiglu").shape == (0, 3)
     assert grouped_matmul(jnp.ones((5, 4)), jnp.ones((0, 4, 6)), jnp.zeros((0,), jnp.int32),
                           activation="swiglu").shape == (5, 3)
+
+
+def test_composed_gate_runs_the_plain_product_then_the_activation() -> None:
+    composed = ejk.ImplChoice(platform="xla", backend="any", implementation="composed")
+    assert ejk.testing.check_op("grouped_matmul", "xla", activation="swiglu", cfg=composed) == 10
+    lhs, rhs, sizes = jnp.ones((6, 4)), jnp.ones((2, 4, 6)), jnp.asarray([2, 3])
+    with pytest.raises(ValueError, match="runs calls with an activation only"):
+        ejk.grouped_matmul(lhs, rhs, sizes, cfg=composed)
+    report = ejk.explain("grouped_matmul", lhs, rhs, sizes, activation="swiglu")
+    assert report.chosen is not None and report.chosen.implementation == "tiled"  # fused, ahead unless ranked
+    assert any(r.label == "xla/any:composed" for r in report.implementations)

@@ -48,12 +48,14 @@ def test_plugin_conforms_and_registers_every_op() -> None:
              "flash_attention_varlen": "chunked"}
     for algorithm, cfg_type in expected.items():
         (spec,) = [s for s in registry.list_implementations(algorithm)
-                   if s.backend == Backend.ANY and s.name != "grad_in_forward"]
+                   if s.backend == Backend.ANY and s.name not in ("grad_in_forward", "composed")]
         assert (spec.platform, spec.backend, spec.cfg_type) == (Platform.XLA, Backend.ANY, cfg_type)
         assert spec.name == names[algorithm] and spec.config_space is not None and spec.heuristic is not None
     chunked, gif = registry.list_implementations("linear_cross_entropy")
     assert (chunked.name, gif.name, gif.cfg_type) == ("chunked", "grad_in_forward", GradInForwardConfig)
     assert gif.vjp is not None and gif.vjp.residuals != chunked.vjp.residuals  # its own residuals: never paired
+    (composed,) = [s for s in registry.list_implementations("grouped_matmul") if s.name == "composed"]
+    assert composed.cfg_type is None and composed.capability is not None  # gated calls, by auto's plain choice
     (cudnn,) = [s for s in registry.list_implementations("flash_attention") if s.backend == Backend.GPU]
     assert (cudnn.platform, cudnn.name, cudnn.cfg_type) == (Platform.XLA, "cudnn", None)
     assert cudnn.capability is not None and cudnn.priority > 0

@@ -9,6 +9,7 @@ from ejk_xla import (
     _flash_attention,
     _gated_delta_rule,
     _gla,
+    _grouped_gate,
     _grouped_matmul,
     _lce_grad_in_forward,
     _linear_cross_entropy,
@@ -51,6 +52,9 @@ def ejk_register_kernels(register: RegisterKernels) -> None:
     gmm, pa = _grouped_matmul, _paged_attention
     register("grouped_matmul", *portable, tier=fallback, name="tiled", cfg_type=gmm.GroupedMatmulConfig,
              config_space=gmm.config_space, heuristic=gmm.heuristic_config)(gmm.grouped_matmul)
+    # Gated calls: the plain product by auto's choice, then the activation (after the fused ones unless ranked).
+    register("grouped_matmul", *portable, priority=-1, tier=fallback, name="composed",
+             capability=_grouped_gate.capability)(_grouped_gate.grouped_matmul_then_gate)
     register("ragged_paged_attention", *portable, tier=fallback, name="paged", cfg_type=pa.PagedAttentionConfig,
              config_space=pa.config_space, heuristic=pa.heuristic_config)(pa.ragged_paged_attention)
     mla = _mla_attention

@@ -29,6 +29,7 @@ from ejk.bench._cases import (
     parse_shapes,
     resolve_op,
 )
+from ejk.bench._eager_split import EAGER_MEASURES, eager_split
 from ejk.bench._environment import environment
 from ejk.bench._peaks import PEAKS, Peak, peak_for
 from ejk.bench._runner import Measurement, Options, run
@@ -38,6 +39,7 @@ from ejk.config._device_clock import device_seconds_per_call, trace_gpu_events
 
 __all__ = [
     "BASELINES",
+    "EAGER_MEASURES",
     "MODES",
     "PEAKS",
     "PRESETS",
@@ -56,6 +58,7 @@ __all__ = [
     "Workload",
     "baselines_for",
     "device_seconds_per_call",
+    "eager_split",
     "mamba2_chunked",
     "environment",
     "parse_case",

@@ -18,7 +18,7 @@ import ejk
 import ejk.plugins
 from ejk.config.packs import CORE_PACKS_DIR, load_pack
 from ejk.config.rankings import Condition, RankingError
-from ejk.ops import ImplChoice, OpKernel
+from ejk.ops import Extension, ImplChoice, OpKernel
 from ejk.plugins import PlatformStatus
 
 BIG = jax.ShapeDtypeStruct((8, 4), jnp.float32)
@@ -42,12 +42,16 @@ def double(x: jax.Array, *, causal: bool, cfg: Any = None) -> jax.Array:
     return 2 * x
 
 
-def _plugin(packs: list[Path]) -> object:
+def double_gated(x: jax.Array, *, causal: bool, gate: str | None = None, cfg: Any = None) -> jax.Array:
+    return 2 * x
+
+
+def _plugin(packs: list[Path], fn: Any = double) -> object:
     class Plugin:
         @ejk.hookimpl
         def ejk_register_kernels(self, register: Any) -> None:
-            register("toy", "xla", "any", priority=10, name="a")(double)
-            register("toy", "xla", "any", priority=0, name="b")(double)
+            register("toy", "xla", "any", priority=10, name="a")(fn)
+            register("toy", "xla", "any", priority=0, name="b")(fn)
 
         @ejk.hookimpl
         def ejk_platform_status(self) -> PlatformStatus:
@@ -83,6 +87,31 @@ def _executor(**chain: Any) -> ejk.Executor[Any, Any]:
 
 B_FIRST = {"device": "cpu*", "when": {"x.shape[0]": {"min": 4}, "x.dtype": "float32", "causal": True},
            "order": ["xla/any:b", "xla/any:a"], "source": "a toy measurement"}
+
+
+class GatedToy(Toy):
+    """``toy(x, *, causal, gate=None)``: ``gate`` an extension the call leaves out when it is ``None``."""
+
+    extensions = (Extension("gate", legacy=None, since="0.2.0"),)
+
+    def normalize(self, x: Any, *, causal: bool = False, gate: str | None = None) -> tuple[tuple[Any, ...],
+                                                                                           dict[str, Any]]:
+        return (x,), {"causal": bool(causal), **({} if gate is None else {"gate": gate})}
+
+
+def test_a_ranking_reads_an_extension_the_call_leaves_out_as_its_legacy_value(tmp_path: Path,
+                                                                              recwarn: pytest.WarningsRecorder) -> None:
+    """A shape class naming an extension argument (``grouped_matmul``'s ``activation``) holds or not for calls that
+    leave it out, as its legacy value would: it is not reported as naming an argument the op lacks."""
+    gated = {"device": "cpu*", "when": {"gate": "on"}, "order": ["xla/any:b"], "source": "gated calls"}
+    plain = {"device": "cpu*", "when": {"gate": None, "causal": True}, "order": ["xla/any:b"], "source": "plain"}
+    host = ejk.plugins.get_plugin_host()
+    host.register_plugin(_plugin([_pack(tmp_path / "gated.json", [gated, plain])], double_gated), "ranker")
+    kernel = GatedToy(host.registry)
+    assert _chosen(kernel, BIG, gate="on") == "xla/any:b"
+    assert _chosen(kernel, BIG) == "xla/any:a"  # no gate: the gated ranking does not hold, nor the plain one
+    assert _chosen(kernel, BIG, causal=True) == "xla/any:b"  # the plain one holds
+    assert not [w for w in recwarn if "is ignored" in str(w.message)]
 
 
 def test_without_a_ranking_tier_then_priority_decide() -> None:
@@ -267,10 +296,11 @@ def test_the_hopper_packs_put_the_mosaic_mla_kernel_first_from_64_rows_a_sequenc
 
 def test_the_h200_pack_ranks_only_what_was_measured_on_an_h200() -> None:
     """The H200 pack holds the rankings measured on an H200 (attention training shapes, MLA decode, paged decode and
-    prefill, 64-expert grouped matmuls); the H100 pack does not reach it."""
+    prefill, 64-expert and SwiGLU-gated grouped matmuls, large RMSNorms); the H100 pack does not reach it."""
     h200 = _shipped("nvidia_h200")
     assert h200.problems == () and h200.entries == {}
-    assert set(h200.rankings) == {"flash_attention", "grouped_matmul", "mla_paged_attention", "ragged_paged_attention"}
+    assert set(h200.rankings) == {"flash_attention", "grouped_matmul", "mla_paged_attention", "ragged_paged_attention",
+                                  "rms_norm"}
     for op, rankings in h200.rankings.items():
         arguments = set(inspect.signature(getattr(ejk, op)).parameters)
         for ranking in rankings:
@@ -306,14 +336,35 @@ def test_the_h200_pack_sends_small_expert_groups_to_triton() -> None:
     h200 = _shipped("nvidia_h200")
     device = "gpu|NVIDIA_H200|cc=9.0"
 
-    def grouped(rows: int, experts: int, k: int) -> str | None:
+    def grouped(rows: int, experts: int, k: int, **static: Any) -> str | None:
         call = {"lhs": jax.ShapeDtypeStruct((rows, k), jnp.bfloat16),
-                "rhs": jax.ShapeDtypeStruct((experts, k, 1536), jnp.bfloat16)}
+                "rhs": jax.ShapeDtypeStruct((experts, k, 1536), jnp.bfloat16), "activation": None, **static}
         found = [r for r in h200.rankings["grouped_matmul"] if r.applies(device, call)]
         return found[0].order[0] if found else None
 
     assert grouped(32768, 64, 2048) == grouped(8192, 64, 2048) == "triton/gpu:persistent"
     assert grouped(16384, 8, 4096) is None and grouped(131072, 64, 2048) is None  # not measured on an H200
+    # SwiGLU-gated calls: the plain product then the activation, ahead of the fused epilogue, at every size.
+    for rows, experts, k in ((32768, 64, 2048), (16384, 8, 4096), (131072, 64, 2048)):
+        assert grouped(rows, experts, k, activation="swiglu") == "xla/any:composed"
+
+
+def test_the_h200_pack_orders_large_rms_norms_by_what_was_measured() -> None:
+    """ejk-triton's norm first for large calls, except a plain forward at width 4096 (ejk-xla's); small calls
+    (decode steps, where XLA fuses its norm with its neighbours) are not ranked."""
+    h200 = _shipped("nvidia_h200")
+    device = "gpu|NVIDIA_H200|cc=9.0"
+
+    def first(mode: str, rows: int, dim: int, residual: bool = False) -> str | None:
+        x = jax.ShapeDtypeStruct((rows, dim), jnp.bfloat16)
+        call = {"x": x, "scale": jax.ShapeDtypeStruct((dim,), jnp.bfloat16), "residual": x if residual else None}
+        found = [r for r in h200.rankings["rms_norm"] if r.orders(mode) and r.applies(device, call)]
+        return found[0].order[0] if found else None
+
+    assert first("fwd", 16384, 4096) == "xla/any:fused"
+    assert first("fwd", 16384, 8192) == first("fwd", 16384, 4096, residual=True) == "triton/gpu:fused"
+    assert first("fwd+bwd", 16384, 4096) == first("fwd+bwd", 16384, 8192) == "triton/gpu:fused"
+    assert first("fwd", 8, 4096) is None and first("fwd+bwd", 8, 4096) is None
 
 
 def test_the_h100_pack_orders_packed_d128_attention_by_its_mask() -> None:

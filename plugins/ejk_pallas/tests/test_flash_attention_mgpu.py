@@ -77,7 +77,7 @@ class Case(AttentionCase):
     persistent: bool = False
     #: The Mosaic GPU backward's step blocks (dK / dV rows, dQ keys), or ``None`` for the Triton-lowered one.
     mosaic_bwd: tuple[int, int] | None = None
-    #: ``MosaicFlashAttentionConfig.deterministic`` (``None``: by head dim, the fused kernel at 64).
+    #: ``MosaicFlashAttentionConfig.deterministic`` (``None``: by head dim, the fused kernel up to 128).
     deterministic: bool | None = None
 
     def label_parts(self) -> list[str]:
@@ -464,12 +464,22 @@ def test_auto_backward(monkeypatch: pytest.MonkeyPatch) -> None:
     assert mg._mosaic_backward_refusal(MosaicFlashAttentionConfig(backward="mosaic"), 128, 2) is None
 
 
-def test_fused_backward_choice() -> None:
-    """``deterministic``: ``None`` picks the fused kernel at head dim 64 and the two kernels at 128 (measured
-    faster there); ``True`` / ``False`` force one; shared memory is the fused kernel's when it runs. Every
-    backward test case runs (none is refused for shared memory)."""
+def test_fused_backward_choice(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``deterministic``: ``None`` picks the fused kernel at head dims 64 and 128 (measured faster) and the two
+    kernels above, or when XLA is asked for deterministic ops; ``True`` / ``False`` force one; shared memory is
+    the fused kernel's when it runs. Every backward test case runs (none is refused for shared memory)."""
+    monkeypatch.delenv("XLA_FLAGS", raising=False)
     assert mg.fused_backward(MosaicFlashAttentionConfig(), 64)
-    assert not mg.fused_backward(MosaicFlashAttentionConfig(), 128)
+    assert mg.fused_backward(MosaicFlashAttentionConfig(), 128)
+    assert not mg.fused_backward(MosaicFlashAttentionConfig(), 192)
+    for flags, fused in (("--xla_gpu_deterministic_ops=true", False), ("--xla_gpu_deterministic_ops", False),
+                         ("--xla_gpu_autotune_level=0 --xla_gpu_exclude_nondeterministic_ops=TRUE", False),
+                         ("--xla_gpu_deterministic_ops=false", True), ("--xla_gpu_autotune_level=0", True)):
+        monkeypatch.setenv("XLA_FLAGS", flags)
+        assert mg.fused_backward(MosaicFlashAttentionConfig(), 128) is fused, flags
+        assert not mg.fused_backward(MosaicFlashAttentionConfig(deterministic=True), 128)
+        assert mg.fused_backward(MosaicFlashAttentionConfig(deterministic=False), 128)
+    monkeypatch.delenv("XLA_FLAGS")
     assert mg.fused_backward(MosaicFlashAttentionConfig(deterministic=False), 128)
     assert not mg.fused_backward(MosaicFlashAttentionConfig(deterministic=True), 64)
     # three slots do not fit the fused kernel: None takes the two kernels, False is refused (see below)
@@ -807,10 +817,12 @@ def test_gpu_matches_reference(case: Case) -> None:
 
 
 GPU_BWD_CASES = [attrs.evolve(c, mosaic_bwd=M64) for c in GPU_CASES] + [
-    Case(b=2, sq=2048, sk=2048, hq=16, hkv=4, d=128, causal=True, block_kv=128, mosaic_bwd=(128, 128)),
+    # The two kernels at head dim 128 (the fused one is its default there).
+    Case(b=2, sq=2048, sk=2048, hq=16, hkv=4, d=128, causal=True, block_kv=128, mosaic_bwd=(128, 128),
+         deterministic=True),
     Case(b=1, sq=1000, sk=1500, hq=8, hkv=8, d=64, window=(128, 64), cap=30.0, mosaic_bwd=(128, 64), steps=3,
          deterministic=True),
-    # The fused backward at head dim 128 (the two kernels are its default there): GQA 4, causal, ragged.
+    # The fused backward at head dim 128, asked for explicitly: GQA 4, causal, ragged.
     Case(b=2, sq=2048, sk=2048, hq=16, hkv=4, d=128, causal=True, block_kv=128, mosaic_bwd=M64, deterministic=False),
     Case(b=1, sq=1500, sk=700, hq=4, hkv=1, d=128, causal=True, mosaic_bwd=M64, deterministic=False),
     Case(b=1, sq=777, sk=1234, hq=6, hkv=2, d=128, window=(200, 0), cap=20.0, mosaic_bwd=M64, deterministic=False),

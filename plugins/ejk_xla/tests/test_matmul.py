@@ -330,3 +330,26 @@ def test_explain_cli_takes_jnp_matmul_shapes_and_numerics(capsys: pytest.Capture
     assert "3x1x2x4:bfloat16, 5x4x6:bfloat16" in call and "('high', 'high')" in call and "float32" in call
     assert main(["explain", "matmul", "--a", "4", "--b", "5", "--json"]) == 2
     assert "matmul: b has shape (5,) but needs [k=4]" in json.loads(capsys.readouterr().out)["error"]
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
+def test_a_16bit_matmul_lowers_for_cuda_to_a_at_b_s_own_dots(dtype: jnp.dtype) -> None:
+    """For 16-bit operands the products are exact whatever ``precision`` asks, so the XLA implementation hands
+    XLA ``a @ b``'s own dot (and ``a @ b``'s gradient dots): XLA's GPU autotuner then weighs the same GEMMs for
+    both, and the default ``"highest"`` costs nothing over ``a @ b``. A float32 call keeps its precision."""
+    import re
+
+    a, b = jnp.ones((16, 256), dtype), jnp.ones((256, 512), dtype)
+
+    def dots(fn: Callable[..., jax.Array], *args: jax.Array) -> list[str]:
+        text = jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+        return [re.sub(r"%\S+", "%", line.strip()) for line in text.splitlines() if "dot_general" in line]
+
+    def grads(product: Callable[..., jax.Array]) -> Callable[..., tuple[jax.Array, jax.Array]]:
+        return jax.grad(lambda x, y: product(x, y).astype(jnp.float32).sum(), (0, 1))
+
+    ours = functools.partial(ejk.matmul, platform="xla")
+    assert dots(ours, a, b) == dots(jnp.matmul, a, b) and len(dots(ours, a, b)) == 1
+    assert dots(grads(ours), a, b) == dots(grads(jnp.matmul), a, b)
+    wide = a.astype(jnp.float32), b.astype(jnp.float32)
+    assert all("HIGHEST" in line for line in dots(ours, *wide))

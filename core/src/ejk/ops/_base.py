@@ -203,6 +203,11 @@ class OpKernel(Kernel[ImplChoice, Any]):
         view.update((k, v) for k, v in inv.kwargs.items() if k != "platform")
         return view
 
+    def ranking_view(self, call: Mapping[str, Any]) -> dict[str, Any]:
+        """``call`` (a :meth:`call_view`) with every extension argument it leaves out at its legacy value: what a
+        pack ranking's shape class reads (``"activation": null`` holds for a call without one)."""
+        return {**{e.name: e.legacy for e in self.extensions if e.name not in call}, **call}
+
     # -- the implementations, registered and derived ---------------------------------------------
 
     def derive(self, spec: KernelSpec) -> KernelSpec | None:
@@ -310,7 +315,7 @@ class OpKernel(Kernel[ImplChoice, Any]):
         what the earlier ones leave tied); then the tier; then ``rank`` or ``priority``.
         """
         call = self.call_view(inv)
-        rankings = pack_rankings(self._host(), self.op_id, inv.device, call)
+        rankings = pack_rankings(self._host(), self.op_id, inv.device, self.ranking_view(call))
         ties = {spec: self._tie_break(spec, call) for spec in specs}
 
         def key(spec: KernelSpec) -> tuple[int, ...]:

@@ -38,7 +38,7 @@ def pair_label(forward: KernelSpec, backward: KernelSpec) -> str:
 def training_rankings(kernel: OpKernel, device: str, call: Mapping[str, Any]) -> list[Ranking]:
     """The rankings of differentiated calls (``"mode": "fwd+bwd"``) that apply to ``call`` on ``device``;
     rankings without a mode order forward calls and leave the training choice to them."""
-    return [r for r in pack_rankings(kernel._host(), kernel.op_id, device, call, mode=_TRAINING)
+    return [r for r in pack_rankings(kernel._host(), kernel.op_id, device, kernel.ranking_view(call), mode=_TRAINING)
             if r.mode == _TRAINING]
 
 

@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 import warnings
 from typing import Any, Literal
 
@@ -135,9 +136,10 @@ class MosaicFlashAttentionConfig:
             float32 buffer with TMA reduce-adds in no fixed order (dQ may differ in the last bits between
             runs); ``bwd_block_q`` / ``bwd_block_kv`` unused. ``True``: two kernels (dK / dV, then dQ, each
             recomputing ``S`` and ``P``), bitwise reproducible. ``None`` (default): the faster measured
-            on an H100 (``benchmarks/results/pallas_mosaic_attention_h100.md``): fused at head dim 64
-            (when its ``bwd_max_concurrent_steps`` fit: 2), two kernels at 128. Calls with segment ids always
-            take the two kernels (the fused one has no segments).
+            (``benchmarks/results/pallas_mosaic_attention_h100.md``): fused at head dims 64 and 128 (when its
+            ``bwd_max_concurrent_steps`` fit: 2), unless ``XLA_FLAGS`` has ``--xla_gpu_deterministic_ops``;
+            two kernels above 128. Calls with segment ids always take the two kernels (the fused one has no
+            segments).
     """
 
     block_q: int = attrs.field(default=128, validator=one_of(128, 192))
@@ -969,11 +971,24 @@ _PLGPU_BWD_API = ("load", "Mesh")
 def fused_backward(cfg: MosaicFlashAttentionConfig, d: int, itemsize: int = 2, dv: int | None = None) -> bool:
     """Whether the Mosaic backward under ``cfg`` at head dims ``d`` (q / k) and ``dv`` (v, default ``d``) is the
     fused kernel (see :attr:`MosaicFlashAttentionConfig.deterministic`; ``None`` takes the two kernels where the
-    fused one's ``bwd_max_concurrent_steps`` slots would not fit in shared memory, and for a narrower v)."""
+    fused one's ``bwd_max_concurrent_steps`` slots would not fit in shared memory, for a narrower v, above head
+    dim 128, and when XLA is asked for deterministic ops: ``--xla_gpu_deterministic_ops``)."""
     if cfg.deterministic is not None:
         return not cfg.deterministic
-    return (d <= 64 and (dv is None or dv == d)
+    return (d <= 128 and (dv is None or dv == d) and not _xla_deterministic_ops()
             and _bwd.fused_smem_bytes(d, cfg.bwd_max_concurrent_steps, itemsize) <= _SMEM_BUDGET)
+
+
+def _xla_deterministic_ops() -> bool:
+    """Whether ``XLA_FLAGS`` asks XLA's GPU ops to be deterministic (``--xla_gpu_deterministic_ops``, or its
+    stricter ``--xla_gpu_exclude_nondeterministic_ops``): then ``deterministic=None`` keeps the same promise."""
+    flags = os.environ.get("XLA_FLAGS", "").split()
+    return any(flag.split("=", 1)[0] in _DETERMINISTIC_FLAGS and flag.split("=", 1)[-1].lower() not in _FALSE
+               for flag in flags)
+
+
+_DETERMINISTIC_FLAGS = ("--xla_gpu_deterministic_ops", "--xla_gpu_exclude_nondeterministic_ops")
+_FALSE = ("false", "0")
 
 
 def _mosaic_backward_refusal(cfg: Any, d: int, itemsize: int, dv: int | None = None) -> str | None:

@@ -23,6 +23,13 @@ __all__ = ["MatmulConfig", "config_space", "gradients", "heuristic_config", "mat
 _GEMM_16BIT = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 
 
+def _products(precision: str | tuple[str, str], dtype: Any) -> str | tuple[str, str]:
+    """The precision the dot asks XLA for: ``"default"`` for 16-bit operands, whose products are exact in the
+    float32 accumulator whatever is asked, so the program is ``a @ b``'s own (XLA's GPU autotuner weighs other
+    GEMM candidates for a 16-bit dot that asks for ``"highest"``); ``precision`` otherwise."""
+    return "default" if jnp.dtype(dtype) in _GEMM_16BIT else precision
+
+
 @attrs.frozen(kw_only=True)
 class MatmulConfig:
     """Config of the XLA matmul: no fields (XLA tiles a dense matmul itself).
@@ -61,6 +68,7 @@ def matmul(
     out_dtype = dtype if preferred_element_type is None else preferred_element_type
     if a.dtype != b.dtype:  # dot_general wants one operand dtype
         a, b = a.astype(dtype), b.astype(dtype)
+    precision = _products(precision, dtype)
 
     def accumulate_then_round(a: jax.Array, b: jax.Array) -> jax.Array:
         return jnp.matmul(a, b, precision=precision, preferred_element_type=jnp.float32).astype(out_dtype)
@@ -95,6 +103,7 @@ def gradients(
     del cfg, preferred_element_type
     a, b = operands
     compute = jnp.promote_types(jnp.result_type(a, b), d_out.dtype)
+    precision = _products(precision, compute)
 
     def product(x: jax.Array, y: jax.Array) -> jax.Array:
         return jnp.matmul(x, y, precision=precision, preferred_element_type=compute)

@@ -350,8 +350,8 @@ def test_the_h200_pack_sends_small_expert_groups_to_triton() -> None:
 
 
 def test_the_h200_pack_orders_large_rms_norms_by_what_was_measured() -> None:
-    """ejk-triton's norm first for large calls, except a plain forward at width 4096 (ejk-xla's); small calls
-    (decode steps, where XLA fuses its norm with its neighbours) are not ranked."""
+    """ejk-triton's norm first for large calls, forward and forward+backward; small calls (decode steps, where XLA
+    fuses its norm with its neighbours) are not ranked."""
     h200 = _shipped("nvidia_h200")
     device = "gpu|NVIDIA_H200|cc=9.0"
 
@@ -361,8 +361,8 @@ def test_the_h200_pack_orders_large_rms_norms_by_what_was_measured() -> None:
         found = [r for r in h200.rankings["rms_norm"] if r.orders(mode) and r.applies(device, call)]
         return found[0].order[0] if found else None
 
-    assert first("fwd", 16384, 4096) == "xla/any:fused"
-    assert first("fwd", 16384, 8192) == first("fwd", 16384, 4096, residual=True) == "triton/gpu:fused"
+    assert first("fwd", 16384, 4096) == first("fwd", 16384, 8192) == "triton/gpu:fused"
+    assert first("fwd", 16384, 4096, residual=True) == "triton/gpu:fused"
     assert first("fwd+bwd", 16384, 4096) == first("fwd+bwd", 16384, 8192) == "triton/gpu:fused"
     assert first("fwd", 8, 4096) is None and first("fwd+bwd", 8, 4096) is None
 

@@ -6,6 +6,10 @@ tests marked ``gpu`` run larger shapes compiled on an NVIDIA GPU.
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from typing import Any
 
 import attrs
@@ -15,8 +19,10 @@ import numpy as np
 import pytest
 
 import ejk
+from ejk.config.serialization import from_jsonable, to_jsonable
+from ejk.plugin import cdiv
 from ejk.testing import MATMUL_SHAPES, assert_close, check_matmul, check_op, reference_matmul
-from ejk_triton import _device, _dots, _env
+from ejk_triton import _device, _dots, _env, _matmul
 from ejk_triton._matmul import MatmulConfig, capability, config_space, heuristic_config, kernel_args
 
 ON_GPU = _env.nvidia_gpu()[0]
@@ -99,6 +105,44 @@ def test_persistent_programs_walk_every_tile(sa: tuple[int, ...], sb: tuple[int,
 
 
 @needs_kernels
+@pytest.mark.parametrize(("sa", "sb", "split", "dtype"), [
+    ((1, 200), (200, 48), 2, "float32"),
+    ((3, 1000), (1000, 300), 4, "bfloat16"),
+    ((16, 200), (200, 48), 8, "float32"),  # 13 steps of 16 in splits of 2: the last split is empty
+    ((2, 3, 1000), (1000, 48), 8, "bfloat16"),  # a's batch folded into its rows
+    ((3, 200), (2, 200, 300), 4, "float32"),  # only b batched: partials of two batches
+], ids=str)
+def test_split_k_matches_reference(sa: tuple[int, ...], sb: tuple[int, ...], split: int, dtype: str) -> None:
+    rng = np.random.default_rng(7)
+    check_against_reference(_normal(rng, sa, dtype), _normal(rng, sb, dtype), cfg=attrs.evolve(SMALL, split_k=split))
+
+
+def test_split_k_launch_layout() -> None:
+    def args(k: int, split_k: int, m: int = 16, n: int = 48, batch: int = 1) -> dict[str, Any]:
+        return kernel_args(batch=batch, red=1, m=m, n=n, k=k, a=(0, 0, k, 1), b=(0, 0, n, 1), dtype=jnp.bfloat16,
+                           out_dtype=jnp.bfloat16, precision="highest", cfg=attrs.evolve(SMALL, split_k=split_k))
+
+    plain = args(200, 1)
+    assert plain["grid"] == (3,) and plain["SPLIT_K"] == 1 and plain["out_shapes"][0].dtype == jnp.bfloat16
+    split = args(200, 8, batch=2)
+    assert split["grid"] == (6, 8) and split["SPLIT_K"] == 8
+    assert (split["out_shapes"][0].shape, split["out_shapes"][0].dtype) == ((8, 2, 16, 48), jnp.float32)
+    assert 7 * cdiv(cdiv(200, 8), 16) * 16 >= 200  # the case above whose last split is empty
+    assert args(40, 16)["SPLIT_K"] == 3  # no more splits than contraction steps
+
+
+@needs_kernels
+def test_split_k_sums_a_batch_inside_the_kernel() -> None:
+    # The RED axis with split-K (the gradients run unsplit, so this is the kernel's own check).
+    rng = np.random.default_rng(8)
+    x, y = _normal(rng, (3, 5, 70), jnp.float32), _normal(rng, (3, 70, 20), jnp.float32)
+    out = _matmul._product(_matmul._matrix(x, summed=True), _matmul._matrix(y, summed=True), batch=1, red=3, m=5,
+                           n=20, k=70, out_dtype=jnp.float32, precision="highest",
+                           cfg=attrs.evolve(SMALL, split_k=4))
+    assert_close(out[0], jnp.einsum("rmk,rkn->mn", x, y, precision="highest"), jnp.float32)
+
+
+@needs_kernels
 def test_empty_and_mixed_dtypes() -> None:
     rng = np.random.default_rng(2)
     a, b = _normal(rng, (5, 0), jnp.float32), _normal(rng, (0, 3), jnp.float32)
@@ -153,10 +197,24 @@ def test_capability_gate(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.mark.parametrize(("field", "bad"), [("block_m", 48), ("block_k", 8), ("group_m", 0), ("num_warps", 3),
-                                            ("num_stages", 0), ("block_n", True)])
+                                            ("num_stages", 0), ("block_n", True), ("split_k", 3),
+                                            ("split_k", 32)])
 def test_config_validation(field: str, bad: Any) -> None:
     with pytest.raises(ValueError, match=f"MatmulConfig.{field}"):
         MatmulConfig(**{field: bad})
+
+
+def test_split_k_needs_one_program_per_tile() -> None:
+    with pytest.raises(ValueError, match=r"MatmulConfig\.split_k is 2 but persistent=True"):
+        MatmulConfig(split_k=2, persistent=True)
+
+
+def test_configs_serialized_without_split_k_load_unsplit() -> None:
+    cfg = MatmulConfig(block_m=64, block_n=64, num_stages=4)
+    old = {k: v for k, v in to_jsonable(cfg).items() if k != "split_k"}
+    assert from_jsonable(old, cfg_type=MatmulConfig) == cfg and cfg.split_k == 1
+    split = attrs.evolve(cfg, split_k=4)
+    assert from_jsonable(json.loads(json.dumps(to_jsonable(split))), cfg_type=MatmulConfig) == split
 
 
 def test_gpu_configs_by_shape_and_shared_memory(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -179,6 +237,52 @@ def test_gpu_configs_by_shape_and_shared_memory(monkeypatch: pytest.MonkeyPatch)
             assert need <= limit_kib * 1024
 
 
+def test_split_k_for_decode_shapes_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_env, "interpret_mode", lambda: False)
+    monkeypatch.setattr(_device, "sm_count", lambda: 132)
+    decode = (_sds((1, 14336)), _sds((14336, 4096)))
+    cfg = heuristic_config(*decode)
+    assert (cfg.block_m, cfg.persistent) == (16, False) and cfg.split_k > 1
+    tiles = cdiv(4096, cfg.block_n)
+    assert 4 * tiles * cfg.split_k >= 3 * 132 and 14336 // cfg.split_k >= 512
+    assert heuristic_config(_sds((4, 1, 14336)), _sds((14336, 4096))).split_k == cfg.split_k  # rows folded
+    space = config_space(*decode)
+    assert space[0] == cfg and {c.split_k for c in space} == {1, 2, 4, 8, 16}
+    square = (_sds((4096, 4096)), _sds((4096, 4096)))
+    assert heuristic_config(*square).split_k == 1 and {c.split_k for c in config_space(*square)} == {1}
+    assert heuristic_config(_sds((128, 4096)), _sds((4096, 14336))).split_k == 1  # enough tiles
+    assert heuristic_config(_sds((64, 4096)), _sds((4096, 4096))).split_k == 1  # partials as big as a split's work
+    monkeypatch.setattr(_device, "sm_count", lambda: 16)
+    assert heuristic_config(*decode).split_k == 1  # a small GPU: the tiles fill it
+
+
+_AOT_SPLIT_K = """
+import json, jax.numpy as jnp
+from ejk_triton import _aot, _matmul
+_aot._compiled_mode()
+from ejk_triton import _matmul_kernels
+report = {}
+for split in (1, 4):
+    cfg = _matmul.MatmulConfig(block_m=16, block_n=64, block_k=128, num_stages=4, split_k=split)
+    args = _matmul.kernel_args(batch=1, red=1, m=1, n=4096, k=14336, a=(0, 0, 14336, 1), b=(0, 0, 4096, 1),
+                               dtype=jnp.bfloat16, out_dtype=jnp.bfloat16, precision="highest", cfg=cfg)
+    out = "*fp32" if split > 1 else "*bf16"
+    report[split] = _aot._compile_launch(_matmul_kernels.matmul_kernel, ["*bf16", "*bf16", out], args, 90)
+print(json.dumps(report))
+"""
+
+
+def test_split_k_compiles_for_sm90_without_a_gpu(tmp_path: Any) -> None:
+    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "EJK_TRITON_INTERPRET")}
+    env.update(JAX_PLATFORMS="cpu", TRITON_CACHE_DIR=str(tmp_path / "triton-cache"))
+    result = subprocess.run([sys.executable, "-c", _AOT_SPLIT_K], capture_output=True, text=True, env=env,
+                            timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    # The split contraction loop (runtime trip count) keeps the unsplit loop's software pipeline.
+    assert report["4"] == report["1"] and report["4"]["shared"] >= _dots.smem_bytes(16, 64, 128, 2, 2)
+
+
 def test_priority_keeps_xla_dot_first() -> None:
     (spec,) = [s for s in ejk.kernel_registry.list_implementations("matmul")
                if s.platform == "triton" and str(s.backend) == "gpu"]
@@ -198,6 +302,9 @@ def test_priority_keeps_xla_dot_first() -> None:
     ((3, 1000, 777), (777, 1001), "float16"),
     ((4, 513, 256), (4, 256, 300), "bfloat16"),
     ((8, 1024), (4, 1024, 512), "float32"),
+    ((1, 14336), (14336, 4096), "bfloat16"),  # decode shapes: the heuristic splits the contraction
+    ((32, 14336), (14336, 4096), "bfloat16"),
+    ((5, 3000), (3000, 700), "float16"),
 ], ids=str)
 def test_gpu_matches_reference(sa: tuple[int, ...], sb: tuple[int, ...], dtype: str) -> None:
     rng = np.random.default_rng(0)

@@ -12,6 +12,7 @@ import math
 import re
 from typing import Any
 
+import attrs
 import jax
 import jax.numpy as jnp
 
@@ -159,14 +160,16 @@ def compile_matmul(m: int, n: int, k: int, dtype: Any = jnp.bfloat16, *, cfg: _m
 
     a, b = jax.ShapeDtypeStruct((m, k), dtype), jax.ShapeDtypeStruct((k, n), dtype)
     cfg = cfg if cfg is not None else _matmul.heuristic_config(a, b)
-    ptrs = [_ptr(dtype)] * 3
-    common = dict(batch=1, red=1, dtype=dtype, out_dtype=dtype, precision=precision, cfg=cfg)
+    common = dict(batch=1, red=1, dtype=dtype, out_dtype=dtype, precision=precision)
+    unsplit = attrs.evolve(cfg, split_k=1)  # the gradients never split
     launches = {
-        "forward": _matmul.kernel_args(m=m, n=n, k=k, a=(0, 0, k, 1), b=(0, 0, n, 1), **common),
-        "d_a": _matmul.kernel_args(m=m, n=k, k=n, a=(0, 0, n, 1), b=(0, 0, 1, n), **common),
-        "d_b": _matmul.kernel_args(m=k, n=n, k=m, a=(0, 0, 1, k), b=(0, 0, n, 1), **common),
+        "forward": _matmul.kernel_args(m=m, n=n, k=k, a=(0, 0, k, 1), b=(0, 0, n, 1), cfg=cfg, **common),
+        "d_a": _matmul.kernel_args(m=m, n=k, k=n, a=(0, 0, n, 1), b=(0, 0, 1, n), cfg=unsplit, **common),
+        "d_b": _matmul.kernel_args(m=k, n=n, k=m, a=(0, 0, 1, k), b=(0, 0, n, 1), cfg=unsplit, **common),
     }
-    return {name: _compile_launch(kernels.matmul_kernel, ptrs, args, arch) for name, args in launches.items()}
+    return {name: _compile_launch(kernels.matmul_kernel, [_ptr(dtype)] * 2 + [_ptr(args["out_shapes"][0].dtype)],
+                                  args, arch)
+            for name, args in launches.items()}
 
 
 def compile_grouped_matmul(m: int, k: int, n: int, groups: int, dtype: Any = jnp.bfloat16, *,

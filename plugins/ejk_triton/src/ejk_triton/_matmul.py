@@ -14,8 +14,14 @@ copies where it can:
 Backward: ``d a = d c @ bᵀ`` and ``d b = aᵀ @ d c``, transposes through strides. Broadcast
 batches are summed: folded into the contraction where the layout allows (``d b`` of an
 unbatched ``b`` is one product over all rows; ``d a`` of an unbatched ``a`` sums the batch in
-the kernel, its ``RED`` axis), else computed per batch in float32 and summed.
+the kernel, its ``RED`` axis), else computed per batch in float32 and summed. The gradients
+run without split-K (``split_k=1`` whatever the config says).
 Under ``jax.vmap`` the launches run once per mapped element (``_launch.sequential_vmap``).
+
+Split-K (``MatmulConfig.split_k > 1``): the contraction of each output tile is shared by that many
+programs, each writing float32 partial sums ``[split_k, batch, m, n]`` that ``jnp.sum`` adds (one
+XLA fusion with the cast). For skinny products (decode: few rows, so few output tiles) it puts
+more programs on the weights than there are tiles.
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ejk.plugin import MATMUL_RESIDUALS, cdiv, fit_block, int_in, one_of, operand_vjp, power_of_two
+from ejk.plugin import MATMUL_RESIDUALS, cdiv, fit_block, int_in, next_pow2, one_of, operand_vjp, power_of_two
 from ejk_triton import _device, _dots, _env
 from ejk_triton._launch import kernels, launch, sequential_vmap
 
@@ -46,6 +52,12 @@ __all__ = [
 _block = power_of_two(16)
 
 
+def _split_not_persistent(cfg: Any, attribute: attrs.Attribute[Any], value: int) -> None:
+    if value > 1 and cfg.persistent:
+        raise ValueError(f"MatmulConfig.{attribute.name} is {value} but persistent=True needs split_k=1 "
+                         "(split-K runs one program per tile and split)")
+
+
 @attrs.frozen(kw_only=True)
 class MatmulConfig:
     """Tiles and launch parameters of the Triton matmul (blocks are clamped to the problem, never below 16).
@@ -60,6 +72,9 @@ class MatmulConfig:
         persistent: About one program per SM walks the tiles (``tile, tile + programs, …``), the tile
             loop and the contraction loop flattened into one software pipeline, so the next tile's
             loads start during this one's epilogue; ``False``: one program per tile.
+        split_k: Programs per output tile along the contraction; each writes float32 partial sums that
+            one XLA reduction adds in a fixed order (deterministic); 1: off. Needs ``persistent=False``;
+            clamped to the contraction's ``block_k`` steps.
     """
 
     block_m: int = attrs.field(default=128, validator=_block)
@@ -69,6 +84,7 @@ class MatmulConfig:
     num_warps: int = attrs.field(default=4, validator=one_of(1, 2, 4, 8, 16))
     num_stages: int = attrs.field(default=3, validator=int_in(1, 8))
     persistent: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
+    split_k: int = attrs.field(default=1, validator=[one_of(1, 2, 4, 8, 16), _split_not_persistent])
 
 
 # ----------------------------------------------------------------------------------------------
@@ -107,17 +123,23 @@ def kernel_args(*, batch: int, red: int, m: int, n: int, k: int, a: tuple[int, i
         out_dtype: The output's dtype.
         precision: As for :func:`forward`.
         cfg: Tiles.
+
+    With ``splits = min(cfg.split_k, k steps) > 1`` the grid is ``(programs, splits)`` and the output
+    float32 partial sums ``[splits, batch, m, n]``.
     """
     bm, bn, bk = fit_block(cfg.block_m, m), fit_block(cfg.block_n, n), fit_block(cfg.block_k, k)
     tiles = batch * cdiv(m, bm) * cdiv(n, bn)
     programs = _device.persistent_programs(tiles) if cfg.persistent else tiles
+    splits = max(1, min(cfg.split_k, cdiv(k, bk)))
+    out = jax.ShapeDtypeStruct((splits, batch, m, n), jnp.float32) if splits > 1 else jax.ShapeDtypeStruct(
+        (batch, m, n), out_dtype)
     return dict(
-        grid=(programs,),
-        out_shapes=(jax.ShapeDtypeStruct((batch, m, n), out_dtype),),
+        grid=(programs, splits) if splits > 1 else (programs,),
+        out_shapes=(out,),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         M=m, N=n, K=k, RED=red, SA_Z=a[0], SA_R=a[1], SA_M=a[2], SA_K=a[3], SB_Z=b[0], SB_R=b[1], SB_K=b[2],
         SB_N=b[3], BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=cfg.group_m,
-        DOT_PREC=_dots.dot_precision(dtype, precision), TILES=tiles, PROGRAMS=programs,
+        DOT_PREC=_dots.dot_precision(dtype, precision), TILES=tiles, PROGRAMS=programs, SPLIT_K=splits,
     )
 
 
@@ -134,6 +156,8 @@ def _product(a: _View, b: _View, *, batch: int, red: int, m: int, n: int, k: int
         return launch(kernels("_matmul_kernels").matmul_kernel, inputs=(x, y), **args)
 
     (out,) = sequential_vmap(run)(a.array.astype(dtype), b.array.astype(dtype))
+    if args["SPLIT_K"] > 1:  # float32 partial sums of the splits
+        out = jnp.sum(out, axis=0).astype(out_dtype)
     return out
 
 
@@ -212,6 +236,7 @@ def _sum_to(x: jax.Array, batch: tuple[int, ...], target: tuple[int, ...], dtype
 
 def _backward(a: jax.Array, b: jax.Array, d_out: jax.Array, s: _Shapes, precision: Any,
               cfg: MatmulConfig) -> tuple[jax.Array, jax.Array]:
+    cfg = attrs.evolve(cfg, split_k=1)
     a3, b3 = _as_matrices(a, b, s)
     nbatch = math.prod(s.batch)
     dc = d_out.reshape(nbatch, s.m, s.n)
@@ -347,8 +372,47 @@ def _fitting(a: Any, b: Any) -> list[MatmulConfig]:
     return [c for c in table if smem(c) <= limit] or [min(table, key=smem)]
 
 
+#: Rows (``a``'s batch folded in) up to which a product is skinny: one row tile, split-K candidates.
+_SKINNY_ROWS = 64
+#: Contraction each split keeps at least: in the heuristic, and in the autotuning space.
+_SPLIT_MIN_K = 512
+_SPACE_SPLIT_MIN_K = 256
+#: ... and per row of ``a``, so the float32 partial sums stay small beside the operands.
+_SPLIT_K_PER_ROW = 64
+
+
+def _rows_and_batch(a: Any, b: Any) -> tuple[int, int]:
+    """The kernel's rows and batch for a call (``a``'s batch folded into rows where ``b`` has none)."""
+    s = _shapes(a, b)
+    return (math.prod(s.a_batch) * s.m, 1) if s.a_folds else (s.m, math.prod(s.batch))
+
+
+def _skinny(a: Any, b: Any, rows: int, block_n: int, split_k: int = 1) -> MatmulConfig:
+    """One row tile covering ``rows`` (16 to 64) by ``block_n``: contraction steps of 256 bytes a row, as
+    many stages (up to 4) as shared memory holds."""
+    itemsize = _dots.common_dtype(a, b).itemsize
+    block_m, block_k = max(16, next_pow2(rows)), 256 // itemsize
+    stages = 4
+    while stages > 2 and _dots.smem_bytes(block_m, block_n, block_k, stages, itemsize) > _device.smem_limit():
+        stages -= 1
+    return MatmulConfig(block_m=block_m, block_n=block_n, block_k=block_k, group_m=8, num_warps=4,
+                        num_stages=stages, split_k=split_k)
+
+
+def _split_k(tiles: int, k: int, rows: int) -> int:
+    """The fewest splits (a power of two, at most 16) that bring ``tiles`` to three quarters of the SMs,
+    each split keeping ``_SPLIT_MIN_K`` of the contraction and ``_SPLIT_K_PER_ROW`` per row."""
+    least = max(_SPLIT_MIN_K, _SPLIT_K_PER_ROW * rows)
+    split = 1
+    while split < 16 and 4 * tiles * split < 3 * _device.sm_count() and k // (2 * split) >= least:
+        split *= 2
+    return split
+
+
 def config_space(a: Any, b: Any, **_: Any) -> list[MatmulConfig]:
-    """Autotuning candidates: the dtype's tile table pruned by shared memory, the heuristic's first.
+    """Autotuning candidates: the dtype's tile table pruned by shared memory, the heuristic's first; for
+    skinny products (up to 64 rows) also one row tile by 64 or 128 columns, split 1 to 16 ways (each split
+    keeping at least 256 of the contraction).
 
     Args:
         a: ``[..., m, k]`` or ``[k]`` (anything with ``.shape`` and ``.dtype``).
@@ -358,29 +422,44 @@ def config_space(a: Any, b: Any, **_: Any) -> list[MatmulConfig]:
     if _env.interpreting_on_cpu():
         return [_INTERPRETER]
     first = heuristic_config(a, b)
-    return [first, *(c for c in _fitting(a, b) if c != first)]
+    rows, k = _rows_and_batch(a, b)[0], _shapes(a, b).k
+    skinny = [] if rows > _SKINNY_ROWS else [
+        _skinny(a, b, rows, block_n, split) for block_n in (64, 128) for split in (1, 2, 4, 8, 16)
+        if split == 1 or k // split >= _SPACE_SPLIT_MIN_K]
+    space = [first]
+    for c in (*skinny, *_fitting(a, b)):
+        if c not in space:
+            space.append(c)
+    return space
 
 
 def heuristic_config(a: Any, b: Any, **_: Any) -> MatmulConfig:
-    """A tile by shape and device, not timed here: the first fitting tile that leaves no SM idle.
+    """A tile by shape and device, not timed here: the first fitting tile that leaves no SM idle, split-K
+    where the output has too few tiles.
 
-    Walks the dtype's table (16-bit on Hopper starts at 128x256x64, 8 warps, 3 stages, persistent) and takes
-    the first tile whose tile count covers the GPU's SMs, skipping tiles taller than the rows
-    (small ``m``: 16 to 64-row tiles); when none does, the one with the most tiles. In the
-    interpreter mode (CPU), 32x32x32 tiles.
+    Skinny products (up to 64 rows, decode): one row tile (16, 32 or 64 rows) by 64 columns. Otherwise
+    walks the dtype's table (16-bit on Hopper starts at 128x256x64, 8 warps, 3 stages, persistent) and
+    takes the first tile whose tile count covers the GPU's SMs, skipping tiles taller than the rows;
+    when none does, the one with the most tiles. Then, with fewer tiles than three quarters of the SMs
+    (and not persistent), split-K: the fewest splits that reach that, each keeping at least 512 of the
+    contraction and 64 per row. In the interpreter mode (CPU), 32x32x32 tiles.
 
     Args: as for :func:`config_space`.
     """
     if _env.interpreting_on_cpu():
         return _INTERPRETER
     s = _shapes(a, b)
-    rows = math.prod(s.a_batch) * s.m if s.a_folds else s.m
-    batch = 1 if s.a_folds else math.prod(s.batch)
-    fitting = [c for c in _fitting(a, b) if c.block_m <= max(16, 2 * rows)] or _fitting(a, b)[-1:]
+    rows, batch = _rows_and_batch(a, b)
 
     def tiles(c: MatmulConfig) -> int:
         return batch * cdiv(rows, fit_block(c.block_m, rows)) * cdiv(s.n, fit_block(c.block_n, s.n))
 
     sms = _device.sm_count()
-    return next((c for c in fitting if tiles(c) >= sms), max(fitting, key=tiles))
-
+    if rows <= _SKINNY_ROWS:
+        cfg = _skinny(a, b, rows, 64)
+    else:
+        fitting = [c for c in _fitting(a, b) if c.block_m <= max(16, 2 * rows)] or _fitting(a, b)[-1:]
+        cfg = next((c for c in fitting if tiles(c) >= sms), max(fitting, key=tiles))
+    if cfg.persistent:
+        return cfg
+    return attrs.evolve(cfg, split_k=_split_k(tiles(cfg), s.k, rows))

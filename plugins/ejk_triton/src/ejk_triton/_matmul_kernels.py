@@ -18,6 +18,11 @@ are in flight during this one's epilogue. Loads are masked only along the dims
 their block does not divide (``load_tile``). Products accumulate in float32 (``tl.dot`` with
 ``DOT_PREC``: ``ieee``, ``tf32x3`` or ``tf32`` for float32 operands) and are rounded once to
 the output's dtype.
+
+Split-K (``SPLIT_K > 1``, one program per tile): program ``(tile, s)`` covers the contraction
+range ``[s * S, (s + 1) * S)``, ``S`` the whole ``BLOCK_K`` steps of ``cdiv(K, SPLIT_K)`` (the
+last ranges short or empty), and stores its float32 partial tile (zeros for an empty range)
+as ``c[s]`` of a float32 ``[SPLIT_K, BATCH, M, N]``; the caller adds the partials.
 """
 
 from __future__ import annotations
@@ -52,11 +57,18 @@ def _matmul_tile(a_ptr, b_ptr, c_ptr, tile,
                  SA_Z: tl.constexpr, SA_R: tl.constexpr, SA_M: tl.constexpr, SA_K: tl.constexpr,
                  SB_Z: tl.constexpr, SB_R: tl.constexpr, SB_K: tl.constexpr, SB_N: tl.constexpr,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-                 DOT_PREC: tl.constexpr):
-    """Computes and stores output tile ``tile`` (numbered over the batch, then in groups of ``GROUP_M`` rows)."""
+                 DOT_PREC: tl.constexpr, SPLIT_K: tl.constexpr):
+    """Computes and stores output tile ``tile`` (numbered over the batch, then in groups of ``GROUP_M`` rows);
+    with ``SPLIT_K > 1``, split ``tl.program_id(1)``'s partial of it into ``c_ptr`` (that split's ``c``)."""
     tiles_m: tl.constexpr = (M + BLOCK_M - 1) // BLOCK_M
     tiles_n: tl.constexpr = (N + BLOCK_N - 1) // BLOCK_N
-    k_steps: tl.constexpr = (K + BLOCK_K - 1) // BLOCK_K
+    if SPLIT_K == 1:
+        k_first = 0
+        k_steps: tl.constexpr = (K + BLOCK_K - 1) // BLOCK_K
+    else:  # this split's steps: at most split_steps, none past K
+        split_steps: tl.constexpr = ((K + SPLIT_K - 1) // SPLIT_K + BLOCK_K - 1) // BLOCK_K
+        k_first = tl.program_id(1) * (split_steps * BLOCK_K)
+        k_steps = tl.minimum((tl.maximum(K - k_first, 0) + BLOCK_K - 1) // BLOCK_K, split_steps)
     z = tile // (tiles_m * tiles_n)
     tile = tile % (tiles_m * tiles_n)
     # Grouped ordering: GROUP_M row tiles, then the next column tile.
@@ -76,8 +88,12 @@ def _matmul_tile(a_ptr, b_ptr, c_ptr, tile,
 
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for step in range(0, RED * k_steps):
-        r = step // k_steps
-        kk = (step % k_steps) * BLOCK_K
+        if RED == 1:
+            r = 0
+            kk = k_first + step * BLOCK_K
+        else:
+            r = step // k_steps
+            kk = k_first + (step % k_steps) * BLOCK_K
         a = load_tile(a_ptrs + r * SA_R + kk * SA_K, m_ok, offs_k[None, :] < K - kk, M % BLOCK_M != 0,
                       K % BLOCK_K != 0)
         b = load_tile(b_ptrs + r * SB_R + kk * SB_K, offs_k[:, None] < K - kk, n_ok, K % BLOCK_K != 0,
@@ -95,12 +111,15 @@ def matmul_kernel(
     SA_Z: tl.constexpr, SA_R: tl.constexpr, SA_M: tl.constexpr, SA_K: tl.constexpr,
     SB_Z: tl.constexpr, SB_R: tl.constexpr, SB_K: tl.constexpr, SB_N: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-    DOT_PREC: tl.constexpr, TILES: tl.constexpr, PROGRAMS: tl.constexpr,
+    DOT_PREC: tl.constexpr, TILES: tl.constexpr, PROGRAMS: tl.constexpr, SPLIT_K: tl.constexpr,
 ):
+    if SPLIT_K > 1:  # one program per tile and split: c_ptr to this split's [BATCH, M, N]
+        batch: tl.constexpr = TILES // (((M + BLOCK_M - 1) // BLOCK_M) * ((N + BLOCK_N - 1) // BLOCK_N))
+        c_ptr += tl.program_id(1).to(tl.int64) * (batch * M * N)
     if PROGRAMS == TILES:  # one program per tile
         _matmul_tile(a_ptr, b_ptr, c_ptr, tl.program_id(0), M, N, K, RED, SA_Z, SA_R, SA_M, SA_K, SB_Z, SB_R, SB_K,
-                     SB_N, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, DOT_PREC)
+                     SB_N, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, DOT_PREC, SPLIT_K)
     else:  # persistent: the tile loop and the contraction loop flattened into one software pipeline
         for tile in tl.range(tl.program_id(0), TILES, PROGRAMS, flatten=True):
             _matmul_tile(a_ptr, b_ptr, c_ptr, tile, M, N, K, RED, SA_Z, SA_R, SA_M, SA_K, SB_Z, SB_R, SB_K,
-                         SB_N, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, DOT_PREC)
+                         SB_N, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, DOT_PREC, SPLIT_K)

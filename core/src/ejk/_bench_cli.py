@@ -80,10 +80,12 @@ def add_parser(sub: Any) -> None:
                    help="--overhead: also profile this many eager calls of each shape's public op (cProfile) into "
                         "profile_<op>_<n>.txt")
     p.add_argument("--reps", type=int, default=None, help="timed samples per line (default 10, --quick 3)")
-    p.add_argument("--clock", choices=("wall", "device"), default="wall",
+    p.add_argument("--clock", choices=("wall", "device", "busy"), default="wall",
                    help="time samples by the host's clock (default) or by the GPU's own timeline, one jax.profiler "
                         "trace per sample, leaving out host time the device never waits for (jax-triton's launch "
-                        "can wait on the host); without a GPU, as wall")
+                        "can wait on the host); busy: only the time the GPU runs something, gaps between calls "
+                        "left out (the kernels' own time, for calls shorter than a jitted call's dispatch); "
+                        "without a GPU, as wall")
     p.add_argument("--no-plot", action="store_true", help="write no PNG")
     p.add_argument("--quiet", action="store_true", help="no progress lines, only the final tables")
     p.add_argument("--from-json", metavar="FILE", type=Path,

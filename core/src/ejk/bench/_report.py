@@ -20,7 +20,9 @@ SCHEMA = 1
 _NOTED = ("ejk-best", "ejk-config", "tuning", "ejk")
 _STATUS_STYLE = {"ok": "green", "skipped": "yellow", "failed": "red", "oom": "red"}
 #: How the report names each ``--clock``.
-_CLOCKS = {"wall": "the wall clock", "device": "the GPU's own timeline (the wall clock where none can be read)"}
+_CLOCKS = {"wall": "the wall clock", "device": "the GPU's own timeline (the wall clock where none can be read)",
+           "busy": "the time the GPU ran something on its own timeline, gaps between calls left out (the wall clock "
+                   "where none can be read)"}
 
 
 #: What the report of each study other than the comparison says about its lines.

@@ -1,10 +1,14 @@
-"""Per-call time on the GPU's own timeline, for ``AutotunePolicy(clock="device")``.
+"""Per-call time on the GPU's own timeline, for ``AutotunePolicy(clock="device")`` and ``clock="busy"``.
 
 A timed sample runs inside its own ``jax.profiler`` trace, read back with
-``jax.profiler.ProfileData``. Its time is the span from the first GPU activity's start to the
-last one's end, over the sample's calls: gaps between calls count, host time the device never
-waits for does not. The wall clock counts such host time. jax-triton's launch, for one, was
-seen waiting on the host (benchmarks/results/kernel_defaults_h100.md).
+``jax.profiler.ProfileData``. With ``"device"`` its time is the span from the first GPU activity's
+start to the last one's end, over the sample's calls: gaps between calls count, host time the
+device never waits for does not. The wall clock counts such host time. jax-triton's launch, for
+one, was seen waiting on the host (benchmarks/results/kernel_defaults_h100.md). With ``"busy"``
+it is the time some GPU activity runs (the union of the activities' intervals): the gaps are left
+out too. That is the kernels' own time, what a call costs inside a larger jitted program or a CUDA
+graph, where nothing waits for the host between calls; it is the one to read for calls shorter than
+the host's dispatch of a jitted call (tens of µs), whose spans measure that dispatch.
 
 Where no timeline can be read the caller times the sample by the wall clock instead:
 - no GPU activity was recorded (a CPU, or a jax without ``ProfileData``);
@@ -22,7 +26,8 @@ from typing import Any
 
 import jax
 
-__all__ = ["device_seconds_per_call", "events_span_ns", "gpu_events", "gpu_span_ns", "trace_gpu_events"]
+__all__ = ["device_seconds_per_call", "events_busy_ns", "events_span_ns", "gpu_events", "gpu_span_ns",
+           "trace_gpu_events"]
 
 _GPU_PLANE = "/device:GPU"
 _warned_busy = False
@@ -46,6 +51,22 @@ def events_span_ns(events: list[tuple[str, int, int]]) -> int | None:
     if not events:
         return None
     return max(end for _, _, end in events) - events[0][1]
+
+
+def events_busy_ns(events: list[tuple[str, int, int]]) -> int | None:
+    """Nanoseconds during which at least one of :func:`gpu_events` runs (their intervals' union: activities that
+    overlap, on several streams, count once), or ``None`` if none."""
+    if not events:
+        return None
+    busy, reach = 0, None
+    for _, start, end in events:  # in start order
+        if reach is None or start > reach:
+            busy += end - start
+            reach = end
+        elif end > reach:
+            busy += end - reach
+            reach = end
+    return busy
 
 
 def gpu_span_ns(planes: Iterable[Any]) -> int | None:
@@ -88,8 +109,10 @@ def trace_gpu_events(call: Callable[[], Any], calls: int) -> list[tuple[str, int
         shutil.rmtree(trace_dir, ignore_errors=True)
 
 
-def device_seconds_per_call(call: Callable[[], Any], calls: int) -> float | None:
+def device_seconds_per_call(call: Callable[[], Any], calls: int, *, busy: bool = False) -> float | None:
     """Seconds per call of ``calls`` back-to-back calls of ``call`` on the GPU's timeline: the span
-    of :func:`trace_gpu_events` over ``calls``; ``None`` where there is none to read."""
-    span = events_span_ns(trace_gpu_events(call, calls) or [])
+    of :func:`trace_gpu_events` over ``calls`` (``busy``: the time the GPU was busy, :func:`events_busy_ns`);
+    ``None`` where there is none to read."""
+    events = trace_gpu_events(call, calls) or []
+    span = events_busy_ns(events) if busy else events_span_ns(events)
     return None if span is None else span / max(calls, 1) / 1e9

@@ -49,7 +49,7 @@ __all__ = ["AutotunePolicy", "Trial", "TuneResult", "autotune", "l2_flusher", "m
 Cfg = TypeVar("Cfg")
 OBJECTIVES = ("forward", "forward_backward")
 #: How a sample is timed, see :attr:`AutotunePolicy.clock`.
-CLOCKS = ("wall", "device")
+CLOCKS = ("wall", "device", "busy")
 #: The config policies on a cache miss, see :meth:`AutotunePolicy.effective_mode`.
 MODES = environment.AUTOTUNE_MODES
 #: Trial outcomes: timed, failed (compile, run or a check), pruned by the kernel, skipped by the budget.
@@ -96,7 +96,9 @@ class AutotunePolicy:
             timeline, one ``jax.profiler`` trace per sample, leaving out host time the device
             never waits for (a slow launch path such as jax-triton's). It falls back to the
             wall clock where no timeline can be read: no GPU, or a profiler session already
-            running. Opt-in: each trace costs host time.
+            running. Opt-in: each trace costs host time. ``"busy"``: the same trace, counting only
+            the time the GPU runs something (gaps between calls left out): the kernels' own time,
+            as inside a larger program, for calls shorter than the host's dispatch of one.
     """
 
     autotune: bool | None = None
@@ -539,8 +541,8 @@ def _sample(call: Callable[[], Any], calls: int, flush: Callable[[], None] | Non
     see :class:`AutotunePolicy`; the flush, which blocks, stays outside a device trace)."""
     if flush is not None:
         flush()
-    if clock == "device":
-        seconds = device_seconds_per_call(call, calls)
+    if clock in ("device", "busy"):
+        seconds = device_seconds_per_call(call, calls, busy=clock == "busy")
         if seconds is not None:
             return seconds
     out = None

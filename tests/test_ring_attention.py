@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -420,3 +421,41 @@ def test_ring_backward_runs_the_blocks_backward_on_the_merged_result(mesh_size: 
         if platform == "xla":  # the test implementation's marker: one per forward run
             assert result["forward_runs"] > 0
             assert result["forward_runs_with_grads"] == result["forward_runs"], (case, result)
+
+
+def test_the_backward_never_waits_for_the_accumulators_it_is_sent() -> None:
+    """In the ring's backward the ``dk`` / ``dv`` accumulators that arrive by ``ppermute`` (float32) feed only the
+    add after a step's compute, never the compute itself: XLA can run their transfer behind that compute. The
+    key / value blocks (bf16 here) do feed it. Traced on an abstract 4-device mesh: no devices needed."""
+    import jax.extend
+    from jax.sharding import AbstractMesh
+    from jax.sharding import PartitionSpec as P
+
+    spec = P(None, "sp")
+    ring = jax.shard_map(lambda q, k, v: ejk.ring_attention(q, k, v, axis_name="sp", causal=True, layout="zigzag"),
+                         mesh=AbstractMesh((4,), ("sp",)), in_specs=(spec,) * 3, out_specs=spec)
+    q = jax.ShapeDtypeStruct((1, 256, 4, 16), jnp.bfloat16)
+    k = jax.ShapeDtypeStruct((1, 256, 2, 16), jnp.bfloat16)
+    grad = jax.make_jaxpr(jax.grad(lambda q, k, v: ring(q, k, v).astype(jnp.float32).sum(), argnums=(0, 1, 2)))
+
+    bodies = []
+
+    def walk(jaxpr: Any) -> None:
+        for eqn in jaxpr.eqns:
+            if eqn.primitive.name == "shard_map":
+                bodies.append(eqn.params["jaxpr"])
+            for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+                walk(sub)
+
+    walk(grad(q, k, k).jaxpr)
+    body = bodies[-1]  # the backward's
+    consumers: dict[Any, list[str]] = {}
+    for eqn in body.eqns:
+        for var in eqn.invars:
+            if not hasattr(var, "val"):  # a variable, not a literal
+                consumers.setdefault(var, []).append(eqn.primitive.name)
+    sent = [(out.aval.dtype, consumers.get(out, [])) for eqn in body.eqns if eqn.primitive.name == "ppermute"
+            for out in eqn.outvars]
+    accumulators = [names for dtype, names in sent if dtype == jnp.float32]
+    assert len(accumulators) == 6 and all(names == ["add"] for names in accumulators), sent  # 3 steps, dk and dv
+    assert any("cond" in names for dtype, names in sent if dtype == jnp.bfloat16), sent

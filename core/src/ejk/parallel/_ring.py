@@ -28,8 +28,9 @@ and ``rowsum(w·dout·o_b) - w·delta`` for its log-sum-exp (``w = exp(lse_b - L
 rowsum(dout·out)``), which re-runs the block's forward.
 
 Overlap: a step's ``ppermute`` of the next key / value block is issued before the step's compute
-and does not depend on it, so XLA's scheduler runs the two concurrently (likewise the
-accumulators' ``ppermute`` overlaps the next step's compute).
+and does not depend on it, so XLA's scheduler runs the two concurrently. Likewise the
+accumulators' ``ppermute`` overlaps the next step's compute: that step computes its share of the
+held block's ``dk`` / ``dv`` into zeros and adds the arrived accumulators only afterwards.
 """
 
 from __future__ import annotations
@@ -400,16 +401,20 @@ def _ring_bwd(ring: _Ring, residuals: tuple[Any, ...], d_out: jax.Array, d_lse: 
     if not steps:
         return dq.astype(q.dtype), jnp.zeros_like(k), jnp.zeros_like(v), None, None
     held = _shift(ring, (k, v, kv_seg), steps[0])
-    # dk, dv of the held block: they travel with it, one step behind.
-    grads = varying_like((jnp.zeros(k.shape, jnp.float32), jnp.zeros(v.shape, jnp.float32)), q, k, v, d_out)
+    # dk, dv of the held block: they travel with it, one step behind. Each step computes this device's
+    # share into zeros and adds the share that arrived only afterwards, so the step's compute does not wait
+    # for the accumulators' transfer: it overlaps them, as it overlaps the next block's.
+    zeros = varying_like((jnp.zeros(k.shape, jnp.float32), jnp.zeros(v.shape, jnp.float32)), q, k, v, d_out)
+    grads: tuple[jax.Array, ...] = zeros
     for index, step in enumerate(steps):
         last = index + 1 == len(steps)
         distance = 0 if last else steps[index + 1] - step
         following = None if last else _shift(ring, held, distance)
-        dq, *grads = _dispatch(ring, step, partial(_bwd_plan, ring),
-                               (dq, *grads, q, q_seg, out, lse, d_out, d_lse, delta, *held))
+        dq, *share = _dispatch(ring, step, partial(_bwd_plan, ring),
+                               (dq, *zeros, q, q_seg, out, lse, d_out, d_lse, delta, *held))
+        grads = tuple(g + s for g, s in zip(grads, share, strict=True)) if index else tuple(share)
         if not last:
-            grads = _shift(ring, tuple(grads), distance)
+            grads = _shift(ring, grads, distance)
         held = following
     # Home: the block of device d - last step sits on d. The sums are final, so they travel in the
     # inputs' dtype (half the bytes of float32 for bf16): this last transfer has no compute to hide behind.

@@ -8,10 +8,6 @@ Qwen3-Next-sized heads compiled on an NVIDIA GPU against the float64 reference t
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from typing import Any
 
 import jax
@@ -181,16 +177,11 @@ print(json.dumps(shared))
 """
 
 
-def test_kernels_compile_for_sm90_without_a_gpu(tmp_path: Any) -> None:
+def test_kernels_compile_for_sm90_without_a_gpu(compile_report: Any) -> None:
     """Every kernel of a forward and a backward compiles for sm_90 at K = V = 128 with the GPU heuristic's config
     for bfloat16 and float32 inputs and fits an H100's shared memory (the interpreter runs what the compiler may
     refuse)."""
-    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "EJK_TRITON_INTERPRET")}
-    env.update(JAX_PLATFORMS="cpu", TRITON_CACHE_DIR=str(tmp_path / "triton-cache"))
-    result = subprocess.run([sys.executable, "-c", _AOT_SCRIPT], capture_output=True, text=True, env=env,
-                            timeout=600)
-    assert result.returncode == 0, result.stderr[-3000:]
-    shared = json.loads(result.stdout.strip().splitlines()[-1])
+    shared = compile_report(_AOT_SCRIPT, timeout=600)
     assert len(shared) == 19 and all(0 < size <= 227 * 1024 for size in shared.values()), shared
 
 

@@ -6,7 +6,6 @@ tests marked ``gpu`` run MoE-sized shapes compiled on an NVIDIA GPU.
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -265,18 +264,13 @@ print(json.dumps(report))
 """
 
 
-def test_kernels_compile_for_sm90_without_a_gpu(tmp_path: Any) -> None:
+def test_kernels_compile_for_sm90_without_a_gpu(compile_report: Any) -> None:
     # Compiles the matmul and grouped matmul launches (forward and both gradients) as a GPU would,
     # in a process without the interpreter (the grouped forward with its work list in registers, and
     # walking 2048 groups); the Hopper tiles must be software-pipelined (3 or 4 stages of 128x64 and
     # 64x256 bf16 tiles in shared memory, what the estimate in _dots counts), the flattened
     # (persistent) loops staging their epilogue on top of that.
-    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "EJK_TRITON_INTERPRET")}
-    env.update(JAX_PLATFORMS="cpu", TRITON_CACHE_DIR=str(tmp_path / "triton-cache"))
-    result = subprocess.run([sys.executable, "-c", _AOT_SCRIPT], capture_output=True, text=True, env=env,
-                            timeout=300)
-    assert result.returncode == 0, result.stderr[-3000:]
-    report = json.loads(result.stdout.strip().splitlines()[-1])
+    report = compile_report(_AOT_SCRIPT)
     for variant, launches in report.items():
         for name, info in launches.items():
             assert 0 < info["shared"] <= 227 * 1024, f"{variant} {name}: {info}"

@@ -6,10 +6,6 @@ so the shapes are small; tests marked ``gpu`` run real sizes compiled on an NVID
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from typing import Any
 
 import attrs
@@ -365,15 +361,10 @@ print(json.dumps(report))
 """
 
 
-def test_kernel_compiles_for_sm90_without_a_gpu(tmp_path: Any) -> None:
+def test_kernel_compiles_for_sm90_without_a_gpu(compile_report: Any) -> None:
     # The interpreter runs the kernel's Python; this compiles it as a GPU would (PTX, then a cubin with
     # the ptxas Triton ships), in a process without the interpreter, and checks its shared memory.
-    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "EJK_TRITON_INTERPRET")}
-    env.update(JAX_PLATFORMS="cpu", TRITON_CACHE_DIR=str(tmp_path / "triton-cache"))
-    result = subprocess.run([sys.executable, "-c", _AOT_SCRIPT], capture_output=True, text=True, env=env,
-                            timeout=300)
-    assert result.returncode == 0, result.stderr[-3000:]
-    report = json.loads(result.stdout.strip().splitlines()[-1])
+    report = compile_report(_AOT_SCRIPT)
     assert len(report) == 3
     for variant, info in report.items():
         assert 0 < info["shared"] <= 227 * 1024, f"{variant}: {info}"

@@ -4,10 +4,6 @@ GPU, and (``gpu``) on an NVIDIA GPU against the XLA implementation at realistic 
 from __future__ import annotations
 
 import functools
-import json
-import os
-import subprocess
-import sys
 from typing import Any
 
 import jax
@@ -90,12 +86,8 @@ print(json.dumps(report))
 """
 
 
-def test_kernels_compile_for_sm90_without_a_gpu(tmp_path: Any) -> None:
-    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "EJK_TRITON_INTERPRET")}
-    env.update(JAX_PLATFORMS="cpu", TRITON_CACHE_DIR=str(tmp_path / "triton-cache"))
-    result = subprocess.run([sys.executable, "-c", _AOT_SCRIPT], capture_output=True, text=True, env=env, timeout=300)
-    assert result.returncode == 0, result.stderr[-3000:]
-    report = json.loads(result.stdout.strip().splitlines()[-1])
+def test_kernels_compile_for_sm90_without_a_gpu(compile_report: Any) -> None:
+    report = compile_report(_AOT_SCRIPT)
     for variant, kernels in report.items():
         assert set(kernels) == {"forward", "preprocess", "dkdv", "dq"}, variant
         for name, info in kernels.items():

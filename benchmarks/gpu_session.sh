@@ -26,7 +26,8 @@
 #              presets), in a process of their own on the Triton that benchmarks/pack_triton_for_fla.sh packed
 #              into .fla-triton/ (fla's backward needs Triton >= 3.7.1 on Hopper; ejk's lines keep the host's).
 #              fla autotunes each new shape for about 140 s: name two or three shapes per call.
-# Results go to $OUT.
+# Results go to $OUT. EJK_BENCH_CLOCK (default device) is the clock of the `bench` and preset stages: `busy` for
+# calls shorter than a jitted call's dispatch (decode-shaped matmuls, small norms), see docs/benchmarking.md.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/ejk-out}; mkdir -p "$OUT"
@@ -44,10 +45,11 @@ if [[ -d $HOME/cute-site ]]; then
 fi
 python3 -m ejk.cli plugins > "$OUT/plugins.txt" 2>&1
 status=0
+clock=${EJK_BENCH_CLOCK:-device}
 for stage in "${@:-tests}"; do
   case $stage in
     tests) OUT=$OUT bash tools/gpu_tests.sh || status=1 ;;
-    bench) timeout 560 python3 -m ejk.cli bench --clock device --out "$OUT/bench" 2>&1 | tee "$OUT/bench.log" | tail -40 ;;
+    bench) timeout 560 python3 -m ejk.cli bench --clock "$clock" --out "$OUT/bench" 2>&1 | tee "$OUT/bench.log" | tail -40 ;;
     torch)
       timeout 560 python3 benchmarks/torch_baselines.py --out "$OUT/torch_baselines.jsonl" \
         2>&1 | tee "$OUT/torch_baselines.log" | tail -40 ;;
@@ -80,7 +82,7 @@ for stage in "${@:-tests}"; do
           | tee "$OUT/bench_fla.log" | tail -40
       ) ;;
     *)
-      timeout 560 python3 -m ejk.cli bench "$stage" --best-config --clock device --out "$OUT/bench_$stage" 2>&1 \
+      timeout 560 python3 -m ejk.cli bench "$stage" --best-config --clock "$clock" --out "$OUT/bench_$stage" 2>&1 \
         | tee "$OUT/bench_$stage.log" | tail -40 ;;
   esac
 done

@@ -98,6 +98,12 @@ class _Ring:
     def plan(self, device: int, step: int) -> Plan:
         """The visible blocks of ``device`` at ``step`` (it then holds keys of ``device - step``)."""
         source = (device - step) % self.num_shards
+        if (source == device and self.causal and self.window is None and self.q_len == self.kv_len
+                and _increasing(local_pieces(self.layout, device, self.num_shards, self.q_len))):
+            # Its own keys: queries and keys share one increasing map of local to global positions, so the
+            # causal mask over the global positions is the causal mask over the local ones: one causal call
+            # (zig-zag's two pieces would otherwise take three).
+            return (_Block(0, self.q_len, 0, self.kv_len, (_BIG, 0)),)
         offset = self.num_shards * (self.kv_len - self.q_len)  # bottom-right alignment, global
         blocks = []
         for qp in local_pieces(self.layout, device, self.num_shards, self.q_len):
@@ -110,6 +116,19 @@ class _Ring:
     def steps(self) -> tuple[int, ...]:
         """Ring steps at which some device has a visible block."""
         return tuple(t for t in range(self.num_shards) if any(self.plan(d, t) for d in range(self.num_shards)))
+
+
+def _increasing(pieces: Sequence[Piece]) -> bool:
+    """Whether the local rows of ``pieces`` hold increasing global positions."""
+    ordered = sorted(pieces, key=lambda piece: piece.offset)
+    last = -1
+    for piece in ordered:
+        if piece.length == 0:
+            continue
+        if (piece.stride <= 0 and piece.length > 1) or piece.start <= last:
+            return False
+        last = piece.start + piece.stride * (piece.length - 1)
+    return True
 
 
 def _pair(qp: Piece, kp: Piece, offset: int, causal: bool, window: tuple[int, int] | None) -> _Block | None:

@@ -511,7 +511,8 @@ def test_fused_backward_choice(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_backward_without_config_runs_the_heuristic(monkeypatch: pytest.MonkeyPatch) -> None:
     """``cfg=None`` (an ``ImplChoice`` without a config, or a pairing) runs the Mosaic backward with the call's
-    heuristic config, not the Triton-lowered one: the fused kernel at head dim 64, the two kernels at 128."""
+    heuristic config, not the Triton-lowered one: the fused kernel at head dims 64 and 128, the two kernels when
+    XLA is asked for deterministic ops."""
     monkeypatch.setattr(_env, "use_interpreter", lambda: False)
     seen: list[dict[str, Any]] = []
 
@@ -520,7 +521,8 @@ def test_backward_without_config_runs_the_heuristic(monkeypatch: pytest.MonkeyPa
         return jnp.zeros_like(q), jnp.zeros_like(k), jnp.zeros_like(v)
 
     monkeypatch.setattr(bwd, "backward_impl", fake)
-    for d, fused in ((64, True), (128, False)):
+    for d, flags, fused in ((64, "", True), (128, "", True), (128, "--xla_gpu_deterministic_ops=true", False)):
+        monkeypatch.setenv("XLA_FLAGS", flags)
         x = jnp.zeros((1, 256, 2, d), jnp.bfloat16)
         res = (x, x, x, None, None, None, x, jnp.zeros((1, 2, 256), jnp.float32))
         grads = mg.backward(res, x, cfg=None, causal=True, softmax_scale=1.0, sliding_window=None,

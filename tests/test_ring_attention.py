@@ -22,7 +22,7 @@ import pytest
 
 import ejk
 from ejk.parallel import from_layout, layout_positions, ring_schedule, to_layout
-from ejk.testing import reference_flash_attention_lse
+from ejk.testing import jaxpr_equations, reference_flash_attention_lse
 
 CODE = textwrap.dedent(
     """
@@ -427,7 +427,6 @@ def test_the_backward_never_waits_for_the_accumulators_it_is_sent() -> None:
     """In the ring's backward the ``dk`` / ``dv`` accumulators that arrive by ``ppermute`` (float32) feed only the
     add after a step's compute, never the compute itself: XLA can run their transfer behind that compute. The
     key / value blocks (bf16 here) do feed it. Traced on an abstract 4-device mesh: no devices needed."""
-    import jax.extend
     from jax.sharding import AbstractMesh
     from jax.sharding import PartitionSpec as P
 
@@ -438,16 +437,7 @@ def test_the_backward_never_waits_for_the_accumulators_it_is_sent() -> None:
     k = jax.ShapeDtypeStruct((1, 256, 2, 16), jnp.bfloat16)
     grad = jax.make_jaxpr(jax.grad(lambda q, k, v: ring(q, k, v).astype(jnp.float32).sum(), argnums=(0, 1, 2)))
 
-    bodies = []
-
-    def walk(jaxpr: Any) -> None:
-        for eqn in jaxpr.eqns:
-            if eqn.primitive.name == "shard_map":
-                bodies.append(eqn.params["jaxpr"])
-            for sub in jax.extend.core.jaxprs_in_params(eqn.params):
-                walk(sub)
-
-    walk(grad(q, k, k).jaxpr)
+    bodies = [eqn.params["jaxpr"] for eqn in jaxpr_equations(grad(q, k, k)) if eqn.primitive.name == "shard_map"]
     body = bodies[-1]  # the backward's
     consumers: dict[Any, list[str]] = {}
     for eqn in body.eqns:

@@ -8,14 +8,13 @@ from typing import Any
 
 import attrs
 import jax
-import jax.extend
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import ejk
 from ejk.ops.validate import check_grouped_matmul_args
-from ejk.testing import assert_close
+from ejk.testing import assert_close, jaxpr_equations
 from ejk.testing import reference_grouped_matmul as _plain_reference
 from ejk_xla._grouped_matmul import GroupedMatmulConfig, config_space, grouped_matmul, heuristic_config
 
@@ -365,17 +364,8 @@ def test_preferred_float32_keeps_the_float32_sum() -> None:
 
 
 def _dot_precisions(fn: Callable[[], Any]) -> set[object]:
-    found: set[object] = set()
-
-    def walk(jaxpr: Any) -> None:
-        for eqn in jaxpr.eqns:
-            if eqn.primitive.name == "dot_general":
-                found.add(eqn.params["precision"])
-            for sub in jax.extend.core.jaxprs_in_params(eqn.params):
-                walk(sub)
-
-    walk(jax.make_jaxpr(fn)().jaxpr)
-    return found
+    return {eqn.params["precision"] for eqn in jaxpr_equations(jax.make_jaxpr(fn)())
+            if eqn.primitive.name == "dot_general"}
 
 
 def test_precision_reaches_forward_and_backward(rng: np.random.Generator) -> None:

@@ -8,14 +8,13 @@ from collections.abc import Callable
 
 import attrs
 import jax
-import jax.extend
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import ejk
 from ejk.ops.validate import check_matmul_args
-from ejk.testing import assert_close, reference_matmul
+from ejk.testing import assert_close, jaxpr_equations, reference_matmul
 from ejk_xla._matmul import MatmulConfig, config_space, heuristic_config, matmul
 
 pytestmark = pytest.mark.filterwarnings("error")
@@ -263,17 +262,8 @@ def test_preferred_float32_keeps_the_float32_sum(rng: np.random.Generator) -> No
 
 def _dot_precisions(fn: Callable[[], jax.Array]) -> set[object]:
     """The ``precision`` of every dot_general in ``fn``'s jaxpr, nested jaxprs included."""
-    found: set[object] = set()
-
-    def walk(jaxpr: jax.extend.core.Jaxpr) -> None:
-        for eqn in jaxpr.eqns:
-            if eqn.primitive.name == "dot_general":
-                found.add(eqn.params["precision"])
-            for sub in jax.extend.core.jaxprs_in_params(eqn.params):
-                walk(sub)
-
-    walk(jax.make_jaxpr(fn)().jaxpr)
-    return found
+    return {eqn.params["precision"] for eqn in jaxpr_equations(jax.make_jaxpr(fn)())
+            if eqn.primitive.name == "dot_general"}
 
 
 def test_precision_reaches_the_implementation() -> None:

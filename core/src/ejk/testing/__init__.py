@@ -6,7 +6,8 @@ live with the op (its :class:`~ejk.ops.OpDefinition`); here they are ``reference
 ``check_<op>`` for every defined op, and :func:`check_op` runs one by name. The test suites of
 ejk and its plugins share the rest: the one tolerance table (:data:`TOLERANCES`,
 :func:`assert_close`), problem builders (:class:`AttentionCase`, :func:`paged_batch`) and a
-cheaply compiled jit (:func:`fast_jit`).
+cheaply compiled jit (:func:`fast_jit`) and a walk over a traced program's equations
+(:func:`jaxpr_equations`).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from ejk.testing._cases import (
     AttentionCase,
     attention_values_and_grads,
     fast_jit,
+    jaxpr_equations,
     paged_batch,
     values_and_grads,
 )
@@ -130,6 +132,7 @@ __all__ = [
     "check_varlen_against_float64",
     "expected_plugins",
     "fast_jit",
+    "jaxpr_equations",
     "gdr_inputs",
     "mla_batch",
     "mla_paged_attention_float64",

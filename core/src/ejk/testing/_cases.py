@@ -3,7 +3,7 @@ inputs, paged batches, and a cheaply compiled ``jax.jit`` for the many small pro
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import attrs
@@ -15,6 +15,18 @@ __all__ = ["FAST_COMPILE", "AttentionCase", "attention_values_and_grads", "fast_
 
 #: XLA options that make a CPU compile cheap (tests compile many small programs; the code is not timed).
 FAST_COMPILE: dict[str, Any] = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True}
+
+
+def jaxpr_equations(jaxpr: Any) -> Iterator[Any]:
+    """Every equation of ``jaxpr`` (a ``Jaxpr`` or ``ClosedJaxpr``, e.g. from ``jax.make_jaxpr``), those of the
+    jaxprs nested in its equations' parameters (``shard_map`` bodies, ``cond`` branches, custom VJPs…) included,
+    each after the equation that holds it: for tests that check what a traced program contains."""
+    import jax.extend
+
+    for eqn in getattr(jaxpr, "jaxpr", jaxpr).eqns:
+        yield eqn
+        for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+            yield from jaxpr_equations(sub)
 
 
 def fast_jit(fn: Callable[..., Any], **kwargs: Any) -> Any:
